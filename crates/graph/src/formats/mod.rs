@@ -1,0 +1,86 @@
+//! Graph file formats: our graph JSON ([`json`]), IOS graph JSON ([`ios`]), cost-annotated DAG
+//! JSON ([`dag`]) and DOT export ([`dot`]). [`load_file`] detects the format of a file.
+
+use std::path::Path;
+
+use crate::error::{GraphError, Result};
+use crate::graph::Graph;
+
+pub mod dag;
+pub mod dot;
+pub mod ios;
+pub mod json;
+
+/// The formats a graph file can be in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `{"format": "opsched-graph", ...}`
+    Opsched,
+    /// IOS graph JSON: `{"name", "input", "blocks"}`
+    Ios,
+    /// `{"format": "opsched-dag", ...}`
+    Dag,
+}
+
+/// Recognise the format of a parsed JSON document.
+pub fn detect(doc: &serde_json::Value) -> Result<Format> {
+    let obj = doc
+        .as_object()
+        .ok_or_else(|| GraphError::UnknownFormat("top level is not a JSON object".into()))?;
+    match obj.get("format").and_then(|f| f.as_str()) {
+        Some(json::FORMAT) => Ok(Format::Opsched),
+        Some(dag::FORMAT) => Ok(Format::Dag),
+        Some(other) => Err(GraphError::UnknownFormat(format!(
+            "\"format\": \"{other}\" (expected \"{}\" or \"{}\")",
+            json::FORMAT,
+            dag::FORMAT
+        ))),
+        None if obj.contains_key("blocks") && obj.contains_key("input") => Ok(Format::Ios),
+        None => Err(GraphError::UnknownFormat(
+            "no \"format\" field and not an IOS graph (needs \"input\" and \"blocks\")".into(),
+        )),
+    }
+}
+
+/// Parse a graph from JSON text in any supported format.
+pub fn from_str(text: &str) -> Result<Graph> {
+    let doc: serde_json::Value = serde_json::from_str(text)?;
+    match detect(&doc)? {
+        Format::Opsched => json::from_value(doc),
+        Format::Ios => ios::from_value(doc),
+        Format::Dag => dag::from_value(doc),
+    }
+}
+
+/// Load a graph file, detecting its format; errors name the file.
+pub fn load_file(path: impl AsRef<Path>) -> Result<Graph> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|source| GraphError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    from_str(&text).map_err(|e| e.in_file(path))
+}
+
+/// Write `contents` to `path` atomically: a temporary file in the same directory, then rename.
+pub fn write_atomic(path: impl AsRef<Path>, contents: &[u8]) -> Result<()> {
+    let path = path.as_ref();
+    let io = |source| GraphError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, contents).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(e)
+    })
+}

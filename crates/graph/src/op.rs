@@ -1,0 +1,694 @@
+//! Operators: parameters, output-shape inference, FLOPs, bytes and parameter counts.
+//!
+//! Shapes include the batch dimension. Image tensors are NCHW; sequence tensors are
+//! `[batch, seq, hidden]` or `[batch, heads, seq, head_dim]`.
+//!
+//! An operator sees its inputs as a list of *terms* (see [`crate::Term`]): each term is one
+//! tensor (the sum of the channel slices it lists). Most operators take the terms concatenated
+//! along the channel axis (axis 1) as their single input, exactly as IOS does; `add` and `mul`
+//! combine the terms element by element, `concat` joins them along its axis and `batch_matmul`
+//! takes exactly two.
+//!
+//! FLOPs count a multiply-add as two operations. Bytes count every input element read once,
+//! every parameter read once and every output element written once.
+
+use serde::{Deserialize, Serialize};
+
+/// A tensor shape, batch dimension included.
+pub type Shape = Vec<usize>;
+
+/// Element type of every tensor of a graph.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    #[default]
+    F32,
+    F16,
+}
+
+impl DType {
+    /// Size of one element in bytes.
+    pub fn size(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+        })
+    }
+}
+
+/// Activation function, standalone or fused into a convolution or linear layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    #[default]
+    None,
+    Relu,
+    Sigmoid,
+    Tanh,
+    Gelu,
+}
+
+impl Activation {
+    /// FLOPs per element (a rough count of the arithmetic of a typical implementation).
+    pub fn flops_per_element(self) -> u64 {
+        match self {
+            Activation::None => 0,
+            Activation::Relu => 1,
+            Activation::Sigmoid | Activation::Tanh => 4,
+            Activation::Gelu => 8,
+        }
+    }
+
+    fn is_none(&self) -> bool {
+        *self == Activation::None
+    }
+}
+
+/// Kind of pooling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    Max,
+    Avg,
+    GlobalMax,
+    GlobalAvg,
+}
+
+impl PoolKind {
+    /// Whether the pool reduces the whole spatial extent.
+    pub fn is_global(self) -> bool {
+        matches!(self, PoolKind::GlobalMax | PoolKind::GlobalAvg)
+    }
+}
+
+/// Element-wise combination of N same-shaped inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ElementwiseKind {
+    Add,
+    Mul,
+}
+
+fn one() -> usize {
+    1
+}
+fn one2() -> [usize; 2] {
+    [1, 1]
+}
+fn zero2() -> [usize; 2] {
+    [0, 0]
+}
+fn is_one(v: &usize) -> bool {
+    *v == 1
+}
+fn is_one2(v: &[usize; 2]) -> bool {
+    *v == [1, 1]
+}
+fn is_zero2(v: &[usize; 2]) -> bool {
+    *v == [0, 0]
+}
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+fn default_util() -> f64 {
+    1.0
+}
+fn minus_one() -> i64 {
+    -1
+}
+fn default_eps() -> f64 {
+    1e-5
+}
+
+/// 2-D convolution (NCHW).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Conv2d {
+    pub out_channels: usize,
+    pub kernel: [usize; 2],
+    #[serde(default = "one2", skip_serializing_if = "is_one2")]
+    pub stride: [usize; 2],
+    #[serde(default = "zero2", skip_serializing_if = "is_zero2")]
+    pub padding: [usize; 2],
+    #[serde(default = "one2", skip_serializing_if = "is_one2")]
+    pub dilation: [usize; 2],
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub groups: usize,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub bias: bool,
+    #[serde(default, skip_serializing_if = "Activation::is_none")]
+    pub act: Activation,
+}
+
+impl Conv2d {
+    /// A square `k x k` convolution with stride 1, "same" padding for odd `k`, no bias, no activation.
+    pub fn new(out_channels: usize, k: usize) -> Self {
+        Conv2d {
+            out_channels,
+            kernel: [k, k],
+            stride: [1, 1],
+            padding: [k / 2, k / 2],
+            dilation: [1, 1],
+            groups: 1,
+            bias: false,
+            act: Activation::None,
+        }
+    }
+    /// A `kh x kw` convolution with "same" padding.
+    pub fn rect(out_channels: usize, kh: usize, kw: usize) -> Self {
+        Conv2d {
+            kernel: [kh, kw],
+            padding: [kh / 2, kw / 2],
+            ..Conv2d::new(out_channels, 1)
+        }
+    }
+    pub fn stride(mut self, s: usize) -> Self {
+        self.stride = [s, s];
+        self
+    }
+    pub fn padding(mut self, ph: usize, pw: usize) -> Self {
+        self.padding = [ph, pw];
+        self
+    }
+    pub fn dilation(mut self, d: usize) -> Self {
+        self.dilation = [d, d];
+        self
+    }
+    pub fn groups(mut self, g: usize) -> Self {
+        self.groups = g;
+        self
+    }
+    pub fn bias(mut self, b: bool) -> Self {
+        self.bias = b;
+        self
+    }
+    pub fn act(mut self, a: Activation) -> Self {
+        self.act = a;
+        self
+    }
+    pub fn relu(self) -> Self {
+        self.act(Activation::Relu)
+    }
+}
+
+/// Pooling (NCHW).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pool2d {
+    pub kind: PoolKind,
+    /// Ignored by global pools.
+    #[serde(default = "one2")]
+    pub kernel: [usize; 2],
+    #[serde(default = "one2", skip_serializing_if = "is_one2")]
+    pub stride: [usize; 2],
+    #[serde(default = "zero2", skip_serializing_if = "is_zero2")]
+    pub padding: [usize; 2],
+    /// Round the output size up instead of down (PyTorch's `ceil_mode`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ceil_mode: bool,
+}
+
+impl Pool2d {
+    pub fn new(kind: PoolKind, k: usize, stride: usize, pad: usize) -> Self {
+        Pool2d {
+            kind,
+            kernel: [k, k],
+            stride: [stride, stride],
+            padding: [pad, pad],
+            ceil_mode: false,
+        }
+    }
+    pub fn max(k: usize, stride: usize, pad: usize) -> Self {
+        Self::new(PoolKind::Max, k, stride, pad)
+    }
+    pub fn avg(k: usize, stride: usize, pad: usize) -> Self {
+        Self::new(PoolKind::Avg, k, stride, pad)
+    }
+    pub fn global_avg() -> Self {
+        Self::new(PoolKind::GlobalAvg, 1, 1, 0)
+    }
+    pub fn ceil(mut self) -> Self {
+        self.ceil_mode = true;
+        self
+    }
+}
+
+/// An operator. Serialized with a `"type"` tag in snake case, e.g. `{"type": "conv2d", ...}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Op {
+    /// A graph input (placeholder). Not counted as an operator.
+    Input {
+        shape: Shape,
+    },
+    Conv2d(Conv2d),
+    Pool2d(Pool2d),
+    /// A standalone activation.
+    Activation {
+        act: Activation,
+    },
+    /// Element-wise add or multiply of all terms.
+    Elementwise {
+        kind: ElementwiseKind,
+    },
+    /// Concatenate the terms along `axis` (default 1, channels).
+    Concat {
+        #[serde(default = "one")]
+        axis: usize,
+    },
+    /// Pass the (channel-concatenated) input through; IOS uses it as a concat node.
+    Identity,
+    /// Fully connected layer over the last axis: `[.., K] -> [.., out_features]`.
+    Linear {
+        out_features: usize,
+        #[serde(default, skip_serializing_if = "is_false")]
+        bias: bool,
+        #[serde(default, skip_serializing_if = "Activation::is_none")]
+        act: Activation,
+    },
+    /// Batched matrix product of two inputs: `[.., M, K] x [.., K, N] -> [.., M, N]`
+    /// (`[.., N, K]` for the second when `transpose_b`).
+    BatchMatmul {
+        #[serde(default, skip_serializing_if = "is_false")]
+        transpose_b: bool,
+    },
+    /// Softmax along `axis` (negative counts from the end).
+    Softmax {
+        #[serde(default = "minus_one")]
+        axis: i64,
+    },
+    /// Layer normalization over the last axis, with scale and shift parameters.
+    LayerNorm {
+        #[serde(default = "default_eps")]
+        eps: f64,
+    },
+    /// Reshape; one entry may be -1 (inferred), 0 copies the input dimension.
+    Reshape {
+        shape: Vec<i64>,
+    },
+    /// Permute the axes.
+    Transpose {
+        perm: Vec<usize>,
+    },
+    /// A chain of primitives run as one schedulable operator (e.g. relu + depthwise + pointwise).
+    Sequential {
+        ops: Vec<Op>,
+    },
+    /// An operator known only by a measured time and utilization (cost-annotated DAGs).
+    Abstract {
+        time_ms: f64,
+        #[serde(default = "default_util")]
+        util: f64,
+    },
+}
+
+/// Counts of one operator, for a given input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpStats {
+    pub flops: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub params: u64,
+}
+
+fn numel(s: &[usize]) -> u64 {
+    s.iter().map(|&d| d as u64).product()
+}
+
+fn conv_out(
+    input: usize,
+    k: usize,
+    s: usize,
+    p: usize,
+    d: usize,
+    ceil: bool,
+) -> Result<usize, String> {
+    let span = d * (k.max(1) - 1) + 1;
+    let padded = input + 2 * p;
+    if padded < span {
+        return Err(format!("window {span} larger than padded input {padded}"));
+    }
+    if s == 0 {
+        return Err("stride must be positive".into());
+    }
+    let steps = padded - span;
+    let mut out = steps / s + 1;
+    // PyTorch's ceil mode: round up, but the last window must start inside the input or left padding.
+    if ceil && steps % s != 0 {
+        out += 1;
+        if (out - 1) * s >= input + p {
+            out -= 1;
+        }
+    }
+    Ok(out)
+}
+
+fn require_rank(shape: &[usize], rank: usize, what: &str) -> Result<(), String> {
+    if shape.len() != rank {
+        return Err(format!("{what} expects a rank-{rank} input, got {shape:?}"));
+    }
+    Ok(())
+}
+
+/// Concatenate shapes along `axis`; all other dimensions must agree.
+pub fn concat_shapes(shapes: &[Shape], axis: usize) -> Result<Shape, String> {
+    let first = shapes.first().ok_or("needs at least one input")?;
+    if axis >= first.len() {
+        return Err(format!("concat axis {axis} out of range for {first:?}"));
+    }
+    let mut out = first.clone();
+    for s in &shapes[1..] {
+        let same_rest = s.len() == first.len()
+            && s.iter()
+                .zip(first)
+                .enumerate()
+                .all(|(i, (a, b))| i == axis || a == b);
+        if !same_rest {
+            return Err(format!(
+                "cannot concatenate {first:?} and {s:?} along axis {axis}"
+            ));
+        }
+        out[axis] += s[axis];
+    }
+    Ok(out)
+}
+
+impl Op {
+    /// The snake-case type name, as in the JSON tag.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "input",
+            Op::Conv2d(_) => "conv2d",
+            Op::Pool2d(_) => "pool2d",
+            Op::Activation { .. } => "activation",
+            Op::Elementwise { .. } => "elementwise",
+            Op::Concat { .. } => "concat",
+            Op::Identity => "identity",
+            Op::Linear { .. } => "linear",
+            Op::BatchMatmul { .. } => "batch_matmul",
+            Op::Softmax { .. } => "softmax",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Reshape { .. } => "reshape",
+            Op::Transpose { .. } => "transpose",
+            Op::Sequential { .. } => "sequential",
+            Op::Abstract { .. } => "abstract",
+        }
+    }
+
+    /// Whether this is a graph input rather than an operator.
+    pub fn is_input(&self) -> bool {
+        matches!(self, Op::Input { .. })
+    }
+
+    /// Whether the op only moves or re-labels data (no arithmetic).
+    pub fn is_cheap(&self) -> bool {
+        matches!(
+            self,
+            Op::Identity | Op::Reshape { .. } | Op::Transpose { .. } | Op::Concat { .. }
+        )
+    }
+
+    /// Output shape for the given term shapes.
+    pub fn infer_shape(&self, terms: &[Shape]) -> Result<Shape, String> {
+        match self {
+            Op::Input { shape } => {
+                if !terms.is_empty() {
+                    return Err("an input takes no inputs".into());
+                }
+                if shape.is_empty() || shape.contains(&0) {
+                    return Err(format!(
+                        "input shape {shape:?} must be non-empty and positive"
+                    ));
+                }
+                Ok(shape.clone())
+            }
+            Op::Abstract { time_ms, util } => {
+                if !(time_ms.is_finite() && *time_ms >= 0.0) {
+                    return Err(format!("time_ms {time_ms} must be finite and non-negative"));
+                }
+                if !(util.is_finite() && *util > 0.0 && *util <= 1.0) {
+                    return Err(format!("util {util} must lie in (0, 1]"));
+                }
+                Ok(Vec::new())
+            }
+            Op::Elementwise { .. } => {
+                let first = terms
+                    .first()
+                    .ok_or("elementwise op needs at least one input")?;
+                if let Some(bad) = terms.iter().find(|s| *s != first) {
+                    return Err(format!("elementwise inputs differ: {first:?} vs {bad:?}"));
+                }
+                Ok(first.clone())
+            }
+            Op::Concat { axis } => concat_shapes(terms, *axis),
+            Op::BatchMatmul { transpose_b } => {
+                let [a, b] = terms else {
+                    return Err(format!(
+                        "batch_matmul needs exactly 2 inputs, got {}",
+                        terms.len()
+                    ));
+                };
+                if a.len() < 2 || a.len() != b.len() {
+                    return Err(format!(
+                        "batch_matmul inputs {a:?} and {b:?} must have equal rank >= 2"
+                    ));
+                }
+                let r = a.len();
+                let (bk, bn) = if *transpose_b {
+                    (b[r - 1], b[r - 2])
+                } else {
+                    (b[r - 2], b[r - 1])
+                };
+                if a[..r - 2] != b[..r - 2] || a[r - 1] != bk {
+                    return Err(format!("batch_matmul shapes {a:?} and {b:?} do not match"));
+                }
+                let mut out = a.clone();
+                out[r - 1] = bn;
+                Ok(out)
+            }
+            Op::Sequential { ops } => {
+                let (first, rest) = ops.split_first().ok_or("sequential op has no inner ops")?;
+                let mut shape = first.infer_shape(terms)?;
+                for op in rest {
+                    shape = op.infer_shape(std::slice::from_ref(&shape))?;
+                }
+                Ok(shape)
+            }
+            _ => {
+                let input = concat_shapes(terms, 1).or_else(|e| match terms {
+                    [single] => Ok(single.clone()),
+                    _ => Err(e),
+                })?;
+                self.infer_single(&input)
+            }
+        }
+    }
+
+    /// Shape inference for operators with one (channel-concatenated) input.
+    fn infer_single(&self, x: &Shape) -> Result<Shape, String> {
+        match self {
+            Op::Conv2d(c) => {
+                require_rank(x, 4, "conv2d")?;
+                if c.groups == 0 || x[1] % c.groups != 0 || c.out_channels % c.groups != 0 {
+                    return Err(format!(
+                        "groups {} must divide input channels {} and output channels {}",
+                        c.groups, x[1], c.out_channels
+                    ));
+                }
+                if c.out_channels == 0 {
+                    return Err("out_channels must be positive".into());
+                }
+                let h = conv_out(
+                    x[2],
+                    c.kernel[0],
+                    c.stride[0],
+                    c.padding[0],
+                    c.dilation[0],
+                    false,
+                )?;
+                let w = conv_out(
+                    x[3],
+                    c.kernel[1],
+                    c.stride[1],
+                    c.padding[1],
+                    c.dilation[1],
+                    false,
+                )?;
+                Ok(vec![x[0], c.out_channels, h, w])
+            }
+            Op::Pool2d(p) => {
+                require_rank(x, 4, "pool2d")?;
+                if p.kind.is_global() {
+                    return Ok(vec![x[0], x[1], 1, 1]);
+                }
+                let h = conv_out(x[2], p.kernel[0], p.stride[0], p.padding[0], 1, p.ceil_mode)?;
+                let w = conv_out(x[3], p.kernel[1], p.stride[1], p.padding[1], 1, p.ceil_mode)?;
+                Ok(vec![x[0], x[1], h, w])
+            }
+            Op::Activation { .. } | Op::Identity | Op::LayerNorm { .. } => Ok(x.clone()),
+            Op::Softmax { axis } => {
+                let r = x.len() as i64;
+                if *axis >= r || *axis < -r {
+                    return Err(format!("softmax axis {axis} out of range for {x:?}"));
+                }
+                Ok(x.clone())
+            }
+            Op::Linear { out_features, .. } => {
+                if x.len() < 2 {
+                    return Err(format!("linear expects rank >= 2, got {x:?}"));
+                }
+                let mut out = x.clone();
+                if let Some(last) = out.last_mut() {
+                    *last = *out_features;
+                }
+                Ok(out)
+            }
+            Op::Reshape { shape } => {
+                let total = numel(x);
+                let mut out = Vec::with_capacity(shape.len());
+                let mut infer_at = None;
+                for (i, &d) in shape.iter().enumerate() {
+                    match d {
+                        -1 if infer_at.is_none() => {
+                            infer_at = Some(i);
+                            out.push(1);
+                        }
+                        0 => out.push(
+                            *x.get(i)
+                                .ok_or(format!("reshape: no input dimension {i} to copy"))?,
+                        ),
+                        d if d > 0 => out.push(d as usize),
+                        _ => return Err(format!("reshape: invalid target {shape:?}")),
+                    }
+                }
+                let known = numel(&out);
+                if let Some(i) = infer_at {
+                    if known == 0 || total % known != 0 {
+                        return Err(format!("cannot reshape {x:?} into {shape:?}"));
+                    }
+                    out[i] = (total / known) as usize;
+                }
+                if numel(&out) != total {
+                    return Err(format!("cannot reshape {x:?} into {shape:?}"));
+                }
+                Ok(out)
+            }
+            Op::Transpose { perm } => {
+                let mut seen = vec![false; x.len()];
+                if perm.len() != x.len() {
+                    return Err(format!(
+                        "transpose perm {perm:?} does not match rank of {x:?}"
+                    ));
+                }
+                for &p in perm {
+                    if p >= x.len() || std::mem::replace(&mut seen[p], true) {
+                        return Err(format!("transpose perm {perm:?} is not a permutation"));
+                    }
+                }
+                Ok(perm.iter().map(|&p| x[p]).collect())
+            }
+            _ => Err(format!("{} takes no single input", self.type_name())),
+        }
+    }
+
+    /// FLOPs, bytes and parameters for the given term shapes and output shape.
+    /// `extra_read` is the number of elements read beyond one per term element
+    /// (the extra values summed inside terms); callers get it from the node.
+    pub fn stats(&self, terms: &[Shape], out: &Shape, dtype: DType) -> OpStats {
+        let e = dtype.size();
+        let in_elems: u64 = terms.iter().map(|s| numel(s)).sum();
+        let out_elems = numel(out);
+        let (flops, params) = match self {
+            Op::Input { .. } | Op::Abstract { .. } => (0, 0),
+            Op::Conv2d(c) => {
+                let cin = terms
+                    .iter()
+                    .map(|s| s.get(1).copied().unwrap_or(0) as u64)
+                    .sum::<u64>();
+                let per_out = cin / c.groups.max(1) as u64 * (c.kernel[0] * c.kernel[1]) as u64;
+                let mut flops = 2 * out_elems * per_out;
+                let mut params = c.out_channels as u64 * per_out;
+                if c.bias {
+                    flops += out_elems;
+                    params += c.out_channels as u64;
+                }
+                (flops + out_elems * c.act.flops_per_element(), params)
+            }
+            Op::Pool2d(p) => {
+                if p.kind.is_global() {
+                    (in_elems, 0)
+                } else {
+                    (out_elems * (p.kernel[0] * p.kernel[1]) as u64, 0)
+                }
+            }
+            Op::Activation { act } => (out_elems * act.flops_per_element(), 0),
+            Op::Elementwise { .. } => (out_elems * (terms.len() as u64).saturating_sub(1), 0),
+            Op::Concat { .. } | Op::Identity | Op::Reshape { .. } | Op::Transpose { .. } => (0, 0),
+            Op::Linear {
+                out_features,
+                bias,
+                act,
+            } => {
+                let k = terms
+                    .iter()
+                    .filter_map(|s| s.last())
+                    .map(|&d| d as u64)
+                    .max()
+                    .unwrap_or(0);
+                let n = *out_features as u64;
+                let mut flops = 2 * out_elems * k + out_elems * act.flops_per_element();
+                let mut params = k * n;
+                if *bias {
+                    flops += out_elems;
+                    params += n;
+                }
+                (flops, params)
+            }
+            Op::BatchMatmul { .. } => {
+                let k = terms.first().and_then(|a| a.last()).copied().unwrap_or(0) as u64;
+                (2 * out_elems * k, 0)
+            }
+            Op::Softmax { .. } => (5 * out_elems, 0),
+            Op::LayerNorm { .. } => {
+                let d = out.last().copied().unwrap_or(0) as u64;
+                (8 * out_elems, 2 * d)
+            }
+            Op::Sequential { ops } => {
+                let mut total = OpStats::default();
+                let mut shapes = terms.to_vec();
+                for op in ops {
+                    let Ok(next) = op.infer_shape(&shapes) else {
+                        break;
+                    };
+                    let s = op.stats(&shapes, &next, dtype);
+                    total.flops += s.flops;
+                    total.bytes_read += s.bytes_read;
+                    total.bytes_written += s.bytes_written;
+                    total.params += s.params;
+                    shapes = vec![next];
+                }
+                return total;
+            }
+        };
+        let moves_data = !matches!(self, Op::Input { .. } | Op::Abstract { .. });
+        OpStats {
+            flops,
+            bytes_read: if moves_data {
+                (in_elems + params) * e
+            } else {
+                0
+            },
+            bytes_written: if moves_data { out_elems * e } else { 0 },
+            params,
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Seeded layered random DAGs with the HIOS simulation parameters (to be written).

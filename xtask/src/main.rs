@@ -1,0 +1,45 @@
+//! `cargo xtask <command>`: project automation (rust-analyzer's convention).
+//!
+//! Commands:
+//! - `ci`: what `.ci/run` runs: fmt check, clippy with warnings denied, the test suite.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some(other) => bail!("unknown xtask command '{other}'; known: ci"),
+        None => {
+            eprintln!("usage: cargo xtask <ci>");
+            Ok(())
+        }
+    }
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .args(args)
+        .status()
+        .with_context(|| format!("running {cargo} {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("`cargo {}` failed", args.join(" "));
+    }
+    Ok(())
+}
+
+fn ci() -> Result<()> {
+    cargo(&["fmt", "--all", "--check"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    cargo(&["test", "--workspace"])
+}
