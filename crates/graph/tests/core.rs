@@ -1,0 +1,456 @@
+//! Operators, validation, our JSON format and the structural analysis.
+
+#![allow(clippy::unwrap_used)]
+
+use opsched_graph::analysis::{depth, width};
+use opsched_graph::formats::{self, json};
+use opsched_graph::{
+    Activation, Conv2d, DType, Graph, GraphBuilder, GraphError, NodeDef, NodeId, Op, Pool2d, Value,
+};
+use proptest::prelude::*;
+
+fn infer(op: Op, inputs: &[&[usize]]) -> Result<Vec<usize>, String> {
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|s| s.to_vec()).collect();
+    op.infer_shape(&shapes)
+}
+
+#[test]
+fn conv_shapes_follow_the_usual_formula() {
+    let x: &[usize] = &[2, 3, 299, 299];
+    let c = Conv2d::new(32, 3).padding(0, 0).stride(2);
+    assert_eq!(infer(Op::Conv2d(c), &[x]).unwrap(), vec![2, 32, 149, 149]);
+    // Dilation 2 on a 3x3 spans 5 pixels.
+    let c = Conv2d::new(8, 3).padding(0, 0).dilation(2);
+    assert_eq!(
+        infer(Op::Conv2d(c), &[&[1, 4, 10, 10]]).unwrap(),
+        vec![1, 8, 6, 6]
+    );
+    // Rectangular kernels with same padding keep the size.
+    let c = Conv2d::rect(8, 1, 7);
+    assert_eq!(
+        infer(Op::Conv2d(c), &[&[1, 4, 17, 17]]).unwrap(),
+        vec![1, 8, 17, 17]
+    );
+    // Depthwise: groups = channels.
+    let c = Conv2d::new(16, 3).groups(16);
+    assert_eq!(
+        infer(Op::Conv2d(c), &[&[1, 16, 8, 8]]).unwrap(),
+        vec![1, 16, 8, 8]
+    );
+}
+
+#[test]
+fn conv_rejects_bad_groups_rank_and_tiny_inputs() {
+    let e = infer(Op::Conv2d(Conv2d::new(16, 3).groups(3)), &[&[1, 16, 8, 8]]).unwrap_err();
+    assert!(e.contains("groups"), "{e}");
+    let e = infer(Op::Conv2d(Conv2d::new(16, 3)), &[&[1, 16, 8]]).unwrap_err();
+    assert!(e.contains("rank-4"), "{e}");
+    let e = infer(
+        Op::Conv2d(Conv2d::new(16, 5).padding(0, 0)),
+        &[&[1, 16, 3, 3]],
+    )
+    .unwrap_err();
+    assert!(e.contains("window"), "{e}");
+}
+
+#[test]
+fn pooling_floor_ceil_and_global() {
+    let x: &[usize] = &[1, 64, 112, 112];
+    assert_eq!(
+        infer(Op::Pool2d(Pool2d::max(3, 2, 0)), &[x]).unwrap(),
+        vec![1, 64, 55, 55]
+    );
+    // torchvision GoogLeNet: MaxPool2d(3, 2, ceil_mode=True) on 112 gives 56.
+    assert_eq!(
+        infer(Op::Pool2d(Pool2d::max(3, 2, 0).ceil()), &[x]).unwrap(),
+        vec![1, 64, 56, 56]
+    );
+    // Ceil mode never starts a window in the right padding: 5 -> k2 s2 p1 gives 3, not 4.
+    assert_eq!(
+        infer(Op::Pool2d(Pool2d::max(2, 2, 1).ceil()), &[&[1, 1, 5, 5]]).unwrap(),
+        vec![1, 1, 3, 3]
+    );
+    assert_eq!(
+        infer(Op::Pool2d(Pool2d::global_avg()), &[x]).unwrap(),
+        vec![1, 64, 1, 1]
+    );
+}
+
+#[test]
+fn sequence_ops_infer_shapes() {
+    let x: &[usize] = &[2, 128, 768];
+    let lin = Op::Linear {
+        out_features: 3072,
+        bias: true,
+        act: Activation::Gelu,
+    };
+    assert_eq!(infer(lin, &[x]).unwrap(), vec![2, 128, 3072]);
+    let q: &[usize] = &[2, 12, 128, 64];
+    let bmm = Op::BatchMatmul { transpose_b: true };
+    assert_eq!(infer(bmm, &[q, q]).unwrap(), vec![2, 12, 128, 128]);
+    let bad = infer(Op::BatchMatmul { transpose_b: false }, &[q, q]).unwrap_err();
+    assert!(bad.contains("do not match"), "{bad}");
+    assert!(infer(Op::BatchMatmul { transpose_b: false }, &[q]).is_err());
+    assert_eq!(infer(Op::Softmax { axis: -1 }, &[q]).unwrap(), q.to_vec());
+    assert!(infer(Op::Softmax { axis: 4 }, &[q]).is_err());
+    assert_eq!(
+        infer(Op::LayerNorm { eps: 1e-5 }, &[x]).unwrap(),
+        x.to_vec()
+    );
+    let r = Op::Reshape {
+        shape: vec![0, 0, 12, -1],
+    };
+    assert_eq!(infer(r, &[x]).unwrap(), vec![2, 128, 12, 64]);
+    assert!(infer(
+        Op::Reshape {
+            shape: vec![0, 7, -1]
+        },
+        &[x]
+    )
+    .is_err());
+    let t = Op::Transpose {
+        perm: vec![0, 2, 1, 3],
+    };
+    assert_eq!(
+        infer(t, &[&[2, 128, 12, 64]]).unwrap(),
+        vec![2, 12, 128, 64]
+    );
+    assert!(infer(
+        Op::Transpose {
+            perm: vec![0, 0, 1, 2]
+        },
+        &[q]
+    )
+    .is_err());
+}
+
+#[test]
+fn multi_input_ops() {
+    let a: &[usize] = &[1, 8, 4, 4];
+    let b: &[usize] = &[1, 24, 4, 4];
+    assert_eq!(
+        infer(Op::Concat { axis: 1 }, &[a, b]).unwrap(),
+        vec![1, 32, 4, 4]
+    );
+    assert_eq!(infer(Op::Identity, &[a, b]).unwrap(), vec![1, 32, 4, 4]);
+    let add = Op::Elementwise {
+        kind: opsched_graph::ElementwiseKind::Add,
+    };
+    assert_eq!(infer(add.clone(), &[a, a, a]).unwrap(), a.to_vec());
+    assert!(infer(add, &[a, b]).unwrap_err().contains("differ"));
+    // A conv on several terms reads them concatenated along channels.
+    assert_eq!(
+        infer(Op::Conv2d(Conv2d::new(4, 1)), &[a, b]).unwrap(),
+        vec![1, 4, 4, 4]
+    );
+    assert!(infer(Op::Concat { axis: 1 }, &[a, &[1, 8, 5, 4]]).is_err());
+}
+
+#[test]
+fn sequential_chains_its_ops_and_sums_their_counts() {
+    let seq = Op::Sequential {
+        ops: vec![
+            Op::Activation {
+                act: Activation::Relu,
+            },
+            Op::Conv2d(Conv2d::new(16, 3).groups(16)),
+            Op::Conv2d(Conv2d::new(32, 1)),
+        ],
+    };
+    let x = vec![1, 16, 8, 8];
+    let out = seq.infer_shape(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(out, vec![1, 32, 8, 8]);
+    let st = seq.stats(&[x], &out, DType::F32);
+    let dw = 2 * 16 * 64 * 9;
+    let pw = 2 * 32 * 64 * 16;
+    let relu = 16 * 64;
+    assert_eq!(st.flops, dw + pw + relu);
+    assert_eq!(st.params, 16 * 9 + 32 * 16);
+}
+
+#[test]
+fn conv_flops_params_and_bytes() {
+    let conv = Op::Conv2d(Conv2d::new(64, 3).bias(true));
+    let x = vec![1, 64, 56, 56];
+    let out = conv.infer_shape(std::slice::from_ref(&x)).unwrap();
+    let st = conv.stats(&[x], &out, DType::F16);
+    let outs = 64 * 56 * 56;
+    assert_eq!(st.flops, 2 * outs * 64 * 9 + outs);
+    assert_eq!(st.params, 64 * 64 * 9 + 64);
+    assert_eq!(st.bytes_read, (outs + st.params) * 2);
+    assert_eq!(st.bytes_written, outs * 2);
+}
+
+/// x -> a, x -> b, (a, b) -> c: the smallest diamond.
+fn diamond() -> Graph {
+    let mut b = GraphBuilder::new("diamond", DType::F32);
+    let x = b.input("x", vec![1, 8, 16, 16]);
+    let a = b.conv("a", x, Conv2d::new(8, 3).relu());
+    let p = b.pool("p", x, Pool2d::max(3, 1, 1));
+    let c = b.concat("c", &[a, p]);
+    b.block("tail");
+    b.node(
+        "d",
+        Op::Conv2d(Conv2d::new(4, 1)),
+        vec![vec![Value::slice(c, 0, 8), Value::slice(c, 4, 12)]],
+    );
+    b.finish().unwrap()
+}
+
+#[test]
+fn counts_depth_width_and_slices() {
+    let g = diamond();
+    assert_eq!(g.op_count(), 4);
+    assert_eq!(
+        g.edge_count(),
+        3,
+        "a->c, p->c, c->d; edges from the input do not count"
+    );
+    assert_eq!(depth(&g), 3);
+    assert_eq!(width(&g), 2);
+    let d = g.find("d").unwrap();
+    assert_eq!(g.node(d).shape, vec![1, 4, 16, 16]);
+    // Two slices of c summed: one edge carrying both slices' bytes, one extra add per element.
+    let c = g.find("c").unwrap();
+    assert_eq!(g.edge(c, d).unwrap().bytes, 2 * 8 * 16 * 16 * 4);
+    let st = g.stats(d);
+    assert_eq!(st.flops, 2 * 4 * 256 * 8 + 8 * 256);
+    assert_eq!(g.blocks().len(), 1);
+    assert_eq!(g.blocks()[0].nodes, vec![d]);
+}
+
+#[test]
+fn json_round_trip_keeps_everything() {
+    let g = diamond();
+    let text = json::to_string(&g);
+    let back = formats::from_str(&text).unwrap();
+    assert_eq!(back.name, g.name);
+    assert_eq!(back.nodes(), g.nodes());
+    assert_eq!(back.blocks(), g.blocks());
+    assert_eq!(json::to_string(&back), text);
+}
+
+#[test]
+fn documented_example_loads() {
+    // The example of the crate docs, verbatim.
+    let text = r#"{
+      "format": "opsched-graph", "version": 1, "name": "tiny", "dtype": "f32",
+      "nodes": [
+        {"name": "x", "op": {"type": "input", "shape": [1, 3, 32, 32]}},
+        {"name": "a", "op": {"type": "conv2d", "out_channels": 8, "kernel": [3, 3],
+                             "padding": [1, 1], "act": "relu"}, "inputs": ["x"]},
+        {"name": "b", "op": {"type": "pool2d", "kind": "max", "kernel": [3, 3],
+                             "padding": [1, 1]}, "inputs": ["x"]},
+        {"name": "c", "op": {"type": "concat"}, "inputs": ["a", "b"]},
+        {"name": "d", "op": {"type": "conv2d", "out_channels": 4, "kernel": [1, 1]},
+         "inputs": [[["c", 0, 8], ["c", 3, 11]]]}
+      ],
+      "blocks": [{"name": "cell0", "nodes": ["a", "b", "c"]}]
+    }"#;
+    let g = formats::from_str(text).unwrap();
+    assert_eq!(g.op_count(), 4);
+    assert_eq!(g.node(g.find("c").unwrap()).shape, vec![1, 11, 32, 32]);
+    assert_eq!(g.node(g.find("d").unwrap()).shape, vec![1, 4, 32, 32]);
+}
+
+fn err_of(text: &str) -> String {
+    formats::from_str(text).unwrap_err().to_string()
+}
+
+fn doc(nodes: &str) -> String {
+    format!(r#"{{"format": "opsched-graph", "version": 1, "name": "t", "nodes": [{nodes}]}}"#)
+}
+
+const X: &str = r#"{"name": "x", "op": {"type": "input", "shape": [1, 4, 8, 8]}}"#;
+
+#[test]
+fn bad_graphs_name_the_node() {
+    let cycle = doc(&format!(
+        r#"{X}, {{"name": "a", "op": {{"type": "identity"}}, "inputs": ["x", "b"]}},
+            {{"name": "b", "op": {{"type": "identity"}}, "inputs": ["a"]}}"#
+    ));
+    let e = err_of(&cycle);
+    assert!(
+        e.contains("cycle") && (e.contains("'a'") || e.contains("'b'")),
+        "{e}"
+    );
+
+    let dangling = doc(&format!(
+        r#"{X}, {{"name": "a", "op": {{"type": "identity"}}, "inputs": ["nope"]}}"#
+    ));
+    assert_eq!(
+        err_of(&dangling),
+        "node 'a': input 'nope' is not produced by any node"
+    );
+
+    let dup = doc(&format!(r#"{X}, {X}"#));
+    assert_eq!(err_of(&dup), "node 'x': duplicate node name");
+
+    let mismatch = doc(&format!(
+        r#"{X}, {{"name": "y", "op": {{"type": "input", "shape": [1, 4, 9, 8]}}}},
+            {{"name": "s", "op": {{"type": "elementwise", "kind": "add"}}, "inputs": ["x", "y"]}}"#
+    ));
+    let e = err_of(&mismatch);
+    assert!(e.starts_with("node 's': elementwise inputs differ"), "{e}");
+
+    let declared = doc(&format!(
+        r#"{X}, {{"name": "r", "op": {{"type": "activation", "act": "relu"}}, "inputs": ["x"], "shape": [1, 4, 8, 9]}}"#
+    ));
+    assert!(err_of(&declared).starts_with("node 'r': declared output shape"));
+
+    let slice = doc(&format!(
+        r#"{X}, {{"name": "r", "op": {{"type": "identity"}}, "inputs": [["x", 2, 9]]}}"#
+    ));
+    let e = err_of(&slice);
+    assert!(
+        e.starts_with("node 'r': channel slice [2, 9) out of range"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_json_is_reported_not_panicked() {
+    assert!(err_of("{ not json").contains("key must be a string"));
+    let unknown_op = doc(&format!(
+        r#"{X}, {{"name": "a", "op": {{"type": "frobnicate"}}, "inputs": ["x"]}}"#
+    ));
+    assert!(err_of(&unknown_op).contains("unknown variant `frobnicate`"));
+    let unknown_field = doc(&format!(
+        r#"{X}, {{"name": "a", "op": {{"type": "conv2d", "out_channels": 4, "kernel": [1, 1], "colour": 3}}, "inputs": ["x"]}}"#
+    ));
+    assert!(err_of(&unknown_field).contains("unknown field `colour`"));
+    let node_field = doc(&format!(
+        r#"{X}, {{"name": "a", "op": {{"type": "identity"}}, "inputz": ["x"]}}"#
+    ));
+    assert!(err_of(&node_field).contains("unknown field `inputz`"));
+    let future = r#"{"format": "opsched-graph", "version": 99, "name": "t", "nodes": []}"#;
+    assert!(err_of(future).contains("newer"));
+    assert!(err_of(r#"{"format": "pdf"}"#).contains("unrecognised graph format"));
+    assert!(err_of("[1, 2]").contains("not a JSON object"));
+}
+
+#[test]
+fn load_file_names_the_file() {
+    let dir = std::env::temp_dir().join(format!("opsched-core-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("broken.json");
+    std::fs::write(
+        &path,
+        doc(&format!(
+            r#"{X}, {{"name": "a", "op": {{"type": "identity"}}, "inputs": ["zz"]}}"#
+        )),
+    )
+    .unwrap();
+    let e = formats::load_file(&path).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}: node 'a': input 'zz' is not produced by any node",
+            path.display()
+        )
+    );
+    let missing = formats::load_file(dir.join("missing.json")).unwrap_err();
+    assert!(matches!(missing, GraphError::Io { .. }));
+    // Atomic writes leave no temporary file behind.
+    let out = dir.join("out.json");
+    formats::write_atomic(&out, json::to_string(&diamond()).as_bytes()).unwrap();
+    assert!(formats::load_file(&out).is_ok());
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn builder_reports_the_first_bad_node() {
+    let mut b = GraphBuilder::new("bad", DType::F32);
+    let x = b.input("x", vec![1, 4, 4, 4]);
+    let y = b.conv("too_big", x, Conv2d::new(8, 7).padding(0, 0));
+    b.conv("after", y, Conv2d::new(8, 1));
+    match b.finish() {
+        Err(GraphError::Shape { node, .. }) => assert_eq!(node, "too_big"),
+        other => panic!("expected a shape error, got {other:?}"),
+    }
+}
+
+/// A random DAG of abstract ops: node i reads a random subset of earlier nodes.
+fn random_dag(n: usize, edges: &[(usize, usize)]) -> Graph {
+    let defs = (0..n)
+        .map(|i| NodeDef {
+            name: format!("n{i}"),
+            op: Op::Abstract {
+                time_ms: 1.0,
+                util: 1.0,
+            },
+            inputs: edges
+                .iter()
+                .filter(|&&(_, d)| d == i)
+                .map(|&(s, _)| vec![Value::whole(NodeId(s as u32))])
+                .collect(),
+            declared_shape: None,
+        })
+        .collect();
+    Graph::from_nodes("random", DType::F32, defs).unwrap()
+}
+
+fn brute_force_width(g: &Graph) -> usize {
+    let n = g.len();
+    let reach =
+        opsched_graph::analysis::reachability(g, &(0..n as u32).map(NodeId).collect::<Vec<_>>());
+    let related = |i: usize, j: usize| {
+        reach[i][j / 64] >> (j % 64) & 1 == 1 || reach[j][i / 64] >> (i % 64) & 1 == 1
+    };
+    (0u32..1 << n)
+        .filter(|mask| {
+            let set: Vec<usize> = (0..n).filter(|i| mask >> i & 1 == 1).collect();
+            set.iter()
+                .all(|&i| set.iter().all(|&j| i == j || !related(i, j)))
+        })
+        .map(|m| m.count_ones() as usize)
+        .max()
+        .unwrap_or(0)
+}
+
+fn dag_strategy(max_n: usize) -> impl Strategy<Value = (usize, Vec<(usize, usize)>)> {
+    (1..=max_n).prop_flat_map(|n| {
+        let pairs: Vec<(usize, usize)> = (0..n).flat_map(|d| (0..d).map(move |s| (s, d))).collect();
+        let len = pairs.len();
+        (Just(n), proptest::sample::subsequence(pairs, 0..=len))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn width_is_the_maximum_antichain((n, edges) in dag_strategy(10)) {
+        let g = random_dag(n, &edges);
+        prop_assert_eq!(width(&g), brute_force_width(&g));
+        // Mirsky: the ops split into `depth` antichains, each at most `width` large.
+        prop_assert!(depth(&g) * width(&g) >= n);
+        prop_assert_eq!(g.edge_count(), edges.len());
+    }
+
+    #[test]
+    fn json_round_trip_on_random_dags((n, edges) in dag_strategy(30)) {
+        let g = random_dag(n, &edges);
+        let back = formats::from_str(&json::to_string(&g)).unwrap();
+        prop_assert_eq!(back.nodes(), g.nodes());
+        prop_assert_eq!(back.edge_count(), g.edge_count());
+    }
+
+    #[test]
+    fn topo_order_respects_every_edge((n, edges) in dag_strategy(30)) {
+        let g = random_dag(n, &edges);
+        let mut pos = vec![0; n];
+        for (i, id) in g.topo_order().iter().enumerate() {
+            pos[id.index()] = i;
+        }
+        for (s, d, _) in g.edges() {
+            prop_assert!(pos[s.index()] < pos[d.index()]);
+        }
+    }
+}
