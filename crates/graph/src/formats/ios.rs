@@ -694,7 +694,12 @@ fn parse_node(cfg: &Json, at: &str, batch: usize, inner: bool) -> Result<Parsed>
             }
             (Op::Sequential { ops }, inputs)
         }
-        _ => unreachable!("node types were checked above"),
+        other => {
+            return Err(GraphError::invalid(
+                loc,
+                format!("unknown IOS node type '{other}'"),
+            ))
+        }
     };
     Ok(Parsed {
         name,
