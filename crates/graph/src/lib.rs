@@ -43,6 +43,7 @@ pub mod builder;
 pub mod error;
 pub mod formats;
 pub mod graph;
+pub mod merge;
 pub mod op;
 pub mod random;
 pub mod rng;

@@ -1,0 +1,1 @@
+//! Baseline schedulers (to be written).

@@ -1,0 +1,1 @@
+//! measured (to be written).

@@ -1,0 +1,1 @@
+//! signature (to be written).

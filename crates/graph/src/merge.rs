@@ -1,0 +1,1 @@
+//! IOS's operator merge rule (to be written).

@@ -1,0 +1,1 @@
+//! export (to be written).

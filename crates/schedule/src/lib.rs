@@ -1,0 +1,84 @@
+//! # opsched-schedule
+//!
+//! One schedule type in two shapes, one launch plan, one evaluator.
+//!
+//! - A **stage plan** ([`StagePlan`]; IOS, HIOS, IOPS, greedy, sequential): per GPU, a sequence
+//!   of stages; a stage is a set of groups run concurrently on separate streams (each group
+//!   runs its operators in order), or one merged operator.
+//! - A **stream plan** ([`StreamPlan`]; LIOS, Opara, Nimble): per GPU, streams with ordered
+//!   operators and an optional explicit launch order; cross-stream waits follow from the
+//!   dependencies.
+//! - Both lower ([`lower`]) to one **launch plan** ([`LaunchPlan`]): per GPU, per stream, an
+//!   ordered list of commands (launch an operator, record or wait for an event, send a tensor to
+//!   another GPU, wait for a received tensor). The [`simulate`] module runs launch plans under a
+//!   cost model and returns a [`Timeline`]; the GPU runtime will run the same plans.
+//! - The [`validate`] module checks any schedule (every operator exactly once, dependencies
+//!   respected, no cycle among waits); [`bounds`] gives proven lower bounds on the makespan;
+//!   [`export`] writes timelines as Chrome traces and SVG Gantt charts.
+//! - The [`Scheduler`] trait is what every algorithm implements.
+
+pub mod bounds;
+pub mod export;
+pub mod lower;
+pub mod plan;
+pub mod simulate;
+pub mod validate;
+
+pub use plan::{
+    Cmd, EventId, GpuLaunch, GpuStreams, LaunchPlan, Platform, Schedule, Stage, StagePlan,
+    StageStrategy, StreamPlan, TransferId,
+};
+pub use bounds::{lower_bound, LowerBound};
+pub use lower::lower;
+pub use simulate::{simulate, OpSpan, Timeline, TransferSpan};
+pub use validate::validate;
+
+use opsched_cost::CostModel;
+use opsched_graph::Graph;
+use serde::Serialize;
+
+/// Errors of the schedule layer; each names the operator, stage or event at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    /// The schedule breaks a rule (operator missing or twice, dependency violated, ...).
+    #[error("invalid schedule: {0}")]
+    Invalid(String),
+    /// The launch plan deadlocks: a wait can never be satisfied.
+    #[error("deadlock: {0}")]
+    Deadlock(String),
+    /// The platform or the options are out of range.
+    #[error("{0}")]
+    Config(String),
+    /// Reading, parsing or writing a schedule file.
+    #[error("{path}: {message}")]
+    File { path: std::path::PathBuf, message: String },
+}
+
+/// Statistics a scheduler reports with its schedule.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SchedulerStats {
+    /// Wall-clock scheduling time, ms.
+    pub wall_ms: f64,
+    /// Search states explored (DP states, candidate evaluations, ...).
+    pub states: u64,
+    /// Transitions considered.
+    pub transitions: u64,
+    /// Questions asked of the cost model.
+    pub cost_queries: u64,
+    /// Anything else worth reporting, by name.
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A scheduling algorithm.
+pub trait Scheduler {
+    /// The registry name, e.g. "sequential", "ios", "hios-lp".
+    fn name(&self) -> &str;
+    /// Find a schedule for `g` on `platform` under `cost`.
+    fn schedule(
+        &self,
+        g: &Graph,
+        platform: &Platform,
+        cost: &dyn CostModel,
+    ) -> Result<(Schedule, SchedulerStats), ScheduleError>;
+}
