@@ -454,3 +454,35 @@ proptest! {
         }
     }
 }
+
+/// DOT is an export format; its round trip is structural: reading the edges back from the DOT
+/// text gives exactly the graph's edges, and every node appears once.
+#[test]
+fn dot_round_trips_the_structure_of_every_zoo_model() {
+    use opsched_graph::formats::dot;
+    use opsched_graph::zoo::{models, ZooConfig};
+    for m in models() {
+        let g = m.build(&ZooConfig::default()).unwrap();
+        let text = dot::to_dot(&g);
+        let parse_id = |s: &str| s.trim().trim_start_matches('n').parse::<u32>().ok();
+        let mut edges: Vec<(u32, u32)> = text
+            .lines()
+            .filter_map(|l| {
+                let (a, rest) = l.split_once("->")?;
+                let b = rest.split('[').next()?.trim().trim_end_matches(';');
+                Some((parse_id(a)?, parse_id(b)?))
+            })
+            .collect();
+        edges.sort_unstable();
+        let mut want: Vec<(u32, u32)> = g.edges().map(|(s, d, _)| (s.0, d.0)).collect();
+        want.sort_unstable();
+        assert_eq!(edges, want, "{}", m.name);
+        let declared = text
+            .lines()
+            .filter(|l| {
+                l.trim_start().starts_with('n') && !l.contains("->") && l.contains("[label=")
+            })
+            .count();
+        assert_eq!(declared, g.len(), "{}", m.name);
+    }
+}
