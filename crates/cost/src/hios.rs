@@ -46,7 +46,13 @@ impl HiosSimLaw {
     fn wu(&self, g: &Graph, op: NodeId) -> (f64, f64) {
         abstract_cost(g, op).unwrap_or_else(|| {
             let t = self.base.op_time(g, op);
-            (t, self.base.demand(g, op).sm_share.clamp(f64::MIN_POSITIVE, 1.0))
+            (
+                t,
+                self.base
+                    .demand(g, op)
+                    .sm_share
+                    .clamp(f64::MIN_POSITIVE, 1.0),
+            )
         })
     }
 
@@ -87,7 +93,11 @@ impl CostModel for HiosSimLaw {
     fn rates(&self, g: &Graph, running: &[NodeId], out: &mut Vec<f64>) {
         let k = running.len() as f64;
         let sum_u: f64 = running.iter().map(|&o| self.wu(g, o).1).sum();
-        let slowdown = if running.len() <= 1 { 1.0 } else { 0.5 * k + 0.5 * sum_u.max(1.0) };
+        let slowdown = if running.len() <= 1 {
+            1.0
+        } else {
+            0.5 * k + 0.5 * sum_u.max(1.0)
+        };
         out.clear();
         out.resize(running.len(), 1.0 / slowdown);
     }

@@ -76,7 +76,10 @@ pub enum CostError {
     #[error("node '{node}': {message}")]
     Unsupported { node: String, message: String },
     #[error("cost cache {path}: {message}")]
-    Cache { path: std::path::PathBuf, message: String },
+    Cache {
+        path: std::path::PathBuf,
+        message: String,
+    },
     #[error("{path}: {source}")]
     Io {
         path: std::path::PathBuf,
@@ -125,5 +128,36 @@ pub trait CostModel: Send + Sync {
     /// Counters (measured vs estimated answers).
     fn stats(&self) -> CostStats {
         CostStats::default()
+    }
+}
+
+/// A boxed model is a model (so `Box<dyn CostModel>` can be a fallback or be passed on).
+impl<M: CostModel + ?Sized> CostModel for Box<M> {
+    fn name(&self) -> String {
+        (**self).name()
+    }
+    fn op_time(&self, g: &Graph, op: NodeId) -> f64 {
+        (**self).op_time(g, op)
+    }
+    fn demand(&self, g: &Graph, op: NodeId) -> ResourceDemand {
+        (**self).demand(g, op)
+    }
+    fn rates(&self, g: &Graph, running: &[NodeId], out: &mut Vec<f64>) {
+        (**self).rates(g, running, out)
+    }
+    fn stage_time(&self, g: &Graph, groups: &[Vec<NodeId>]) -> f64 {
+        (**self).stage_time(g, groups)
+    }
+    fn merged_time(&self, g: &Graph, ops: &[NodeId]) -> Option<f64> {
+        (**self).merged_time(g, ops)
+    }
+    fn transfer_time(&self, g: &Graph, src: NodeId, dst: NodeId) -> f64 {
+        (**self).transfer_time(g, src, dst)
+    }
+    fn capacity_bound(&self, g: &Graph, ops: &[NodeId], gpus: usize) -> f64 {
+        (**self).capacity_bound(g, ops, gpus)
+    }
+    fn stats(&self) -> CostStats {
+        (**self).stats()
     }
 }

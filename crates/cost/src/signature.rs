@@ -1,1 +1,337 @@
-//! signature (to be written).
+//! Canonical, name-independent keys of what an operator (or a concurrent stage) computes.
+//!
+//! A measurement of an operator is valid for every operator that does the same work: the same
+//! type, the same parameters, the same input shapes and the same element type. Node names,
+//! positions in the graph and the model they come from do not matter. [`op_signature`] writes
+//! that as one string, for example
+//!
+//! ```text
+//! conv2d(oc=64,k=3x3,s=1x1,p=1x1,d=1x1,g=1,bias,act=relu)[1x64x56x56]f32
+//! ```
+//!
+//! The parts:
+//! - the operator: its type name and every parameter in a fixed order (flags such as `bias` or
+//!   `ceil` appear only when set, `act=` only when there is an activation); a `sequential`
+//!   operator lists its inner operators in order inside `{..;..}`;
+//! - the input terms in `[..]`, separated by `,`: each term's shape (after any channel slice,
+//!   batch included) joined with `x`, followed by `(sumN)` when the term sums `N > 1` values
+//!   and `(slice)` when one of its values is a channel slice (a strided read); a term of rank
+//!   zero (abstract operators) is written `()`;
+//! - the element type (`f32`, `f16`).
+//!
+//! The batch is part of the key through the input shapes; [`batch_of`] extracts it for cache
+//! keys. [`stage_signature`] combines operator signatures into the key of a concurrent stage.
+
+use std::fmt::Write as _;
+
+use opsched_graph::{Graph, NodeId, Op, PoolKind};
+
+/// The canonical key of what `op` computes (see the module documentation for the format).
+pub fn op_signature(g: &Graph, op: NodeId) -> String {
+    let node = g.node(op);
+    let mut s = String::with_capacity(96);
+    write_op(&mut s, &node.op);
+    s.push('[');
+    let shapes = g.input_shapes(op);
+    for (i, term) in node.inputs.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        match shapes.get(i) {
+            Some(shape) => write_shape(&mut s, shape),
+            None => s.push('?'),
+        }
+        if term.len() > 1 {
+            let _ = write!(s, "(sum{})", term.len());
+        }
+        if term.iter().any(|v| v.channels.is_some()) {
+            s.push_str("(slice)");
+        }
+    }
+    s.push(']');
+    let _ = write!(s, "{}", g.dtype);
+    s
+}
+
+/// The canonical key of a concurrent stage: `stage[<group> | <group> ...]`, where a group is
+/// its operators' signatures in run order joined by ` > `. Groups are sorted (by their text),
+/// so the same stage written with its groups in another order, or found at another place of
+/// another model, has the same key; the order inside a group is kept (it is part of what runs).
+/// Empty groups are left out.
+pub fn stage_signature(g: &Graph, groups: &[Vec<NodeId>]) -> String {
+    let mut parts: Vec<String> = groups
+        .iter()
+        .filter(|grp| !grp.is_empty())
+        .map(|grp| {
+            grp.iter()
+                .map(|&o| op_signature(g, o))
+                .collect::<Vec<_>>()
+                .join(" > ")
+        })
+        .collect();
+    parts.sort();
+    format!("stage[{}]", parts.join(" | "))
+}
+
+/// Whether a signature is a stage's (from [`stage_signature`]) rather than an operator's.
+pub fn is_stage_signature(signature: &str) -> bool {
+    signature.starts_with("stage[")
+}
+
+/// The batch size `op` runs at: the leading dimension of its first input term, else of its
+/// output, else 1 (abstract operators have no shapes).
+pub fn batch_of(g: &Graph, op: NodeId) -> usize {
+    let node = g.node(op);
+    g.input_shapes(op)
+        .first()
+        .and_then(|s| s.first().copied())
+        .or_else(|| node.shape.first().copied())
+        .filter(|&b| b > 0)
+        .unwrap_or(1)
+}
+
+fn write_shape(s: &mut String, shape: &[usize]) {
+    if shape.is_empty() {
+        s.push_str("()");
+        return;
+    }
+    for (i, d) in shape.iter().enumerate() {
+        if i > 0 {
+            s.push('x');
+        }
+        let _ = write!(s, "{d}");
+    }
+}
+
+fn write_list<T: std::fmt::Display>(s: &mut String, items: &[T]) {
+    s.push('[');
+    for (i, v) in items.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{v}");
+    }
+    s.push(']');
+}
+
+fn lower<T: std::fmt::Debug>(v: T) -> String {
+    // Enum names of the graph crate in snake case (they serialize that way too).
+    let mut out = String::new();
+    for (i, ch) in format!("{v:?}").chars().enumerate() {
+        if ch.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(ch.to_ascii_lowercase());
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+fn write_op(s: &mut String, op: &Op) {
+    s.push_str(op.type_name());
+    match op {
+        Op::Input { shape } => {
+            s.push('(');
+            write_shape(s, shape);
+            s.push(')');
+        }
+        Op::Conv2d(c) => {
+            let _ = write!(
+                s,
+                "(oc={},k={}x{},s={}x{},p={}x{},d={}x{},g={}",
+                c.out_channels,
+                c.kernel[0],
+                c.kernel[1],
+                c.stride[0],
+                c.stride[1],
+                c.padding[0],
+                c.padding[1],
+                c.dilation[0],
+                c.dilation[1],
+                c.groups
+            );
+            if c.bias {
+                s.push_str(",bias");
+            }
+            if c.act != opsched_graph::Activation::None {
+                let _ = write!(s, ",act={}", lower(c.act));
+            }
+            s.push(')');
+        }
+        Op::Pool2d(p) => {
+            let _ = write!(s, "({}", lower(p.kind));
+            if !matches!(p.kind, PoolKind::GlobalAvg | PoolKind::GlobalMax) {
+                let _ = write!(
+                    s,
+                    ",k={}x{},s={}x{},p={}x{}",
+                    p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0], p.padding[1]
+                );
+                if p.ceil_mode {
+                    s.push_str(",ceil");
+                }
+            }
+            s.push(')');
+        }
+        Op::Activation { act } => {
+            let _ = write!(s, "({})", lower(act));
+        }
+        Op::Elementwise { kind } => {
+            let _ = write!(s, "({})", lower(kind));
+        }
+        Op::Concat { axis } => {
+            let _ = write!(s, "(axis={axis})");
+        }
+        Op::Identity => {}
+        Op::Linear {
+            out_features,
+            bias,
+            act,
+        } => {
+            let _ = write!(s, "(out={out_features}");
+            if *bias {
+                s.push_str(",bias");
+            }
+            if *act != opsched_graph::Activation::None {
+                let _ = write!(s, ",act={}", lower(act));
+            }
+            s.push(')');
+        }
+        Op::BatchMatmul { transpose_b } => {
+            if *transpose_b {
+                s.push_str("(tb)");
+            }
+        }
+        Op::Softmax { axis } => {
+            let _ = write!(s, "(axis={axis})");
+        }
+        Op::LayerNorm { eps } => {
+            let _ = write!(s, "(eps={eps:e})");
+        }
+        Op::Reshape { shape } => {
+            s.push_str("(shape=");
+            write_list(s, shape);
+            s.push(')');
+        }
+        Op::Transpose { perm } => {
+            s.push_str("(perm=");
+            write_list(s, perm);
+            s.push(')');
+        }
+        Op::Sequential { ops } => {
+            s.push('{');
+            for (i, inner) in ops.iter().enumerate() {
+                if i > 0 {
+                    s.push(';');
+                }
+                write_op(s, inner);
+            }
+            s.push('}');
+        }
+        Op::Abstract { time_ms, util } => {
+            let _ = write!(s, "(t={time_ms:e},u={util:e})");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use opsched_graph::{Conv2d, DType, GraphBuilder, Op, Pool2d, Term, Value};
+
+    use super::*;
+
+    fn conv_model(name: &str, batch: usize, stride: usize, prefix_pool: bool) -> (Graph, NodeId) {
+        let mut b = GraphBuilder::new(name, DType::F32);
+        let mut x = b.input("data", vec![batch, 64, 56, 56]);
+        if prefix_pool {
+            x = b.pool("some_pool", x, Pool2d::max(3, 1, 1));
+        }
+        let c = b.conv(
+            &format!("{name}_conv"),
+            x,
+            Conv2d::new(64, 3).stride(stride).bias(true).relu(),
+        );
+        (b.finish().unwrap(), c)
+    }
+
+    #[test]
+    fn conv_signature_format() {
+        let (g, c) = conv_model("a", 1, 1, false);
+        assert_eq!(
+            op_signature(&g, c),
+            "conv2d(oc=64,k=3x3,s=1x1,p=1x1,d=1x1,g=1,bias,act=relu)[1x64x56x56]f32"
+        );
+        assert_eq!(batch_of(&g, c), 1);
+    }
+
+    #[test]
+    fn same_conv_elsewhere_same_signature() {
+        let (g1, c1) = conv_model("first", 1, 1, false);
+        let (g2, c2) = conv_model("second", 1, 1, true);
+        assert_ne!(c1, c2);
+        assert_eq!(op_signature(&g1, c1), op_signature(&g2, c2));
+    }
+
+    #[test]
+    fn stride_and_batch_change_signature() {
+        let (g1, c1) = conv_model("a", 1, 1, false);
+        let (g2, c2) = conv_model("a", 1, 2, false);
+        let (g3, c3) = conv_model("a", 8, 1, false);
+        assert_ne!(op_signature(&g1, c1), op_signature(&g2, c2));
+        assert_ne!(op_signature(&g1, c1), op_signature(&g3, c3));
+        assert_eq!(batch_of(&g3, c3), 8);
+    }
+
+    #[test]
+    fn sequential_sliced_and_summed_inputs() {
+        let mut b = GraphBuilder::new("m", DType::F16);
+        let x = b.input("x", vec![2, 16, 8, 8]);
+        let y = b.input("y", vec![2, 16, 8, 8]);
+        let s = b.sequential(
+            "sep",
+            x,
+            vec![
+                Op::Activation {
+                    act: opsched_graph::Activation::Relu,
+                },
+                Op::Conv2d(Conv2d::new(16, 3).groups(16)),
+                Op::Conv2d(Conv2d::new(32, 1)),
+            ],
+        );
+        let terms: Vec<Term> = vec![
+            vec![Value::whole(x), Value::whole(y)],
+            vec![Value::slice(s, 0, 8)],
+        ];
+        let c = b.node("c", Op::Conv2d(Conv2d::new(4, 1)), terms);
+        let g = b.finish().unwrap();
+        assert_eq!(
+            op_signature(&g, s),
+            "sequential{activation(relu);conv2d(oc=16,k=3x3,s=1x1,p=1x1,d=1x1,g=16);\
+             conv2d(oc=32,k=1x1,s=1x1,p=0x0,d=1x1,g=1)}[2x16x8x8]f16"
+        );
+        assert_eq!(
+            op_signature(&g, c),
+            "conv2d(oc=4,k=1x1,s=1x1,p=0x0,d=1x1,g=1)[2x16x8x8(sum2),2x8x8x8(slice)]f16"
+        );
+        assert_eq!(batch_of(&g, c), 2);
+    }
+
+    #[test]
+    fn stage_signature_ignores_group_order() {
+        let mut b = GraphBuilder::new("m", DType::F32);
+        let x = b.input("x", vec![1, 8, 8, 8]);
+        let a = b.conv("a", x, Conv2d::new(8, 3));
+        let p = b.pool("p", x, Pool2d::max(3, 1, 1));
+        let q = b.conv("q", p, Conv2d::new(8, 1));
+        let g = b.finish().unwrap();
+        let s1 = stage_signature(&g, &[vec![a], vec![p, q]]);
+        let s2 = stage_signature(&g, &[vec![p, q], vec![a], vec![]]);
+        assert_eq!(s1, s2);
+        assert!(is_stage_signature(&s1));
+        assert_ne!(s1, stage_signature(&g, &[vec![a], vec![q, p]]));
+    }
+}

@@ -1,1 +1,101 @@
-//! IOS's operator merge rule (to be written).
+//! IOS's operator merge rule: several convolutions reading the same input become one wider
+//! convolution whose output channels are the components' output channels side by side (the
+//! consumers then read channel slices of it).
+//!
+//! The rule (IOS, `../shared/papers/NOTES.md`): at least two operators, every one a plain
+//! [`Op::Conv2d`] (a convolution inside a `sequential` operator does not count), all reading
+//! identical inputs (the same terms with the same values and slices), with the same stride,
+//! dilation, activation and bias flag, `groups = 1`, and the same output spatial size. Kernels may
+//! differ: the merged kernel is the largest in each dimension, and a smaller kernel is
+//! zero-padded around its centre, which needs `(kmax - k)` even in each dimension. Zero-padding
+//! a kernel by `e = (kmax - k) / 2` taps on each side (times the dilation) moves its window by
+//! `dilation * e` input pixels, so the component must have used `padding + dilation * e` as the
+//! merged padding; the rule checks that this is the same for every component (it is the padding
+//! of the component with the largest kernel), which also makes the output sizes agree.
+
+use crate::graph::{Graph, NodeId};
+use crate::op::{concat_shapes, Conv2d, Op};
+
+/// Whether `ops` can run as one merged convolution (see the module docs).
+pub fn mergeable(g: &Graph, ops: &[NodeId]) -> bool {
+    merged_conv(g, ops).is_some()
+}
+
+/// The merged convolution replacing `ops` and the shape of its input (the components' common
+/// input, terms concatenated along channels), or `None` if `ops` cannot be merged.
+pub fn merged_conv(g: &Graph, ops: &[NodeId]) -> Option<(Conv2d, Vec<usize>)> {
+    if ops.len() < 2 {
+        return None;
+    }
+    let nodes = g.nodes();
+    let mut convs = Vec::with_capacity(ops.len());
+    for (i, &id) in ops.iter().enumerate() {
+        if ops[..i].contains(&id) {
+            return None;
+        }
+        let node = nodes.get(id.index())?;
+        let Op::Conv2d(c) = &node.op else {
+            return None;
+        };
+        convs.push((node, c));
+    }
+    let (first, c0) = *convs.first()?;
+    let out_hw = first.shape.get(2..4)?;
+    let mut kmax = [0usize; 2];
+    let mut out_channels = 0usize;
+    for &(node, c) in &convs {
+        let same = node.inputs == first.inputs
+            && c.stride == c0.stride
+            && c.dilation == c0.dilation
+            && c.act == c0.act
+            && c.bias == c0.bias
+            && c.groups == 1
+            && node.shape.get(2..4) == Some(out_hw);
+        if !same {
+            return None;
+        }
+        for (k, &ck) in kmax.iter_mut().zip(&c.kernel) {
+            *k = (*k).max(ck);
+        }
+        out_channels = out_channels.checked_add(c.out_channels)?;
+    }
+    // Padding of the merged conv: each component's padding plus the zero taps added on each side.
+    let mut padding = [0usize; 2];
+    for (i, &(_, c)) in convs.iter().enumerate() {
+        for d in 0..2 {
+            let extra = kmax[d] - c.kernel[d];
+            if extra % 2 != 0 {
+                return None;
+            }
+            let p = c.padding[d] + c.dilation[d] * (extra / 2);
+            if i == 0 {
+                padding[d] = p;
+            } else if padding[d] != p {
+                return None;
+            }
+        }
+    }
+    let terms = g.input_shapes(ops[0]);
+    let input = match terms.as_slice() {
+        [single] => single.clone(),
+        _ => concat_shapes(&terms, 1).ok()?,
+    };
+    let merged = Conv2d {
+        out_channels,
+        kernel: kmax,
+        stride: c0.stride,
+        padding,
+        dilation: c0.dilation,
+        groups: 1,
+        bias: c0.bias,
+        act: c0.act,
+    };
+    // The merged conv must produce the components' spatial size.
+    let out = Op::Conv2d(merged.clone())
+        .infer_shape(std::slice::from_ref(&input))
+        .ok()?;
+    if out.get(2..4) != Some(out_hw) {
+        return None;
+    }
+    Some((merged, input))
+}

@@ -1,0 +1,168 @@
+//! IOS's merge rule.
+#![allow(clippy::unwrap_used)]
+
+use opsched_graph::formats::ios;
+use opsched_graph::merge::{mergeable, merged_conv};
+use opsched_graph::zoo::{self, ZooConfig};
+use opsched_graph::{Activation, Conv2d, DType, Graph, GraphBuilder, NodeId, Op, Value};
+
+const V100: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/fixtures/ios/v100.json"
+);
+
+fn id(g: &Graph, name: &str) -> NodeId {
+    g.find(name).unwrap_or_else(|| panic!("no node '{name}'"))
+}
+
+#[test]
+fn inception_a1_three_1x1_convs_merge_like_ios_node_8() {
+    let g = zoo::build("inception_v3", &ZooConfig::default()).unwrap();
+    let ops = [
+        id(&g, "a1.branch1x1"),
+        id(&g, "a1.branch5x5_1"),
+        id(&g, "a1.branch3x3dbl_1"),
+    ];
+    assert!(mergeable(&g, &ops));
+    let (conv, input) = merged_conv(&g, &ops).unwrap();
+    assert_eq!(conv.out_channels, 64 + 48 + 64);
+    assert_eq!(conv.kernel, [1, 1]);
+    assert_eq!(conv.padding, [0, 0]);
+    assert_eq!(conv.stride, [1, 1]);
+    assert_eq!(conv.act, Activation::Relu);
+    assert!(conv.bias);
+    assert_eq!(input, vec![1, 192, 35, 35]);
+
+    // IOS's V100 schedule merged the same three convs into node "8" (hint "8 9 11").
+    let path = std::path::Path::new(V100);
+    if !path.exists() {
+        eprintln!("skipping the fixture comparison: {V100} is missing");
+        return;
+    }
+    let ios_g = ios::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let Op::Conv2d(ios_conv) = &ios_g.node(id(&ios_g, "8")).op else {
+        panic!("IOS node 8 is not a conv");
+    };
+    assert_eq!(ios_conv.out_channels, conv.out_channels);
+    assert_eq!(ios_conv.kernel, conv.kernel);
+    assert_eq!(ios_conv.padding, conv.padding);
+    assert_eq!(ios_g.input_shapes(id(&ios_g, "8")), vec![input]);
+}
+
+fn pair(a: Conv2d, b: Conv2d) -> (Graph, NodeId, NodeId) {
+    pair_on(20, a, b)
+}
+
+fn pair_on(side: usize, a: Conv2d, b: Conv2d) -> (Graph, NodeId, NodeId) {
+    let mut gb = GraphBuilder::new("pair", DType::F32);
+    let x = gb.input("x", vec![1, 32, side, side]);
+    let p = gb.conv("p", x, a);
+    let q = gb.conv("q", x, b);
+    (gb.finish().unwrap(), p, q)
+}
+
+#[test]
+fn a_1x1_and_a_3x3_on_the_same_input_merge_into_a_3x3() {
+    let (g, p, q) = pair(Conv2d::new(16, 1).relu(), Conv2d::new(24, 3).relu());
+    let (conv, input) = merged_conv(&g, &[p, q]).unwrap();
+    assert_eq!(conv.kernel, [3, 3]);
+    assert_eq!(conv.padding, [1, 1]);
+    assert_eq!(conv.out_channels, 40);
+    assert_eq!(input, vec![1, 32, 20, 20]);
+    // Order does not matter.
+    assert_eq!(merged_conv(&g, &[q, p]).unwrap().0, conv);
+
+    // 1x7 and 7x1 merge into a 7x7.
+    let (g, p, q) = pair(Conv2d::rect(8, 1, 7), Conv2d::rect(8, 7, 1));
+    let (conv, _) = merged_conv(&g, &[p, q]).unwrap();
+    assert_eq!(conv.kernel, [7, 7]);
+    assert_eq!(conv.padding, [3, 3]);
+}
+
+#[test]
+fn mismatches_do_not_merge() {
+    let base = || Conv2d::new(16, 3);
+    // Strides differ.
+    let (g, p, q) = pair(base(), base().stride(2));
+    assert!(!mergeable(&g, &[p, q]));
+    // Groups.
+    let (g, p, q) = pair(base().groups(2), base().groups(2));
+    assert!(!mergeable(&g, &[p, q]));
+    // Activation, bias, dilation.
+    let (g, p, q) = pair(base(), base().relu());
+    assert!(!mergeable(&g, &[p, q]));
+    let (g, p, q) = pair(base(), base().bias(true));
+    assert!(!mergeable(&g, &[p, q]));
+    let (g, p, q) = pair(base(), base().dilation(2).padding(2, 2));
+    assert!(!mergeable(&g, &[p, q]));
+    // Output sizes differ (no padding on the 3x3).
+    let (g, p, q) = pair(Conv2d::new(16, 1), base().padding(0, 0));
+    assert!(!mergeable(&g, &[p, q]));
+    // Kernel sizes of different parity cannot be centred (same output size at stride 2).
+    let (g, p, q) = pair(Conv2d::new(16, 2).padding(0, 0).stride(2), base().stride(2));
+    assert_eq!(g.node(p).shape, g.node(q).shape);
+    assert!(!mergeable(&g, &[p, q]));
+    // Same output size, but the windows are not aligned: a 1x1 without padding and a 3x3
+    // without padding at stride 3 on 21x21 (the 1x1 would need padding 1 once widened).
+    let (g, p, q) = pair_on(
+        21,
+        Conv2d::new(16, 1).stride(3),
+        base().padding(0, 0).stride(3),
+    );
+    assert_eq!(g.node(p).shape, g.node(q).shape);
+    assert!(!mergeable(&g, &[p, q]));
+    // Centred kernels of the same parity at stride 2 do merge.
+    let (g, p, q) = pair(Conv2d::new(16, 1).stride(2), base().stride(2));
+    assert_eq!(merged_conv(&g, &[p, q]).unwrap().0.padding, [1, 1]);
+    // A single op, the same op twice, an empty list.
+    let (g, p, _) = pair(base(), base());
+    assert!(!mergeable(&g, &[p]));
+    assert!(!mergeable(&g, &[p, p]));
+    assert!(!mergeable(&g, &[]));
+}
+
+#[test]
+fn different_inputs_and_non_convs_do_not_merge() {
+    let mut gb = GraphBuilder::new("t", DType::F32);
+    let x = gb.input("x", vec![1, 32, 20, 20]);
+    let a = gb.conv("a", x, Conv2d::new(16, 1));
+    let b = gb.conv("b", a, Conv2d::new(16, 1));
+    let c = gb.conv("c", a, Conv2d::new(16, 1));
+    let slice = gb.node(
+        "d",
+        Op::Conv2d(Conv2d::new(16, 1)),
+        vec![vec![Value::slice(a, 0, 16)]],
+    );
+    let s = gb.sequential("s", a, vec![Op::Conv2d(Conv2d::new(16, 1))]);
+    let r = gb.act("r", a, Activation::Relu);
+    let g = gb.finish().unwrap();
+    assert!(mergeable(&g, &[b, c]));
+    assert!(!mergeable(&g, &[a, b]));
+    assert!(!mergeable(&g, &[b, slice]));
+    assert!(!mergeable(&g, &[b, s]));
+    assert!(!mergeable(&g, &[b, r]));
+    assert!(!mergeable(&g, &[b, NodeId(999)]));
+}
+
+#[test]
+fn every_zoo_merge_candidate_keeps_the_output_size() {
+    // Every group of convs sharing an input that the rule accepts produces their spatial size.
+    for spec in zoo::models() {
+        let g = spec.build(&ZooConfig::default()).unwrap();
+        for p in g.topo_order() {
+            let convs: Vec<NodeId> = g
+                .succs(*p)
+                .filter(|&s| matches!(g.node(s).op, Op::Conv2d(_)))
+                .collect();
+            if convs.len() < 2 {
+                continue;
+            }
+            if let Some((conv, input)) = merged_conv(&g, &convs) {
+                let out = Op::Conv2d(conv.clone()).infer_shape(&[input]).unwrap();
+                assert_eq!(out[2..], g.node(convs[0]).shape[2..], "{}", spec.name);
+                let total: usize = convs.iter().map(|&c| g.node(c).shape[1]).sum();
+                assert_eq!(conv.out_channels, total);
+            }
+        }
+    }
+}
