@@ -1,0 +1,1 @@
+//! IOS dynamic programming over stages, with operator merge (to be written).

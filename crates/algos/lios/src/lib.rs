@@ -1,0 +1,1 @@
+//! LIOS list scheduling of operators on streams (to be written).
