@@ -1,0 +1,1 @@
+//! Opara stream allocation and resource- and interference-aware launch order (to be written).
