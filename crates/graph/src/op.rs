@@ -343,7 +343,7 @@ fn conv_out(
     let steps = padded - span;
     let mut out = steps / s + 1;
     // PyTorch's ceil mode: round up, but the last window must start inside the input or left padding.
-    if ceil && steps % s != 0 {
+    if ceil && !steps.is_multiple_of(s) {
         out += 1;
         if (out - 1) * s >= input + p {
             out -= 1;
@@ -498,7 +498,7 @@ impl Op {
         match self {
             Op::Conv2d(c) => {
                 require_rank(x, 4, "conv2d")?;
-                if c.groups == 0 || x[1] % c.groups != 0 || c.out_channels % c.groups != 0 {
+                if c.groups == 0 || !x[1].is_multiple_of(c.groups) || !c.out_channels.is_multiple_of(c.groups) {
                     return Err(format!(
                         "groups {} must divide input channels {} and output channels {}",
                         c.groups, x[1], c.out_channels
@@ -572,7 +572,7 @@ impl Op {
                 }
                 let known = numel(&out);
                 if let Some(i) = infer_at {
-                    if known == 0 || total % known != 0 {
+                    if known == 0 || !total.is_multiple_of(known) {
                         return Err(format!("cannot reshape {x:?} into {shape:?}"));
                     }
                     out[i] = (total / known) as usize;

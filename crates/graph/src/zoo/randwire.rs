@@ -63,7 +63,7 @@ pub(crate) fn watts_strogatz(
     p: f64,
     rng: &mut SplitMix64,
 ) -> Result<Vec<(usize, usize)>> {
-    if k == 0 || k % 2 != 0 || k >= n {
+    if k == 0 || !k.is_multiple_of(2) || k >= n {
         return Err(GraphError::invalid(
             "watts_strogatz",
             format!("k = {k} must be even with 0 < k < n = {n}"),
