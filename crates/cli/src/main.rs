@@ -4,14 +4,17 @@
 //! 1 anything else.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use opsched::cost::{CostModel, CostStats, DevicePreset, LinkPreset};
 use opsched::graph::{analysis::Summary, summarize, DType};
+use opsched::schedule::{export, io as schedule_io, Platform, Schedule, SchedulerStats};
 use opsched::zoo::ZooConfig;
-use opsched::GraphError;
+use opsched::{CostKind, Evaluation, Graph, GraphError};
 use serde::Serialize;
 
 #[derive(Parser, Debug)]
@@ -19,7 +22,7 @@ use serde::Serialize;
     name = "opsched",
     version,
     about = "Inter-operator scheduling for DNN inference on one or more GPUs",
-    after_help = "Examples:\n  opsched models\n  opsched inspect inception_v3\n  opsched inspect nasnet --batch 16 --json\n  opsched inspect my_graph.json --dot graph.dot\n\nRUST_LOG=debug shows what the tool does."
+    after_help = "Examples:\n  opsched models\n  opsched inspect inception_v3\n  opsched inspect nasnet --batch 16 --json\n  opsched inspect my_graph.json --dot graph.dot\n  opsched schedule inception_v3 --algo sequential --out s.json\n  opsched simulate inception_v3 s.json --svg gantt.svg\n\nRUST_LOG=debug shows what the tool does."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -59,6 +62,99 @@ opsched inspect ios_graph.json --export graph.json --dot graph.dot"
         #[arg(long, value_name = "FILE")]
         export: Option<PathBuf>,
     },
+    /// Find a schedule with one algorithm and evaluate it on the simulator.
+    #[command(
+        after_help = "MODEL is a zoo name or a graph file. The schedule is simulated under the cost \
+model (default: hios-sim for a cost-annotated DAG, analytical otherwise) and compared with the \
+sequential schedule under the same model; the lower bound is the larger of the critical path and \
+the cost model's capacity bound.\n\nExamples:\n  \
+opsched schedule inception_v3 --algo sequential\n  \
+opsched schedule resnet50 --algo sequential --device a100 --batch 8 --json\n  \
+opsched schedule study.json --algo sequential --cost hios-sim --out study.schedule.json\n  \
+opsched schedule nasnet --algo sequential --gpus 2 --streams 4 --svg gantt.svg --trace trace.json"
+    )]
+    Schedule {
+        /// Zoo model name or graph file.
+        model: String,
+        /// Scheduling algorithm (see the examples; an unknown name lists the known ones).
+        #[arg(long, value_name = "NAME")]
+        algo: String,
+        #[command(flatten)]
+        platform: PlatformArgs,
+        /// Number of GPUs.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        gpus: u32,
+        /// CUDA streams per GPU (the most operators a GPU runs at once).
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+        streams: u32,
+        #[command(flatten)]
+        model_args: ModelArgs,
+        /// Write the schedule (JSON with operator names) to this file.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        exports: ExportArgs,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Simulate a schedule file: makespan, lower bound, per-GPU busy time.
+    #[command(
+        after_help = "GRAPH is a zoo name or a graph file; SCHEDULE is a schedule file (as written by \
+`opsched schedule --out`), or `ios` for the stages an IOS graph file carries. The schedule is \
+validated first (every operator once, dependencies, stream and GPU limits).\n\nExamples:\n  \
+opsched simulate inception_v3 s.json\n  \
+opsched simulate ../shared/fixtures/ios/v100.json ios --device v100 --json\n  \
+opsched simulate nasnet s.json --gpus 2 --trace trace.json --svg gantt.svg"
+    )]
+    Simulate {
+        /// Zoo model name or graph file.
+        graph: String,
+        /// Schedule file, or `ios` for the IOS stages embedded in an IOS graph file.
+        schedule: String,
+        #[command(flatten)]
+        platform: PlatformArgs,
+        /// Number of GPUs (default: the schedule's).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        gpus: Option<u32>,
+        /// CUDA streams per GPU (default: what the schedule needs).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        streams: Option<u32>,
+        #[command(flatten)]
+        model_args: ModelArgs,
+        #[command(flatten)]
+        exports: ExportArgs,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+struct PlatformArgs {
+    /// GPU model preset (e.g. h100, a100, v100).
+    #[arg(long, default_value = "h100", value_name = "NAME")]
+    device: String,
+    /// Interconnect preset between GPUs (e.g. nvlink4, pcie4).
+    #[arg(long, default_value = "nvlink4", value_name = "NAME")]
+    link: String,
+    /// Cost model: analytical, hios-sim, ideal or cache (default: hios-sim for a cost-annotated
+    /// DAG, analytical otherwise).
+    #[arg(long, value_name = "KIND")]
+    cost: Option<String>,
+    /// Cost cache file for `--cost cache` (default: the user's cache directory).
+    #[arg(long, value_name = "PATH")]
+    cache: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+struct ExportArgs {
+    /// Write the simulated timeline as a Chrome trace (chrome://tracing, Perfetto).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Write the simulated timeline as an SVG Gantt chart.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -109,6 +205,15 @@ fn user<E: Into<anyhow::Error>>(e: E) -> anyhow::Error {
     anyhow::Error::new(UserError(format!("{:#}", e.into())))
 }
 
+/// A facade error: the user's fault or not, as the facade says.
+fn facade(e: opsched::Error) -> anyhow::Error {
+    if e.is_user_error() {
+        user(e)
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -148,6 +253,46 @@ fn run(cli: Cli) -> Result<()> {
             dot,
             export,
         } => inspect(&model, &model_args, json, dot, export),
+        Command::Schedule {
+            model,
+            algo,
+            platform,
+            gpus,
+            streams,
+            model_args,
+            out,
+            exports,
+            json,
+        } => schedule(ScheduleCmd {
+            spec: &model,
+            algo: &algo,
+            platform: &platform,
+            gpus: gpus as usize,
+            streams: streams as usize,
+            model_args: &model_args,
+            out: out.as_deref(),
+            exports: &exports,
+            json,
+        }),
+        Command::Simulate {
+            graph,
+            schedule,
+            platform,
+            gpus,
+            streams,
+            model_args,
+            exports,
+            json,
+        } => simulate(SimulateCmd {
+            spec: &graph,
+            schedule: &schedule,
+            platform: &platform,
+            gpus: gpus.map(|g| g as usize),
+            streams: streams.map(|s| s as usize),
+            model_args: &model_args,
+            exports: &exports,
+            json,
+        }),
     }
 }
 
@@ -228,10 +373,423 @@ fn inspect(
     Ok(())
 }
 
-fn write_file(path: &PathBuf, bytes: &[u8]) -> Result<()> {
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     opsched::formats::write_atomic(path, bytes)
         .map_err(|e: GraphError| anyhow::Error::new(e))
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The platform and cost model of a `schedule` or `simulate` run.
+struct Setup {
+    device: DevicePreset,
+    link: LinkPreset,
+    kind: CostKind,
+    cost: Box<dyn CostModel>,
+}
+
+fn setup(g: &Graph, args: &PlatformArgs) -> Result<Setup> {
+    let device = DevicePreset::by_name(&args.device).map_err(user)?;
+    let link = LinkPreset::by_name(&args.link).map_err(user)?;
+    let kind = match &args.cost {
+        Some(name) => name.parse::<CostKind>().map_err(facade)?,
+        None => opsched::default_cost_kind(g),
+    };
+    if args.cache.is_some() && kind != CostKind::Cache {
+        tracing::warn!(cost = %kind, "--cache is only read by --cost cache");
+    }
+    let cost = opsched::cost_model(kind, &device, &link, g, args.cache.as_deref())
+        .map_err(facade)
+        .with_context(|| format!("cost model {kind}"))?;
+    tracing::debug!(cost = %cost.name(), "cost model");
+    Ok(Setup {
+        device,
+        link,
+        kind,
+        cost,
+    })
+}
+
+fn evaluate(g: &Graph, s: &Schedule, cost: &dyn CostModel, gpus: usize) -> Result<Evaluation> {
+    opsched::evaluate(g, s, cost, gpus)
+        .map_err(anyhow::Error::new)
+        .context("simulating the schedule")
+}
+
+fn write_exports(g: &Graph, ev: &Evaluation, exports: &ExportArgs, title: &str) -> Result<()> {
+    if let Some(path) = &exports.trace {
+        let trace = export::chrome_trace(g, &ev.timeline);
+        write_file(path, serde_json::to_string(&trace)?.as_bytes())?;
+    }
+    if let Some(path) = &exports.svg {
+        write_file(path, export::svg_gantt(g, &ev.timeline, title).as_bytes())?;
+    }
+    Ok(())
+}
+
+/// A makespan ratio that stays finite when both are zero.
+fn ratio(num: f64, den: f64) -> f64 {
+    if den > 0.0 {
+        num / den
+    } else if num > 0.0 {
+        f64::INFINITY
+    } else {
+        1.0
+    }
+}
+
+struct ScheduleCmd<'a> {
+    spec: &'a str,
+    algo: &'a str,
+    platform: &'a PlatformArgs,
+    gpus: usize,
+    streams: usize,
+    model_args: &'a ModelArgs,
+    out: Option<&'a Path>,
+    exports: &'a ExportArgs,
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct ScheduleReport {
+    model: String,
+    ops: usize,
+    algo: String,
+    device: &'static str,
+    link: &'static str,
+    gpus: usize,
+    streams: usize,
+    cost: CostKind,
+    cost_model: String,
+    makespan_ms: f64,
+    sequential_ms: f64,
+    speedup: f64,
+    lower_bound_ms: f64,
+    critical_path_ms: f64,
+    capacity_ms: f64,
+    /// makespan / lower bound (1 = provably optimal).
+    gap: f64,
+    schedule_time_ms: f64,
+    stats: SchedulerStats,
+    /// Operator times answered from measurements vs estimated (`--cost cache`).
+    cost_stats: CostStats,
+    schedule: serde_json::Value,
+}
+
+fn schedule(cmd: ScheduleCmd<'_>) -> Result<()> {
+    let g = opsched::load_model(cmd.spec, &cmd.model_args.zoo_config()).map_err(user)?;
+    let sched = opsched::scheduler(cmd.algo).map_err(facade)?;
+    let su = setup(&g, cmd.platform)?;
+    let platform = Platform {
+        gpus: cmd.gpus,
+        streams: cmd.streams,
+        device: su.device.clone(),
+        link: su.link.clone(),
+    };
+    let start = Instant::now();
+    let (s, stats) = sched
+        .schedule(&g, &platform, su.cost.as_ref())
+        .with_context(|| format!("scheduler '{}' on {}", sched.name(), g.name))?;
+    let schedule_time_ms = start.elapsed().as_secs_f64() * 1e3;
+    opsched::schedule::validate(&g, &s, &platform)
+        .with_context(|| format!("scheduler '{}' returned an invalid schedule", sched.name()))?;
+    if let Some(path) = cmd.out {
+        schedule_io::save(&g, &s, path).map_err(anyhow::Error::new)?;
+    }
+    let ev = evaluate(&g, &s, su.cost.as_ref(), cmd.gpus)?;
+    let sequential_ms = if sched.name() == "sequential" {
+        ev.makespan_ms
+    } else {
+        let seq = opsched::scheduler("sequential").map_err(facade)?;
+        let (ss, _) = seq.schedule(&g, &platform, su.cost.as_ref())?;
+        evaluate(&g, &ss, su.cost.as_ref(), 1)?.makespan_ms
+    };
+    write_exports(
+        &g,
+        &ev,
+        cmd.exports,
+        &format!(
+            "{}: {} on {} x {} ({})",
+            g.name,
+            sched.name(),
+            cmd.gpus,
+            su.device.name,
+            su.cost.name()
+        ),
+    )?;
+    let r = ScheduleReport {
+        model: g.name.clone(),
+        ops: g.op_count(),
+        algo: sched.name().to_string(),
+        device: su.device.name,
+        link: su.link.name,
+        gpus: cmd.gpus,
+        streams: cmd.streams,
+        cost: su.kind,
+        cost_model: su.cost.name(),
+        makespan_ms: ev.makespan_ms,
+        sequential_ms,
+        speedup: ratio(sequential_ms, ev.makespan_ms),
+        lower_bound_ms: ev.lower_bound.value(),
+        critical_path_ms: ev.lower_bound.critical_path_ms,
+        capacity_ms: ev.lower_bound.capacity_ms,
+        gap: ratio(ev.makespan_ms, ev.lower_bound.value()),
+        schedule_time_ms,
+        stats,
+        cost_stats: su.cost.stats(),
+        schedule: schedule_io::to_json(&g, &s),
+    };
+    let mut out = std::io::stdout().lock();
+    if cmd.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+        return Ok(());
+    }
+    writeln!(out, "model          {} ({} operators)", r.model, r.ops)?;
+    writeln!(out, "algorithm      {}", r.algo)?;
+    writeln!(
+        out,
+        "platform       {} x {}, {} stream{} per GPU, {}",
+        r.gpus,
+        r.device,
+        r.streams,
+        if r.streams == 1 { "" } else { "s" },
+        r.link
+    )?;
+    writeln!(out, "cost model     {}", r.cost_model)?;
+    writeln!(out, "makespan       {:.4} ms", r.makespan_ms)?;
+    writeln!(
+        out,
+        "sequential     {:.4} ms (speedup {:.3}x)",
+        r.sequential_ms, r.speedup
+    )?;
+    writeln!(
+        out,
+        "lower bound    {:.4} ms (critical path {:.4} ms, capacity {:.4} ms; makespan is {:.3}x)",
+        r.lower_bound_ms, r.critical_path_ms, r.capacity_ms, r.gap
+    )?;
+    writeln!(
+        out,
+        "search         {:.3} ms, {} states, {} cost queries",
+        r.schedule_time_ms, r.stats.states, r.stats.cost_queries
+    )?;
+    writeln!(out, "schedule       {}", describe(&s))?;
+    if let Some(path) = cmd.out {
+        writeln!(out, "written to     {}", path.display())?;
+    }
+    Ok(())
+}
+
+/// "1 GPU, 119 stages" / "2 GPUs, 8 streams".
+fn describe(s: &Schedule) -> String {
+    let gpus = opsched::schedule_gpus(s);
+    let plural = if gpus == 1 { "" } else { "s" };
+    match s {
+        Schedule::Stages(p) => format!(
+            "{gpus} GPU{plural}, {} stages",
+            p.gpus.iter().map(Vec::len).sum::<usize>()
+        ),
+        Schedule::Streams(p) => format!(
+            "{gpus} GPU{plural}, {} streams",
+            p.gpus.iter().map(|g| g.streams.len()).sum::<usize>()
+        ),
+    }
+}
+
+struct SimulateCmd<'a> {
+    spec: &'a str,
+    schedule: &'a str,
+    platform: &'a PlatformArgs,
+    gpus: Option<usize>,
+    streams: Option<usize>,
+    model_args: &'a ModelArgs,
+    exports: &'a ExportArgs,
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct GpuUse {
+    gpu: usize,
+    ops: usize,
+    /// Time at least one operator runs on this GPU.
+    busy_ms: f64,
+    /// busy_ms / makespan.
+    utilization: f64,
+}
+
+#[derive(Serialize)]
+struct SimulateReport {
+    model: String,
+    ops: usize,
+    schedule: String,
+    shape: &'static str,
+    device: &'static str,
+    link: &'static str,
+    gpus: usize,
+    streams: usize,
+    cost: CostKind,
+    cost_model: String,
+    makespan_ms: f64,
+    lower_bound_ms: f64,
+    critical_path_ms: f64,
+    capacity_ms: f64,
+    gap: f64,
+    transfers: usize,
+    transfer_ms: f64,
+    per_gpu: Vec<GpuUse>,
+    cost_stats: CostStats,
+}
+
+/// Per GPU: operators and the length of the union of their spans.
+fn gpu_use(ev: &Evaluation, gpus: usize) -> Vec<GpuUse> {
+    let mut spans: Vec<Vec<(f64, f64)>> = vec![Vec::new(); gpus];
+    for s in &ev.timeline.ops {
+        if s.gpu >= spans.len() {
+            spans.resize(s.gpu + 1, Vec::new());
+        }
+        spans[s.gpu].push((s.start_ms, s.end_ms));
+    }
+    spans
+        .into_iter()
+        .enumerate()
+        .map(|(gpu, mut v)| {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (mut busy, mut cur): (f64, Option<(f64, f64)>) = (0.0, None);
+            for (a, b) in v.iter().copied() {
+                cur = match cur {
+                    Some((s, e)) if a <= e => Some((s, e.max(b))),
+                    Some((s, e)) => {
+                        busy += e - s;
+                        Some((a, b))
+                    }
+                    None => Some((a, b)),
+                };
+            }
+            if let Some((s, e)) = cur {
+                busy += e - s;
+            }
+            GpuUse {
+                gpu,
+                ops: v.len(),
+                busy_ms: busy,
+                utilization: ratio(busy, ev.makespan_ms).min(1.0),
+            }
+        })
+        .collect()
+}
+
+fn simulate(cmd: SimulateCmd<'_>) -> Result<()> {
+    let g = opsched::load_model(cmd.spec, &cmd.model_args.zoo_config()).map_err(user)?;
+    let s = if cmd.schedule == "ios" && !Path::new(cmd.schedule).is_file() {
+        schedule_io::from_ios_stages(&g).ok_or_else(|| {
+            user(anyhow::anyhow!(
+                "{}: the graph carries no IOS stages (an IOS graph file with \"stages\" on every block is needed for `ios`)",
+                cmd.spec
+            ))
+        })?
+    } else {
+        schedule_io::load(&g, cmd.schedule).map_err(user)?
+    };
+    let needed = opsched::schedule_gpus(&s).max(1);
+    let gpus = cmd.gpus.unwrap_or(needed);
+    if gpus < needed {
+        return Err(user(anyhow::anyhow!(
+            "{}: the schedule uses {needed} GPUs but --gpus is {gpus}",
+            cmd.schedule
+        )));
+    }
+    let streams = cmd.streams.unwrap_or_else(|| opsched::schedule_streams(&s));
+    let su = setup(&g, cmd.platform)?;
+    let platform = Platform {
+        gpus,
+        streams,
+        device: su.device.clone(),
+        link: su.link.clone(),
+    };
+    opsched::schedule::validate(&g, &s, &platform)
+        .map_err(|e| user(anyhow::anyhow!("{}: {e}", cmd.schedule)))?;
+    let ev = evaluate(&g, &s, su.cost.as_ref(), gpus)?;
+    write_exports(
+        &g,
+        &ev,
+        cmd.exports,
+        &format!(
+            "{}: {} on {} x {} ({})",
+            g.name,
+            cmd.schedule,
+            gpus,
+            su.device.name,
+            su.cost.name()
+        ),
+    )?;
+    let r = SimulateReport {
+        model: g.name.clone(),
+        ops: g.op_count(),
+        schedule: cmd.schedule.to_string(),
+        shape: match s {
+            Schedule::Stages(_) => "stages",
+            Schedule::Streams(_) => "streams",
+        },
+        device: su.device.name,
+        link: su.link.name,
+        gpus,
+        streams,
+        cost: su.kind,
+        cost_model: su.cost.name(),
+        makespan_ms: ev.makespan_ms,
+        lower_bound_ms: ev.lower_bound.value(),
+        critical_path_ms: ev.lower_bound.critical_path_ms,
+        capacity_ms: ev.lower_bound.capacity_ms,
+        gap: ratio(ev.makespan_ms, ev.lower_bound.value()),
+        transfers: ev.timeline.transfers.len(),
+        transfer_ms: ev
+            .timeline
+            .transfers
+            .iter()
+            .map(|x| x.end_ms - x.start_ms)
+            .sum(),
+        per_gpu: gpu_use(&ev, gpus),
+        cost_stats: su.cost.stats(),
+    };
+    let mut out = std::io::stdout().lock();
+    if cmd.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+        return Ok(());
+    }
+    writeln!(out, "model          {} ({} operators)", r.model, r.ops)?;
+    writeln!(out, "schedule       {} ({})", r.schedule, describe(&s))?;
+    writeln!(
+        out,
+        "platform       {} x {}, {} stream{} per GPU, {}",
+        r.gpus,
+        r.device,
+        r.streams,
+        if r.streams == 1 { "" } else { "s" },
+        r.link
+    )?;
+    writeln!(out, "cost model     {}", r.cost_model)?;
+    writeln!(out, "makespan       {:.4} ms", r.makespan_ms)?;
+    writeln!(
+        out,
+        "lower bound    {:.4} ms (critical path {:.4} ms, capacity {:.4} ms; makespan is {:.3}x)",
+        r.lower_bound_ms, r.critical_path_ms, r.capacity_ms, r.gap
+    )?;
+    if r.transfers > 0 {
+        writeln!(
+            out,
+            "transfers      {} ({:.4} ms in all)",
+            r.transfers, r.transfer_ms
+        )?;
+    }
+    for u in &r.per_gpu {
+        writeln!(
+            out,
+            "GPU {:<10} busy {:.4} ms ({:.1}%), {} operators",
+            u.gpu,
+            u.busy_ms,
+            u.utilization * 100.0,
+            u.ops
+        )?;
+    }
+    Ok(())
 }
 
 fn print_summary(out: &mut impl Write, s: &Summary) -> Result<()> {

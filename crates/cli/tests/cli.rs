@@ -179,3 +179,357 @@ fn help_has_examples() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("Examples:"));
 }
+
+fn ios_fixture() -> Option<&'static str> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/fixtures/ios/v100.json"
+    );
+    if std::path::Path::new(path).exists() {
+        Some(path)
+    } else {
+        eprintln!("skipping: {path} is not present");
+        None
+    }
+}
+
+fn one_line_error(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    err
+}
+
+#[test]
+fn schedule_sequential_json_reports_makespan_bound_and_schedule() {
+    let v = stdout_json(&opsched(&[
+        "schedule",
+        "inception_v3",
+        "--algo",
+        "sequential",
+        "--json",
+    ]));
+    for field in [
+        "model",
+        "algo",
+        "device",
+        "link",
+        "gpus",
+        "streams",
+        "cost",
+        "makespan_ms",
+        "sequential_ms",
+        "speedup",
+        "lower_bound_ms",
+        "critical_path_ms",
+        "capacity_ms",
+        "schedule_time_ms",
+        "stats",
+        "schedule",
+    ] {
+        assert!(v.get(field).is_some(), "field '{field}' missing from {v}");
+    }
+    assert_eq!(v["model"], "inception_v3");
+    assert_eq!(v["algo"], "sequential");
+    assert_eq!(v["device"], "h100");
+    assert_eq!(v["link"], "nvlink4");
+    assert_eq!(v["gpus"], 1);
+    assert_eq!(v["streams"], 8);
+    assert_eq!(v["cost"], "analytical");
+    let makespan = v["makespan_ms"].as_f64().unwrap();
+    let bound = v["lower_bound_ms"].as_f64().unwrap();
+    assert!(makespan > 0.0, "{v}");
+    assert!(makespan >= bound * (1.0 - 1e-9), "{makespan} < {bound}");
+    assert!(bound >= v["critical_path_ms"].as_f64().unwrap() * (1.0 - 1e-12));
+    assert!(bound >= v["capacity_ms"].as_f64().unwrap() * (1.0 - 1e-12));
+    assert!((v["speedup"].as_f64().unwrap() - 1.0).abs() < 1e-9, "{v}");
+    assert_eq!(v["sequential_ms"], v["makespan_ms"]);
+    assert!(v["stats"]["wall_ms"].as_f64().is_some());
+    assert_eq!(v["schedule"]["format"], "opsched-schedule");
+    assert_eq!(v["schedule"]["shape"], "stages");
+    assert_eq!(v["schedule"]["gpus"][0].as_array().unwrap().len(), 119);
+}
+
+#[test]
+fn schedule_text_summary() {
+    let out = opsched(&["schedule", "squeezenet", "--algo", "sequential"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for label in [
+        "model",
+        "algorithm",
+        "makespan",
+        "sequential",
+        "lower bound",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(label)),
+            "{label} missing:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn schedule_out_then_simulate_gives_the_same_makespan_and_exports() {
+    let dir = temp_dir("sched-out");
+    let file = dir.join("s.json");
+    let trace = dir.join("t.json");
+    let svg = dir.join("g.svg");
+    let first = stdout_json(&opsched(&[
+        "schedule",
+        "inception_v3",
+        "--algo",
+        "sequential",
+        "--json",
+        "--out",
+        file.to_str().unwrap(),
+    ]));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(doc, first["schedule"], "--out writes the reported schedule");
+    let sim = stdout_json(&opsched(&[
+        "simulate",
+        "inception_v3",
+        file.to_str().unwrap(),
+        "--json",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]));
+    assert_eq!(sim["makespan_ms"], first["makespan_ms"]);
+    assert_eq!(sim["lower_bound_ms"], first["lower_bound_ms"]);
+    assert_eq!(sim["gpus"], 1);
+    let per_gpu = sim["per_gpu"].as_array().unwrap();
+    assert_eq!(per_gpu.len(), 1);
+    assert_eq!(per_gpu[0]["ops"], 119);
+    assert!(per_gpu[0]["busy_ms"].as_f64().unwrap() <= sim["makespan_ms"].as_f64().unwrap() + 1e-9);
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let x = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .count();
+    assert_eq!(x, 119);
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.starts_with("<svg"));
+    assert_eq!(svg_text.matches("<rect class=\"op\"").count(), 119);
+
+    let out = opsched(&["simulate", "inception_v3", file.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().any(|l| l.starts_with("makespan")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("GPU 0")), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn simulate_ios_fixture_stages() {
+    let Some(path) = ios_fixture() else { return };
+    let v = stdout_json(&opsched(&[
+        "simulate", path, "ios", "--device", "v100", "--json",
+    ]));
+    assert_eq!(v["device"], "v100");
+    assert_eq!(v["schedule"], "ios");
+    assert_eq!(v["shape"], "stages");
+    assert_eq!(v["gpus"], 1);
+    assert_eq!(v["ops"], 102);
+    let makespan = v["makespan_ms"].as_f64().unwrap();
+    assert!(makespan > 0.0);
+    assert!(makespan >= v["lower_bound_ms"].as_f64().unwrap() * (1.0 - 1e-9));
+
+    // A zoo model carries no IOS stages.
+    let err = one_line_error(&opsched(&["simulate", "googlenet", "ios"]));
+    assert!(err.contains("IOS stages"), "{err}");
+}
+
+#[test]
+fn simulate_refuses_a_schedule_naming_an_unknown_op() {
+    let dir = temp_dir("unknown-op");
+    let file = dir.join("s.json");
+    std::fs::write(
+        &file,
+        r#"{"format": "opsched-schedule", "version": 1, "model": "squeezenet", "shape": "stages",
+            "gpus": [[{"strategy": "concurrent", "groups": [["no_such_op"]]}]]}"#,
+    )
+    .unwrap();
+    let err = one_line_error(&opsched(&[
+        "simulate",
+        "squeezenet",
+        file.to_str().unwrap(),
+    ]));
+    assert!(
+        err.contains("'no_such_op'") && err.contains("s.json"),
+        "{err}"
+    );
+
+    // A schedule that leaves operators out is refused by the validator, also with exit 2.
+    let sched = stdout_json(&opsched(&[
+        "schedule",
+        "squeezenet",
+        "--algo",
+        "sequential",
+        "--json",
+    ]));
+    let mut doc = sched["schedule"].clone();
+    doc["gpus"][0].as_array_mut().unwrap().pop();
+    std::fs::write(&file, serde_json::to_string(&doc).unwrap()).unwrap();
+    one_line_error(&opsched(&[
+        "simulate",
+        "squeezenet",
+        file.to_str().unwrap(),
+    ]));
+
+    // More GPUs in the schedule than --gpus allows.
+    let mut doc = sched["schedule"].clone();
+    doc["gpus"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!([]));
+    std::fs::write(&file, serde_json::to_string(&doc).unwrap()).unwrap();
+    let err = one_line_error(&opsched(&[
+        "simulate",
+        "squeezenet",
+        file.to_str().unwrap(),
+        "--gpus",
+        "1",
+    ]));
+    assert!(err.contains("2 GPUs"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn schedule_user_errors_exit_2_naming_the_problem() {
+    let err = one_line_error(&opsched(&["schedule", "inception_v3", "--algo", "magic"]));
+    assert!(
+        err.contains("'magic'") && err.contains("sequential"),
+        "{err}"
+    );
+
+    let err = one_line_error(&opsched(&[
+        "schedule",
+        "inception_v3",
+        "--algo",
+        "sequential",
+        "--cost",
+        "hios-sim",
+    ]));
+    assert!(err.contains("node '"), "{err}");
+
+    let err = one_line_error(&opsched(&[
+        "schedule",
+        "inception_v3",
+        "--algo",
+        "sequential",
+        "--cost",
+        "guess",
+    ]));
+    assert!(
+        err.contains("'guess'") && err.contains("analytical"),
+        "{err}"
+    );
+
+    let err = one_line_error(&opsched(&[
+        "schedule",
+        "inception_v3",
+        "--algo",
+        "sequential",
+        "--device",
+        "abacus",
+    ]));
+    assert!(err.contains("'abacus'"), "{err}");
+
+    let out = opsched(&[
+        "schedule",
+        "inception_v3",
+        "--algo",
+        "sequential",
+        "--gpus",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_cost_annotated_dag_defaults_to_hios_sim() {
+    let dir = temp_dir("dag");
+    let file = dir.join("study.json");
+    std::fs::write(
+        &file,
+        r#"{"format": "opsched-dag", "name": "study",
+            "ops": [{"id": 1, "time_ms": 2.0, "util": 0.5}, {"id": 2, "time_ms": 1.0},
+                    {"id": 3, "time_ms": 3.0, "util": 0.25}, {"id": 4, "time_ms": 1.5}],
+            "edges": [{"src": 1, "dst": 2}, {"src": 1, "dst": 3, "transfer_ms": 0.5},
+                      {"src": 2, "dst": 4}, {"src": 3, "dst": 4}]}"#,
+    )
+    .unwrap();
+    let v = stdout_json(&opsched(&[
+        "schedule",
+        file.to_str().unwrap(),
+        "--algo",
+        "sequential",
+        "--json",
+    ]));
+    assert_eq!(v["cost"], "hios-sim");
+    assert_eq!(v["model"], "study");
+    let makespan = v["makespan_ms"].as_f64().unwrap();
+    assert!(
+        (makespan - 7.5).abs() < 1e-9,
+        "sequential = sum of times: {v}"
+    );
+    assert!(makespan >= v["lower_bound_ms"].as_f64().unwrap() * (1.0 - 1e-9));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn schedule_and_simulate_help_have_examples() {
+    for cmd in ["schedule", "simulate"] {
+        let out = opsched(&[cmd, "--help"]);
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("Examples:"), "{cmd}");
+        assert!(text.contains(&format!("opsched {cmd} ")), "{cmd}");
+    }
+}
+
+#[test]
+fn simulate_a_stream_plan_file() {
+    let sched = stdout_json(&opsched(&[
+        "schedule",
+        "googlenet",
+        "--algo",
+        "sequential",
+        "--json",
+    ]));
+    // The sequential order as one stream, and the same ops dealt onto two streams.
+    let order: Vec<serde_json::Value> = sched["schedule"]["gpus"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|st| st["groups"][0][0].clone())
+        .collect();
+    let dir = temp_dir("streams");
+    let file = dir.join("streams.json");
+    let doc = serde_json::json!({"format": "opsched-schedule", "version": 1, "model": "googlenet",
+        "shape": "streams", "gpus": [{"streams": [order], "launch_order": order}]});
+    std::fs::write(&file, serde_json::to_string(&doc).unwrap()).unwrap();
+    let v = stdout_json(&opsched(&[
+        "simulate",
+        "googlenet",
+        file.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(v["shape"], "streams");
+    assert_eq!(v["streams"], 1);
+    let makespan = v["makespan_ms"].as_f64().unwrap();
+    assert!(makespan > 0.0);
+    assert!(makespan >= v["lower_bound_ms"].as_f64().unwrap() * (1.0 - 1e-9));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

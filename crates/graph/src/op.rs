@@ -498,7 +498,10 @@ impl Op {
         match self {
             Op::Conv2d(c) => {
                 require_rank(x, 4, "conv2d")?;
-                if c.groups == 0 || !x[1].is_multiple_of(c.groups) || !c.out_channels.is_multiple_of(c.groups) {
+                if c.groups == 0
+                    || !x[1].is_multiple_of(c.groups)
+                    || !c.out_channels.is_multiple_of(c.groups)
+                {
                     return Err(format!(
                         "groups {} must divide input channels {} and output channels {}",
                         c.groups, x[1], c.out_channels

@@ -1,13 +1,68 @@
 //! # opsched
 //!
 //! The facade of the opsched workspace: the CLI, the xtask and the benches import this crate
-//! only. It re-exports the graph IR and (as they land) the cost models, the schedulers by name
-//! and the simulator.
+//! only. It re-exports the graph IR, the cost models and the schedule layer, and holds
+//!
+//! - the registry of schedulers by name ([`scheduler_names`], [`scheduler`]);
+//! - the choice of cost model by name ([`CostKind`], [`cost_model`], [`default_cost_kind`]);
+//! - the one evaluator every comparison goes through ([`evaluate`]: lower, simulate, bound).
 
+pub use opsched_cost as cost;
 pub use opsched_graph as graph;
 pub use opsched_graph::{formats, zoo, Graph, GraphError};
+pub use opsched_schedule as schedule;
 
+use std::collections::BTreeSet;
+use std::fmt;
 use std::path::Path;
+use std::str::FromStr;
+
+use opsched_cost::cache::CostCache;
+use opsched_cost::measured::MeasuredTable;
+use opsched_cost::{
+    AnalyticalModel, CostError, CostModel, DevicePreset, HiosSimLaw, IdealModel, LinkPreset,
+};
+use opsched_graph::Op;
+use opsched_schedule::{LowerBound, Schedule, ScheduleError, Scheduler, Timeline};
+use serde::Serialize;
+
+/// Errors of the facade: those of the crates below, plus unknown names.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    #[error(transparent)]
+    Cost(#[from] CostError),
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// A scheduler name that is not in the registry.
+    #[error("unknown scheduler '{name}' (known: {known})")]
+    UnknownScheduler { name: String, known: String },
+    /// A cost model name that does not exist.
+    #[error("unknown cost model '{name}' (known: {known})")]
+    UnknownCost { name: String, known: String },
+    /// Something this build cannot do yet.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl Error {
+    /// Whether the error comes from the user's input (names, files, options) rather than from a
+    /// fault of opsched; the CLI exits with code 2 for these.
+    pub fn is_user_error(&self) -> bool {
+        match self {
+            Error::Graph(_)
+            | Error::Cost(_)
+            | Error::UnknownScheduler { .. }
+            | Error::UnknownCost { .. }
+            | Error::Unavailable(_) => true,
+            Error::Schedule(e) => !matches!(e, ScheduleError::Deadlock(_)),
+        }
+    }
+}
+
+/// Result of the facade.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Load a model given as a zoo name or a graph file path (a file wins when both exist).
 pub fn load_model(spec: &str, cfg: &zoo::ZooConfig) -> Result<Graph, GraphError> {
@@ -19,5 +74,320 @@ pub fn load_model(spec: &str, cfg: &zoo::ZooConfig) -> Result<Graph, GraphError>
         Some(m) => m.build(cfg),
         None if spec.ends_with(".json") || spec.contains('/') => formats::load_file(path),
         None => zoo::build(spec, cfg),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedulers
+
+const SCHEDULERS: &[&str] = &["sequential"];
+
+/// Names of the registered schedulers, in the order `opsched --help` lists them.
+pub fn scheduler_names() -> &'static [&'static str] {
+    SCHEDULERS
+}
+
+/// The scheduler registered under `name` (case-insensitive).
+pub fn scheduler(name: &str) -> Result<Box<dyn Scheduler>> {
+    match name.to_ascii_lowercase().as_str() {
+        "sequential" => Ok(Box::new(opsched_baselines::Sequential)),
+        _ => Err(Error::UnknownScheduler {
+            name: name.to_string(),
+            known: SCHEDULERS.join(", "),
+        }),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cost models
+
+/// Which cost model to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CostKind {
+    /// The analytical GPU model (roofline, SM shares, contention).
+    Analytical,
+    /// HIOS's stage law, for cost-annotated DAGs.
+    HiosSim,
+    /// Operators never slow each other down.
+    Ideal,
+    /// Measured times from the persistent cost cache, falling back to the analytical model.
+    Cache,
+}
+
+impl CostKind {
+    /// Every kind, as named on the command line.
+    pub const ALL: [CostKind; 4] = [
+        CostKind::Analytical,
+        CostKind::HiosSim,
+        CostKind::Ideal,
+        CostKind::Cache,
+    ];
+
+    /// The name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CostKind::Analytical => "analytical",
+            CostKind::HiosSim => "hios-sim",
+            CostKind::Ideal => "ideal",
+            CostKind::Cache => "cache",
+        }
+    }
+}
+
+impl fmt::Display for CostKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CostKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let want = s.to_ascii_lowercase().replace('_', "-");
+        CostKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == want)
+            .ok_or_else(|| Error::UnknownCost {
+                name: s.to_string(),
+                known: CostKind::ALL.map(CostKind::as_str).join(", "),
+            })
+    }
+}
+
+/// The cost model to use when none is asked for: the hios-sim law for a cost-annotated DAG
+/// (every operator abstract), the analytical model otherwise.
+pub fn default_cost_kind(g: &Graph) -> CostKind {
+    let mut ops = g.ops().peekable();
+    let has_ops = ops.peek().is_some();
+    if has_ops && ops.all(|o| matches!(g.node(o).op, Op::Abstract { .. })) {
+        CostKind::HiosSim
+    } else {
+        CostKind::Analytical
+    }
+}
+
+/// Build the cost model `kind` for graph `g` on `device` GPUs linked by `link`. `cache_path`
+/// is the cost cache file for [`CostKind::Cache`] (default: the user's cache directory).
+///
+/// The hios-sim law is refused (naming the first such node) for graphs with operators that
+/// carry no measured time.
+pub fn cost_model(
+    kind: CostKind,
+    device: &DevicePreset,
+    link: &LinkPreset,
+    g: &Graph,
+    cache_path: Option<&Path>,
+) -> Result<Box<dyn CostModel>> {
+    let base = AnalyticalModel::new(device.clone(), link.clone());
+    match kind {
+        CostKind::Analytical => Ok(Box::new(base)),
+        CostKind::HiosSim => {
+            HiosSimLaw::check(g)?;
+            Ok(Box::new(HiosSimLaw::new(base)))
+        }
+        CostKind::Ideal => Ok(Box::new(IdealModel::new(base))),
+        CostKind::Cache => Ok(Box::new(measured_from_cache(device, base, cache_path)?)),
+    }
+}
+
+/// The measurements of the cost cache (`cache_path`, else the default location) taken on the
+/// GPU model `device`, falling back to `base` for anything not measured.
+///
+/// The cache keys measurements by the driver's device name (e.g. "NVIDIA H100 80GB HBM3"); the
+/// preset matches a name equal to its full name, else one whose letters and digits contain the
+/// preset's name ("h100"). A cache with no measurements for the device is an error: asking for
+/// measured costs and silently getting estimates would mislead.
+fn measured_from_cache(
+    device: &DevicePreset,
+    base: AnalyticalModel,
+    cache_path: Option<&Path>,
+) -> Result<MeasuredTable<AnalyticalModel>> {
+    let cache = match cache_path {
+        Some(p) => CostCache::open(p)?,
+        None => CostCache::open_default()?,
+    };
+    if let Some(note) = cache.recovered() {
+        tracing::warn!("cost cache {}: {note}", cache.path().display());
+    }
+    let names: BTreeSet<&str> = cache
+        .entries()
+        .map(|(k, _)| k.device.name.as_str())
+        .collect();
+    let norm = |s: &str| -> String {
+        s.chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    };
+    let want = norm(device.name);
+    let matching: Vec<&str> = match names.iter().find(|n| **n == device.full_name) {
+        Some(n) => vec![*n],
+        None => names
+            .iter()
+            .copied()
+            .filter(|n| norm(n).contains(&want))
+            .collect(),
+    };
+    let Some(&chosen) = matching.first() else {
+        let held = if names.is_empty() {
+            "it holds no measurements".to_string()
+        } else {
+            format!(
+                "it holds measurements of {}",
+                names.iter().copied().collect::<Vec<_>>().join(", ")
+            )
+        };
+        return Err(Error::Cost(CostError::Cache {
+            path: cache.path().to_path_buf(),
+            message: format!(
+                "no measurements for device '{}' ({held}); measure on that GPU first or pick \
+                 another --device",
+                device.name
+            ),
+        }));
+    };
+    if matching.len() > 1 {
+        tracing::warn!(
+            "cost cache {}: several devices match '{}' ({}); using '{chosen}'",
+            cache.path().display(),
+            device.name,
+            matching.join(", ")
+        );
+    }
+    Ok(MeasuredTable::from_cache(&cache, chosen, base))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Evaluation
+
+/// A schedule evaluated by the simulator.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Evaluation {
+    pub timeline: Timeline,
+    pub makespan_ms: f64,
+    pub lower_bound: LowerBound,
+}
+
+/// Lower `s`, simulate it under `cost`, and compute the lower bound for `gpus` GPUs: the one
+/// evaluator behind every number opsched reports. (Validate first with
+/// [`schedule::validate()`]: this function trusts the schedule.)
+pub fn evaluate(g: &Graph, s: &Schedule, cost: &dyn CostModel, gpus: usize) -> Result<Evaluation> {
+    let plan = opsched_schedule::lower(g, s)?;
+    let timeline = opsched_schedule::simulate(g, &plan, cost)?;
+    let lower_bound = opsched_schedule::lower_bound(g, cost, gpus.max(1));
+    Ok(Evaluation {
+        makespan_ms: timeline.makespan_ms,
+        timeline,
+        lower_bound,
+    })
+}
+
+/// Number of GPUs a schedule uses (its GPU lists, empty ones included).
+pub fn schedule_gpus(s: &Schedule) -> usize {
+    match s {
+        Schedule::Stages(p) => p.gpus.len(),
+        Schedule::Streams(p) => p.gpus.len(),
+    }
+}
+
+/// Number of streams per GPU a schedule needs: the most groups of any stage, or the most
+/// streams of any GPU.
+pub fn schedule_streams(s: &Schedule) -> usize {
+    match s {
+        Schedule::Stages(p) => p
+            .gpus
+            .iter()
+            .flatten()
+            .map(|st| st.groups.len())
+            .max()
+            .unwrap_or(1),
+        Schedule::Streams(p) => p.gpus.iter().map(|g| g.streams.len()).max().unwrap_or(1),
+    }
+    .max(1)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use opsched_cost::cache::{CacheKey, DeviceFingerprint, Measurement};
+    use opsched_cost::signature::op_signature;
+
+    #[test]
+    fn cache_cost_reads_the_measurements_of_the_preset_device() {
+        let dir = std::env::temp_dir().join(format!("opsched-facade-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("costs.bin");
+        let g = zoo::build("squeezenet", &zoo::ZooConfig::default()).unwrap();
+        let op = g.ops().next().unwrap();
+        let mut cache = CostCache::open(&path).unwrap();
+        cache.insert(
+            CacheKey {
+                device: DeviceFingerprint {
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    sms: 132,
+                    driver: "550.54".into(),
+                    cudnn: "9.1".into(),
+                },
+                signature: op_signature(&g, op),
+                batch: 1,
+                dtype: "f32".into(),
+            },
+            Measurement::exact(0.125),
+        );
+        cache.save().unwrap();
+        let (h100, v100) = (
+            DevicePreset::by_name("h100").unwrap(),
+            DevicePreset::by_name("v100").unwrap(),
+        );
+        let link = LinkPreset::by_name("nvlink4").unwrap();
+        let m = cost_model(CostKind::Cache, &h100, &link, &g, Some(&path)).unwrap();
+        assert_eq!(m.op_time(&g, op), 0.125);
+        let e = cost_model(CostKind::Cache, &v100, &link, &g, Some(&path))
+            .err()
+            .unwrap();
+        assert!(e.is_user_error());
+        let e = e.to_string();
+        assert!(
+            e.contains("'v100'") && e.contains("NVIDIA H100 80GB HBM3") && e.contains("costs.bin"),
+            "{e}"
+        );
+        let e = cost_model(
+            CostKind::Cache,
+            &h100,
+            &link,
+            &g,
+            Some(&dir.join("none.bin")),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("no measurements"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cost_kinds_parse_and_print() {
+        for k in CostKind::ALL {
+            assert_eq!(k.to_string().parse::<CostKind>().ok(), Some(k));
+        }
+        assert_eq!("HIOS_SIM".parse::<CostKind>().ok(), Some(CostKind::HiosSim));
+        let e = "fast".parse::<CostKind>().err().map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("'fast'") && e.contains("hios-sim")));
+    }
+
+    #[test]
+    fn registry_knows_sequential_and_lists_names_on_error() {
+        assert!(scheduler_names().contains(&"sequential"));
+        assert_eq!(
+            scheduler("sequential").map(|s| s.name().to_string()).ok(),
+            Some("sequential".into())
+        );
+        let e = scheduler("magic")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("'magic'") && e.contains("sequential"), "{e}");
     }
 }

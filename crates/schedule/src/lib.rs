@@ -8,28 +8,29 @@
 //! - A **stream plan** ([`StreamPlan`]; LIOS, Opara, Nimble): per GPU, streams with ordered
 //!   operators and an optional explicit launch order; cross-stream waits follow from the
 //!   dependencies.
-//! - Both lower ([`lower`]) to one **launch plan** ([`LaunchPlan`]): per GPU, per stream, an
+//! - Both lower ([`lower()`]) to one **launch plan** ([`LaunchPlan`]): per GPU, per stream, an
 //!   ordered list of commands (launch an operator, record or wait for an event, send a tensor to
-//!   another GPU, wait for a received tensor). The [`simulate`] module runs launch plans under a
+//!   another GPU, wait for a received tensor). The [`simulate()`] function runs launch plans under a
 //!   cost model and returns a [`Timeline`]; the GPU runtime will run the same plans.
-//! - The [`validate`] module checks any schedule (every operator exactly once, dependencies
+//! - The [`validate()`] function checks any schedule (every operator exactly once, dependencies
 //!   respected, no cycle among waits); [`bounds`] gives proven lower bounds on the makespan;
 //!   [`export`] writes timelines as Chrome traces and SVG Gantt charts.
 //! - The [`Scheduler`] trait is what every algorithm implements.
 
 pub mod bounds;
 pub mod export;
+pub mod io;
 pub mod lower;
 pub mod plan;
 pub mod simulate;
 pub mod validate;
 
+pub use bounds::{lower_bound, LowerBound};
+pub use lower::lower;
 pub use plan::{
     Cmd, EventId, GpuLaunch, GpuStreams, LaunchPlan, Platform, Schedule, Stage, StagePlan,
     StageStrategy, StreamPlan, TransferId,
 };
-pub use bounds::{lower_bound, LowerBound};
-pub use lower::lower;
 pub use simulate::{simulate, OpSpan, Timeline, TransferSpan};
 pub use validate::validate;
 
@@ -51,7 +52,10 @@ pub enum ScheduleError {
     Config(String),
     /// Reading, parsing or writing a schedule file.
     #[error("{path}: {message}")]
-    File { path: std::path::PathBuf, message: String },
+    File {
+        path: std::path::PathBuf,
+        message: String,
+    },
 }
 
 /// Statistics a scheduler reports with its schedule.

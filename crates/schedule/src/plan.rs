@@ -92,13 +92,21 @@ pub enum Cmd {
     /// stage law); `None` for stream plans (operators share the GPU as they overlap).
     Launch { op: NodeId, stage: Option<u32> },
     /// Run several operators as one merged operator (a merge stage).
-    LaunchMerged { ops: Vec<NodeId>, stage: Option<u32> },
+    LaunchMerged {
+        ops: Vec<NodeId>,
+        stage: Option<u32>,
+    },
     /// Record an event once everything before it on this stream has finished.
     Record(EventId),
     /// Wait until an event is recorded.
     Wait(EventId),
     /// Send the output of `src` (finished earlier on this stream) to `dst_gpu` for `dst`.
-    Send { xfer: TransferId, src: NodeId, dst: NodeId, dst_gpu: usize },
+    Send {
+        xfer: TransferId,
+        src: NodeId,
+        dst: NodeId,
+        dst_gpu: usize,
+    },
     /// Wait until a transfer has arrived on this GPU.
     Recv(TransferId),
 }

@@ -1,1 +1,61 @@
-//! Baseline schedulers (to be written).
+//! # opsched-baselines
+//!
+//! Baseline schedulers, the yardsticks every search is compared against.
+//!
+//! - [`Sequential`]: one GPU, one operator per stage, in the graph's topological order. This is
+//!   what a framework does without inter-operator parallelism; its simulated makespan is the
+//!   denominator of every speedup we report.
+//!
+//! Greedy (stage-by-stage packing of ready operators) and Nimble (stream assignment from a
+//! minimum-equivalent-graph path cover) come later and will live here too.
+
+use std::time::Instant;
+
+use opsched_cost::CostModel;
+use opsched_graph::Graph;
+use opsched_schedule::{
+    Platform, Schedule, ScheduleError, Scheduler, SchedulerStats, Stage, StagePlan,
+};
+
+/// One operator at a time on one GPU, in topological order.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sequential;
+
+impl Sequential {
+    /// The sequential schedule of `g`: one GPU, one single-operator stage per operator, in
+    /// [`Graph::ops`] order.
+    pub fn plan(g: &Graph) -> Schedule {
+        Schedule::Stages(StagePlan {
+            gpus: vec![g.ops().map(Stage::single).collect()],
+        })
+    }
+}
+
+impl Scheduler for Sequential {
+    fn name(&self) -> &str {
+        "sequential"
+    }
+
+    fn schedule(
+        &self,
+        g: &Graph,
+        platform: &Platform,
+        _cost: &dyn CostModel,
+    ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
+        if platform.gpus == 0 || platform.streams == 0 {
+            return Err(ScheduleError::Config(format!(
+                "the platform needs at least one GPU and one stream (got {} GPUs, {} streams)",
+                platform.gpus, platform.streams
+            )));
+        }
+        let start = Instant::now();
+        let s = Self::plan(g);
+        let stats = SchedulerStats {
+            wall_ms: start.elapsed().as_secs_f64() * 1e3,
+            states: g.op_count() as u64,
+            ..SchedulerStats::default()
+        };
+        tracing::debug!(model = %g.name, ops = g.op_count(), "sequential schedule");
+        Ok((s, stats))
+    }
+}
