@@ -232,6 +232,14 @@ fn main() -> ExitCode {
     };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // A closed pipe (`opsched ... | head`) is the reader's choice, not an error.
+        Err(e)
+            if e
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<UserError>().is_some() {
