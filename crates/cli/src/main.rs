@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use opsched::cost::{CostModel, CostStats, DevicePreset, LinkPreset};
 use opsched::graph::{analysis::Summary, summarize, DType};
+use opsched::ratio;
 use opsched::schedule::{export, io as schedule_io, Platform, Schedule, SchedulerStats};
 use opsched::zoo::ZooConfig;
 use opsched::{CostKind, Evaluation, Graph, GraphError};
@@ -89,12 +90,51 @@ opsched schedule nasnet --algo sequential --gpus 2 --streams 4 --svg gantt.svg -
         streams: u32,
         #[command(flatten)]
         model_args: ModelArgs,
+        #[command(flatten)]
+        sched: SchedArgs,
         /// Write the schedule (JSON with operator names) to this file.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
         #[command(flatten)]
         exports: ExportArgs,
         /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run several algorithms on one model and compare them on the simulator.
+    #[command(
+        after_help = "Every algorithm's schedule is validated and simulated under the same cost model \
+on the same platform; speedup is over the sequential schedule, gap is makespan / lower bound \
+(1 = provably optimal).\n\nExamples:\n  \
+opsched compare inception_v3\n  \
+opsched compare nasnet --algos lios,opara,sequential --device v100 --json\n  \
+opsched compare study.json --gpus 4 --algos hios-lp,hios-mr --csv out.csv --md out.md"
+    )]
+    Compare {
+        /// Zoo model name or graph file.
+        model: String,
+        /// Comma-separated algorithm names, or `all`.
+        #[arg(long, default_value = "all", value_name = "NAMES")]
+        algos: String,
+        #[command(flatten)]
+        platform: PlatformArgs,
+        /// Number of GPUs.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        gpus: u32,
+        /// CUDA streams per GPU (the most operators a GPU runs at once).
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+        streams: u32,
+        #[command(flatten)]
+        model_args: ModelArgs,
+        #[command(flatten)]
+        sched: SchedArgs,
+        /// Also write the table as CSV to this file.
+        #[arg(long, value_name = "FILE")]
+        csv: Option<PathBuf>,
+        /// Also write the table as Markdown to this file.
+        #[arg(long, value_name = "FILE")]
+        md: Option<PathBuf>,
+        /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
     },
@@ -128,6 +168,38 @@ opsched simulate nasnet s.json --gpus 2 --trace trace.json --svg gantt.svg"
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Options of the algorithms that take any (defaults are the papers').
+#[derive(Args, Debug, Clone)]
+struct SchedArgs {
+    /// IOS: most operators per group (r).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    ios_r: u32,
+    /// IOS: most groups per stage (s).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    ios_s: u32,
+    /// IOS: most operators per part solved by one dynamic program.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    ios_part: u32,
+    /// HIOS: window of the intra-GPU parallelization (w).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    window: u32,
+    /// Seed of randomized algorithms (the LIOS ablations).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl SchedArgs {
+    fn options(&self) -> opsched::SchedulerOptions {
+        opsched::SchedulerOptions {
+            ios_r: self.ios_r as usize,
+            ios_s: self.ios_s as usize,
+            ios_part: self.ios_part as usize,
+            window: self.window as usize,
+            seed: self.seed,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -234,8 +306,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         // A closed pipe (`opsched ... | head`) is the reader's choice, not an error.
         Err(e)
-            if e
-                .downcast_ref::<std::io::Error>()
+            if e.downcast_ref::<std::io::Error>()
                 .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
         {
             ExitCode::SUCCESS
@@ -268,6 +339,7 @@ fn run(cli: Cli) -> Result<()> {
             gpus,
             streams,
             model_args,
+            sched,
             out,
             exports,
             json,
@@ -278,8 +350,32 @@ fn run(cli: Cli) -> Result<()> {
             gpus: gpus as usize,
             streams: streams as usize,
             model_args: &model_args,
+            options: sched.options(),
             out: out.as_deref(),
             exports: &exports,
+            json,
+        }),
+        Command::Compare {
+            model,
+            algos,
+            platform,
+            gpus,
+            streams,
+            model_args,
+            sched,
+            csv,
+            md,
+            json,
+        } => compare(CompareCmd {
+            spec: &model,
+            algos: &algos,
+            platform: &platform,
+            gpus: gpus as usize,
+            streams: streams as usize,
+            model_args: &model_args,
+            options: sched.options(),
+            csv: csv.as_deref(),
+            md: md.as_deref(),
             json,
         }),
         Command::Simulate {
@@ -434,17 +530,6 @@ fn write_exports(g: &Graph, ev: &Evaluation, exports: &ExportArgs, title: &str) 
     Ok(())
 }
 
-/// A makespan ratio that stays finite when both are zero.
-fn ratio(num: f64, den: f64) -> f64 {
-    if den > 0.0 {
-        num / den
-    } else if num > 0.0 {
-        f64::INFINITY
-    } else {
-        1.0
-    }
-}
-
 struct ScheduleCmd<'a> {
     spec: &'a str,
     algo: &'a str,
@@ -452,6 +537,7 @@ struct ScheduleCmd<'a> {
     gpus: usize,
     streams: usize,
     model_args: &'a ModelArgs,
+    options: opsched::SchedulerOptions,
     out: Option<&'a Path>,
     exports: &'a ExportArgs,
     json: bool,
@@ -485,7 +571,7 @@ struct ScheduleReport {
 
 fn schedule(cmd: ScheduleCmd<'_>) -> Result<()> {
     let g = opsched::load_model(cmd.spec, &cmd.model_args.zoo_config()).map_err(user)?;
-    let sched = opsched::scheduler(cmd.algo).map_err(facade)?;
+    let sched = opsched::scheduler_with(cmd.algo, &cmd.options).map_err(facade)?;
     let su = setup(&g, cmd.platform)?;
     let platform = Platform {
         gpus: cmd.gpus,
@@ -584,6 +670,144 @@ fn schedule(cmd: ScheduleCmd<'_>) -> Result<()> {
         writeln!(out, "written to     {}", path.display())?;
     }
     Ok(())
+}
+
+struct CompareCmd<'a> {
+    spec: &'a str,
+    algos: &'a str,
+    platform: &'a PlatformArgs,
+    gpus: usize,
+    streams: usize,
+    model_args: &'a ModelArgs,
+    options: opsched::SchedulerOptions,
+    csv: Option<&'a Path>,
+    md: Option<&'a Path>,
+    json: bool,
+}
+
+fn compare(cmd: CompareCmd<'_>) -> Result<()> {
+    let g = opsched::load_model(cmd.spec, &cmd.model_args.zoo_config()).map_err(user)?;
+    let names: Vec<&str> = if cmd.algos.trim() == "all" {
+        opsched::scheduler_names()
+    } else {
+        cmd.algos
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect()
+    };
+    // Unknown names are the user's mistake: report them before any work.
+    for name in &names {
+        opsched::scheduler_with(name, &cmd.options).map_err(facade)?;
+    }
+    let su = setup(&g, cmd.platform)?;
+    let platform = Platform {
+        gpus: cmd.gpus,
+        streams: cmd.streams,
+        device: su.device.clone(),
+        link: su.link.clone(),
+    };
+    let table = opsched::compare(
+        &g,
+        &names,
+        &platform,
+        su.cost.as_ref(),
+        &cmd.options,
+        |name| {
+            tracing::info!(algo = name, "scheduling");
+        },
+    )
+    .map_err(anyhow::Error::new)
+    .with_context(|| format!("comparing schedulers on {}", g.name))?;
+    if let Some(path) = cmd.csv {
+        write_file(path, comparison_csv(&table).as_bytes())?;
+    }
+    if let Some(path) = cmd.md {
+        write_file(path, comparison_markdown(&table).as_bytes())?;
+    }
+    let mut out = std::io::stdout().lock();
+    if cmd.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&table)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{} ({} operators) on {} x {}, {} streams per GPU, {}; cost model {}",
+        table.model,
+        table.ops,
+        table.gpus,
+        table.device,
+        table.streams,
+        table.link,
+        table.cost_model
+    )?;
+    writeln!(
+        out,
+        "sequential {:.4} ms; lower bound {:.4} ms\n",
+        table.sequential_ms,
+        table.lower_bound.value()
+    )?;
+    writeln!(
+        out,
+        "{:<15} {:>13} {:>9} {:>8} {:>14} {:>10}",
+        "algorithm", "makespan ms", "speedup", "gap", "schedule ms", "states"
+    )?;
+    for r in &table.rows {
+        writeln!(
+            out,
+            "{:<15} {:>13.4} {:>8.3}x {:>8.3} {:>14.3} {:>10}",
+            r.algo, r.makespan_ms, r.speedup, r.gap, r.schedule_time_ms, r.stats.states
+        )?;
+    }
+    Ok(())
+}
+
+fn comparison_csv(t: &opsched::ComparisonTable) -> String {
+    let mut s = String::from(
+        "model,device,gpus,streams,cost_model,algorithm,makespan_ms,sequential_ms,speedup,lower_bound_ms,gap,schedule_time_ms,states\n",
+    );
+    for r in &t.rows {
+        s.push_str(&format!(
+            "{},{},{},{},{},{},{:.6},{:.6},{:.4},{:.6},{:.4},{:.4},{}\n",
+            t.model,
+            t.device,
+            t.gpus,
+            t.streams,
+            t.cost_model,
+            r.algo,
+            r.makespan_ms,
+            t.sequential_ms,
+            r.speedup,
+            t.lower_bound.value(),
+            r.gap,
+            r.schedule_time_ms,
+            r.stats.states
+        ));
+    }
+    s
+}
+
+fn comparison_markdown(t: &opsched::ComparisonTable) -> String {
+    let mut s = format!(
+        "{} ({} operators) on {} x {}, {} streams per GPU; cost model {}; sequential {:.4} ms, lower bound {:.4} ms\n\n\
+         | algorithm | makespan (ms) | speedup | gap to bound | scheduling time (ms) | states |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+        t.model,
+        t.ops,
+        t.gpus,
+        t.device,
+        t.streams,
+        t.cost_model,
+        t.sequential_ms,
+        t.lower_bound.value()
+    );
+    for r in &t.rows {
+        s.push_str(&format!(
+            "| {} | {:.4} | {:.3}x | {:.3} | {:.3} | {} |\n",
+            r.algo, r.makespan_ms, r.speedup, r.gap, r.schedule_time_ms, r.stats.states
+        ));
+    }
+    s
 }
 
 /// "1 GPU, 119 stages" / "2 GPUs, 8 streams".

@@ -533,3 +533,62 @@ fn simulate_a_stream_plan_file() {
     assert!(makespan >= v["lower_bound_ms"].as_f64().unwrap() * (1.0 - 1e-9));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn compare_lists_every_algorithm_with_speedups_and_bounds() {
+    let v = stdout_json(&opsched(&[
+        "compare",
+        "inception_v3",
+        "--algos",
+        "all",
+        "--json",
+    ]));
+    let rows = v["rows"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["algo"].as_str()).collect();
+    for want in ["sequential", "lios", "opara", "hios-lp"] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    let bound = v["lower_bound"]["critical_path_ms"].as_f64().unwrap();
+    let seq = v["sequential_ms"].as_f64().unwrap();
+    for r in rows {
+        let m = r["makespan_ms"].as_f64().unwrap();
+        assert!(m >= bound * (1.0 - 1e-9), "{r}");
+        assert!(
+            (r["speedup"].as_f64().unwrap() - seq / m).abs() < 1e-9,
+            "{r}"
+        );
+    }
+    let seq_row = rows.iter().find(|r| r["algo"] == "sequential").unwrap();
+    assert_eq!(seq_row["speedup"], 1.0);
+}
+
+#[test]
+fn compare_writes_csv_and_markdown_and_rejects_unknown_names() {
+    let dir = temp_dir("compare");
+    let csv = dir.join("t.csv");
+    let md = dir.join("t.md");
+    let out = opsched(&[
+        "compare",
+        "squeezenet",
+        "--algos",
+        "sequential,lios",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--md",
+        md.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().any(|l| l.starts_with("lios ")), "{text}");
+    let csv_text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(csv_text.lines().count(), 3, "header + 2 rows: {csv_text}");
+    assert!(std::fs::read_to_string(&md).unwrap().contains("| lios |"));
+    let out = opsched(&["compare", "squeezenet", "--algos", "lios,nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scheduler 'nope'"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -3,7 +3,7 @@
 //! The facade of the opsched workspace: the CLI, the xtask and the benches import this crate
 //! only. It re-exports the graph IR, the cost models and the schedule layer, and holds
 //!
-//! - the registry of schedulers by name ([`scheduler_names`], [`scheduler`]);
+//! - the registry of schedulers by name ([`schedulers`], [`scheduler_with`]) and [`compare`];
 //! - the choice of cost model by name ([`CostKind`], [`cost_model`], [`default_cost_kind`]);
 //! - the one evaluator every comparison goes through ([`evaluate`]: lower, simulate, bound).
 
@@ -80,21 +80,198 @@ pub fn load_model(spec: &str, cfg: &zoo::ZooConfig) -> Result<Graph, GraphError>
 // ---------------------------------------------------------------------------------------------
 // Schedulers
 
-const SCHEDULERS: &[&str] = &["sequential"];
+/// Options of the schedulers that take any; the defaults are the papers'.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SchedulerOptions {
+    /// IOS: most operators per group (r).
+    pub ios_r: usize,
+    /// IOS: most groups per stage (s).
+    pub ios_s: usize,
+    /// IOS: most operators per part solved by one dynamic program.
+    pub ios_part: usize,
+    /// HIOS: window of the intra-GPU parallelization (w).
+    pub window: usize,
+    /// Seed of randomized schedulers (the LIOS ablations).
+    pub seed: u64,
+}
 
-/// Names of the registered schedulers, in the order `opsched --help` lists them.
-pub fn scheduler_names() -> &'static [&'static str] {
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        SchedulerOptions {
+            ios_r: 3,
+            ios_s: 8,
+            ios_part: 50,
+            window: 2,
+            seed: 0,
+        }
+    }
+}
+
+/// A registered scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SchedulerInfo {
+    pub name: &'static str,
+    /// One line: the algorithm and its paper.
+    pub about: &'static str,
+    /// Whether it places operators on several GPUs (the others use GPU 0 only).
+    pub multi_gpu: bool,
+}
+
+const fn info(name: &'static str, about: &'static str, multi_gpu: bool) -> SchedulerInfo {
+    SchedulerInfo {
+        name,
+        about,
+        multi_gpu,
+    }
+}
+
+const SCHEDULERS: &[SchedulerInfo] = &[
+    info(
+        "sequential",
+        "one operator at a time, in topological order",
+        false,
+    ),
+    info("lios", "LIOS list scheduling on streams", false),
+    info("lios-rand1", "LIOS ablation: random operator order", false),
+    info("lios-rand2", "LIOS ablation: random stream choice", false),
+    info("lios-rand", "LIOS ablation: both random", false),
+    info("opara", "Opara stream allocation and launch order", false),
+    info(
+        "hios-lp",
+        "HIOS longest valid paths + intra-GPU window",
+        true,
+    ),
+    info("hios-lp-inter", "HIOS-LP without the intra-GPU step", true),
+    info("hios-mr", "HIOS mapping-recording + intra-GPU window", true),
+    info("hios-mr-inter", "HIOS-MR without the intra-GPU step", true),
+];
+
+/// The registered schedulers, in the order tables list them.
+pub fn schedulers() -> &'static [SchedulerInfo] {
     SCHEDULERS
 }
 
-/// The scheduler registered under `name` (case-insensitive).
+/// Names of the registered schedulers.
+pub fn scheduler_names() -> Vec<&'static str> {
+    SCHEDULERS.iter().map(|s| s.name).collect()
+}
+
+/// The scheduler registered under `name` (case-insensitive), with default options.
 pub fn scheduler(name: &str) -> Result<Box<dyn Scheduler>> {
-    match name.to_ascii_lowercase().as_str() {
-        "sequential" => Ok(Box::new(opsched_baselines::Sequential)),
-        _ => Err(Error::UnknownScheduler {
-            name: name.to_string(),
-            known: SCHEDULERS.join(", "),
-        }),
+    scheduler_with(name, &SchedulerOptions::default())
+}
+
+/// The scheduler registered under `name` (case-insensitive), with `opts`.
+pub fn scheduler_with(name: &str, opts: &SchedulerOptions) -> Result<Box<dyn Scheduler>> {
+    use opsched_hios::{HiosLp, HiosMr, HiosOptions};
+    let want = name.to_ascii_lowercase().replace('_', "-");
+    let hios = |inter_only| HiosOptions {
+        window: opts.window,
+        inter_only,
+    };
+    let s: Box<dyn Scheduler> = match want.as_str() {
+        "sequential" => Box::new(opsched_baselines::Sequential),
+        "opara" => Box::new(opsched_opara::Opara),
+        "hios-lp" => Box::new(HiosLp::new(hios(false))),
+        "hios-lp-inter" => Box::new(HiosLp::new(hios(true))),
+        "hios-mr" => Box::new(HiosMr::new(hios(false))),
+        "hios-mr-inter" => Box::new(HiosMr::new(hios(true))),
+        other => match opsched_lios::Lios::from_name(other, opts.seed) {
+            Some(l) => Box::new(l),
+            None => {
+                return Err(Error::UnknownScheduler {
+                    name: name.to_string(),
+                    known: scheduler_names().join(", "),
+                })
+            }
+        },
+    };
+    Ok(s)
+}
+
+/// One algorithm's row of a comparison.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Comparison {
+    pub algo: String,
+    pub makespan_ms: f64,
+    /// Sequential makespan / this makespan.
+    pub speedup: f64,
+    /// This makespan / the lower bound (1 = provably optimal).
+    pub gap: f64,
+    pub schedule_time_ms: f64,
+    pub stats: opsched_schedule::SchedulerStats,
+}
+
+/// Every algorithm of a comparison, evaluated under one cost model on one platform.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ComparisonTable {
+    pub model: String,
+    pub ops: usize,
+    pub gpus: usize,
+    pub streams: usize,
+    pub device: &'static str,
+    pub link: &'static str,
+    pub cost_model: String,
+    pub sequential_ms: f64,
+    pub lower_bound: LowerBound,
+    pub rows: Vec<Comparison>,
+}
+
+/// Run each named scheduler on `g`, validate its schedule and simulate it under `cost`: the
+/// one code path behind `opsched compare` and `cargo xtask bench-models`. `progress` is called
+/// with each algorithm's name before it runs.
+pub fn compare(
+    g: &Graph,
+    names: &[&str],
+    platform: &opsched_schedule::Platform,
+    cost: &dyn CostModel,
+    opts: &SchedulerOptions,
+    mut progress: impl FnMut(&str),
+) -> Result<ComparisonTable> {
+    let seq = opsched_baselines::Sequential;
+    let (seq_schedule, _) = seq.schedule(g, platform, cost)?;
+    let sequential_ms = evaluate(g, &seq_schedule, cost, 1)?.makespan_ms;
+    let lower_bound = opsched_schedule::lower_bound(g, cost, platform.gpus.max(1));
+    let mut rows = Vec::with_capacity(names.len());
+    for name in names {
+        progress(name);
+        let sched = scheduler_with(name, opts)?;
+        let start = std::time::Instant::now();
+        let (s, stats) = sched.schedule(g, platform, cost)?;
+        let schedule_time_ms = start.elapsed().as_secs_f64() * 1e3;
+        opsched_schedule::validate(g, &s, platform)?;
+        let makespan_ms = evaluate(g, &s, cost, platform.gpus)?.makespan_ms;
+        rows.push(Comparison {
+            algo: sched.name().to_string(),
+            makespan_ms,
+            speedup: ratio(sequential_ms, makespan_ms),
+            gap: ratio(makespan_ms, lower_bound.value()),
+            schedule_time_ms,
+            stats,
+        });
+    }
+    Ok(ComparisonTable {
+        model: g.name.clone(),
+        ops: g.op_count(),
+        gpus: platform.gpus,
+        streams: platform.streams,
+        device: platform.device.name,
+        link: platform.link.name,
+        cost_model: cost.name(),
+        sequential_ms,
+        lower_bound,
+        rows,
+    })
+}
+
+/// A ratio of makespans that stays finite when both are zero.
+pub fn ratio(num: f64, den: f64) -> f64 {
+    if den > 0.0 {
+        num / den
+    } else if num > 0.0 {
+        f64::INFINITY
+    } else {
+        1.0
     }
 }
 
