@@ -2,6 +2,10 @@
 //!
 //! Commands:
 //! - `ci`: what `.ci/run` runs: fmt check, clippy with warnings denied, the test suite.
+//! - `hios-sim [--quick] [--instances N] [--out DIR]`: the HIOS paper's simulation study.
+
+mod hios_sim;
+mod plot;
 
 use std::process::Command;
 
@@ -11,9 +15,10 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
-        Some(other) => bail!("unknown xtask command '{other}'; known: ci"),
+        Some("hios-sim") => hios_sim::run(&args[1..]),
+        Some(other) => bail!("unknown xtask command '{other}'; known: ci, hios-sim"),
         None => {
-            eprintln!("usage: cargo xtask <ci>");
+            eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR]>");
             Ok(())
         }
     }

@@ -1,0 +1,185 @@
+//! Small self-contained SVG charts for xtask reports (no plotting dependency).
+
+use std::fmt::Write as _;
+
+const PALETTE: &[&str] = &[
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+    "#bcbd22", "#7f7f7f",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// "Nice" axis ticks (1, 2, 5 x 10^k) covering `[0, max]`.
+fn ticks(max: f64) -> Vec<f64> {
+    if !(max.is_finite() && max > 0.0) {
+        return vec![0.0, 1.0];
+    }
+    let raw = max / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| max / s <= 6.0)
+        .unwrap_or(10.0 * mag);
+    let n = (max / step).ceil() as usize;
+    (0..=n).map(|i| i as f64 * step).collect()
+}
+
+/// One line per series over shared x values; `series` is (name, y values) with NaN for gaps.
+pub fn line_chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    xs: &[f64],
+    series: &[(String, Vec<f64>)],
+) -> String {
+    let (w, h, left, right, top, bottom) = (760.0, 420.0, 70.0, 170.0, 40.0, 50.0);
+    let pw = w - left - right;
+    let ph = h - top - bottom;
+    let (x_min, x_max) = xs
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        });
+    let x_span = if x_max > x_min { x_max - x_min } else { 1.0 };
+    let y_max = series
+        .iter()
+        .flat_map(|(_, ys)| ys.iter().copied())
+        .filter(|y| y.is_finite())
+        .fold(0.0, f64::max);
+    let yt = ticks(y_max);
+    let y_top = yt.last().copied().unwrap_or(1.0).max(f64::MIN_POSITIVE);
+    let px = |x: f64| left + (x - x_min) / x_span * pw;
+    let py = |y: f64| top + ph - y / y_top * ph;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="22" font-size="15" font-weight="bold">{}</text>"#,
+        left,
+        esc(title)
+    );
+    for &t in &yt {
+        let y = py(t);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            left + pw,
+            left - 6.0,
+            y + 4.0,
+            fmt_num(t)
+        );
+    }
+    for &x in xs {
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            px(x),
+            top + ph + 18.0,
+            fmt_num(x)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#333"/>"##,
+        top + ph,
+        left + pw,
+        top + ph
+    );
+    let _ = writeln!(
+        s,
+        r##"<line x1="{left}" y1="{top}" x2="{left}" y2="{:.1}" stroke="#333"/>"##,
+        top + ph
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        left + pw / 2.0,
+        h - 10.0,
+        esc(x_label)
+    );
+    let _ = writeln!(
+        s,
+        r#"<text transform="translate(16,{:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        top + ph / 2.0,
+        esc(y_label)
+    );
+    for (i, (name, ys)) in series.iter().enumerate() {
+        let colour = PALETTE[i % PALETTE.len()];
+        let pts: Vec<String> = xs
+            .iter()
+            .zip(ys)
+            .filter(|(_, y)| y.is_finite())
+            .map(|(&x, &y)| format!("{:.1},{:.1}", px(x), py(y)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline class="series" fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
+            pts.join(" ")
+        );
+        for p in &pts {
+            if let Some((x, y)) = p.split_once(',') {
+                let _ = writeln!(s, r#"<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>"#);
+            }
+        }
+        let ly = top + 10.0 + i as f64 * 18.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            left + pw + 12.0,
+            left + pw + 32.0,
+            left + pw + 38.0,
+            ly + 4.0,
+            esc(name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn fmt_num(v: f64) -> String {
+    if v == v.trunc() && v.abs() < 1e9 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_cover_the_maximum_with_nice_steps() {
+        let t = ticks(7.3);
+        assert_eq!(t.first(), Some(&0.0));
+        assert!(*t.last().unwrap_or(&0.0) >= 7.3);
+        assert!(t.len() <= 8);
+    }
+
+    #[test]
+    fn chart_has_one_polyline_per_series() {
+        let svg = line_chart(
+            "t<",
+            "x",
+            "y",
+            &[1.0, 2.0],
+            &[
+                ("a".into(), vec![1.0, 2.0]),
+                ("b&".into(), vec![f64::NAN, 3.0]),
+            ],
+        );
+        assert_eq!(svg.matches("class=\"series\"").count(), 2);
+        assert!(svg.contains("t&lt;") && svg.contains("b&amp;"));
+        assert!(svg.trim_end().ends_with("</svg>"));
+    }
+}
