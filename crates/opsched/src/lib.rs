@@ -131,6 +131,23 @@ const SCHEDULERS: &[SchedulerInfo] = &[
         "one operator at a time, in topological order",
         false,
     ),
+    info(
+        "greedy",
+        "every ready operator in the current stage, at most K streams",
+        false,
+    ),
+    info(
+        "nimble",
+        "Nimble: streams from a maximum matching on the transitive reduction",
+        false,
+    ),
+    info(
+        "ios",
+        "IOS dynamic programming over stages (concurrent and merge)",
+        false,
+    ),
+    info("ios-parallel", "IOS with concurrent stages only", false),
+    info("ios-merge", "IOS with operator merge only", false),
     info("lios", "LIOS list scheduling on streams", false),
     info("lios-rand1", "LIOS ablation: random operator order", false),
     info("lios-rand2", "LIOS ablation: random stream choice", false),
@@ -171,7 +188,23 @@ pub fn scheduler_with(name: &str, opts: &SchedulerOptions) -> Result<Box<dyn Sch
     };
     let s: Box<dyn Scheduler> = match want.as_str() {
         "sequential" => Box::new(opsched_baselines::Sequential),
+        "greedy" => Box::new(opsched_baselines::Greedy),
+        "nimble" => Box::new(opsched_baselines::Nimble),
         "opara" => Box::new(opsched_opara::Opara),
+        "ios" | "ios-parallel" | "ios-merge" => {
+            let variant = opsched_ios_dp::IosVariant::from_name(&want).ok_or_else(|| {
+                Error::UnknownScheduler {
+                    name: name.to_string(),
+                    known: scheduler_names().join(", "),
+                }
+            })?;
+            Box::new(opsched_ios_dp::Ios::new(opsched_ios_dp::IosOptions {
+                r: opts.ios_r,
+                s: opts.ios_s,
+                part: opts.ios_part,
+                variant,
+            }))
+        }
         "hios-lp" => Box::new(HiosLp::new(hios(false))),
         "hios-lp-inter" => Box::new(HiosLp::new(hios(true))),
         "hios-mr" => Box::new(HiosMr::new(hios(false))),

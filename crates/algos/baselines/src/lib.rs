@@ -5,9 +5,19 @@
 //! - [`Sequential`]: one GPU, one operator per stage, in the graph's topological order. This is
 //!   what a framework does without inter-operator parallelism; its simulated makespan is the
 //!   denominator of every speedup we report.
-//!
-//! Greedy (stage-by-stage packing of ready operators) and Nimble (stream assignment from a
-//! minimum-equivalent-graph path cover) come later and will live here too.
+//! - [`Greedy`]: IOS's greedy baseline, a stage plan on one GPU: every ready operator in the
+//!   current stage, one group each, at most `platform.streams` groups per stage, leftovers first
+//!   in the next stage ([`greedy`] has the exact rules).
+//! - [`Nimble`]: Nimble's stream assignment, a stream plan on one GPU: a maximum matching on
+//!   the transitive reduction gives chains, chains merge (Nimble's own merging, completed to a
+//!   minimum chain cover: as many logical streams as the graph's width), and these fold onto
+//!   the platform's streams when there are too many ([`nimble`] has the details).
+
+pub mod greedy;
+pub mod nimble;
+
+pub use greedy::Greedy;
+pub use nimble::{transitive_reduction, Nimble, NimbleAnalysis, Reduction};
 
 use std::time::Instant;
 

@@ -1,1 +1,323 @@
-//! IOS dynamic programming over stages, with operator merge (to be written).
+//! # opsched-ios-dp
+//!
+//! IOS (Ding et al., MLSys 2021): a dynamic program over stages that schedules the operators
+//! of a model on **one GPU**, each stage running either *concurrent groups* (one stream per
+//! group, each group runs its operators in order) or one *merged* convolution. Three variants
+//! are registered: `ios` (both strategies), `ios-parallel` (concurrent stages only) and
+//! `ios-merge` (merge stages or single operators only).
+//!
+//! ## Parts
+//! The graph is cut into parts: its blocks in a topological order of the block graph, each block in consecutive chunks of at most
+//! [`IosOptions::part`] operators of a topological order, and operators in no block gathered
+//! into chunks the same way. Each part is solved on its own and the stages are concatenated.
+//!
+//! ### Parts and their order
+//! Listing the units (blocks, and unblocked operators) in a topological order of the quotient
+//! graph, each unit's operators in topological order, gives a topological order `L` of the
+//! whole graph. Every part is a contiguous slice of `L`, so an edge either lies inside a part
+//! (the part's schedule respects it) or goes from an earlier part to a later one, whose
+//! stages all run after the earlier part's. Non-convex blocks (a cycle among units) are ignored
+//! and the plain topological order is chunked instead (statistic `blocks_ignored`).
+//!
+//! ## The DP
+//! State: the set `S` of the part's operators not yet scheduled, closed under predecessors
+//! (a bitset: `u64` for parts of up to 64 operators, `u128` up to 128; larger parts are refused
+//! with an error). `cost(S) = min over endings E of S of cost(S - E) + stage_cost(E)`,
+//! `cost({}) = 0`, memoized with the chosen ending; the plan is rebuilt from the full set.
+//! An ending is the last stage of `S`: no operator of `E` has a successor in `S - E`.
+//!
+//! ## Endings, as IOS's `optimizer.py` enumerates them
+//! - **Concurrent** (`ending_iterator`): decompose the part into chains (transitive closure,
+//!   then repeatedly remove a longest chain). For each chain take its prefix lying in `S` (the
+//!   chain's members in `S` always form a prefix) and allow as the chain's *head* any of the
+//!   prefix's last `r` operators, or none. A head `h` gives the group `h` plus all its
+//!   descendants in `S`. Combinations with more than `s` groups, overlapping groups or a group of
+//!   more than `r` operators are rejected. The union of such groups is successor-closed in `S`,
+//!   hence an ending, and no edge joins two groups (an edge `x -> y` from group `a` to group `b`
+//!   would put `y` among `a`'s descendants, an overlap). A group need not be a chain (a head
+//!   with two independent descendants); like IOS (which sorts the group by its topological node
+//!   index) we run it in topological order on one stream, which is valid.
+//!
+//!   The set of endings does not depend on how the chains come out (IOS breaks ties by dict
+//!   order, we by lowest index): it is every set `H` of at most `s` operators of `S` whose
+//!   groups (each `h` with its descendants in `S`) are pairwise disjoint and of at most `r`
+//!   operators. Each `h` lies in exactly one chain, and if its group has at most `r` operators
+//!   it is among the last `r` of its chain's prefix (the later ones are its descendants).
+//!   Distinct head sets give distinct endings (the heads are the ending's minimal operators),
+//!   so no ending is evaluated twice.
+//! - **Merge** (`dp` with `merge` in `opt_type`): IOS tries every subset of the *sinks* of `S`
+//!   (operators without a successor in `S`; any subset of them is an ending) and keeps those
+//!   `check_merge` accepts. Only convolutions reading identical inputs can merge, so we group the
+//!   part's `groups = 1` convolutions by identical input terms once, and per state enumerate the
+//!   subsets (two or more) of each class's sinks; the cost model's
+//!   [`merged_time`](opsched_cost::CostModel::merged_time) (which applies
+//!   [`opsched_graph::merge::mergeable`]) rejects the rest. IOS considers merge and concurrent
+//!   stages for the same set and the DP takes the cheaper.
+//! - **ios-merge**: every single sink of `S` (IOS's one-operator "merge" stages), plus the merge
+//!   stages.
+//!
+//! Where we differ from `optimizer.py`, none of which changes the optimum:
+//! - The checks on overlap, group size and group count are applied while choosing heads
+//!   instead of after building each full combination (the same set of endings, far fewer
+//!   candidates looked at); heads earlier in a chain than the first head whose group is too
+//!   large are skipped (their groups contain it).
+//! - The merge rule is the project's ([`opsched_graph::merge`]): identical input terms (IOS
+//!   requires a single one-value term), bias and dilation equal, padding consistent. Merge
+//!   classes with more than 12 sinks in a state only try subsets of their first 12.
+//! - Ties between endings of equal total may be broken differently (enumeration order).
+//! - In the `ios` variant IOS's merge loop also offers every single sink as a one-operator
+//!   "merge" stage, which the concurrent enumeration already offers; we evaluate it once, so
+//!   `transitions` is slightly below IOS's count (`states` is the same).
+//! - Stage costs come from the cost model and are cached by
+//!   [`stage_signature`](opsched_cost::signature::stage_signature), so identical stages anywhere
+//!   in the model (NASNet's repeated cells) are costed once; IOS measures each distinct operator
+//!   set of each part on the GPU.
+//! - `s` is also capped by the platform's streams; IOS's default part size is 100, ours is the
+//!   paper's 50.
+//!
+//! ## Statistics
+//! `states` (DP states solved, as IOS's `#states` counts them), `transitions` (endings
+//! evaluated), `cost_queries` (distinct stages costed); `extra`: `parts`, `largest_part`, `stage_cache_hits`, `stages`,
+//! `merge_stages`, `objective_ms` (the DP's sum of stage costs), `r`, `s`, `variant`, and
+//! `blocks_ignored` when blocks had to be ignored.
+
+mod bits;
+mod dp;
+mod hash;
+mod parts;
+
+use std::time::Instant;
+
+use opsched_cost::CostModel;
+use opsched_graph::{Graph, NodeId};
+use opsched_schedule::{
+    Platform, Schedule, ScheduleError, Scheduler, SchedulerStats, Stage, StagePlan, StageStrategy,
+};
+
+use crate::bits::Bits;
+use crate::dp::{Dp, Limits, PartGraph, PartResult, StageCosts};
+
+/// Largest part the DP accepts (operators).
+pub const MAX_PART: usize = 128;
+
+/// Which stage strategies the DP may use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum IosVariant {
+    /// Concurrent and merge stages ("ios", IOS's `dp_parallel_merge`).
+    #[default]
+    Both,
+    /// Concurrent stages only ("ios-parallel", `dp_parallel`).
+    Parallel,
+    /// Merge stages or single operators only ("ios-merge", `dp_merge`).
+    Merge,
+}
+
+impl IosVariant {
+    /// The registry name of the scheduler with this variant.
+    pub fn name(self) -> &'static str {
+        match self {
+            IosVariant::Both => "ios",
+            IosVariant::Parallel => "ios-parallel",
+            IosVariant::Merge => "ios-merge",
+        }
+    }
+
+    /// The variant registered under `name` ("ios", "ios-parallel", "ios-merge").
+    pub fn from_name(name: &str) -> Option<Self> {
+        [IosVariant::Both, IosVariant::Parallel, IosVariant::Merge]
+            .into_iter()
+            .find(|v| v.name().eq_ignore_ascii_case(name))
+    }
+
+    fn limits(self, r: usize, s: usize) -> Limits {
+        Limits {
+            r,
+            s,
+            parallel: self != IosVariant::Merge,
+            merge: self != IosVariant::Parallel,
+            singles: self == IosVariant::Merge,
+        }
+    }
+}
+
+/// Options of IOS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IosOptions {
+    /// Most operators per group (IOS's `max_group_size`, 3).
+    pub r: usize,
+    /// Most groups per concurrent stage (`max_num_groups`, 8); also capped by the platform's
+    /// streams.
+    pub s: usize,
+    /// Most operators per part (50; at most [`MAX_PART`]).
+    pub part: usize,
+    pub variant: IosVariant,
+}
+
+impl Default for IosOptions {
+    fn default() -> Self {
+        IosOptions {
+            r: 3,
+            s: 8,
+            part: 50,
+            variant: IosVariant::Both,
+        }
+    }
+}
+
+/// The IOS scheduler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Ios {
+    pub opts: IosOptions,
+}
+
+/// A solved IOS schedule: the stages of GPU 0 and what the DP believes they cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IosSolution {
+    pub stages: Vec<Stage>,
+    /// The DP objective: the sum of the stages' costs, ms.
+    pub objective_ms: f64,
+    pub stats: SchedulerStats,
+}
+
+impl Ios {
+    pub fn new(opts: IosOptions) -> Self {
+        Ios { opts }
+    }
+
+    /// Default options with `variant`.
+    pub fn with_variant(variant: IosVariant) -> Self {
+        Ios {
+            opts: IosOptions {
+                variant,
+                ..IosOptions::default()
+            },
+        }
+    }
+
+    /// Run the DP and return the stages with the objective and statistics.
+    pub fn solve(
+        &self,
+        g: &Graph,
+        platform: &Platform,
+        cost: &dyn CostModel,
+    ) -> Result<IosSolution, ScheduleError> {
+        let o = &self.opts;
+        if platform.gpus == 0 || platform.streams == 0 {
+            return Err(ScheduleError::Config(format!(
+                "IOS needs at least one GPU and one stream (got {} GPUs, {} streams)",
+                platform.gpus, platform.streams
+            )));
+        }
+        if o.r == 0 || o.s == 0 || o.part == 0 {
+            return Err(ScheduleError::Config(format!(
+                "IOS options r, s and part must be positive (got r = {}, s = {}, part = {})",
+                o.r, o.s, o.part
+            )));
+        }
+        if o.part > MAX_PART {
+            return Err(ScheduleError::Config(format!(
+                "IOS part size {} exceeds the supported {MAX_PART} operators",
+                o.part
+            )));
+        }
+        let start = Instant::now();
+        let s_eff = o.s.min(platform.streams);
+        let lim = o.variant.limits(o.r, s_eff);
+        let split = parts::split(g, o.part);
+        let mut costs = StageCosts::default();
+        let mut local = vec![u32::MAX; g.len()];
+        let mut stages = Vec::with_capacity(g.op_count());
+        let (mut objective, mut states, mut transitions) = (0.0, 0u64, 0u64);
+        let mut largest = 0usize;
+        for part in &split.parts {
+            largest = largest.max(part.len());
+            let res = if part.len() <= u64::CAP {
+                solve_part::<u64>(g, cost, part, lim, &mut costs, &mut local)
+            } else if part.len() <= u128::CAP {
+                solve_part::<u128>(g, cost, part, lim, &mut costs, &mut local)
+            } else {
+                None
+            };
+            let res = res.ok_or_else(|| {
+                ScheduleError::Invalid(format!(
+                    "IOS found no schedule for the part starting at '{}' ({} operators)",
+                    part.first().map_or("?", |&o| g.node(o).name.as_str()),
+                    part.len()
+                ))
+            })?;
+            objective += res.objective;
+            states += res.states;
+            transitions += res.transitions;
+            stages.extend(res.stages);
+        }
+        let merge_stages = stages
+            .iter()
+            .filter(|st| st.strategy == StageStrategy::Merge)
+            .count();
+        let mut extra = serde_json::Map::new();
+        extra.insert("parts".into(), split.parts.len().into());
+        extra.insert("largest_part".into(), largest.into());
+        extra.insert("stage_cache_hits".into(), costs.hits.into());
+        extra.insert("stages".into(), stages.len().into());
+        extra.insert("merge_stages".into(), merge_stages.into());
+        extra.insert("objective_ms".into(), objective.into());
+        extra.insert("r".into(), o.r.into());
+        extra.insert("s".into(), s_eff.into());
+        extra.insert("variant".into(), o.variant.name().into());
+        if split.blocks_ignored {
+            extra.insert("blocks_ignored".into(), true.into());
+        }
+        let stats = SchedulerStats {
+            wall_ms: start.elapsed().as_secs_f64() * 1e3,
+            states,
+            transitions,
+            cost_queries: costs.queries,
+            extra,
+        };
+        tracing::debug!(
+            model = %g.name,
+            variant = o.variant.name(),
+            parts = split.parts.len(),
+            states,
+            transitions,
+            objective,
+            "IOS schedule"
+        );
+        Ok(IosSolution {
+            stages,
+            objective_ms: objective,
+            stats,
+        })
+    }
+}
+
+fn solve_part<B: Bits>(
+    g: &Graph,
+    cost: &dyn CostModel,
+    part: &[NodeId],
+    lim: Limits,
+    costs: &mut StageCosts,
+    local: &mut [u32],
+) -> Option<PartResult> {
+    let pg = PartGraph::<B>::new(g, part, local);
+    Dp::new(g, cost, &pg, lim, costs).run()
+}
+
+impl Scheduler for Ios {
+    fn name(&self) -> &str {
+        self.opts.variant.name()
+    }
+
+    fn schedule(
+        &self,
+        g: &Graph,
+        platform: &Platform,
+        cost: &dyn CostModel,
+    ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
+        let sol = self.solve(g, platform, cost)?;
+        let plan = StagePlan {
+            gpus: vec![sol.stages],
+        };
+        Ok((Schedule::Stages(plan), sol.stats))
+    }
+}
