@@ -154,6 +154,11 @@ const SCHEDULERS: &[SchedulerInfo] = &[
     info("lios-rand", "LIOS ablation: both random", false),
     info("opara", "Opara stream allocation and launch order", false),
     info(
+        "iops",
+        "IOPS: block split, merge versus parallel per stage, templated DP",
+        false,
+    ),
+    info(
         "hios-lp",
         "HIOS longest valid paths + intra-GPU window",
         true,
@@ -191,6 +196,7 @@ pub fn scheduler_with(name: &str, opts: &SchedulerOptions) -> Result<Box<dyn Sch
         "greedy" => Box::new(opsched_baselines::Greedy),
         "nimble" => Box::new(opsched_baselines::Nimble),
         "opara" => Box::new(opsched_opara::Opara),
+        "iops" => Box::new(opsched_iops::Iops::default()),
         "ios" | "ios-parallel" | "ios-merge" => {
             let variant = opsched_ios_dp::IosVariant::from_name(&want).ok_or_else(|| {
                 Error::UnknownScheduler {
