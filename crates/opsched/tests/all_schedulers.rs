@@ -1,0 +1,112 @@
+//! Every registered scheduler, through the facade, on every zoo model and on 200 random DAGs:
+//! the schedule validates, its simulated makespan is never below the proven lower bound, and
+//! the exact searches (IOS) are never worse than sequential, which lies in their search space.
+
+#![allow(clippy::unwrap_used)]
+
+use opsched::cost::{AnalyticalModel, CostModel, DevicePreset, HiosSimLaw, LinkPreset};
+use opsched::graph::random::{layered_dag, LayeredDagParams};
+use opsched::schedule::Platform;
+use opsched::zoo::ZooConfig;
+use opsched::{Graph, SchedulerOptions};
+
+fn platform(gpus: usize, streams: usize) -> Platform {
+    Platform {
+        gpus,
+        streams,
+        device: DevicePreset::by_name("h100").unwrap(),
+        link: LinkPreset::by_name("nvlink4").unwrap(),
+    }
+}
+
+/// Run every scheduler on `g` and check the contract; returns (name, makespan) pairs.
+fn check_all(
+    g: &Graph,
+    p: &Platform,
+    cost: &dyn CostModel,
+    opts: &SchedulerOptions,
+) -> Vec<(String, f64)> {
+    let names = opsched::scheduler_names();
+    let table = opsched::compare(g, &names, p, cost, opts, |_| {})
+        .unwrap_or_else(|e| panic!("{}: {e}", g.name));
+    let bound = table.lower_bound.value();
+    for r in &table.rows {
+        assert!(
+            r.makespan_ms >= bound * (1.0 - 1e-9) - 1e-12,
+            "{} on {}: makespan {} below the lower bound {}",
+            r.algo,
+            g.name,
+            r.makespan_ms,
+            bound
+        );
+        if r.algo.starts_with("ios") && !r.algo.ends_with("merge") || r.algo == "iops" {
+            assert!(
+                r.makespan_ms <= table.sequential_ms * (1.0 + 1e-9),
+                "{} on {} is worse than sequential: {} > {}",
+                r.algo,
+                g.name,
+                r.makespan_ms,
+                table.sequential_ms
+            );
+        }
+    }
+    table
+        .rows
+        .iter()
+        .map(|r| (r.algo.clone(), r.makespan_ms))
+        .collect()
+}
+
+#[test]
+fn every_scheduler_on_every_zoo_model() {
+    let p = platform(1, 8);
+    let cost = AnalyticalModel::new(p.device.clone(), p.link.clone());
+    // Debug builds are slow: the two largest DP searches get IOS's smaller pruning setting
+    // (the paper's sweep includes r = 2, s = 3).
+    let small = SchedulerOptions {
+        ios_r: 2,
+        ios_s: 3,
+        ..SchedulerOptions::default()
+    };
+    for m in opsched::zoo::models() {
+        let g = m.build(&ZooConfig::default()).unwrap();
+        let opts = if matches!(m.name, "randwire" | "nasnet") && cfg!(debug_assertions) {
+            small.clone()
+        } else {
+            SchedulerOptions::default()
+        };
+        let rows = check_all(&g, &p, &cost, &opts);
+        assert_eq!(rows.len(), opsched::scheduler_names().len());
+    }
+}
+
+#[test]
+fn every_scheduler_on_200_random_dags_one_and_three_gpus() {
+    for seed in 0..200u64 {
+        // Up to 24 ops in layers of at most ~5: wide layers make the exact DPs exponential
+        // (their state count grows with the graph's width), which a property test need not pay.
+        let ops = 5 + (seed as usize * 7) % 20;
+        let params = LayeredDagParams {
+            ops,
+            layers: 1 + ops / 5 + seed as usize % 3,
+            edges: ops + (seed as usize % 3) * ops / 2,
+            seed,
+            ..LayeredDagParams::default()
+        };
+        let Ok(g) = layered_dag(&params) else {
+            continue;
+        };
+        let gpus = if seed % 2 == 0 { 1 } else { 3 };
+        let p = platform(gpus, 1 + seed as usize % 4);
+        let cost = HiosSimLaw::new(AnalyticalModel::new(p.device.clone(), p.link.clone()));
+        check_all(
+            &g,
+            &p,
+            &cost,
+            &SchedulerOptions {
+                seed,
+                ..SchedulerOptions::default()
+            },
+        );
+    }
+}
