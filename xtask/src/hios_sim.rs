@@ -4,7 +4,8 @@
 //! GPU count, op count, dependency count, layer count and transfer ratio p. Each point runs
 //! `--instances` seeded layered random DAGs (30 by default) through sequential, IOS, HIOS-MR,
 //! HIOS-LP and the two inter-only variants, all evaluated by the one simulator under the
-//! hios-sim stage law. Writes `<out>/hios-sim.csv` (one row per instance and algorithm) and one
+//! hios-sim stage law. IOS solves parts of at most `--ios-part` operators (12 by default: its
+//! exact DP is exponential in a part's width, and these DAGs are about 14 operators wide). Writes `<out>/hios-sim.csv` (one row per instance and algorithm) and one
 //! SVG line plot per sweep, and prints mean and standard deviation per point.
 
 use std::fmt::Write as _;
@@ -129,7 +130,12 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 }
 
 /// Makespans of every algorithm on one instance.
-fn run_instance(params: &LayeredDagParams, gpus: usize, algos: &[&str]) -> Result<Vec<f64>> {
+fn run_instance(
+    params: &LayeredDagParams,
+    gpus: usize,
+    algos: &[&str],
+    opts: &SchedulerOptions,
+) -> Result<Vec<f64>> {
     let g = layered_dag(params).with_context(|| format!("generating seed {}", params.seed))?;
     let device = DevicePreset::by_name("h100")?;
     let link = LinkPreset::by_name("nvlink4")?;
@@ -140,40 +146,40 @@ fn run_instance(params: &LayeredDagParams, gpus: usize, algos: &[&str]) -> Resul
         device,
         link,
     };
-    let table = opsched::compare(
-        &g,
-        algos,
-        &platform,
-        &cost,
-        &SchedulerOptions::default(),
-        |_| {},
-    )
-    .with_context(|| format!("instance seed {} on {gpus} GPUs", params.seed))?;
+    let table = opsched::compare(&g, algos, &platform, &cost, opts, |_| {})
+        .with_context(|| format!("instance seed {} on {gpus} GPUs", params.seed))?;
     Ok(table.rows.iter().map(|r| r.makespan_ms).collect())
 }
 
+fn number(arg: Option<&String>, flag: &str) -> Result<usize> {
+    arg.with_context(|| format!("{flag} needs a number"))?
+        .parse()
+        .with_context(|| format!("{flag} needs a number"))
+}
+
 pub fn run(args: &[String]) -> Result<()> {
-    let mut instances = 30usize;
+    let mut instances = None;
     let mut quick = false;
+    // IOS's exact DP is exponential in the width of a part, and these DAGs are about 14
+    // operators wide: parts of 12 operators keep one instance to a fraction of a second.
+    let mut opts = SchedulerOptions {
+        ios_part: 12,
+        ..SchedulerOptions::default()
+    };
     let mut out = PathBuf::from("target/hios-sim");
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--quick" => {
-                quick = true;
-                instances = 5;
-            }
-            "--instances" => {
-                instances = it
-                    .next()
-                    .context("--instances needs a number")?
-                    .parse()
-                    .context("--instances")?
-            }
+            "--quick" => quick = true,
+            "--instances" => instances = Some(number(it.next(), "--instances")?),
+            "--ios-part" => opts.ios_part = number(it.next(), "--ios-part")?,
             "--out" => out = PathBuf::from(it.next().context("--out needs a folder")?),
-            other => bail!("unknown option '{other}' (known: --quick, --instances N, --out DIR)"),
+            other => bail!(
+                "unknown option '{other}' (known: --quick, --instances N, --ios-part N, --out DIR)"
+            ),
         }
     }
+    let instances = instances.unwrap_or(if quick { 5 } else { 30 });
     if instances == 0 {
         bail!("--instances must be positive");
     }
@@ -213,6 +219,7 @@ pub fn run(args: &[String]) -> Result<()> {
                     .map(|chunk| {
                         let algos = &algos;
                         let point = &point;
+                        let opts = &opts;
                         s.spawn(move || {
                             chunk
                                 .iter()
@@ -221,7 +228,8 @@ pub fn run(args: &[String]) -> Result<()> {
                                         seed,
                                         ..point.params.clone()
                                     };
-                                    run_instance(&params, point.gpus, algos).map(|m| (seed, m))
+                                    run_instance(&params, point.gpus, algos, opts)
+                                        .map(|m| (seed, m))
                                 })
                                 .collect::<Vec<_>>()
                         })

@@ -2,7 +2,7 @@
 //!
 //! Commands:
 //! - `ci`: what `.ci/run` runs: fmt check, clippy with warnings denied, the test suite.
-//! - `hios-sim [--quick] [--instances N] [--out DIR]`: the HIOS paper's simulation study.
+//! - `hios-sim [--quick] [--instances N] [--ios-part N] [--out DIR]`: the HIOS paper's simulation study.
 
 mod hios_sim;
 mod plot;
