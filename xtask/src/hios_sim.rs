@@ -146,8 +146,15 @@ fn run_instance(
         device,
         link,
     };
-    let table = opsched::compare(&g, algos, &platform, &cost, opts, |_| {})
-        .with_context(|| format!("instance seed {} on {gpus} GPUs", params.seed))?;
+    let table = opsched::compare(
+        &g,
+        algos,
+        &platform,
+        &cost,
+        opts,
+        &opsched::schedule::NoProgress,
+    )
+    .with_context(|| format!("instance seed {} on {gpus} GPUs", params.seed))?;
     Ok(table.rows.iter().map(|r| r.makespan_ms).collect())
 }
 

@@ -592,3 +592,132 @@ fn compare_writes_csv_and_markdown_and_rejects_unknown_names() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scheduler 'nope'"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn viz_writes_svg_trace_and_html_from_the_extension() {
+    let dir = temp_dir("viz");
+    let svg = dir.join("inception.svg");
+    let trace = dir.join("inception.json");
+    let html = dir.join("inception.html");
+    for path in [&svg, &trace, &html] {
+        let v = stdout_json(&opsched(&[
+            "viz",
+            "inception_v3",
+            "--algo",
+            "ios",
+            "--out",
+            path.to_str().unwrap(),
+            "--json",
+        ]));
+        assert_eq!(v["schedule"], "ios");
+        assert!(v["speedup"].as_f64().unwrap() > 1.0);
+        assert!(v["gap"].as_f64().unwrap() >= 1.0 - 1e-9);
+    }
+    assert_eq!(
+        stdout_json(&opsched(&[
+            "viz",
+            "squeezenet",
+            "--algo",
+            "greedy",
+            "--out",
+            trace.to_str().unwrap(),
+            "--json"
+        ]))["format"],
+        "json"
+    );
+
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.starts_with("<svg"), "{}", &svg_text[..80]);
+    assert!(svg_text.trim_end().ends_with("</svg>"));
+
+    // The Chrome trace: one complete ("X") event per operator of the drawn model.
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let ops = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] != "transfer")
+        .count();
+    assert_eq!(ops, 50, "squeezenet has 50 operators");
+
+    // The HTML page carries the chart and a trace that parses, and fetches nothing.
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>"));
+    assert!(page.contains("<svg"));
+    assert!(
+        !page.contains("<script src"),
+        "the page must be self-contained"
+    );
+    let start = page.find(r#"id="trace-data">"#).unwrap() + r#"id="trace-data">"#.len();
+    let end = start + page[start..].find("</script>").unwrap();
+    let embedded: serde_json::Value = serde_json::from_str(&page[start..end]).unwrap();
+    let embedded_ops = embedded["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .count();
+    assert_eq!(embedded_ops, 119, "inception_v3 has 119 operators");
+}
+
+#[test]
+fn viz_draws_a_schedule_file_and_rejects_unknown_formats() {
+    let dir = temp_dir("viz-file");
+    let s = dir.join("s.json");
+    let out = opsched(&[
+        "schedule",
+        "googlenet",
+        "--algo",
+        "lios",
+        "--out",
+        s.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let scheduled = stdout_json(&opsched(&[
+        "schedule",
+        "googlenet",
+        "--algo",
+        "lios",
+        "--json",
+    ]));
+    let drawn = stdout_json(&opsched(&[
+        "viz",
+        "googlenet",
+        "--schedule",
+        s.to_str().unwrap(),
+        "--out",
+        dir.join("g.svg").to_str().unwrap(),
+        "--json",
+    ]));
+    let (a, b) = (
+        scheduled["makespan_ms"].as_f64().unwrap(),
+        drawn["makespan_ms"].as_f64().unwrap(),
+    );
+    assert!((a - b).abs() <= 1e-9 * a, "{a} vs {b}");
+
+    let bad = opsched(&[
+        "viz",
+        "googlenet",
+        "--algo",
+        "ios",
+        "--out",
+        dir.join("g.png").to_str().unwrap(),
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(one_line_error(&bad).contains("g.png"));
+    let neither = opsched(&["viz", "googlenet", "--out", "x.svg"]);
+    assert_eq!(neither.status.code(), Some(2));
+}
+
+#[test]
+fn profile_and_run_say_they_need_a_gpu() {
+    for args in [
+        &["profile", "inception_v3"][..],
+        &["run", "inception_v3", "--algo", "ios"][..],
+    ] {
+        let out = opsched(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.starts_with("error: ") && err.contains("needs a GPU"), "{err}");
+    }
+}

@@ -23,7 +23,7 @@ use opsched_cost::{
     AnalyticalModel, CostError, CostModel, DevicePreset, HiosSimLaw, IdealModel, LinkPreset,
 };
 use opsched_graph::Op;
-use opsched_schedule::{LowerBound, Schedule, ScheduleError, Scheduler, Timeline};
+use opsched_schedule::{LowerBound, Progress, Schedule, ScheduleError, Scheduler, Timeline};
 use serde::Serialize;
 
 /// Errors of the facade: those of the crates below, plus unknown names.
@@ -257,15 +257,15 @@ pub struct ComparisonTable {
 }
 
 /// Run each named scheduler on `g`, validate its schedule and simulate it under `cost`: the
-/// one code path behind `opsched compare` and `cargo xtask bench-models`. `progress` is called
-/// with each algorithm's name before it runs.
+/// one code path behind `opsched compare` and `cargo xtask bench-models`. `progress` hears each
+/// algorithm's name as a step, then the progress of its search.
 pub fn compare(
     g: &Graph,
     names: &[&str],
     platform: &opsched_schedule::Platform,
     cost: &dyn CostModel,
     opts: &SchedulerOptions,
-    mut progress: impl FnMut(&str),
+    progress: &dyn Progress,
 ) -> Result<ComparisonTable> {
     let seq = opsched_baselines::Sequential;
     let (seq_schedule, _) = seq.schedule(g, platform, cost)?;
@@ -273,10 +273,10 @@ pub fn compare(
     let lower_bound = opsched_schedule::lower_bound(g, cost, platform.gpus.max(1));
     let mut rows = Vec::with_capacity(names.len());
     for name in names {
-        progress(name);
+        progress.step(name);
         let sched = scheduler_with(name, opts)?;
         let start = std::time::Instant::now();
-        let (s, stats) = sched.schedule(g, platform, cost)?;
+        let (s, stats) = sched.schedule_with_progress(g, platform, cost, progress)?;
         let schedule_time_ms = start.elapsed().as_secs_f64() * 1e3;
         opsched_schedule::validate(g, &s, platform)?;
         let makespan_ms = evaluate(g, &s, cost, platform.gpus)?.makespan_ms;

@@ -74,6 +74,23 @@ pub struct SchedulerStats {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
+/// Receives the progress of a long search (IOS's parts, a sweep's runs) so a front end can draw
+/// it; every method has an empty default, and [`NoProgress`] ignores everything.
+pub trait Progress: Sync {
+    /// A named step of a longer job begins (one scheduler of a comparison, one sweep point).
+    fn step(&self, _label: &str) {}
+    /// A search with `total` units of work begins (`unit` names them, e.g. "operators").
+    fn begin(&self, _total: u64, _unit: &str) {}
+    /// `done` more units are finished.
+    fn advance(&self, _done: u64) {}
+}
+
+/// Progress that nobody watches.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {}
+
 /// A scheduling algorithm.
 pub trait Scheduler {
     /// The registry name, e.g. "sequential", "ios", "hios-lp".
@@ -85,4 +102,16 @@ pub trait Scheduler {
         platform: &Platform,
         cost: &dyn CostModel,
     ) -> Result<(Schedule, SchedulerStats), ScheduleError>;
+    /// [`Scheduler::schedule`], reporting progress to `progress`; searches that can take
+    /// seconds override it, the others need not.
+    fn schedule_with_progress(
+        &self,
+        g: &Graph,
+        platform: &Platform,
+        cost: &dyn CostModel,
+        progress: &dyn Progress,
+    ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
+        let _ = progress;
+        self.schedule(g, platform, cost)
+    }
 }

@@ -91,7 +91,8 @@ use std::time::Instant;
 use opsched_cost::CostModel;
 use opsched_graph::{Graph, NodeId};
 use opsched_schedule::{
-    Platform, Schedule, ScheduleError, Scheduler, SchedulerStats, Stage, StagePlan, StageStrategy,
+    NoProgress, Platform, Progress, Schedule, ScheduleError, Scheduler, SchedulerStats, Stage,
+    StagePlan, StageStrategy,
 };
 
 use crate::bits::Bits;
@@ -201,6 +202,17 @@ impl Ios {
         platform: &Platform,
         cost: &dyn CostModel,
     ) -> Result<IosSolution, ScheduleError> {
+        self.solve_with_progress(g, platform, cost, &NoProgress)
+    }
+
+    /// [`Ios::solve`], reporting the operators of each part as it is solved.
+    pub fn solve_with_progress(
+        &self,
+        g: &Graph,
+        platform: &Platform,
+        cost: &dyn CostModel,
+        progress: &dyn Progress,
+    ) -> Result<IosSolution, ScheduleError> {
         let o = &self.opts;
         if platform.gpus == 0 || platform.streams == 0 {
             return Err(ScheduleError::Config(format!(
@@ -229,6 +241,10 @@ impl Ios {
         let mut stages = Vec::with_capacity(g.op_count());
         let (mut objective, mut states, mut transitions) = (0.0, 0u64, 0u64);
         let mut largest = 0usize;
+        progress.begin(
+            split.parts.iter().map(|p| p.len() as u64).sum(),
+            "operators",
+        );
         for part in &split.parts {
             largest = largest.max(part.len());
             let res = if part.len() <= u64::CAP {
@@ -249,6 +265,7 @@ impl Ios {
             states += res.states;
             transitions += res.transitions;
             stages.extend(res.stages);
+            progress.advance(part.len() as u64);
         }
         let merge_stages = stages
             .iter()
@@ -314,7 +331,17 @@ impl Scheduler for Ios {
         platform: &Platform,
         cost: &dyn CostModel,
     ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
-        let sol = self.solve(g, platform, cost)?;
+        self.schedule_with_progress(g, platform, cost, &NoProgress)
+    }
+
+    fn schedule_with_progress(
+        &self,
+        g: &Graph,
+        platform: &Platform,
+        cost: &dyn CostModel,
+        progress: &dyn Progress,
+    ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
+        let sol = self.solve_with_progress(g, platform, cost, progress)?;
         let plan = StagePlan {
             gpus: vec![sol.stages],
         };

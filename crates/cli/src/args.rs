@@ -1,0 +1,108 @@
+//! Flag groups shared by several subcommands, so every command spells them the same way.
+
+use clap::{Args, ValueEnum};
+use opsched::graph::DType;
+use opsched::zoo::ZooConfig;
+use std::path::PathBuf;
+
+/// Options of the algorithms that take any (defaults are the papers').
+#[derive(Args, Debug, Clone)]
+pub struct SchedArgs {
+    /// IOS: most operators per group (r).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ios_r: u32,
+    /// IOS: most groups per stage (s).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ios_s: u32,
+    /// IOS: most operators per part solved by one dynamic program.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ios_part: u32,
+    /// HIOS: window of the intra-GPU parallelization (w).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub window: u32,
+    /// Seed of randomized algorithms (the LIOS ablations).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SchedArgs {
+    pub fn options(&self) -> opsched::SchedulerOptions {
+        opsched::SchedulerOptions {
+            ios_r: self.ios_r as usize,
+            ios_s: self.ios_s as usize,
+            ios_part: self.ios_part as usize,
+            window: self.window as usize,
+            seed: self.seed,
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PlatformArgs {
+    /// GPU model preset (e.g. h100, a100, v100).
+    #[arg(long, default_value = "h100", value_name = "NAME")]
+    pub device: String,
+    /// Interconnect preset between GPUs (e.g. nvlink4, pcie4).
+    #[arg(long, default_value = "nvlink4", value_name = "NAME")]
+    pub link: String,
+    /// Cost model: analytical, hios-sim, ideal or cache (default: hios-sim for a cost-annotated
+    /// DAG, analytical otherwise).
+    #[arg(long, value_name = "KIND")]
+    pub cost: Option<String>,
+    /// Cost cache file for `--cost cache` (default: the user's cache directory).
+    #[arg(long, value_name = "PATH")]
+    pub cache: Option<PathBuf>,
+}
+
+/// GPUs and streams of the platform a schedule is searched for.
+#[derive(Args, Debug, Clone)]
+pub struct TargetArgs {
+    /// Number of GPUs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpus: u32,
+    /// CUDA streams per GPU (the most operators a GPU runs at once).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub streams: u32,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// Write the simulated timeline as a Chrome trace (chrome://tracing, Perfetto).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Write the simulated timeline as an SVG Gantt chart.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Batch size of zoo models (and of IOS graph files).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    /// Image side or sequence length of zoo models (default: the model's own).
+    #[arg(long, value_name = "N")]
+    pub input_size: Option<usize>,
+    /// Element type of zoo models.
+    #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
+    pub dtype: DTypeArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum DTypeArg {
+    F32,
+    F16,
+}
+
+impl ModelArgs {
+    pub fn zoo_config(&self) -> ZooConfig {
+        ZooConfig {
+            batch: self.batch as usize,
+            input_size: self.input_size,
+            dtype: match self.dtype {
+                DTypeArg::F32 => DType::F32,
+                DTypeArg::F16 => DType::F16,
+            },
+        }
+    }
+}

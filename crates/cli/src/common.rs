@@ -1,0 +1,175 @@
+//! What several commands share: loading a model, the platform and cost model, the simulator,
+//! writing files and printing.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use opsched::cost::{CostModel, DevicePreset, LinkPreset};
+use opsched::schedule::{export, Platform, Schedule};
+use opsched::{ratio, CostKind, Evaluation, Graph, GraphError};
+use serde::Serialize;
+
+use crate::args::{ExportArgs, ModelArgs, PlatformArgs};
+use crate::error::{facade, user};
+
+/// Load a zoo model or a graph file; a failure is the user's.
+pub fn load(spec: &str, args: &ModelArgs) -> Result<Graph> {
+    let g = opsched::load_model(spec, &args.zoo_config()).map_err(user)?;
+    tracing::debug!(model = %g.name, nodes = g.len(), "loaded");
+    Ok(g)
+}
+
+/// Print `value` as pretty JSON on stdout.
+pub fn print_json(value: &impl Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string_pretty(value)?)?;
+    Ok(())
+}
+
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    opsched::formats::write_atomic(path, bytes)
+        .map_err(|e: GraphError| anyhow::Error::new(e))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The platform and cost model of a `schedule` or `simulate` run.
+pub struct Setup {
+    pub device: DevicePreset,
+    pub link: LinkPreset,
+    pub kind: CostKind,
+    pub cost: Box<dyn CostModel>,
+}
+
+pub fn setup(g: &Graph, args: &PlatformArgs) -> Result<Setup> {
+    let device = DevicePreset::by_name(&args.device).map_err(user)?;
+    let link = LinkPreset::by_name(&args.link).map_err(user)?;
+    let kind = match &args.cost {
+        Some(name) => name.parse::<CostKind>().map_err(facade)?,
+        None => opsched::default_cost_kind(g),
+    };
+    if args.cache.is_some() && kind != CostKind::Cache {
+        tracing::warn!(cost = %kind, "--cache is only read by --cost cache");
+    }
+    let cost = opsched::cost_model(kind, &device, &link, g, args.cache.as_deref())
+        .map_err(facade)
+        .with_context(|| format!("cost model {kind}"))?;
+    tracing::debug!(cost = %cost.name(), "cost model");
+    Ok(Setup {
+        device,
+        link,
+        kind,
+        cost,
+    })
+}
+
+pub fn evaluate(g: &Graph, s: &Schedule, cost: &dyn CostModel, gpus: usize) -> Result<Evaluation> {
+    opsched::evaluate(g, s, cost, gpus)
+        .map_err(anyhow::Error::new)
+        .context("simulating the schedule")
+}
+
+/// The makespan of the sequential schedule on one GPU of `platform`: what speedups are over.
+pub fn sequential_ms(g: &Graph, platform: &Platform, cost: &dyn CostModel) -> Result<f64> {
+    let seq = opsched::scheduler("sequential").map_err(facade)?;
+    let (s, _) = seq.schedule(g, platform, cost)?;
+    Ok(evaluate(g, &s, cost, 1)?.makespan_ms)
+}
+
+pub fn write_exports(g: &Graph, ev: &Evaluation, exports: &ExportArgs, title: &str) -> Result<()> {
+    if let Some(path) = &exports.trace {
+        let trace = export::chrome_trace(g, &ev.timeline);
+        write_file(path, serde_json::to_string(&trace)?.as_bytes())?;
+    }
+    if let Some(path) = &exports.svg {
+        write_file(path, export::svg_gantt(g, &ev.timeline, title).as_bytes())?;
+    }
+    Ok(())
+}
+
+impl Setup {
+    /// The platform of `gpus` GPUs with `streams` streams each.
+    pub fn platform(&self, gpus: usize, streams: usize) -> Platform {
+        Platform {
+            gpus,
+            streams,
+            device: self.device.clone(),
+            link: self.link.clone(),
+        }
+    }
+}
+
+/// "1 GPU, 119 stages" / "2 GPUs, 8 streams".
+pub fn describe(s: &Schedule) -> String {
+    let gpus = opsched::schedule_gpus(s);
+    let plural = if gpus == 1 { "" } else { "s" };
+    match s {
+        Schedule::Stages(p) => format!(
+            "{gpus} GPU{plural}, {} stages",
+            p.gpus.iter().map(Vec::len).sum::<usize>()
+        ),
+        Schedule::Streams(p) => format!(
+            "{gpus} GPU{plural}, {} streams",
+            p.gpus.iter().map(|g| g.streams.len()).sum::<usize>()
+        ),
+    }
+}
+
+pub fn human(x: f64, unit: &str) -> String {
+    let (v, p) = match x {
+        x if x >= 1e12 => (x / 1e12, "T"),
+        x if x >= 1e9 => (x / 1e9, "G"),
+        x if x >= 1e6 => (x / 1e6, "M"),
+        x if x >= 1e3 => (x / 1e3, "k"),
+        x => (x, ""),
+    };
+    format!("{v:.2} {p}{unit}").trim_end().to_string()
+}
+
+#[derive(Serialize)]
+pub struct GpuUse {
+    pub gpu: usize,
+    pub ops: usize,
+    /// Time at least one operator runs on this GPU.
+    pub busy_ms: f64,
+    /// busy_ms / makespan.
+    pub utilization: f64,
+}
+
+/// Per GPU: operators and the length of the union of their spans.
+pub fn gpu_use(ev: &Evaluation, gpus: usize) -> Vec<GpuUse> {
+    let mut spans: Vec<Vec<(f64, f64)>> = vec![Vec::new(); gpus];
+    for s in &ev.timeline.ops {
+        if s.gpu >= spans.len() {
+            spans.resize(s.gpu + 1, Vec::new());
+        }
+        spans[s.gpu].push((s.start_ms, s.end_ms));
+    }
+    spans
+        .into_iter()
+        .enumerate()
+        .map(|(gpu, mut v)| {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (mut busy, mut cur): (f64, Option<(f64, f64)>) = (0.0, None);
+            for (a, b) in v.iter().copied() {
+                cur = match cur {
+                    Some((s, e)) if a <= e => Some((s, e.max(b))),
+                    Some((s, e)) => {
+                        busy += e - s;
+                        Some((a, b))
+                    }
+                    None => Some((a, b)),
+                };
+            }
+            if let Some((s, e)) = cur {
+                busy += e - s;
+            }
+            GpuUse {
+                gpu,
+                ops: v.len(),
+                busy_ms: busy,
+                utilization: ratio(busy, ev.makespan_ms).min(1.0),
+            }
+        })
+        .collect()
+}
