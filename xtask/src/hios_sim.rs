@@ -204,7 +204,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut csv =
         String::from("sweep,x,gpus,ops,edges,layers,p,seed,algorithm,makespan_ms,speedup\n");
     let mut table = String::new();
-    for sweep in sweeps(quick) {
+    let all_sweeps = sweeps(quick);
+    let runs: usize = all_sweeps.iter().map(|s| s.points.len() * instances).sum();
+    let bar = crate::progress::bar(runs as u64);
+    for sweep in all_sweeps {
         let mut means: Vec<Vec<f64>> = vec![Vec::new(); algos.len()];
         let _ = writeln!(table, "\n{} sweep (mean ± std of makespan in ms over {instances} instances; speedup over sequential)", sweep.name);
         let _ = writeln!(
@@ -214,10 +217,7 @@ pub fn run(args: &[String]) -> Result<()> {
             algos.iter().map(|a| format!("{a:>24}")).collect::<String>()
         );
         for point in &sweep.points {
-            eprintln!(
-                "hios-sim: {} = {} ({} instances)",
-                sweep.name, point.x, instances
-            );
+            bar.set_message(format!("{} = {}", sweep.name, point.x));
             // Instances in parallel, one chunk of seeds per thread.
             let seeds: Vec<u64> = (0..instances as u64).collect();
             let results: Vec<Result<(u64, Vec<f64>)>> = std::thread::scope(|s| {
@@ -227,6 +227,7 @@ pub fn run(args: &[String]) -> Result<()> {
                         let algos = &algos;
                         let point = &point;
                         let opts = &opts;
+                        let bar = bar.clone();
                         s.spawn(move || {
                             chunk
                                 .iter()
@@ -235,8 +236,10 @@ pub fn run(args: &[String]) -> Result<()> {
                                         seed,
                                         ..point.params.clone()
                                     };
-                                    run_instance(&params, point.gpus, algos, opts)
-                                        .map(|m| (seed, m))
+                                    let r = run_instance(&params, point.gpus, algos, opts)
+                                        .map(|m| (seed, m));
+                                    bar.inc(1);
+                                    r
                                 })
                                 .collect::<Vec<_>>()
                         })
@@ -300,6 +303,7 @@ pub fn run(args: &[String]) -> Result<()> {
         opsched::formats::write_atomic(&path, svg.as_bytes())?;
     }
     let csv_path = out.join("hios-sim.csv");
+    bar.finish_and_clear();
     opsched::formats::write_atomic(&csv_path, csv.as_bytes())?;
     println!("{table}");
     println!(

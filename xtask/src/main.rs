@@ -1,11 +1,17 @@
 //! `cargo xtask <command>`: project automation (rust-analyzer's convention).
 //!
 //! Commands:
-//! - `ci`: what `.ci/run` runs: fmt check, clippy with warnings denied, the test suite.
+//! - `ci`: what `.ci/run` runs: fmt check, clippy with warnings denied, the test suite, and
+//!   `bench-models --quick --check`.
 //! - `hios-sim [--quick] [--instances N] [--ios-part N] [--out DIR]`: the HIOS paper's simulation study.
+//! - `bench-models [--quick] [--check | --write-baseline] ...`: every scheduler on every zoo
+//!   model, tables and charts under `target/bench`, regression check against
+//!   `fixtures/bench-baseline.json` (`--help` for the options).
 
+mod bench_models;
 mod hios_sim;
 mod plot;
+mod progress;
 
 use std::process::Command;
 
@@ -16,9 +22,10 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("hios-sim") => hios_sim::run(&args[1..]),
-        Some(other) => bail!("unknown xtask command '{other}'; known: ci, hios-sim"),
+        Some("bench-models") => bench_models::run(&args[1..]),
+        Some(other) => bail!("unknown xtask command '{other}'; known: ci, hios-sim, bench-models"),
         None => {
-            eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR]>");
+            eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR] | bench-models [--quick] [--check] [--help]>");
             Ok(())
         }
     }
@@ -46,5 +53,7 @@ fn ci() -> Result<()> {
         "-D",
         "warnings",
     ])?;
-    cargo(&["test", "--workspace"])
+    cargo(&["test", "--workspace"])?;
+    // Schedule quality and scheduling time of the CI subset against the committed baseline.
+    bench_models::run(&["--quick".to_string(), "--check".to_string()])
 }

@@ -146,6 +146,118 @@ pub fn line_chart(
     s
 }
 
+/// Grouped bars: one group per category (x axis), one bar per series within it, a dashed
+/// reference line at `reference` (e.g. 1.0 for a speedup); NaN values leave a gap.
+pub fn bar_chart(
+    title: &str,
+    y_label: &str,
+    categories: &[String],
+    series: &[(String, Vec<f64>)],
+    reference: Option<f64>,
+) -> String {
+    let (left, right, top, bottom) = (70.0, 170.0, 40.0, 110.0);
+    let group_w = 18.0 * series.len().max(1) as f64 + 14.0;
+    let pw = (group_w * categories.len().max(1) as f64).max(360.0);
+    let (w, h) = (left + pw + right, 440.0);
+    let ph = h - top - bottom;
+    let y_max = series
+        .iter()
+        .flat_map(|(_, ys)| ys.iter().copied())
+        .chain(reference)
+        .filter(|y| y.is_finite())
+        .fold(0.0, f64::max);
+    let yt = ticks(y_max);
+    let y_top = yt.last().copied().unwrap_or(1.0).max(f64::MIN_POSITIVE);
+    let py = |y: f64| top + ph - y / y_top * ph;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h}" viewBox="0 0 {w:.0} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w:.0}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="22" font-size="15" font-weight="bold">{}</text>"#,
+        esc(title)
+    );
+    for &t in &yt {
+        let y = py(t);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            left + pw,
+            left - 6.0,
+            y + 4.0,
+            fmt_num(t)
+        );
+    }
+    let bar_w = (group_w - 14.0) / series.len().max(1) as f64;
+    for (c, name) in categories.iter().enumerate() {
+        let gx = left + c as f64 * group_w + 7.0;
+        for (i, (sname, ys)) in series.iter().enumerate() {
+            let Some(&y) = ys.get(c) else { continue };
+            if !y.is_finite() {
+                continue;
+            }
+            let colour = PALETTE[i % PALETTE.len()];
+            let (x, top_y) = (gx + i as f64 * bar_w, py(y));
+            let _ = writeln!(
+                s,
+                r#"<rect class="bar" x="{x:.1}" y="{top_y:.1}" width="{:.1}" height="{:.1}" fill="{colour}"><title>{} / {}: {}</title></rect>"#,
+                (bar_w - 1.0).max(1.0),
+                (top + ph - top_y).max(0.0),
+                esc(name),
+                esc(sname),
+                fmt_num((y * 1000.0).round() / 1000.0)
+            );
+        }
+        let cx = gx + (group_w - 14.0) / 2.0;
+        let ly = top + ph + 10.0;
+        let _ = writeln!(
+            s,
+            r#"<text transform="translate({cx:.1},{ly:.1}) rotate(-40)" text-anchor="end">{}</text>"#,
+            esc(name)
+        );
+    }
+    if let Some(r) = reference.filter(|r| r.is_finite()) {
+        let y = py(r);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#333" stroke-dasharray="5,4"/>"##,
+            left + pw
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#333"/><line x1="{left}" y1="{top}" x2="{left}" y2="{:.1}" stroke="#333"/>"##,
+        top + ph,
+        left + pw,
+        top + ph,
+        top + ph
+    );
+    let _ = writeln!(
+        s,
+        r#"<text transform="translate(16,{:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        top + ph / 2.0,
+        esc(y_label)
+    );
+    for (i, (name, _)) in series.iter().enumerate() {
+        let colour = PALETTE[i % PALETTE.len()];
+        let ly = top + 10.0 + i as f64 * 18.0;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{:.1}" y="{:.1}" width="14" height="10" fill="{colour}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            left + pw + 12.0,
+            ly - 5.0,
+            left + pw + 32.0,
+            ly + 4.0,
+            esc(name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
 fn fmt_num(v: f64) -> String {
     if v == v.trunc() && v.abs() < 1e9 {
         format!("{}", v as i64)
@@ -180,6 +292,23 @@ mod tests {
         );
         assert_eq!(svg.matches("class=\"series\"").count(), 2);
         assert!(svg.contains("t&lt;") && svg.contains("b&amp;"));
+        assert!(svg.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn bar_chart_has_one_bar_per_finite_value() {
+        let svg = bar_chart(
+            "speedup",
+            "x",
+            &["ios".into(), "lios".into(), "greedy".into()],
+            &[
+                ("h100".into(), vec![1.9, 1.8, f64::NAN]),
+                ("v100".into(), vec![1.7, 1.6, 1.5]),
+            ],
+            Some(1.0),
+        );
+        assert_eq!(svg.matches("class=\"bar\"").count(), 5);
+        assert!(svg.contains("stroke-dasharray"));
         assert!(svg.trim_end().ends_with("</svg>"));
     }
 }

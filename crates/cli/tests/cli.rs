@@ -718,6 +718,9 @@ fn profile_and_run_say_they_need_a_gpu() {
         let out = opsched(args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
-        assert!(err.starts_with("error: ") && err.contains("needs a GPU"), "{err}");
+        assert!(
+            err.starts_with("error: ") && err.contains("needs a GPU"),
+            "{err}"
+        );
     }
 }
