@@ -115,6 +115,12 @@ pub fn describe(s: &Schedule) -> String {
     }
 }
 
+/// "2 x h100, 8 streams per GPU, nvlink4".
+pub fn platform_line(gpus: usize, device: &str, streams: usize, link: &str) -> String {
+    let plural = if streams == 1 { "" } else { "s" };
+    format!("{gpus} x {device}, {streams} stream{plural} per GPU, {link}")
+}
+
 pub fn human(x: f64, unit: &str) -> String {
     let (v, p) = match x {
         x if x >= 1e12 => (x / 1e12, "T"),

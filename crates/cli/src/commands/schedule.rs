@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::args::{ExportArgs, ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
 use crate::common::{
-    describe, evaluate, load, print_json, sequential_ms, setup, write_exports, Setup,
+    describe, evaluate, load, platform_line, print_json, sequential_ms, setup, write_exports, Setup,
 };
 use crate::error::facade;
 use crate::progress::Bar;
@@ -132,12 +132,8 @@ pub fn schedule(a: &ScheduleArgs) -> Result<()> {
     writeln!(out, "algorithm      {}", r.algo)?;
     writeln!(
         out,
-        "platform       {} x {}, {} stream{} per GPU, {}",
-        r.gpus,
-        r.device,
-        r.streams,
-        if r.streams == 1 { "" } else { "s" },
-        r.link
+        "platform       {}",
+        platform_line(r.gpus, r.device, r.streams, r.link)
     )?;
     writeln!(out, "cost model     {}", r.cost_model)?;
     writeln!(out, "makespan       {:.4} ms", r.makespan_ms)?;

@@ -12,7 +12,9 @@ use opsched::CostKind;
 use serde::Serialize;
 
 use crate::args::{ExportArgs, ModelArgs, PlatformArgs};
-use crate::common::{describe, evaluate, gpu_use, load, print_json, setup, write_exports, GpuUse};
+use crate::common::{
+    describe, evaluate, gpu_use, load, platform_line, print_json, setup, write_exports, GpuUse,
+};
 use crate::error::user;
 
 #[derive(Args, Debug)]
@@ -147,12 +149,8 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
     writeln!(out, "schedule       {} ({})", r.schedule, describe(&s))?;
     writeln!(
         out,
-        "platform       {} x {}, {} stream{} per GPU, {}",
-        r.gpus,
-        r.device,
-        r.streams,
-        if r.streams == 1 { "" } else { "s" },
-        r.link
+        "platform       {}",
+        platform_line(r.gpus, r.device, r.streams, r.link)
     )?;
     writeln!(out, "cost model     {}", r.cost_model)?;
     writeln!(out, "makespan       {:.4} ms", r.makespan_ms)?;

@@ -8,14 +8,16 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use opsched::ratio;
-use opsched::schedule::{export, io as schedule_io};
+use opsched::schedule::export::{self, xml_escape as esc};
+use opsched::schedule::io as schedule_io;
 use opsched::Graph;
 use serde::Serialize;
 
 use crate::args::{ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
 use crate::commands::schedule::scheduled;
 use crate::common::{
-    describe, evaluate, gpu_use, load, print_json, sequential_ms, setup, write_file, GpuUse,
+    describe, evaluate, gpu_use, load, platform_line, print_json, sequential_ms, setup, write_file,
+    GpuUse,
 };
 use crate::error::user;
 
@@ -208,10 +210,7 @@ fn html_page(
     row("schedule", format!("{} ({})", s.schedule, s.shape));
     row(
         "platform",
-        format!(
-            "{} x {}, {} streams per GPU, {}",
-            s.gpus, s.device, s.streams, s.link
-        ),
+        platform_line(s.gpus, s.device, s.streams, s.link),
     );
     row("cost model", s.cost_model.clone());
     row("makespan", format!("{:.4} ms", s.makespan_ms));
@@ -286,20 +285,4 @@ a.button {{ display: inline-block; margin: 8px 0 16px; padding: 6px 12px; border
         stem_esc = esc(file_stem),
         version = env!("CARGO_PKG_VERSION"),
     ))
-}
-
-/// Escape text for HTML.
-fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
