@@ -724,3 +724,16 @@ fn profile_and_run_say_they_need_a_gpu() {
         );
     }
 }
+
+#[test]
+fn piped_output_has_no_progress_bar() {
+    let out = opsched(&["compare", "squeezenet", "--algos", "ios,lios"]);
+    assert!(out.status.success());
+    assert!(
+        out.stderr.is_empty(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains('\u{1b}'), "no terminal escapes in piped output");
+}
