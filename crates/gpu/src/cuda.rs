@@ -365,6 +365,11 @@ impl DeviceMemory {
         self.slices.get(id)
     }
 
+    /// The slice of buffer `id`, mutably (NCCL receives into it).
+    pub fn slice_mut(&mut self, id: BufId) -> Option<&mut CudaSlice<f32>> {
+        self.slices.get_mut(id)
+    }
+
     /// Bytes of buffer `id`.
     pub fn bytes(&self, id: BufId) -> usize {
         self.slices.get(id).map_or(0, |s| s.len() * 4)
