@@ -19,6 +19,7 @@
 //! A merged stage (`LaunchMerged`) runs its operators one after another on its stream: the
 //! GPU backend has no merged-convolution kernel yet.
 
+pub mod bench;
 pub mod exec;
 pub mod run;
 
