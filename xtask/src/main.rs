@@ -3,7 +3,11 @@
 //! Commands:
 //! - `ci`: what `.ci/run` runs: fmt check, clippy with warnings denied, the test suite.
 //! - `hios-sim [--quick] [--instances N] [--ios-part N] [--out DIR]`: the HIOS paper's simulation study.
+//! - `gpu-test`, `profile MODEL`, `bench-gpu`: the GPU-only parts (need a CUDA GPU; see
+//!   `gpu_test.rs` and `bench_gpu.rs`).
 
+mod bench_gpu;
+mod gpu_test;
 mod hios_sim;
 mod plot;
 
@@ -16,7 +20,12 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("hios-sim") => hios_sim::run(&args[1..]),
-        Some(other) => bail!("unknown xtask command '{other}'; known: ci, hios-sim"),
+        Some("gpu-test") => gpu_test::gpu_test(&args[1..]),
+        Some("profile") => gpu_test::profile(&args[1..]),
+        Some("bench-gpu") => bench_gpu::bench_gpu(&args[1..]),
+        Some(other) => bail!(
+            "unknown xtask command '{other}'; known: ci, hios-sim, gpu-test, profile, bench-gpu"
+        ),
         None => {
             eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR]>");
             Ok(())
