@@ -67,7 +67,7 @@ extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int h, int w
         if (size < 1) size = 1;
         hs = max(hs, 0); ws = max(ws, 0); he = min(he, h); we = min(we, w);
         const float* xp = x + bc * h * w;
-        float m = -INFINITY, s = 0.0f;
+        float m = -__int_as_float(0x7f800000), s = 0.0f;
         for (int p = hs; p < he; ++p)
             for (int q = ws; q < we; ++q) {
                 float v = xp[p * w + q];

@@ -545,3 +545,45 @@ fn abstract_ops_spin() {
     }
     check_program(&g, &p, &[], 0.0);
 }
+
+/// On a GPU: every operator kind, each op's output against the CPU reference (TF32 off so the
+/// tolerance can be tight). Names the first node that differs.
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn gpu_every_op_matches_the_cpu_reference() {
+    use opsched_gpu::cuda::{prepare, DeviceMemory, Gpu, KernelOptions};
+    let gpu = Gpu::open(0).unwrap();
+    let gpus = std::slice::from_ref(&gpu);
+    let opts = KernelOptions {
+        tf32_conv: false,
+        ..Default::default()
+    };
+    for g in [every_op_graph(), attention_graph()] {
+        let p = GraphProgram::single_gpu(&g).unwrap();
+        let mem = DeviceMemory::alloc(&p, gpus, &[0]).unwrap();
+        let mut prep = vec![gpu.new_stream().unwrap()];
+        let ops = prepare(&p, &mem, gpus, &[0], &mut prep, opts).unwrap();
+        let mut sc = gpu.new_stream().unwrap();
+        let ws = ops.iter().flatten().map(|o| o.workspace).max().unwrap_or(0);
+        sc.ensure_workspace(ws).unwrap();
+        for &id in g.topo_order() {
+            if let Some(Some(op)) = ops.get(id.index()) {
+                op.launch(&gpu, &sc).unwrap();
+            }
+        }
+        gpu.synchronize().unwrap();
+        let want = cpu::reference(&g).unwrap();
+        for id in g.ops() {
+            let out = p.ops[id.index()].as_ref().unwrap().output;
+            let got = mem.read(gpus, out).unwrap();
+            let w = want[id.index()].as_ref().unwrap();
+            let err = scaled_error(&got[..w.len()], w);
+            assert!(
+                err < 1e-3,
+                "{}: '{}' differs by {err:e}",
+                g.name,
+                g.node(id).name
+            );
+        }
+    }
+}
