@@ -7,8 +7,12 @@
 //! - `bench-models [--quick] [--check | --write-baseline] ...`: every scheduler on every zoo
 //!   model, tables and charts under `target/bench`, regression check against
 //!   `fixtures/bench-baseline.json` (`--help` for the options).
+//! - `gpu-test`, `profile MODEL`, `bench-gpu`: the GPU-only parts (need a CUDA GPU; see
+//!   `gpu_test.rs` and `bench_gpu.rs`).
 
+mod bench_gpu;
 mod bench_models;
+mod gpu_test;
 mod hios_sim;
 mod plot;
 mod progress;
@@ -23,9 +27,14 @@ fn main() -> Result<()> {
         Some("ci") => ci(),
         Some("hios-sim") => hios_sim::run(&args[1..]),
         Some("bench-models") => bench_models::run(&args[1..]),
-        Some(other) => bail!("unknown xtask command '{other}'; known: ci, hios-sim, bench-models"),
+        Some("gpu-test") => gpu_test::gpu_test(&args[1..]),
+        Some("profile") => gpu_test::profile(&args[1..]),
+        Some("bench-gpu") => bench_gpu::bench_gpu(&args[1..]),
+        Some(other) => bail!(
+            "unknown xtask command '{other}'; known: ci, hios-sim, bench-models, gpu-test, profile, bench-gpu"
+        ),
         None => {
-            eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR] | bench-models [--quick] [--check] [--help]>");
+            eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR] | bench-models [--quick] [--check] [--help] | gpu-test | profile MODEL | bench-gpu>");
             Ok(())
         }
     }

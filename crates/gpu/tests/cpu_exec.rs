@@ -1,0 +1,589 @@
+//! CPU tests of the GPU backend: hand-computed kernels, the lowering of every operator kind
+//! (replayed on the CPU) against the reference executor, multi-GPU placements with transfers,
+//! buffer planning and error paths.
+#![allow(clippy::unwrap_used)]
+
+use opsched_gpu::cpu::{self, scaled_error};
+use opsched_gpu::program::{BufRole, GraphProgram, Init, Step, TransferSpec};
+use opsched_gpu::GpuError;
+use opsched_graph::zoo::{self, ZooConfig};
+use opsched_graph::{
+    Activation, Conv2d, DType, ElementwiseKind, Graph, GraphBuilder, NodeId, Op, Pool2d, Value,
+};
+
+fn close(a: f32, b: f32) -> bool {
+    (a - b).abs() < 1e-5
+}
+
+#[test]
+fn conv_by_hand() {
+    // 1x1x3x3 input 1..9, one 2x2 filter of ones, stride 1, no padding: window sums.
+    let x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
+    let y = cpu::conv2d(
+        &x,
+        &[1.0; 4],
+        Some(&[0.5]),
+        [1, 1, 3, 3],
+        1,
+        [2, 2],
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        1,
+        [2, 2],
+        Activation::None,
+    );
+    assert_eq!(y, vec![12.5, 16.5, 24.5, 28.5]);
+    // Padding 1, stride 2, relu of a negative filter: all zero.
+    let y = cpu::conv2d(
+        &x,
+        &[-1.0; 4],
+        None,
+        [1, 1, 3, 3],
+        1,
+        [2, 2],
+        [2, 2],
+        [1, 1],
+        [1, 1],
+        1,
+        [2, 2],
+        Activation::Relu,
+    );
+    assert_eq!(y, vec![0.0; 4]);
+    // Depthwise (groups = channels): each channel scaled by its own 1x1 weight.
+    let x = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+    let y = cpu::conv2d(
+        &x,
+        &[2.0, -1.0],
+        None,
+        [1, 2, 2, 2],
+        2,
+        [1, 1],
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        2,
+        [2, 2],
+        Activation::None,
+    );
+    assert_eq!(y, vec![2.0, 4.0, 6.0, 8.0, -5.0, -6.0, -7.0, -8.0]);
+}
+
+#[test]
+fn pooling_by_hand() {
+    // 4x4 of 0..16, max 3x3 stride 2, ceil mode: 2x2 output, last window clipped.
+    let x: Vec<f32> = (0..16).map(|v| v as f32).collect();
+    let y = cpu::pool2d(&x, [1, 1, 4, 4], [2, 2], true, [3, 3], [2, 2], [0, 0]);
+    assert_eq!(y, vec![10.0, 11.0, 14.0, 15.0]);
+    // Average 3x3 stride 1 pad 1 on 2x2 [1,2,3,4]: PyTorch counts the padding (divide by 9).
+    let y = cpu::pool2d(
+        &[1.0, 2.0, 3.0, 4.0],
+        [1, 1, 2, 2],
+        [2, 2],
+        false,
+        [3, 3],
+        [1, 1],
+        [1, 1],
+    );
+    assert!(y.iter().all(|v| close(*v, 10.0 / 9.0)), "{y:?}");
+    // Global average: kernel = whole image.
+    let y = cpu::pool2d(
+        &[1.0, 2.0, 3.0, 6.0],
+        [1, 1, 2, 2],
+        [1, 1],
+        false,
+        [2, 2],
+        [1, 1],
+        [0, 0],
+    );
+    assert_eq!(y, vec![3.0]);
+}
+
+#[test]
+fn small_kernels_by_hand() {
+    let s = cpu::softmax(&[0.0, 1.0, 0.0, 1.0], 1, 2, 2);
+    assert!(s.iter().all(|v| close(*v, 0.5)));
+    let s = cpu::softmax(&[1.0, 2.0, 3.0], 1, 3, 1);
+    let e: Vec<f32> = [1.0f32, 2.0, 3.0].iter().map(|v| v.exp()).collect();
+    let t: f32 = e.iter().sum();
+    assert!(s.iter().zip(&e).all(|(a, b)| close(*a, b / t)));
+    let l = cpu::layer_norm(&[1.0, 3.0], &[2.0, 2.0], &[1.0, 1.0], 1, 2, 0.0);
+    assert!(close(l[0], -1.0) && close(l[1], 3.0), "{l:?}");
+    assert!(close(cpu::act(1.0, Activation::Gelu), 0.841_344_7));
+    assert!(close(cpu::erf(0.5), 0.520_499_9));
+    assert!(close(cpu::act(0.0, Activation::Sigmoid), 0.5));
+    assert_eq!(cpu::act(-2.0, Activation::Relu), 0.0);
+    let t = cpu::transpose(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], &[1, 0]);
+    assert_eq!(t, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+}
+
+#[test]
+fn gemm_column_major_trick() {
+    // Row-major X [2,3], W [4,3]; Y = X W^T [2,4] computed as col-major gemm(T, N, 4, 2, 3).
+    let x: Vec<f32> = (0..6).map(|v| v as f32).collect();
+    let w: Vec<f32> = (0..12).map(|v| v as f32 * 0.5).collect();
+    let mut y = vec![0.0; 8];
+    cpu::gemm(&w, &x, &mut y, true, false, 4, 2, 3, 3, 3, 4, [0, 0, 0], 1);
+    for r in 0..2 {
+        for o in 0..4 {
+            let want: f32 = (0..3).map(|k| x[r * 3 + k] * w[o * 3 + k]).sum();
+            assert!(close(y[r * 4 + o], want));
+        }
+    }
+}
+
+/// Every operator kind, slices, summed terms, concats on several axes, a sequential chain.
+fn every_op_graph() -> Graph {
+    let mut b = GraphBuilder::new("every-op", DType::F32);
+    let x = b.input("x", vec![2, 6, 9, 9]);
+    let y = b.input("y", vec![2, 6, 9, 9]);
+    let c1 = b.conv("c1", x, Conv2d::new(8, 3).bias(true).relu());
+    let c2 = b.conv("c2", x, Conv2d::new(8, 3).stride(2).act(Activation::Tanh));
+    let c3 = b.conv(
+        "c3",
+        y,
+        Conv2d::rect(6, 1, 3).groups(3).dilation(1).bias(true),
+    );
+    // A conv reading a summed term and a channel slice (IOS's input model).
+    let c4 = b.node(
+        "c4",
+        Op::Conv2d(Conv2d::new(4, 1).bias(true).act(Activation::Sigmoid)),
+        vec![
+            vec![Value::whole(x), Value::whole(c3)],
+            vec![Value::slice(c1, 2, 6)],
+        ],
+    );
+    let p1 = b.pool("p1", c1, Pool2d::max(3, 2, 0).ceil());
+    let p2 = b.pool("p2", c4, Pool2d::avg(3, 1, 1));
+    let g1 = b.pool("g1", c2, Pool2d::global_avg());
+    let a1 = b.act("a1", p2, Activation::Gelu);
+    let cat = b.concat("cat", &[c1, c4, a1]);
+    let cat0 = b.op("cat0", Op::Concat { axis: 0 }, &[c4, a1]);
+    let cat3 = b.op("cat3", Op::Concat { axis: 3 }, &[c4, a1]);
+    let ident = b.node(
+        "sum",
+        Op::Identity,
+        vec![vec![Value::slice(cat, 0, 8), Value::whole(c1)]],
+    );
+    let add = b.node(
+        "add",
+        Op::Elementwise {
+            kind: ElementwiseKind::Add,
+        },
+        vec![
+            vec![Value::whole(c4)],
+            vec![Value::whole(a1), Value::slice(c1, 0, 4)],
+            vec![Value::slice(cat, 12, 16)],
+        ],
+    );
+    let mul = b.mul("mul", &[add, a1]);
+    let seq = b.sequential(
+        "sep",
+        ident,
+        vec![
+            Op::Activation {
+                act: Activation::Relu,
+            },
+            Op::Conv2d(Conv2d::new(8, 3).groups(8)),
+            Op::Conv2d(Conv2d::new(5, 1).bias(true)),
+        ],
+    );
+    let flat = b.op("flat", Op::Reshape { shape: vec![2, -1] }, &[g1]);
+    let fc = b.op(
+        "fc",
+        Op::Linear {
+            out_features: 7,
+            bias: true,
+            act: Activation::Gelu,
+        },
+        &[flat],
+    );
+    let sm = b.op("sm", Op::Softmax { axis: -1 }, &[fc]);
+    let sm1 = b.op("sm1", Op::Softmax { axis: 1 }, &[mul]);
+    let tr = b.op(
+        "tr",
+        Op::Transpose {
+            perm: vec![0, 2, 3, 1],
+        },
+        &[seq],
+    );
+    let _ = (p1, sm, sm1, tr, cat0, cat3);
+    b.finish().unwrap()
+}
+
+/// Linear, batch matmul (plain and transposed), softmax, layer norm, reshape and transpose.
+fn attention_graph() -> Graph {
+    let mut b = GraphBuilder::new("attn", DType::F32);
+    let x = b.input("x", vec![2, 5, 12]);
+    let ln = b.op("ln", Op::LayerNorm { eps: 1e-5 }, &[x]);
+    let q = b.op(
+        "q",
+        Op::Linear {
+            out_features: 12,
+            bias: true,
+            act: Activation::None,
+        },
+        &[ln],
+    );
+    let k = b.op(
+        "k",
+        Op::Linear {
+            out_features: 12,
+            bias: false,
+            act: Activation::None,
+        },
+        &[ln],
+    );
+    let v = b.linear("v", ln, 12, Activation::Relu);
+    let split = |b: &mut GraphBuilder, name: &str, t: NodeId| {
+        let r = b.op(
+            &format!("{name}.r"),
+            Op::Reshape {
+                shape: vec![2, 5, 3, 4],
+            },
+            &[t],
+        );
+        b.op(
+            &format!("{name}.t"),
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[r],
+        )
+    };
+    let (qh, kh, vh) = (
+        split(&mut b, "q", q),
+        split(&mut b, "k", k),
+        split(&mut b, "v", v),
+    );
+    let s = b.op("scores", Op::BatchMatmul { transpose_b: true }, &[qh, kh]);
+    let p = b.op("probs", Op::Softmax { axis: -1 }, &[s]);
+    let o = b.op("ctx", Op::BatchMatmul { transpose_b: false }, &[p, vh]);
+    let ot = b.op(
+        "ctx.t",
+        Op::Transpose {
+            perm: vec![0, 2, 1, 3],
+        },
+        &[o],
+    );
+    let or = b.op(
+        "ctx.r",
+        Op::Reshape {
+            shape: vec![2, 5, 12],
+        },
+        &[ot],
+    );
+    let res = b.add("res", &[or, x]);
+    let _ = b.op("ln2", Op::LayerNorm { eps: 1e-5 }, &[res]);
+    b.finish().unwrap()
+}
+
+/// Compare every operator's output of the program replayed on the CPU with the reference.
+fn check_program(g: &Graph, p: &GraphProgram, dsts: &[NodeId], tol: f64) {
+    let want = cpu::reference(g).unwrap();
+    let bufs = cpu::run_program(g, p, dsts).unwrap();
+    for id in g.ops() {
+        let Some(Some(op)) = p.ops.get(id.index()) else {
+            continue;
+        };
+        let w = want[id.index()].as_ref().unwrap();
+        let got = &bufs[op.output];
+        let err = scaled_error(&got[..w.len()], w);
+        assert!(
+            err <= tol,
+            "{}: node '{}' differs by {err:e}",
+            g.name,
+            g.node(id).name
+        );
+    }
+}
+
+#[test]
+fn every_op_lowered_matches_the_reference() {
+    for g in [every_op_graph(), attention_graph()] {
+        let p = GraphProgram::single_gpu(&g).unwrap();
+        check_program(&g, &p, &[], 1e-5);
+    }
+}
+
+/// Ops alternate between GPUs; every cross-GPU edge is a transfer with its own replica.
+fn two_gpu_placement(g: &Graph) -> (Vec<Option<usize>>, Vec<TransferSpec>) {
+    let mut placement = vec![None; g.len()];
+    for (i, id) in g.ops().enumerate() {
+        placement[id.index()] = Some(i % 2);
+    }
+    let mut xfers = Vec::new();
+    for u in g.ops() {
+        for v in g.succs(u) {
+            let (Some(a), Some(b)) = (placement[u.index()], placement[v.index()]) else {
+                continue;
+            };
+            if a != b {
+                xfers.push(TransferSpec {
+                    src: u,
+                    dst: v,
+                    dst_gpu: b,
+                });
+            }
+        }
+    }
+    (placement, xfers)
+}
+
+#[test]
+fn two_gpu_program_with_transfers_matches_the_reference() {
+    for g in [every_op_graph(), attention_graph()] {
+        let (placement, xfers) = two_gpu_placement(&g);
+        assert!(!xfers.is_empty());
+        let p = GraphProgram::build(&g, &placement, &xfers).unwrap();
+        assert_eq!(p.gpus, 2);
+        assert_eq!(p.transfers.len(), xfers.len());
+        // Every replica is on the consumer's GPU and as large as the producer's output.
+        for (&(src, dst), t) in p.transfers.iter().zip(&xfers) {
+            assert_eq!(p.buffers[dst].gpu, t.dst_gpu);
+            assert_ne!(p.buffers[src].gpu, t.dst_gpu);
+            assert_eq!(p.buffers[src].len, p.buffers[dst].len);
+        }
+        // Operators read only buffers on their own GPU.
+        for op in p.ops.iter().flatten() {
+            for s in &op.steps {
+                for b in step_buffers(s) {
+                    assert_eq!(p.buffers[b].gpu, op.gpu, "{s:?}");
+                }
+            }
+        }
+        let dsts: Vec<NodeId> = xfers.iter().map(|t| t.dst).collect();
+        check_program(&g, &p, &dsts, 1e-5);
+    }
+}
+
+fn step_buffers(s: &Step) -> Vec<usize> {
+    match s {
+        Step::Copy { src, dst, .. } => vec![*src, *dst],
+        Step::Conv { x, w, bias, y, .. } => {
+            let mut v = vec![*x, *w, *y];
+            v.extend(bias);
+            v
+        }
+        Step::BiasAct { y, bias, .. } => {
+            let mut v = vec![*y];
+            v.extend(bias);
+            v
+        }
+        Step::Act { x, y, .. }
+        | Step::Pool { x, y, .. }
+        | Step::Softmax { x, y, .. }
+        | Step::Transpose { x, y, .. } => vec![*x, *y],
+        Step::Gemm { a, b, c, .. } => vec![*a, *b, *c],
+        Step::LayerNorm {
+            x, gamma, beta, y, ..
+        } => vec![*x, *gamma, *beta, *y],
+        Step::Elementwise { srcs, y, .. } => {
+            let mut v = srcs.clone();
+            v.push(*y);
+            v
+        }
+        Step::Spin { .. } => vec![],
+    }
+}
+
+#[test]
+fn zoo_models_lowered_match_the_reference() {
+    // Small inputs so the naive CPU executors stay fast.
+    for (name, size) in [("squeezenet", 48), ("googlenet", 48), ("resnet50", 32)] {
+        let g = zoo::build(
+            name,
+            &ZooConfig {
+                batch: 1,
+                input_size: Some(size),
+                dtype: DType::F32,
+            },
+        )
+        .unwrap();
+        let p = GraphProgram::single_gpu(&g).unwrap();
+        check_program(&g, &p, &[], 1e-4);
+    }
+}
+
+#[test]
+fn buffer_plan_sizes_and_roles() {
+    let g = every_op_graph();
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    for id in g.ops() {
+        let op = p.ops[id.index()].as_ref().unwrap();
+        let n: usize = g.node(id).shape.iter().product();
+        assert_eq!(p.buffers[op.output].len, n.max(1));
+        assert_eq!(p.buffers[op.output].role, BufRole::Output(id));
+    }
+    // Inputs and parameters are initialised, outputs and scratch are not.
+    for (i, b) in p.buffers.iter().enumerate() {
+        let seeded = matches!(b.role, BufRole::Input(_) | BufRole::Param { .. });
+        assert_eq!(seeded, b.init != Init::Uninit, "buffer {i}: {b:?}");
+        assert_eq!(seeded, p.initial_data(i).is_some());
+    }
+    // One conv weight of c1: 8 x 6 x 3 x 3.
+    let c1 = g.find("c1").unwrap();
+    let w = p
+        .buffers
+        .iter()
+        .find(|b| {
+            b.role
+                == BufRole::Param {
+                    node: c1,
+                    inner: 0,
+                    what: "weight",
+                }
+        })
+        .unwrap();
+    assert_eq!(w.len, 8 * 6 * 9);
+    // A whole-value single term is read in place: c1's program has just its conv.
+    assert_eq!(p.ops[c1.index()].as_ref().unwrap().steps.len(), 1);
+    let total: u64 = p.buffers.iter().map(|b| b.len as u64 * 4).sum();
+    assert_eq!(p.bytes_per_gpu(), vec![total]);
+    // Same data on every build (seeded by names).
+    let q = GraphProgram::single_gpu(&g).unwrap();
+    let wi = p.buffers.iter().position(|b| b == w).unwrap();
+    assert_eq!(p.initial_data(wi), q.initial_data(wi));
+}
+
+#[test]
+fn inputs_are_copied_to_every_gpu_that_reads_them() {
+    let g = every_op_graph();
+    let (placement, xfers) = two_gpu_placement(&g);
+    let p = GraphProgram::build(&g, &placement, &xfers).unwrap();
+    let x = g.find("x").unwrap();
+    let copies: Vec<_> = p
+        .buffers
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.role == BufRole::Input(x))
+        .collect();
+    assert_eq!(copies.len(), 2);
+    assert_eq!(p.initial_data(copies[0].0), p.initial_data(copies[1].0));
+}
+
+#[test]
+fn error_paths_are_typed() {
+    // f16 graphs are refused.
+    let mut b = GraphBuilder::new("half", DType::F16);
+    let x = b.input("x", vec![1, 4, 4, 4]);
+    b.conv("c", x, Conv2d::new(4, 3));
+    let g = b.finish().unwrap();
+    assert!(matches!(
+        GraphProgram::single_gpu(&g),
+        Err(GpuError::UnsupportedDType(_))
+    ));
+    assert!(matches!(
+        cpu::reference(&g),
+        Err(GpuError::UnsupportedDType(_))
+    ));
+    // A cross-GPU edge without a transfer names the consumer.
+    let g = every_op_graph();
+    let (placement, _) = two_gpu_placement(&g);
+    let e = GraphProgram::build(&g, &placement, &[]).unwrap_err();
+    assert!(
+        matches!(&e, GpuError::Unsupported { message, .. } if message.contains("no transfer")),
+        "{e}"
+    );
+    // A wrong-length placement and a transfer that stays on one GPU are plan errors.
+    assert!(matches!(
+        GraphProgram::build(&g, &[], &[]),
+        Err(GpuError::Plan(_))
+    ));
+    let c1 = g.find("c1").unwrap();
+    let p1 = g.find("p1").unwrap();
+    let all0: Vec<Option<usize>> = g
+        .nodes()
+        .iter()
+        .map(|n| (!n.op.is_input()).then_some(0))
+        .collect();
+    let e = GraphProgram::build(
+        &g,
+        &all0,
+        &[TransferSpec {
+            src: c1,
+            dst: p1,
+            dst_gpu: 0,
+        }],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("stays on GPU 0"), "{e}");
+    // A step reading past a buffer is an error, not a panic.
+    let mut bufs = vec![vec![0.0f32; 4], vec![0.0f32; 2]];
+    let bad = Step::Copy {
+        src: 0,
+        dst: 1,
+        outer: 1,
+        src_axis: 4,
+        src_off: 0,
+        dst_axis: 4,
+        dst_off: 0,
+        len: 4,
+        inner: 1,
+        accumulate: false,
+    };
+    assert!(matches!(
+        cpu::run_step(&mut bufs, &bad),
+        Err(GpuError::Plan(_))
+    ));
+}
+
+#[test]
+fn abstract_ops_spin() {
+    let g = opsched_graph::random::layered_dag(&opsched_graph::random::LayeredDagParams {
+        ops: 20,
+        layers: 4,
+        edges: 30,
+        ..Default::default()
+    })
+    .unwrap();
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    for op in p.ops.iter().flatten() {
+        assert!(
+            matches!(op.steps.as_slice(), [Step::Spin { time_ms, util }] if *time_ms > 0.0 && *util > 0.0)
+        );
+    }
+    check_program(&g, &p, &[], 0.0);
+}
+
+/// On a GPU: every operator kind, each op's output against the CPU reference (TF32 off so the
+/// tolerance can be tight). Names the first node that differs.
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn gpu_every_op_matches_the_cpu_reference() {
+    use opsched_gpu::cuda::{prepare, DeviceMemory, Gpu, KernelOptions};
+    let gpu = Gpu::open(0).unwrap();
+    let gpus = std::slice::from_ref(&gpu);
+    let opts = KernelOptions {
+        tf32_conv: false,
+        ..Default::default()
+    };
+    for g in [every_op_graph(), attention_graph()] {
+        let p = GraphProgram::single_gpu(&g).unwrap();
+        let mem = DeviceMemory::alloc(&p, gpus, &[0]).unwrap();
+        let mut prep = vec![gpu.new_stream().unwrap()];
+        let ops = prepare(&p, &mem, gpus, &[0], &mut prep, opts).unwrap();
+        let mut sc = gpu.new_stream().unwrap();
+        let ws = ops.iter().flatten().map(|o| o.workspace).max().unwrap_or(0);
+        sc.ensure_workspace(ws).unwrap();
+        for &id in g.topo_order() {
+            if let Some(Some(op)) = ops.get(id.index()) {
+                op.launch(&gpu, &sc).unwrap();
+            }
+        }
+        gpu.synchronize().unwrap();
+        let want = cpu::reference(&g).unwrap();
+        for id in g.ops() {
+            let out = p.ops[id.index()].as_ref().unwrap().output;
+            let got = mem.read(gpus, out).unwrap();
+            let w = want[id.index()].as_ref().unwrap();
+            let err = scaled_error(&got[..w.len()], w);
+            assert!(
+                err < 1e-3,
+                "{}: '{}' differs by {err:e}",
+                g.name,
+                g.node(id).name
+            );
+        }
+    }
+}
