@@ -104,3 +104,13 @@ fn run(command: &Command) -> Result<()> {
         Command::Run(a) => gpu::run(a),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -39,6 +39,21 @@ pub enum GpuError {
 }
 
 impl GpuError {
+    /// Whether the machine or the input cannot do what was asked (no driver or device, an
+    /// operator or dtype the backend does not run, a malformed plan) rather than opsched
+    /// failing; the CLI exits with code 2 for these.
+    pub fn is_user_error(&self) -> bool {
+        matches!(
+            self,
+            GpuError::LibraryMissing { .. }
+                | GpuError::NoDevice { .. }
+                | GpuError::DeviceIndex { .. }
+                | GpuError::Unsupported { .. }
+                | GpuError::UnsupportedDType(_)
+                | GpuError::Plan(_)
+        )
+    }
+
     /// A driver error with what was being done.
     pub fn driver(during: impl Into<String>, e: impl std::fmt::Debug) -> Self {
         GpuError::Driver {

@@ -8,8 +8,12 @@
 //! - the one evaluator every comparison goes through ([`evaluate`]: lower, simulate, bound).
 
 pub use opsched_cost as cost;
+/// The GPU backend: device discovery, kernels, the runtime and the profiler.
+pub use opsched_gpu as gpu;
 pub use opsched_graph as graph;
 pub use opsched_graph::{formats, zoo, Graph, GraphError};
+pub use opsched_profiler as profiler;
+pub use opsched_runtime as runtime;
 pub use opsched_schedule as schedule;
 
 use std::collections::BTreeSet;

@@ -1,48 +1,101 @@
 //! `opsched profile` and `opsched run`: the commands that need a GPU.
 
+use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::Result;
-use clap::Args;
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use opsched::profiler::{ProfileError, ProfileOptions};
+use opsched::runtime::{CheckMode, RunOptions, RuntimeError, TransferMode};
+use opsched::schedule::io as schedule_io;
 
-use crate::args::{ModelArgs, SchedArgs, TargetArgs};
+use crate::args::{ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
+use crate::common::{load, print_json, setup};
+use crate::error::{facade, user};
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Measures every operator alone and the concurrent stages the schedulers ask \
-for on the GPUs of this machine, and stores them in the cost cache, keyed by the device, so a \
-later `--cost cache` (on any machine) schedules with measured costs.\n\nExamples:\n  \
-opsched profile inception_v3\n  opsched profile inception_v3 resnet50 --batch 16 --json"
+    after_help = "Measures every distinct operator alone, the concurrent stages of a schedule \
+(--stages-from, default ios) and transfers by size on one GPU of this machine, and stores them \
+in the cost cache keyed by the device, so a later `--cost cache` (on any machine) schedules \
+with measured costs. --export also writes the tables as JSON.\n\nExamples:\n  \
+opsched profile inception_v3\n  opsched profile resnet50 --batch 16 --export fixtures/costs/h100/resnet50-b16\n  \
+opsched profile nasnet --stages-from opara --json"
 )]
 pub struct ProfileArgs {
-    /// Zoo model names or graph files (default: every zoo model).
-    models: Vec<String>,
+    /// Zoo model name or graph file.
+    model: String,
     #[command(flatten)]
     model_args: ModelArgs,
-    /// Cost cache file (default: the user's cache directory).
-    #[arg(long, value_name = "PATH")]
-    cache: Option<PathBuf>,
+    /// Time the concurrent stages of this algorithm's schedule (`none`: operators only).
+    #[arg(long, default_value = "ios", value_name = "ALGO")]
+    stages_from: String,
+    /// Which GPU of this machine.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+    /// Untimed runs before timing.
+    #[arg(long, default_value_t = 10)]
+    warmup: u32,
+    /// Timed runs per measurement (median, p10, p90).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    repeats: u32,
+    /// Also write the measured tables as JSON into this directory.
+    #[arg(long, value_name = "DIR")]
+    export: Option<PathBuf>,
+    /// Device preset and cost model used to search the stages to time; `--cache` is the cost
+    /// cache the measurements go to (default: $OPSCHED_CACHE, else the user's cache directory).
+    #[command(flatten)]
+    platform: PlatformArgs,
+    #[command(flatten)]
+    sched: SchedArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
 
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum TransferArg {
+    Auto,
+    Nccl,
+    Copy,
+}
+
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Runs the schedule on the GPU: buffers allocated first, warm-up, then timed \
-repetitions (median, p10, p90), and a numerical check against a sequential run.\n\nExamples:\n  \
+    after_help = "Searches the schedule as `opsched schedule` does (under --cost, default \
+analytical), then executes it: buffers allocated first, warm-up, timed repetitions (median, \
+p10, p90), and with --check a numerical comparison against a sequential run of the same kernels \
+and, on small graphs, a CPU reference. More logical GPUs (--gpus) than the machine has share \
+the physical ones.\n\nExamples:\n  \
 opsched run inception_v3 --algo ios\n  opsched run resnet50 --algo opara --graph-capture --json\n  \
-opsched run nasnet --algo hios-lp --gpus 2"
+opsched run nasnet --algo hios-lp --gpus 2 --check\n  opsched run googlenet --schedule s.json"
 )]
 pub struct RunArgs {
     /// Zoo model name or graph file.
     model: String,
     /// Scheduling algorithm.
-    #[arg(long, value_name = "NAME")]
-    algo: String,
+    #[arg(long, value_name = "NAME", required_unless_present = "schedule")]
+    algo: Option<String>,
+    /// Run this schedule file (from `opsched schedule --out`) instead of searching one.
+    #[arg(long, value_name = "FILE", conflicts_with = "algo")]
+    schedule: Option<PathBuf>,
     /// Capture the whole plan as one CUDA graph and replay it.
     #[arg(long)]
     graph_capture: bool,
+    /// Untimed runs before timing.
+    #[arg(long, default_value_t = 10)]
+    warmup: u32,
+    /// Timed runs (median, p10, p90).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    repeats: u32,
+    /// Compare the outputs with a sequential run (and a CPU reference on small graphs).
+    #[arg(long)]
+    check: bool,
+    /// How tensors move between GPUs.
+    #[arg(long, value_enum, default_value_t = TransferArg::Auto)]
+    transfers: TransferArg,
+    #[command(flatten)]
+    platform: PlatformArgs,
     #[command(flatten)]
     target: TargetArgs,
     #[command(flatten)]
@@ -54,19 +107,194 @@ pub struct RunArgs {
     json: bool,
 }
 
-fn needs_gpu(command: &str) -> anyhow::Error {
-    anyhow::anyhow!(
-        "`opsched {command}` needs a GPU, and this build has no GPU backend yet; \
-`opsched compare` and `opsched schedule` work without one on the analytical cost model"
-    )
+/// A GPU error: the machine's or the input's (exit 2) or ours (exit 1).
+fn gpu_error(e: RuntimeError) -> anyhow::Error {
+    let user_side = match &e {
+        RuntimeError::Gpu(g) => g.is_user_error(),
+        RuntimeError::Plan(_) => true,
+        RuntimeError::Schedule(_) => false,
+    };
+    if user_side {
+        user(e)
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+fn profile_error(e: ProfileError) -> anyhow::Error {
+    match e {
+        ProfileError::Runtime(r) => gpu_error(r),
+        ProfileError::Gpu(g) => gpu_error(RuntimeError::Gpu(g)),
+        other => anyhow::Error::new(other),
+    }
 }
 
 pub fn profile(a: &ProfileArgs) -> Result<()> {
-    tracing::debug!(models = ?a.models, batch = a.model_args.batch, cache = ?a.cache, json = a.json, "profile");
-    Err(needs_gpu("profile"))
+    let g = load(&a.model, &a.model_args)?;
+    // Fail on a missing driver before searching any schedule.
+    opsched::gpu::devices().map_err(|e| gpu_error(e.into()))?;
+    let stages = if a.stages_from == "none" {
+        Vec::new()
+    } else {
+        let su = setup(&g, &a.platform)?;
+        let platform = su.platform(1, 8);
+        let sched = opsched::scheduler_with(&a.stages_from, &a.sched.options()).map_err(facade)?;
+        let (s, _) = sched
+            .schedule(&g, &platform, su.cost.as_ref())
+            .with_context(|| format!("scheduler '{}' on {}", a.stages_from, g.name))?;
+        opsched::profiler::stages_of(&s)
+    };
+    let cache = match &a.platform.cache {
+        Some(p) => p.clone(),
+        None => opsched::cost::cache::default_path().map_err(user)?,
+    };
+    let opts = ProfileOptions {
+        gpu: a.gpu,
+        warmup: a.warmup,
+        repeats: a.repeats,
+        stages,
+        cache: Some(cache.clone()),
+        export_dir: a.export.clone(),
+        ..ProfileOptions::default()
+    };
+    let report = opsched::profiler::profile(&g, &opts).map_err(profile_error)?;
+    if a.json {
+        return print_json(&report);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{} on {}: {} operators, {} stages, {} transfer sizes measured",
+        g.name,
+        report.device,
+        report.ops.len(),
+        report.stages.len(),
+        report.transfers.len()
+    )?;
+    writeln!(
+        out,
+        "{:<40} {:>10} {:>10} {:>10}",
+        "operator", "median ms", "p10 ms", "p90 ms"
+    )?;
+    for t in &report.ops {
+        let name = t.nodes.first().map_or("?", String::as_str);
+        writeln!(
+            out,
+            "{:<40} {:>10.4} {:>10.4} {:>10.4}",
+            name, t.summary.median_ms, t.summary.p10_ms, t.summary.p90_ms
+        )?;
+    }
+    writeln!(
+        out,
+        "{} cache entries written to {}",
+        report.cache_entries_written,
+        cache.display()
+    )?;
+    for p in &report.exported {
+        writeln!(out, "exported {}", p.display())?;
+    }
+    Ok(())
 }
 
 pub fn run(a: &RunArgs) -> Result<()> {
-    tracing::debug!(model = %a.model, algo = %a.algo, graph_capture = a.graph_capture, gpus = a.target.gpus, ios_part = a.sched.ios_part, json = a.json, "run");
-    Err(needs_gpu("run"))
+    let g = load(&a.model, &a.model_args)?;
+    let present = opsched::gpu::devices()
+        .map_err(|e| gpu_error(e.into()))?
+        .len();
+    let gpus = a.target.gpus as usize;
+    let su = setup(&g, &a.platform)?;
+    let platform = su.platform(gpus, a.target.streams as usize);
+    let (label, schedule) = match (&a.algo, &a.schedule) {
+        (_, Some(path)) => {
+            let s = schedule_io::load(&g, path).map_err(user)?;
+            opsched::schedule::validate(&g, &s, &platform)
+                .map_err(|e| user(anyhow::anyhow!("{}: {e}", path.display())))?;
+            (path.display().to_string(), s)
+        }
+        (Some(algo), None) => {
+            let sched = opsched::scheduler_with(algo, &a.sched.options()).map_err(facade)?;
+            let (s, _) = sched
+                .schedule(&g, &platform, su.cost.as_ref())
+                .with_context(|| format!("scheduler '{algo}' on {}", g.name))?;
+            (sched.name().to_string(), s)
+        }
+        (None, None) => return Err(user(anyhow::anyhow!("give --algo NAME or --schedule FILE"))),
+    };
+    let opts = RunOptions {
+        graph_capture: a.graph_capture,
+        gpus: Some(gpus.min(present).max(1)),
+        warmup: a.warmup,
+        repeats: a.repeats,
+        check: if a.check {
+            CheckMode::Auto
+        } else {
+            CheckMode::None
+        },
+        transfers: match a.transfers {
+            TransferArg::Auto => TransferMode::Auto,
+            TransferArg::Nccl => TransferMode::Nccl,
+            TransferArg::Copy => TransferMode::Copy,
+        },
+        ..RunOptions::default()
+    };
+    let report = opsched::runtime::run_schedule(&g, &schedule, &opts).map_err(gpu_error)?;
+    let failed = report.check.as_ref().is_some_and(|c| !c.passed);
+    if a.json {
+        print_json(&report)?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        let l = &report.latency;
+        writeln!(
+            out,
+            "model          {} ({} operators)",
+            g.name,
+            g.op_count()
+        )?;
+        writeln!(out, "schedule       {label}")?;
+        writeln!(
+            out,
+            "device         {} (driver {}, cuDNN {}), {} logical GPU(s) on {} physical",
+            report.device, report.driver, report.cudnn, report.logical_gpus, report.physical_gpus
+        )?;
+        writeln!(
+            out,
+            "latency        {:.4} ms median ({:.4} - {:.4} ms p10 - p90, {} runs){}",
+            l.median_ms,
+            l.p10_ms,
+            l.p90_ms,
+            l.samples,
+            if report.graph_capture {
+                ", CUDA graph"
+            } else {
+                ""
+            }
+        )?;
+        writeln!(
+            out,
+            "launches       {} ({} waits, {} implied waits dropped, {} transfers via {})",
+            report.launches,
+            report.waits,
+            report.waits_dropped,
+            report.transfers,
+            report.transfer_mode
+        )?;
+        if let Some(c) = &report.check {
+            writeln!(
+                out,
+                "check          {}: vs sequential {:.2e} at '{}' (tolerance {:.0e}){}",
+                if c.passed { "PASSED" } else { "FAILED" },
+                c.vs_sequential,
+                c.vs_sequential_node,
+                c.tolerance_sequential,
+                match (&c.vs_cpu, &c.vs_cpu_node) {
+                    (Some(e), Some(n)) => format!("; vs CPU reference {e:.2e} at '{n}'"),
+                    _ => "; CPU reference skipped (graph too large)".into(),
+                }
+            )?;
+        }
+    }
+    if failed {
+        anyhow::bail!("the scheduled run's outputs differ from the sequential run's");
+    }
+    Ok(())
 }
