@@ -31,14 +31,15 @@ pub fn gpu_test(args: &[String]) -> Result<()> {
     crate::cargo(&a)
 }
 
-/// `cargo xtask profile MODEL [--batch N] [--stages-from ALGO] [--cache PATH] [--out DIR]
-/// [--repeats N]`: measure a model's operators (and the concurrent stages of ALGO's schedule
-/// under the analytical model), fill the cost cache (default location unless --cache), and
-/// export the tables to DIR/<device>/<model>-b<batch>/ (default DIR: fixtures/costs).
+/// `cargo xtask profile [MODEL ...] [--batch N] [--stages-from ALGO|none] [--cache PATH]
+/// [--out DIR] [--repeats N]`: measure each model's operators (default: every zoo model) and
+/// the concurrent stages of ALGO's schedule (default ios) under the analytical model, fill the
+/// cost cache (default location unless --cache), and export the tables to
+/// DIR/<device>/<model>-b<batch>/ (default DIR: fixtures/costs).
 pub fn profile(args: &[String]) -> Result<()> {
-    let mut model = None;
+    let mut models = Vec::new();
     let mut batch = 1usize;
-    let mut stages_from: Option<String> = None;
+    let mut stages_from = String::from("ios");
     let mut cache: Option<PathBuf> = None;
     let mut out = PathBuf::from("fixtures/costs");
     let mut repeats = 50u32;
@@ -47,29 +48,41 @@ pub fn profile(args: &[String]) -> Result<()> {
         let mut val = || it.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
             "--batch" => batch = val()?.parse().context("--batch")?,
-            "--stages-from" => stages_from = Some(val()?.clone()),
+            "--stages-from" => stages_from = val()?.clone(),
             "--cache" => cache = Some(PathBuf::from(val()?)),
             "--out" => out = PathBuf::from(val()?),
             "--repeats" => repeats = val()?.parse().context("--repeats")?,
-            s if !s.starts_with("--") && model.is_none() => model = Some(s.to_string()),
-            other => bail!("profile: unknown argument '{other}'"),
+            s if !s.starts_with("--") => models.push(s.to_string()),
+            other => bail!("profile: unknown argument '{other}'; usage: cargo xtask profile [MODEL ...] [--batch N] [--stages-from ALGO|none] [--cache PATH] [--out DIR] [--repeats N]"),
         }
     }
-    let Some(model) = model else {
-        bail!("usage: cargo xtask profile MODEL [--batch N] [--stages-from ALGO] [--cache PATH] [--out DIR]");
-    };
+    if models.is_empty() {
+        models = opsched::zoo::models()
+            .iter()
+            .map(|m| m.name.to_string())
+            .collect();
+    }
     require_gpu("profile")?;
-    let g = opsched::load_model(
-        &model,
-        &ZooConfig {
-            batch,
-            input_size: None,
-            dtype: DType::F32,
-        },
-    )?;
-    let stages = match &stages_from {
-        None => Vec::new(),
-        Some(algo) => {
+    let cache = match cache {
+        Some(p) => p,
+        None => opsched::cost::cache::default_path()?,
+    };
+    let info = opsched_gpu::devices()?
+        .into_iter()
+        .next()
+        .context("no device")?;
+    for model in &models {
+        let g = opsched::load_model(
+            model,
+            &ZooConfig {
+                batch,
+                input_size: None,
+                dtype: DType::F32,
+            },
+        )?;
+        let stages = if stages_from == "none" {
+            Vec::new()
+        } else {
             let dev = opsched::cost::DevicePreset::by_name("h100")?;
             let link = opsched::cost::LinkPreset::by_name("nvlink4")?;
             let cost = opsched::cost::AnalyticalModel::new(dev.clone(), link.clone());
@@ -79,38 +92,30 @@ pub fn profile(args: &[String]) -> Result<()> {
                 device: dev,
                 link,
             };
-            let s = opsched::scheduler(algo)?;
+            let s = opsched::scheduler(&stages_from)?;
             let (sched, _) = s.schedule(&g, &p, &cost)?;
             opsched_profiler::stages_of(&sched)
+        };
+        let opts = opsched_profiler::ProfileOptions {
+            repeats,
+            stages,
+            cache: Some(cache.clone()),
+            export_dir: Some(out.join(info.slug()).join(format!("{model}-b{batch}"))),
+            ..Default::default()
+        };
+        let r = opsched_profiler::profile(&g, &opts)?;
+        eprintln!(
+            "{model}: profiled {} operators, {} stages, {} transfer sizes on {}; {} cache entries in {}",
+            r.ops.len(),
+            r.stages.len(),
+            r.transfers.len(),
+            r.device,
+            r.cache_entries_written,
+            cache.display()
+        );
+        for f in &r.exported {
+            eprintln!("wrote {}", f.display());
         }
-    };
-    let cache = match cache {
-        Some(p) => p,
-        None => opsched::cost::cache::default_path()?,
-    };
-    let info = opsched_gpu::devices()?
-        .into_iter()
-        .next()
-        .context("no device")?;
-    let opts = opsched_profiler::ProfileOptions {
-        repeats,
-        stages,
-        cache: Some(cache.clone()),
-        export_dir: Some(out.join(info.slug()).join(format!("{model}-b{batch}"))),
-        ..Default::default()
-    };
-    let r = opsched_profiler::profile(&g, &opts)?;
-    eprintln!(
-        "profiled {} operators, {} stages, {} transfer sizes on {}; {} cache entries in {}",
-        r.ops.len(),
-        r.stages.len(),
-        r.transfers.len(),
-        r.device,
-        r.cache_entries_written,
-        cache.display()
-    );
-    for f in &r.exported {
-        eprintln!("wrote {}", f.display());
     }
     Ok(())
 }

@@ -7,7 +7,7 @@
 //! - `bench-models [--quick] [--check | --write-baseline] ...`: every scheduler on every zoo
 //!   model, tables and charts under `target/bench`, regression check against
 //!   `fixtures/bench-baseline.json` (`--help` for the options).
-//! - `gpu-test`, `profile MODEL`, `bench-gpu`: the GPU-only parts (need a CUDA GPU; see
+//! - `gpu-test`, `profile [MODEL ...]`, `bench-gpu`: the GPU-only parts (need a CUDA GPU; see
 //!   `gpu_test.rs` and `bench_gpu.rs`).
 
 mod bench_gpu;
@@ -34,7 +34,7 @@ fn main() -> Result<()> {
             "unknown xtask command '{other}'; known: ci, hios-sim, bench-models, gpu-test, profile, bench-gpu"
         ),
         None => {
-            eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR] | bench-models [--quick] [--check] [--help] | gpu-test | profile MODEL | bench-gpu>");
+            eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR] | bench-models [--quick] [--check] [--help] | gpu-test | profile [MODEL ...] | bench-gpu>");
             Ok(())
         }
     }
