@@ -10,8 +10,8 @@ use opsched_graph::{
 
 use crate::consts::{self, Const};
 use crate::error::{OnnxError, Result};
-use crate::proto::{data_type, AttributeProto, GraphProto, ModelProto, NodeProto, TensorTypeProto};
-use crate::shapes;
+use crate::proto::{data_type, AttributeProto, ModelProto, NodeProto, TensorTypeProto};
+use crate::{patterns, shapes};
 use crate::{ImportReport, OnnxOptions};
 
 /// An activation: (a channel slice of) the output of an IR node.
@@ -1037,16 +1037,16 @@ impl<'a> Importer<'a> {
 }
 
 /// Nodes in a topological order (Kahn over tensor names, stable in file order).
-fn topo_order<'g>(g: &'g GraphProto, known: &HashSet<&str>) -> Result<Vec<&'g NodeProto>> {
+fn topo_order<'g>(nodes: &'g [NodeProto], known: &HashSet<&str>) -> Result<Vec<&'g NodeProto>> {
     let mut producer: HashMap<&str, usize> = HashMap::new();
-    for (i, n) in g.node.iter().enumerate() {
+    for (i, n) in nodes.iter().enumerate() {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
             producer.insert(o.as_str(), i);
         }
     }
-    let mut indeg = vec![0usize; g.node.len()];
-    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); g.node.len()];
-    for (i, n) in g.node.iter().enumerate() {
+    let mut indeg = vec![0usize; nodes.len()];
+    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
         for inp in n.input.iter().filter(|s| !s.is_empty()) {
             match producer.get(inp.as_str()) {
                 Some(&p) => {
@@ -1067,10 +1067,10 @@ fn topo_order<'g>(g: &'g GraphProto, known: &HashSet<&str>) -> Result<Vec<&'g No
         }
     }
     let mut ready: std::collections::BTreeSet<usize> =
-        (0..g.node.len()).filter(|&i| indeg[i] == 0).collect();
-    let mut order = Vec::with_capacity(g.node.len());
+        (0..nodes.len()).filter(|&i| indeg[i] == 0).collect();
+    let mut order = Vec::with_capacity(nodes.len());
     while let Some(i) = ready.pop_first() {
-        order.push(&g.node[i]);
+        order.push(&nodes[i]);
         for &s in &succ[i] {
             indeg[s] -= 1;
             if indeg[s] == 0 {
@@ -1078,11 +1078,11 @@ fn topo_order<'g>(g: &'g GraphProto, known: &HashSet<&str>) -> Result<Vec<&'g No
             }
         }
     }
-    if order.len() != g.node.len() {
-        if let Some(i) = (0..g.node.len()).find(|&i| indeg[i] > 0) {
+    if order.len() != nodes.len() {
+        if let Some(i) = (0..nodes.len()).find(|&i| indeg[i] > 0) {
             return Err(OnnxError::Node {
-                node: display_name(&g.node[i]),
-                op_type: g.node[i].op_type.clone(),
+                node: display_name(&nodes[i]),
+                op_type: nodes[i].op_type.clone(),
                 message: "lies on a cycle".into(),
             });
         }
@@ -1142,7 +1142,21 @@ pub(crate) fn import(
             imp.value_info.insert(vi.name.clone(), t);
         }
     }
-    for n in &g.node {
+    // Decompositions of GELU and layer norm back into one node each.
+    let mut constants: HashMap<String, Option<f64>> = HashMap::new();
+    for t in &g.initializer {
+        constants.insert(t.name.clone(), consts::from_tensor(t, base_dir).scalar());
+    }
+    for n in g.node.iter().filter(|n| n.op_type == "Constant") {
+        if let Some(o) = n.output.first() {
+            let v = consts::from_constant_node(n, base_dir).and_then(|c| c.scalar());
+            constants.insert(o.clone(), v);
+        }
+    }
+    let outputs: HashSet<String> = g.output.iter().map(|o| o.name.clone()).collect();
+    let (graph_nodes, rewritten) = patterns::rewrite(&g.node, &outputs, &constants);
+    imp.report.rewritten_patterns = rewritten;
+    for n in &graph_nodes {
         for i in n.input.iter().filter(|s| !s.is_empty()) {
             *imp.consumers.entry(i.clone()).or_insert(0) += 1;
         }
@@ -1254,7 +1268,7 @@ pub(crate) fn import(
     }
 
     let known: HashSet<&str> = imp.vals.keys().map(String::as_str).collect();
-    let order = topo_order(g, &known)?;
+    let order = topo_order(&graph_nodes, &known)?;
     drop(known);
 
     let mut first_error: Option<OnnxError> = None;

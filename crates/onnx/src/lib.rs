@@ -84,6 +84,7 @@
 pub mod consts;
 pub mod error;
 mod import;
+mod patterns;
 pub mod proto;
 pub mod shapes;
 
@@ -142,6 +143,8 @@ pub struct ImportReport {
     /// Operators removed: identities, dropouts, casts, no-op reshapes, channel splits and
     /// slices, transposes folded into a matmul.
     pub removed: usize,
+    /// Decomposed GELUs and layer norms rewritten into one operator each.
+    pub rewritten_patterns: usize,
     /// Nodes evaluated at import: constants and computations on constants.
     pub constant_nodes: usize,
     /// Whether a graph input's first dimension was symbolic (it took the batch size).
