@@ -18,7 +18,7 @@ Fixtures:
   transformer_block_opset13.onnx opset 13 the same layer with layer norm decomposed
                                          (ReduceMean/Sub/Pow/Sqrt/Div) and a dynamic batch
   dynamic_batch.onnx           opset 17  CNN with a symbolic batch and Shape->Gather->Concat->Reshape
-  unsupported.onnx             opset 17  Resize x2, HardSwish, a custom-domain op (error listing)
+  unsupported.onnx             opset 17  DepthToSpace x2, LRN, a custom-domain op (error listing)
 """
 
 import os
@@ -239,12 +239,11 @@ def dynamic_batch():
 
 def unsupported():
     g = Graph("unsupported")
-    x = g.conv("input", 8, 8, 3, "stem", bn=False)
-    scales = g.const("scales", np.array([1, 1, 2, 2], np.float32))
-    x = g.op("Resize", [x, "", scales], "up1", mode="nearest")  # 8 x 32 x 32
-    x = g.op("HardSwish", [x], "act")
-    x = g.conv(x, 8, 8, 3, "mid", bn=False)
-    x = g.op("Resize", [x, "", scales], "up2", mode="nearest")  # 8 x 64 x 64
+    x = g.conv("input", 8, 32, 3, "stem", bn=False)
+    x = g.op("DepthToSpace", [x], "up1", blocksize=2)  # 8 x 32 x 32
+    x = g.op("LRN", [x], "norm", size=3)
+    x = g.conv(x, 8, 32, 3, "mid", bn=False)
+    x = g.op("DepthToSpace", [x], "up2", blocksize=2)  # 8 x 64 x 64
     y = g.op("Custom", [x], "custom", domain="com.example")
     m = g.model([tensor("input", [1, 8, 16, 16])], [tensor(y, [1, 8, 64, 64])], 17)
     m.opset_import.append(helper.make_opsetid("com.example", 1))

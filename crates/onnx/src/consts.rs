@@ -288,6 +288,15 @@ fn arith(op: &str, a: &Const, b: &Const) -> Option<Const> {
                     "Sub" => p.checked_sub(q)?,
                     "Mul" => p.checked_mul(q)?,
                     "Div" => p.checked_div(q)?,
+                    // ONNX Mod with fmod = 0: the sign of the divisor, as in Python.
+                    "Mod" => p.checked_rem(q)?.checked_add(q)?.checked_rem(q)?,
+                    "Max" => p.max(q),
+                    "Min" => p.min(q),
+                    "Equal" => i64::from(p == q),
+                    "Less" => i64::from(p < q),
+                    "Greater" => i64::from(p > q),
+                    "LessOrEqual" => i64::from(p <= q),
+                    "GreaterOrEqual" => i64::from(p >= q),
                     _ => return None,
                 });
             }
@@ -301,14 +310,31 @@ fn arith(op: &str, a: &Const, b: &Const) -> Option<Const> {
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
                 let (p, q) = (pick(&x, i)?, pick(&y, i)?);
+                let cmp = |b: bool| if b { 1.0 } else { 0.0 };
                 out.push(match op {
                     "Add" => p + q,
                     "Sub" => p - q,
                     "Mul" => p * q,
                     "Div" => p / q,
                     "Pow" => p.powf(q),
+                    "Max" => p.max(q),
+                    "Min" => p.min(q),
+                    "Equal" => cmp(p == q),
+                    "Less" => cmp(p < q),
+                    "Greater" => cmp(p > q),
+                    "LessOrEqual" => cmp(p <= q),
+                    "GreaterOrEqual" => cmp(p >= q),
                     _ => return None,
                 });
+            }
+            if matches!(
+                op,
+                "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual"
+            ) {
+                return Some(Const::ints(
+                    out_shape,
+                    out.into_iter().map(|v| v as i64).collect(),
+                ));
             }
             Some(Const::floats(out_shape, out))
         }
@@ -498,7 +524,8 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             }
             one(Const::shape_only(out))
         }
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" => {
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Max" | "Min" | "Equal" | "Less"
+        | "Greater" | "LessOrEqual" | "GreaterOrEqual" => {
             let (a, b) = (x?, ins.get(1).copied().flatten()?);
             if let Some(c) = arith(&node.op_type, a, b) {
                 return one(c);
@@ -534,6 +561,13 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                     c.as_floats()?.into_iter().map(f).collect(),
                 ),
             })
+        }
+        "Expand" => {
+            let target = ins.get(1).copied().flatten()?.as_ints()?;
+            let target: Shape = target.iter().map(|&d| d.max(1) as usize).collect();
+            one(Const::shape_only(
+                shape0.and_then(|s| shapes::broadcast(&s, &target).ok()),
+            ))
         }
         "ConstantOfShape" => {
             let dims = x?.as_ints()?;
@@ -573,6 +607,46 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                 Data::Int(_) => Const::ints(vec![n], v.into_iter().map(|f| f as i64).collect()),
                 _ => Const::floats(vec![n], v),
             })
+        }
+        "Where" => {
+            let (c, a, b) = (
+                x?,
+                ins.get(1).copied().flatten()?,
+                ins.get(2).copied().flatten()?,
+            );
+            let (cs, as_, bs) = (c.shape.as_ref()?, a.shape.as_ref()?, b.shape.as_ref()?);
+            let shape = shapes::broadcast(cs, as_)
+                .and_then(|s| shapes::broadcast(&s, bs))
+                .ok();
+            let Some(shape) = shape else {
+                return one(Const::shape_only(None));
+            };
+            let n: usize = shape.iter().product();
+            let at = |v: &[i64], i: usize| -> Option<i64> {
+                if v.len() == 1 {
+                    v.first().copied()
+                } else {
+                    v.get(i).copied()
+                }
+            };
+            if let (Some(cv), Data::Int(av), Data::Int(bv)) = (c.as_ints(), &a.data, &b.data) {
+                let fits = |v: &[i64]| v.len() == 1 || v.len() == n;
+                if fits(&cv) && fits(av) && fits(bv) {
+                    let out: Option<Vec<i64>> = (0..n)
+                        .map(|i| {
+                            if at(&cv, i)? != 0 {
+                                at(av, i)
+                            } else {
+                                at(bv, i)
+                            }
+                        })
+                        .collect();
+                    if let Some(out) = out {
+                        return one(Const::ints(shape, out));
+                    }
+                }
+            }
+            one(Const::shape_only(Some(shape)))
         }
         _ => None,
     }

@@ -44,12 +44,63 @@ struct PNode {
     op: Op,
     inputs: Vec<Term>,
     shape: Shape,
-    /// Block key from the ONNX node name's scope.
-    scope: Option<String>,
+    /// Module path from the ONNX node name.
+    scope: Vec<String>,
     /// The ONNX tensor this node's output currently is (changes as operators fold in).
     out_tensor: String,
     dead: bool,
 }
+
+/// Element-wise operators of one input that the IR has no operator for: one pass each,
+/// imported as opaque operators with the input's shape.
+const UNARY: &[&str] = &[
+    "Abs",
+    "Ceil",
+    "Celu",
+    "Cos",
+    "Elu",
+    "Erf",
+    "Exp",
+    "Floor",
+    "HardSigmoid",
+    "HardSwish",
+    "IsInf",
+    "IsNaN",
+    "LeakyRelu",
+    "Log",
+    "Mish",
+    "Neg",
+    "Not",
+    "Reciprocal",
+    "Round",
+    "Selu",
+    "Sign",
+    "Sin",
+    "Softplus",
+    "Softsign",
+    "Sqrt",
+    "ThresholdedRelu",
+];
+
+/// Element-wise operators of several inputs (with broadcasting) beyond Add, Sub, Mul, Div and
+/// Sum: imported as element-wise adds (same shapes) or opaque passes.
+const BINARY: &[&str] = &[
+    "And",
+    "Equal",
+    "Greater",
+    "GreaterOrEqual",
+    "Less",
+    "LessOrEqual",
+    "Max",
+    "Mean",
+    "Min",
+    "Mod",
+    "Or",
+    "Pow",
+    "PRelu",
+    "Where",
+    "Xor",
+];
 
 /// Why a node was not mapped.
 enum Fail {
@@ -98,19 +149,31 @@ fn display_name(n: &NodeProto) -> String {
     }
 }
 
-/// Block key of a node: the module it came from, read off exporter names such as
-/// `/layer1/layer1.0/conv1/Conv` (`layer1.0`: the child of a numbered container) or
-/// `/Mixed_5b/branch1x1/conv/Conv` (`Mixed_5b`).
-fn scope_of(name: &str) -> Option<String> {
+/// The module path of a node from the names exporters give, e.g. `["layer1", "layer1.0",
+/// "conv1"]` for `/layer1/layer1.0/conv1/Conv` (the last component names the operator).
+fn scope_path(name: &str) -> Vec<String> {
     let parts: Vec<&str> = name.split('/').filter(|p| !p.is_empty()).collect();
-    if parts.len() < 2 {
-        return None;
+    match parts.split_last() {
+        Some((_, scopes)) => scopes.iter().map(|s| s.to_string()).collect(),
+        None => Vec::new(),
     }
-    let scopes = &parts[..parts.len() - 1];
-    match scopes {
-        [first, second, ..] if second.starts_with(&format!("{first}.")) => Some(second.to_string()),
-        [first, ..] => Some(first.to_string()),
+}
+
+/// Block key of a node: its top-level module when that module has operators of its own (an
+/// Inception module's concat: `/Mixed_5b/Concat`), else the child of that container
+/// (`/layer1/layer1.0/...` gives `layer1.0`; `/features/denseblock1/...` gives
+/// `features/denseblock1`). `modules` holds the top-level scopes with operators of their own.
+fn block_key(path: &[String], modules: &HashSet<String>) -> Option<String> {
+    match path {
         [] => None,
+        [first, second, ..] if !modules.contains(first) => {
+            if second.starts_with(&format!("{first}.")) {
+                Some(second.clone())
+            } else {
+                Some(format!("{first}/{second}"))
+            }
+        }
+        [first, ..] => Some(first.clone()),
     }
 }
 
@@ -345,7 +408,7 @@ impl<'a> Importer<'a> {
             op,
             inputs,
             shape: shape.clone(),
-            scope: scope_of(&node.name),
+            scope: scope_path(&node.name),
             out_tensor: tensor.to_string(),
             dead: false,
         });
@@ -570,6 +633,135 @@ impl<'a> Importer<'a> {
                 Ok(())
             }
             "Split" => self.split(node, ins),
+            "Gather" => {
+                // Indexing an activation (`x[:, 0]`), or a table by activation indices (an
+                // embedding lookup): a copy, costed by the tensor sizes.
+                let shape_of = |v: &Option<Val>| match v {
+                    Some(Val::Act(a)) => Some(a.shape.clone()),
+                    Some(Val::Const(c)) => c.shape.clone(),
+                    None => None,
+                };
+                let (data, idx) = (
+                    ins.first().and_then(shape_of),
+                    ins.get(1).and_then(shape_of),
+                );
+                let (Some(data), Some(idx)) = (data, idx) else {
+                    return Err(Fail::Error("the shape of an operand is unknown".into()));
+                };
+                let shape = shapes::gather(&data, &idx, attr_i(node, "axis", 0))?;
+                self.opaque(node, ins, Some(shape))
+            }
+            "Pad" => {
+                let x = self.act(ins, 0)?;
+                let pads = match attr_ints(node, "pads") {
+                    Some(p) => p,
+                    None => Self::ints(ins, 1, "pads")?,
+                };
+                let r = x.shape.len();
+                let axes: Vec<usize> = match node.input.get(3).filter(|s| !s.is_empty()) {
+                    Some(_) => Self::ints(ins, 3, "axes")?
+                        .iter()
+                        .map(|&a| shapes::axis(a, r))
+                        .collect::<std::result::Result<_, _>>()?,
+                    None => (0..r).collect(),
+                };
+                if pads.len() != 2 * axes.len() {
+                    return Err(Fail::Error(format!("pads {pads:?} do not fit rank {r}")));
+                }
+                let mut shape = x.shape.clone();
+                for (k, &a) in axes.iter().enumerate() {
+                    let d = shape[a] as i64 + pads[k] + pads[k + axes.len()];
+                    shape[a] = to_usize(d, "padded size")?;
+                }
+                self.opaque(node, &ins[..1], Some(shape))
+            }
+            "Resize" | "Upsample" => {
+                let x = self.act(ins, 0)?;
+                let (scales_at, sizes_at) = if op_type == "Upsample" || self.opset < 11 {
+                    (1, usize::MAX)
+                } else {
+                    (2, 3)
+                };
+                let shape: Shape = if node.input.get(sizes_at).is_some_and(|s| !s.is_empty()) {
+                    Self::ints(ins, sizes_at, "sizes")?
+                        .iter()
+                        .map(|&d| to_usize(d, "size"))
+                        .collect::<std::result::Result<_, _>>()?
+                } else {
+                    let scales = match attr(node, "scales") {
+                        Some(a) => a.floats.iter().map(|&f| f64::from(f)).collect(),
+                        None => Self::konst(ins, scales_at)
+                            .and_then(Const::as_floats)
+                            .ok_or_else(|| Fail::Error("needs constant scales or sizes".into()))?,
+                    };
+                    if scales.len() != x.shape.len() {
+                        return Err(Fail::Error(format!(
+                            "scales {scales:?} do not fit {:?}",
+                            x.shape
+                        )));
+                    }
+                    x.shape
+                        .iter()
+                        .zip(&scales)
+                        .map(|(&d, &s)| (d as f64 * s).floor().max(1.0) as usize)
+                        .collect()
+                };
+                self.opaque(node, &ins[..1], Some(shape))
+            }
+            "Expand" => {
+                let x = self.act(ins, 0)?;
+                let target = Self::ints(ins, 1, "target shape")?;
+                let target: Shape = target.iter().map(|&d| d.max(1) as usize).collect();
+                let shape = shapes::broadcast(&x.shape, &target)?;
+                self.opaque(node, &ins[..1], Some(shape))
+            }
+            op if op.starts_with("Reduce") || op == "ArgMax" || op == "ArgMin" => {
+                let x = self.act(ins, 0)?;
+                let axes = if op.starts_with("Arg") {
+                    Some(vec![attr_i(node, "axis", 0)])
+                } else {
+                    match attr_ints(node, "axes") {
+                        Some(a) => Some(a),
+                        None if node.input.get(1).is_some_and(|s| !s.is_empty()) => {
+                            Some(Self::ints(ins, 1, "axes")?)
+                        }
+                        None => None,
+                    }
+                };
+                let keep = attr_i(node, "keepdims", 1) == 1;
+                let shape = match axes.filter(|a| !a.is_empty()) {
+                    None if attr_i(node, "noop_with_empty_axes", 0) == 1 => x.shape.clone(),
+                    None => {
+                        if keep {
+                            vec![1; x.shape.len()]
+                        } else {
+                            Vec::new()
+                        }
+                    }
+                    Some(axes) => {
+                        let at: Vec<usize> = axes
+                            .iter()
+                            .map(|&a| shapes::axis(a, x.shape.len()))
+                            .collect::<std::result::Result<_, _>>()?;
+                        x.shape
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(i, &d)| match (at.contains(&i), keep) {
+                                (false, _) => Some(d),
+                                (true, true) => Some(1),
+                                (true, false) => None,
+                            })
+                            .collect()
+                    }
+                };
+                // A reduction reads its input once: one pass, costed by the tensor sizes.
+                self.opaque(node, &ins[..1], Some(shape))
+            }
+            op if UNARY.contains(&op) => {
+                let x = self.act(ins, 0)?;
+                self.opaque(node, &ins[..1], Some(x.shape))
+            }
+            op if BINARY.contains(&op) => self.elementwise(node, ins),
             "Slice" => self.slice(node, ins),
             _ => Err(Fail::Unsupported(op_type.to_string())),
         }
@@ -1246,7 +1438,7 @@ pub(crate) fn import(
             },
             inputs: Vec::new(),
             shape: shape.clone(),
-            scope: None,
+            scope: Vec::new(),
             out_tensor: vi.name.clone(),
             dead: false,
         });
@@ -1410,11 +1602,23 @@ pub(crate) fn import(
     }
     imp.report.unknown = imp.unknown.clone();
     let dtype = dtype.unwrap_or(DType::F32);
-    finish(imp, name, dtype)
+    let modules: HashSet<String> = graph_nodes
+        .iter()
+        .filter_map(|n| match scope_path(&n.name).as_slice() {
+            [only] => Some(only.clone()),
+            _ => None,
+        })
+        .collect();
+    finish(imp, name, dtype, &modules)
 }
 
 /// Emit the live nodes as a validated graph with blocks from the node scopes.
-fn finish(imp: Importer<'_>, name: &str, dtype: DType) -> Result<(Graph, ImportReport)> {
+fn finish(
+    imp: Importer<'_>,
+    name: &str,
+    dtype: DType,
+    modules: &HashSet<String>,
+) -> Result<(Graph, ImportReport)> {
     let mut report = imp.report;
     let mut index = vec![u32::MAX; imp.nodes.len()];
     let mut live = 0u32;
@@ -1429,9 +1633,9 @@ fn finish(imp: Importer<'_>, name: &str, dtype: DType) -> Result<(Graph, ImportR
     let mut scope_at: HashMap<String, usize> = HashMap::new();
     for n in imp.nodes.into_iter().filter(|n| !n.dead) {
         let id = NodeId(defs.len() as u32);
-        if let (Some(s), false) = (&n.scope, n.op.is_input()) {
+        if let (Some(s), false) = (block_key(&n.scope, modules), n.op.is_input()) {
             let k = *scope_at.entry(s.clone()).or_insert_with(|| {
-                scopes.push((s.clone(), Vec::new()));
+                scopes.push((s, Vec::new()));
                 scopes.len() - 1
             });
             scopes[k].1.push(id);

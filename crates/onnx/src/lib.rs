@@ -49,6 +49,8 @@
 //! | `Transpose` | `transpose`; removed for the identity permutation |
 //! | `Identity`, `Dropout`, `Cast` of an activation | removed |
 //! | `Split`, `Slice` along axis 1 (channels) | removed: consumers read channel slices; other axes: `opaque` |
+//! | GELU and layer norm written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`) | rewritten into one `Gelu` / `LayerNormalization` first |
+//! | other element-wise ops (`HardSwish`, `LeakyRelu`, `Erf`, `Pow`, `Max`, `Where`, ...), reductions (`Reduce*`, `ArgMax`), `Gather`, `Pad`, `Resize`, `Expand` | `opaque` with the shape we compute |
 //! | `Constant`, `Shape`, `Size`, and any node whose inputs are all constants | evaluated at import (shape arithmetic), no operator |
 //! | anything else | an error listing every unsupported type with its count; with [`OnnxOptions::allow_unknown`], `opaque` |
 //!
@@ -72,10 +74,18 @@
 //!
 //! ## Blocks
 //! Exporters name nodes after the module they come from (`/layer1/layer1.0/conv1/Conv`,
-//! `/Mixed_5b/branch1x1/conv/Conv`). Operators are grouped into blocks by that module (the
-//! numbered child of a container like `layer1.0`, else the top-level module), which gives IOS
-//! and IOPS the same parts as the zoo's Inception modules and bottlenecks. Single-operator
-//! groups are not blocks.
+//! `/Mixed_5b/branch1x1/conv/Conv`). Operators are grouped into blocks by their top-level
+//! module when it has operators of its own (`/Mixed_5b/Concat`: an Inception module), else by
+//! the child of that container (`layer1.0`: a bottleneck; `features/denseblock1`), which gives
+//! IOS and IOPS the same parts as the zoo's Inception modules and bottlenecks. Single-operator
+//! groups are not blocks; models whose node names carry no module path get no blocks.
+//!
+//! ## Limits
+//! Control flow (`If`, `Loop`, `Scan`) and sequences are not supported (with `allow_unknown`
+//! they are opaque operators without their sub-graphs). Shape computations are evaluated for
+//! the operators exporters use for them (`Shape`, `Gather`, `Unsqueeze`, `Concat`, `Slice`,
+//! `Cast`, arithmetic, comparisons, `Where`, `Range`, `ConstantOfShape`, `Expand`); a shape
+//! that depends on anything else is an error naming the node. Convolutions and pools are 2-D.
 //!
 //! ## Element type
 //! The element type is that of the first floating-point graph input (float16 and bfloat16 are

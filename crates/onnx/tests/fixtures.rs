@@ -259,7 +259,7 @@ fn unsupported_operators_are_listed_with_counts_or_imported_as_opaque() {
     let msg = e.to_string();
     assert!(msg.starts_with(&path.display().to_string()), "{msg}");
     assert!(
-        msg.contains("unsupported ONNX operators: HardSwish x1, Resize x2, com.example.Custom x1"),
+        msg.contains("unsupported ONNX operators: DepthToSpace x2, LRN x1, com.example.Custom x1"),
         "{msg}"
     );
     assert!(msg.contains("--allow-unknown"), "{msg}");
@@ -279,23 +279,20 @@ fn unsupported_operators_are_listed_with_counts_or_imported_as_opaque() {
     assert_eq!(types(g), BTreeMap::from([("conv2d", 2), ("opaque", 4)]));
     assert_eq!(i.report.unknown.values().sum::<usize>(), 4);
     // Output shapes come from the model's value info.
-    let up = g.find("/up2/Resize").unwrap();
+    let up = g.find("/up2/DepthToSpace").unwrap();
     assert_eq!(g.node(up).shape, vec![1, 8, 64, 64]);
-    assert!(matches!(&g.node(up).op, Op::Opaque { op_type, .. } if op_type == "Resize"));
-    // Costed by tensor sizes: reads 8x32x32, writes 8x64x64.
+    assert!(matches!(&g.node(up).op, Op::Opaque { op_type, .. } if op_type == "DepthToSpace"));
+    // Costed by tensor sizes: reads 32x32x32, writes 8x64x64.
     let s = g.stats(up);
     assert_eq!(
         (s.bytes_read, s.bytes_written),
-        (8 * 32 * 32 * 4, 8 * 64 * 64 * 4)
+        (32 * 32 * 32 * 4, 8 * 64 * 64 * 4)
     );
 
     // Through the facade: the same choice, and a user error.
     let spec = path.to_str().unwrap();
     let e = opsched::load_model(spec, &ZooConfig::default()).unwrap_err();
-    assert!(
-        e.is_user_error() && e.to_string().contains("Resize x2"),
-        "{e}"
-    );
+    assert!(e.is_user_error() && e.to_string().contains("LRN x1"), "{e}");
     let opts = opsched::LoadOptions {
         allow_unknown: true,
     };
@@ -679,4 +676,68 @@ fn broadcasts_standalone_batch_norms_and_nested_concats() {
     assert_eq!(g.node(outer).inputs.len(), 3);
     assert_eq!(g.node(outer).shape, vec![1, 24, 4, 4]);
     assert_eq!(i.report.merged_concats, 1);
+}
+
+#[test]
+fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
+    let f = |name: &str, v: f32| AttributeProto {
+        name: name.into(),
+        f: v,
+        r#type: 1,
+        ..AttributeProto::default()
+    };
+    let pads = TensorProto {
+        name: "pads".into(),
+        dims: vec![8],
+        data_type: data_type::INT64,
+        int64_data: vec![0, 0, 1, 2, 0, 0, 1, 2],
+        ..TensorProto::default()
+    };
+    let scales = TensorProto {
+        name: "scales".into(),
+        dims: vec![4],
+        data_type: data_type::FLOAT,
+        float_data: vec![1.0, 1.0, 2.0, 2.0],
+        ..TensorProto::default()
+    };
+    let index = TensorProto {
+        name: "index".into(),
+        dims: vec![],
+        data_type: data_type::INT64,
+        int64_data: vec![0],
+        ..TensorProto::default()
+    };
+    let m = model(
+        18,
+        vec![
+            node("HardSwish", "hswish", &["x"], vec![]),
+            node("LeakyRelu", "leaky", &["hswish_out"], vec![f("alpha", 0.1)]),
+            node("Pad", "pad", &["leaky_out", "pads"], vec![]),
+            node("Resize", "resize", &["pad_out", "", "scales"], vec![]),
+            node(
+                "ReduceMean",
+                "mean",
+                &["resize_out"],
+                vec![int("keepdims", 0), ints("axes", &[2, 3])],
+            ),
+            node(
+                "Gather",
+                "first",
+                &["mean_out", "index"],
+                vec![int("axis", 1)],
+            ),
+        ],
+        vec![pads, scales, index],
+        vec![value("x", &[dim(2), dim(8), dim(6), dim(6)])],
+    );
+    let i = import(&m, &OnnxOptions::default()).unwrap();
+    assert!(i.report.unknown.is_empty());
+    let g = &i.graph;
+    let shape = |n: &str| g.node(g.find(n).unwrap()).shape.clone();
+    assert_eq!(shape("leaky"), vec![2, 8, 6, 6]);
+    assert_eq!(shape("pad"), vec![2, 8, 8, 10]);
+    assert_eq!(shape("resize"), vec![2, 8, 16, 20]);
+    assert_eq!(shape("mean"), vec![2, 8]);
+    assert_eq!(shape("first"), vec![2]);
+    assert_eq!(types(g), BTreeMap::from([("opaque", 6)]));
 }
