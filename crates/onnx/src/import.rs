@@ -159,6 +159,33 @@ fn scope_path(name: &str) -> Vec<String> {
     }
 }
 
+/// The module path of a node: from its name (`/layer1/layer1.0/conv1/Conv`, PyTorch's
+/// TorchScript exporter) or from the `pkg.torch.onnx.name_scopes` metadata (PyTorch's dynamo
+/// exporter: `['', 'layer1', 'layer1.0', 'layer1.0.conv1', 'conv2d_1']`).
+fn node_scope(node: &NodeProto) -> Vec<String> {
+    if node.name.contains('/') {
+        return scope_path(&node.name);
+    }
+    let Some(p) = node
+        .metadata_props
+        .iter()
+        .find(|p| p.key == "pkg.torch.onnx.name_scopes")
+    else {
+        return Vec::new();
+    };
+    let items: Vec<String> = p
+        .value
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|s| s.trim().trim_matches(|c| c == '\'' || c == '"').to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    match items.split_last() {
+        Some((_, scopes)) => scopes.to_vec(),
+        None => Vec::new(),
+    }
+}
+
 /// Block key of a node: its top-level module when that module has operators of its own (an
 /// Inception module's concat: `/Mixed_5b/Concat`), else the child of that container
 /// (`/layer1/layer1.0/...` gives `layer1.0`; `/features/denseblock1/...` gives
@@ -408,7 +435,7 @@ impl<'a> Importer<'a> {
             op,
             inputs,
             shape: shape.clone(),
-            scope: scope_path(&node.name),
+            scope: node_scope(node),
             out_tensor: tensor.to_string(),
             dead: false,
         });
@@ -729,6 +756,24 @@ impl<'a> Importer<'a> {
                     }
                 };
                 let keep = attr_i(node, "keepdims", 1) == 1;
+                let spatial = axes.as_ref().is_some_and(|a| {
+                    let mut a: Vec<i64> =
+                        a.iter().map(|&v| if v < 0 { v + 4 } else { v }).collect();
+                    a.sort_unstable();
+                    a == [2, 3]
+                });
+                if keep && spatial && x.shape.len() == 4 && matches!(op, "ReduceMean" | "ReduceMax")
+                {
+                    // A global pool (how the dynamo exporter writes adaptive_avg_pool2d(1)).
+                    let kind = if op == "ReduceMax" {
+                        PoolKind::GlobalMax
+                    } else {
+                        PoolKind::GlobalAvg
+                    };
+                    let p = Pool2d::new(kind, 1, 1, 0);
+                    self.push(node, Self::out0(node)?, Op::Pool2d(p), vec![x.term()])?;
+                    return Ok(());
+                }
                 let shape = match axes.filter(|a| !a.is_empty()) {
                     None if attr_i(node, "noop_with_empty_axes", 0) == 1 => x.shape.clone(),
                     None => {
@@ -1604,7 +1649,7 @@ pub(crate) fn import(
     let dtype = dtype.unwrap_or(DType::F32);
     let modules: HashSet<String> = graph_nodes
         .iter()
-        .filter_map(|n| match scope_path(&n.name).as_slice() {
+        .filter_map(|n| match node_scope(n).as_slice() {
             [only] => Some(only.clone()),
             _ => None,
         })

@@ -36,6 +36,7 @@
 //! | `Relu`, `Sigmoid`, `Tanh`, `Gelu`, `Clip` after a conv or linear read only by it | fused into it (`act`) |
 //! | the same elsewhere | `activation` (`Clip`, e.g. ReLU6, is costed as a ReLU) |
 //! | `MaxPool`, `AveragePool` (2-D, `ceil_mode`), `GlobalAveragePool`, `GlobalMaxPool` | `pool2d` |
+//! | `ReduceMean`/`ReduceMax` over both spatial axes of an NCHW tensor, keeping dimensions | global `pool2d` (the dynamo exporter's adaptive pool) |
 //! | `Add`, `Sub`, `Mul`, `Div`, `Sum` of same-shaped activations | `elementwise` (Sub as add, Div as mul) |
 //! | `Add`/`Sub` of a constant after a conv or linear without bias | folded: a bias |
 //! | `Mul`/`Div` by a scalar (or per-channel) constant after a conv, linear or matmul | folded into its weights |
@@ -74,7 +75,8 @@
 //!
 //! ## Blocks
 //! Exporters name nodes after the module they come from (`/layer1/layer1.0/conv1/Conv`,
-//! `/Mixed_5b/branch1x1/conv/Conv`). Operators are grouped into blocks by their top-level
+//! `/Mixed_5b/branch1x1/conv/Conv`; PyTorch's dynamo exporter records the same path in the
+//! node's `pkg.torch.onnx.name_scopes` metadata, which we read when the name has none). Operators are grouped into blocks by their top-level
 //! module when it has operators of its own (`/Mixed_5b/Concat`: an Inception module), else by
 //! the child of that container (`layer1.0`: a bottleneck; `features/denseblock1`), which gives
 //! IOS and IOPS the same parts as the zoo's Inception modules and bottlenecks. Single-operator

@@ -70,6 +70,7 @@ fn synthetic(
         op_type: op_type.to_string(),
         attribute: attrs,
         domain: String::new(),
+        metadata_props: base.metadata_props.clone(),
     }
 }
 

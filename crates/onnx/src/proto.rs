@@ -72,6 +72,10 @@ pub struct NodeProto {
     pub attribute: Vec<AttributeProto>,
     #[prost(string, tag = "7")]
     pub domain: String,
+    /// IR version 10 metadata; PyTorch's dynamo exporter records the module path of the node
+    /// under `pkg.torch.onnx.name_scopes`.
+    #[prost(message, repeated, tag = "9")]
+    pub metadata_props: Vec<StringStringEntryProto>,
 }
 
 /// `AttributeProto` without sub-graphs, sparse tensors and type protos.

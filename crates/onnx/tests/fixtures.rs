@@ -395,7 +395,7 @@ fn node(op_type: &str, name: &str, inputs: &[&str], attrs: Vec<AttributeProto>) 
         name: name.into(),
         op_type: op_type.into(),
         attribute: attrs,
-        domain: String::new(),
+        ..NodeProto::default()
     }
 }
 
@@ -740,4 +740,50 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
     assert_eq!(shape("mean"), vec![2, 8]);
     assert_eq!(shape("first"), vec![2]);
     assert_eq!(types(g), BTreeMap::from([("opaque", 6)]));
+}
+
+#[test]
+fn dynamo_exports_give_blocks_from_name_scope_metadata_and_reduce_mean_pools() {
+    let scoped = |mut n: NodeProto, scopes: &str| {
+        n.metadata_props = vec![StringStringEntryProto {
+            key: "pkg.torch.onnx.name_scopes".into(),
+            value: scopes.into(),
+        }];
+        n
+    };
+    let axes = TensorProto {
+        name: "axes".into(),
+        dims: vec![2],
+        data_type: data_type::INT64,
+        int64_data: vec![-1, -2],
+        ..TensorProto::default()
+    };
+    let m = model(
+        18,
+        vec![
+            scoped(
+                node("Relu", "node_relu", &["x"], vec![]),
+                "['', 'layer1', 'layer1.0', 'layer1.0.relu', 'relu']",
+            ),
+            scoped(
+                node("Sigmoid", "node_sigmoid", &["node_relu_out"], vec![]),
+                "['', 'layer1', 'layer1.0', 'layer1.0.act', 'sigmoid']",
+            ),
+            scoped(
+                node(
+                    "ReduceMean",
+                    "node_mean",
+                    &["node_sigmoid_out", "axes"],
+                    vec![],
+                ),
+                "['', 'avgpool', 'mean']",
+            ),
+        ],
+        vec![axes],
+        vec![value("x", &[dim(1), dim(8), dim(4), dim(4)])],
+    );
+    let g = import(&m, &OnnxOptions::default()).unwrap().graph;
+    let blocks: Vec<&str> = g.blocks().iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(blocks, ["layer1.0"]);
+    assert!(matches!(op(&g, "node_mean"), Op::Pool2d(p) if p.kind == PoolKind::GlobalAvg));
 }
