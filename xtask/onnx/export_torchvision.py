@@ -6,6 +6,11 @@ opset 17, eval mode (so the exporter folds batch norm into the convolutions), ex
 the TorchScript exporter (dynamo=False), whose node names carry the module path
 (/layer1/layer1.0/conv1/Conv) that the importer turns into blocks.
 
+Also writes squeezenet_ios.onnx: IOS's SqueezeNet 1.0 variant (the zoo's `squeezenet`: a
+bypass sum after every fire module, through a 1x1 projection conv where the channel counts
+differ; a stem conv padded by 3; floor-mode pools; no flatten), written in PyTorch here since
+torchvision's SqueezeNet has no bypasses.
+
 Weights are stripped: every tensor of 1 KiB or more is moved to an external data file that is
 then deleted, so the files keep only the initializers' names and shapes (small shape constants
 stay inline). The importer never needs the weights.
@@ -21,6 +26,52 @@ import sys
 import onnx
 import torch
 import torchvision
+from torch import nn
+
+
+def conv_bn_relu(cin, cout, k, stride=1, pad=None):
+    pad = k // 2 if pad is None else pad
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, stride, pad, bias=False), nn.BatchNorm2d(cout), nn.ReLU()
+    )
+
+
+class FireIOS(nn.Module):
+    """IOS's fire module: squeeze, expand 3x3 and 1x1, concat, bypass sum."""
+
+    def __init__(self, cin, squeeze, expand):
+        super().__init__()
+        self.squeeze = conv_bn_relu(cin, squeeze, 1)
+        self.expand3x3 = conv_bn_relu(squeeze, expand, 3)
+        self.expand1x1 = conv_bn_relu(squeeze, expand, 1)
+        self.bypass = conv_bn_relu(cin, 2 * expand, 1) if cin != 2 * expand else None
+
+    def forward(self, x):
+        y = self.squeeze(x)
+        y = torch.cat([self.expand3x3(y), self.expand1x1(y)], 1)
+        return y + (self.bypass(x) if self.bypass is not None else x)
+
+
+class SqueezeNetIOS(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.front = nn.Sequential(conv_bn_relu(3, 96, 7, 2, 3), nn.MaxPool2d(3, 2))
+        self.fire2 = FireIOS(96, 16, 64)
+        self.fire3 = FireIOS(128, 16, 64)
+        self.fire4 = FireIOS(128, 32, 128)
+        self.pool4 = nn.MaxPool2d(3, 2)
+        self.fire5 = FireIOS(256, 32, 128)
+        self.fire6 = FireIOS(256, 48, 192)
+        self.fire7 = FireIOS(384, 48, 192)
+        self.fire8 = FireIOS(384, 64, 256)
+        self.pool8 = nn.MaxPool2d(3, 2)
+        self.fire9 = FireIOS(512, 64, 256)
+        self.tail = nn.Sequential(conv_bn_relu(512, 1000, 1), nn.AdaptiveAvgPool2d(1))
+
+    def forward(self, x):
+        x = self.fire4(self.fire3(self.fire2(self.front(x))))
+        x = self.fire8(self.fire7(self.fire6(self.fire5(self.pool4(x)))))
+        return self.tail(self.fire9(self.pool8(x)))
 
 MODELS = {
     # name: (constructor, input side)
@@ -38,6 +89,7 @@ MODELS = {
     ),
     "squeezenet1_0": (lambda: torchvision.models.squeezenet1_0(weights=None), 224),
     "resnet50": (lambda: torchvision.models.resnet50(weights=None), 224),
+    "squeezenet_ios": (SqueezeNetIOS, 224),
 }
 
 

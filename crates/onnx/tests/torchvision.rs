@@ -12,7 +12,8 @@
 //!   torchvision's has no bypass, an unpadded stem, ceil-mode pools and a `flatten` at the end.
 //!   Its import is compared with the same network built here with the graph builder (39
 //!   operators, 46 edges) instead; against the zoo it has 50 - 8 sums - 4 projections + 1
-//!   flatten = 39 operators.
+//!   flatten = 39 operators. IOS's variant itself, written in PyTorch and exported
+//!   (`squeezenet_ios.onnx`), matches the zoo.
 //! - GoogLeNet and ResNet-50: identical counts.
 
 #![allow(clippy::unwrap_used)]
@@ -198,4 +199,21 @@ fn squeezenet_matches_torchvisions_network_and_differs_from_ios_variant_as_expla
     assert_eq!(z.op_count(), 50);
     assert_eq!(g.op_count(), z.op_count() - 8 - 4 + 1);
     assert_makespans_close(&g, &r);
+}
+
+/// IOS's SqueezeNet variant written in PyTorch (export_torchvision.py): the zoo's network.
+#[test]
+fn squeezenet_ios_variant_matches_the_zoo() {
+    let (g, z) = (import("squeezenet_ios.onnx"), zoo("squeezenet"));
+    assert_eq!((g.op_count(), g.edge_count()), (50, 65));
+    assert_eq!((z.op_count(), z.edge_count()), (50, 65));
+    // The zoo writes each bypass sum as IOS does (an identity summing two values), the export
+    // as an Add: the same arithmetic and bytes.
+    let mut types = op_types(&z);
+    assert_eq!(types.remove("identity"), Some(8));
+    types.insert("elementwise", 8);
+    assert_eq!(op_types(&g), types);
+    let (sg, sz) = (opsched::graph::summarize(&g), opsched::graph::summarize(&z));
+    assert_eq!((sg.flops, sg.params), (sz.flops, sz.params));
+    assert_makespans_close(&g, &z);
 }
