@@ -13,6 +13,11 @@ use crate::shapes;
 /// Largest tensor whose values are read (shape tensors, scalars, axes lists).
 pub const MAX_CONST_ELEMS: usize = 64;
 
+/// Number of elements of a shape, `None` on overflow.
+pub fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
 /// Values of a small constant.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Data {
@@ -78,7 +83,7 @@ impl Const {
     }
     /// Number of elements, when the shape is known.
     pub fn numel(&self) -> Option<usize> {
-        self.shape.as_ref().map(|s| s.iter().product())
+        self.shape.as_deref().and_then(numel)
     }
 }
 
@@ -169,7 +174,7 @@ fn read_external(path: &Path, offset: u64, len: usize) -> std::io::Result<Vec<u8
 /// Dimensions that are negative make the shape unknown.
 pub fn from_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Const {
     let shape: Option<Shape> = t.dims.iter().map(|&d| usize::try_from(d).ok()).collect();
-    let n: Option<usize> = shape.as_ref().map(|s| s.iter().product());
+    let n: Option<usize> = shape.as_deref().and_then(numel);
     let mut c = Const::shape_only(shape);
     let Some(n) = n.filter(|&n| n <= MAX_CONST_ELEMS) else {
         return c;
@@ -192,9 +197,11 @@ pub fn from_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Const {
             data_type::FLOAT16 | data_type::BFLOAT16 => 2,
             _ => 1,
         };
+        // Never more than the tensor needs, whatever the file claims.
         let len = get("length")
             .and_then(|v| v.parse().ok())
-            .unwrap_or(n * size);
+            .unwrap_or(n * size)
+            .min(n * size);
         let path = base_dir.unwrap_or(Path::new(".")).join(location);
         match read_external(&path, offset, len) {
             Ok(raw) => {
@@ -268,7 +275,7 @@ fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
 fn arith(op: &str, a: &Const, b: &Const) -> Option<Const> {
     let (sa, sb) = (a.shape.clone()?, b.shape.clone()?);
     let out_shape = shapes::broadcast(&sa, &sb).ok()?;
-    let n: usize = out_shape.iter().product();
+    let n = numel(&out_shape)?;
     let pick = |v: &[f64], i: usize| -> Option<f64> {
         match v.len() {
             1 => v.first().copied(),
@@ -472,14 +479,14 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                     match &data.data {
                         Data::Int(v) => {
                             let g: Option<Vec<i64>> =
-                                iv.iter().map(|&k| pick(k).map(|k| v[k])).collect();
+                                iv.iter().map(|&k| v.get(pick(k)?).copied()).collect();
                             if let Some(g) = g {
                                 return one(Const::ints(o.clone(), g));
                             }
                         }
                         Data::Float(v) => {
                             let g: Option<Vec<f64>> =
-                                iv.iter().map(|&k| pick(k).map(|k| v[k])).collect();
+                                iv.iter().map(|&k| v.get(pick(k)?).copied()).collect();
                             if let Some(g) = g {
                                 return one(Const::floats(o.clone(), g));
                             }
@@ -573,7 +580,7 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             let dims = x?.as_ints()?;
             let shape: Option<Shape> = dims.iter().map(|&d| usize::try_from(d).ok()).collect();
             let shape = shape?;
-            let n: usize = shape.iter().product();
+            let n = numel(&shape)?;
             let value = attr(node, "value")
                 .and_then(|a| a.t.as_ref())
                 .map(|t| from_tensor(t, None));
@@ -621,7 +628,7 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             let Some(shape) = shape else {
                 return one(Const::shape_only(None));
             };
-            let n: usize = shape.iter().product();
+            let n = numel(&shape)?;
             let at = |v: &[i64], i: usize| -> Option<i64> {
                 if v.len() == 1 {
                     v.first().copied()

@@ -835,7 +835,7 @@ impl<'a> Importer<'a> {
             return Err(unsupported(node, "not 2-D"));
         }
         let groups = to_usize(attr_i(node, "group", 1), "group")?;
-        if groups == 0 || ws[1] * groups != x.shape[1] {
+        if groups == 0 || ws[1].checked_mul(groups) != Some(x.shape[1]) {
             return Err(Fail::Error(format!(
                 "weights {ws:?} with {groups} groups do not fit an input of {} channels",
                 x.shape[1]

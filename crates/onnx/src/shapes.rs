@@ -9,7 +9,7 @@ use opsched_graph::{Op, Shape};
 pub fn axis(a: i64, rank: usize) -> Result<usize, String> {
     let r = rank as i64;
     let n = if a < 0 { a + r } else { a };
-    if n < 0 || n >= r.max(1) {
+    if n < 0 || n >= r {
         return Err(format!("axis {a} out of range for rank {rank}"));
     }
     Ok(n as usize)
@@ -42,6 +42,21 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Shape, String> {
 
 /// ONNX `Reshape` (0 copies the input dimension, -1 is inferred), through the IR's rule.
 pub fn reshape(x: &[usize], target: &[i64]) -> Result<Shape, String> {
+    // The IR multiplies dimensions unchecked: refuse sizes that overflow first.
+    let known: Option<u64> = target.iter().enumerate().try_fold(1u64, |acc, (i, &d)| {
+        let d = match d {
+            0 => x.get(i).copied().unwrap_or(1) as u64,
+            d if d > 0 => d as u64,
+            _ => 1,
+        };
+        acc.checked_mul(d)
+    });
+    let input = x.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+    if known.is_none() || input.is_none() {
+        return Err(format!(
+            "cannot reshape {x:?} into {target:?}: the size overflows"
+        ));
+    }
     Op::Reshape {
         shape: target.to_vec(),
     }
@@ -60,7 +75,8 @@ pub fn flatten(x: &[usize], axis_attr: i64) -> Result<Shape, String> {
         return Err(format!("flatten axis {axis_attr} out of range for {x:?}"));
     }
     let a = a as usize;
-    Ok(vec![x[..a].iter().product(), x[a..].iter().product()])
+    let prod = |s: &[usize]| crate::consts::numel(s).ok_or("flattened size overflows");
+    Ok(vec![prod(&x[..a])?, prod(&x[a..])?])
 }
 
 /// ONNX `Unsqueeze`: insert 1s at `axes` of the output.

@@ -787,3 +787,27 @@ fn dynamo_exports_give_blocks_from_name_scope_metadata_and_reduce_mean_pools() {
     assert_eq!(blocks, ["layer1.0"]);
     assert!(matches!(op(&g, "node_mean"), Op::Pool2d(p) if p.kind == PoolKind::GlobalAvg));
 }
+
+/// Corrupted files never panic: every prefix of a fixture, and single-byte changes all over
+/// it, import or fail with an error.
+#[test]
+fn corrupted_files_fail_without_panicking() {
+    let bytes = std::fs::read(fixture("multi_branch_cnn.onnx")).unwrap();
+    let opts = OnnxOptions {
+        allow_unknown: true,
+        ..OnnxOptions::default()
+    };
+    for len in (0..bytes.len()).step_by(7) {
+        let _ = import_bytes(bytes[..len].to_vec(), "prefix", None, &opts);
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..3000 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let mut b = bytes.clone();
+        let at = (state % b.len() as u64) as usize;
+        b[at] = (state >> 32) as u8;
+        let _ = import_bytes(b, "mutant", None, &opts);
+    }
+}
