@@ -204,6 +204,20 @@ fn block_key(path: &[String], modules: &HashSet<String>) -> Option<String> {
     }
 }
 
+/// Most elements of one tensor (2^40, 4 TiB in f32): beyond, sizes are corrupt, and the IR's
+/// FLOP and byte counts would overflow.
+const MAX_ELEMS: u64 = 1 << 40;
+
+fn check_size(shape: &[usize]) -> std::result::Result<(), String> {
+    match shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+    {
+        Some(n) if n <= MAX_ELEMS => Ok(()),
+        _ => Err(format!("shape {shape:?} is implausibly large")),
+    }
+}
+
 fn to_usize(v: i64, what: &str) -> std::result::Result<usize, String> {
     usize::try_from(v).map_err(|_| format!("{what} {v} must be non-negative"))
 }
@@ -422,6 +436,7 @@ impl<'a> Importer<'a> {
             })
             .collect();
         let shape = op.infer_shape(&terms)?;
+        check_size(&shape)?;
         let base =
             if node.output.len() > 1 && node.output.first().map(String::as_str) != Some(tensor) {
                 format!("{}:{tensor}", display_name(node))
@@ -1474,6 +1489,7 @@ pub(crate) fn import(
         if shape.contains(&0) {
             return Err(bad(format!("shape {shape:?} has a zero dimension")));
         }
+        check_size(&shape).map_err(bad)?;
         let name = imp.unique_name(&vi.name);
         let id = imp.nodes.len();
         imp.nodes.push(PNode {
