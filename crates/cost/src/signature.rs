@@ -233,6 +233,11 @@ fn write_op(s: &mut String, op: &Op) {
         Op::Abstract { time_ms, util } => {
             let _ = write!(s, "(t={time_ms:e},u={util:e})");
         }
+        Op::Opaque { op_type, shape } => {
+            let _ = write!(s, "({op_type},");
+            write_shape(s, shape);
+            s.push(')');
+        }
     }
 }
 

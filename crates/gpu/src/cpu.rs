@@ -325,6 +325,11 @@ fn eval(
     let y = match op {
         Op::Input { .. } => return Err(unsup("an input is not evaluated")),
         Op::Abstract { .. } => vec![0.0; numel(out_shape).max(1)],
+        Op::Opaque { op_type, .. } => {
+            return Err(unsup(&format!(
+                "'{op_type}' is an opaque operator without semantics"
+            )))
+        }
         Op::Conv2d(c) => {
             let (x, s) = single();
             let fan_in = s[1] / c.groups.max(1) * c.kernel[0] * c.kernel[1];

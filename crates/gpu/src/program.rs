@@ -588,6 +588,15 @@ impl<'g> Builder<'g> {
                 time_ms: *time_ms,
                 util: *util,
             }),
+            // A foreign ONNX operator has a shape but no semantics we could run.
+            Op::Opaque { op_type, .. } => {
+                return Err(GpuError::Unsupported {
+                    node: self.g.node(node).name.clone(),
+                    message: format!(
+                        "'{op_type}' was imported as an opaque operator (--allow-unknown) and has no GPU kernel"
+                    ),
+                })
+            }
             Op::Conv2d(c) => {
                 let (x, xs) = self.single(steps, node, gpu, src)?;
                 let [n, ch, h, w] = four(self.g, node, &xs)?;

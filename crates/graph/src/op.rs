@@ -309,6 +309,17 @@ pub enum Op {
         #[serde(default = "default_util")]
         util: f64,
     },
+    /// An operator the IR does not model (e.g. an ONNX operator imported with
+    /// `--allow-unknown`), known by its foreign type name and output shape. Its inputs may have
+    /// any shapes (they are not concatenated). It is costed by its tensor sizes: a memory-bound
+    /// pass that reads every input element, writes every output element and does one FLOP per
+    /// output element.
+    Opaque {
+        /// The foreign operator type, e.g. `"NonMaxSuppression"`.
+        op_type: String,
+        /// Output shape, batch included.
+        shape: Shape,
+    },
 }
 
 /// Counts of one operator, for a given input.
@@ -401,6 +412,7 @@ impl Op {
             Op::Transpose { .. } => "transpose",
             Op::Sequential { .. } => "sequential",
             Op::Abstract { .. } => "abstract",
+            Op::Opaque { .. } => "opaque",
         }
     }
 
@@ -439,6 +451,14 @@ impl Op {
                     return Err(format!("util {util} must lie in (0, 1]"));
                 }
                 Ok(Vec::new())
+            }
+            Op::Opaque { op_type, shape } => {
+                if shape.contains(&0) {
+                    return Err(format!(
+                        "opaque '{op_type}' output shape {shape:?} must be positive"
+                    ));
+                }
+                Ok(shape.clone())
             }
             Op::Elementwise { .. } => {
                 let first = terms
@@ -634,6 +654,7 @@ impl Op {
                 }
             }
             Op::Activation { act } => (out_elems * act.flops_per_element(), 0),
+            Op::Opaque { .. } => (out_elems, 0),
             Op::Elementwise { .. } => (out_elems * (terms.len() as u64).saturating_sub(1), 0),
             Op::Concat { .. } | Op::Identity | Op::Reshape { .. } | Op::Transpose { .. } => (0, 0),
             Op::Linear {

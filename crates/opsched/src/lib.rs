@@ -5,7 +5,9 @@
 //!
 //! - the registry of schedulers by name ([`schedulers`], [`scheduler_with`]) and [`compare`];
 //! - the choice of cost model by name ([`CostKind`], [`cost_model`], [`default_cost_kind`]);
-//! - the one evaluator every comparison goes through ([`evaluate`]: lower, simulate, bound).
+//! - the one evaluator every comparison goes through ([`evaluate`]: lower, simulate, bound);
+//! - model loading ([`load_model`], [`load_model_with`]): zoo names, graph files and, with the
+//!   `onnx` feature (on by default), ONNX files.
 
 pub use opsched_cost as cost;
 /// The GPU backend: device discovery, kernels, the runtime and the profiler.
@@ -14,6 +16,8 @@ pub use opsched_graph as graph;
 pub use opsched_graph::{formats, zoo, Graph, GraphError};
 pub use opsched_profiler as profiler;
 pub use opsched_runtime as runtime;
+#[cfg(feature = "onnx")]
+pub use opsched_onnx as onnx;
 pub use opsched_schedule as schedule;
 
 use std::collections::BTreeSet;
@@ -39,6 +43,10 @@ pub enum Error {
     Cost(#[from] CostError),
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    /// An ONNX file that does not import.
+    #[cfg(feature = "onnx")]
+    #[error(transparent)]
+    Onnx(#[from] opsched_onnx::OnnxError),
     /// A scheduler name that is not in the registry.
     #[error("unknown scheduler '{name}' (known: {known})")]
     UnknownScheduler { name: String, known: String },
@@ -61,6 +69,8 @@ impl Error {
             | Error::UnknownCost { .. }
             | Error::Unavailable(_) => true,
             Error::Schedule(e) => !matches!(e, ScheduleError::Deadlock(_)),
+            #[cfg(feature = "onnx")]
+            Error::Onnx(_) => true,
         }
     }
 }
@@ -68,17 +78,88 @@ impl Error {
 /// Result of the facade.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How to load a model, beyond the zoo configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// ONNX files: import unsupported operators as opaque operators (costed by their tensor
+    /// sizes) instead of failing with the list of unsupported operator types.
+    pub allow_unknown: bool,
+}
+
+/// Load a model given as a zoo name or a graph file path (a file wins when both exist), with
+/// default [`LoadOptions`].
+pub fn load_model(spec: &str, cfg: &zoo::ZooConfig) -> Result<Graph> {
+    load_model_with(spec, cfg, &LoadOptions::default())
+}
+
 /// Load a model given as a zoo name or a graph file path (a file wins when both exist).
-pub fn load_model(spec: &str, cfg: &zoo::ZooConfig) -> Result<Graph, GraphError> {
+///
+/// ONNX files (a `.onnx` extension, or protobuf content) are imported with
+/// [`opsched_onnx`]: a symbolic batch dimension takes `cfg.batch`; the element type is the
+/// model's unless `cfg.dtype` is `f16`; `cfg.input_size` does not apply.
+pub fn load_model_with(spec: &str, cfg: &zoo::ZooConfig, opts: &LoadOptions) -> Result<Graph> {
     let path = Path::new(spec);
     if path.is_file() {
-        return formats::load_file(path);
+        if is_onnx_file(path) {
+            return load_onnx(path, cfg, opts);
+        }
+        return Ok(formats::load_file(path)?);
     }
     match zoo::find(spec) {
-        Some(m) => m.build(cfg),
-        None if spec.ends_with(".json") || spec.contains('/') => formats::load_file(path),
-        None => zoo::build(spec, cfg),
+        Some(m) => Ok(m.build(cfg)?),
+        None if has_onnx_extension(path) => load_onnx(path, cfg, opts),
+        None if spec.ends_with(".json") || spec.contains('/') => Ok(formats::load_file(path)?),
+        None => Ok(zoo::build(spec, cfg)?),
     }
+}
+
+fn has_onnx_extension(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+/// An ONNX file by its extension, or by its first byte: the protobuf tag of `ir_version`
+/// (field 1, varint), which no JSON text starts with.
+fn is_onnx_file(path: &Path) -> bool {
+    if has_onnx_extension(path) {
+        return true;
+    }
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    {
+        return false;
+    }
+    use std::io::Read;
+    let mut first = [0u8; 1];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut first))
+        .is_ok_and(|()| first[0] == 0x08)
+}
+
+#[cfg(feature = "onnx")]
+fn load_onnx(path: &Path, cfg: &zoo::ZooConfig, opts: &LoadOptions) -> Result<Graph> {
+    let onnx_opts = opsched_onnx::OnnxOptions {
+        allow_unknown: opts.allow_unknown,
+        batch: cfg.batch,
+        dtype: (cfg.dtype == opsched_graph::DType::F16).then_some(opsched_graph::DType::F16),
+        ..Default::default()
+    };
+    if cfg.input_size.is_some() {
+        tracing::warn!(
+            "{}: an input size applies to zoo models only; ONNX models keep theirs",
+            path.display()
+        );
+    }
+    Ok(opsched_onnx::load_file(path, &onnx_opts)?)
+}
+
+#[cfg(not(feature = "onnx"))]
+fn load_onnx(path: &Path, _cfg: &zoo::ZooConfig, _opts: &LoadOptions) -> Result<Graph> {
+    Err(Error::Unavailable(format!(
+        "{}: ONNX import is not compiled in (build opsched with the `onnx` feature)",
+        path.display()
+    )))
 }
 
 // ---------------------------------------------------------------------------------------------

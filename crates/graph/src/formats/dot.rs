@@ -132,6 +132,7 @@ fn describe(op: &Op) -> String {
             format!("sequential [{}]", inner.join("; "))
         }
         Op::Abstract { time_ms, util } => format!("abstract {time_ms} ms util {util}"),
+        Op::Opaque { op_type, .. } => format!("opaque {op_type}"),
     }
 }
 

@@ -1,0 +1,677 @@
+//! Constants: initializers, `Constant` nodes and the small computations on them that exporters
+//! leave in graphs (shape arithmetic: `Shape -> Gather -> Unsqueeze -> Concat -> Reshape`).
+//! Values are read only for tensors of at most [`MAX_CONST_ELEMS`] elements: weights are never
+//! read, only their shapes.
+
+use std::path::Path;
+
+use opsched_graph::Shape;
+
+use crate::proto::{data_type, AttributeProto, NodeProto, TensorProto};
+use crate::shapes;
+
+/// Largest tensor whose values are read (shape tensors, scalars, axes lists).
+pub const MAX_CONST_ELEMS: usize = 64;
+
+/// Number of elements of a shape, `None` on overflow.
+pub fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+/// Values of a small constant.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    /// Not read (a weight), or not computable.
+    Unknown,
+    Int(Vec<i64>),
+    Float(Vec<f64>),
+}
+
+/// A constant tensor: its shape when known, its values when small and available.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Const {
+    pub shape: Option<Shape>,
+    pub data: Data,
+    /// The external file holding the values, when they were not read from it.
+    pub external: Option<String>,
+}
+
+impl Const {
+    pub fn ints(shape: Shape, v: Vec<i64>) -> Const {
+        Const {
+            shape: Some(shape),
+            data: Data::Int(v),
+            external: None,
+        }
+    }
+    pub fn floats(shape: Shape, v: Vec<f64>) -> Const {
+        Const {
+            shape: Some(shape),
+            data: Data::Float(v),
+            external: None,
+        }
+    }
+    pub fn shape_only(shape: Option<Shape>) -> Const {
+        Const {
+            shape,
+            data: Data::Unknown,
+            external: None,
+        }
+    }
+    /// Values as integers (floats truncated).
+    pub fn as_ints(&self) -> Option<Vec<i64>> {
+        match &self.data {
+            Data::Int(v) => Some(v.clone()),
+            Data::Float(v) => Some(v.iter().map(|&x| x as i64).collect()),
+            Data::Unknown => None,
+        }
+    }
+    /// Values as floats.
+    pub fn as_floats(&self) -> Option<Vec<f64>> {
+        match &self.data {
+            Data::Int(v) => Some(v.iter().map(|&x| x as f64).collect()),
+            Data::Float(v) => Some(v.clone()),
+            Data::Unknown => None,
+        }
+    }
+    /// The one value of a single-element constant.
+    pub fn scalar(&self) -> Option<f64> {
+        match self.as_floats()?.as_slice() {
+            [x] => Some(*x),
+            _ => None,
+        }
+    }
+    /// Number of elements, when the shape is known.
+    pub fn numel(&self) -> Option<usize> {
+        self.shape.as_deref().and_then(numel)
+    }
+}
+
+fn is_int_type(t: i32) -> bool {
+    matches!(
+        t,
+        data_type::INT64 | data_type::INT32 | data_type::INT8 | data_type::UINT8 | data_type::BOOL
+    ) || matches!(t, 4 | 5 | 12 | 13) // uint16, int16, uint32, uint64
+}
+
+fn f16_to_f64(bits: u16) -> f64 {
+    let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((bits >> 10) & 0x1f);
+    let frac = f64::from(bits & 0x3ff);
+    match exp {
+        0 => sign * frac * 2f64.powi(-24),
+        31 => sign * f64::INFINITY,
+        e => sign * (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
+    }
+}
+
+/// Decode `n` little-endian values of `dtype` from raw bytes.
+fn from_raw(raw: &[u8], dtype: i32, n: usize) -> Data {
+    let take = |size: usize| raw.len() >= n * size;
+    match dtype {
+        data_type::INT64 if take(8) => Data::Int(
+            raw.chunks_exact(8)
+                .take(n)
+                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect(),
+        ),
+        data_type::INT32 if take(4) => Data::Int(
+            raw.chunks_exact(4)
+                .take(n)
+                .map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect(),
+        ),
+        data_type::INT8 if take(1) => {
+            Data::Int(raw.iter().take(n).map(|&b| i64::from(b as i8)).collect())
+        }
+        data_type::UINT8 | data_type::BOOL if take(1) => {
+            Data::Int(raw.iter().take(n).map(|&b| i64::from(b)).collect())
+        }
+        data_type::FLOAT if take(4) => Data::Float(
+            raw.chunks_exact(4)
+                .take(n)
+                .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect(),
+        ),
+        data_type::DOUBLE if take(8) => Data::Float(
+            raw.chunks_exact(8)
+                .take(n)
+                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect(),
+        ),
+        data_type::FLOAT16 if take(2) => Data::Float(
+            raw.chunks_exact(2)
+                .take(n)
+                .map(|c| f16_to_f64(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
+        ),
+        data_type::BFLOAT16 if take(2) => Data::Float(
+            raw.chunks_exact(2)
+                .take(n)
+                .map(|c| {
+                    f64::from(f32::from_bits(
+                        u32::from(u16::from_le_bytes([c[0], c[1]])) << 16,
+                    ))
+                })
+                .collect(),
+        ),
+        _ => Data::Unknown,
+    }
+}
+
+/// Read up to `len` bytes at `offset` of an external data file.
+fn read_external(path: &Path, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    f.seek(SeekFrom::Start(offset))?;
+    let mut buf = vec![0u8; len];
+    f.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// The constant a `TensorProto` describes. Values are read when the tensor is small: from the
+/// message, or from its external file (relative to `base_dir`) when that file is present.
+/// Dimensions that are negative make the shape unknown.
+pub fn from_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Const {
+    let shape: Option<Shape> = t.dims.iter().map(|&d| usize::try_from(d).ok()).collect();
+    let n: Option<usize> = shape.as_deref().and_then(numel);
+    let mut c = Const::shape_only(shape);
+    let Some(n) = n.filter(|&n| n <= MAX_CONST_ELEMS) else {
+        return c;
+    };
+    if t.data_location == 1 || !t.external_data.is_empty() {
+        let get = |k: &str| {
+            t.external_data
+                .iter()
+                .find(|e| e.key == k)
+                .map(|e| e.value.as_str())
+        };
+        let Some(location) = get("location") else {
+            return c;
+        };
+        c.external = Some(location.to_string());
+        let offset = get("offset").and_then(|v| v.parse().ok()).unwrap_or(0u64);
+        let size = match t.data_type {
+            data_type::INT64 | data_type::DOUBLE => 8,
+            data_type::INT32 | data_type::FLOAT => 4,
+            data_type::FLOAT16 | data_type::BFLOAT16 => 2,
+            _ => 1,
+        };
+        // Never more than the tensor needs, whatever the file claims.
+        let len = get("length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(n * size)
+            .min(n * size);
+        let path = base_dir.unwrap_or(Path::new(".")).join(location);
+        match read_external(&path, offset, len) {
+            Ok(raw) => {
+                c.data = from_raw(&raw, t.data_type, n);
+                if c.data != Data::Unknown {
+                    c.external = None;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(tensor = %t.name, file = %path.display(), "external data not read: {e}")
+            }
+        }
+        return c;
+    }
+    c.data = if !t.raw_data.is_empty() {
+        from_raw(&t.raw_data, t.data_type, n)
+    } else if t.int64_data.len() == n && n > 0 {
+        Data::Int(t.int64_data.clone())
+    } else if t.int32_data.len() == n && n > 0 {
+        if is_int_type(t.data_type) {
+            Data::Int(t.int32_data.iter().map(|&v| i64::from(v)).collect())
+        } else {
+            // float16 and bfloat16 values are stored as their bits in int32_data.
+            Data::Float(
+                t.int32_data
+                    .iter()
+                    .map(|&v| match t.data_type {
+                        data_type::BFLOAT16 => f64::from(f32::from_bits((v as u32) << 16)),
+                        _ => f16_to_f64(v as u16),
+                    })
+                    .collect(),
+            )
+        }
+    } else if t.float_data.len() == n && n > 0 {
+        Data::Float(t.float_data.iter().map(|&v| f64::from(v)).collect())
+    } else if t.double_data.len() == n && n > 0 {
+        Data::Float(t.double_data.clone())
+    } else if n == 0 {
+        if is_int_type(t.data_type) {
+            Data::Int(Vec::new())
+        } else {
+            Data::Float(Vec::new())
+        }
+    } else {
+        Data::Unknown
+    };
+    c
+}
+
+/// The constant a `Constant` node defines (`value`, `value_int(s)`, `value_float(s)`).
+pub fn from_constant_node(node: &NodeProto, base_dir: Option<&Path>) -> Option<Const> {
+    let a: &AttributeProto = node.attribute.first()?;
+    Some(match a.name.as_str() {
+        "value" => from_tensor(a.t.as_ref()?, base_dir),
+        "value_int" => Const::ints(Vec::new(), vec![a.i]),
+        "value_ints" => Const::ints(vec![a.ints.len()], a.ints.clone()),
+        "value_float" => Const::floats(Vec::new(), vec![f64::from(a.f)]),
+        "value_floats" => Const::floats(
+            vec![a.floats.len()],
+            a.floats.iter().map(|&f| f64::from(f)).collect(),
+        ),
+        _ => return None,
+    })
+}
+
+fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
+    node.attribute.iter().find(|a| a.name == name)
+}
+
+/// Element-wise arithmetic with scalar broadcasting (enough for shape computations).
+fn arith(op: &str, a: &Const, b: &Const) -> Option<Const> {
+    let (sa, sb) = (a.shape.clone()?, b.shape.clone()?);
+    let out_shape = shapes::broadcast(&sa, &sb).ok()?;
+    let n = numel(&out_shape)?;
+    let pick = |v: &[f64], i: usize| -> Option<f64> {
+        match v.len() {
+            1 => v.first().copied(),
+            _ => v.get(i).copied(),
+        }
+    };
+    match (&a.data, &b.data) {
+        (Data::Int(x), Data::Int(y))
+            if (x.len() == n || x.len() == 1) && (y.len() == n || y.len() == 1) =>
+        {
+            let at = |v: &[i64], i: usize| if v.len() == 1 { v[0] } else { v[i] };
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                let (p, q) = (at(x, i), at(y, i));
+                out.push(match op {
+                    "Add" => p.checked_add(q)?,
+                    "Sub" => p.checked_sub(q)?,
+                    "Mul" => p.checked_mul(q)?,
+                    "Div" => p.checked_div(q)?,
+                    // ONNX Mod with fmod = 0: the sign of the divisor, as in Python.
+                    "Mod" => p.checked_rem(q)?.checked_add(q)?.checked_rem(q)?,
+                    "Max" => p.max(q),
+                    "Min" => p.min(q),
+                    "Equal" => i64::from(p == q),
+                    "Less" => i64::from(p < q),
+                    "Greater" => i64::from(p > q),
+                    "LessOrEqual" => i64::from(p <= q),
+                    "GreaterOrEqual" => i64::from(p >= q),
+                    _ => return None,
+                });
+            }
+            Some(Const::ints(out_shape, out))
+        }
+        _ => {
+            let (x, y) = (a.as_floats()?, b.as_floats()?);
+            if !(x.len() == n || x.len() == 1) || !(y.len() == n || y.len() == 1) {
+                return None;
+            }
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                let (p, q) = (pick(&x, i)?, pick(&y, i)?);
+                let cmp = |b: bool| if b { 1.0 } else { 0.0 };
+                out.push(match op {
+                    "Add" => p + q,
+                    "Sub" => p - q,
+                    "Mul" => p * q,
+                    "Div" => p / q,
+                    "Pow" => p.powf(q),
+                    "Max" => p.max(q),
+                    "Min" => p.min(q),
+                    "Equal" => cmp(p == q),
+                    "Less" => cmp(p < q),
+                    "Greater" => cmp(p > q),
+                    "LessOrEqual" => cmp(p <= q),
+                    "GreaterOrEqual" => cmp(p >= q),
+                    _ => return None,
+                });
+            }
+            if matches!(
+                op,
+                "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual"
+            ) {
+                return Some(Const::ints(
+                    out_shape,
+                    out.into_iter().map(|v| v as i64).collect(),
+                ));
+            }
+            Some(Const::floats(out_shape, out))
+        }
+    }
+}
+
+/// Axes from the `axes` attribute or, from opset 13 on, the second input.
+pub fn axes(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<i64>> {
+    if let Some(a) = attr(node, "axes") {
+        return Some(a.ints.clone());
+    }
+    ins.get(1).copied().flatten().and_then(Const::as_ints)
+}
+
+/// Evaluate a node all of whose inputs are constants. `Some` with one constant per output when
+/// the operator is one we evaluate (values when computable, else the shape when computable);
+/// `None` when we do not know the operator.
+pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
+    let x = ins.first().copied().flatten();
+    let shape0 = x.and_then(|c| c.shape.clone());
+    let one = |c: Const| Some(vec![c]);
+    let with_data = |shape: Option<Shape>| -> Const {
+        match (shape, x) {
+            (Some(s), Some(c)) if c.data != Data::Unknown => Const {
+                shape: Some(s),
+                data: c.data.clone(),
+                external: None,
+            },
+            (s, _) => Const::shape_only(s),
+        }
+    };
+    match node.op_type.as_str() {
+        "Identity" => one(x?.clone()),
+        "Cast" => {
+            let to = attr(node, "to").map_or(0, |a| a.i as i32);
+            let c = x?;
+            let data = match &c.data {
+                Data::Unknown => Data::Unknown,
+                _ if is_int_type(to) => Data::Int(c.as_ints()?),
+                _ => Data::Float(c.as_floats()?),
+            };
+            one(Const {
+                shape: c.shape.clone(),
+                data,
+                external: None,
+            })
+        }
+        "Reshape" => {
+            let target = ins.get(1).copied().flatten()?.as_ints();
+            let s = match (shape0, target) {
+                (Some(s), Some(t)) => shapes::reshape(&s, &t).ok(),
+                _ => None,
+            };
+            one(with_data(s))
+        }
+        "Flatten" => {
+            let axis = attr(node, "axis").map_or(1, |a| a.i);
+            one(with_data(
+                shape0.and_then(|s| shapes::flatten(&s, axis).ok()),
+            ))
+        }
+        "Unsqueeze" => {
+            let ax = axes(node, ins);
+            one(with_data(match (shape0, ax) {
+                (Some(s), Some(a)) => shapes::unsqueeze(&s, &a).ok(),
+                _ => None,
+            }))
+        }
+        "Squeeze" => {
+            let ax = axes(node, ins);
+            one(with_data(
+                shape0.and_then(|s| shapes::squeeze(&s, ax.as_deref()).ok()),
+            ))
+        }
+        "Transpose" => {
+            let s = shape0?;
+            let perm: Vec<i64> = attr(node, "perm")
+                .map(|a| a.ints.clone())
+                .unwrap_or_else(|| (0..s.len() as i64).rev().collect());
+            let out = shapes::transpose(&s, &perm).ok();
+            // Values of a transposed vector or scalar are unchanged.
+            one(if s.len() <= 1 {
+                with_data(out)
+            } else {
+                Const::shape_only(out)
+            })
+        }
+        "Concat" => {
+            let cs: Option<Vec<&Const>> = ins.iter().copied().collect();
+            let cs = cs?;
+            let axis = attr(node, "axis").map_or(0, |a| a.i);
+            let shapes_in: Option<Vec<Shape>> = cs.iter().map(|c| c.shape.clone()).collect();
+            let out = shapes_in.and_then(|s| shapes::concat(&s, axis).ok());
+            let all_vectors = cs
+                .iter()
+                .all(|c| c.shape.as_ref().is_some_and(|s| s.len() == 1));
+            if all_vectors && cs.iter().all(|c| matches!(c.data, Data::Int(_))) {
+                let v: Option<Vec<i64>> = cs
+                    .iter()
+                    .map(|c| c.as_ints())
+                    .collect::<Option<Vec<_>>>()
+                    .map(|v| v.concat());
+                if let (Some(v), Some(s)) = (v, out.clone()) {
+                    return one(Const::ints(s, v));
+                }
+            }
+            if all_vectors && cs.iter().all(|c| c.data != Data::Unknown) {
+                let v: Option<Vec<f64>> = cs
+                    .iter()
+                    .map(|c| c.as_floats())
+                    .collect::<Option<Vec<_>>>()
+                    .map(|v| v.concat());
+                if let (Some(v), Some(s)) = (v, out.clone()) {
+                    return one(Const::floats(s, v));
+                }
+            }
+            one(Const::shape_only(out))
+        }
+        "Gather" => {
+            let data = x?;
+            let idx = ins.get(1).copied().flatten()?;
+            let axis = attr(node, "axis").map_or(0, |a| a.i);
+            let (ds, is) = (data.shape.clone(), idx.shape.clone());
+            let out = match (&ds, &is) {
+                (Some(d), Some(i)) => shapes::gather(d, i, axis).ok(),
+                _ => None,
+            };
+            if let (Some(d), Some(iv), Some(o)) = (&ds, idx.as_ints(), &out) {
+                if d.len() == 1 && axis == 0 {
+                    let len = d[0] as i64;
+                    let pick = |k: i64| -> Option<usize> {
+                        let k = if k < 0 { k + len } else { k };
+                        usize::try_from(k).ok().filter(|&k| k < d[0])
+                    };
+                    match &data.data {
+                        Data::Int(v) => {
+                            let g: Option<Vec<i64>> =
+                                iv.iter().map(|&k| v.get(pick(k)?).copied()).collect();
+                            if let Some(g) = g {
+                                return one(Const::ints(o.clone(), g));
+                            }
+                        }
+                        Data::Float(v) => {
+                            let g: Option<Vec<f64>> =
+                                iv.iter().map(|&k| v.get(pick(k)?).copied()).collect();
+                            if let Some(g) = g {
+                                return one(Const::floats(o.clone(), g));
+                            }
+                        }
+                        Data::Unknown => {}
+                    }
+                }
+            }
+            one(Const::shape_only(out))
+        }
+        "Slice" => {
+            let s = shape0?;
+            let (starts, ends, ax, steps) = slice_args(node, ins)?;
+            let out = shapes::slice(&s, &starts, &ends, ax.as_deref(), steps.as_deref()).ok();
+            if s.len() == 1 {
+                if let (Some((b, e, st)), Some(o)) = (
+                    shapes::slice_range(
+                        s[0],
+                        starts[0],
+                        ends[0],
+                        steps.as_ref().map_or(1, |v| v[0]),
+                    ),
+                    &out,
+                ) {
+                    let idx: Vec<usize> = shapes::range_indices(b, e, st);
+                    match &x?.data {
+                        Data::Int(v) => {
+                            return one(Const::ints(
+                                o.clone(),
+                                idx.iter().filter_map(|&i| v.get(i).copied()).collect(),
+                            ))
+                        }
+                        Data::Float(v) => {
+                            return one(Const::floats(
+                                o.clone(),
+                                idx.iter().filter_map(|&i| v.get(i).copied()).collect(),
+                            ))
+                        }
+                        Data::Unknown => {}
+                    }
+                }
+            }
+            one(Const::shape_only(out))
+        }
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Max" | "Min" | "Equal" | "Less"
+        | "Greater" | "LessOrEqual" | "GreaterOrEqual" => {
+            let (a, b) = (x?, ins.get(1).copied().flatten()?);
+            if let Some(c) = arith(&node.op_type, a, b) {
+                return one(c);
+            }
+            let out = match (&a.shape, &b.shape) {
+                (Some(p), Some(q)) => shapes::broadcast(p, q).ok(),
+                _ => None,
+            };
+            one(Const::shape_only(out))
+        }
+        "Sqrt" | "Neg" | "Reciprocal" | "Abs" | "Exp" | "Log" | "Floor" | "Ceil" => {
+            let c = x?;
+            let f = |v: f64| match node.op_type.as_str() {
+                "Sqrt" => v.sqrt(),
+                "Neg" => -v,
+                "Reciprocal" => 1.0 / v,
+                "Abs" => v.abs(),
+                "Exp" => v.exp(),
+                "Log" => v.ln(),
+                "Floor" => v.floor(),
+                _ => v.ceil(),
+            };
+            one(match &c.data {
+                Data::Int(v) if node.op_type == "Neg" || node.op_type == "Abs" => Const::ints(
+                    c.shape.clone().unwrap_or_default(),
+                    v.iter()
+                        .map(|&i| if node.op_type == "Neg" { -i } else { i.abs() })
+                        .collect(),
+                ),
+                Data::Unknown => Const::shape_only(c.shape.clone()),
+                _ => Const::floats(
+                    c.shape.clone().unwrap_or_default(),
+                    c.as_floats()?.into_iter().map(f).collect(),
+                ),
+            })
+        }
+        "Expand" => {
+            let target = ins.get(1).copied().flatten()?.as_ints()?;
+            let target: Shape = target.iter().map(|&d| d.max(1) as usize).collect();
+            one(Const::shape_only(
+                shape0.and_then(|s| shapes::broadcast(&s, &target).ok()),
+            ))
+        }
+        "ConstantOfShape" => {
+            let dims = x?.as_ints()?;
+            let shape: Option<Shape> = dims.iter().map(|&d| usize::try_from(d).ok()).collect();
+            let shape = shape?;
+            let n = numel(&shape)?;
+            let value = attr(node, "value")
+                .and_then(|a| a.t.as_ref())
+                .map(|t| from_tensor(t, None));
+            let data = match value.as_ref().map(|v| &v.data) {
+                _ if n > MAX_CONST_ELEMS => Data::Unknown,
+                Some(Data::Int(v)) => Data::Int(vec![v.first().copied().unwrap_or(0); n]),
+                Some(Data::Float(v)) => Data::Float(vec![v.first().copied().unwrap_or(0.0); n]),
+                _ => Data::Float(vec![0.0; n]),
+            };
+            one(Const {
+                shape: Some(shape),
+                data,
+                external: None,
+            })
+        }
+        "Range" => {
+            let (s, l, d) = (
+                x?.scalar()?,
+                ins.get(1).copied().flatten()?.scalar()?,
+                ins.get(2).copied().flatten()?.scalar()?,
+            );
+            if d == 0.0 {
+                return None;
+            }
+            let n = ((l - s) / d).ceil().max(0.0) as usize;
+            if n > MAX_CONST_ELEMS {
+                return one(Const::shape_only(Some(vec![n])));
+            }
+            let v: Vec<f64> = (0..n).map(|i| s + d * i as f64).collect();
+            one(match x?.data {
+                Data::Int(_) => Const::ints(vec![n], v.into_iter().map(|f| f as i64).collect()),
+                _ => Const::floats(vec![n], v),
+            })
+        }
+        "Where" => {
+            let (c, a, b) = (
+                x?,
+                ins.get(1).copied().flatten()?,
+                ins.get(2).copied().flatten()?,
+            );
+            let (cs, as_, bs) = (c.shape.as_ref()?, a.shape.as_ref()?, b.shape.as_ref()?);
+            let shape = shapes::broadcast(cs, as_)
+                .and_then(|s| shapes::broadcast(&s, bs))
+                .ok();
+            let Some(shape) = shape else {
+                return one(Const::shape_only(None));
+            };
+            let n = numel(&shape)?;
+            let at = |v: &[i64], i: usize| -> Option<i64> {
+                if v.len() == 1 {
+                    v.first().copied()
+                } else {
+                    v.get(i).copied()
+                }
+            };
+            if let (Some(cv), Data::Int(av), Data::Int(bv)) = (c.as_ints(), &a.data, &b.data) {
+                let fits = |v: &[i64]| v.len() == 1 || v.len() == n;
+                if fits(&cv) && fits(av) && fits(bv) {
+                    let out: Option<Vec<i64>> = (0..n)
+                        .map(|i| {
+                            if at(&cv, i)? != 0 {
+                                at(av, i)
+                            } else {
+                                at(bv, i)
+                            }
+                        })
+                        .collect();
+                    if let Some(out) = out {
+                        return one(Const::ints(shape, out));
+                    }
+                }
+            }
+            one(Const::shape_only(Some(shape)))
+        }
+        _ => None,
+    }
+}
+
+/// `(starts, ends, axes, steps)` of a `Slice`.
+pub type SliceArgs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>, Option<Vec<i64>>);
+
+/// The arguments of a `Slice` from its attributes (opset < 10) or inputs.
+pub fn slice_args(node: &NodeProto, ins: &[Option<&Const>]) -> Option<SliceArgs> {
+    if let (Some(s), Some(e)) = (attr(node, "starts"), attr(node, "ends")) {
+        return Some((
+            s.ints.clone(),
+            e.ints.clone(),
+            attr(node, "axes").map(|a| a.ints.clone()),
+            None,
+        ));
+    }
+    let get = |i: usize| ins.get(i).copied().flatten().and_then(Const::as_ints);
+    Some((get(1)?, get(2)?, get(3), get(4)))
+}

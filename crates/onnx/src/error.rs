@@ -1,0 +1,91 @@
+//! Errors of the ONNX import. Every variant names what it is about (the node and its operator
+//! type, the graph input, the initializer) and, through [`OnnxError::InFile`], the file.
+//!
+//! Messages are one line and complete: a variant that shows an inner error in its message does
+//! not also return it as its `source()`, so printing the chain (as `anyhow`'s `{:#}` does) does
+//! not repeat it.
+
+use std::path::PathBuf;
+
+use opsched_graph::GraphError;
+
+/// Everything that can go wrong while importing an ONNX model.
+#[derive(Debug, thiserror::Error)]
+pub enum OnnxError {
+    /// Reading the file failed.
+    #[error("{path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// The bytes are not an ONNX protobuf message (truncated, or another kind of file).
+    #[error("not an ONNX model: the protobuf does not decode ({0}); is the file truncated?")]
+    Decode(prost::DecodeError),
+    /// The model has no graph (or an empty one).
+    #[error("not an ONNX model: {0}")]
+    NotAModel(String),
+    /// Operators the importer does not map, with their counts, in name order.
+    #[error(
+        "unsupported ONNX operators: {} (with --allow-unknown they are imported as opaque \
+         operators costed by their tensor sizes)",
+        list_ops(.ops)
+    )]
+    Unsupported { ops: Vec<(String, usize)> },
+    /// A node cannot be imported.
+    #[error("node '{node}' ({op_type}): {message}")]
+    Node {
+        node: String,
+        op_type: String,
+        message: String,
+    },
+    /// A graph input cannot be imported (e.g. a dynamic dimension with no value).
+    #[error("graph input '{input}': {message}")]
+    Input { input: String, message: String },
+    /// The imported graph does not validate.
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    /// Any of the above, located in a file.
+    #[error("{path}: {error}")]
+    InFile {
+        path: PathBuf,
+        error: Box<OnnxError>,
+    },
+}
+
+impl From<prost::DecodeError> for OnnxError {
+    fn from(e: prost::DecodeError) -> Self {
+        OnnxError::Decode(e)
+    }
+}
+
+impl OnnxError {
+    /// Attach the file the error came from (once).
+    pub fn in_file(self, path: impl Into<PathBuf>) -> Self {
+        match self {
+            e @ (OnnxError::InFile { .. } | OnnxError::Io { .. }) => e,
+            e => OnnxError::InFile {
+                path: path.into(),
+                error: Box::new(e),
+            },
+        }
+    }
+
+    /// The error without its file location.
+    pub fn located(&self) -> &OnnxError {
+        match self {
+            OnnxError::InFile { error, .. } => error.located(),
+            e => e,
+        }
+    }
+}
+
+/// `"Foo x2, Bar x1"`.
+fn list_ops(ops: &[(String, usize)]) -> String {
+    ops.iter()
+        .map(|(op, n)| format!("{op} x{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = OnnxError> = std::result::Result<T, E>;

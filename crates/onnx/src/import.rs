@@ -1,0 +1,1746 @@
+//! The walk from ONNX nodes to IR nodes: constants, activations, folding, opaque operators.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use opsched_graph::{
+    Activation, Block, Conv2d, DType, ElementwiseKind, Graph, NodeDef, NodeId, Op, Pool2d,
+    PoolKind, Shape, Term, Value,
+};
+
+use crate::consts::{self, Const};
+use crate::error::{OnnxError, Result};
+use crate::proto::{data_type, AttributeProto, ModelProto, NodeProto, TensorTypeProto};
+use crate::{patterns, shapes};
+use crate::{ImportReport, OnnxOptions};
+
+/// An activation: (a channel slice of) the output of an IR node.
+#[derive(Clone, Debug)]
+struct Act {
+    node: usize,
+    shape: Shape,
+    channels: Option<(usize, usize)>,
+}
+
+impl Act {
+    fn term(&self) -> Term {
+        vec![Value {
+            node: NodeId(self.node as u32),
+            channels: self.channels,
+        }]
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Val {
+    Act(Act),
+    Const(Const),
+}
+
+/// An IR node under construction (operators are still folded into it).
+#[derive(Clone, Debug)]
+struct PNode {
+    name: String,
+    op: Op,
+    inputs: Vec<Term>,
+    shape: Shape,
+    /// Module path from the ONNX node name.
+    scope: Vec<String>,
+    /// The ONNX tensor this node's output currently is (changes as operators fold in).
+    out_tensor: String,
+    dead: bool,
+}
+
+/// Element-wise operators of one input that the IR has no operator for: one pass each,
+/// imported as opaque operators with the input's shape.
+const UNARY: &[&str] = &[
+    "Abs",
+    "Ceil",
+    "Celu",
+    "Cos",
+    "Elu",
+    "Erf",
+    "Exp",
+    "Floor",
+    "HardSigmoid",
+    "HardSwish",
+    "IsInf",
+    "IsNaN",
+    "LeakyRelu",
+    "Log",
+    "Mish",
+    "Neg",
+    "Not",
+    "Reciprocal",
+    "Round",
+    "Selu",
+    "Sign",
+    "Sin",
+    "Softplus",
+    "Softsign",
+    "Sqrt",
+    "ThresholdedRelu",
+];
+
+/// Element-wise operators of several inputs (with broadcasting) beyond Add, Sub, Mul, Div and
+/// Sum: imported as element-wise adds (same shapes) or opaque passes.
+const BINARY: &[&str] = &[
+    "And",
+    "Equal",
+    "Greater",
+    "GreaterOrEqual",
+    "Less",
+    "LessOrEqual",
+    "Max",
+    "Mean",
+    "Min",
+    "Mod",
+    "Or",
+    "Pow",
+    "PRelu",
+    "Where",
+    "Xor",
+];
+
+/// Why a node was not mapped.
+enum Fail {
+    /// Not supported: the key for the error's list (the op type, or the op type and variant).
+    Unsupported(String),
+    /// The node is wrong (or we cannot import it for a reason the user must fix).
+    Error(String),
+}
+
+impl From<String> for Fail {
+    fn from(s: String) -> Self {
+        Fail::Error(s)
+    }
+}
+
+type Mapped = std::result::Result<(), Fail>;
+
+fn unsupported(op: &NodeProto, variant: &str) -> Fail {
+    Fail::Unsupported(format!("{} ({variant})", op.op_type))
+}
+
+fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
+    node.attribute.iter().find(|a| a.name == name)
+}
+fn attr_i(node: &NodeProto, name: &str, default: i64) -> i64 {
+    attr(node, name).map_or(default, |a| a.i)
+}
+fn attr_f(node: &NodeProto, name: &str, default: f64) -> f64 {
+    attr(node, name).map_or(default, |a| f64::from(a.f))
+}
+fn attr_ints(node: &NodeProto, name: &str) -> Option<Vec<i64>> {
+    attr(node, name).map(|a| a.ints.clone())
+}
+fn attr_s(node: &NodeProto, name: &str) -> Option<String> {
+    attr(node, name).map(|a| String::from_utf8_lossy(&a.s).into_owned())
+}
+
+/// A node's display name: its name, else its first output, else its type.
+fn display_name(n: &NodeProto) -> String {
+    if !n.name.is_empty() {
+        n.name.clone()
+    } else if let Some(o) = n.output.iter().find(|o| !o.is_empty()) {
+        o.clone()
+    } else {
+        n.op_type.clone()
+    }
+}
+
+/// The module path of a node from the names exporters give, e.g. `["layer1", "layer1.0",
+/// "conv1"]` for `/layer1/layer1.0/conv1/Conv` (the last component names the operator).
+fn scope_path(name: &str) -> Vec<String> {
+    let parts: Vec<&str> = name.split('/').filter(|p| !p.is_empty()).collect();
+    match parts.split_last() {
+        Some((_, scopes)) => scopes.iter().map(|s| s.to_string()).collect(),
+        None => Vec::new(),
+    }
+}
+
+/// The module path of a node: from its name (`/layer1/layer1.0/conv1/Conv`, PyTorch's
+/// TorchScript exporter) or from the `pkg.torch.onnx.name_scopes` metadata (PyTorch's dynamo
+/// exporter: `['', 'layer1', 'layer1.0', 'layer1.0.conv1', 'conv2d_1']`).
+fn node_scope(node: &NodeProto) -> Vec<String> {
+    if node.name.contains('/') {
+        return scope_path(&node.name);
+    }
+    let Some(p) = node
+        .metadata_props
+        .iter()
+        .find(|p| p.key == "pkg.torch.onnx.name_scopes")
+    else {
+        return Vec::new();
+    };
+    let items: Vec<String> = p
+        .value
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|s| s.trim().trim_matches(|c| c == '\'' || c == '"').to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    match items.split_last() {
+        Some((_, scopes)) => scopes.to_vec(),
+        None => Vec::new(),
+    }
+}
+
+/// Block key of a node: its top-level module when that module has operators of its own (an
+/// Inception module's concat: `/Mixed_5b/Concat`), else the child of that container
+/// (`/layer1/layer1.0/...` gives `layer1.0`; `/features/denseblock1/...` gives
+/// `features/denseblock1`). `modules` holds the top-level scopes with operators of their own.
+fn block_key(path: &[String], modules: &HashSet<String>) -> Option<String> {
+    match path {
+        [] => None,
+        [first, second, ..] if !modules.contains(first) => {
+            if second.starts_with(&format!("{first}.")) {
+                Some(second.clone())
+            } else {
+                Some(format!("{first}/{second}"))
+            }
+        }
+        [first, ..] => Some(first.clone()),
+    }
+}
+
+/// Most elements of one tensor (2^40, 4 TiB in f32): beyond, sizes are corrupt, and the IR's
+/// FLOP and byte counts would overflow.
+const MAX_ELEMS: u64 = 1 << 40;
+
+fn check_size(shape: &[usize]) -> std::result::Result<(), String> {
+    match shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+    {
+        Some(n) if n <= MAX_ELEMS => Ok(()),
+        _ => Err(format!("shape {shape:?} is implausibly large")),
+    }
+}
+
+fn to_usize(v: i64, what: &str) -> std::result::Result<usize, String> {
+    usize::try_from(v).map_err(|_| format!("{what} {v} must be non-negative"))
+}
+
+fn pair(v: &[i64], what: &str) -> std::result::Result<[usize; 2], String> {
+    match v {
+        [a, b] => Ok([to_usize(*a, what)?, to_usize(*b, what)?]),
+        _ => Err(format!("{what} {v:?} must have 2 entries")),
+    }
+}
+
+/// Output size of a window of span `span` over `input` padded by `total` with stride `s`.
+fn window_out(input: usize, total: usize, span: usize, s: usize, ceil: bool) -> Option<usize> {
+    let padded = input + total;
+    if padded < span || s == 0 {
+        return None;
+    }
+    let steps = padded - span;
+    Some(if ceil { steps.div_ceil(s) } else { steps / s } + 1)
+}
+
+/// The symmetric padding that gives the same output size as ONNX's `(begin, end)` padding.
+fn symmetric_pad(
+    input: usize,
+    span: usize,
+    s: usize,
+    begin: usize,
+    end: usize,
+    ceil: bool,
+) -> Option<usize> {
+    if begin == end {
+        return Some(begin);
+    }
+    let want = window_out(input, begin + end, span, s, ceil)?;
+    let (lo, hi) = (begin.min(end), begin.max(end));
+    let mid = (begin + end) as f64 / 2.0;
+    (lo..=hi)
+        .filter(|&p| window_out(input, 2 * p, span, s, ceil) == Some(want))
+        .min_by(|a, b| (*a as f64 - mid).abs().total_cmp(&(*b as f64 - mid).abs()))
+}
+
+/// Kernel, stride, padding and dilation of a 2-D window operator (Conv, MaxPool, AveragePool).
+struct Window {
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+}
+
+fn window(
+    node: &NodeProto,
+    input: &[usize],
+    kernel: [usize; 2],
+    ceil: bool,
+) -> std::result::Result<Window, Fail> {
+    let stride = match attr_ints(node, "strides") {
+        Some(v) => pair(&v, "strides")?,
+        None => [1, 1],
+    };
+    let dilation = match attr_ints(node, "dilations") {
+        Some(v) => pair(&v, "dilations")?,
+        None => [1, 1],
+    };
+    let auto_pad = attr_s(node, "auto_pad").unwrap_or_default();
+    let span = |i: usize| dilation[i] * (kernel[i].max(1) - 1) + 1;
+    let pads: [usize; 4] = match auto_pad.as_str() {
+        "" | "NOTSET" => match attr_ints(node, "pads") {
+            None => [0; 4],
+            Some(p) if p.len() == 4 => [
+                to_usize(p[0], "pad")?,
+                to_usize(p[1], "pad")?,
+                to_usize(p[2], "pad")?,
+                to_usize(p[3], "pad")?,
+            ],
+            Some(p) => return Err(Fail::Error(format!("pads {p:?} must have 4 entries"))),
+        },
+        "VALID" => [0; 4],
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let mut p = [0; 4];
+            for i in 0..2 {
+                let out = input[2 + i].div_ceil(stride[i].max(1));
+                let total =
+                    ((out.saturating_sub(1)) * stride[i] + span(i)).saturating_sub(input[2 + i]);
+                let (small, big) = (total / 2, total - total / 2);
+                let (b, e) = if auto_pad == "SAME_UPPER" {
+                    (small, big)
+                } else {
+                    (big, small)
+                };
+                p[i] = b;
+                p[i + 2] = e;
+            }
+            p
+        }
+        other => return Err(Fail::Error(format!("unknown auto_pad '{other}'"))),
+    };
+    let mut padding = [0; 2];
+    for i in 0..2 {
+        padding[i] = symmetric_pad(input[2 + i], span(i), stride[i], pads[i], pads[i + 2], ceil)
+            .ok_or_else(|| unsupported(node, "asymmetric padding"))?;
+    }
+    Ok(Window {
+        kernel,
+        stride,
+        padding,
+        dilation,
+    })
+}
+
+/// Everything the walk keeps.
+struct Importer<'a> {
+    base_dir: Option<&'a Path>,
+    opset: i64,
+    vals: HashMap<String, Val>,
+    consumers: HashMap<String, usize>,
+    value_info: HashMap<String, &'a TensorTypeProto>,
+    symbols: HashMap<String, usize>,
+    nodes: Vec<PNode>,
+    names: HashSet<String>,
+    unknown: BTreeMap<String, usize>,
+    report: ImportReport,
+}
+
+impl<'a> Importer<'a> {
+    fn act(&self, ins: &[Option<Val>], i: usize) -> std::result::Result<Act, Fail> {
+        match ins.get(i) {
+            Some(Some(Val::Act(a))) => Ok(a.clone()),
+            Some(Some(Val::Const(_))) => Err(Fail::Unsupported(String::new())),
+            _ => Err(Fail::Error(format!("input {i} is missing"))),
+        }
+    }
+
+    fn konst(ins: &[Option<Val>], i: usize) -> Option<&Const> {
+        match ins.get(i) {
+            Some(Some(Val::Const(c))) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The values of constant input `i` (a shape, axes), or an error naming what is missing.
+    fn ints(ins: &[Option<Val>], i: usize, what: &str) -> std::result::Result<Vec<i64>, Fail> {
+        match ins.get(i) {
+            Some(Some(Val::Const(c))) => c.as_ints().ok_or_else(|| {
+                Fail::Error(match &c.external {
+                    Some(f) => format!(
+                        "needs the values of its {what} (input {i}), kept in the external data \
+                         file '{f}', which could not be read"
+                    ),
+                    None => {
+                        format!("needs the values of its {what} (input {i}), which are not known")
+                    }
+                })
+            }),
+            Some(Some(Val::Act(_))) => Err(Fail::Error(format!(
+                "its {what} (input {i}) is computed at run time; opsched needs it constant"
+            ))),
+            _ => Err(Fail::Error(format!("its {what} (input {i}) is missing"))),
+        }
+    }
+
+    /// The shape ONNX recorded for a value, with symbolic dimensions resolved.
+    fn recorded_shape(&self, tensor: &str) -> Option<Shape> {
+        let t = self.value_info.get(tensor)?;
+        let dims = &t.shape.as_ref()?.dim;
+        dims.iter()
+            .map(|d| match (d.dim_value, &d.dim_param) {
+                (Some(v), _) if v > 0 => usize::try_from(v).ok(),
+                (_, Some(p)) => self.symbols.get(p).copied(),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether `tensor` (the value `a`) can be folded into its producer: the whole output of an
+    /// IR node that produced exactly this tensor, read by one consumer only.
+    fn fusable(&self, tensor: &str, a: &Act) -> Option<usize> {
+        let n = self.nodes.get(a.node)?;
+        (a.channels.is_none()
+            && n.out_tensor == tensor
+            && !n.op.is_input()
+            && self.consumers.get(tensor).copied().unwrap_or(0) == 1)
+            .then_some(a.node)
+    }
+
+    fn unique_name(&mut self, base: &str) -> String {
+        let mut name = base.to_string();
+        let mut k = 1;
+        while !self.names.insert(name.clone()) {
+            k += 1;
+            name = format!("{base}#{k}");
+        }
+        name
+    }
+
+    /// Add an IR node producing `tensor`; its shape comes from the IR's inference.
+    fn push(
+        &mut self,
+        node: &NodeProto,
+        tensor: &str,
+        op: Op,
+        inputs: Vec<Term>,
+    ) -> std::result::Result<usize, Fail> {
+        let terms: Vec<Shape> = inputs
+            .iter()
+            .map(|t| {
+                t.first()
+                    .and_then(|v| {
+                        let n = self.nodes.get(v.node.index())?;
+                        let mut s = n.shape.clone();
+                        if let (Some((b, e)), Some(c)) = (v.channels, s.get_mut(1)) {
+                            *c = e - b;
+                        }
+                        Some(s)
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
+        let shape = op.infer_shape(&terms)?;
+        check_size(&shape)?;
+        let base =
+            if node.output.len() > 1 && node.output.first().map(String::as_str) != Some(tensor) {
+                format!("{}:{tensor}", display_name(node))
+            } else {
+                display_name(node)
+            };
+        let name = self.unique_name(&base);
+        let id = self.nodes.len();
+        self.nodes.push(PNode {
+            name,
+            op,
+            inputs,
+            shape: shape.clone(),
+            scope: node_scope(node),
+            out_tensor: tensor.to_string(),
+            dead: false,
+        });
+        self.vals.insert(
+            tensor.to_string(),
+            Val::Act(Act {
+                node: id,
+                shape,
+                channels: None,
+            }),
+        );
+        Ok(id)
+    }
+
+    /// Make `out` another name for `a` (a removed operator), moving the fold point along.
+    fn alias(&mut self, input: &str, out: &str, a: Act) {
+        if let Some(n) = self.fusable(input, &a) {
+            self.nodes[n].out_tensor = out.to_string();
+        }
+        self.vals.insert(out.to_string(), Val::Act(a));
+        self.report.removed += 1;
+    }
+
+    /// Fold into producer `n`: `out` is now its output.
+    fn fold(&mut self, n: usize, out: &str) {
+        let a = Act {
+            node: n,
+            shape: self.nodes[n].shape.clone(),
+            channels: None,
+        };
+        self.nodes[n].out_tensor = out.to_string();
+        self.vals.insert(out.to_string(), Val::Act(a));
+    }
+
+    fn out0(node: &NodeProto) -> std::result::Result<&str, Fail> {
+        node.output
+            .first()
+            .map(String::as_str)
+            .filter(|o| !o.is_empty())
+            .ok_or_else(|| Fail::Error("has no output".into()))
+    }
+
+    /// Opaque operators for every output of `node`, reading all its activation inputs.
+    fn opaque(&mut self, node: &NodeProto, ins: &[Option<Val>], shape0: Option<Shape>) -> Mapped {
+        let mut terms: Vec<Term> = Vec::new();
+        let mut first: Option<Shape> = None;
+        for v in ins.iter().flatten() {
+            if let Val::Act(a) = v {
+                first.get_or_insert_with(|| a.shape.clone());
+                let t = a.term();
+                if !terms.contains(&t) {
+                    terms.push(t);
+                }
+            }
+        }
+        for (k, out) in node.output.iter().enumerate() {
+            if out.is_empty() || (k > 0 && !self.consumers.contains_key(out)) {
+                continue;
+            }
+            let shape = match (k, &shape0) {
+                (0, Some(s)) => s.clone(),
+                _ => match self.recorded_shape(out) {
+                    Some(s) => s,
+                    None => {
+                        let s = first.clone().unwrap_or_default();
+                        tracing::warn!(
+                            node = %display_name(node),
+                            op_type = %node.op_type,
+                            "the model records no shape for output '{out}'; assuming the shape \
+                             of the first input, {s:?}"
+                        );
+                        s
+                    }
+                },
+            };
+            let op = Op::Opaque {
+                op_type: node.op_type.clone(),
+                shape,
+            };
+            self.push(node, out, op, terms.clone())?;
+        }
+        Ok(())
+    }
+
+    /// Fuse an activation into a single-consumer conv or linear producer, else a standalone op.
+    fn activation(&mut self, node: &NodeProto, ins: &[Option<Val>], act: Activation) -> Mapped {
+        let x = self.act(ins, 0)?;
+        let out = Self::out0(node)?;
+        let input = &node.input[0];
+        if let Some(n) = self.fusable(input, &x) {
+            let slot = match &mut self.nodes[n].op {
+                Op::Conv2d(c) if c.act == Activation::None => Some(&mut c.act),
+                Op::Linear { act: a, .. } if *a == Activation::None => Some(a),
+                _ => None,
+            };
+            if let Some(slot) = slot {
+                *slot = act;
+                self.fold(n, out);
+                self.report.fused_activations += 1;
+                return Ok(());
+            }
+        }
+        self.push(node, out, Op::Activation { act }, vec![x.term()])?;
+        Ok(())
+    }
+
+    /// Map one node with at least one activation input.
+    fn map(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let op_type = node.op_type.as_str();
+        match op_type {
+            "Conv" => self.conv(node, ins),
+            "BatchNormalization" => self.batch_norm(node, ins),
+            "Relu" => self.activation(node, ins, Activation::Relu),
+            "Sigmoid" => self.activation(node, ins, Activation::Sigmoid),
+            "Tanh" => self.activation(node, ins, Activation::Tanh),
+            "Gelu" => self.activation(node, ins, Activation::Gelu),
+            "Clip" => self.activation(node, ins, Activation::Relu),
+            "MaxPool" | "AveragePool" => self.pool(node, ins),
+            "GlobalAveragePool" | "GlobalMaxPool" => {
+                let x = self.act(ins, 0)?;
+                if x.shape.len() != 4 {
+                    return Err(unsupported(node, "not 2-D"));
+                }
+                let kind = if op_type == "GlobalMaxPool" {
+                    PoolKind::GlobalMax
+                } else {
+                    PoolKind::GlobalAvg
+                };
+                let p = Pool2d::new(kind, 1, 1, 0);
+                self.push(node, Self::out0(node)?, Op::Pool2d(p), vec![x.term()])?;
+                Ok(())
+            }
+            "Add" | "Sub" | "Mul" | "Div" | "Sum" => self.elementwise(node, ins),
+            "Concat" => self.concat(node, ins),
+            "Gemm" => self.gemm(node, ins),
+            "MatMul" => self.matmul(node, ins),
+            "Softmax" | "LogSoftmax" => {
+                let x = self.act(ins, 0)?;
+                let default = if self.opset >= 13 { -1 } else { 1 };
+                let axis = attr_i(node, "axis", default);
+                self.push(
+                    node,
+                    Self::out0(node)?,
+                    Op::Softmax { axis },
+                    vec![x.term()],
+                )?;
+                Ok(())
+            }
+            "LayerNormalization" => {
+                let x = self.act(ins, 0)?;
+                let eps = attr_f(node, "epsilon", 1e-5);
+                // The IR normalizes the last axis; other axes cost about the same.
+                self.push(
+                    node,
+                    Self::out0(node)?,
+                    Op::LayerNorm { eps },
+                    vec![x.term()],
+                )?;
+                Ok(())
+            }
+            "Reshape" => {
+                let x = self.act(ins, 0)?;
+                let target = Self::ints(ins, 1, "target shape")?;
+                if attr_i(node, "allowzero", 0) == 1 && target.contains(&0) {
+                    return Err(unsupported(node, "allowzero with a zero dimension"));
+                }
+                let shape = shapes::reshape(&x.shape, &target)?;
+                self.reshape(node, x, shape)
+            }
+            "Flatten" => {
+                let x = self.act(ins, 0)?;
+                let shape = shapes::flatten(&x.shape, attr_i(node, "axis", 1))?;
+                self.reshape(node, x, shape)
+            }
+            "Squeeze" => {
+                let x = self.act(ins, 0)?;
+                let axes = match attr_ints(node, "axes") {
+                    Some(a) => Some(a),
+                    None if node.input.get(1).is_some_and(|s| !s.is_empty()) => {
+                        Some(Self::ints(ins, 1, "axes")?)
+                    }
+                    None => None,
+                };
+                let shape = shapes::squeeze(&x.shape, axes.as_deref())?;
+                self.reshape(node, x, shape)
+            }
+            "Unsqueeze" => {
+                let x = self.act(ins, 0)?;
+                let axes = match attr_ints(node, "axes") {
+                    Some(a) => a,
+                    None => Self::ints(ins, 1, "axes")?,
+                };
+                let shape = shapes::unsqueeze(&x.shape, &axes)?;
+                self.reshape(node, x, shape)
+            }
+            "Transpose" => {
+                let x = self.act(ins, 0)?;
+                let rank = x.shape.len();
+                let perm =
+                    attr_ints(node, "perm").unwrap_or_else(|| (0..rank as i64).rev().collect());
+                let perm = shapes::perm_of(&perm, rank)?;
+                let out = Self::out0(node)?;
+                if perm.iter().enumerate().all(|(i, &p)| i == p) {
+                    self.alias(&node.input[0], out, x);
+                    return Ok(());
+                }
+                self.push(node, out, Op::Transpose { perm }, vec![x.term()])?;
+                Ok(())
+            }
+            "Identity" | "Dropout" | "Cast" => {
+                let x = self.act(ins, 0)?;
+                if node
+                    .output
+                    .iter()
+                    .skip(1)
+                    .any(|o| self.consumers.contains_key(o))
+                {
+                    return Err(unsupported(node, "mask output used"));
+                }
+                let out = Self::out0(node)?;
+                self.alias(&node.input[0], out, x);
+                Ok(())
+            }
+            "Split" => self.split(node, ins),
+            "Gather" => {
+                // Indexing an activation (`x[:, 0]`), or a table by activation indices (an
+                // embedding lookup): a copy, costed by the tensor sizes.
+                let shape_of = |v: &Option<Val>| match v {
+                    Some(Val::Act(a)) => Some(a.shape.clone()),
+                    Some(Val::Const(c)) => c.shape.clone(),
+                    None => None,
+                };
+                let (data, idx) = (
+                    ins.first().and_then(shape_of),
+                    ins.get(1).and_then(shape_of),
+                );
+                let (Some(data), Some(idx)) = (data, idx) else {
+                    return Err(Fail::Error("the shape of an operand is unknown".into()));
+                };
+                let shape = shapes::gather(&data, &idx, attr_i(node, "axis", 0))?;
+                self.opaque(node, ins, Some(shape))
+            }
+            "Pad" => {
+                let x = self.act(ins, 0)?;
+                let pads = match attr_ints(node, "pads") {
+                    Some(p) => p,
+                    None => Self::ints(ins, 1, "pads")?,
+                };
+                let r = x.shape.len();
+                let axes: Vec<usize> = match node.input.get(3).filter(|s| !s.is_empty()) {
+                    Some(_) => Self::ints(ins, 3, "axes")?
+                        .iter()
+                        .map(|&a| shapes::axis(a, r))
+                        .collect::<std::result::Result<_, _>>()?,
+                    None => (0..r).collect(),
+                };
+                if pads.len() != 2 * axes.len() {
+                    return Err(Fail::Error(format!("pads {pads:?} do not fit rank {r}")));
+                }
+                let mut shape = x.shape.clone();
+                for (k, &a) in axes.iter().enumerate() {
+                    let d = shape[a] as i64 + pads[k] + pads[k + axes.len()];
+                    shape[a] = to_usize(d, "padded size")?;
+                }
+                self.opaque(node, &ins[..1], Some(shape))
+            }
+            "Resize" | "Upsample" => {
+                let x = self.act(ins, 0)?;
+                let (scales_at, sizes_at) = if op_type == "Upsample" || self.opset < 11 {
+                    (1, usize::MAX)
+                } else {
+                    (2, 3)
+                };
+                let shape: Shape = if node.input.get(sizes_at).is_some_and(|s| !s.is_empty()) {
+                    Self::ints(ins, sizes_at, "sizes")?
+                        .iter()
+                        .map(|&d| to_usize(d, "size"))
+                        .collect::<std::result::Result<_, _>>()?
+                } else {
+                    let scales = match attr(node, "scales") {
+                        Some(a) => a.floats.iter().map(|&f| f64::from(f)).collect(),
+                        None => Self::konst(ins, scales_at)
+                            .and_then(Const::as_floats)
+                            .ok_or_else(|| Fail::Error("needs constant scales or sizes".into()))?,
+                    };
+                    if scales.len() != x.shape.len() {
+                        return Err(Fail::Error(format!(
+                            "scales {scales:?} do not fit {:?}",
+                            x.shape
+                        )));
+                    }
+                    x.shape
+                        .iter()
+                        .zip(&scales)
+                        .map(|(&d, &s)| (d as f64 * s).floor().max(1.0) as usize)
+                        .collect()
+                };
+                self.opaque(node, &ins[..1], Some(shape))
+            }
+            "Expand" => {
+                let x = self.act(ins, 0)?;
+                let target = Self::ints(ins, 1, "target shape")?;
+                let target: Shape = target.iter().map(|&d| d.max(1) as usize).collect();
+                let shape = shapes::broadcast(&x.shape, &target)?;
+                self.opaque(node, &ins[..1], Some(shape))
+            }
+            op if op.starts_with("Reduce") || op == "ArgMax" || op == "ArgMin" => {
+                let x = self.act(ins, 0)?;
+                let axes = if op.starts_with("Arg") {
+                    Some(vec![attr_i(node, "axis", 0)])
+                } else {
+                    match attr_ints(node, "axes") {
+                        Some(a) => Some(a),
+                        None if node.input.get(1).is_some_and(|s| !s.is_empty()) => {
+                            Some(Self::ints(ins, 1, "axes")?)
+                        }
+                        None => None,
+                    }
+                };
+                let keep = attr_i(node, "keepdims", 1) == 1;
+                let spatial = axes.as_ref().is_some_and(|a| {
+                    let mut a: Vec<i64> =
+                        a.iter().map(|&v| if v < 0 { v + 4 } else { v }).collect();
+                    a.sort_unstable();
+                    a == [2, 3]
+                });
+                if keep && spatial && x.shape.len() == 4 && matches!(op, "ReduceMean" | "ReduceMax")
+                {
+                    // A global pool (how the dynamo exporter writes adaptive_avg_pool2d(1)).
+                    let kind = if op == "ReduceMax" {
+                        PoolKind::GlobalMax
+                    } else {
+                        PoolKind::GlobalAvg
+                    };
+                    let p = Pool2d::new(kind, 1, 1, 0);
+                    self.push(node, Self::out0(node)?, Op::Pool2d(p), vec![x.term()])?;
+                    return Ok(());
+                }
+                let shape = match axes.filter(|a| !a.is_empty()) {
+                    None if attr_i(node, "noop_with_empty_axes", 0) == 1 => x.shape.clone(),
+                    None => {
+                        if keep {
+                            vec![1; x.shape.len()]
+                        } else {
+                            Vec::new()
+                        }
+                    }
+                    Some(axes) => {
+                        let at: Vec<usize> = axes
+                            .iter()
+                            .map(|&a| shapes::axis(a, x.shape.len()))
+                            .collect::<std::result::Result<_, _>>()?;
+                        x.shape
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(i, &d)| match (at.contains(&i), keep) {
+                                (false, _) => Some(d),
+                                (true, true) => Some(1),
+                                (true, false) => None,
+                            })
+                            .collect()
+                    }
+                };
+                // A reduction reads its input once: one pass, costed by the tensor sizes.
+                self.opaque(node, &ins[..1], Some(shape))
+            }
+            op if UNARY.contains(&op) => {
+                let x = self.act(ins, 0)?;
+                self.opaque(node, &ins[..1], Some(x.shape))
+            }
+            op if BINARY.contains(&op) => self.elementwise(node, ins),
+            "Slice" => self.slice(node, ins),
+            _ => Err(Fail::Unsupported(op_type.to_string())),
+        }
+    }
+
+    fn reshape(&mut self, node: &NodeProto, x: Act, shape: Shape) -> Mapped {
+        let out = Self::out0(node)?;
+        if shape == x.shape {
+            self.alias(&node.input[0], out, x);
+            return Ok(());
+        }
+        let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        self.push(node, out, Op::Reshape { shape }, vec![x.term()])?;
+        Ok(())
+    }
+
+    fn conv(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let x = self.act(ins, 0)?;
+        let w =
+            Self::konst(ins, 1).ok_or_else(|| unsupported(node, "weights computed at run time"))?;
+        let ws = w
+            .shape
+            .clone()
+            .ok_or_else(|| Fail::Error("the shape of its weights is unknown".into()))?;
+        if ws.len() != 4 || x.shape.len() != 4 {
+            return Err(unsupported(node, "not 2-D"));
+        }
+        let groups = to_usize(attr_i(node, "group", 1), "group")?;
+        if groups == 0 || ws[1].checked_mul(groups) != Some(x.shape[1]) {
+            return Err(Fail::Error(format!(
+                "weights {ws:?} with {groups} groups do not fit an input of {} channels",
+                x.shape[1]
+            )));
+        }
+        if let Some(k) = attr_ints(node, "kernel_shape") {
+            if pair(&k, "kernel_shape")? != [ws[2], ws[3]] {
+                return Err(Fail::Error(format!(
+                    "kernel_shape {k:?} differs from the weights' {ws:?}"
+                )));
+            }
+        }
+        let win = window(node, &x.shape, [ws[2], ws[3]], false)?;
+        let bias = node.input.get(2).is_some_and(|b| !b.is_empty());
+        let conv = Conv2d {
+            out_channels: ws[0],
+            kernel: win.kernel,
+            stride: win.stride,
+            padding: win.padding,
+            dilation: win.dilation,
+            groups,
+            bias,
+            act: Activation::None,
+        };
+        self.push(node, Self::out0(node)?, Op::Conv2d(conv), vec![x.term()])?;
+        Ok(())
+    }
+
+    fn batch_norm(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let x = self.act(ins, 0)?;
+        let out = Self::out0(node)?;
+        if let Some(n) = self.fusable(&node.input[0], &x) {
+            let folded = match &mut self.nodes[n].op {
+                Op::Conv2d(c) if c.act == Activation::None => {
+                    c.bias = true;
+                    true
+                }
+                Op::Linear { bias, act, .. } if *act == Activation::None => {
+                    *bias = true;
+                    true
+                }
+                _ => false,
+            };
+            if folded {
+                self.fold(n, out);
+                self.report.folded_batch_norms += 1;
+                return Ok(());
+            }
+        }
+        // A batch norm with no convolution before it: a per-channel scale and shift, one pass.
+        self.opaque(node, &ins[..1], Some(x.shape.clone()))
+    }
+
+    fn pool(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let x = self.act(ins, 0)?;
+        if x.shape.len() != 4 {
+            return Err(unsupported(node, "not 2-D"));
+        }
+        if node
+            .output
+            .iter()
+            .skip(1)
+            .any(|o| self.consumers.contains_key(o))
+        {
+            return Err(unsupported(node, "indices output used"));
+        }
+        let k = attr_ints(node, "kernel_shape")
+            .ok_or_else(|| Fail::Error("has no kernel_shape".into()))?;
+        let kernel = pair(&k, "kernel_shape")?;
+        let ceil = attr_i(node, "ceil_mode", 0) == 1;
+        let win = window(node, &x.shape, kernel, ceil)?;
+        if win.dilation != [1, 1] {
+            return Err(unsupported(node, "dilated"));
+        }
+        let kind = if node.op_type == "MaxPool" {
+            PoolKind::Max
+        } else {
+            PoolKind::Avg
+        };
+        let p = Pool2d {
+            kind,
+            kernel: win.kernel,
+            stride: win.stride,
+            padding: win.padding,
+            ceil_mode: ceil,
+        };
+        self.push(node, Self::out0(node)?, Op::Pool2d(p), vec![x.term()])?;
+        Ok(())
+    }
+
+    fn elementwise(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let op_type = node.op_type.as_str();
+        let out = Self::out0(node)?;
+        let acts: Vec<(usize, Act)> = ins
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| match v {
+                Some(Val::Act(a)) => Some((i, a.clone())),
+                _ => None,
+            })
+            .collect();
+        let consts: Vec<&Const> = ins
+            .iter()
+            .filter_map(|v| match v {
+                Some(Val::Const(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        // A constant operand folds into a single-consumer producer: a bias after a linear or
+        // a convolution without one, a scale after a convolution, linear or matmul.
+        if let ([(i, x)], [c]) = (acts.as_slice(), consts.as_slice()) {
+            let features = x.shape.last().copied().unwrap_or(0);
+            let channels = x.shape.get(1).copied().unwrap_or(0);
+            let numel = c.numel().unwrap_or(usize::MAX);
+            let divides_act = op_type == "Div" && *i != 0;
+            if let Some(n) = self.fusable(&node.input[*i], x).filter(|_| !divides_act) {
+                let folded = match (&mut self.nodes[n].op, op_type) {
+                    (Op::Linear { bias, act, .. }, "Add" | "Sub")
+                        if !*bias
+                            && *act == Activation::None
+                            && (numel == 1 || numel == features) =>
+                    {
+                        *bias = true;
+                        true
+                    }
+                    (Op::Conv2d(conv), "Add" | "Sub")
+                        if !conv.bias
+                            && conv.act == Activation::None
+                            && (numel == 1 || numel == channels) =>
+                    {
+                        conv.bias = true;
+                        true
+                    }
+                    (Op::Conv2d(conv), "Mul" | "Div") => {
+                        conv.act == Activation::None && (numel == 1 || numel == channels)
+                    }
+                    (Op::Linear { act, .. }, "Mul" | "Div") => {
+                        *act == Activation::None && (numel == 1 || numel == features)
+                    }
+                    (Op::BatchMatmul { .. }, "Mul" | "Div") => numel == 1,
+                    _ => false,
+                };
+                if folded {
+                    self.fold(n, out);
+                    self.report.folded_constants += 1;
+                    return Ok(());
+                }
+            }
+        }
+        let shapes_in: Vec<Shape> = ins
+            .iter()
+            .flatten()
+            .map(|v| match v {
+                Val::Act(a) => Ok(a.shape.clone()),
+                Val::Const(c) => c
+                    .shape
+                    .clone()
+                    .ok_or_else(|| "the shape of a constant operand is unknown".to_string()),
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        let mut shape = shapes_in.first().cloned().unwrap_or_default();
+        for s in &shapes_in[1..] {
+            shape = shapes::broadcast(&shape, s)?;
+        }
+        if consts.is_empty() && acts.iter().all(|(_, a)| a.shape == shape) {
+            let kind = match op_type {
+                "Mul" | "Div" => ElementwiseKind::Mul,
+                _ => ElementwiseKind::Add,
+            };
+            let terms = acts.iter().map(|(_, a)| a.term()).collect();
+            self.push(node, out, Op::Elementwise { kind }, terms)?;
+            return Ok(());
+        }
+        // Broadcasting, or a constant operand that does not fold: one element-wise pass.
+        self.opaque(node, ins, Some(shape))
+    }
+
+    fn concat(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let out = Self::out0(node)?;
+        let mut acts = Vec::with_capacity(ins.len());
+        for (i, v) in ins.iter().enumerate() {
+            match v {
+                Some(Val::Act(a)) => acts.push((i, a.clone())),
+                Some(Val::Const(_)) => {
+                    let shapes_in: Option<Vec<Shape>> = ins
+                        .iter()
+                        .flatten()
+                        .map(|v| match v {
+                            Val::Act(a) => Some(a.shape.clone()),
+                            Val::Const(c) => c.shape.clone(),
+                        })
+                        .collect();
+                    let shapes_in = shapes_in.ok_or_else(|| {
+                        Fail::Error("the shape of a constant operand is unknown".into())
+                    })?;
+                    let shape = shapes::concat(&shapes_in, attr_i(node, "axis", 0))?;
+                    return self.opaque(node, ins, Some(shape));
+                }
+                None => {}
+            }
+        }
+        let rank = acts.first().map_or(0, |(_, a)| a.shape.len());
+        let axis = shapes::axis(
+            attr(node, "axis")
+                .map(|a| a.i)
+                .ok_or_else(|| Fail::Error("has no axis".into()))?,
+            rank,
+        )?;
+        // A concat whose only reader is this concat (same axis) dissolves into it.
+        let mut terms = Vec::new();
+        for (i, a) in &acts {
+            match self.fusable(&node.input[*i], a) {
+                Some(n) if self.nodes[n].op == (Op::Concat { axis }) => {
+                    terms.extend(self.nodes[n].inputs.clone());
+                    self.nodes[n].dead = true;
+                    self.report.merged_concats += 1;
+                }
+                _ => terms.push(a.term()),
+            }
+        }
+        if let [only] = terms.as_slice() {
+            if let [(i, a)] = acts.as_slice() {
+                if only == &a.term() {
+                    let input = node.input[*i].clone();
+                    self.alias(&input, out, a.clone());
+                    return Ok(());
+                }
+            }
+        }
+        self.push(node, out, Op::Concat { axis }, terms)?;
+        Ok(())
+    }
+
+    fn gemm(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let a = self.act(ins, 0)?;
+        if attr_i(node, "transA", 0) != 0 {
+            return Err(unsupported(node, "transA"));
+        }
+        let trans_b = attr_i(node, "transB", 0) != 0;
+        let out = Self::out0(node)?;
+        match ins.get(1) {
+            Some(Some(Val::Const(w))) => {
+                let ws = w
+                    .shape
+                    .clone()
+                    .ok_or_else(|| Fail::Error("the shape of its weights is unknown".into()))?;
+                let [r, c] = ws[..] else {
+                    return Err(Fail::Error(format!("weights {ws:?} are not a matrix")));
+                };
+                let (k, n) = if trans_b { (c, r) } else { (r, c) };
+                if a.shape.last() != Some(&k) {
+                    return Err(Fail::Error(format!(
+                        "input {:?} does not fit weights {ws:?}",
+                        a.shape
+                    )));
+                }
+                let bias = node.input.get(2).is_some_and(|b| !b.is_empty());
+                let op = Op::Linear {
+                    out_features: n,
+                    bias,
+                    act: Activation::None,
+                };
+                self.push(node, out, op, vec![a.term()])?;
+                Ok(())
+            }
+            Some(Some(Val::Act(b))) => {
+                let op = Op::BatchMatmul {
+                    transpose_b: trans_b,
+                };
+                self.push(node, out, op, vec![a.term(), b.term()])?;
+                Ok(())
+            }
+            _ => Err(Fail::Error("input 1 is missing".into())),
+        }
+    }
+
+    fn matmul(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let a = match self.act(ins, 0) {
+            Ok(a) => a,
+            Err(Fail::Unsupported(_)) => return Err(unsupported(node, "constant first operand")),
+            Err(e) => return Err(e),
+        };
+        let out = Self::out0(node)?;
+        match ins.get(1) {
+            Some(Some(Val::Const(w))) => {
+                let ws = w
+                    .shape
+                    .clone()
+                    .ok_or_else(|| Fail::Error("the shape of its weights is unknown".into()))?;
+                let [k, n] = ws[..] else {
+                    return Err(unsupported(node, "constant operand of rank other than 2"));
+                };
+                if a.shape.len() < 2 || a.shape.last() != Some(&k) {
+                    return Err(Fail::Error(format!(
+                        "input {:?} does not fit weights {ws:?}",
+                        a.shape
+                    )));
+                }
+                let op = Op::Linear {
+                    out_features: n,
+                    bias: false,
+                    act: Activation::None,
+                };
+                self.push(node, out, op, vec![a.term()])?;
+                Ok(())
+            }
+            Some(Some(Val::Act(b))) => {
+                if a.shape.len() != b.shape.len() || a.shape.len() < 2 {
+                    return Err(unsupported(node, "broadcast"));
+                }
+                // `x @ transpose(y)` with the last two axes swapped: a transposed operand.
+                let r = b.shape.len();
+                let mut b_term = b.term();
+                let mut transpose_b = false;
+                if let Some(n) = self.fusable(&node.input[1], b) {
+                    if let Op::Transpose { perm } = &self.nodes[n].op {
+                        let swap_last = perm.len() == r
+                            && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
+                            && perm[r - 2] == r - 1
+                            && perm[r - 1] == r - 2;
+                        if swap_last {
+                            if let Some(t) = self.nodes[n].inputs.first().cloned() {
+                                b_term = t;
+                                transpose_b = true;
+                                self.nodes[n].dead = true;
+                                self.report.removed += 1;
+                            }
+                        }
+                    }
+                }
+                let op = Op::BatchMatmul { transpose_b };
+                match self.push(node, out, op, vec![a.term(), b_term]) {
+                    Ok(_) => Ok(()),
+                    Err(Fail::Error(_)) if a.shape[..r - 2] != b.shape[..r - 2] => {
+                        Err(unsupported(node, "broadcast"))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            _ => Err(Fail::Error("input 1 is missing".into())),
+        }
+    }
+
+    fn split(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let x = self.act(ins, 0)?;
+        let axis = shapes::axis(attr_i(node, "axis", 0), x.shape.len())?;
+        let dim = x.shape[axis];
+        let parts = node.output.len().max(1);
+        let sizes: Vec<usize> = if let Some(s) = attr_ints(node, "split") {
+            s.iter()
+                .map(|&v| to_usize(v, "split"))
+                .collect::<std::result::Result<_, _>>()?
+        } else if node.input.get(1).is_some_and(|s| !s.is_empty()) {
+            Self::ints(ins, 1, "split sizes")?
+                .iter()
+                .map(|&v| to_usize(v, "split"))
+                .collect::<std::result::Result<_, _>>()?
+        } else {
+            let each = dim.div_ceil(parts);
+            (0..parts)
+                .map(|i| each.min(dim.saturating_sub(i * each)))
+                .collect()
+        };
+        if sizes.len() != node.output.len() || sizes.iter().sum::<usize>() != dim {
+            return Err(Fail::Error(format!(
+                "split sizes {sizes:?} do not cover axis {axis} of {:?}",
+                x.shape
+            )));
+        }
+        let mut begin = 0;
+        for (out, &len) in node.output.iter().zip(&sizes) {
+            let mut shape = x.shape.clone();
+            shape[axis] = len;
+            if axis == 1 {
+                // A channel split is no operator: the consumers read channel slices.
+                let base = x.channels.map_or(0, |(b, _)| b);
+                self.vals.insert(
+                    out.clone(),
+                    Val::Act(Act {
+                        node: x.node,
+                        shape,
+                        channels: Some((base + begin, base + begin + len)),
+                    }),
+                );
+            } else if self.consumers.contains_key(out) {
+                let op = Op::Opaque {
+                    op_type: "Split".into(),
+                    shape,
+                };
+                self.push(node, out, op, vec![x.term()])?;
+            }
+            begin += len;
+        }
+        if axis == 1 {
+            self.report.removed += 1;
+        }
+        Ok(())
+    }
+
+    fn slice(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let x = self.act(ins, 0)?;
+        let cins: Vec<Option<&Const>> = ins
+            .iter()
+            .map(|v| match v {
+                Some(Val::Const(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        let (starts, ends, axes, steps) = consts::slice_args(node, &cins)
+            .ok_or_else(|| Fail::Error("needs constant starts and ends".into()))?;
+        let out = Self::out0(node)?;
+        if let Some((1, b, e)) =
+            shapes::slice_one_axis(&x.shape, &starts, &ends, axes.as_deref(), steps.as_deref())
+        {
+            let base = x.channels.map_or(0, |(b, _)| b);
+            let mut shape = x.shape.clone();
+            shape[1] = e - b;
+            if b == 0 && e == x.shape[1] {
+                self.alias(&node.input[0], out, x);
+                return Ok(());
+            }
+            self.vals.insert(
+                out.to_string(),
+                Val::Act(Act {
+                    node: x.node,
+                    shape,
+                    channels: Some((base + b, base + e)),
+                }),
+            );
+            self.report.removed += 1;
+            return Ok(());
+        }
+        let shape = shapes::slice(&x.shape, &starts, &ends, axes.as_deref(), steps.as_deref())?;
+        self.opaque(node, &ins[..1], Some(shape))
+    }
+}
+
+/// Nodes in a topological order (Kahn over tensor names, stable in file order).
+fn topo_order<'g>(nodes: &'g [NodeProto], known: &HashSet<&str>) -> Result<Vec<&'g NodeProto>> {
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            producer.insert(o.as_str(), i);
+        }
+    }
+    let mut indeg = vec![0usize; nodes.len()];
+    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        for inp in n.input.iter().filter(|s| !s.is_empty()) {
+            match producer.get(inp.as_str()) {
+                Some(&p) => {
+                    indeg[i] += 1;
+                    succ[p].push(i);
+                }
+                None if known.contains(inp.as_str()) => {}
+                None => {
+                    return Err(OnnxError::Node {
+                        node: display_name(n),
+                        op_type: n.op_type.clone(),
+                        message: format!(
+                            "input '{inp}' is not produced by any node, initializer or graph input"
+                        ),
+                    })
+                }
+            }
+        }
+    }
+    let mut ready: std::collections::BTreeSet<usize> =
+        (0..nodes.len()).filter(|&i| indeg[i] == 0).collect();
+    let mut order = Vec::with_capacity(nodes.len());
+    while let Some(i) = ready.pop_first() {
+        order.push(&nodes[i]);
+        for &s in &succ[i] {
+            indeg[s] -= 1;
+            if indeg[s] == 0 {
+                ready.insert(s);
+            }
+        }
+    }
+    if order.len() != nodes.len() {
+        if let Some(i) = (0..nodes.len()).find(|&i| indeg[i] > 0) {
+            return Err(OnnxError::Node {
+                node: display_name(&nodes[i]),
+                op_type: nodes[i].op_type.clone(),
+                message: "lies on a cycle".into(),
+            });
+        }
+    }
+    Ok(order)
+}
+
+fn dtype_of(elem: i32) -> Option<DType> {
+    match elem {
+        data_type::FLOAT | data_type::DOUBLE => Some(DType::F32),
+        data_type::FLOAT16 | data_type::BFLOAT16 => Some(DType::F16),
+        _ => None,
+    }
+}
+
+/// Import a decoded model.
+pub(crate) fn import(
+    model: &ModelProto,
+    name: &str,
+    base_dir: Option<&Path>,
+    opts: &OnnxOptions,
+) -> Result<(Graph, ImportReport)> {
+    let g = model
+        .graph
+        .as_ref()
+        .filter(|g| !g.node.is_empty() || !g.input.is_empty())
+        .ok_or_else(|| OnnxError::NotAModel("the model has no graph".into()))?;
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map_or(1, |o| o.version);
+    if opts.batch == 0 {
+        return Err(OnnxError::NotAModel("batch size must be positive".into()));
+    }
+    let mut imp = Importer {
+        base_dir,
+        opset,
+        vals: HashMap::new(),
+        consumers: HashMap::new(),
+        value_info: HashMap::new(),
+        symbols: HashMap::new(),
+        nodes: Vec::new(),
+        names: HashSet::new(),
+        unknown: BTreeMap::new(),
+        report: ImportReport {
+            opset,
+            producer: format!("{} {}", model.producer_name, model.producer_version)
+                .trim()
+                .to_string(),
+            onnx_nodes: g.node.len(),
+            ..ImportReport::default()
+        },
+    };
+    for vi in g.value_info.iter().chain(&g.output).chain(&g.input) {
+        if let Some(t) = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()) {
+            imp.value_info.insert(vi.name.clone(), t);
+        }
+    }
+    // Decompositions of GELU and layer norm back into one node each.
+    let mut constants: HashMap<String, Option<f64>> = HashMap::new();
+    for t in &g.initializer {
+        constants.insert(t.name.clone(), consts::from_tensor(t, base_dir).scalar());
+    }
+    for n in g.node.iter().filter(|n| n.op_type == "Constant") {
+        if let Some(o) = n.output.first() {
+            let v = consts::from_constant_node(n, base_dir).and_then(|c| c.scalar());
+            constants.insert(o.clone(), v);
+        }
+    }
+    let outputs: HashSet<String> = g.output.iter().map(|o| o.name.clone()).collect();
+    let (graph_nodes, rewritten) = patterns::rewrite(&g.node, &outputs, &constants);
+    imp.report.rewritten_patterns = rewritten;
+    for n in &graph_nodes {
+        for i in n.input.iter().filter(|s| !s.is_empty()) {
+            *imp.consumers.entry(i.clone()).or_insert(0) += 1;
+        }
+    }
+    for o in &g.output {
+        *imp.consumers.entry(o.name.clone()).or_insert(0) += 1;
+    }
+
+    // Initializers are constants (they win over a graph input of the same name).
+    for t in &g.initializer {
+        imp.vals.insert(
+            t.name.clone(),
+            Val::Const(consts::from_tensor(t, imp.base_dir)),
+        );
+    }
+    // Graph inputs: concrete shapes, the batch dimension and named dimensions resolved.
+    let mut dtype = opts.dtype;
+    for vi in &g.input {
+        if imp.vals.contains_key(&vi.name) {
+            continue;
+        }
+        let bad = |message: String| OnnxError::Input {
+            input: vi.name.clone(),
+            message,
+        };
+        let t = vi
+            .r#type
+            .as_ref()
+            .and_then(|t| t.tensor_type.as_ref())
+            .ok_or_else(|| bad("is not a tensor".into()))?;
+        if dtype.is_none() {
+            dtype = dtype_of(t.elem_type);
+        }
+        let dims = t.shape.as_ref().map(|s| s.dim.as_slice()).unwrap_or(&[]);
+        let mut shape = Vec::with_capacity(dims.len());
+        for (i, d) in dims.iter().enumerate() {
+            let v = match (d.dim_value, &d.dim_param) {
+                (Some(v), _) if v > 0 => {
+                    usize::try_from(v).map_err(|_| bad(format!("dimension {i} is {v}")))?
+                }
+                (_, p) => {
+                    let p = p.clone().unwrap_or_default();
+                    let v = match opts.dims.get(&p) {
+                        Some(&v) => v,
+                        None if i == 0 => opts.batch,
+                        None => {
+                            let what = if p.is_empty() {
+                                "unknown".to_string()
+                            } else {
+                                format!("the symbol '{p}'")
+                            };
+                            return Err(bad(format!(
+                                "dimension {i} is {what}; give it a value (OnnxOptions::dims)"
+                            )));
+                        }
+                    };
+                    if !p.is_empty() {
+                        if let Some(&prev) = imp.symbols.get(&p) {
+                            if prev != v {
+                                return Err(bad(format!(
+                                    "symbol '{p}' is {prev} elsewhere but {v} here"
+                                )));
+                            }
+                        }
+                        imp.symbols.insert(p, v);
+                    }
+                    if i == 0 {
+                        imp.report.dynamic_batch = true;
+                    }
+                    v
+                }
+            };
+            shape.push(v);
+        }
+        if shape.is_empty() {
+            shape.push(1);
+        }
+        if shape.contains(&0) {
+            return Err(bad(format!("shape {shape:?} has a zero dimension")));
+        }
+        check_size(&shape).map_err(bad)?;
+        let name = imp.unique_name(&vi.name);
+        let id = imp.nodes.len();
+        imp.nodes.push(PNode {
+            name,
+            op: Op::Input {
+                shape: shape.clone(),
+            },
+            inputs: Vec::new(),
+            shape: shape.clone(),
+            scope: Vec::new(),
+            out_tensor: vi.name.clone(),
+            dead: false,
+        });
+        imp.vals.insert(
+            vi.name.clone(),
+            Val::Act(Act {
+                node: id,
+                shape,
+                channels: None,
+            }),
+        );
+    }
+    if !imp.report.dynamic_batch && opts.batch != 1 {
+        tracing::warn!(
+            model = name,
+            batch = opts.batch,
+            "the model's batch dimension is fixed; the batch size asked for is ignored"
+        );
+    }
+
+    let known: HashSet<&str> = imp.vals.keys().map(String::as_str).collect();
+    let order = topo_order(&graph_nodes, &known)?;
+    drop(known);
+
+    let mut first_error: Option<OnnxError> = None;
+    for node in order {
+        let err = |message: String| OnnxError::Node {
+            node: display_name(node),
+            op_type: node.op_type.clone(),
+            message,
+        };
+        let ins: Vec<Option<Val>> = node
+            .input
+            .iter()
+            .map(|i| {
+                if i.is_empty() {
+                    None
+                } else {
+                    imp.vals.get(i).cloned()
+                }
+            })
+            .collect();
+        if let Some(i) = node
+            .input
+            .iter()
+            .zip(&ins)
+            .find(|(i, v)| !i.is_empty() && v.is_none())
+            .map(|(i, _)| i)
+        {
+            // Produced by a node we could not map (already reported).
+            if first_error.is_some() || !imp.unknown.is_empty() {
+                continue;
+            }
+            return Err(err(format!("input '{i}' has no value")));
+        }
+        let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+        let any_act = ins.iter().flatten().any(|v| matches!(v, Val::Act(_)));
+        let op_type = node.op_type.as_str();
+
+        // Constants and shape arithmetic: evaluated here, no operator.
+        if default_domain && matches!(op_type, "Constant" | "Shape" | "Size") {
+            let c = match op_type {
+                "Constant" => consts::from_constant_node(node, base_dir),
+                _ => {
+                    let shape = match ins.first() {
+                        Some(Some(Val::Act(a))) => Some(a.shape.clone()),
+                        Some(Some(Val::Const(c))) => c.shape.clone(),
+                        _ => None,
+                    };
+                    shape.map(|s| {
+                        if op_type == "Size" {
+                            Const::ints(Vec::new(), vec![s.iter().product::<usize>() as i64])
+                        } else {
+                            let r = s.len() as i64;
+                            let norm =
+                                |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+                            let start = norm(attr_i(node, "start", 0));
+                            let end = norm(attr_i(node, "end", r));
+                            let dims: Vec<i64> = s
+                                .get(start..end.max(start))
+                                .unwrap_or(&[])
+                                .iter()
+                                .map(|&d| d as i64)
+                                .collect();
+                            Const::ints(vec![dims.len()], dims)
+                        }
+                    })
+                }
+            };
+            let c = c.ok_or_else(|| err("has no value we can read".into()))?;
+            if let Some(o) = node.output.first() {
+                imp.vals.insert(o.clone(), Val::Const(c));
+            }
+            imp.report.constant_nodes += 1;
+            continue;
+        }
+        if !any_act {
+            let cins: Vec<Option<&Const>> = ins
+                .iter()
+                .map(|v| match v {
+                    Some(Val::Const(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            let outs = if default_domain {
+                consts::eval(node, &cins)
+            } else {
+                None
+            };
+            for (k, o) in node.output.iter().enumerate() {
+                let c = outs
+                    .as_ref()
+                    .and_then(|v| v.get(k).cloned())
+                    .map(|mut c| {
+                        if c.shape.is_none() {
+                            c.shape = imp.recorded_shape(o);
+                        }
+                        c
+                    })
+                    .unwrap_or_else(|| Const::shape_only(imp.recorded_shape(o)));
+                imp.vals.insert(o.clone(), Val::Const(c));
+            }
+            imp.report.constant_nodes += 1;
+            continue;
+        }
+
+        let mapped = if default_domain {
+            imp.map(node, &ins)
+        } else {
+            Err(Fail::Unsupported(format!(
+                "{}.{}",
+                node.domain, node.op_type
+            )))
+        };
+        match mapped {
+            Ok(()) => {}
+            Err(Fail::Unsupported(key)) => {
+                let key = if key.is_empty() {
+                    format!("{} (constant operand)", node.op_type)
+                } else {
+                    key
+                };
+                *imp.unknown.entry(key).or_insert(0) += 1;
+                let shape = node.output.first().and_then(|o| imp.recorded_shape(o));
+                if let Err(Fail::Error(m)) = imp.opaque(node, &ins, shape) {
+                    first_error.get_or_insert(err(m));
+                }
+            }
+            Err(Fail::Error(m)) => {
+                first_error.get_or_insert(err(m));
+            }
+        }
+    }
+    if !imp.unknown.is_empty() && !opts.allow_unknown {
+        return Err(OnnxError::Unsupported {
+            ops: imp.unknown.into_iter().collect(),
+        });
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    imp.report.unknown = imp.unknown.clone();
+    let dtype = dtype.unwrap_or(DType::F32);
+    let modules: HashSet<String> = graph_nodes
+        .iter()
+        .filter_map(|n| match node_scope(n).as_slice() {
+            [only] => Some(only.clone()),
+            _ => None,
+        })
+        .collect();
+    finish(imp, name, dtype, &modules)
+}
+
+/// Emit the live nodes as a validated graph with blocks from the node scopes.
+fn finish(
+    imp: Importer<'_>,
+    name: &str,
+    dtype: DType,
+    modules: &HashSet<String>,
+) -> Result<(Graph, ImportReport)> {
+    let mut report = imp.report;
+    let mut index = vec![u32::MAX; imp.nodes.len()];
+    let mut live = 0u32;
+    for (i, n) in imp.nodes.iter().enumerate() {
+        if !n.dead {
+            index[i] = live;
+            live += 1;
+        }
+    }
+    let mut defs = Vec::with_capacity(live as usize);
+    let mut scopes: Vec<(String, Vec<NodeId>)> = Vec::new();
+    let mut scope_at: HashMap<String, usize> = HashMap::new();
+    for n in imp.nodes.into_iter().filter(|n| !n.dead) {
+        let id = NodeId(defs.len() as u32);
+        if let (Some(s), false) = (block_key(&n.scope, modules), n.op.is_input()) {
+            let k = *scope_at.entry(s.clone()).or_insert_with(|| {
+                scopes.push((s, Vec::new()));
+                scopes.len() - 1
+            });
+            scopes[k].1.push(id);
+        }
+        if let Op::Opaque { op_type, .. } = &n.op {
+            *report.opaque.entry(op_type.clone()).or_insert(0) += 1;
+        }
+        let inputs = n
+            .inputs
+            .into_iter()
+            .map(|t| {
+                t.into_iter()
+                    .map(|v| Value {
+                        node: NodeId(index.get(v.node.index()).copied().unwrap_or(u32::MAX)),
+                        channels: v.channels,
+                    })
+                    .collect()
+            })
+            .collect();
+        defs.push(NodeDef {
+            name: n.name,
+            op: n.op,
+            inputs,
+            declared_shape: None,
+        });
+    }
+    let blocks: Vec<Block> = scopes
+        .into_iter()
+        .filter(|(_, nodes)| nodes.len() >= 2)
+        .map(|(name, nodes)| Block {
+            name,
+            nodes,
+            stages: None,
+        })
+        .collect();
+    let graph = Graph::from_nodes(name, dtype, defs)?.with_blocks(blocks)?;
+    report.ops = graph.op_count();
+    tracing::info!(
+        model = name,
+        onnx_nodes = report.onnx_nodes,
+        ops = report.ops,
+        folded_batch_norms = report.folded_batch_norms,
+        fused_activations = report.fused_activations,
+        "imported ONNX model"
+    );
+    Ok((graph, report))
+}

@@ -1,0 +1,248 @@
+//! Rewrites of the decompositions exporters write for operators that older opsets lack, back
+//! into one node each, before the walk:
+//!
+//! - GELU (a `Gelu` operator only exists from opset 20): `Div(x, sqrt 2) -> Erf -> Add(1) ->
+//!   Mul(x) -> Mul(0.5)`, also with `Mul(x, 1/sqrt 2)` first or the `0.5` applied to `x` first;
+//! - layer normalization (`LayerNormalization` only exists from opset 17):
+//!   `ReduceMean(x) -> Sub(x, mean) -> Pow(2) -> ReduceMean -> Add(eps) -> Sqrt -> Div`, then an
+//!   optional `Mul(scale)` and `Add(bias)`.
+//!
+//! A pattern matches only when every intermediate tensor is read by the pattern alone (and is
+//! not a graph output), and the operands outside the chain are constants.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::proto::{AttributeProto, NodeProto};
+
+struct Index<'a> {
+    nodes: &'a [NodeProto],
+    producer: HashMap<&'a str, usize>,
+    readers: HashMap<&'a str, Vec<usize>>,
+    outputs: &'a HashSet<String>,
+    constants: &'a HashMap<String, Option<f64>>,
+}
+
+impl<'a> Index<'a> {
+    /// The only reader of `t` (and `t` is no graph output).
+    fn sole_reader(&self, t: &str) -> Option<usize> {
+        match self.readers.get(t).map(Vec::as_slice) {
+            Some([r]) if !self.outputs.contains(t) => Some(*r),
+            _ => None,
+        }
+    }
+    fn node(&self, i: usize) -> &'a NodeProto {
+        &self.nodes[i]
+    }
+    fn out(&self, i: usize) -> Option<&'a str> {
+        self.nodes[i].output.first().map(String::as_str)
+    }
+    fn is_const(&self, t: &str) -> bool {
+        self.constants.contains_key(t)
+    }
+    fn scalar(&self, t: &str) -> Option<f64> {
+        self.constants.get(t).copied().flatten()
+    }
+    /// For a binary node, the input that is not `t`, and whether `t` came first.
+    fn other(&self, i: usize, t: &str) -> Option<(&'a str, bool)> {
+        match self.nodes[i].input.as_slice() {
+            [a, b] if a == t => Some((b.as_str(), true)),
+            [a, b] if b == t => Some((a.as_str(), false)),
+            _ => None,
+        }
+    }
+    /// `t`'s sole reader if it has type `op`.
+    fn next(&self, t: &str, op: &str) -> Option<usize> {
+        self.sole_reader(t).filter(|&r| self.nodes[r].op_type == op)
+    }
+}
+
+fn synthetic(
+    op_type: &str,
+    base: &NodeProto,
+    input: &str,
+    output: &str,
+    attrs: Vec<AttributeProto>,
+) -> NodeProto {
+    NodeProto {
+        input: vec![input.to_string()],
+        output: vec![output.to_string()],
+        name: base.name.clone(),
+        op_type: op_type.to_string(),
+        attribute: attrs,
+        domain: String::new(),
+        metadata_props: base.metadata_props.clone(),
+    }
+}
+
+/// GELU starting at the `Erf` node `e`: `(nodes of the pattern, x, output)`.
+fn match_gelu(ix: &Index<'_>, e: usize) -> Option<(Vec<usize>, String, String)> {
+    let erf_in = ix.node(e).input.first()?;
+    let scale = *ix.producer.get(erf_in.as_str())?;
+    let scale_node = ix.node(scale);
+    if !matches!(scale_node.op_type.as_str(), "Div" | "Mul") || ix.sole_reader(erf_in) != Some(e) {
+        return None;
+    }
+    let [x, c] = scale_node.input.as_slice() else {
+        return None;
+    };
+    if !ix.is_const(c) {
+        return None;
+    }
+    let add = ix.next(ix.out(e)?, "Add")?;
+    let (one, _) = ix.other(add, ix.out(e)?)?;
+    if !ix.is_const(one) {
+        return None;
+    }
+    let add_out = ix.out(add)?;
+    let m1 = ix.next(add_out, "Mul")?;
+    let (other, _) = ix.other(m1, add_out)?;
+    let m1_out = ix.out(m1)?;
+    if other == x {
+        // x * (1 + erf) * 0.5
+        let m2 = ix.next(m1_out, "Mul")?;
+        let (half, _) = ix.other(m2, m1_out)?;
+        if !ix.is_const(half) {
+            return None;
+        }
+        return Some((
+            vec![scale, e, add, m1, m2],
+            x.clone(),
+            ix.out(m2)?.to_string(),
+        ));
+    }
+    // (x * 0.5) * (1 + erf)
+    let half_node = *ix.producer.get(other)?;
+    let hn = ix.node(half_node);
+    if hn.op_type != "Mul" || ix.sole_reader(other) != Some(m1) {
+        return None;
+    }
+    let (half, _) = ix.other(half_node, x)?;
+    if !ix.is_const(half) {
+        return None;
+    }
+    Some((
+        vec![scale, half_node, e, add, m1],
+        x.clone(),
+        m1_out.to_string(),
+    ))
+}
+
+/// Layer norm starting at the first `ReduceMean` node `r`: `(nodes, x, output, epsilon)`.
+fn match_layer_norm(ix: &Index<'_>, r: usize) -> Option<(Vec<usize>, String, String, f32)> {
+    let x = ix.node(r).input.first()?.clone();
+    let mean = ix.out(r)?;
+    let sub = ix.next(mean, "Sub")?;
+    if ix.node(sub).input.first() != Some(&x) {
+        return None;
+    }
+    let d = ix.out(sub)?;
+    // `d` is read by Pow and by Div.
+    let readers = ix.readers.get(d)?;
+    if readers.len() != 2 || ix.outputs.contains(d) {
+        return None;
+    }
+    let pow = *readers.iter().find(|&&i| ix.node(i).op_type == "Pow")?;
+    let div = *readers.iter().find(|&&i| ix.node(i).op_type == "Div")?;
+    let r2 = ix.next(ix.out(pow)?, "ReduceMean")?;
+    let add = ix.next(ix.out(r2)?, "Add")?;
+    let (eps_name, _) = ix.other(add, ix.out(r2)?)?;
+    if !ix.is_const(eps_name) {
+        return None;
+    }
+    let sqrt = ix.next(ix.out(add)?, "Sqrt")?;
+    if ix.next(ix.out(sqrt)?, "Div") != Some(div)
+        || ix.node(div).input.first().map(String::as_str) != Some(d)
+    {
+        return None;
+    }
+    let mut nodes = vec![r, sub, pow, r2, add, sqrt, div];
+    let mut out = ix.out(div)?.to_string();
+    if let Some(mul) = ix.next(&out, "Mul") {
+        if ix.other(mul, &out).is_some_and(|(c, _)| ix.is_const(c)) {
+            nodes.push(mul);
+            out = ix.out(mul)?.to_string();
+            if let Some(bias) = ix.next(&out, "Add") {
+                if ix.other(bias, &out).is_some_and(|(c, _)| ix.is_const(c)) {
+                    nodes.push(bias);
+                    out = ix.out(bias)?.to_string();
+                }
+            }
+        }
+    }
+    let eps = ix.scalar(eps_name).unwrap_or(1e-5) as f32;
+    Some((nodes, x, out, eps))
+}
+
+/// Rewrite the patterns in `nodes` (any order). `outputs` are the graph's output names,
+/// `constants` the names of initializers and of `Constant` outputs, with their value when they
+/// are scalars. Returns the new node list and how many patterns were rewritten.
+pub fn rewrite(
+    nodes: &[NodeProto],
+    outputs: &HashSet<String>,
+    constants: &HashMap<String, Option<f64>>,
+) -> (Vec<NodeProto>, usize) {
+    let mut producer = HashMap::new();
+    let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            producer.insert(o.as_str(), i);
+        }
+        let mut seen = HashSet::new();
+        for inp in n.input.iter().filter(|s| !s.is_empty()) {
+            if seen.insert(inp.as_str()) {
+                readers.entry(inp.as_str()).or_default().push(i);
+            }
+        }
+    }
+    let ix = Index {
+        nodes,
+        producer,
+        readers,
+        outputs,
+        constants,
+    };
+    let mut taken = vec![false; nodes.len()];
+    // Replacement node, placed at the position of the pattern's last node.
+    let mut replace: HashMap<usize, NodeProto> = HashMap::new();
+    let mut count = 0;
+    for (i, n) in nodes.iter().enumerate() {
+        let found = match (n.domain.is_empty(), n.op_type.as_str()) {
+            (true, "Erf") => match_gelu(&ix, i).map(|(ns, x, out)| {
+                let base = &nodes[ns[0]];
+                (ns, synthetic("Gelu", base, &x, &out, Vec::new()))
+            }),
+            (true, "ReduceMean") => match_layer_norm(&ix, i).map(|(ns, x, out, eps)| {
+                let base = &nodes[ns[0]];
+                let attrs = vec![AttributeProto {
+                    name: "epsilon".into(),
+                    f: eps,
+                    r#type: 1,
+                    ..AttributeProto::default()
+                }];
+                (ns, synthetic("LayerNormalization", base, &x, &out, attrs))
+            }),
+            _ => None,
+        };
+        let Some((ns, node)) = found else { continue };
+        if ns.iter().any(|&k| taken[k]) {
+            continue;
+        }
+        for &k in &ns {
+            taken[k] = true;
+        }
+        if let Some(&last) = ns.iter().max() {
+            replace.insert(last, node);
+        }
+        count += 1;
+    }
+    let out = nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| match replace.remove(&i) {
+            Some(r) => Some(r),
+            None if taken[i] => None,
+            None => Some(n.clone()),
+        })
+        .collect();
+    (out, count)
+}

@@ -1,0 +1,813 @@
+//! The fixtures the project generates (xtask/onnx/make_fixtures.py) and models built here
+//! message by message: mapping, folding, blocks, batch sizes, opsets and error cases.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use opsched::graph::{Activation, DType, Op, PoolKind};
+use opsched::zoo::ZooConfig;
+use opsched::Graph;
+use opsched_onnx::proto::{
+    data_type, AttributeProto, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    StringStringEntryProto, TensorProto, TensorShapeProto, TensorTypeProto, TypeProto,
+    ValueInfoProto,
+};
+use opsched_onnx::{import_bytes, import_file, Imported, OnnxError, OnnxOptions};
+use prost::Message;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/onnx")
+        .join(name)
+}
+
+fn load(name: &str, opts: &OnnxOptions) -> Imported {
+    import_file(fixture(name), opts).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn types(g: &Graph) -> BTreeMap<&'static str, usize> {
+    let mut m = BTreeMap::new();
+    for o in g.ops() {
+        *m.entry(g.node(o).op.type_name()).or_insert(0) += 1;
+    }
+    m
+}
+
+fn op<'g>(g: &'g Graph, name: &str) -> &'g Op {
+    &g.node(g.find(name).unwrap_or_else(|| panic!("no node '{name}'")))
+        .op
+}
+
+fn flops(g: &Graph) -> u64 {
+    opsched::graph::summarize(g).flops
+}
+
+/// A scratch directory of this test process.
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("opsched-onnx-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn every_fixture_imports_weight_free() {
+    let mut n = 0;
+    for e in std::fs::read_dir(fixture("")).unwrap() {
+        let path = e.unwrap().path();
+        if !opsched_onnx::is_onnx_path(&path) {
+            continue;
+        }
+        let opts = OnnxOptions {
+            allow_unknown: path.ends_with("unsupported.onnx"),
+            ..OnnxOptions::default()
+        };
+        let i = import_file(&path, &opts).unwrap_or_else(|e| panic!("{e}"));
+        assert!(i.graph.op_count() > 0, "{}", path.display());
+        assert!(std::fs::metadata(&path).unwrap().len() < 100_000);
+        n += 1;
+    }
+    assert_eq!(n, 6);
+    // The weights of the fixtures point to a file that is not there.
+    assert!(!fixture("weights.bin").exists());
+}
+
+#[test]
+fn multi_branch_cnn_folds_batch_norm_and_activations_at_opset_13() {
+    let i = load("multi_branch_cnn.onnx", &OnnxOptions::default());
+    let (g, r) = (&i.graph, &i.report);
+    assert_eq!(r.opset, 13);
+    assert_eq!((g.op_count(), g.edge_count()), (16, 19));
+    assert_eq!(
+        types(g),
+        BTreeMap::from([
+            ("concat", 2),
+            ("conv2d", 9),
+            ("linear", 1),
+            ("pool2d", 2),
+            ("reshape", 1),
+            ("softmax", 1),
+        ])
+    );
+    assert_eq!(r.folded_batch_norms, 7);
+    assert_eq!(r.fused_activations, 9);
+    // conv-BN-ReLU is one conv with a bias and a fused relu; Clip (ReLU6) is costed as relu.
+    let Op::Conv2d(c) = op(g, "/stem/conv/Conv") else {
+        panic!()
+    };
+    assert!(c.bias && c.act == Activation::Relu && c.stride == [2, 2] && c.padding == [1, 1]);
+    let Op::Conv2d(c) = op(g, "/mixed/branch2_2/conv/Conv") else {
+        panic!()
+    };
+    assert_eq!(c.act, Activation::Relu);
+    // auto_pad SAME_UPPER on a 5x5 is padding 2.
+    let Op::Conv2d(c) = op(g, "/mixed/branch3_2/conv/Conv") else {
+        panic!()
+    };
+    assert_eq!((c.kernel, c.padding), ([5, 5], [2, 2]));
+    // The channel split is no operator: the two convs read channel slices of the concat.
+    let left = g.find("/split/left/conv/Conv").unwrap();
+    let mixed = g.find("/mixed/Concat").unwrap();
+    assert_eq!(g.node(left).inputs[0][0].node, mixed);
+    assert_eq!(g.node(left).inputs[0][0].channels, Some((0, 18)));
+    let right = g.find("/split/right/conv/Conv").unwrap();
+    assert_eq!(g.node(right).inputs[0][0].channels, Some((18, 36)));
+    let Op::Conv2d(c) = &g.node(right).op else {
+        panic!()
+    };
+    assert_eq!(c.act, Activation::Sigmoid);
+    // Squeeze (axes as an input, opset 13) is a reshape; Gemm with transB a linear layer.
+    assert_eq!(g.node(g.find("/head/Squeeze").unwrap()).shape, vec![1, 36]);
+    assert!(matches!(
+        op(g, "/fc/Gemm"),
+        Op::Linear {
+            out_features: 10,
+            bias: true,
+            ..
+        }
+    ));
+    assert_eq!(op(g, "/head/Softmax"), &Op::Softmax { axis: -1 });
+    // Blocks from the module scopes.
+    let blocks: Vec<&str> = g.blocks().iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(blocks, ["mixed", "split", "head"]);
+}
+
+#[test]
+fn residual_net_keeps_adds_and_standalone_relus() {
+    let i = load("residual.onnx", &OnnxOptions::default());
+    let g = &i.graph;
+    assert_eq!((g.op_count(), g.edge_count()), (17, 19));
+    assert_eq!(i.report.folded_batch_norms, 8);
+    assert_eq!(
+        types(g),
+        BTreeMap::from([
+            ("activation", 3),
+            ("conv2d", 8),
+            ("elementwise", 3),
+            ("linear", 1),
+            ("pool2d", 1),
+            ("reshape", 1),
+        ])
+    );
+    // conv2 + BN has no activation: the relu after the add stays an operator.
+    let Op::Conv2d(c) = op(g, "/layer2/layer2.0/conv2/conv/Conv") else {
+        panic!()
+    };
+    assert!(c.bias && c.act == Activation::None);
+    let blocks: Vec<&str> = g.blocks().iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(blocks, ["layer1.0", "layer2.0", "layer2.1"]);
+    // The downsample conv runs beside the main branch.
+    assert_eq!(opsched::graph::analysis::width(g), 2);
+}
+
+/// The operator types of one encoder layer of the zoo's Transformer.
+fn zoo_layer_types() -> BTreeMap<&'static str, usize> {
+    let z = opsched::zoo::build("transformer", &ZooConfig::default()).unwrap();
+    let mut m = BTreeMap::new();
+    let b = z.blocks().first().unwrap();
+    for &n in &b.nodes {
+        *m.entry(z.node(n).op.type_name()).or_insert(0) += 1;
+    }
+    m
+}
+
+#[test]
+fn transformer_block_maps_like_a_zoo_encoder_layer_at_opsets_17_and_13() {
+    let a = load("transformer_block.onnx", &OnnxOptions::default());
+    let b = load("transformer_block_opset13.onnx", &OnnxOptions::default());
+    assert_eq!((a.report.opset, b.report.opset), (17, 13));
+    // opset 13: layer norm decomposed twice, GELU decomposed once, all rewritten.
+    assert_eq!(
+        (a.report.rewritten_patterns, b.report.rewritten_patterns),
+        (1, 3)
+    );
+    for g in [&a.graph, &b.graph] {
+        assert_eq!((g.op_count(), g.edge_count()), (21, 21), "{}", g.name);
+        assert_eq!(types(g), zoo_layer_types(), "{}", g.name);
+        // Biases fold into the linear layers, GELU into the first FFN layer, the 1/sqrt(d)
+        // scale into the score matmul, and the key's transpose becomes transpose_b.
+        assert!(matches!(
+            op(g, "/layer0/ffn/fc1/MatMul"),
+            Op::Linear {
+                out_features: 256,
+                bias: true,
+                act: Activation::Gelu
+            }
+        ));
+        assert_eq!(
+            op(g, "/layer0/attention/MatMul"),
+            &Op::BatchMatmul { transpose_b: true }
+        );
+        assert_eq!(
+            g.node(g.find("/layer0/attention/MatMul").unwrap()).shape,
+            vec![1, 4, 16, 16]
+        );
+    }
+    assert_eq!(flops(&a.graph), flops(&b.graph));
+    assert!(matches!(
+        op(&b.graph, "/layer0/attention/norm/ReduceMean"),
+        Op::LayerNorm { .. }
+    ));
+}
+
+#[test]
+fn dynamic_batch_scales_flops_with_the_batch() {
+    for name in ["dynamic_batch.onnx", "transformer_block_opset13.onnx"] {
+        let one = load(name, &OnnxOptions::default());
+        let four = load(
+            name,
+            &OnnxOptions {
+                batch: 4,
+                ..OnnxOptions::default()
+            },
+        );
+        assert!(one.report.dynamic_batch && four.report.dynamic_batch);
+        assert_eq!(flops(&four.graph), 4 * flops(&one.graph), "{name}");
+        let input = four.graph.inputs().next().unwrap();
+        assert_eq!(four.graph.node(input).shape[0], 4);
+    }
+    // x.view(x.size(0), -1): Shape -> Gather -> Unsqueeze -> Concat is evaluated at import.
+    let g = load(
+        "dynamic_batch.onnx",
+        &OnnxOptions {
+            batch: 4,
+            ..OnnxOptions::default()
+        },
+    )
+    .graph;
+    assert_eq!(
+        op(&g, "/Reshape"),
+        &Op::Reshape {
+            shape: vec![4, 32 * 16 * 16]
+        }
+    );
+    assert_eq!(g.op_count(), 5);
+    // The facade passes the batch size of the zoo configuration.
+    let cfg = ZooConfig {
+        batch: 4,
+        ..ZooConfig::default()
+    };
+    let f = opsched::load_model(fixture("dynamic_batch.onnx").to_str().unwrap(), &cfg).unwrap();
+    assert_eq!(flops(&f), flops(&g));
+}
+
+#[test]
+fn unsupported_operators_are_listed_with_counts_or_imported_as_opaque() {
+    let path = fixture("unsupported.onnx");
+    let e = import_file(&path, &OnnxOptions::default()).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with(&path.display().to_string()), "{msg}");
+    assert!(
+        msg.contains("unsupported ONNX operators: DepthToSpace x2, LRN x1, com.example.Custom x1"),
+        "{msg}"
+    );
+    assert!(msg.contains("--allow-unknown"), "{msg}");
+    let OnnxError::Unsupported { ops } = e.located() else {
+        panic!("{e:?}")
+    };
+    assert_eq!(ops.len(), 3);
+
+    let i = load(
+        "unsupported.onnx",
+        &OnnxOptions {
+            allow_unknown: true,
+            ..OnnxOptions::default()
+        },
+    );
+    let g = &i.graph;
+    assert_eq!(types(g), BTreeMap::from([("conv2d", 2), ("opaque", 4)]));
+    assert_eq!(i.report.unknown.values().sum::<usize>(), 4);
+    // Output shapes come from the model's value info.
+    let up = g.find("/up2/DepthToSpace").unwrap();
+    assert_eq!(g.node(up).shape, vec![1, 8, 64, 64]);
+    assert!(matches!(&g.node(up).op, Op::Opaque { op_type, .. } if op_type == "DepthToSpace"));
+    // Costed by tensor sizes: reads 32x32x32, writes 8x64x64.
+    let s = g.stats(up);
+    assert_eq!(
+        (s.bytes_read, s.bytes_written),
+        (32 * 32 * 32 * 4, 8 * 64 * 64 * 4)
+    );
+
+    // Through the facade: the same choice, and a user error.
+    let spec = path.to_str().unwrap();
+    let e = opsched::load_model(spec, &ZooConfig::default()).unwrap_err();
+    assert!(e.is_user_error() && e.to_string().contains("LRN x1"), "{e}");
+    let opts = opsched::LoadOptions {
+        allow_unknown: true,
+    };
+    let g = opsched::load_model_with(spec, &ZooConfig::default(), &opts).unwrap();
+    assert_eq!(g.op_count(), 6);
+    // And it schedules and simulates.
+    let p = opsched::schedule::Platform {
+        gpus: 1,
+        streams: 4,
+        device: opsched::cost::DevicePreset::by_name("h100").unwrap(),
+        link: opsched::cost::LinkPreset::by_name("nvlink4").unwrap(),
+    };
+    let cost = opsched::cost::AnalyticalModel::new(p.device.clone(), p.link.clone());
+    let (s, _) = opsched::scheduler("ios")
+        .unwrap()
+        .schedule(&g, &p, &cost)
+        .unwrap();
+    assert!(opsched::evaluate(&g, &s, &cost, 1).unwrap().makespan_ms > 0.0);
+}
+
+#[test]
+fn garbage_truncated_and_missing_files_give_clear_errors() {
+    let dir = scratch("bad");
+    let garbage = dir.join("garbage.onnx");
+    std::fs::write(&garbage, b"this is not a protobuf \xff\xff\xff").unwrap();
+    let msg = import_file(&garbage, &OnnxOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("garbage.onnx") && msg.contains("not an ONNX model"),
+        "{msg}"
+    );
+
+    let bytes = std::fs::read(fixture("residual.onnx")).unwrap();
+    let truncated = dir.join("truncated.onnx");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let msg = import_file(&truncated, &OnnxOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("truncated.onnx") && msg.contains("truncated"),
+        "{msg}"
+    );
+
+    let empty = dir.join("empty.onnx");
+    std::fs::write(&empty, b"").unwrap();
+    let msg = import_file(&empty, &OnnxOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("empty.onnx") && msg.contains("empty"), "{msg}");
+
+    let msg = import_file(dir.join("absent.onnx"), &OnnxOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("absent.onnx"), "{msg}");
+
+    // The facade detects ONNX by content too, and JSON stays JSON.
+    let renamed = dir.join("model.bin");
+    std::fs::copy(fixture("residual.onnx"), &renamed).unwrap();
+    let g = opsched::load_model(renamed.to_str().unwrap(), &ZooConfig::default()).unwrap();
+    assert_eq!(g.op_count(), 17);
+    let e = opsched::load_model(garbage.to_str().unwrap(), &ZooConfig::default()).unwrap_err();
+    assert!(e.is_user_error());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Models built message by message.
+
+fn value(name: &str, dims: &[Dimension]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            tensor_type: Some(TensorTypeProto {
+                elem_type: data_type::FLOAT,
+                shape: Some(TensorShapeProto { dim: dims.to_vec() }),
+            }),
+        }),
+    }
+}
+
+fn dim(v: i64) -> Dimension {
+    Dimension {
+        dim_value: Some(v),
+        dim_param: None,
+    }
+}
+
+fn sym(p: &str) -> Dimension {
+    Dimension {
+        dim_value: None,
+        dim_param: Some(p.into()),
+    }
+}
+
+fn node(op_type: &str, name: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![format!("{name}_out")],
+        name: name.into(),
+        op_type: op_type.into(),
+        attribute: attrs,
+        ..NodeProto::default()
+    }
+}
+
+fn ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        ints: v.to_vec(),
+        r#type: 7,
+        ..AttributeProto::default()
+    }
+}
+
+fn int(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        i: v,
+        r#type: 2,
+        ..AttributeProto::default()
+    }
+}
+
+fn weight(name: &str, dims: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: data_type::FLOAT,
+        ..TensorProto::default()
+    }
+}
+
+fn model(
+    opset: i64,
+    nodes: Vec<NodeProto>,
+    inits: Vec<TensorProto>,
+    inputs: Vec<ValueInfoProto>,
+) -> ModelProto {
+    ModelProto {
+        ir_version: 7,
+        producer_name: "test".into(),
+        graph: Some(GraphProto {
+            node: nodes,
+            name: "g".into(),
+            initializer: inits,
+            input: inputs,
+            ..GraphProto::default()
+        }),
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: opset,
+        }],
+        ..ModelProto::default()
+    }
+}
+
+fn import(m: &ModelProto, opts: &OnnxOptions) -> opsched_onnx::Result<Imported> {
+    import_bytes(m.encode_to_vec(), "test", None, opts)
+}
+
+#[test]
+fn older_opsets_take_axes_as_attributes_and_softmax_defaults_to_axis_1() {
+    let m = model(
+        11,
+        vec![
+            node("GlobalAveragePool", "gap", &["x"], vec![]),
+            node(
+                "Squeeze",
+                "squeeze",
+                &["gap_out"],
+                vec![ints("axes", &[2, 3])],
+            ),
+            node("Softmax", "softmax", &["squeeze_out"], vec![]),
+            node(
+                "Unsqueeze",
+                "unsqueeze",
+                &["softmax_out"],
+                vec![ints("axes", &[-1])],
+            ),
+            node(
+                "MaxPool",
+                "pool",
+                &["x"],
+                vec![
+                    ints("kernel_shape", &[3, 3]),
+                    ints("strides", &[2, 2]),
+                    ints("pads", &[0, 0, 1, 1]),
+                ],
+            ),
+        ],
+        vec![],
+        vec![value("x", &[dim(2), dim(8), dim(9), dim(9)])],
+    );
+    let g = import(&m, &OnnxOptions::default()).unwrap().graph;
+    assert_eq!(op(&g, "softmax"), &Op::Softmax { axis: 1 });
+    assert_eq!(g.node(g.find("squeeze").unwrap()).shape, vec![2, 8]);
+    assert_eq!(g.node(g.find("unsqueeze").unwrap()).shape, vec![2, 8, 1]);
+    // Asymmetric pads (0 before, 1 after): (9 + 1 - 3) / 2 + 1 = 4 outputs, which symmetric
+    // padding 0 gives too ((9 - 3) / 2 + 1 = 4), padding 1 not (5).
+    let pool = g.find("pool").unwrap();
+    assert_eq!(g.node(pool).shape, vec![2, 8, 4, 4]);
+    let Op::Pool2d(p) = &g.node(pool).op else {
+        panic!()
+    };
+    assert_eq!((p.kind, p.padding), (PoolKind::Max, [0, 0]));
+}
+
+#[test]
+fn node_errors_name_the_node_and_its_type() {
+    // Weights for 4 input channels on an 8-channel input.
+    let m = model(
+        13,
+        vec![node("Conv", "conv1", &["x", "w"], vec![])],
+        vec![weight("w", &[16, 4, 3, 3])],
+        vec![value("x", &[dim(1), dim(8), dim(8), dim(8)])],
+    );
+    let e = import(&m, &OnnxOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("node 'conv1' (Conv)") && e.contains("8 channels"),
+        "{e}"
+    );
+
+    // An input produced by nobody.
+    let m = model(
+        13,
+        vec![node("Relu", "relu", &["nothing"], vec![])],
+        vec![],
+        vec![value("x", &[dim(1), dim(8)])],
+    );
+    let e = import(&m, &OnnxOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("node 'relu' (Relu)") && e.contains("'nothing'"),
+        "{e}"
+    );
+
+    // A reshape whose target is computed at run time from an activation.
+    let m = model(
+        13,
+        vec![
+            node("Relu", "relu", &["x"], vec![]),
+            node("Reshape", "reshape", &["x", "relu_out"], vec![]),
+        ],
+        vec![],
+        vec![value("x", &[dim(1), dim(8)])],
+    );
+    let e = import(&m, &OnnxOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("node 'reshape' (Reshape)") && e.contains("run time"),
+        "{e}"
+    );
+}
+
+#[test]
+fn symbolic_dimensions_need_values_and_batch_takes_the_first() {
+    let m = model(
+        17,
+        vec![node("Softmax", "softmax", &["x"], vec![int("axis", -1)])],
+        vec![],
+        vec![value("x", &[sym("batch"), sym("seq"), dim(64)])],
+    );
+    let e = import(&m, &OnnxOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("graph input 'x'") && e.contains("'seq'") && e.contains("dims"),
+        "{e}"
+    );
+    let opts = OnnxOptions {
+        batch: 3,
+        dims: [("seq".to_string(), 128)].into(),
+        ..OnnxOptions::default()
+    };
+    let i = import(&m, &opts).unwrap();
+    assert_eq!(
+        i.graph.node(i.graph.find("x").unwrap()).shape,
+        vec![3, 128, 64]
+    );
+    assert_eq!(i.graph.dtype, DType::F32);
+}
+
+/// A reshape whose target shape lives in an external data file: read when the file is there,
+/// a clear error naming the file when it is not (weights never need it).
+#[test]
+fn small_constants_are_read_from_external_data_when_needed() {
+    let target = TensorProto {
+        name: "target".into(),
+        dims: vec![2],
+        data_type: data_type::INT64,
+        data_location: 1,
+        external_data: vec![
+            StringStringEntryProto {
+                key: "location".into(),
+                value: "shape.bin".into(),
+            },
+            StringStringEntryProto {
+                key: "offset".into(),
+                value: "8".into(),
+            },
+        ],
+        ..TensorProto::default()
+    };
+    let m = model(
+        13,
+        vec![
+            node("Conv", "conv", &["x", "w"], vec![]),
+            node("Reshape", "reshape", &["conv_out", "target"], vec![]),
+        ],
+        vec![weight("w", &[4, 2, 1, 1]), target],
+        vec![value("x", &[dim(1), dim(2), dim(3), dim(3)])],
+    );
+    let dir = scratch("external");
+    let path = dir.join("model.onnx");
+    std::fs::write(&path, m.encode_to_vec()).unwrap();
+    let e = import_file(&path, &OnnxOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("node 'reshape' (Reshape)") && e.contains("'shape.bin'"),
+        "{e}"
+    );
+    let mut data = vec![0u8; 8];
+    for v in [1i64, -1] {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(dir.join("shape.bin"), data).unwrap();
+    let g = import_file(&path, &OnnxOptions::default()).unwrap().graph;
+    assert_eq!(g.node(g.find("reshape").unwrap()).shape, vec![1, 36]);
+    std::fs::remove_dir_all(Path::new(&dir)).unwrap();
+}
+
+#[test]
+fn broadcasts_standalone_batch_norms_and_nested_concats() {
+    // A squeeze-and-excitation gate (Mul of [1,8,4,4] by [1,8,1,1]), a batch norm after a
+    // pool, and concat(concat(a, b), c) with the inner concat read only by the outer one.
+    let m = model(
+        17,
+        vec![
+            node("GlobalAveragePool", "gap", &["x"], vec![]),
+            node("Sigmoid", "gate", &["gap_out"], vec![]),
+            node("Mul", "scale", &["x", "gate_out"], vec![]),
+            node(
+                "MaxPool",
+                "pool",
+                &["x"],
+                vec![ints("kernel_shape", &[1, 1])],
+            ),
+            node(
+                "BatchNormalization",
+                "bn",
+                &["pool_out", "s", "b", "m", "v"],
+                vec![],
+            ),
+            node(
+                "Concat",
+                "inner",
+                &["scale_out", "bn_out"],
+                vec![int("axis", 1)],
+            ),
+            node(
+                "Concat",
+                "outer",
+                &["inner_out", "x"],
+                vec![int("axis", -3)],
+            ),
+        ],
+        ["s", "b", "m", "v"]
+            .iter()
+            .map(|n| weight(n, &[8]))
+            .collect(),
+        vec![value("x", &[dim(1), dim(8), dim(4), dim(4)])],
+    );
+    let i = import(&m, &OnnxOptions::default()).unwrap();
+    let g = &i.graph;
+    assert!(i.report.unknown.is_empty());
+    assert_eq!(
+        i.report.opaque,
+        BTreeMap::from([("BatchNormalization".into(), 1), ("Mul".into(), 1)])
+    );
+    assert_eq!(g.node(g.find("scale").unwrap()).shape, vec![1, 8, 4, 4]);
+    assert!(g.find("inner").is_none());
+    let outer = g.find("outer").unwrap();
+    assert_eq!(g.node(outer).inputs.len(), 3);
+    assert_eq!(g.node(outer).shape, vec![1, 24, 4, 4]);
+    assert_eq!(i.report.merged_concats, 1);
+}
+
+#[test]
+fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
+    let f = |name: &str, v: f32| AttributeProto {
+        name: name.into(),
+        f: v,
+        r#type: 1,
+        ..AttributeProto::default()
+    };
+    let pads = TensorProto {
+        name: "pads".into(),
+        dims: vec![8],
+        data_type: data_type::INT64,
+        int64_data: vec![0, 0, 1, 2, 0, 0, 1, 2],
+        ..TensorProto::default()
+    };
+    let scales = TensorProto {
+        name: "scales".into(),
+        dims: vec![4],
+        data_type: data_type::FLOAT,
+        float_data: vec![1.0, 1.0, 2.0, 2.0],
+        ..TensorProto::default()
+    };
+    let index = TensorProto {
+        name: "index".into(),
+        dims: vec![],
+        data_type: data_type::INT64,
+        int64_data: vec![0],
+        ..TensorProto::default()
+    };
+    let m = model(
+        18,
+        vec![
+            node("HardSwish", "hswish", &["x"], vec![]),
+            node("LeakyRelu", "leaky", &["hswish_out"], vec![f("alpha", 0.1)]),
+            node("Pad", "pad", &["leaky_out", "pads"], vec![]),
+            node("Resize", "resize", &["pad_out", "", "scales"], vec![]),
+            node(
+                "ReduceMean",
+                "mean",
+                &["resize_out"],
+                vec![int("keepdims", 0), ints("axes", &[2, 3])],
+            ),
+            node(
+                "Gather",
+                "first",
+                &["mean_out", "index"],
+                vec![int("axis", 1)],
+            ),
+        ],
+        vec![pads, scales, index],
+        vec![value("x", &[dim(2), dim(8), dim(6), dim(6)])],
+    );
+    let i = import(&m, &OnnxOptions::default()).unwrap();
+    assert!(i.report.unknown.is_empty());
+    let g = &i.graph;
+    let shape = |n: &str| g.node(g.find(n).unwrap()).shape.clone();
+    assert_eq!(shape("leaky"), vec![2, 8, 6, 6]);
+    assert_eq!(shape("pad"), vec![2, 8, 8, 10]);
+    assert_eq!(shape("resize"), vec![2, 8, 16, 20]);
+    assert_eq!(shape("mean"), vec![2, 8]);
+    assert_eq!(shape("first"), vec![2]);
+    assert_eq!(types(g), BTreeMap::from([("opaque", 6)]));
+}
+
+#[test]
+fn dynamo_exports_give_blocks_from_name_scope_metadata_and_reduce_mean_pools() {
+    let scoped = |mut n: NodeProto, scopes: &str| {
+        n.metadata_props = vec![StringStringEntryProto {
+            key: "pkg.torch.onnx.name_scopes".into(),
+            value: scopes.into(),
+        }];
+        n
+    };
+    let axes = TensorProto {
+        name: "axes".into(),
+        dims: vec![2],
+        data_type: data_type::INT64,
+        int64_data: vec![-1, -2],
+        ..TensorProto::default()
+    };
+    let m = model(
+        18,
+        vec![
+            scoped(
+                node("Relu", "node_relu", &["x"], vec![]),
+                "['', 'layer1', 'layer1.0', 'layer1.0.relu', 'relu']",
+            ),
+            scoped(
+                node("Sigmoid", "node_sigmoid", &["node_relu_out"], vec![]),
+                "['', 'layer1', 'layer1.0', 'layer1.0.act', 'sigmoid']",
+            ),
+            scoped(
+                node(
+                    "ReduceMean",
+                    "node_mean",
+                    &["node_sigmoid_out", "axes"],
+                    vec![],
+                ),
+                "['', 'avgpool', 'mean']",
+            ),
+        ],
+        vec![axes],
+        vec![value("x", &[dim(1), dim(8), dim(4), dim(4)])],
+    );
+    let g = import(&m, &OnnxOptions::default()).unwrap().graph;
+    let blocks: Vec<&str> = g.blocks().iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(blocks, ["layer1.0"]);
+    assert!(matches!(op(&g, "node_mean"), Op::Pool2d(p) if p.kind == PoolKind::GlobalAvg));
+}
+
+/// Corrupted files never panic: every prefix of a fixture, and single-byte changes all over
+/// it, import or fail with an error.
+#[test]
+fn corrupted_files_fail_without_panicking() {
+    let bytes = std::fs::read(fixture("multi_branch_cnn.onnx")).unwrap();
+    let opts = OnnxOptions {
+        allow_unknown: true,
+        ..OnnxOptions::default()
+    };
+    for len in (0..bytes.len()).step_by(7) {
+        let _ = import_bytes(bytes[..len].to_vec(), "prefix", None, &opts);
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..3000 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let mut b = bytes.clone();
+        let at = (state % b.len() as u64) as usize;
+        b[at] = (state >> 32) as u8;
+        let _ = import_bytes(b, "mutant", None, &opts);
+    }
+}
