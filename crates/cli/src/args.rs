@@ -77,7 +77,7 @@ pub struct ExportArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Batch size of zoo models (and of IOS graph files).
+    /// Batch size of zoo models, IOS graph files and ONNX files with a dynamic batch.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch: u32,
     /// Image side or sequence length of zoo models (default: the model's own).
@@ -86,6 +86,10 @@ pub struct ModelArgs {
     /// Element type of zoo models.
     #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
     pub dtype: DTypeArg,
+    /// ONNX files: import unsupported operators as opaque operators costed by their tensor
+    /// sizes, instead of failing with the list of unsupported operator types.
+    #[arg(long)]
+    pub allow_unknown: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -95,6 +99,12 @@ pub enum DTypeArg {
 }
 
 impl ModelArgs {
+    pub fn load_options(&self) -> opsched::LoadOptions {
+        opsched::LoadOptions {
+            allow_unknown: self.allow_unknown,
+        }
+    }
+
     pub fn zoo_config(&self) -> ZooConfig {
         ZooConfig {
             batch: self.batch as usize,

@@ -15,7 +15,8 @@ use crate::error::{facade, user};
 
 /// Load a zoo model or a graph file; a failure is the user's.
 pub fn load(spec: &str, args: &ModelArgs) -> Result<Graph> {
-    let g = opsched::load_model(spec, &args.zoo_config()).map_err(user)?;
+    let g =
+        opsched::load_model_with(spec, &args.zoo_config(), &args.load_options()).map_err(user)?;
     tracing::debug!(model = %g.name, nodes = g.len(), "loaded");
     Ok(g)
 }

@@ -82,7 +82,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error::one_line(&e));
             if e.downcast_ref::<UserError>().is_some() {
                 ExitCode::from(2)
             } else {

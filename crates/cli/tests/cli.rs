@@ -746,3 +746,14 @@ fn piped_output_has_no_progress_bar() {
         "no terminal escapes in piped output"
     );
 }
+
+#[test]
+fn a_file_error_is_said_once() {
+    let dir = temp_dir("broken");
+    let path = dir.join("broken.json");
+    std::fs::write(&path, "garbage").unwrap();
+    let out = opsched(&["inspect", path.to_str().unwrap()]);
+    let err = one_line_error(&out);
+    assert!(err.contains("broken.json"), "{err}");
+    assert_eq!(err.matches("expected value").count(), 1, "{err}");
+}

@@ -87,3 +87,21 @@ fn unsupported_operators_exit_2_with_the_list() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn allow_unknown_imports_unsupported_operators_as_opaque() {
+    let path = fixture("unsupported.onnx");
+    let v = json(&opsched(&["inspect", &path, "--allow-unknown", "--json"]));
+    assert_eq!(v["ops"], 6);
+    assert_eq!(v["op_types"]["opaque"], 4);
+    // Opaque operators are scheduled like any other.
+    let c = json(&opsched(&[
+        "compare",
+        &path,
+        "--allow-unknown",
+        "--algos",
+        "sequential,ios,lios",
+        "--json",
+    ]));
+    assert_eq!(c["rows"].as_array().unwrap().len(), 3);
+}

@@ -177,6 +177,19 @@ impl Graph {
                 node: node.name.clone(),
                 message,
             })?;
+            // Keep every count (elements, bytes, FLOPs) far from u64 overflow.
+            if inferred
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+                .is_none_or(|n| n > MAX_ELEMENTS)
+            {
+                return Err(GraphError::Shape {
+                    node: node.name.clone(),
+                    message: format!(
+                        "output shape {inferred:?} has more than 2^40 elements; no GPU holds that"
+                    ),
+                });
+            }
             if declared[id.index()] && node.shape != inferred && !node.op.is_input() {
                 return Err(GraphError::DeclaredShape {
                     node: node.name.clone(),
@@ -340,8 +353,11 @@ impl Graph {
     }
 }
 
+/// Most elements one tensor may have (2^40, i.e. 4 TiB of f32).
+const MAX_ELEMENTS: u64 = 1 << 40;
+
 fn numel(s: &[usize]) -> u64 {
-    s.iter().map(|&d| d as u64).product()
+    s.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64))
 }
 
 fn value_shape(nodes: &[Node], v: &Value) -> Result<Shape, String> {

@@ -331,8 +331,9 @@ pub struct OpStats {
     pub params: u64,
 }
 
+/// Saturating: shapes from files may be absurd; the graph refuses them after inference.
 fn numel(s: &[usize]) -> u64 {
-    s.iter().map(|&d| d as u64).product()
+    s.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64))
 }
 
 fn conv_out(

@@ -486,3 +486,19 @@ fn dot_round_trips_the_structure_of_every_zoo_model() {
         assert_eq!(declared, g.len(), "{}", m.name);
     }
 }
+
+#[test]
+fn absurd_shapes_are_refused_not_overflowed() {
+    // 2^62 * 4 elements overflow u64; 2^41 elements are merely absurd.
+    for shape in ["[4, 4611686018427387904]", "[2, 1099511627776]"] {
+        let text = doc(&format!(
+            r#"{{"name": "x", "op": {{"type": "input", "shape": {shape}}}}},
+               {{"name": "r", "op": {{"type": "reshape", "shape": [-1]}}, "inputs": ["x"]}}"#
+        ));
+        let e = err_of(&text);
+        assert!(
+            e.starts_with("node 'x': output shape") && e.contains("2^40"),
+            "{e}"
+        );
+    }
+}

@@ -14,10 +14,10 @@ pub use opsched_cost as cost;
 pub use opsched_gpu as gpu;
 pub use opsched_graph as graph;
 pub use opsched_graph::{formats, zoo, Graph, GraphError};
-pub use opsched_profiler as profiler;
-pub use opsched_runtime as runtime;
 #[cfg(feature = "onnx")]
 pub use opsched_onnx as onnx;
+pub use opsched_profiler as profiler;
+pub use opsched_runtime as runtime;
 pub use opsched_schedule as schedule;
 
 use std::collections::BTreeSet;
