@@ -122,6 +122,13 @@ pub fn platform_line(gpus: usize, device: &str, streams: usize, link: &str) -> S
     format!("{gpus} x {device}, {streams} stream{plural} per GPU, {link}")
 }
 
+/// "1.6737 ms (critical path 1.6737 ms, capacity 0.4 ms; makespan is 1.000x)".
+pub fn bound_line(bound_ms: f64, critical_path_ms: f64, capacity_ms: f64, gap: f64) -> String {
+    format!(
+        "{bound_ms:.4} ms (critical path {critical_path_ms:.4} ms, capacity {capacity_ms:.4} ms; makespan is {gap:.3}x)"
+    )
+}
+
 pub fn human(x: f64, unit: &str) -> String {
     let (v, p) = match x {
         x if x >= 1e12 => (x / 1e12, "T"),

@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use crate::args::{ExportArgs, ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
 use crate::common::{
-    describe, evaluate, load, platform_line, print_json, sequential_ms, setup, write_exports, Setup,
+    bound_line, describe, evaluate, load, platform_line, print_json, sequential_ms, setup,
+    write_exports, Setup,
 };
 use crate::error::facade;
 use crate::progress::Bar;
@@ -144,8 +145,8 @@ pub fn schedule(a: &ScheduleArgs) -> Result<()> {
     )?;
     writeln!(
         out,
-        "lower bound    {:.4} ms (critical path {:.4} ms, capacity {:.4} ms; makespan is {:.3}x)",
-        r.lower_bound_ms, r.critical_path_ms, r.capacity_ms, r.gap
+        "lower bound    {}",
+        bound_line(r.lower_bound_ms, r.critical_path_ms, r.capacity_ms, r.gap)
     )?;
     writeln!(
         out,

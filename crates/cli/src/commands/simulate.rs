@@ -13,7 +13,8 @@ use serde::Serialize;
 
 use crate::args::{ExportArgs, ModelArgs, PlatformArgs};
 use crate::common::{
-    describe, evaluate, gpu_use, load, platform_line, print_json, setup, write_exports, GpuUse,
+    bound_line, describe, evaluate, gpu_use, load, platform_line, print_json, setup, write_exports,
+    GpuUse,
 };
 use crate::error::user;
 
@@ -156,8 +157,8 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
     writeln!(out, "makespan       {:.4} ms", r.makespan_ms)?;
     writeln!(
         out,
-        "lower bound    {:.4} ms (critical path {:.4} ms, capacity {:.4} ms; makespan is {:.3}x)",
-        r.lower_bound_ms, r.critical_path_ms, r.capacity_ms, r.gap
+        "lower bound    {}",
+        bound_line(r.lower_bound_ms, r.critical_path_ms, r.capacity_ms, r.gap)
     )?;
     if r.transfers > 0 {
         writeln!(
