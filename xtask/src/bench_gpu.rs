@@ -4,19 +4,25 @@
 //! replay of the torchvision architecture (`xtask/gpu/torch_bench.py` with the machine's
 //! python3). Writes `fixtures/gpu/<device>.md`.
 //!
+//! Schedules are searched under the cost model of this GPU: the analytical preset matching its
+//! name (`--cost analytical`, the default) or the measurements of the cost cache (`--cost
+//! cache`, after `cargo xtask profile`). Each row also gives the speedup of the best schedule
+//! over sequential that the cost model predicted (simulated) next to the measured one.
+//!
 //! Options: `--models a,b` `--batches 1,16` `--repeats N` (default 100) `--warmup N` (20)
 //! `--algos a,b` (candidates for "best", default ios,greedy,lios,opara,nimble,iops)
-//! `--no-torch` `--quick` (repeats 20, warmup 5) `--out DIR` (default fixtures/gpu).
+//! `--cost analytical|cache` `--cache PATH` `--no-torch` `--quick` (repeats 20, warmup 5)
+//! `--out DIR` (default fixtures/gpu).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use opsched::cost::{AnalyticalModel, DevicePreset, LinkPreset};
+use opsched::cost::{CostModel, DevicePreset, LinkPreset};
 use opsched::graph::DType;
-use opsched::schedule::Platform;
+use opsched::schedule::{Platform, Schedule};
 use opsched::zoo::ZooConfig;
-use opsched::SchedulerOptions;
+use opsched::{CostKind, SchedulerOptions};
 use opsched_runtime::{RunOptions, RunReport};
 
 struct Args {
@@ -25,6 +31,8 @@ struct Args {
     repeats: u32,
     warmup: u32,
     algos: Vec<String>,
+    cost: CostKind,
+    cache: Option<PathBuf>,
     torch: bool,
     out: PathBuf,
 }
@@ -44,6 +52,8 @@ fn parse(args: &[String]) -> Result<Args> {
         repeats: 100,
         warmup: 20,
         algos: list("ios,greedy,lios,opara,nimble,iops"),
+        cost: CostKind::Analytical,
+        cache: None,
         torch: true,
         out: PathBuf::from("fixtures/gpu"),
     };
@@ -61,6 +71,8 @@ fn parse(args: &[String]) -> Result<Args> {
             "--repeats" => a.repeats = val()?.parse().context("--repeats")?,
             "--warmup" => a.warmup = val()?.parse().context("--warmup")?,
             "--algos" => a.algos = list(val()?),
+            "--cost" => a.cost = val()?.parse().map_err(|e| anyhow::anyhow!("--cost: {e}"))?,
+            "--cache" => a.cache = Some(PathBuf::from(val()?)),
             "--out" => a.out = PathBuf::from(val()?),
             "--no-torch" => a.torch = false,
             "--quick" => {
@@ -82,31 +94,49 @@ struct Row {
     best_algo: String,
     best: RunReport,
     best_graph: RunReport,
+    /// Sequential / best makespan simulated under the search's cost model.
+    predicted_speedup: f64,
     torch_eager: Option<f64>,
     torch_graph: Option<f64>,
 }
 
+/// The platform and cost model schedules are searched under.
+struct Search {
+    platform: Platform,
+    cost: Box<dyn CostModel>,
+}
+
+fn search(g: &opsched::Graph, preset: &DevicePreset, args: &Args) -> Result<Search> {
+    let link = LinkPreset::by_name("nvlink4")?;
+    let cost = opsched::cost_model(args.cost, preset, &link, g, args.cache.as_deref())?;
+    Ok(Search {
+        platform: Platform {
+            gpus: 1,
+            streams: 8,
+            device: preset.clone(),
+            link,
+        },
+        cost,
+    })
+}
+
+/// `algo`'s schedule of `g` and its simulated makespan under the search's cost model.
+fn schedule_of(g: &opsched::Graph, algo: &str, s: &Search) -> Result<(Schedule, f64)> {
+    let sched = opsched::scheduler_with(algo, &SchedulerOptions::default())?;
+    let (schedule, _) = sched
+        .schedule(g, &s.platform, s.cost.as_ref())
+        .with_context(|| format!("{algo} on {}", g.name))?;
+    let simulated = opsched::evaluate(g, &schedule, s.cost.as_ref(), 1)?.makespan_ms;
+    Ok((schedule, simulated))
+}
+
 fn run_once(
     g: &opsched::Graph,
-    algo: &str,
+    schedule: &Schedule,
     capture: bool,
     args: &Args,
     repeats: u32,
 ) -> Result<RunReport> {
-    let cost = AnalyticalModel::new(
-        DevicePreset::by_name("h100")?,
-        LinkPreset::by_name("nvlink4")?,
-    );
-    let platform = Platform {
-        gpus: 1,
-        streams: 8,
-        device: DevicePreset::by_name("h100")?,
-        link: LinkPreset::by_name("nvlink4")?,
-    };
-    let s = opsched::scheduler_with(algo, &SchedulerOptions::default())?;
-    let (schedule, _) = s
-        .schedule(g, &platform, &cost)
-        .with_context(|| format!("{algo} on {}", g.name))?;
     let opts = RunOptions {
         graph_capture: capture,
         gpus: Some(1),
@@ -114,8 +144,8 @@ fn run_once(
         repeats,
         ..Default::default()
     };
-    opsched_runtime::run_schedule(g, &schedule, &opts)
-        .with_context(|| format!("running {algo} on {} (graph capture {capture})", g.name))
+    opsched_runtime::run_schedule(g, schedule, &opts)
+        .with_context(|| format!("running {} (graph capture {capture})", g.name))
 }
 
 fn torch(args: &Args) -> Result<Option<serde_json::Value>> {
@@ -178,9 +208,20 @@ pub fn bench_gpu(args: &[String]) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("bench-gpu needs a CUDA GPU: {e}"))?;
     let info = gpus[0].info.clone();
     drop(gpus);
+    let preset = DevicePreset::for_device_name(&info.name).unwrap_or_else(|| {
+        eprintln!(
+            "bench-gpu: no preset matches '{}'; searching under h100",
+            info.name
+        );
+        opsched::cost::DevicePreset::all()
+            .iter()
+            .find(|d| d.name == "h100")
+            .cloned()
+            .unwrap_or_else(|| opsched::cost::DevicePreset::all()[0].clone())
+    });
     eprintln!(
-        "bench-gpu on {} (driver {}, cuDNN {})",
-        info.name, info.driver, info.cudnn
+        "bench-gpu on {} (driver {}, cuDNN {}); schedules searched under {} ({})",
+        info.name, info.driver, info.cudnn, preset.name, args.cost
     );
     let mut rows = Vec::new();
     for model in &args.models {
@@ -192,24 +233,32 @@ pub fn bench_gpu(args: &[String]) -> Result<()> {
             };
             let g = opsched::load_model(model, &cfg)?;
             eprintln!("{model} batch {batch}: {} operators", g.op_count());
-            let seq = run_once(&g, "sequential", false, &args, args.repeats)?;
-            let seq_graph = run_once(&g, "sequential", true, &args, args.repeats)?;
+            let sr = search(&g, &preset, &args)?;
+            let (seq_schedule, seq_sim) = schedule_of(&g, "sequential", &sr)?;
+            let seq = run_once(&g, &seq_schedule, false, &args, args.repeats)?;
+            let seq_graph = run_once(&g, &seq_schedule, true, &args, args.repeats)?;
             // Pick the best scheduler by a short measured run, then measure it fully.
-            let mut best: Option<(String, f64)> = None;
+            let mut best: Option<(String, Schedule, f64, f64)> = None;
             for algo in &args.algos {
-                match run_once(&g, algo, false, &args, args.repeats.min(20)) {
-                    Ok(r) => {
-                        eprintln!("  {algo}: {:.3} ms", r.latency.median_ms);
-                        if best.as_ref().is_none_or(|b| r.latency.median_ms < b.1) {
-                            best = Some((algo.clone(), r.latency.median_ms));
+                let tried = schedule_of(&g, algo, &sr).and_then(|(s, sim)| {
+                    run_once(&g, &s, false, &args, args.repeats.min(20)).map(|r| (s, sim, r))
+                });
+                match tried {
+                    Ok((s, sim, r)) => {
+                        eprintln!(
+                            "  {algo}: {:.3} ms measured, {sim:.3} ms simulated",
+                            r.latency.median_ms
+                        );
+                        if best.as_ref().is_none_or(|b| r.latency.median_ms < b.3) {
+                            best = Some((algo.clone(), s, sim, r.latency.median_ms));
                         }
                     }
                     Err(e) => eprintln!("  {algo}: skipped ({e:#})"),
                 }
             }
-            let (best_algo, _) = best.context("no scheduler ran")?;
-            let best = run_once(&g, &best_algo, false, &args, args.repeats)?;
-            let best_graph = run_once(&g, &best_algo, true, &args, args.repeats)?;
+            let (best_algo, best_schedule, best_sim, _) = best.context("no scheduler ran")?;
+            let best = run_once(&g, &best_schedule, false, &args, args.repeats)?;
+            let best_graph = run_once(&g, &best_schedule, true, &args, args.repeats)?;
             rows.push(Row {
                 model: model.clone(),
                 batch,
@@ -218,6 +267,7 @@ pub fn bench_gpu(args: &[String]) -> Result<()> {
                 best_algo,
                 best,
                 best_graph,
+                predicted_speedup: opsched::ratio(seq_sim, best_sim),
                 torch_eager: None,
                 torch_graph: None,
             });
@@ -247,16 +297,20 @@ pub fn bench_gpu(args: &[String]) -> Result<()> {
     md.push_str(&format!(
         "Median latency in ms (p10-p90 for ours) over {} runs after {} warm-up runs, one GPU, \
          random weights, f32. \"best\" is the fastest of {} measured on this GPU; schedules \
-         are searched under the analytical H100 model with 8 streams.\n\n",
+         are searched under the {} cost model of the {} preset with 8 streams. \"predicted\" is \
+         the best schedule's simulated speedup over sequential under that model, \"measured\" \
+         the ratio of the eager medians.\n\n",
         args.repeats,
         args.warmup,
-        args.algos.join(", ")
+        args.algos.join(", "),
+        args.cost,
+        preset.name
     ));
-    md.push_str("| model | batch | ours sequential | ours sequential + graph | best | ours best | ours best + graph | PyTorch eager | PyTorch graph |\n");
-    md.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| model | batch | ours sequential | ours sequential + graph | best | ours best | ours best + graph | speedup predicted | speedup measured | PyTorch eager | PyTorch graph |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &rows {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2}x | {:.2}x | {} | {} |\n",
             r.model,
             r.batch,
             ms(&r.seq),
@@ -264,6 +318,8 @@ pub fn bench_gpu(args: &[String]) -> Result<()> {
             r.best_algo,
             ms(&r.best),
             ms(&r.best_graph),
+            r.predicted_speedup,
+            opsched::ratio(r.seq.latency.median_ms, r.best.latency.median_ms),
             opt(r.torch_eager),
             opt(r.torch_graph)
         ));
@@ -276,7 +332,8 @@ pub fn bench_gpu(args: &[String]) -> Result<()> {
     let path = args
         .out
         .join(format!("{}.md", opsched_gpu::discovery::slug(&info.name)));
-    std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
+    opsched::formats::write_atomic(&path, md.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     Ok(())
 }

@@ -33,7 +33,8 @@ pub fn gpu_test(args: &[String]) -> Result<()> {
 
 /// `cargo xtask profile [MODEL ...] [--batch N] [--stages-from ALGO|none] [--cache PATH]
 /// [--out DIR] [--repeats N]`: measure each model's operators (default: every zoo model) and
-/// the concurrent stages of ALGO's schedule (default ios) under the analytical model, fill the
+/// the concurrent stages of ALGO's schedule (default ios) under the analytical model of this
+/// GPU's preset (h100 when none matches), fill the
 /// cost cache (default location unless --cache), and export the tables to
 /// DIR/<device>/<model>-b<batch>/ (default DIR: fixtures/costs).
 pub fn profile(args: &[String]) -> Result<()> {
@@ -83,7 +84,9 @@ pub fn profile(args: &[String]) -> Result<()> {
         let stages = if stages_from == "none" {
             Vec::new()
         } else {
-            let dev = opsched::cost::DevicePreset::by_name("h100")?;
+            // Stages as a schedule for this GPU would have them.
+            let dev = opsched::cost::DevicePreset::for_device_name(&info.name)
+                .map_or_else(|| opsched::cost::DevicePreset::by_name("h100"), Ok)?;
             let link = opsched::cost::LinkPreset::by_name("nvlink4")?;
             let cost = opsched::cost::AnalyticalModel::new(dev.clone(), link.clone());
             let p = opsched::schedule::Platform {

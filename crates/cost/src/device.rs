@@ -246,6 +246,22 @@ impl DevicePreset {
     pub fn all() -> &'static [DevicePreset] {
         DEVICES
     }
+
+    /// The preset of a GPU the driver names, e.g. "NVIDIA H100 80GB HBM3" -> h100: the preset
+    /// whose name, in letters and digits, the device name contains (the longest such, so a
+    /// longer model name wins over a prefix of it).
+    pub fn for_device_name(device_name: &str) -> Option<DevicePreset> {
+        let norm: String = device_name
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        DEVICES
+            .iter()
+            .filter(|d| norm.contains(d.name))
+            .max_by_key(|d| d.name.len())
+            .cloned()
+    }
     pub fn by_name(name: &str) -> Result<DevicePreset, CostError> {
         let want = name.to_ascii_lowercase();
         DEVICES
@@ -277,5 +293,21 @@ impl LinkPreset {
                 name: name.into(),
                 known: LINKS.iter().map(|d| d.name).collect::<Vec<_>>().join(", "),
             })
+    }
+}
+
+#[cfg(test)]
+mod preset_name_tests {
+    use super::*;
+
+    #[test]
+    fn driver_names_map_to_presets() {
+        let name = |s: &str| DevicePreset::for_device_name(s).map(|d| d.name);
+        assert_eq!(name("NVIDIA H100 80GB HBM3"), Some("h100"));
+        assert_eq!(name("NVIDIA H200"), Some("h200"));
+        assert_eq!(name("Tesla V100-SXM2-16GB"), Some("v100"));
+        assert_eq!(name("NVIDIA GeForce RTX 3080"), Some("rtx3080"));
+        assert_eq!(name("NVIDIA A100-SXM4-40GB"), Some("a100"));
+        assert_eq!(name("NVIDIA L4"), None);
     }
 }
