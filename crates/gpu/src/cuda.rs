@@ -284,15 +284,11 @@ impl StreamCtx {
 
     /// Make this stream wait for `event` (which may belong to another GPU).
     pub fn wait(&self, event: &CudaEvent) -> Result<(), GpuError> {
-        // SAFETY: both handles are live; a cross-device wait is allowed by the driver.
-        unsafe {
-            drv::stream::wait_event(
-                self.stream.cu_stream(),
-                event.cu_event(),
-                drv_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        }
-        .map_err(|e| GpuError::driver("waiting for an event", e))
+        // cudarc's wait binds the stream's context first (the previous call may have left
+        // another GPU's context current); a cross-device wait is allowed by the driver.
+        self.stream
+            .wait(event)
+            .map_err(|e| GpuError::driver("waiting for an event", e))
     }
 }
 
@@ -350,7 +346,11 @@ impl DeviceMemory {
             .slices
             .get(id)
             .ok_or_else(|| GpuError::Plan(format!("buffer {id} does not exist")))?;
-        let gpu = &gpus[self.home[id]];
+        let gpu = self
+            .home
+            .get(id)
+            .and_then(|&h| gpus.get(h))
+            .ok_or_else(|| GpuError::Plan(format!("buffer {id}: its GPU is not open")))?;
         let s = &gpu.alloc_stream;
         let v = s
             .clone_dtoh(slice)
