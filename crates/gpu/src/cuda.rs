@@ -440,7 +440,13 @@ fn tensor4(dims: [usize; 4]) -> Result<TensorDesc, GpuError> {
 struct ConvChoice {
     algo: dnn_sys::cudnnConvolutionFwdAlgo_t,
     workspace: usize,
+    /// The math type the search ran `algo` with (cuDNN needs both on the descriptor).
+    math: dnn_sys::cudnnMathType_t,
+    /// The fused conv + bias + relu call works with `algo` (meaningful once `fused_tested`).
     fused_ok: bool,
+    /// Whether the fused call was tried: a cache entry made by a convolution without relu
+    /// has not, and a later convolution of the same shape with relu must still try it.
+    fused_tested: bool,
 }
 
 fn conv_cache() -> &'static Mutex<HashMap<String, ConvChoice>> {
@@ -936,6 +942,10 @@ fn prepare_conv(
             c
         }
     };
+    // SAFETY: live descriptor. cuDNN picks the kernel from the algorithm *and* the math type:
+    // run with the math type the search measured (PyTorch does the same).
+    unsafe { dnn::set_convolution_math_type(conv.0, choice.math) }
+        .map_err(|e| GpuError::cudnn("setting the searched math type", e))?;
     sc.ensure_workspace(choice.workspace)?;
     let want_fused = *act == opsched_graph::Activation::Relu;
     let (zero_bias, bias_ptr) = match bias {
@@ -969,17 +979,18 @@ fn prepare_conv(
         epilogue: None,
         _zero_bias: zero_bias,
     };
-    if plan.fused && cached.is_none() {
+    if plan.fused && !choice.fused_tested {
         // The fused call does not support every algorithm everywhere: try it once now.
         let ok = launch_conv(&plan, sc).is_ok() && sc.stream.synchronize().is_ok();
         if !ok {
             tracing::debug!("fused conv+bias+relu not supported for {key}; using conv + kernel");
-            choice.fused_ok = false;
-            plan.choice = choice;
-            plan.fused = false;
-            if let Ok(mut m) = conv_cache().lock() {
-                m.insert(key, choice);
-            }
+        }
+        choice.fused_ok = ok;
+        choice.fused_tested = true;
+        plan.choice = choice;
+        plan.fused = ok;
+        if let Ok(mut m) = conv_cache().lock() {
+            m.insert(key, choice);
         }
     }
     if !plan.fused && (bias.is_some() || *act != opsched_graph::Activation::None) {
@@ -1064,8 +1075,21 @@ fn find_algo(
     Ok(ConvChoice {
         algo: best.algo,
         workspace: best.memory,
+        math: search_math(opts.tf32_conv, best.mathType),
         fused_ok: true,
+        fused_tested: false,
     })
+}
+
+/// The math type to run a searched algorithm with: the one the search measured it with,
+/// except that without TF32 the convolution stays in plain FMA math (cuDNN's default math
+/// type allows TF32 on Ampere and later).
+fn search_math(tf32: bool, searched: dnn_sys::cudnnMathType_t) -> dnn_sys::cudnnMathType_t {
+    if tf32 {
+        searched
+    } else {
+        dnn_sys::cudnnMathType_t::CUDNN_FMA_MATH
+    }
 }
 
 fn launch_conv(c: &ConvPlan, sc: &StreamCtx) -> Result<(), GpuError> {
@@ -1436,5 +1460,21 @@ pub fn enable_peer_access(a: &Gpu, b: &Gpu) -> Result<bool, GpuError> {
         drv_sys::CUresult::CUDA_SUCCESS
         | drv_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
         other => Err(GpuError::driver("enabling peer access", other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dnn_sys::cudnnMathType_t as M;
+
+    #[test]
+    fn searched_math_type_is_kept_unless_tf32_is_off() {
+        assert_eq!(
+            search_math(true, M::CUDNN_TENSOR_OP_MATH),
+            M::CUDNN_TENSOR_OP_MATH
+        );
+        assert_eq!(search_math(true, M::CUDNN_FMA_MATH), M::CUDNN_FMA_MATH);
+        assert_eq!(search_math(false, M::CUDNN_DEFAULT_MATH), M::CUDNN_FMA_MATH);
     }
 }
