@@ -326,6 +326,13 @@ impl<'a> Session<'a> {
         let start = g0.event(true)?;
         let end = g0.event(true)?;
         let graph: Option<CudaGraph> = if capture {
+            // One eager iteration first, so that first-use work (lazy kernel loading in
+            // cuBLAS, cuDNN and the NVRTC module, NCCL's connection setup between peers,
+            // which allocates) happens outside the capture, where it is allowed.
+            self.enqueue()?;
+            for gpu in self.gpus {
+                gpu.synchronize()?;
+            }
             self.origin
                 .stream
                 .begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
