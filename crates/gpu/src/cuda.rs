@@ -216,6 +216,14 @@ pub struct StreamCtx {
     ws_bytes: usize,
 }
 
+impl Drop for StreamCtx {
+    fn drop(&mut self) {
+        // Runs before the fields drop: cuDNN and cuBLAS release a handle's resources on the
+        // current device, so make this stream's context current (another GPU's may be).
+        let _ = self.stream.context().bind_to_thread();
+    }
+}
+
 impl StreamCtx {
     fn new(gpu: &Gpu, stream: Arc<CudaStream>) -> Result<StreamCtx, GpuError> {
         gpu.bind()?;
