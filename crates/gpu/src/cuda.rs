@@ -1466,9 +1466,35 @@ pub fn enable_peer_access(a: &Gpu, b: &Gpu) -> Result<bool, GpuError> {
     let r = unsafe { drv_sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
     match r {
         drv_sys::CUresult::CUDA_SUCCESS
-        | drv_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
-        other => Err(GpuError::driver("enabling peer access", other)),
+        | drv_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+        other => return Err(GpuError::driver("enabling peer access", other)),
     }
+    // cudarc allocates from the device's default stream-ordered memory pool
+    // (cuMemAllocAsync), and context peer access does not cover pool memory: grant `a`
+    // read/write access to `b`'s pool too (NCCL in one process may read and write user
+    // buffers of the peer directly).
+    let mut pool: drv_sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: out-parameter call with a valid device.
+    match unsafe { drv_sys::cuDeviceGetDefaultMemPool(&mut pool, b.ctx.cu_device()) } {
+        drv_sys::CUresult::CUDA_SUCCESS => {}
+        // No memory pools on this device: cudarc then allocates with cuMemAlloc, which
+        // context peer access covers.
+        drv_sys::CUresult::CUDA_ERROR_NOT_SUPPORTED => return Ok(true),
+        other => return Err(GpuError::driver("querying the default memory pool", other)),
+    }
+    let desc = drv_sys::CUmemAccessDesc {
+        location: drv_sys::CUmemLocation {
+            type_: drv_sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: a.ctx.cu_device(),
+        },
+        flags: drv_sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: `pool` is `b`'s live default pool, `desc` one valid entry naming device `a`
+    // (a peer of `b`, checked above).
+    unsafe { drv_sys::cuMemPoolSetAccess(pool, &desc, 1) }
+        .result()
+        .map_err(|e| GpuError::driver("granting peer access to the memory pool", e))?;
+    Ok(true)
 }
 
 #[cfg(test)]

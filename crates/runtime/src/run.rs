@@ -175,6 +175,13 @@ impl<'a> Session<'a> {
                     && opsched_gpu::Lib::Nccl.present()
             }
         };
+        // Peer access where possible: copies then go GPU to GPU directly, and NCCL, which
+        // may access a peer's buffers directly within one process, may touch them.
+        for a in gpus {
+            for b in gpus {
+                cuda::enable_peer_access(a, b)?;
+            }
+        }
         let nccl = if use_nccl {
             let comm_streams: Vec<Arc<cudarc::driver::CudaStream>> =
                 copy.iter().map(|c| c.stream.clone()).collect();
@@ -183,12 +190,6 @@ impl<'a> Session<'a> {
                     .map_err(|e| GpuError::nccl("creating communicators", e))?,
             )
         } else {
-            // Peer access where possible (copies then go GPU to GPU directly).
-            for a in gpus {
-                for b in gpus {
-                    cuda::enable_peer_access(a, b)?;
-                }
-            }
             None
         };
         for gpu in gpus {
