@@ -216,6 +216,14 @@ pub struct StreamCtx {
     ws_bytes: usize,
 }
 
+impl Drop for StreamCtx {
+    fn drop(&mut self) {
+        // Runs before the fields drop: cuDNN and cuBLAS release a handle's resources on the
+        // current device, so make this stream's context current (another GPU's may be).
+        let _ = self.stream.context().bind_to_thread();
+    }
+}
+
 impl StreamCtx {
     fn new(gpu: &Gpu, stream: Arc<CudaStream>) -> Result<StreamCtx, GpuError> {
         gpu.bind()?;
@@ -284,15 +292,11 @@ impl StreamCtx {
 
     /// Make this stream wait for `event` (which may belong to another GPU).
     pub fn wait(&self, event: &CudaEvent) -> Result<(), GpuError> {
-        // SAFETY: both handles are live; a cross-device wait is allowed by the driver.
-        unsafe {
-            drv::stream::wait_event(
-                self.stream.cu_stream(),
-                event.cu_event(),
-                drv_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        }
-        .map_err(|e| GpuError::driver("waiting for an event", e))
+        // cudarc's wait binds the stream's context first (the previous call may have left
+        // another GPU's context current); a cross-device wait is allowed by the driver.
+        self.stream
+            .wait(event)
+            .map_err(|e| GpuError::driver("waiting for an event", e))
     }
 }
 
@@ -350,7 +354,11 @@ impl DeviceMemory {
             .slices
             .get(id)
             .ok_or_else(|| GpuError::Plan(format!("buffer {id} does not exist")))?;
-        let gpu = &gpus[self.home[id]];
+        let gpu = self
+            .home
+            .get(id)
+            .and_then(|&h| gpus.get(h))
+            .ok_or_else(|| GpuError::Plan(format!("buffer {id}: its GPU is not open")))?;
         let s = &gpu.alloc_stream;
         let v = s
             .clone_dtoh(slice)
@@ -440,7 +448,13 @@ fn tensor4(dims: [usize; 4]) -> Result<TensorDesc, GpuError> {
 struct ConvChoice {
     algo: dnn_sys::cudnnConvolutionFwdAlgo_t,
     workspace: usize,
+    /// The math type the search ran `algo` with (cuDNN needs both on the descriptor).
+    math: dnn_sys::cudnnMathType_t,
+    /// The fused conv + bias + relu call works with `algo` (meaningful once `fused_tested`).
     fused_ok: bool,
+    /// Whether the fused call was tried: a cache entry made by a convolution without relu
+    /// has not, and a later convolution of the same shape with relu must still try it.
+    fused_tested: bool,
 }
 
 fn conv_cache() -> &'static Mutex<HashMap<String, ConvChoice>> {
@@ -936,6 +950,10 @@ fn prepare_conv(
             c
         }
     };
+    // SAFETY: live descriptor. cuDNN picks the kernel from the algorithm *and* the math type:
+    // run with the math type the search measured (PyTorch does the same).
+    unsafe { dnn::set_convolution_math_type(conv.0, choice.math) }
+        .map_err(|e| GpuError::cudnn("setting the searched math type", e))?;
     sc.ensure_workspace(choice.workspace)?;
     let want_fused = *act == opsched_graph::Activation::Relu;
     let (zero_bias, bias_ptr) = match bias {
@@ -969,17 +987,18 @@ fn prepare_conv(
         epilogue: None,
         _zero_bias: zero_bias,
     };
-    if plan.fused && cached.is_none() {
+    if plan.fused && !choice.fused_tested {
         // The fused call does not support every algorithm everywhere: try it once now.
         let ok = launch_conv(&plan, sc).is_ok() && sc.stream.synchronize().is_ok();
         if !ok {
             tracing::debug!("fused conv+bias+relu not supported for {key}; using conv + kernel");
-            choice.fused_ok = false;
-            plan.choice = choice;
-            plan.fused = false;
-            if let Ok(mut m) = conv_cache().lock() {
-                m.insert(key, choice);
-            }
+        }
+        choice.fused_ok = ok;
+        choice.fused_tested = true;
+        plan.choice = choice;
+        plan.fused = ok;
+        if let Ok(mut m) = conv_cache().lock() {
+            m.insert(key, choice);
         }
     }
     if !plan.fused && (bias.is_some() || *act != opsched_graph::Activation::None) {
@@ -1064,8 +1083,21 @@ fn find_algo(
     Ok(ConvChoice {
         algo: best.algo,
         workspace: best.memory,
+        math: search_math(opts.tf32_conv, best.mathType),
         fused_ok: true,
+        fused_tested: false,
     })
+}
+
+/// The math type to run a searched algorithm with: the one the search measured it with,
+/// except that without TF32 the convolution stays in plain FMA math (cuDNN's default math
+/// type allows TF32 on Ampere and later).
+fn search_math(tf32: bool, searched: dnn_sys::cudnnMathType_t) -> dnn_sys::cudnnMathType_t {
+    if tf32 {
+        searched
+    } else {
+        dnn_sys::cudnnMathType_t::CUDNN_FMA_MATH
+    }
 }
 
 fn launch_conv(c: &ConvPlan, sc: &StreamCtx) -> Result<(), GpuError> {
@@ -1434,7 +1466,49 @@ pub fn enable_peer_access(a: &Gpu, b: &Gpu) -> Result<bool, GpuError> {
     let r = unsafe { drv_sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
     match r {
         drv_sys::CUresult::CUDA_SUCCESS
-        | drv_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
-        other => Err(GpuError::driver("enabling peer access", other)),
+        | drv_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+        other => return Err(GpuError::driver("enabling peer access", other)),
+    }
+    // cudarc allocates from the device's default stream-ordered memory pool
+    // (cuMemAllocAsync), and context peer access does not cover pool memory: grant `a`
+    // read/write access to `b`'s pool too (NCCL in one process may read and write user
+    // buffers of the peer directly).
+    let mut pool: drv_sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: out-parameter call with a valid device.
+    match unsafe { drv_sys::cuDeviceGetDefaultMemPool(&mut pool, b.ctx.cu_device()) } {
+        drv_sys::CUresult::CUDA_SUCCESS => {}
+        // No memory pools on this device: cudarc then allocates with cuMemAlloc, which
+        // context peer access covers.
+        drv_sys::CUresult::CUDA_ERROR_NOT_SUPPORTED => return Ok(true),
+        other => return Err(GpuError::driver("querying the default memory pool", other)),
+    }
+    let desc = drv_sys::CUmemAccessDesc {
+        location: drv_sys::CUmemLocation {
+            type_: drv_sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: a.ctx.cu_device(),
+        },
+        flags: drv_sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: `pool` is `b`'s live default pool, `desc` one valid entry naming device `a`
+    // (a peer of `b`, checked above).
+    unsafe { drv_sys::cuMemPoolSetAccess(pool, &desc, 1) }
+        .result()
+        .map_err(|e| GpuError::driver("granting peer access to the memory pool", e))?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dnn_sys::cudnnMathType_t as M;
+
+    #[test]
+    fn searched_math_type_is_kept_unless_tf32_is_off() {
+        assert_eq!(
+            search_math(true, M::CUDNN_TENSOR_OP_MATH),
+            M::CUDNN_TENSOR_OP_MATH
+        );
+        assert_eq!(search_math(true, M::CUDNN_FMA_MATH), M::CUDNN_FMA_MATH);
+        assert_eq!(search_math(false, M::CUDNN_DEFAULT_MATH), M::CUDNN_FMA_MATH);
     }
 }

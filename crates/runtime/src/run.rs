@@ -175,6 +175,13 @@ impl<'a> Session<'a> {
                     && opsched_gpu::Lib::Nccl.present()
             }
         };
+        // Peer access where possible: copies then go GPU to GPU directly, and NCCL, which
+        // may access a peer's buffers directly within one process, may touch them.
+        for a in gpus {
+            for b in gpus {
+                cuda::enable_peer_access(a, b)?;
+            }
+        }
         let nccl = if use_nccl {
             let comm_streams: Vec<Arc<cudarc::driver::CudaStream>> =
                 copy.iter().map(|c| c.stream.clone()).collect();
@@ -183,12 +190,6 @@ impl<'a> Session<'a> {
                     .map_err(|e| GpuError::nccl("creating communicators", e))?,
             )
         } else {
-            // Peer access where possible (copies then go GPU to GPU directly).
-            for a in gpus {
-                for b in gpus {
-                    cuda::enable_peer_access(a, b)?;
-                }
-            }
             None
         };
         for gpu in gpus {
@@ -326,6 +327,13 @@ impl<'a> Session<'a> {
         let start = g0.event(true)?;
         let end = g0.event(true)?;
         let graph: Option<CudaGraph> = if capture {
+            // One eager iteration first, so that first-use work (lazy kernel loading in
+            // cuBLAS, cuDNN and the NVRTC module, NCCL's connection setup between peers,
+            // which allocates) happens outside the capture, where it is allowed.
+            self.enqueue()?;
+            for gpu in self.gpus {
+                gpu.synchronize()?;
+            }
             self.origin
                 .stream
                 .begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
