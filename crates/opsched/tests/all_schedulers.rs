@@ -110,3 +110,22 @@ fn every_scheduler_on_200_random_dags_one_and_three_gpus() {
         );
     }
 }
+
+#[test]
+fn every_scheduler_refuses_a_platform_without_gpus_or_streams() {
+    let g = opsched::zoo::build("squeezenet", &ZooConfig::default()).unwrap();
+    let cost = AnalyticalModel::new(
+        DevicePreset::by_name("h100").unwrap(),
+        LinkPreset::by_name("nvlink4").unwrap(),
+    );
+    for name in opsched::scheduler_names() {
+        let s = opsched::scheduler(name).unwrap();
+        for p in [platform(0, 8), platform(1, 0)] {
+            let e = s.schedule(&g, &p, &cost).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("{name}: the platform needs at least one GPU")),
+                "{name}: {e}"
+            );
+        }
+    }
+}

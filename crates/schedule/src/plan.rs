@@ -13,6 +13,19 @@ pub struct Platform {
     pub link: opsched_cost::LinkPreset,
 }
 
+impl Platform {
+    /// Every scheduler needs at least one GPU and one stream; `scheduler` names the one asking.
+    pub fn check(&self, scheduler: &str) -> Result<(), crate::ScheduleError> {
+        if self.gpus == 0 || self.streams == 0 {
+            return Err(crate::ScheduleError::Config(format!(
+                "{scheduler}: the platform needs at least one GPU and one stream (got {} GPUs, {} streams)",
+                self.gpus, self.streams
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// How a stage runs its operators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -116,12 +116,7 @@ impl Scheduler for Greedy {
         platform: &Platform,
         _cost: &dyn CostModel,
     ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
-        if platform.gpus == 0 || platform.streams == 0 {
-            return Err(ScheduleError::Config(format!(
-                "the platform needs at least one GPU and one stream (got {} GPUs, {} streams)",
-                platform.gpus, platform.streams
-            )));
-        }
+        platform.check("greedy")?;
         let start = Instant::now();
         let stages = Self::stages(g, platform.streams);
         let n_stages = stages.len();

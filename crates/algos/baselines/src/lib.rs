@@ -52,12 +52,7 @@ impl Scheduler for Sequential {
         platform: &Platform,
         _cost: &dyn CostModel,
     ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
-        if platform.gpus == 0 || platform.streams == 0 {
-            return Err(ScheduleError::Config(format!(
-                "the platform needs at least one GPU and one stream (got {} GPUs, {} streams)",
-                platform.gpus, platform.streams
-            )));
-        }
+        platform.check("sequential")?;
         let start = Instant::now();
         let s = Self::plan(g);
         let stats = SchedulerStats {

@@ -395,12 +395,7 @@ impl Scheduler for Nimble {
         platform: &Platform,
         cost: &dyn CostModel,
     ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
-        if platform.gpus == 0 || platform.streams == 0 {
-            return Err(ScheduleError::Config(format!(
-                "the platform needs at least one GPU and one stream (got {} GPUs, {} streams)",
-                platform.gpus, platform.streams
-            )));
-        }
+        platform.check("nimble")?;
         let start = Instant::now();
         let a = Self::analyze(g);
         let ops = &a.reduction.ops;

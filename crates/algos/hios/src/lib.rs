@@ -215,13 +215,7 @@ fn run(
     cost: &dyn CostModel,
     map: impl FnOnce(&Dense, usize) -> Mapping,
 ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
-    if platform.gpus == 0 || platform.streams == 0 {
-        return Err(ScheduleError::Config(format!(
-            "{name}: the platform needs at least one GPU and one stream (got {} GPUs, {} \
-             streams)",
-            platform.gpus, platform.streams
-        )));
-    }
+    platform.check(name)?;
     let clock = Instant::now();
     let d = Dense::new(g, cost)?;
     let gpus = platform.gpus;

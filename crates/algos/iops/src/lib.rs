@@ -104,12 +104,7 @@ struct BlockReport {
 
 impl Iops {
     fn check(&self, platform: &Platform) -> Result<(), ScheduleError> {
-        if platform.gpus == 0 || platform.streams == 0 {
-            return Err(ScheduleError::Config(format!(
-                "iops needs at least one GPU and one stream (got {} GPUs, {} streams)",
-                platform.gpus, platform.streams
-            )));
-        }
+        platform.check("iops")?;
         if self.max_block == 0 || self.max_block > MAX_BLOCK_LIMIT {
             return Err(ScheduleError::Config(format!(
                 "iops: max_block must lie in 1..={MAX_BLOCK_LIMIT}, got {}",

@@ -214,12 +214,7 @@ impl Ios {
         progress: &dyn Progress,
     ) -> Result<IosSolution, ScheduleError> {
         let o = &self.opts;
-        if platform.gpus == 0 || platform.streams == 0 {
-            return Err(ScheduleError::Config(format!(
-                "IOS needs at least one GPU and one stream (got {} GPUs, {} streams)",
-                platform.gpus, platform.streams
-            )));
-        }
+        platform.check(self.opts.variant.name())?;
         if o.r == 0 || o.s == 0 || o.part == 0 {
             return Err(ScheduleError::Config(format!(
                 "IOS options r, s and part must be positive (got r = {}, s = {}, part = {})",

@@ -345,12 +345,7 @@ impl Scheduler for Lios {
         platform: &Platform,
         cost: &dyn CostModel,
     ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
-        if platform.gpus == 0 || platform.streams == 0 {
-            return Err(ScheduleError::Config(format!(
-                "the platform needs at least one GPU and one stream (got {} GPUs, {} streams)",
-                platform.gpus, platform.streams
-            )));
-        }
+        platform.check(self.variant.name())?;
         let start = Instant::now();
         let run = self.run(g, platform.streams, cost)?;
         let plan = run.plan();

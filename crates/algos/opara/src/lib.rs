@@ -362,12 +362,7 @@ impl Scheduler for Opara {
         platform: &Platform,
         cost: &dyn CostModel,
     ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
-        if platform.gpus == 0 || platform.streams == 0 {
-            return Err(ScheduleError::Config(format!(
-                "the platform needs at least one GPU and one stream (got {} GPUs, {} streams)",
-                platform.gpus, platform.streams
-            )));
-        }
+        platform.check("opara")?;
         let start = Instant::now();
         let n = g.len();
         let mut class = vec![OpClass::Compute; n];
