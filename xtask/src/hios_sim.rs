@@ -50,11 +50,28 @@ fn sweeps(quick: bool) -> Vec<Sweep> {
             v
         }
     };
-    let with = |f: &dyn Fn(&mut LayeredDagParams)| {
-        let mut p = base.clone();
-        f(&mut p);
-        p
+    // A sweep over one instance parameter on 4 GPUs: `set` writes value v, `x_of` plots it.
+    let vary = |name: &'static str,
+                x_label: &'static str,
+                values: Vec<usize>,
+                x_of: fn(usize) -> f64,
+                set: fn(&mut LayeredDagParams, usize)| Sweep {
+        name,
+        x_label,
+        points: pick(values)
+            .into_iter()
+            .map(|v| {
+                let mut params = base.clone();
+                set(&mut params, v);
+                Point {
+                    x: x_of(v),
+                    gpus: 4,
+                    params,
+                }
+            })
+            .collect(),
     };
+    let as_x = |v: usize| v as f64;
     vec![
         Sweep {
             name: "gpus",
@@ -68,54 +85,30 @@ fn sweeps(quick: bool) -> Vec<Sweep> {
                 })
                 .collect(),
         },
-        Sweep {
-            name: "ops",
-            x_label: "operators",
-            points: pick(vec![100, 150, 200, 250, 300, 350, 400])
-                .into_iter()
-                .map(|n| Point {
-                    x: n as f64,
-                    gpus: 4,
-                    params: with(&|p| p.ops = n),
-                })
-                .collect(),
-        },
-        Sweep {
-            name: "edges",
-            x_label: "dependencies",
-            points: pick(vec![400, 450, 500, 550, 600])
-                .into_iter()
-                .map(|e| Point {
-                    x: e as f64,
-                    gpus: 4,
-                    params: with(&|p| p.edges = e),
-                })
-                .collect(),
-        },
-        Sweep {
-            name: "layers",
-            x_label: "layers",
-            points: pick(vec![6, 10, 14, 18, 22])
-                .into_iter()
-                .map(|l| Point {
-                    x: l as f64,
-                    gpus: 4,
-                    params: with(&|p| p.layers = l),
-                })
-                .collect(),
-        },
-        Sweep {
-            name: "transfer",
-            x_label: "transfer ratio p",
-            points: pick(vec![4, 6, 8, 10, 12])
-                .into_iter()
-                .map(|p10| Point {
-                    x: p10 as f64 / 10.0,
-                    gpus: 4,
-                    params: with(&|p| p.transfer_ratio = p10 as f64 / 10.0),
-                })
-                .collect(),
-        },
+        vary(
+            "ops",
+            "operators",
+            vec![100, 150, 200, 250, 300, 350, 400],
+            as_x,
+            |p, n| p.ops = n,
+        ),
+        vary(
+            "edges",
+            "dependencies",
+            vec![400, 450, 500, 550, 600],
+            as_x,
+            |p, e| p.edges = e,
+        ),
+        vary("layers", "layers", vec![6, 10, 14, 18, 22], as_x, |p, l| {
+            p.layers = l
+        }),
+        vary(
+            "transfer",
+            "transfer ratio p",
+            vec![4, 6, 8, 10, 12],
+            |p10| p10 as f64 / 10.0,
+            |p, p10| p.transfer_ratio = p10 as f64 / 10.0,
+        ),
     ]
 }
 
