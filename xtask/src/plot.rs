@@ -30,6 +30,88 @@ fn ticks(max: f64) -> Vec<f64> {
     (0..=n).map(|i| i as f64 * step).collect()
 }
 
+/// The part every chart shares: the plot area, a y axis from 0 with nice ticks, the title.
+struct Frame {
+    left: f64,
+    top: f64,
+    /// Plot width and height.
+    pw: f64,
+    ph: f64,
+    y_top: f64,
+}
+
+impl Frame {
+    /// A frame whose y axis covers the finite values of `ys`.
+    fn new(
+        left: f64,
+        top: f64,
+        pw: f64,
+        ph: f64,
+        ys: impl Iterator<Item = f64>,
+    ) -> (Self, Vec<f64>) {
+        let y_max = ys.filter(|y| y.is_finite()).fold(0.0, f64::max);
+        let yt = ticks(y_max);
+        let y_top = yt.last().copied().unwrap_or(1.0).max(f64::MIN_POSITIVE);
+        (
+            Frame {
+                left,
+                top,
+                pw,
+                ph,
+                y_top,
+            },
+            yt,
+        )
+    }
+
+    fn py(&self, y: f64) -> f64 {
+        self.top + self.ph - y / self.y_top * self.ph
+    }
+
+    /// The SVG header, white background, title and the horizontal grid with its tick labels.
+    fn open(&self, s: &mut String, w: f64, h: f64, title: &str, yt: &[f64]) {
+        let left = self.left;
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" viewBox="0 0 {w:.0} {h:.0}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(s, r#"<rect width="{w:.0}" height="{h:.0}" fill="white"/>"#);
+        let _ = writeln!(
+            s,
+            r#"<text x="{left}" y="22" font-size="15" font-weight="bold">{}</text>"#,
+            esc(title)
+        );
+        for &t in yt {
+            let y = self.py(t);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+                left + self.pw,
+                left - 6.0,
+                y + 4.0,
+                fmt_num(t)
+            );
+        }
+    }
+
+    /// Both axis lines and the rotated y label.
+    fn axes(&self, s: &mut String, y_label: &str) {
+        let (left, top) = (self.left, self.top);
+        let bottom = top + self.ph;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" y1="{bottom:.1}" x2="{:.1}" y2="{bottom:.1}" stroke="#333"/><line x1="{left}" y1="{top}" x2="{left}" y2="{bottom:.1}" stroke="#333"/>"##,
+            left + self.pw
+        );
+        let _ = writeln!(
+            s,
+            r#"<text transform="translate(16,{:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
+            top + self.ph / 2.0,
+            esc(y_label)
+        );
+    }
+}
+
 /// One line per series over shared x values; `series` is (name, y values) with NaN for gaps.
 pub fn line_chart(
     title: &str,
@@ -47,38 +129,17 @@ pub fn line_chart(
             (a.min(x), b.max(x))
         });
     let x_span = if x_max > x_min { x_max - x_min } else { 1.0 };
-    let y_max = series
-        .iter()
-        .flat_map(|(_, ys)| ys.iter().copied())
-        .filter(|y| y.is_finite())
-        .fold(0.0, f64::max);
-    let yt = ticks(y_max);
-    let y_top = yt.last().copied().unwrap_or(1.0).max(f64::MIN_POSITIVE);
-    let px = |x: f64| left + (x - x_min) / x_span * pw;
-    let py = |y: f64| top + ph - y / y_top * ph;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="22" font-size="15" font-weight="bold">{}</text>"#,
+    let (f, yt) = Frame::new(
         left,
-        esc(title)
+        top,
+        pw,
+        ph,
+        series.iter().flat_map(|(_, ys)| ys.iter().copied()),
     );
-    for &t in &yt {
-        let y = py(t);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            left + pw,
-            left - 6.0,
-            y + 4.0,
-            fmt_num(t)
-        );
-    }
+    let px = |x: f64| left + (x - x_min) / x_span * pw;
+    let py = |y: f64| f.py(y);
+    let mut s = String::new();
+    f.open(&mut s, w, h, title, &yt);
     for &x in xs {
         let _ = writeln!(
             s,
@@ -88,30 +149,13 @@ pub fn line_chart(
             fmt_num(x)
         );
     }
-    let _ = writeln!(
-        s,
-        r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#333"/>"##,
-        top + ph,
-        left + pw,
-        top + ph
-    );
-    let _ = writeln!(
-        s,
-        r##"<line x1="{left}" y1="{top}" x2="{left}" y2="{:.1}" stroke="#333"/>"##,
-        top + ph
-    );
+    f.axes(&mut s, y_label);
     let _ = writeln!(
         s,
         r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
         left + pw / 2.0,
         h - 10.0,
         esc(x_label)
-    );
-    let _ = writeln!(
-        s,
-        r#"<text transform="translate(16,{:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
-        top + ph / 2.0,
-        esc(y_label)
     );
     for (i, (name, ys)) in series.iter().enumerate() {
         let colour = PALETTE[i % PALETTE.len()];
@@ -160,37 +204,19 @@ pub fn bar_chart(
     let pw = (group_w * categories.len().max(1) as f64).max(360.0);
     let (w, h) = (left + pw + right, 440.0);
     let ph = h - top - bottom;
-    let y_max = series
-        .iter()
-        .flat_map(|(_, ys)| ys.iter().copied())
-        .chain(reference)
-        .filter(|y| y.is_finite())
-        .fold(0.0, f64::max);
-    let yt = ticks(y_max);
-    let y_top = yt.last().copied().unwrap_or(1.0).max(f64::MIN_POSITIVE);
-    let py = |y: f64| top + ph - y / y_top * ph;
+    let (f, yt) = Frame::new(
+        left,
+        top,
+        pw,
+        ph,
+        series
+            .iter()
+            .flat_map(|(_, ys)| ys.iter().copied())
+            .chain(reference),
+    );
+    let py = |y: f64| f.py(y);
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h}" viewBox="0 0 {w:.0} {h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="{w:.0}" height="{h}" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{left}" y="22" font-size="15" font-weight="bold">{}</text>"#,
-        esc(title)
-    );
-    for &t in &yt {
-        let y = py(t);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            left + pw,
-            left - 6.0,
-            y + 4.0,
-            fmt_num(t)
-        );
-    }
+    f.open(&mut s, w, h, title, &yt);
     let bar_w = (group_w - 14.0) / series.len().max(1) as f64;
     for (c, name) in categories.iter().enumerate() {
         let gx = left + c as f64 * group_w + 7.0;
@@ -227,20 +253,7 @@ pub fn bar_chart(
             left + pw
         );
     }
-    let _ = writeln!(
-        s,
-        r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#333"/><line x1="{left}" y1="{top}" x2="{left}" y2="{:.1}" stroke="#333"/>"##,
-        top + ph,
-        left + pw,
-        top + ph,
-        top + ph
-    );
-    let _ = writeln!(
-        s,
-        r#"<text transform="translate(16,{:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
-        top + ph / 2.0,
-        esc(y_label)
-    );
+    f.axes(&mut s, y_label);
     for (i, (name, _)) in series.iter().enumerate() {
         let colour = PALETTE[i % PALETTE.len()];
         let ly = top + 10.0 + i as f64 * 18.0;
