@@ -240,7 +240,7 @@ mod tests {
         assert_eq!(&src[..3], &[1, 12, 4]);
         // Emulate the kernel's index arithmetic and compare with the CPU transpose.
         let x: Vec<f32> = (0..24).map(|v| v as f32).collect();
-        let want = crate::cpu::transpose(&x, &[2, 3, 4], &[2, 0, 1]);
+        let want = crate::reference::transpose(&x, &[2, 3, 4], &[2, 0, 1]);
         let got: Vec<f32> = (0..24i64)
             .map(|t| {
                 let (mut rem, mut s) = (t, 0i64);

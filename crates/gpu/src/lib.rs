@@ -8,8 +8,8 @@
 //!   exist ([`discovery::devices`], with the cost-cache fingerprint).
 //! - [`program`]: the lowering of every operator of the IR to primitive steps, with all
 //!   buffers planned and sized up front (CPU only, tested here).
-//! - [`cpu`]: a reference executor from the operator semantics and a step executor, for
-//!   numerical checks on small inputs.
+//! - [`reference`]: a reference executor from the operator semantics, for numerical checks.
+//! - [`cpu`]: a step executor replaying a program's steps on host buffers.
 //! - [`kernels`]: the NVRTC sources (slab copies for concat/slices/term sums, bias +
 //!   activation, activation, pooling, N-input add/mul, layer norm, permute, spin).
 //! - [`cuda`]: the device side: [`cuda::Gpu`] (context with cudarc's event tracking off,
@@ -29,6 +29,7 @@ pub mod discovery;
 mod error;
 pub mod kernels;
 pub mod program;
+pub mod reference;
 pub mod stats;
 
 pub use discovery::{check_libraries, devices, DeviceInfo, Lib, REQUIRED};

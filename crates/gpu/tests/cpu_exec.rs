@@ -5,6 +5,7 @@
 
 use opsched_gpu::cpu::{self, scaled_error};
 use opsched_gpu::program::{BufRole, GraphProgram, Init, Step, TransferSpec};
+use opsched_gpu::reference;
 use opsched_gpu::GpuError;
 use opsched_graph::zoo::{self, ZooConfig};
 use opsched_graph::{
@@ -19,7 +20,7 @@ fn close(a: f32, b: f32) -> bool {
 fn conv_by_hand() {
     // 1x1x3x3 input 1..9, one 2x2 filter of ones, stride 1, no padding: window sums.
     let x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
-    let y = cpu::conv2d(
+    let y = reference::conv2d(
         &x,
         &[1.0; 4],
         Some(&[0.5]),
@@ -35,7 +36,7 @@ fn conv_by_hand() {
     );
     assert_eq!(y, vec![12.5, 16.5, 24.5, 28.5]);
     // Padding 1, stride 2, relu of a negative filter: all zero.
-    let y = cpu::conv2d(
+    let y = reference::conv2d(
         &x,
         &[-1.0; 4],
         None,
@@ -52,7 +53,7 @@ fn conv_by_hand() {
     assert_eq!(y, vec![0.0; 4]);
     // Depthwise (groups = channels): each channel scaled by its own 1x1 weight.
     let x = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
-    let y = cpu::conv2d(
+    let y = reference::conv2d(
         &x,
         &[2.0, -1.0],
         None,
@@ -73,10 +74,10 @@ fn conv_by_hand() {
 fn pooling_by_hand() {
     // 4x4 of 0..16, max 3x3 stride 2, ceil mode: 2x2 output, last window clipped.
     let x: Vec<f32> = (0..16).map(|v| v as f32).collect();
-    let y = cpu::pool2d(&x, [1, 1, 4, 4], [2, 2], true, [3, 3], [2, 2], [0, 0]);
+    let y = reference::pool2d(&x, [1, 1, 4, 4], [2, 2], true, [3, 3], [2, 2], [0, 0]);
     assert_eq!(y, vec![10.0, 11.0, 14.0, 15.0]);
     // Average 3x3 stride 1 pad 1 on 2x2 [1,2,3,4]: PyTorch counts the padding (divide by 9).
-    let y = cpu::pool2d(
+    let y = reference::pool2d(
         &[1.0, 2.0, 3.0, 4.0],
         [1, 1, 2, 2],
         [2, 2],
@@ -87,7 +88,7 @@ fn pooling_by_hand() {
     );
     assert!(y.iter().all(|v| close(*v, 10.0 / 9.0)), "{y:?}");
     // Global average: kernel = whole image.
-    let y = cpu::pool2d(
+    let y = reference::pool2d(
         &[1.0, 2.0, 3.0, 6.0],
         [1, 1, 2, 2],
         [1, 1],
@@ -101,19 +102,19 @@ fn pooling_by_hand() {
 
 #[test]
 fn small_kernels_by_hand() {
-    let s = cpu::softmax(&[0.0, 1.0, 0.0, 1.0], 1, 2, 2);
+    let s = reference::softmax(&[0.0, 1.0, 0.0, 1.0], 1, 2, 2);
     assert!(s.iter().all(|v| close(*v, 0.5)));
-    let s = cpu::softmax(&[1.0, 2.0, 3.0], 1, 3, 1);
+    let s = reference::softmax(&[1.0, 2.0, 3.0], 1, 3, 1);
     let e: Vec<f32> = [1.0f32, 2.0, 3.0].iter().map(|v| v.exp()).collect();
     let t: f32 = e.iter().sum();
     assert!(s.iter().zip(&e).all(|(a, b)| close(*a, b / t)));
-    let l = cpu::layer_norm(&[1.0, 3.0], &[2.0, 2.0], &[1.0, 1.0], 1, 2, 0.0);
+    let l = reference::layer_norm(&[1.0, 3.0], &[2.0, 2.0], &[1.0, 1.0], 1, 2, 0.0);
     assert!(close(l[0], -1.0) && close(l[1], 3.0), "{l:?}");
-    assert!(close(cpu::act(1.0, Activation::Gelu), 0.841_344_7));
-    assert!(close(cpu::erf(0.5), 0.520_499_9));
-    assert!(close(cpu::act(0.0, Activation::Sigmoid), 0.5));
-    assert_eq!(cpu::act(-2.0, Activation::Relu), 0.0);
-    let t = cpu::transpose(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], &[1, 0]);
+    assert!(close(reference::act(1.0, Activation::Gelu), 0.841_344_7));
+    assert!(close(reference::erf(0.5), 0.520_499_9));
+    assert!(close(reference::act(0.0, Activation::Sigmoid), 0.5));
+    assert_eq!(reference::act(-2.0, Activation::Relu), 0.0);
+    let t = reference::transpose(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], &[1, 0]);
     assert_eq!(t, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
 }
 
@@ -123,7 +124,7 @@ fn gemm_column_major_trick() {
     let x: Vec<f32> = (0..6).map(|v| v as f32).collect();
     let w: Vec<f32> = (0..12).map(|v| v as f32 * 0.5).collect();
     let mut y = vec![0.0; 8];
-    cpu::gemm(&w, &x, &mut y, true, false, 4, 2, 3, 3, 3, 4, [0, 0, 0], 1);
+    reference::gemm(&w, &x, &mut y, true, false, 4, 2, 3, 3, 3, 4, [0, 0, 0], 1);
     for r in 0..2 {
         for o in 0..4 {
             let want: f32 = (0..3).map(|k| x[r * 3 + k] * w[o * 3 + k]).sum();
@@ -280,7 +281,7 @@ fn attention_graph() -> Graph {
 
 /// Compare every operator's output of the program replayed on the CPU with the reference.
 fn check_program(g: &Graph, p: &GraphProgram, dsts: &[NodeId], tol: f64) {
-    let want = cpu::reference(g).unwrap();
+    let want = reference::reference(g).unwrap();
     let bufs = cpu::run_program(g, p, dsts).unwrap();
     for id in g.ops() {
         let Some(Some(op)) = p.ops.get(id.index()) else {
@@ -474,7 +475,7 @@ fn error_paths_are_typed() {
         Err(GpuError::UnsupportedDType(_))
     ));
     assert!(matches!(
-        cpu::reference(&g),
+        reference::reference(&g),
         Err(GpuError::UnsupportedDType(_))
     ));
     // A cross-GPU edge without a transfer names the consumer.
@@ -572,7 +573,7 @@ fn gpu_every_op_matches_the_cpu_reference() {
             }
         }
         gpu.synchronize().unwrap();
-        let want = cpu::reference(&g).unwrap();
+        let want = reference::reference(&g).unwrap();
         for id in g.ops() {
             let out = p.ops[id.index()].as_ref().unwrap().output;
             let got = mem.read(gpus, out).unwrap();

@@ -514,7 +514,7 @@ fn check(
     let tol_cpu = if opts.kernels.tf32_conv { 2e-2 } else { 1e-3 };
     let flops: u64 = s.g.ops().map(|o| s.g.stats(o).flops).sum();
     let (vs_cpu, vs_cpu_node) = if mode == CheckMode::Full || flops <= opts.cpu_check_max_flops {
-        let cpu = opsched_gpu::cpu::reference(s.g)?;
+        let cpu = opsched_gpu::reference::reference(s.g)?;
         let (e, n) = worst(s.g, &want, &cpu);
         (Some(e), Some(n))
     } else {
