@@ -72,6 +72,7 @@ pub fn profile(args: &[String]) -> Result<()> {
         .into_iter()
         .next()
         .context("no device")?;
+    let dev = opsched_gpu::CudaDevice::open(Some(1))?;
     for model in &models {
         let g = opsched::load_model(
             model,
@@ -106,7 +107,7 @@ pub fn profile(args: &[String]) -> Result<()> {
             export_dir: Some(out.join(info.slug()).join(format!("{model}-b{batch}"))),
             ..Default::default()
         };
-        let r = opsched_profiler::profile(&g, &opts)?;
+        let r = opsched_profiler::profile(&dev, &g, &opts)?;
         eprintln!(
             "{model}: profiled {} operators, {} stages, {} transfer sizes on {}; {} cache entries in {}",
             r.ops.len(),
