@@ -584,6 +584,12 @@ impl<'g> Builder<'g> {
     ) -> Result<(), GpuError> {
         match op {
             Op::Input { .. } => {}
+            // Not lowered yet (issue #16, phase 2): refused rather than run with wrong results.
+            Op::Constant { .. } | Op::Binary { .. } | Op::Affine | Op::Pad { .. } | Op::LogSoftmax { .. } => return Err(unsupported(self.g, node, format!("{} has no GPU lowering yet", op.type_name()))),
+            Op::Conv2d(c) if c.padding_end.is_some() || !crate::kernels::has_kernel(c.act) => return Err(unsupported(self.g, node, "asymmetric padding or this activation has no GPU lowering yet")),
+            Op::Linear { act, .. } | Op::Activation { act } if !crate::kernels::has_kernel(*act) => return Err(unsupported(self.g, node, format!("activation {act} has no GPU lowering yet"))),
+            Op::Pool2d(p) if p.padding_end.is_some() || !p.count_include_pad => return Err(unsupported(self.g, node, "asymmetric padding or count_include_pad = false has no GPU lowering yet")),
+            Op::Elementwise { .. } if matches!(src, Src::Terms(_)) && self.g.input_shapes(node).iter().any(|s| s.as_slice() != out_shape) => return Err(unsupported(self.g, node, "broadcasting has no GPU lowering yet")),
             Op::Abstract { time_ms, util } => steps.push(Step::Spin {
                 time_ms: *time_ms,
                 util: *util,

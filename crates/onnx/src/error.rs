@@ -41,6 +41,13 @@ pub enum OnnxError {
     /// A graph input cannot be imported (e.g. a dynamic dimension with no value).
     #[error("graph input '{input}': {message}")]
     Input { input: String, message: String },
+    /// A graph output cannot be imported (nothing produces it).
+    #[error("graph output '{output}': {message}")]
+    Output { output: String, message: String },
+    /// An initializer is malformed, or its values cannot be read (external data outside the
+    /// model's folder, a short file, a wrong length).
+    #[error("initializer '{name}': {message}")]
+    Initializer { name: String, message: String },
     /// The imported graph does not validate.
     #[error(transparent)]
     Graph(#[from] GraphError),

@@ -94,7 +94,9 @@
 //! `f16`, float and double `f32`) unless [`OnnxOptions::dtype`] says otherwise.
 
 pub mod consts;
+pub mod data;
 pub mod error;
+mod fold;
 mod import;
 mod patterns;
 pub mod proto;
@@ -120,6 +122,10 @@ pub struct OnnxOptions {
     pub dims: HashMap<String, usize>,
     /// Element type of the graph; `None` takes the model's.
     pub dtype: Option<DType>,
+    /// Load every initializer's values (inline or from external data files) and attach them
+    /// to the graph as its weights ([`Graph::weights`]), folds applied. Off by default:
+    /// scheduling needs only shapes, and a model's weights may be large or absent.
+    pub weights: bool,
 }
 
 impl Default for OnnxOptions {
@@ -129,6 +135,7 @@ impl Default for OnnxOptions {
             batch: 1,
             dims: HashMap::new(),
             dtype: None,
+            weights: false,
         }
     }
 }
@@ -166,6 +173,8 @@ pub struct ImportReport {
     pub opaque: BTreeMap<String, usize>,
     /// Unsupported operators imported as opaque ones (with `allow_unknown`), by type.
     pub unknown: BTreeMap<String, usize>,
+    /// Initializers whose values were loaded ([`OnnxOptions::weights`]).
+    pub loaded_weights: usize,
 }
 
 /// An imported model and what the import did.
