@@ -41,8 +41,8 @@ pub fn act(x: f32, a: Activation) -> f32 {
                 alpha * x
             }
         }
-        Activation::HardSigmoid { alpha, beta } => (alpha * x + beta).max(0.0).min(1.0),
-        Activation::HardSwish => x * (x / 6.0 + 0.5).max(0.0).min(1.0),
+        Activation::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
+        Activation::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
     }
 }
 

@@ -65,10 +65,13 @@ pub struct Param<'a> {
     pub tensor: &'a Tensor,
 }
 
+/// The named parameters of one operator.
+type Named = Vec<(String, Tensor)>;
+
 /// The weight store: cheap to clone (one [`Arc`]).
 #[derive(Clone, Debug, Default)]
 pub struct Weights {
-    by_op: Arc<HashMap<(NodeId, usize), Vec<(String, Tensor)>>>,
+    by_op: Arc<HashMap<(NodeId, usize), Named>>,
 }
 
 impl Weights {
