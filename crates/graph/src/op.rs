@@ -584,7 +584,9 @@ pub fn concat_shapes(shapes: &[Shape], axis: usize) -> Result<Shape, String> {
                 "cannot concatenate {first:?} and {s:?} along axis {axis}"
             ));
         }
-        out[axis] += s[axis];
+        out[axis] = out[axis]
+            .checked_add(s[axis])
+            .ok_or_else(|| format!("concatenating {first:?} and {s:?} overflows"))?;
     }
     Ok(out)
 }

@@ -34,7 +34,8 @@ pub enum Data {
 pub struct Const {
     pub shape: Option<Shape>,
     pub data: Data,
-    /// The external file holding the values, when they were not read from it.
+    /// Why values kept in external data were not read (naming the location), when they were
+    /// not.
     pub external: Option<String>,
     /// All values as `f32`, when the import loads weights and they are known.
     pub values: Option<Tensor>,
@@ -182,18 +183,23 @@ pub fn from_tensor(t: &TensorProto, folder: &Folder) -> Const {
         let Ok(Some(ext)) = data::external_ref(t) else {
             return c;
         };
-        c.external = Some(ext.location.clone());
         let size = data::element_size(t.data_type).unwrap_or(1);
         // Never more than the tensor needs, whatever the file claims.
         let len = (n as u64 * size).min(ext.length.unwrap_or(u64::MAX));
         match folder.read(&ext.location, ext.offset, len) {
             Ok(raw) => {
                 c.data = from_raw(&raw, t.data_type, n);
-                if c.data != Data::Unknown {
-                    c.external = None;
+                if c.data == Data::Unknown {
+                    c.external = Some(format!(
+                        "external data '{}': {len} bytes do not hold {n} values of type {}",
+                        ext.location, t.data_type
+                    ));
                 }
             }
-            Err(e) => tracing::debug!(tensor = %t.name, "{e}"),
+            Err(e) => {
+                tracing::debug!(tensor = %t.name, "{e}");
+                c.external = Some(e);
+            }
         }
         return c;
     }
@@ -481,8 +487,7 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                 _ => None,
             };
             if let (Some(d), Some(iv), Some(o)) = (&ds, idx.as_ints(), &out) {
-                if d.len() == 1 && axis == 0 {
-                    let len = d[0] as i64;
+                if let (1, 0, Ok(len)) = (d.len(), axis, i64::try_from(d[0])) {
                     let pick = |k: i64| -> Option<usize> {
                         let k = if k < 0 { k + len } else { k };
                         usize::try_from(k).ok().filter(|&k| k < d[0])
@@ -512,29 +517,38 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             let s = shape0?;
             let (starts, ends, ax, steps) = slice_args(node, ins)?;
             let out = shapes::slice(&s, &starts, &ends, ax.as_deref(), steps.as_deref()).ok();
-            if s.len() == 1 {
-                if let (Some((b, e, st)), Some(o)) = (
-                    shapes::slice_range(
-                        s[0],
-                        starts[0],
-                        ends[0],
-                        steps.as_ref().map_or(1, |v| v[0]),
-                    ),
-                    &out,
-                ) {
-                    let idx: Vec<usize> = shapes::range_indices(b, e, st);
+            // Values of a small vector (a shape being cut): only when its data is all there.
+            let known = x.and_then(|c| match &c.data {
+                Data::Int(v) => Some(v.len()),
+                Data::Float(v) => Some(v.len()),
+                Data::Unknown => None,
+            });
+            if let ([len], Some(o), [b0], [e0], Some(n)) = (
+                s.as_slice(),
+                &out,
+                starts.as_slice(),
+                ends.as_slice(),
+                known,
+            ) {
+                let step = steps.as_ref().and_then(|v| v.first().copied()).unwrap_or(1);
+                let range = shapes::slice_range(*len, *b0, *e0, step)
+                    .filter(|_| *len == n)
+                    .and_then(|(b, e, st)| shapes::range_indices(b, e, st, MAX_CONST_ELEMS));
+                if let Some(idx) = range {
                     match &x?.data {
                         Data::Int(v) => {
-                            return one(Const::ints(
-                                o.clone(),
-                                idx.iter().filter_map(|&i| v.get(i).copied()).collect(),
-                            ))
+                            let g: Option<Vec<i64>> =
+                                idx.iter().map(|&i| v.get(i).copied()).collect();
+                            if let Some(g) = g {
+                                return one(Const::ints(o.clone(), g));
+                            }
                         }
                         Data::Float(v) => {
-                            return one(Const::floats(
-                                o.clone(),
-                                idx.iter().filter_map(|&i| v.get(i).copied()).collect(),
-                            ))
+                            let g: Option<Vec<f64>> =
+                                idx.iter().map(|&i| v.get(i).copied()).collect();
+                            if let Some(g) = g {
+                                return one(Const::floats(o.clone(), g));
+                            }
                         }
                         Data::Unknown => {}
                     }
@@ -617,7 +631,12 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             if d == 0.0 {
                 return None;
             }
-            let n = ((l - s) / d).ceil().max(0.0) as usize;
+            // start > limit gives an empty range; NaN and absurd lengths give no constant.
+            let len = ((l - s) / d).ceil().max(0.0);
+            if len.is_nan() || len > crate::data::MAX_VALUES as f64 {
+                return None;
+            }
+            let n = len as usize;
             if n > MAX_CONST_ELEMS {
                 return one(Const::shape_only(Some(vec![n])));
             }

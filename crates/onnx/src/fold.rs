@@ -28,9 +28,15 @@ pub fn channel_len(c: &[usize], out: &[usize], axis: usize) -> Option<usize> {
     Some(len)
 }
 
+/// Most values a parameter made from a scalar may have (a per-channel vector: 16 M channels).
+pub const MAX_EXPANDED: usize = 1 << 24;
+
 /// `n` values from a scalar (repeated) or a tensor of `n` values.
 pub fn expand(t: &Tensor, n: usize) -> Result<Vec<f32>, String> {
     match t.data.len() {
+        _ if n > MAX_EXPANDED && t.data.len() != n => Err(format!(
+            "a parameter of {n} values made from a scalar is implausibly large"
+        )),
         1 => Ok(vec![t.data[0]; n]),
         len if len == n => Ok(t.data.to_vec()),
         len => Err(format!(

@@ -367,9 +367,8 @@ impl<'a> Importer<'a> {
         match ins.get(i) {
             Some(Some(Val::Const(c))) => c.as_ints().ok_or_else(|| {
                 Fail::Error(match &c.external {
-                    Some(f) => format!(
-                        "needs the values of its {what} (input {i}), kept in the external data \
-                         file '{f}', which could not be read"
+                    Some(why) => format!(
+                        "needs the values of its {what} (input {i}), which could not be read: {why}"
                     ),
                     None => {
                         format!("needs the values of its {what} (input {i}), which are not known")
@@ -1024,7 +1023,7 @@ impl<'a> Importer<'a> {
                         d,
                         what,
                     )?,
-                    _ => Tensor::new(vec![d], vec![fill; d])?,
+                    _ => vector(&Tensor::new(vec![], vec![fill])?, d, what)?,
                 };
                 params.push((what, t));
             }
@@ -1697,7 +1696,8 @@ impl<'a> Importer<'a> {
                 .map(|i| each.min(dim.saturating_sub(i * each)))
                 .collect()
         };
-        if sizes.len() != node.output.len() || sizes.iter().sum::<usize>() != dim {
+        let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if sizes.len() != node.output.len() || total != Some(dim) {
             return Err(Fail::Error(format!(
                 "split sizes {sizes:?} do not cover axis {axis} of {:?}",
                 x.shape
@@ -2016,10 +2016,10 @@ pub(crate) fn import(
                         Some(&v) => v,
                         None if i == 0 => opts.batch,
                         None => {
-                            let what = if p.is_empty() {
-                                "unknown".to_string()
-                            } else {
-                                format!("the symbol '{p}'")
+                            let what = match d.dim_value {
+                                Some(v) if p.is_empty() => v.to_string(),
+                                _ if p.is_empty() => "unknown".to_string(),
+                                _ => format!("the symbol '{p}'"),
                             };
                             return Err(bad(format!(
                                 "dimension {i} is {what}; give it a value (OnnxOptions::dims)"
@@ -2139,9 +2139,10 @@ pub(crate) fn import(
                         Some(Some(Val::Const(c))) => c.shape.clone(),
                         _ => None,
                     };
-                    shape.map(|s| {
+                    shape.and_then(|s| {
                         if op_type == "Size" {
-                            Const::ints(Vec::new(), vec![s.iter().product::<usize>() as i64])
+                            let n = consts::numel(&s).and_then(|n| i64::try_from(n).ok())?;
+                            Some(Const::ints(Vec::new(), vec![n]))
                         } else {
                             let r = s.len() as i64;
                             let norm =
@@ -2152,9 +2153,9 @@ pub(crate) fn import(
                                 .get(start..end.max(start))
                                 .unwrap_or(&[])
                                 .iter()
-                                .map(|&d| d as i64)
-                                .collect();
-                            Const::ints(vec![dims.len()], dims)
+                                .map(|&d| i64::try_from(d).ok())
+                                .collect::<Option<_>>()?;
+                            Some(Const::ints(vec![dims.len()], dims))
                         }
                     })
                 }
