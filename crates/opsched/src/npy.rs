@@ -118,7 +118,14 @@ fn decode_npy(bytes: &[u8]) -> Result<Tensor, String> {
             )
         }
         ViewNpyError::NonNativeEndian => "holds big-endian values; write it little-endian".into(),
-        e => format!("not a readable .npy array: {e}"),
+        // The header parser's messages span lines (a caret under the column): keep one.
+        e => format!(
+            "not a readable .npy array: {}",
+            e.to_string()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
     })?;
     let shape = view.shape().to_vec();
     let data: Vec<f32> = view.iter().copied().collect();
