@@ -203,31 +203,31 @@ pub fn pool2d_padded(
 
 /// Softmax over the middle axis of `[outer, dim, inner]`.
 pub fn softmax(x: &[f32], outer: usize, dim: usize, inner: usize) -> Vec<f32> {
-    let mut y = vec![0.0f32; x.len()];
-    for o in 0..outer {
-        for i in 0..inner {
-            let at = |d: usize| (o * dim + d) * inner + i;
-            let m = (0..dim).map(|d| x[at(d)]).fold(f32::NEG_INFINITY, f32::max);
-            let s: f32 = (0..dim).map(|d| (x[at(d)] - m).exp()).sum();
-            for d in 0..dim {
-                y[at(d)] = (x[at(d)] - m).exp() / s;
-            }
-        }
-    }
-    y
+    over_middle_axis(x, outer, dim, inner, |v, sum| v.exp() / sum)
 }
 
 /// Log-softmax over the middle axis of `[outer, dim, inner]`: `x - max - ln(sum(exp(x - max)))`.
 pub fn log_softmax(x: &[f32], outer: usize, dim: usize, inner: usize) -> Vec<f32> {
+    over_middle_axis(x, outer, dim, inner, |v, sum| v - sum.ln())
+}
+
+/// `f(x - max, sum(exp(x - max)))` along the middle axis of `[outer, dim, inner]` (the
+/// maximum is subtracted first so that `exp` cannot overflow).
+fn over_middle_axis(
+    x: &[f32],
+    outer: usize,
+    dim: usize,
+    inner: usize,
+    f: impl Fn(f32, f32) -> f32,
+) -> Vec<f32> {
     let mut y = vec![0.0f32; x.len()];
     for o in 0..outer {
         for i in 0..inner {
             let at = |d: usize| (o * dim + d) * inner + i;
             let m = (0..dim).map(|d| x[at(d)]).fold(f32::NEG_INFINITY, f32::max);
             let s: f32 = (0..dim).map(|d| (x[at(d)] - m).exp()).sum();
-            let ls = s.ln();
             for d in 0..dim {
-                y[at(d)] = x[at(d)] - m - ls;
+                y[at(d)] = f(x[at(d)] - m, s);
             }
         }
     }
