@@ -242,7 +242,8 @@ pub fn import_bytes(
             "no graph and no operator sets (is this an ONNX file?)".into(),
         ));
     }
-    let (graph, report) = import::import(&model, name, base_dir, opts)?;
+    let (graph, report) =
+        import::import(&model, name, base_dir, opts).map_err(OnnxError::escape_controls)?;
     Ok(Imported { graph, report })
 }
 

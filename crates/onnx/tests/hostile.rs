@@ -136,7 +136,7 @@ fn extreme_integers_anywhere_never_panic() {
 /// What each regression case of `fixtures/bad/onnx` must say: the file (as `opsched inspect`
 /// is given it), what is wrong and where (node, input, output or initializer). Every file in
 /// the folder must be listed here, so a new case states its expected error.
-const BAD_CASES: [(&str, &[&str]); 30] = [
+const BAD_CASES: [(&str, &[&str]); 31] = [
     (
         "concat-dims-overflow",
         &["initializer 'big'", "more than 2^40 elements"],
@@ -211,6 +211,13 @@ const BAD_CASES: [(&str, &[&str]); 30] = [
     (
         "maxpool-pads-2e40",
         &["node 'pool' (MaxPool)", "implausibly large"],
+    ),
+    (
+        "node-name-with-newline",
+        &[
+            "node 'orphan\\nerror: injected line' (Relu)",
+            "has no inputs",
+        ],
     ),
     (
         "node-without-inputs",
@@ -362,4 +369,52 @@ fn external_data_stays_in_the_models_folder() {
         );
     }
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Single-byte changes all over the parity models, imported with their weights (so values are
+/// decoded and folded, and external data read from the model's folder): each imports or fails
+/// with an error, never a panic.
+#[test]
+fn byte_mutations_with_weights_never_panic() {
+    let opts = OnnxOptions {
+        allow_unknown: true,
+        weights: true,
+        batch: 2,
+        ..OnnxOptions::default()
+    };
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let (mut imported, mut failed) = (0usize, 0usize);
+    for name in [
+        "conv_bn_relu",
+        "grouped",
+        "pooling",
+        "activations",
+        "squeeze_excite",
+        "mlp",
+        "attention13",
+        "external_data",
+    ] {
+        let path = repo(&format!("fixtures/parity/{name}.onnx"));
+        let bytes = std::fs::read(&path).unwrap();
+        for _ in 0..400 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let mut b = bytes.clone();
+            let at = usize::try_from(state % b.len() as u64).unwrap();
+            b[at] = state.to_le_bytes()[4];
+            match import_bytes(b, name, path.parent(), &opts) {
+                Ok(_) => imported += 1,
+                Err(e) => {
+                    assert!(!e.to_string().contains('\n'), "{name}: {e}");
+                    failed += 1;
+                }
+            }
+        }
+    }
+    // Both outcomes occur: the mutations reach the weights and the structure.
+    assert!(
+        imported > 100 && failed > 100,
+        "{imported} imported, {failed} failed"
+    );
 }
