@@ -102,6 +102,7 @@ impl ModelArgs {
     pub fn load_options(&self) -> opsched::LoadOptions {
         opsched::LoadOptions {
             allow_unknown: self.allow_unknown,
+            ..Default::default()
         }
     }
 

@@ -133,10 +133,24 @@ fn lower<T: std::fmt::Debug>(v: T) -> String {
 fn write_op(s: &mut String, op: &Op) {
     s.push_str(op.type_name());
     match op {
-        Op::Input { shape } => {
+        Op::Input { shape } | Op::Constant { shape } => {
             s.push('(');
             write_shape(s, shape);
             s.push(')');
+        }
+        Op::Binary { kind } => {
+            let _ = write!(s, "({})", lower(kind));
+        }
+        Op::Affine => {}
+        Op::Pad { begin, end, value } => {
+            s.push_str("(b=");
+            write_list(s, begin);
+            s.push_str(",e=");
+            write_list(s, end);
+            let _ = write!(s, ",v={value:e})");
+        }
+        Op::LogSoftmax { axis } => {
+            let _ = write!(s, "(axis={axis})");
         }
         Op::Conv2d(c) => {
             let _ = write!(
@@ -153,11 +167,14 @@ fn write_op(s: &mut String, op: &Op) {
                 c.dilation[1],
                 c.groups
             );
+            if let Some([b, r]) = c.padding_end {
+                let _ = write!(s, ",pe={b}x{r}");
+            }
             if c.bias {
                 s.push_str(",bias");
             }
             if c.act != opsched_graph::Activation::None {
-                let _ = write!(s, ",act={}", lower(c.act));
+                let _ = write!(s, ",act={}", c.act);
             }
             s.push(')');
         }
@@ -169,14 +186,20 @@ fn write_op(s: &mut String, op: &Op) {
                     ",k={}x{},s={}x{},p={}x{}",
                     p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0], p.padding[1]
                 );
+                if let Some([b, r]) = p.padding_end {
+                    let _ = write!(s, ",pe={b}x{r}");
+                }
                 if p.ceil_mode {
                     s.push_str(",ceil");
+                }
+                if !p.count_include_pad {
+                    s.push_str(",exclpad");
                 }
             }
             s.push(')');
         }
         Op::Activation { act } => {
-            let _ = write!(s, "({})", lower(act));
+            let _ = write!(s, "({act})");
         }
         Op::Elementwise { kind } => {
             let _ = write!(s, "({})", lower(kind));
@@ -195,7 +218,7 @@ fn write_op(s: &mut String, op: &Op) {
                 s.push_str(",bias");
             }
             if *act != opsched_graph::Activation::None {
-                let _ = write!(s, ",act={}", lower(act));
+                let _ = write!(s, ",act={act}");
             }
             s.push(')');
         }

@@ -486,6 +486,40 @@ impl<'g> Builder<'g> {
                 );
                 Ok(())
             }
+            // Not lowered yet (issue #16, phase 2): refused rather than run with wrong results.
+            Op::Constant { .. }
+            | Op::Binary { .. }
+            | Op::Affine
+            | Op::Pad { .. }
+            | Op::LogSoftmax { .. } => {
+                Err(self.unsupported(at, format!("{} has no device lowering yet", op.type_name())))
+            }
+            Op::Conv2d(c) if c.padding_end.is_some() || !crate::cuda::nvrtc::has_kernel(c.act) => {
+                Err(self.unsupported(
+                    at,
+                    "asymmetric padding or this activation has no device lowering yet",
+                ))
+            }
+            Op::Linear { act, .. } | Op::Activation { act }
+                if !crate::cuda::nvrtc::has_kernel(*act) =>
+            {
+                Err(self.unsupported(at, format!("activation {act} has no device lowering yet")))
+            }
+            Op::Pool2d(p) if p.padding_end.is_some() || !p.count_include_pad => Err(self
+                .unsupported(
+                    at,
+                    "asymmetric padding or count_include_pad = false has no device lowering yet",
+                )),
+            Op::Elementwise { .. }
+                if matches!(src, Src::Terms(_))
+                    && self
+                        .g
+                        .input_shapes(at.node)
+                        .iter()
+                        .any(|s| s.as_slice() != out_shape) =>
+            {
+                Err(self.unsupported(at, "broadcasting has no device lowering yet"))
+            }
             // A foreign ONNX operator has a shape but no semantics we could run.
             Op::Opaque { op_type, .. } => Err(self.unsupported(
                 at,

@@ -4,8 +4,16 @@
 //! It shares nothing with the lowering of [`crate::program`] nor with the devices' kernels, so
 //! comparing a device's results with it catches lowering and kernel mistakes (layouts, gather
 //! offsets, the row/column-major gemm trick). It is slow (naive loops): use it on small inputs.
+//!
+//! It is also the semantic ground truth of the IR for real models: [`reference_with`] takes
+//! the graph's weights ([`Graph::weights`]) and the caller's input arrays; the ONNX parity tests
+//! (`crates/opsched/tests/parity.rs`) check it against onnxruntime within 1e-4.
 
-use opsched_graph::{Activation, ElementwiseKind, Graph, NodeId, Op, PoolKind, Shape, Value};
+use std::collections::HashMap;
+
+use opsched_graph::{
+    Activation, BinaryKind, ElementwiseKind, Graph, NodeId, Op, PoolKind, Shape, Tensor, Value,
+};
 
 use crate::program::{input_seed, param_seed, uniform, weight_half_width};
 use crate::GpuError;
@@ -18,6 +26,23 @@ pub fn act(x: f32, a: Activation) -> f32 {
         Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         Activation::Tanh => x.tanh(),
         Activation::Gelu => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
+        Activation::GeluTanh => {
+            let c = (2.0 / std::f32::consts::PI).sqrt();
+            0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh())
+        }
+        Activation::Clip { min, max } => {
+            let lo = min.map_or(x, |m| x.max(m));
+            max.map_or(lo, |m| lo.min(m))
+        }
+        Activation::LeakyRelu { alpha } => {
+            if x >= 0.0 {
+                x
+            } else {
+                alpha * x
+            }
+        }
+        Activation::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
+        Activation::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
     }
 }
 
@@ -99,24 +124,67 @@ pub fn conv2d(
 #[allow(clippy::too_many_arguments)]
 pub fn pool2d(
     x: &[f32],
-    [n, c, h, w]: [usize; 4],
-    [oh, ow]: [usize; 2],
+    dims: [usize; 4],
+    out_hw: [usize; 2],
     max: bool,
     kernel: [usize; 2],
     stride: [usize; 2],
     padding: [usize; 2],
 ) -> Vec<f32> {
+    let window = PoolWindow {
+        kernel,
+        stride,
+        begin: padding,
+        end: padding,
+        count_include_pad: true,
+    };
+    pool2d_padded(x, dims, out_hw, max, &window)
+}
+
+/// A pooling window: kernel, stride, padding before and after each spatial axis, and what an
+/// average divides by.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolWindow {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub begin: [usize; 2],
+    pub end: [usize; 2],
+    /// Divide by the window counted up to the end of the padding (else by the input elements
+    /// it covers).
+    pub count_include_pad: bool,
+}
+
+/// Pooling with padding that may differ before and after an axis (onnxruntime's and PyTorch's
+/// semantics): windows start at `i * stride - begin` and end at most at `input + end`; max
+/// ignores padding; an average divides by the window counted up to that end when
+/// `count_include_pad`, else by the input elements in it.
+pub fn pool2d_padded(
+    x: &[f32],
+    [n, c, h, w]: [usize; 4],
+    [oh, ow]: [usize; 2],
+    max: bool,
+    win: &PoolWindow,
+) -> Vec<f32> {
+    let PoolWindow {
+        kernel,
+        stride,
+        begin,
+        end,
+        count_include_pad,
+    } = *win;
     let mut y = vec![0.0f32; n * c * oh * ow];
     for bc in 0..n * c {
         for i in 0..oh {
             for j in 0..ow {
-                let hs = (i * stride[0]) as isize - padding[0] as isize;
-                let ws = (j * stride[1]) as isize - padding[1] as isize;
-                let he = (hs + kernel[0] as isize).min((h + padding[0]) as isize);
-                let we = (ws + kernel[1] as isize).min((w + padding[1]) as isize);
-                let size = ((he - hs) * (we - ws)).max(1) as f32;
+                let hs = (i * stride[0]) as isize - begin[0] as isize;
+                let ws = (j * stride[1]) as isize - begin[1] as isize;
+                let he = (hs + kernel[0] as isize).min((h + end[0]) as isize);
+                let we = (ws + kernel[1] as isize).min((w + end[1]) as isize);
+                let padded = (he - hs) * (we - ws);
                 let (hs, ws) = (hs.max(0), ws.max(0));
                 let (he, we) = (he.min(h as isize), we.min(w as isize));
+                let inside = (he - hs).max(0) * (we - ws).max(0);
+                let size = if count_include_pad { padded } else { inside }.max(1) as f32;
                 let mut m = f32::NEG_INFINITY;
                 let mut s = 0.0f32;
                 for p in hs..he {
@@ -135,6 +203,23 @@ pub fn pool2d(
 
 /// Softmax over the middle axis of `[outer, dim, inner]`.
 pub fn softmax(x: &[f32], outer: usize, dim: usize, inner: usize) -> Vec<f32> {
+    over_middle_axis(x, outer, dim, inner, |v, sum| v.exp() / sum)
+}
+
+/// Log-softmax over the middle axis of `[outer, dim, inner]`: `x - max - ln(sum(exp(x - max)))`.
+pub fn log_softmax(x: &[f32], outer: usize, dim: usize, inner: usize) -> Vec<f32> {
+    over_middle_axis(x, outer, dim, inner, |v, sum| v - sum.ln())
+}
+
+/// `f(x - max, sum(exp(x - max)))` along the middle axis of `[outer, dim, inner]` (the
+/// maximum is subtracted first so that `exp` cannot overflow).
+fn over_middle_axis(
+    x: &[f32],
+    outer: usize,
+    dim: usize,
+    inner: usize,
+    f: impl Fn(f32, f32) -> f32,
+) -> Vec<f32> {
     let mut y = vec![0.0f32; x.len()];
     for o in 0..outer {
         for i in 0..inner {
@@ -142,8 +227,69 @@ pub fn softmax(x: &[f32], outer: usize, dim: usize, inner: usize) -> Vec<f32> {
             let m = (0..dim).map(|d| x[at(d)]).fold(f32::NEG_INFINITY, f32::max);
             let s: f32 = (0..dim).map(|d| (x[at(d)] - m).exp()).sum();
             for d in 0..dim {
-                y[at(d)] = (x[at(d)] - m).exp() / s;
+                y[at(d)] = f(x[at(d)] - m, s);
             }
+        }
+    }
+    y
+}
+
+/// `x` (of `shape`) repeated along the axes where it has size 1 (or fewer axes) to `to`, as
+/// numpy broadcasts. `shape` must broadcast to `to`.
+pub fn broadcast_to(x: &[f32], shape: &[usize], to: &[usize]) -> Vec<f32> {
+    if shape == to {
+        return x.to_vec();
+    }
+    let r = to.len();
+    let skip = r - shape.len();
+    // Strides of `x` over the axes of `to`, 0 where it repeats.
+    let mut strides = vec![0usize; r];
+    let mut acc = 1usize;
+    for a in (0..shape.len()).rev() {
+        if shape[a] != 1 {
+            strides[skip + a] = acc;
+        }
+        acc *= shape[a];
+    }
+    let total = numel(to);
+    let mut y = Vec::with_capacity(total);
+    let mut idx = vec![0usize; r];
+    for _ in 0..total {
+        y.push(x[idx.iter().zip(&strides).map(|(i, s)| i * s).sum::<usize>()]);
+        for a in (0..r).rev() {
+            idx[a] += 1;
+            if idx[a] < to[a] {
+                break;
+            }
+            idx[a] = 0;
+        }
+    }
+    y
+}
+
+/// Constant padding of every axis: `begin[a]` and `end[a]` elements of `value` around axis `a`.
+pub fn pad(x: &[f32], shape: &[usize], begin: &[usize], end: &[usize], value: f32) -> Vec<f32> {
+    let out: Vec<usize> = shape
+        .iter()
+        .zip(begin.iter().zip(end))
+        .map(|(&d, (&b, &e))| d + b + e)
+        .collect();
+    let mut y = vec![value; numel(&out)];
+    let r = shape.len();
+    let mut out_strides = vec![1usize; r];
+    for a in (0..r.saturating_sub(1)).rev() {
+        out_strides[a] = out_strides[a + 1] * out[a + 1];
+    }
+    let mut idx = vec![0usize; r];
+    for &v in x {
+        let at: usize = (0..r).map(|a| (idx[a] + begin[a]) * out_strides[a]).sum();
+        y[at] = v;
+        for a in (0..r).rev() {
+            idx[a] += 1;
+            if idx[a] < shape[a] {
+                break;
+            }
+            idx[a] = 0;
         }
     }
     y
@@ -290,6 +436,8 @@ fn concat(parts: &[(Vec<f32>, Shape)], axis: usize) -> (Vec<f32>, Shape) {
     (out, shape)
 }
 
+/// A parameter: the graph's weight when it has one, else seeded uniform values around `c`.
+#[allow(clippy::too_many_arguments)]
 fn param(
     g: &Graph,
     node: NodeId,
@@ -298,8 +446,26 @@ fn param(
     len: usize,
     c: f32,
     hw: f32,
-) -> Vec<f32> {
-    uniform(param_seed(g, node, inner, what), len, c, hw)
+) -> Result<Vec<f32>, GpuError> {
+    match g.weights().get(node, inner, what) {
+        Some(t) if t.numel() == len => Ok(t.data.to_vec()),
+        Some(t) => Err(GpuError::Unsupported {
+            node: g.node(node).name.clone(),
+            message: format!(
+                "weight '{what}' has {} values, the operator needs {len}",
+                t.numel()
+            ),
+        }),
+        None => Ok(uniform(param_seed(g, node, inner, what), len, c, hw)),
+    }
+}
+
+fn normalize_axis(axis: i64, rank: usize) -> usize {
+    if axis < 0 {
+        (rank as i64 + axis) as usize
+    } else {
+        axis as usize
+    }
 }
 
 fn eval(
@@ -317,7 +483,9 @@ fn eval(
     };
     let single = || concat(&inputs, 1);
     let y = match op {
-        Op::Input { .. } => return Err(unsup("an input is not evaluated")),
+        Op::Input { .. } | Op::Constant { .. } => {
+            return Err(unsup("an input or constant is not evaluated"))
+        }
         Op::Abstract { .. } => vec![0.0; numel(out_shape).max(1)],
         Op::Opaque { op_type, .. } => {
             return Err(unsup(&format!(
@@ -335,10 +503,11 @@ fn eval(
                 c.out_channels * fan_in,
                 0.0,
                 weight_half_width(fan_in),
-            );
-            let b = c
-                .bias
-                .then(|| param(g, node, inner, "bias", c.out_channels, 0.0, 0.1));
+            )?;
+            let b = match c.bias {
+                true => Some(param(g, node, inner, "bias", c.out_channels, 0.0, 0.1)?),
+                false => None,
+            };
             conv2d(
                 &x,
                 &w,
@@ -356,22 +525,39 @@ fn eval(
         }
         Op::Pool2d(p) => {
             let (x, s) = single();
-            let global = p.kind.is_global();
-            pool2d(
+            let (begin, end) = p.pads();
+            let win = if p.kind.is_global() {
+                PoolWindow {
+                    kernel: [s[2], s[3]],
+                    stride: [1, 1],
+                    begin: [0, 0],
+                    end: [0, 0],
+                    count_include_pad: true,
+                }
+            } else {
+                PoolWindow {
+                    kernel: p.kernel,
+                    stride: p.stride,
+                    begin,
+                    end,
+                    count_include_pad: p.count_include_pad,
+                }
+            };
+            pool2d_padded(
                 &x,
                 [s[0], s[1], s[2], s[3]],
                 [out_shape[2], out_shape[3]],
                 matches!(p.kind, PoolKind::Max | PoolKind::GlobalMax),
-                if global { [s[2], s[3]] } else { p.kernel },
-                if global { [1, 1] } else { p.stride },
-                if global { [0, 0] } else { p.padding },
+                &win,
             )
         }
         Op::Activation { act: a } => single().0.into_iter().map(|v| act(v, *a)).collect(),
         Op::Elementwise { kind } => {
-            let mut it = inputs.into_iter();
-            let (mut acc, _) = it.next().ok_or_else(|| unsup("no inputs"))?;
-            for (d, _) in it {
+            let mut it = inputs.iter();
+            let (first, fs) = it.next().ok_or_else(|| unsup("no inputs"))?;
+            let mut acc = broadcast_to(first, fs, out_shape);
+            for (d, s) in it {
+                let d = broadcast_to(d, s, out_shape);
                 for (x, y) in acc.iter_mut().zip(&d) {
                     match kind {
                         ElementwiseKind::Add => *x += y,
@@ -380,6 +566,39 @@ fn eval(
                 }
             }
             acc
+        }
+        Op::Binary { kind } => {
+            let [(a, sa), (b, sb)] = inputs.as_slice() else {
+                return Err(unsup("a binary operator needs two inputs"));
+            };
+            let a = broadcast_to(a, sa, out_shape);
+            let b = broadcast_to(b, sb, out_shape);
+            let f: fn(f32, f32) -> f32 = match kind {
+                BinaryKind::Sub => |x, y| x - y,
+                BinaryKind::Div => |x, y| x / y,
+                BinaryKind::Pow => f32::powf,
+                BinaryKind::Max => f32::max,
+                BinaryKind::Min => f32::min,
+            };
+            a.iter().zip(&b).map(|(&x, &y)| f(x, y)).collect()
+        }
+        Op::Affine => {
+            let (x, s) = single();
+            let c = s[1];
+            let inner_len = numel(&s[2..]);
+            let scale = param(g, node, inner, "scale", c, 1.0, 0.1)?;
+            let shift = param(g, node, inner, "shift", c, 0.0, 0.1)?;
+            x.iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let ch = (i / inner_len.max(1)) % c.max(1);
+                    v * scale[ch] + shift[ch]
+                })
+                .collect()
+        }
+        Op::Pad { begin, end, value } => {
+            let (x, s) = single();
+            pad(&x, &s, begin, end, *value)
         }
         Op::Concat { axis } => concat(&inputs, *axis).0,
         Op::Identity | Op::Reshape { .. } => single().0,
@@ -392,8 +611,11 @@ fn eval(
             let k = *s.last().unwrap_or(&1);
             let rows = x.len() / k.max(1);
             let nf = *out_features;
-            let w = param(g, node, inner, "weight", nf * k, 0.0, weight_half_width(k));
-            let b = bias.then(|| param(g, node, inner, "bias", nf, 0.0, 0.1));
+            let w = param(g, node, inner, "weight", nf * k, 0.0, weight_half_width(k))?;
+            let b = match bias {
+                true => Some(param(g, node, inner, "bias", nf, 0.0, 0.1)?),
+                false => None,
+            };
             let mut y = vec![0.0f32; rows * nf];
             for r in 0..rows {
                 for o in 0..nf {
@@ -433,17 +655,21 @@ fn eval(
             }
             y
         }
-        Op::Softmax { axis } => {
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => {
             let (x, s) = single();
-            let r = s.len() as i64;
-            let ax = if *axis < 0 { r + axis } else { *axis } as usize;
-            softmax(&x, numel(&s[..ax]), s[ax], numel(&s[ax + 1..]))
+            let ax = normalize_axis(*axis, s.len());
+            let (outer, dim, rest) = (numel(&s[..ax]), s[ax], numel(&s[ax + 1..]));
+            if matches!(op, Op::LogSoftmax { .. }) {
+                log_softmax(&x, outer, dim, rest)
+            } else {
+                softmax(&x, outer, dim, rest)
+            }
         }
         Op::LayerNorm { eps } => {
             let (x, s) = single();
             let d = *s.last().unwrap_or(&1);
-            let gamma = param(g, node, inner, "gamma", d, 1.0, 0.1);
-            let beta = param(g, node, inner, "beta", d, 0.0, 0.1);
+            let gamma = param(g, node, inner, "gamma", d, 1.0, 0.1)?;
+            let beta = param(g, node, inner, "beta", d, 0.0, 0.1)?;
             layer_norm(&x, &gamma, &beta, x.len() / d.max(1), d, *eps as f32)
         }
         Op::Transpose { perm } => {
@@ -468,24 +694,60 @@ fn eval(
 }
 
 /// Run `g` on the CPU from its semantics; returns every node's output (graph inputs included),
-/// indexed by `NodeId`. Inputs and parameters are the same pseudo-random data the GPU program
-/// uses (see [`crate::program`]). Only `f32` graphs.
+/// indexed by `NodeId`. Inputs, constants and parameters are the same pseudo-random data the
+/// GPU program uses (see [`crate::program`]) unless the graph has weights for them. Only `f32`
+/// graphs.
 pub fn reference(g: &Graph) -> Result<Vec<Option<Vec<f32>>>, GpuError> {
+    reference_with(g, &HashMap::new())
+}
+
+/// [`reference`] with the caller's values for some (or all) graph inputs; each must have the
+/// input's shape. Parameters and constants come from the graph's weights where it has them.
+pub fn reference_with(
+    g: &Graph,
+    inputs: &HashMap<NodeId, Tensor>,
+) -> Result<Vec<Option<Vec<f32>>>, GpuError> {
     if g.dtype != opsched_graph::DType::F32 {
         return Err(GpuError::UnsupportedDType(g.dtype.to_string()));
+    }
+    for (&id, t) in inputs {
+        let node = g
+            .nodes()
+            .get(id.index())
+            .filter(|n| n.op.is_graph_input())
+            .ok_or_else(|| {
+                GpuError::Plan(format!("reference: node #{} is no graph input", id.0))
+            })?;
+        if t.shape != node.shape {
+            return Err(GpuError::Unsupported {
+                node: node.name.clone(),
+                message: format!(
+                    "input has shape {:?}, the graph needs {:?}",
+                    t.shape, node.shape
+                ),
+            });
+        }
     }
     let mut outs: Vec<Option<Vec<f32>>> = vec![None; g.len()];
     for &id in g.topo_order() {
         let node = g.node(id);
-        let y = if node.op.is_input() {
-            uniform(input_seed(g, id), numel(&node.shape), 0.0, 1.0)
-        } else {
-            let inputs = node
-                .inputs
-                .iter()
-                .map(|t| term(g, &outs, t))
-                .collect::<Result<Vec<_>, _>>()?;
-            eval(g, id, &node.op, 0, inputs, &node.shape)?
+        let y = match &node.op {
+            Op::Input { .. } => match inputs.get(&id) {
+                Some(t) => t.data.to_vec(),
+                None => uniform(input_seed(g, id), numel(&node.shape), 0.0, 1.0),
+            },
+            Op::Constant { shape } => match g.weights().get(id, 0, "value") {
+                Some(t) => t.data.to_vec(),
+                None => uniform(input_seed(g, id), numel(shape), 0.0, 1.0),
+            },
+            op => {
+                let inputs = node
+                    .inputs
+                    .iter()
+                    .map(|t| term(g, &outs, t))
+                    .collect::<Result<Vec<_>, _>>()?;
+                eval(g, id, op, 0, inputs, &node.shape)?
+            }
         };
         outs[id.index()] = Some(y);
     }
@@ -509,4 +771,16 @@ pub fn scaled_error(got: &[f32], want: &[f32]) -> f64 {
         worst = worst.max(d.abs());
     }
     worst / scale
+}
+
+/// The graph's outputs ([`Graph::outputs`]) from a run's node values, by output name.
+pub fn outputs(g: &Graph, values: &[Option<Vec<f32>>]) -> Result<Vec<(String, Tensor)>, GpuError> {
+    g.outputs()
+        .iter()
+        .map(|o| {
+            let (data, shape) = value(g, values, &o.value)?;
+            let t = Tensor::new(shape, data).map_err(GpuError::Plan)?;
+            Ok((o.name.clone(), t))
+        })
+        .collect()
 }

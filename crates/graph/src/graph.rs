@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{GraphError, Result};
 use crate::op::{DType, Op, OpStats, Shape};
+use crate::weights::{ParamSpec, Weights};
 
 /// Index of a node in a [`Graph`] (dense, `0..graph.len()`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -77,6 +78,13 @@ pub struct Edge {
     pub transfer_ms: Option<f64>,
 }
 
+/// A named output of the graph: what a caller of the model gets back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphOutput {
+    pub name: String,
+    pub value: Value,
+}
+
 /// A node as given to [`Graph::from_nodes`]: inputs refer to node indices in the same list,
 /// in any order; `declared_shape` is checked against inference when present.
 #[derive(Clone, Debug)]
@@ -90,7 +98,8 @@ pub struct NodeDef {
 /// A validated, shape-inferred DAG of operators.
 ///
 /// Invariants: names are unique; every input refers to an existing node; the graph is acyclic;
-/// every node's shape is inferred from its inputs; `topo` lists all nodes in a topological order.
+/// every node's shape is inferred from its inputs; `topo` lists all nodes in a topological order;
+/// every output names an existing value; every weight fits its operator.
 #[derive(Clone, Debug)]
 pub struct Graph {
     pub name: String,
@@ -100,6 +109,8 @@ pub struct Graph {
     topo: Vec<NodeId>,
     blocks: Vec<Block>,
     by_name: HashMap<String, NodeId>,
+    outputs: Vec<GraphOutput>,
+    weights: Weights,
 }
 
 fn nid(i: NodeIndex) -> NodeId {
@@ -211,7 +222,7 @@ impl Graph {
                 }
             }
         }
-        Ok(Graph {
+        let mut g = Graph {
             name,
             dtype,
             nodes,
@@ -219,7 +230,142 @@ impl Graph {
             topo,
             blocks: Vec::new(),
             by_name,
-        })
+            outputs: Vec::new(),
+            weights: Weights::default(),
+        };
+        g.outputs = g.default_outputs();
+        Ok(g)
+    }
+
+    /// The outputs a graph has unless told otherwise: every operator no other node reads, in
+    /// node order, named after the node.
+    pub fn default_outputs(&self) -> Vec<GraphOutput> {
+        (0..self.nodes.len() as u32)
+            .map(NodeId)
+            .filter(|&n| !self.nodes[n.index()].op.is_input() && self.succs(n).next().is_none())
+            .map(|n| GraphOutput {
+                name: self.nodes[n.index()].name.clone(),
+                value: Value::whole(n),
+            })
+            .collect()
+    }
+
+    /// Set the graph's outputs (e.g. an ONNX model's, by their names there); each must name an
+    /// existing node's output or a channel slice of it, and names must be unique.
+    pub fn with_outputs(mut self, outputs: Vec<GraphOutput>) -> Result<Graph> {
+        let mut seen = std::collections::HashSet::new();
+        for o in &outputs {
+            let at = || format!("output '{}'", o.name);
+            if !seen.insert(o.name.as_str()) {
+                return Err(GraphError::invalid(at(), "duplicate output name"));
+            }
+            if o.value.node.index() >= self.nodes.len() {
+                return Err(GraphError::invalid(
+                    at(),
+                    format!("unknown node #{}", o.value.node.0),
+                ));
+            }
+            value_shape(&self.nodes, &o.value).map_err(|m| GraphError::invalid(at(), m))?;
+        }
+        self.outputs = outputs;
+        Ok(self)
+    }
+
+    /// Attach weights, checking every tensor against its operator's parameters (see
+    /// [`crate::weights`]); errors name the node and the parameter.
+    pub fn with_weights(mut self, weights: Weights) -> Result<Graph> {
+        for p in weights.iter() {
+            let node = self.nodes.get(p.node.index()).ok_or_else(|| {
+                GraphError::invalid(
+                    format!("weight '{}'", p.what),
+                    format!("unknown node #{}", p.node.0),
+                )
+            })?;
+            let at = || format!("node '{}': parameter '{}'", node.name, p.what);
+            let specs = self.params(p.node);
+            let Some(spec) = specs
+                .iter()
+                .find(|s| s.inner == p.inner && s.what == p.what)
+            else {
+                let known: Vec<String> = specs
+                    .iter()
+                    .map(|s| format!("{}#{}", s.what, s.inner))
+                    .collect();
+                return Err(GraphError::invalid(
+                    at(),
+                    format!(
+                        "the {} operator (#{}) has no such parameter (it has: {})",
+                        node.op.type_name(),
+                        p.inner,
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                ));
+            };
+            if p.tensor.shape != spec.shape {
+                return Err(GraphError::invalid(
+                    at(),
+                    format!(
+                        "has shape {:?}, the operator needs {:?}",
+                        p.tensor.shape, spec.shape
+                    ),
+                ));
+            }
+        }
+        self.weights = weights;
+        Ok(self)
+    }
+
+    /// The graph's weights (empty unless attached, e.g. by an ONNX import that loads them).
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    /// The graph's outputs.
+    pub fn outputs(&self) -> &[GraphOutput] {
+        &self.outputs
+    }
+
+    /// The shape of a value (a node's output or a channel slice of it).
+    pub fn value_shape(&self, v: &Value) -> Result<Shape> {
+        value_shape(&self.nodes, v)
+            .map_err(|m| GraphError::invalid(format!("value of node #{}", v.node.0), m))
+    }
+
+    /// The parameters a node's operator(s) expect, for its input shapes (see [`crate::weights`]).
+    pub fn params(&self, id: NodeId) -> Vec<ParamSpec> {
+        let node = &self.nodes[id.index()];
+        let terms = self.input_shapes(id);
+        match &node.op {
+            Op::Sequential { ops } => {
+                let mut shapes = terms;
+                let mut out = Vec::new();
+                for (inner, op) in ops.iter().enumerate() {
+                    out.extend(
+                        op.params(&shapes)
+                            .into_iter()
+                            .map(|(what, shape)| ParamSpec { inner, what, shape }),
+                    );
+                    match op.infer_shape(&shapes) {
+                        Ok(next) => shapes = vec![next],
+                        Err(_) => break,
+                    }
+                }
+                out
+            }
+            op => op
+                .params(&terms)
+                .into_iter()
+                .map(|(what, shape)| ParamSpec {
+                    inner: 0,
+                    what,
+                    shape,
+                })
+                .collect(),
+        }
     }
 
     /// Attach blocks; every node may appear in at most one block.
@@ -305,11 +451,17 @@ impl Graph {
             .filter(|e| !self.nodes[e.source().index()].op.is_input())
             .count()
     }
-    /// Graph inputs.
+    /// Graph inputs (the values a caller gives; constants are not among them).
     pub fn inputs(&self) -> impl Iterator<Item = NodeId> + '_ {
         (0..self.nodes.len() as u32)
             .map(NodeId)
-            .filter(|n| self.nodes[n.index()].op.is_input())
+            .filter(|n| self.nodes[n.index()].op.is_graph_input())
+    }
+    /// Constant nodes.
+    pub fn constants(&self) -> impl Iterator<Item = NodeId> + '_ {
+        (0..self.nodes.len() as u32)
+            .map(NodeId)
+            .filter(|n| matches!(self.nodes[n.index()].op, Op::Constant { .. }))
     }
     /// Distinct producers of a node.
     pub fn preds(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {

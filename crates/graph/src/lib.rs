@@ -47,10 +47,14 @@ pub mod merge;
 pub mod op;
 pub mod random;
 pub mod rng;
+pub mod weights;
 pub mod zoo;
 
 pub use analysis::{summarize, Summary};
 pub use builder::GraphBuilder;
 pub use error::{GraphError, Result};
-pub use graph::{Block, Edge, Graph, Node, NodeDef, NodeId, Term, Value};
-pub use op::{Activation, Conv2d, DType, ElementwiseKind, Op, OpStats, Pool2d, PoolKind, Shape};
+pub use graph::{Block, Edge, Graph, GraphOutput, Node, NodeDef, NodeId, Term, Value};
+pub use op::{
+    Activation, BinaryKind, Conv2d, DType, ElementwiseKind, Op, OpStats, Pool2d, PoolKind, Shape,
+};
+pub use weights::{Tensor, Weights};

@@ -45,6 +45,7 @@ pub fn merged_conv(g: &Graph, ops: &[NodeId]) -> Option<(Conv2d, Vec<usize>)> {
     let mut out_channels = 0usize;
     for &(node, c) in &convs {
         let same = node.inputs == first.inputs
+            && c.padding_end.is_none()
             && c.stride == c0.stride
             && c.dilation == c0.dilation
             && c.act == c0.act
@@ -85,6 +86,7 @@ pub fn merged_conv(g: &Graph, ops: &[NodeId]) -> Option<(Conv2d, Vec<usize>)> {
         kernel: kmax,
         stride: c0.stride,
         padding,
+        padding_end: None,
         dilation: c0.dilation,
         groups: 1,
         bias: c0.bias,

@@ -46,15 +46,39 @@ impl std::fmt::Display for DType {
 }
 
 /// Activation function, standalone or fused into a convolution or linear layer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+///
+/// Serialized in snake case: the ones without parameters as a string (`"relu"`), the others as
+/// an object (`{"clip": {"min": 0.0, "max": 6.0}}`). Parameters are `f32`, as ONNX stores them.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Activation {
     #[default]
     None,
     Relu,
     Sigmoid,
     Tanh,
+    /// GELU, exact form: `x * (1 + erf(x / sqrt 2)) / 2`.
     Gelu,
+    /// GELU, tanh approximation (ONNX `Gelu` with `approximate = "tanh"`).
+    GeluTanh,
+    /// `min(max(x, min), max)`; an absent bound does not clip (ReLU6 is `clip(0, 6)`).
+    Clip {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min: Option<f32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max: Option<f32>,
+    },
+    /// `x` where `x >= 0`, else `alpha * x`.
+    LeakyRelu {
+        alpha: f32,
+    },
+    /// `max(0, min(1, alpha * x + beta))`.
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
+    /// `x * max(0, min(1, x / 6 + 1 / 2))`.
+    HardSwish,
 }
 
 impl Activation {
@@ -63,13 +87,77 @@ impl Activation {
         match self {
             Activation::None => 0,
             Activation::Relu => 1,
-            Activation::Sigmoid | Activation::Tanh => 4,
-            Activation::Gelu => 8,
+            Activation::Clip { .. } | Activation::LeakyRelu { .. } => 2,
+            Activation::HardSigmoid { .. } => 3,
+            Activation::Sigmoid | Activation::Tanh | Activation::HardSwish => 4,
+            Activation::Gelu | Activation::GeluTanh => 8,
         }
     }
 
     fn is_none(&self) -> bool {
         *self == Activation::None
+    }
+
+    /// The variant and the bit patterns of its parameters: equality and hashing compare
+    /// parameters bit for bit, so `Eq` holds (a NaN parameter equals itself).
+    fn key(&self) -> (u8, [Option<u32>; 2]) {
+        let b = |v: f32| Some(v.to_bits());
+        match *self {
+            Activation::None => (0, [None; 2]),
+            Activation::Relu => (1, [None; 2]),
+            Activation::Sigmoid => (2, [None; 2]),
+            Activation::Tanh => (3, [None; 2]),
+            Activation::Gelu => (4, [None; 2]),
+            Activation::GeluTanh => (5, [None; 2]),
+            Activation::Clip { min, max } => (6, [min.map(f32::to_bits), max.map(f32::to_bits)]),
+            Activation::LeakyRelu { alpha } => (7, [b(alpha), None]),
+            Activation::HardSigmoid { alpha, beta } => (8, [b(alpha), b(beta)]),
+            Activation::HardSwish => (9, [None; 2]),
+        }
+    }
+}
+
+impl PartialEq for Activation {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Activation {}
+
+impl std::hash::Hash for Activation {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
+/// Snake case with the parameters: `relu`, `clip(min=0,max=6)`, `leaky_relu(alpha=0.01)`.
+impl std::fmt::Display for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Activation::None => f.write_str("none"),
+            Activation::Relu => f.write_str("relu"),
+            Activation::Sigmoid => f.write_str("sigmoid"),
+            Activation::Tanh => f.write_str("tanh"),
+            Activation::Gelu => f.write_str("gelu"),
+            Activation::GeluTanh => f.write_str("gelu_tanh"),
+            Activation::HardSwish => f.write_str("hard_swish"),
+            Activation::Clip { min, max } => {
+                f.write_str("clip(")?;
+                if let Some(v) = min {
+                    write!(f, "min={v}")?;
+                }
+                if let Some(v) = max {
+                    let sep = if min.is_some() { "," } else { "" };
+                    write!(f, "{sep}max={v}")?;
+                }
+                f.write_str(")")
+            }
+            Activation::LeakyRelu { alpha } => write!(f, "leaky_relu(alpha={alpha})"),
+            Activation::HardSigmoid { alpha, beta } => {
+                write!(f, "hard_sigmoid(alpha={alpha},beta={beta})")
+            }
+        }
     }
 }
 
@@ -90,12 +178,24 @@ impl PoolKind {
     }
 }
 
-/// Element-wise combination of N same-shaped inputs.
+/// Element-wise combination of N inputs (shapes broadcast as in numpy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ElementwiseKind {
     Add,
     Mul,
+}
+
+/// Element-wise operation of two ordered inputs (shapes broadcast as in numpy): `a - b`,
+/// `a / b`, `a ^ b`, `max(a, b)`, `min(a, b)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BinaryKind {
+    Sub,
+    Div,
+    Pow,
+    Max,
+    Min,
 }
 
 fn one() -> usize {
@@ -128,6 +228,12 @@ fn minus_one() -> i64 {
 fn default_eps() -> f64 {
     1e-5
 }
+fn yes() -> bool {
+    true
+}
+fn is_true(v: &bool) -> bool {
+    *v
+}
 
 /// 2-D convolution (NCHW).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -137,8 +243,12 @@ pub struct Conv2d {
     pub kernel: [usize; 2],
     #[serde(default = "one2", skip_serializing_if = "is_one2")]
     pub stride: [usize; 2],
+    /// Top and left padding (and bottom and right unless `padding_end` says otherwise).
     #[serde(default = "zero2", skip_serializing_if = "is_zero2")]
     pub padding: [usize; 2],
+    /// Bottom and right padding when they differ from `padding` (ONNX's asymmetric `pads`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding_end: Option<[usize; 2]>,
     #[serde(default = "one2", skip_serializing_if = "is_one2")]
     pub dilation: [usize; 2],
     #[serde(default = "one", skip_serializing_if = "is_one")]
@@ -157,6 +267,7 @@ impl Conv2d {
             kernel: [k, k],
             stride: [1, 1],
             padding: [k / 2, k / 2],
+            padding_end: None,
             dilation: [1, 1],
             groups: 1,
             bias: false,
@@ -198,6 +309,10 @@ impl Conv2d {
     pub fn relu(self) -> Self {
         self.act(Activation::Relu)
     }
+    /// Padding before and after each spatial axis: `([top, left], [bottom, right])`.
+    pub fn pads(&self) -> ([usize; 2], [usize; 2]) {
+        (self.padding, self.padding_end.unwrap_or(self.padding))
+    }
 }
 
 /// Pooling (NCHW).
@@ -210,11 +325,20 @@ pub struct Pool2d {
     pub kernel: [usize; 2],
     #[serde(default = "one2", skip_serializing_if = "is_one2")]
     pub stride: [usize; 2],
+    /// Top and left padding (and bottom and right unless `padding_end` says otherwise).
     #[serde(default = "zero2", skip_serializing_if = "is_zero2")]
     pub padding: [usize; 2],
+    /// Bottom and right padding when they differ from `padding` (ONNX's asymmetric `pads`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding_end: Option<[usize; 2]>,
     /// Round the output size up instead of down (PyTorch's `ceil_mode`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub ceil_mode: bool,
+    /// Average pools: divide by the window's size counted up to the end of the padding
+    /// (PyTorch's default, and what every pool without this field means), else by the number
+    /// of input elements in the window (ONNX's default).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub count_include_pad: bool,
 }
 
 impl Pool2d {
@@ -224,7 +348,9 @@ impl Pool2d {
             kernel: [k, k],
             stride: [stride, stride],
             padding: [pad, pad],
+            padding_end: None,
             ceil_mode: false,
+            count_include_pad: true,
         }
     }
     pub fn max(k: usize, stride: usize, pad: usize) -> Self {
@@ -240,6 +366,10 @@ impl Pool2d {
         self.ceil_mode = true;
         self
     }
+    /// Padding before and after each spatial axis: `([top, left], [bottom, right])`.
+    pub fn pads(&self) -> ([usize; 2], [usize; 2]) {
+        (self.padding, self.padding_end.unwrap_or(self.padding))
+    }
 }
 
 /// An operator. Serialized with a `"type"` tag in snake case, e.g. `{"type": "conv2d", ...}`.
@@ -250,15 +380,37 @@ pub enum Op {
     Input {
         shape: Shape,
     },
+    /// A constant tensor (a weight that is an operand, e.g. a position embedding or an
+    /// attention mask). Like an input, not counted as an operator; its values are the graph's
+    /// weight `value` of the node (seeded pseudo-random where the graph has none). The shape
+    /// may be empty (a scalar).
+    Constant {
+        shape: Shape,
+    },
     Conv2d(Conv2d),
     Pool2d(Pool2d),
     /// A standalone activation.
     Activation {
         act: Activation,
     },
-    /// Element-wise add or multiply of all terms.
+    /// Element-wise add or multiply of all terms; their shapes broadcast as in numpy.
     Elementwise {
         kind: ElementwiseKind,
+    },
+    /// Element-wise operation of exactly two terms (in order); shapes broadcast as in numpy.
+    Binary {
+        kind: BinaryKind,
+    },
+    /// Per-channel scale and shift along axis 1, `y = x * scale[c] + shift[c]` (parameters
+    /// `scale` and `shift`): a batch normalization that cannot fold into a convolution.
+    Affine,
+    /// Constant padding: `begin[i]` and `end[i]` elements of `value` before and after axis
+    /// `i` (every axis, batch included).
+    Pad {
+        begin: Vec<usize>,
+        end: Vec<usize>,
+        #[serde(default)]
+        value: f32,
     },
     /// Concatenate the terms along `axis` (default 1, channels).
     Concat {
@@ -283,6 +435,11 @@ pub enum Op {
     },
     /// Softmax along `axis` (negative counts from the end).
     Softmax {
+        #[serde(default = "minus_one")]
+        axis: i64,
+    },
+    /// `log(softmax(x))` along `axis`, computed without the intermediate softmax.
+    LogSoftmax {
         #[serde(default = "minus_one")]
         axis: i64,
     },
@@ -336,16 +493,29 @@ fn numel(s: &[usize]) -> u64 {
     s.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64))
 }
 
-fn conv_out(
+/// Output size of a window of `k` taps dilated by `d`, moved by `s` over `input` padded by
+/// `begin` and `end`. Ceil mode (PyTorch's and onnxruntime's rule): round up, but the last
+/// window must start inside the input or the leading padding. Checked: sizes from files may be
+/// absurd.
+pub fn window_out(
     input: usize,
     k: usize,
     s: usize,
-    p: usize,
+    [begin, end]: [usize; 2],
     d: usize,
     ceil: bool,
 ) -> Result<usize, String> {
-    let span = d * (k.max(1) - 1) + 1;
-    let padded = input + 2 * p;
+    let too_big = || {
+        format!("window arithmetic overflows (input {input}, kernel {k}, dilation {d}, padding {begin}+{end})")
+    };
+    let span = d
+        .checked_mul(k.max(1) - 1)
+        .and_then(|v| v.checked_add(1))
+        .ok_or_else(too_big)?;
+    let padded = input
+        .checked_add(begin)
+        .and_then(|v| v.checked_add(end))
+        .ok_or_else(too_big)?;
     if padded < span {
         return Err(format!("window {span} larger than padded input {padded}"));
     }
@@ -354,11 +524,36 @@ fn conv_out(
     }
     let steps = padded - span;
     let mut out = steps / s + 1;
-    // PyTorch's ceil mode: round up, but the last window must start inside the input or left padding.
     if ceil && !steps.is_multiple_of(s) {
         out += 1;
-        if (out - 1) * s >= input + p {
+        // `out - 1 <= steps / s`, so the product cannot overflow.
+        if (out - 1) * s >= input + begin {
             out -= 1;
+        }
+    }
+    Ok(out)
+}
+
+/// The numpy broadcast of several shapes (aligned at their last axes; each axis is 1 or the
+/// common size).
+pub fn broadcast_shapes(shapes: &[Shape]) -> Result<Shape, String> {
+    let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
+    let mut out = vec![1usize; rank];
+    for s in shapes {
+        let skip = rank - s.len();
+        for (o, &d) in out[skip..].iter_mut().zip(s) {
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                return Err(format!(
+                    "shapes {} do not broadcast",
+                    shapes
+                        .iter()
+                        .map(|s| format!("{s:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
         }
     }
     Ok(out)
@@ -389,7 +584,9 @@ pub fn concat_shapes(shapes: &[Shape], axis: usize) -> Result<Shape, String> {
                 "cannot concatenate {first:?} and {s:?} along axis {axis}"
             ));
         }
-        out[axis] += s[axis];
+        out[axis] = out[axis]
+            .checked_add(s[axis])
+            .ok_or_else(|| format!("concatenating {first:?} and {s:?} overflows"))?;
     }
     Ok(out)
 }
@@ -399,6 +596,11 @@ impl Op {
     pub fn type_name(&self) -> &'static str {
         match self {
             Op::Input { .. } => "input",
+            Op::Constant { .. } => "constant",
+            Op::Binary { .. } => "binary",
+            Op::Affine => "affine",
+            Op::Pad { .. } => "pad",
+            Op::LogSoftmax { .. } => "log_softmax",
             Op::Conv2d(_) => "conv2d",
             Op::Pool2d(_) => "pool2d",
             Op::Activation { .. } => "activation",
@@ -417,8 +619,14 @@ impl Op {
         }
     }
 
-    /// Whether this is a graph input rather than an operator.
+    /// Whether this node is where values come from rather than an operator: a graph input or
+    /// a constant. Neither is counted as an operator nor scheduled.
     pub fn is_input(&self) -> bool {
+        matches!(self, Op::Input { .. } | Op::Constant { .. })
+    }
+
+    /// Whether this is a graph input (a value the caller gives), not a constant.
+    pub fn is_graph_input(&self) -> bool {
         matches!(self, Op::Input { .. })
     }
 
@@ -426,7 +634,11 @@ impl Op {
     pub fn is_cheap(&self) -> bool {
         matches!(
             self,
-            Op::Identity | Op::Reshape { .. } | Op::Transpose { .. } | Op::Concat { .. }
+            Op::Identity
+                | Op::Reshape { .. }
+                | Op::Transpose { .. }
+                | Op::Concat { .. }
+                | Op::Pad { .. }
         )
     }
 
@@ -441,6 +653,15 @@ impl Op {
                     return Err(format!(
                         "input shape {shape:?} must be non-empty and positive"
                     ));
+                }
+                Ok(shape.clone())
+            }
+            Op::Constant { shape } => {
+                if !terms.is_empty() {
+                    return Err("a constant takes no inputs".into());
+                }
+                if shape.contains(&0) {
+                    return Err(format!("constant shape {shape:?} must be positive"));
                 }
                 Ok(shape.clone())
             }
@@ -462,13 +683,19 @@ impl Op {
                 Ok(shape.clone())
             }
             Op::Elementwise { .. } => {
-                let first = terms
-                    .first()
-                    .ok_or("elementwise op needs at least one input")?;
-                if let Some(bad) = terms.iter().find(|s| *s != first) {
-                    return Err(format!("elementwise inputs differ: {first:?} vs {bad:?}"));
+                if terms.is_empty() {
+                    return Err("elementwise op needs at least one input".into());
                 }
-                Ok(first.clone())
+                broadcast_shapes(terms)
+            }
+            Op::Binary { kind } => {
+                if terms.len() != 2 {
+                    return Err(format!(
+                        "binary {kind:?} needs exactly 2 inputs, got {}",
+                        terms.len()
+                    ));
+                }
+                broadcast_shapes(terms)
             }
             Op::Concat { axis } => concat_shapes(terms, *axis),
             Op::BatchMatmul { transpose_b } => {
@@ -531,19 +758,20 @@ impl Op {
                 if c.out_channels == 0 {
                     return Err("out_channels must be positive".into());
                 }
-                let h = conv_out(
+                let (begin, end) = c.pads();
+                let h = window_out(
                     x[2],
                     c.kernel[0],
                     c.stride[0],
-                    c.padding[0],
+                    [begin[0], end[0]],
                     c.dilation[0],
                     false,
                 )?;
-                let w = conv_out(
+                let w = window_out(
                     x[3],
                     c.kernel[1],
                     c.stride[1],
-                    c.padding[1],
+                    [begin[1], end[1]],
                     c.dilation[1],
                     false,
                 )?;
@@ -554,17 +782,55 @@ impl Op {
                 if p.kind.is_global() {
                     return Ok(vec![x[0], x[1], 1, 1]);
                 }
-                let h = conv_out(x[2], p.kernel[0], p.stride[0], p.padding[0], 1, p.ceil_mode)?;
-                let w = conv_out(x[3], p.kernel[1], p.stride[1], p.padding[1], 1, p.ceil_mode)?;
+                let (begin, end) = p.pads();
+                let h = window_out(
+                    x[2],
+                    p.kernel[0],
+                    p.stride[0],
+                    [begin[0], end[0]],
+                    1,
+                    p.ceil_mode,
+                )?;
+                let w = window_out(
+                    x[3],
+                    p.kernel[1],
+                    p.stride[1],
+                    [begin[1], end[1]],
+                    1,
+                    p.ceil_mode,
+                )?;
                 Ok(vec![x[0], x[1], h, w])
             }
             Op::Activation { .. } | Op::Identity | Op::LayerNorm { .. } => Ok(x.clone()),
-            Op::Softmax { axis } => {
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => {
                 let r = x.len() as i64;
                 if *axis >= r || *axis < -r {
                     return Err(format!("softmax axis {axis} out of range for {x:?}"));
                 }
                 Ok(x.clone())
+            }
+            Op::Affine => {
+                if x.len() < 2 {
+                    return Err(format!(
+                        "affine expects rank >= 2 (channels on axis 1), got {x:?}"
+                    ));
+                }
+                Ok(x.clone())
+            }
+            Op::Pad { begin, end, .. } => {
+                if begin.len() != x.len() || end.len() != x.len() {
+                    return Err(format!(
+                        "pad begin {begin:?} and end {end:?} must have one entry per axis of {x:?}"
+                    ));
+                }
+                x.iter()
+                    .zip(begin.iter().zip(end))
+                    .map(|(&d, (&b, &e))| {
+                        d.checked_add(b)
+                            .and_then(|v| v.checked_add(e))
+                            .ok_or_else(|| format!("padding {b}+{e} of {d} overflows"))
+                    })
+                    .collect()
             }
             Op::Linear { out_features, .. } => {
                 if x.len() < 2 {
@@ -624,6 +890,55 @@ impl Op {
         }
     }
 
+    /// The parameter tensors of a primitive operator for the given term shapes, by the names
+    /// [`crate::weights`] uses: `(name, shape)`. A `sequential` operator's parameters belong to
+    /// its inner operators (see [`crate::Graph::params`]); it returns none itself.
+    pub fn params(&self, terms: &[Shape]) -> Vec<(&'static str, Shape)> {
+        match self {
+            Op::Conv2d(c) => {
+                let cin: usize = terms.iter().map(|s| s.get(1).copied().unwrap_or(0)).sum();
+                let mut p = vec![(
+                    "weight",
+                    vec![
+                        c.out_channels,
+                        cin / c.groups.max(1),
+                        c.kernel[0],
+                        c.kernel[1],
+                    ],
+                )];
+                if c.bias {
+                    p.push(("bias", vec![c.out_channels]));
+                }
+                p
+            }
+            Op::Linear {
+                out_features, bias, ..
+            } => {
+                let k = terms
+                    .iter()
+                    .filter_map(|s| s.last())
+                    .copied()
+                    .max()
+                    .unwrap_or(0);
+                let mut p = vec![("weight", vec![*out_features, k])];
+                if *bias {
+                    p.push(("bias", vec![*out_features]));
+                }
+                p
+            }
+            Op::LayerNorm { .. } => {
+                let d = terms.first().and_then(|s| s.last()).copied().unwrap_or(0);
+                vec![("gamma", vec![d]), ("beta", vec![d])]
+            }
+            Op::Affine => {
+                let c: usize = terms.iter().map(|s| s.get(1).copied().unwrap_or(0)).sum();
+                vec![("scale", vec![c]), ("shift", vec![c])]
+            }
+            Op::Constant { shape } => vec![("value", shape.clone())],
+            _ => Vec::new(),
+        }
+    }
+
     /// FLOPs, bytes and parameters for the given term shapes and output shape.
     /// `extra_read` is the number of elements read beyond one per term element
     /// (the extra values summed inside terms); callers get it from the node.
@@ -632,7 +947,14 @@ impl Op {
         let in_elems: u64 = terms.iter().map(|s| numel(s)).sum();
         let out_elems = numel(out);
         let (flops, params) = match self {
-            Op::Input { .. } | Op::Abstract { .. } => (0, 0),
+            Op::Input { .. } | Op::Constant { .. } | Op::Abstract { .. } => (0, 0),
+            Op::Binary { .. } => (out_elems, 0),
+            Op::Affine => {
+                let c = out.get(1).copied().unwrap_or(0) as u64;
+                (out_elems.saturating_mul(2), c.saturating_mul(2))
+            }
+            Op::Pad { .. } => (0, 0),
+            Op::LogSoftmax { .. } => (out_elems.saturating_mul(5), 0),
             Op::Conv2d(c) => {
                 let cin = terms
                     .iter()
@@ -704,7 +1026,10 @@ impl Op {
                 return total;
             }
         };
-        let moves_data = !matches!(self, Op::Input { .. } | Op::Abstract { .. });
+        let moves_data = !matches!(
+            self,
+            Op::Input { .. } | Op::Constant { .. } | Op::Abstract { .. }
+        );
         OpStats {
             flops,
             bytes_read: if moves_data {

@@ -137,7 +137,18 @@ fn multi_input_ops() {
         kind: opsched_graph::ElementwiseKind::Add,
     };
     assert_eq!(infer(add.clone(), &[a, a, a]).unwrap(), a.to_vec());
-    assert!(infer(add, &[a, b]).unwrap_err().contains("differ"));
+    assert!(infer(add.clone(), &[a, b])
+        .unwrap_err()
+        .contains("do not broadcast"));
+    // Shapes broadcast as in numpy: a squeeze-and-excitation gate, a bias, a scalar.
+    assert_eq!(infer(add.clone(), &[a, &[1, 8, 1, 1]]).unwrap(), a.to_vec());
+    assert_eq!(infer(add.clone(), &[&[4], a, &[]]).unwrap(), a.to_vec());
+    assert_eq!(infer(add, &[&[3, 1, 5], &[2, 1]]).unwrap(), vec![3, 2, 5]);
+    let sub = Op::Binary {
+        kind: opsched_graph::BinaryKind::Sub,
+    };
+    assert_eq!(infer(sub.clone(), &[a, &[1, 1, 4, 1]]).unwrap(), a.to_vec());
+    assert!(infer(sub, &[a, a, a]).unwrap_err().contains("exactly 2"));
     // A conv on several terms reads them concatenated along channels.
     assert_eq!(
         infer(Op::Conv2d(Conv2d::new(4, 1)), &[a, b]).unwrap(),
@@ -291,7 +302,10 @@ fn bad_graphs_name_the_node() {
             {{"name": "s", "op": {{"type": "elementwise", "kind": "add"}}, "inputs": ["x", "y"]}}"#
     ));
     let e = err_of(&mismatch);
-    assert!(e.starts_with("node 's': elementwise inputs differ"), "{e}");
+    assert!(
+        e.starts_with("node 's': shapes [1, 4, 8, 8], [1, 4, 9, 8] do not broadcast"),
+        "{e}"
+    );
 
     let declared = doc(&format!(
         r#"{X}, {{"name": "r", "op": {{"type": "activation", "act": "relu"}}, "inputs": ["x"], "shape": [1, 4, 8, 9]}}"#

@@ -1,12 +1,14 @@
 //! Constants: initializers, `Constant` nodes and the small computations on them that exporters
 //! leave in graphs (shape arithmetic: `Shape -> Gather -> Unsqueeze -> Concat -> Reshape`).
-//! Values are read only for tensors of at most [`MAX_CONST_ELEMS`] elements: weights are never
-//! read, only their shapes.
+//! Small values (at most [`MAX_CONST_ELEMS`] elements: shapes, axes, scalars) are always read,
+//! as integers or `f64`; the full `f32` values of any size ([`Const::values`]) only when the
+//! import loads weights, and they follow the constant through the operators that only
+//! re-label or reorder values (`Identity`, `Cast`, `Reshape`, `Flatten`, `Squeeze`,
+//! `Unsqueeze`, `Transpose`).
 
-use std::path::Path;
+use opsched_graph::{Shape, Tensor};
 
-use opsched_graph::Shape;
-
+use crate::data::{self, Folder};
 use crate::proto::{data_type, AttributeProto, NodeProto, TensorProto};
 use crate::shapes;
 
@@ -32,8 +34,11 @@ pub enum Data {
 pub struct Const {
     pub shape: Option<Shape>,
     pub data: Data,
-    /// The external file holding the values, when they were not read from it.
+    /// Why values kept in external data were not read (naming the location), when they were
+    /// not.
     pub external: Option<String>,
+    /// All values as `f32`, when the import loads weights and they are known.
+    pub values: Option<Tensor>,
 }
 
 impl Const {
@@ -42,6 +47,7 @@ impl Const {
             shape: Some(shape),
             data: Data::Int(v),
             external: None,
+            values: None,
         }
     }
     pub fn floats(shape: Shape, v: Vec<f64>) -> Const {
@@ -49,6 +55,7 @@ impl Const {
             shape: Some(shape),
             data: Data::Float(v),
             external: None,
+            values: None,
         }
     }
     pub fn shape_only(shape: Option<Shape>) -> Const {
@@ -56,7 +63,16 @@ impl Const {
             shape,
             data: Data::Unknown,
             external: None,
+            values: None,
         }
+    }
+    /// All values as `f32`: the loaded ones, else the small ones.
+    pub fn tensor(&self) -> Option<Tensor> {
+        if let Some(t) = &self.values {
+            return Some(t.clone());
+        }
+        let v: Vec<f32> = self.as_floats()?.into_iter().map(|x| x as f32).collect();
+        Tensor::new(self.shape.clone()?, v).ok()
     }
     /// Values as integers (floats truncated).
     pub fn as_ints(&self) -> Option<Vec<i64>> {
@@ -95,14 +111,7 @@ fn is_int_type(t: i32) -> bool {
 }
 
 fn f16_to_f64(bits: u16) -> f64 {
-    let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
-    let exp = i32::from((bits >> 10) & 0x1f);
-    let frac = f64::from(bits & 0x3ff);
-    match exp {
-        0 => sign * frac * 2f64.powi(-24),
-        31 => sign * f64::INFINITY,
-        e => sign * (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
-    }
+    half::f16::from_bits(bits).to_f64()
 }
 
 /// Decode `n` little-endian values of `dtype` from raw bytes.
@@ -159,20 +168,10 @@ fn from_raw(raw: &[u8], dtype: i32, n: usize) -> Data {
     }
 }
 
-/// Read up to `len` bytes at `offset` of an external data file.
-fn read_external(path: &Path, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path)?;
-    f.seek(SeekFrom::Start(offset))?;
-    let mut buf = vec![0u8; len];
-    f.read_exact(&mut buf)?;
-    Ok(buf)
-}
-
 /// The constant a `TensorProto` describes. Values are read when the tensor is small: from the
-/// message, or from its external file (relative to `base_dir`) when that file is present.
+/// message, or from its external file (inside `folder`) when that file can be read.
 /// Dimensions that are negative make the shape unknown.
-pub fn from_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Const {
+pub fn from_tensor(t: &TensorProto, folder: &Folder) -> Const {
     let shape: Option<Shape> = t.dims.iter().map(|&d| usize::try_from(d).ok()).collect();
     let n: Option<usize> = shape.as_deref().and_then(numel);
     let mut c = Const::shape_only(shape);
@@ -180,38 +179,26 @@ pub fn from_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Const {
         return c;
     };
     if t.data_location == 1 || !t.external_data.is_empty() {
-        let get = |k: &str| {
-            t.external_data
-                .iter()
-                .find(|e| e.key == k)
-                .map(|e| e.value.as_str())
-        };
-        let Some(location) = get("location") else {
+        // Malformed references are refused at the door (see `import`); here they read nothing.
+        let Ok(Some(ext)) = data::external_ref(t) else {
             return c;
         };
-        c.external = Some(location.to_string());
-        let offset = get("offset").and_then(|v| v.parse().ok()).unwrap_or(0u64);
-        let size = match t.data_type {
-            data_type::INT64 | data_type::DOUBLE => 8,
-            data_type::INT32 | data_type::FLOAT => 4,
-            data_type::FLOAT16 | data_type::BFLOAT16 => 2,
-            _ => 1,
-        };
+        let size = data::element_size(t.data_type).unwrap_or(1);
         // Never more than the tensor needs, whatever the file claims.
-        let len = get("length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(n * size)
-            .min(n * size);
-        let path = base_dir.unwrap_or(Path::new(".")).join(location);
-        match read_external(&path, offset, len) {
+        let len = (n as u64 * size).min(ext.length.unwrap_or(u64::MAX));
+        match folder.read(&ext.location, ext.offset, len) {
             Ok(raw) => {
                 c.data = from_raw(&raw, t.data_type, n);
-                if c.data != Data::Unknown {
-                    c.external = None;
+                if c.data == Data::Unknown {
+                    c.external = Some(format!(
+                        "external data '{}': {len} bytes do not hold {n} values of type {}",
+                        ext.location, t.data_type
+                    ));
                 }
             }
             Err(e) => {
-                tracing::debug!(tensor = %t.name, file = %path.display(), "external data not read: {e}")
+                tracing::debug!(tensor = %t.name, "{e}");
+                c.external = Some(e);
             }
         }
         return c;
@@ -252,10 +239,10 @@ pub fn from_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Const {
 }
 
 /// The constant a `Constant` node defines (`value`, `value_int(s)`, `value_float(s)`).
-pub fn from_constant_node(node: &NodeProto, base_dir: Option<&Path>) -> Option<Const> {
+pub fn from_constant_node(node: &NodeProto, folder: &Folder) -> Option<Const> {
     let a: &AttributeProto = node.attribute.first()?;
     Some(match a.name.as_str() {
-        "value" => from_tensor(a.t.as_ref()?, base_dir),
+        "value" => from_tensor(a.t.as_ref()?, folder),
         "value_int" => Const::ints(Vec::new(), vec![a.i]),
         "value_ints" => Const::ints(vec![a.ints.len()], a.ints.clone()),
         "value_float" => Const::floats(Vec::new(), vec![f64::from(a.f)]),
@@ -363,30 +350,51 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
     let x = ins.first().copied().flatten();
     let shape0 = x.and_then(|c| c.shape.clone());
     let one = |c: Const| Some(vec![c]);
+    // The same values under a new shape (a view).
     let with_data = |shape: Option<Shape>| -> Const {
+        let values = match (&shape, x.and_then(|c| c.values.as_ref())) {
+            (Some(s), Some(t)) => Tensor::new(s.clone(), t.data.clone()).ok(),
+            _ => None,
+        };
         match (shape, x) {
             (Some(s), Some(c)) if c.data != Data::Unknown => Const {
                 shape: Some(s),
                 data: c.data.clone(),
                 external: None,
+                values,
             },
-            (s, _) => Const::shape_only(s),
+            (s, _) => Const {
+                values,
+                ..Const::shape_only(s)
+            },
         }
     };
     match node.op_type.as_str() {
         "Identity" => one(x?.clone()),
         "Cast" => {
-            let to = attr(node, "to").map_or(0, |a| a.i as i32);
+            let to = attr(node, "to").map_or(0, |a| i32::try_from(a.i).unwrap_or(0));
             let c = x?;
             let data = match &c.data {
                 Data::Unknown => Data::Unknown,
                 _ if is_int_type(to) => Data::Int(c.as_ints()?),
                 _ => Data::Float(c.as_floats()?),
             };
+            let values = c.values.as_ref().map(|t| {
+                if is_int_type(to) {
+                    let v: Vec<f32> = t.data.iter().map(|v| v.trunc()).collect();
+                    Tensor {
+                        shape: t.shape.clone(),
+                        data: v.into(),
+                    }
+                } else {
+                    t.clone()
+                }
+            });
             one(Const {
                 shape: c.shape.clone(),
                 data,
                 external: None,
+                values,
             })
         }
         "Reshape" => {
@@ -423,10 +431,19 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                 .unwrap_or_else(|| (0..s.len() as i64).rev().collect());
             let out = shapes::transpose(&s, &perm).ok();
             // Values of a transposed vector or scalar are unchanged.
-            one(if s.len() <= 1 {
-                with_data(out)
-            } else {
-                Const::shape_only(out)
+            if s.len() <= 1 {
+                return one(with_data(out));
+            }
+            let values = match (
+                x.and_then(|c| c.values.as_ref()),
+                shapes::perm_of(&perm, s.len()),
+            ) {
+                (Some(t), Ok(p)) => Some(transpose_values(t, &p)),
+                _ => None,
+            };
+            one(Const {
+                values,
+                ..Const::shape_only(out)
             })
         }
         "Concat" => {
@@ -470,8 +487,7 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                 _ => None,
             };
             if let (Some(d), Some(iv), Some(o)) = (&ds, idx.as_ints(), &out) {
-                if d.len() == 1 && axis == 0 {
-                    let len = d[0] as i64;
+                if let (1, 0, Ok(len)) = (d.len(), axis, i64::try_from(d[0])) {
                     let pick = |k: i64| -> Option<usize> {
                         let k = if k < 0 { k + len } else { k };
                         usize::try_from(k).ok().filter(|&k| k < d[0])
@@ -501,29 +517,38 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             let s = shape0?;
             let (starts, ends, ax, steps) = slice_args(node, ins)?;
             let out = shapes::slice(&s, &starts, &ends, ax.as_deref(), steps.as_deref()).ok();
-            if s.len() == 1 {
-                if let (Some((b, e, st)), Some(o)) = (
-                    shapes::slice_range(
-                        s[0],
-                        starts[0],
-                        ends[0],
-                        steps.as_ref().map_or(1, |v| v[0]),
-                    ),
-                    &out,
-                ) {
-                    let idx: Vec<usize> = shapes::range_indices(b, e, st);
+            // Values of a small vector (a shape being cut): only when its data is all there.
+            let known = x.and_then(|c| match &c.data {
+                Data::Int(v) => Some(v.len()),
+                Data::Float(v) => Some(v.len()),
+                Data::Unknown => None,
+            });
+            if let ([len], Some(o), [b0], [e0], Some(n)) = (
+                s.as_slice(),
+                &out,
+                starts.as_slice(),
+                ends.as_slice(),
+                known,
+            ) {
+                let step = steps.as_ref().and_then(|v| v.first().copied()).unwrap_or(1);
+                let range = shapes::slice_range(*len, *b0, *e0, step)
+                    .filter(|_| *len == n)
+                    .and_then(|(b, e, st)| shapes::range_indices(b, e, st, MAX_CONST_ELEMS));
+                if let Some(idx) = range {
                     match &x?.data {
                         Data::Int(v) => {
-                            return one(Const::ints(
-                                o.clone(),
-                                idx.iter().filter_map(|&i| v.get(i).copied()).collect(),
-                            ))
+                            let g: Option<Vec<i64>> =
+                                idx.iter().map(|&i| v.get(i).copied()).collect();
+                            if let Some(g) = g {
+                                return one(Const::ints(o.clone(), g));
+                            }
                         }
                         Data::Float(v) => {
-                            return one(Const::floats(
-                                o.clone(),
-                                idx.iter().filter_map(|&i| v.get(i).copied()).collect(),
-                            ))
+                            let g: Option<Vec<f64>> =
+                                idx.iter().map(|&i| v.get(i).copied()).collect();
+                            if let Some(g) = g {
+                                return one(Const::floats(o.clone(), g));
+                            }
                         }
                         Data::Unknown => {}
                     }
@@ -583,7 +608,7 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             let n = numel(&shape)?;
             let value = attr(node, "value")
                 .and_then(|a| a.t.as_ref())
-                .map(|t| from_tensor(t, None));
+                .map(|t| from_tensor(t, &Folder::new(None)));
             let data = match value.as_ref().map(|v| &v.data) {
                 _ if n > MAX_CONST_ELEMS => Data::Unknown,
                 Some(Data::Int(v)) => Data::Int(vec![v.first().copied().unwrap_or(0); n]),
@@ -594,6 +619,7 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                 shape: Some(shape),
                 data,
                 external: None,
+                values: None,
             })
         }
         "Range" => {
@@ -605,7 +631,12 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             if d == 0.0 {
                 return None;
             }
-            let n = ((l - s) / d).ceil().max(0.0) as usize;
+            // start > limit gives an empty range; NaN and absurd lengths give no constant.
+            let len = ((l - s) / d).ceil().max(0.0);
+            if len.is_nan() || len > crate::data::MAX_VALUES as f64 {
+                return None;
+            }
+            let n = len as usize;
             if n > MAX_CONST_ELEMS {
                 return one(Const::shape_only(Some(vec![n])));
             }
@@ -656,6 +687,34 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             one(Const::shape_only(Some(shape)))
         }
         _ => None,
+    }
+}
+
+/// `t` with its axes permuted (`out[i] = in[perm[i]]` for the shape).
+pub fn transpose_values(t: &Tensor, perm: &[usize]) -> Tensor {
+    let shape = &t.shape;
+    let r = shape.len();
+    let mut strides = vec![1usize; r];
+    for i in (0..r.saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let mut out = Vec::with_capacity(t.data.len());
+    let mut idx = vec![0usize; r];
+    for _ in 0..t.data.len() {
+        let src: usize = (0..r).map(|d| idx[d] * strides[perm[d]]).sum();
+        out.push(t.data[src]);
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Tensor {
+        shape: out_shape,
+        data: out.into(),
     }
 }
 

@@ -41,6 +41,13 @@ pub enum OnnxError {
     /// A graph input cannot be imported (e.g. a dynamic dimension with no value).
     #[error("graph input '{input}': {message}")]
     Input { input: String, message: String },
+    /// A graph output cannot be imported (nothing produces it).
+    #[error("graph output '{output}': {message}")]
+    Output { output: String, message: String },
+    /// An initializer is malformed, or its values cannot be read (external data outside the
+    /// model's folder, a short file, a wrong length).
+    #[error("initializer '{name}': {message}")]
+    Initializer { name: String, message: String },
     /// The imported graph does not validate.
     #[error(transparent)]
     Graph(#[from] GraphError),
@@ -75,6 +82,91 @@ impl OnnxError {
         match self {
             OnnxError::InFile { error, .. } => error.located(),
             e => e,
+        }
+    }
+}
+
+/// `s` with control characters escaped (`\n` as `\\n`): names and values from a file may hold
+/// any character, and an error stays one line.
+fn escaped(s: String) -> String {
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect()
+    } else {
+        s
+    }
+}
+
+impl OnnxError {
+    /// The error with control characters escaped in every name and message it holds (all of
+    /// them may come from the file), so that it prints as one line.
+    pub fn escape_controls(self) -> Self {
+        use GraphError as G;
+        let e = escaped;
+        match self {
+            OnnxError::Unsupported { ops } => OnnxError::Unsupported {
+                ops: ops.into_iter().map(|(op, n)| (e(op), n)).collect(),
+            },
+            OnnxError::NotAModel(m) => OnnxError::NotAModel(e(m)),
+            OnnxError::Node {
+                node,
+                op_type,
+                message,
+            } => OnnxError::Node {
+                node: e(node),
+                op_type: e(op_type),
+                message: e(message),
+            },
+            OnnxError::Input { input, message } => OnnxError::Input {
+                input: e(input),
+                message: e(message),
+            },
+            OnnxError::Output { output, message } => OnnxError::Output {
+                output: e(output),
+                message: e(message),
+            },
+            OnnxError::Initializer { name, message } => OnnxError::Initializer {
+                name: e(name),
+                message: e(message),
+            },
+            OnnxError::Graph(g) => OnnxError::Graph(match g {
+                G::DuplicateName { node } => G::DuplicateName { node: e(node) },
+                G::UnknownInput { node, input } => G::UnknownInput {
+                    node: e(node),
+                    input: e(input),
+                },
+                G::Cycle { node } => G::Cycle { node: e(node) },
+                G::Shape { node, message } => G::Shape {
+                    node: e(node),
+                    message: e(message),
+                },
+                G::DeclaredShape {
+                    node,
+                    declared,
+                    inferred,
+                } => G::DeclaredShape {
+                    node: e(node),
+                    declared,
+                    inferred,
+                },
+                G::Invalid { location, message } => G::Invalid {
+                    location: e(location),
+                    message: e(message),
+                },
+                other => other,
+            }),
+            OnnxError::InFile { path, error } => OnnxError::InFile {
+                path,
+                error: Box::new(error.escape_controls()),
+            },
+            other => other,
         }
     }
 }

@@ -4,13 +4,15 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use opsched_graph::{
-    Activation, Block, Conv2d, DType, ElementwiseKind, Graph, NodeDef, NodeId, Op, Pool2d,
-    PoolKind, Shape, Term, Value,
+    Activation, BinaryKind, Block, Conv2d, DType, ElementwiseKind, Graph, GraphOutput, NodeDef,
+    NodeId, Op, Pool2d, PoolKind, Shape, Tensor, Term, Value, Weights,
 };
 
 use crate::consts::{self, Const};
+use crate::data::{self, Folder};
 use crate::error::{OnnxError, Result};
-use crate::proto::{data_type, AttributeProto, ModelProto, NodeProto, TensorTypeProto};
+use crate::fold;
+use crate::proto::{data_type, AttributeProto, GraphProto, ModelProto, NodeProto, TensorTypeProto};
 use crate::{patterns, shapes};
 use crate::{ImportReport, OnnxOptions};
 
@@ -49,6 +51,20 @@ struct PNode {
     /// The ONNX tensor this node's output currently is (changes as operators fold in).
     out_tensor: String,
     dead: bool,
+    /// Parameter tensors (when the import loads weights), by the names of `opsched_graph::weights`.
+    params: Vec<(&'static str, Tensor)>,
+}
+
+impl PNode {
+    fn param(&self, what: &str) -> Option<&Tensor> {
+        self.params.iter().find(|(w, _)| *w == what).map(|(_, t)| t)
+    }
+    fn set_param(&mut self, what: &'static str, t: Tensor) {
+        match self.params.iter_mut().find(|(w, _)| *w == what) {
+            Some(slot) => slot.1 = t,
+            None => self.params.push((what, t)),
+        }
+    }
 }
 
 /// Element-wise operators of one input that the IR has no operator for: one pass each,
@@ -62,11 +78,8 @@ const UNARY: &[&str] = &[
     "Erf",
     "Exp",
     "Floor",
-    "HardSigmoid",
-    "HardSwish",
     "IsInf",
     "IsNaN",
-    "LeakyRelu",
     "Log",
     "Mish",
     "Neg",
@@ -83,7 +96,7 @@ const UNARY: &[&str] = &[
 ];
 
 /// Element-wise operators of several inputs (with broadcasting) beyond Add, Sub, Mul, Div and
-/// Sum: imported as element-wise adds (same shapes) or opaque passes.
+/// Sum: `binary` operators (two-input Pow, Max, Min) or opaque passes.
 const BINARY: &[&str] = &[
     "And",
     "Equal",
@@ -218,6 +231,12 @@ fn check_size(shape: &[usize]) -> std::result::Result<(), String> {
     }
 }
 
+/// A per-channel parameter of `n` values (`[n]`) from a constant of `n` values (or one).
+fn vector(t: &Tensor, n: usize, what: &str) -> std::result::Result<Tensor, String> {
+    let v = fold::expand(t, n).map_err(|e| format!("its {what}: {e}"))?;
+    Tensor::new(vec![n], v)
+}
+
 fn to_usize(v: i64, what: &str) -> std::result::Result<usize, String> {
     usize::try_from(v).map_err(|_| format!("{what} {v} must be non-negative"))
 }
@@ -229,41 +248,13 @@ fn pair(v: &[i64], what: &str) -> std::result::Result<[usize; 2], String> {
     }
 }
 
-/// Output size of a window of span `span` over `input` padded by `total` with stride `s`.
-fn window_out(input: usize, total: usize, span: usize, s: usize, ceil: bool) -> Option<usize> {
-    let padded = input + total;
-    if padded < span || s == 0 {
-        return None;
-    }
-    let steps = padded - span;
-    Some(if ceil { steps.div_ceil(s) } else { steps / s } + 1)
-}
-
-/// The symmetric padding that gives the same output size as ONNX's `(begin, end)` padding.
-fn symmetric_pad(
-    input: usize,
-    span: usize,
-    s: usize,
-    begin: usize,
-    end: usize,
-    ceil: bool,
-) -> Option<usize> {
-    if begin == end {
-        return Some(begin);
-    }
-    let want = window_out(input, begin + end, span, s, ceil)?;
-    let (lo, hi) = (begin.min(end), begin.max(end));
-    let mid = (begin + end) as f64 / 2.0;
-    (lo..=hi)
-        .filter(|&p| window_out(input, 2 * p, span, s, ceil) == Some(want))
-        .min_by(|a, b| (*a as f64 - mid).abs().total_cmp(&(*b as f64 - mid).abs()))
-}
-
-/// Kernel, stride, padding and dilation of a 2-D window operator (Conv, MaxPool, AveragePool).
+/// Kernel, stride, padding (before and after) and dilation of a 2-D window operator (Conv,
+/// MaxPool, AveragePool).
 struct Window {
     kernel: [usize; 2],
     stride: [usize; 2],
     padding: [usize; 2],
+    padding_end: Option<[usize; 2]>,
     dilation: [usize; 2],
 }
 
@@ -271,7 +262,6 @@ fn window(
     node: &NodeProto,
     input: &[usize],
     kernel: [usize; 2],
-    ceil: bool,
 ) -> std::result::Result<Window, Fail> {
     let stride = match attr_ints(node, "strides") {
         Some(v) => pair(&v, "strides")?,
@@ -281,8 +271,18 @@ fn window(
         Some(v) => pair(&v, "dilations")?,
         None => [1, 1],
     };
+    if stride.contains(&0) || dilation.contains(&0) {
+        return Err(Fail::Error(format!(
+            "strides {stride:?} and dilations {dilation:?} must be positive"
+        )));
+    }
     let auto_pad = attr_s(node, "auto_pad").unwrap_or_default();
-    let span = |i: usize| dilation[i] * (kernel[i].max(1) - 1) + 1;
+    let too_big = || Fail::Error("window arithmetic overflows".into());
+    let span = |i: usize| {
+        dilation[i]
+            .checked_mul(kernel[i].max(1) - 1)
+            .and_then(|v| v.checked_add(1))
+    };
     let pads: [usize; 4] = match auto_pad.as_str() {
         "" | "NOTSET" => match attr_ints(node, "pads") {
             None => [0; 4],
@@ -298,9 +298,13 @@ fn window(
         "SAME_UPPER" | "SAME_LOWER" => {
             let mut p = [0; 4];
             for i in 0..2 {
-                let out = input[2 + i].div_ceil(stride[i].max(1));
-                let total =
-                    ((out.saturating_sub(1)) * stride[i] + span(i)).saturating_sub(input[2 + i]);
+                let out = input[2 + i].div_ceil(stride[i]);
+                let total = out
+                    .saturating_sub(1)
+                    .checked_mul(stride[i])
+                    .and_then(|v| v.checked_add(span(i)?))
+                    .ok_or_else(too_big)?
+                    .saturating_sub(input[2 + i]);
                 let (small, big) = (total / 2, total - total / 2);
                 let (b, e) = if auto_pad == "SAME_UPPER" {
                     (small, big)
@@ -314,22 +318,21 @@ fn window(
         }
         other => return Err(Fail::Error(format!("unknown auto_pad '{other}'"))),
     };
-    let mut padding = [0; 2];
-    for i in 0..2 {
-        padding[i] = symmetric_pad(input[2 + i], span(i), stride[i], pads[i], pads[i + 2], ceil)
-            .ok_or_else(|| unsupported(node, "asymmetric padding"))?;
-    }
+    let padding = [pads[0], pads[1]];
+    let end = [pads[2], pads[3]];
     Ok(Window {
         kernel,
         stride,
         padding,
+        padding_end: (end != padding).then_some(end),
         dilation,
     })
 }
 
 /// Everything the walk keeps.
 struct Importer<'a> {
-    base_dir: Option<&'a Path>,
+    /// Whether parameter values are loaded (`OnnxOptions::weights`).
+    weights: bool,
     opset: i64,
     vals: HashMap<String, Val>,
     consumers: HashMap<String, usize>,
@@ -339,6 +342,8 @@ struct Importer<'a> {
     names: HashSet<String>,
     unknown: BTreeMap<String, usize>,
     report: ImportReport,
+    /// Constant nodes made for ONNX tensors used as operands, by tensor name.
+    constant_nodes: HashMap<String, usize>,
 }
 
 impl<'a> Importer<'a> {
@@ -362,9 +367,8 @@ impl<'a> Importer<'a> {
         match ins.get(i) {
             Some(Some(Val::Const(c))) => c.as_ints().ok_or_else(|| {
                 Fail::Error(match &c.external {
-                    Some(f) => format!(
-                        "needs the values of its {what} (input {i}), kept in the external data \
-                         file '{f}', which could not be read"
+                    Some(why) => format!(
+                        "needs the values of its {what} (input {i}), which could not be read: {why}"
                     ),
                     None => {
                         format!("needs the values of its {what} (input {i}), which are not known")
@@ -400,6 +404,97 @@ impl<'a> Importer<'a> {
             && !n.op.is_input()
             && self.consumers.get(tensor).copied().unwrap_or(0) == 1)
             .then_some(a.node)
+    }
+
+    /// The full values of a constant operand when the import loads weights (`None` when it
+    /// does not); an error naming `what` when they are needed but not known.
+    fn values(&self, c: &Const, what: &str) -> std::result::Result<Option<Tensor>, Fail> {
+        if !self.weights {
+            return Ok(None);
+        }
+        c.tensor().map(Some).ok_or_else(|| {
+            Fail::Error(format!(
+                "the values of its {what} are not known (computed by operators opsched does not \
+                 evaluate at import)"
+            ))
+        })
+    }
+
+    /// The values of constant input `i` as a parameter (`None` without weights); an error when
+    /// the input is no constant.
+    fn param_input(
+        &self,
+        ins: &[Option<Val>],
+        i: usize,
+        what: &str,
+    ) -> std::result::Result<Option<Tensor>, Fail> {
+        match ins.get(i) {
+            Some(Some(Val::Const(c))) => self.values(c, what),
+            Some(Some(Val::Act(_))) => Err(Fail::Error(format!(
+                "its {what} (input {i}) is computed at run time; opsched needs it constant"
+            ))),
+            _ => Err(Fail::Error(format!("its {what} (input {i}) is missing"))),
+        }
+    }
+
+    /// The constant node holding ONNX tensor `tensor` (made on first use), as an activation
+    /// that operators can read.
+    fn constant_node(&mut self, tensor: &str, c: &Const) -> std::result::Result<Act, Fail> {
+        let shape = c
+            .shape
+            .clone()
+            .ok_or_else(|| Fail::Error(format!("the shape of constant '{tensor}' is unknown")))?;
+        if let Some(&id) = self.constant_nodes.get(tensor) {
+            return Ok(Act {
+                node: id,
+                shape,
+                channels: None,
+            });
+        }
+        check_size(&shape)?;
+        if shape.contains(&0) {
+            return Err(Fail::Error(format!(
+                "constant '{tensor}' is empty ({shape:?})"
+            )));
+        }
+        let values = self.values(c, &format!("constant '{tensor}'"))?;
+        let name = self.unique_name(tensor);
+        let id = self.nodes.len();
+        self.nodes.push(PNode {
+            name,
+            op: Op::Constant {
+                shape: shape.clone(),
+            },
+            inputs: Vec::new(),
+            shape: shape.clone(),
+            scope: Vec::new(),
+            out_tensor: tensor.to_string(),
+            dead: false,
+            params: values.map(|t| vec![("value", t)]).unwrap_or_default(),
+        });
+        self.constant_nodes.insert(tensor.to_string(), id);
+        Ok(Act {
+            node: id,
+            shape,
+            channels: None,
+        })
+    }
+
+    /// Input `i` as a term: an activation, or a constant made a constant node.
+    fn operand(
+        &mut self,
+        node: &NodeProto,
+        ins: &[Option<Val>],
+        i: usize,
+    ) -> std::result::Result<Act, Fail> {
+        match ins.get(i) {
+            Some(Some(Val::Act(a))) => Ok(a.clone()),
+            Some(Some(Val::Const(c))) => {
+                let c = c.clone();
+                self.constant_node(&node.input[i], &c)
+            }
+            _ => Err(Fail::Error(format!("input {i} is missing"))),
+        }
     }
 
     fn unique_name(&mut self, base: &str) -> String {
@@ -453,6 +548,7 @@ impl<'a> Importer<'a> {
             scope: node_scope(node),
             out_tensor: tensor.to_string(),
             dead: false,
+            params: Vec::new(),
         });
         self.vals.insert(
             tensor.to_string(),
@@ -535,6 +631,55 @@ impl<'a> Importer<'a> {
         Ok(())
     }
 
+    /// The activation an ONNX activation node computes, with its parameters.
+    fn activation_of(
+        &self,
+        node: &NodeProto,
+        ins: &[Option<Val>],
+    ) -> std::result::Result<Activation, Fail> {
+        let f32_attr = |name: &str, default: f32| attr(node, name).map_or(default, |a| a.f);
+        Ok(match node.op_type.as_str() {
+            "Relu" => Activation::Relu,
+            "Sigmoid" => Activation::Sigmoid,
+            "Tanh" => Activation::Tanh,
+            "HardSwish" => Activation::HardSwish,
+            "Gelu" => match attr_s(node, "approximate").as_deref() {
+                None | Some("none") => Activation::Gelu,
+                Some("tanh") => Activation::GeluTanh,
+                Some(other) => return Err(Fail::Error(format!("unknown approximate '{other}'"))),
+            },
+            "LeakyRelu" => Activation::LeakyRelu {
+                alpha: f32_attr("alpha", 0.01),
+            },
+            "HardSigmoid" => Activation::HardSigmoid {
+                alpha: f32_attr("alpha", 0.2),
+                beta: f32_attr("beta", 0.5),
+            },
+            "Clip" if self.opset < 11 => Activation::Clip {
+                min: attr(node, "min").map(|a| a.f),
+                max: attr(node, "max").map(|a| a.f),
+            },
+            "Clip" => {
+                let bound = |i: usize, what: &str| match ins.get(i) {
+                    None | Some(None) => Ok(None),
+                    Some(Some(Val::Const(c))) => {
+                        c.scalar().map(|v| Some(v as f32)).ok_or_else(|| {
+                            Fail::Error(format!("its {what} (input {i}) is not a known scalar"))
+                        })
+                    }
+                    Some(Some(Val::Act(_))) => Err(Fail::Error(format!(
+                        "its {what} (input {i}) is computed at run time; opsched needs it constant"
+                    ))),
+                };
+                Activation::Clip {
+                    min: bound(1, "min")?,
+                    max: bound(2, "max")?,
+                }
+            }
+            other => return Err(Fail::Unsupported(other.to_string())),
+        })
+    }
+
     /// Fuse an activation into a single-consumer conv or linear producer, else a standalone op.
     fn activation(&mut self, node: &NodeProto, ins: &[Option<Val>], act: Activation) -> Mapped {
         let x = self.act(ins, 0)?;
@@ -563,11 +708,11 @@ impl<'a> Importer<'a> {
         match op_type {
             "Conv" => self.conv(node, ins),
             "BatchNormalization" => self.batch_norm(node, ins),
-            "Relu" => self.activation(node, ins, Activation::Relu),
-            "Sigmoid" => self.activation(node, ins, Activation::Sigmoid),
-            "Tanh" => self.activation(node, ins, Activation::Tanh),
-            "Gelu" => self.activation(node, ins, Activation::Gelu),
-            "Clip" => self.activation(node, ins, Activation::Relu),
+            "Relu" | "Sigmoid" | "Tanh" | "Gelu" | "Clip" | "LeakyRelu" | "HardSigmoid"
+            | "HardSwish" => {
+                let act = self.activation_of(node, ins)?;
+                self.activation(node, ins, act)
+            }
             "MaxPool" | "AveragePool" => self.pool(node, ins),
             "GlobalAveragePool" | "GlobalMaxPool" => {
                 let x = self.act(ins, 0)?;
@@ -587,30 +732,8 @@ impl<'a> Importer<'a> {
             "Concat" => self.concat(node, ins),
             "Gemm" => self.gemm(node, ins),
             "MatMul" => self.matmul(node, ins),
-            "Softmax" | "LogSoftmax" => {
-                let x = self.act(ins, 0)?;
-                let default = if self.opset >= 13 { -1 } else { 1 };
-                let axis = attr_i(node, "axis", default);
-                self.push(
-                    node,
-                    Self::out0(node)?,
-                    Op::Softmax { axis },
-                    vec![x.term()],
-                )?;
-                Ok(())
-            }
-            "LayerNormalization" => {
-                let x = self.act(ins, 0)?;
-                let eps = attr_f(node, "epsilon", 1e-5);
-                // The IR normalizes the last axis; other axes cost about the same.
-                self.push(
-                    node,
-                    Self::out0(node)?,
-                    Op::LayerNorm { eps },
-                    vec![x.term()],
-                )?;
-                Ok(())
-            }
+            "Softmax" | "LogSoftmax" => self.softmax(node, ins),
+            "LayerNormalization" => self.layer_norm(node, ins),
             "Reshape" => {
                 let x = self.act(ins, 0)?;
                 let target = Self::ints(ins, 1, "target shape")?;
@@ -693,30 +816,7 @@ impl<'a> Importer<'a> {
                 let shape = shapes::gather(&data, &idx, attr_i(node, "axis", 0))?;
                 self.opaque(node, ins, Some(shape))
             }
-            "Pad" => {
-                let x = self.act(ins, 0)?;
-                let pads = match attr_ints(node, "pads") {
-                    Some(p) => p,
-                    None => Self::ints(ins, 1, "pads")?,
-                };
-                let r = x.shape.len();
-                let axes: Vec<usize> = match node.input.get(3).filter(|s| !s.is_empty()) {
-                    Some(_) => Self::ints(ins, 3, "axes")?
-                        .iter()
-                        .map(|&a| shapes::axis(a, r))
-                        .collect::<std::result::Result<_, _>>()?,
-                    None => (0..r).collect(),
-                };
-                if pads.len() != 2 * axes.len() {
-                    return Err(Fail::Error(format!("pads {pads:?} do not fit rank {r}")));
-                }
-                let mut shape = x.shape.clone();
-                for (k, &a) in axes.iter().enumerate() {
-                    let d = shape[a] as i64 + pads[k] + pads[k + axes.len()];
-                    shape[a] = to_usize(d, "padded size")?;
-                }
-                self.opaque(node, &ins[..1], Some(shape))
-            }
+            "Pad" => self.pad(node, ins),
             "Resize" | "Upsample" => {
                 let x = self.act(ins, 0)?;
                 let (scales_at, sizes_at) = if op_type == "Upsample" || self.opset < 11 {
@@ -827,6 +927,165 @@ impl<'a> Importer<'a> {
         }
     }
 
+    /// Softmax and log-softmax. Before opset 13 they normalize the input flattened to 2-D at
+    /// `axis` (every axis from `axis` on): a reshape, the softmax and a reshape back, unless
+    /// `axis` is the last one anyway.
+    fn softmax(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let x = self.act(ins, 0)?;
+        let out = Self::out0(node)?;
+        let log = node.op_type == "LogSoftmax";
+        let make = |axis: i64| {
+            if log {
+                Op::LogSoftmax { axis }
+            } else {
+                Op::Softmax { axis }
+            }
+        };
+        let rank = x.shape.len();
+        if self.opset >= 13 {
+            let axis = attr_i(node, "axis", -1);
+            self.push(node, out, make(axis), vec![x.term()])?;
+            return Ok(());
+        }
+        let axis = attr_i(node, "axis", 1);
+        let a = shapes::axis(axis, rank)?;
+        if a + 1 == rank {
+            self.push(node, out, make(axis), vec![x.term()])?;
+            return Ok(());
+        }
+        let flat = shapes::flatten(&x.shape, a as i64)?;
+        let to_i64 = |s: &[usize]| s.iter().map(|&d| d as i64).collect::<Vec<i64>>();
+        let (flat_t, soft_t) = (format!("{out}#2d"), format!("{out}#softmax"));
+        let r1 = self.push(
+            node,
+            &flat_t,
+            Op::Reshape {
+                shape: to_i64(&flat),
+            },
+            vec![x.term()],
+        )?;
+        let sm = self.push(
+            node,
+            &soft_t,
+            make(1),
+            vec![vec![Value::whole(NodeId(r1 as u32))]],
+        )?;
+        let shape = to_i64(&x.shape);
+        self.push(
+            node,
+            out,
+            Op::Reshape { shape },
+            vec![vec![Value::whole(NodeId(sm as u32))]],
+        )?;
+        Ok(())
+    }
+
+    /// Layer normalization over the last axis, with its scale and (optional) bias; a missing
+    /// scale (the rewritten decomposition without one) is 1.
+    fn layer_norm(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let x = self.act(ins, 0)?;
+        let out = Self::out0(node)?;
+        let rank = x.shape.len();
+        let axis = shapes::axis(attr_i(node, "axis", -1), rank)?;
+        if axis + 1 != rank {
+            return Err(unsupported(node, "normalizing more than the last axis"));
+        }
+        let d = x.shape[rank - 1];
+        for (i, what) in [(1, "scale"), (2, "bias")] {
+            match ins.get(i) {
+                Some(Some(Val::Const(c))) => {
+                    let fits = c
+                        .shape
+                        .as_deref()
+                        .and_then(|s| fold::channel_len(s, &x.shape, rank - 1));
+                    if fits.is_none() {
+                        return Err(Fail::Error(format!(
+                            "its {what} (input {i}) of shape {:?} is not one value per element of the last axis ({d})",
+                            c.shape
+                        )));
+                    }
+                }
+                Some(Some(Val::Act(_))) => {
+                    return Err(unsupported(node, "scale or bias computed at run time"))
+                }
+                _ => {}
+            }
+        }
+        let eps = attr_f(node, "epsilon", 1e-5);
+        let mut params = Vec::new();
+        if self.weights {
+            for (i, what, fill) in [(1, "gamma", 1.0f32), (2, "beta", 0.0)] {
+                let t = match ins.get(i) {
+                    Some(Some(_)) => vector(
+                        &self
+                            .param_input(ins, i, what)?
+                            .ok_or_else(|| Fail::Error(format!("its {what} is not known")))?,
+                        d,
+                        what,
+                    )?,
+                    _ => vector(&Tensor::new(vec![], vec![fill])?, d, what)?,
+                };
+                params.push((what, t));
+            }
+        }
+        let id = self.push(node, out, Op::LayerNorm { eps }, vec![x.term()])?;
+        self.nodes[id].params = params;
+        Ok(())
+    }
+
+    /// `Pad` with constant values and non-negative pads is a `pad` operator; other modes and
+    /// cropping (negative pads) are opaque passes.
+    fn pad(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let x = self.act(ins, 0)?;
+        let pads = match attr_ints(node, "pads") {
+            Some(p) => p,
+            None => Self::ints(ins, 1, "pads")?,
+        };
+        let r = x.shape.len();
+        let axes: Vec<usize> = match node.input.get(3).filter(|s| !s.is_empty()) {
+            Some(_) => Self::ints(ins, 3, "axes")?
+                .iter()
+                .map(|&a| shapes::axis(a, r))
+                .collect::<std::result::Result<_, _>>()?,
+            None => (0..r).collect(),
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(Fail::Error(format!("pads {pads:?} do not fit rank {r}")));
+        }
+        let mut shape = x.shape.clone();
+        let (mut begin, mut end) = (vec![0i64; r], vec![0i64; r]);
+        for (k, &a) in axes.iter().enumerate() {
+            begin[a] = pads[k];
+            end[a] = pads[k + axes.len()];
+            let d = i64::try_from(shape[a])
+                .ok()
+                .and_then(|d| d.checked_add(begin[a])?.checked_add(end[a]))
+                .ok_or_else(|| Fail::Error(format!("pads {pads:?} overflow")))?;
+            shape[a] = to_usize(d, "padded size")?;
+        }
+        check_size(&shape)?;
+        let mode = attr_s(node, "mode").unwrap_or_else(|| "constant".into());
+        let value = match ins.get(2) {
+            None | Some(None) => Some(attr(node, "value").map_or(0.0, |a| a.f)),
+            Some(Some(Val::Const(c))) => c.scalar().map(|v| v as f32),
+            Some(Some(Val::Act(_))) => None,
+        };
+        let non_negative = begin.iter().chain(&end).all(|&p| p >= 0);
+        match value {
+            Some(value) if mode == "constant" && non_negative => {
+                let to_u = |v: &[i64]| v.iter().map(|&p| p as usize).collect::<Vec<_>>();
+                let op = Op::Pad {
+                    begin: to_u(&begin),
+                    end: to_u(&end),
+                    value,
+                };
+                self.push(node, Self::out0(node)?, op, vec![x.term()])?;
+                Ok(())
+            }
+            _ => self.opaque(node, &ins[..1], Some(shape)),
+        }
+    }
+
     fn reshape(&mut self, node: &NodeProto, x: Act, shape: Shape) -> Mapped {
         let out = Self::out0(node)?;
         if shape == x.shape {
@@ -863,45 +1122,118 @@ impl<'a> Importer<'a> {
                 )));
             }
         }
-        let win = window(node, &x.shape, [ws[2], ws[3]], false)?;
+        let win = window(node, &x.shape, [ws[2], ws[3]])?;
         let bias = node.input.get(2).is_some_and(|b| !b.is_empty());
         let conv = Conv2d {
             out_channels: ws[0],
             kernel: win.kernel,
             stride: win.stride,
             padding: win.padding,
+            padding_end: win.padding_end,
             dilation: win.dilation,
             groups,
             bias,
             act: Activation::None,
         };
-        self.push(node, Self::out0(node)?, Op::Conv2d(conv), vec![x.term()])?;
+        let weight = self.values(w, "weights")?;
+        let b = match bias {
+            true => self.param_input(ins, 2, "bias")?,
+            false => None,
+        };
+        let id = self.push(node, Self::out0(node)?, Op::Conv2d(conv), vec![x.term()])?;
+        if let Some(w) = weight {
+            self.nodes[id].set_param("weight", w);
+        }
+        if let Some(b) = b {
+            self.nodes[id].set_param("bias", vector(&b, ws[0], "bias")?);
+        }
         Ok(())
     }
 
     fn batch_norm(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
         let x = self.act(ins, 0)?;
         let out = Self::out0(node)?;
+        if attr_i(node, "training_mode", 0) != 0 {
+            return Err(unsupported(node, "training mode"));
+        }
+        let Some(&channels) = x.shape.get(1) else {
+            return Err(Fail::Error(format!(
+                "needs channels on axis 1, the input is {:?}",
+                x.shape
+            )));
+        };
+        const STATS: [&str; 4] = ["scale", "bias", "mean", "variance"];
+        for (i, what) in STATS.iter().enumerate().map(|(i, w)| (i + 1, w)) {
+            match ins.get(i) {
+                Some(Some(Val::Const(c))) => {
+                    if c.numel() != Some(channels) {
+                        return Err(Fail::Error(format!(
+                            "its {what} (input {i}) has shape {:?}, {channels} channels need [{channels}]",
+                            c.shape
+                        )));
+                    }
+                }
+                Some(Some(Val::Act(_))) => {
+                    return Err(unsupported(node, "statistics computed at run time"))
+                }
+                _ => return Err(Fail::Error(format!("its {what} (input {i}) is missing"))),
+            }
+        }
+        let eps = attr_f(node, "epsilon", 1e-5);
+        let coeffs = if self.weights {
+            let mut t = Vec::with_capacity(4);
+            for (i, what) in STATS.iter().enumerate() {
+                let v = self
+                    .param_input(ins, i + 1, what)?
+                    .ok_or_else(|| Fail::Error(format!("its {what} is not known")))?;
+                t.push(v);
+            }
+            Some(fold::batch_norm(&t[0], &t[1], &t[2], &t[3], eps, channels)?)
+        } else {
+            None
+        };
         if let Some(n) = self.fusable(&node.input[0], &x) {
-            let folded = match &mut self.nodes[n].op {
-                Op::Conv2d(c) if c.act == Activation::None => {
-                    c.bias = true;
-                    true
-                }
-                Op::Linear { bias, act, .. } if *act == Activation::None => {
-                    *bias = true;
-                    true
-                }
+            let folds = match &self.nodes[n].op {
+                Op::Conv2d(c) => c.act == Activation::None,
+                // A linear layer's features are the batch norm's channels only in 2-D.
+                Op::Linear { act, .. } => *act == Activation::None && x.shape.len() == 2,
                 _ => false,
             };
-            if folded {
+            if folds {
+                if let Some((scale, shift)) = &coeffs {
+                    self.fold_affine(n, scale, shift)?;
+                }
+                match &mut self.nodes[n].op {
+                    Op::Conv2d(c) => c.bias = true,
+                    Op::Linear { bias, .. } => *bias = true,
+                    _ => {}
+                }
                 self.fold(n, out);
                 self.report.folded_batch_norms += 1;
                 return Ok(());
             }
         }
-        // A batch norm with no convolution before it: a per-channel scale and shift, one pass.
-        self.opaque(node, &ins[..1], Some(x.shape.clone()))
+        // A batch norm with no convolution before it: a per-channel scale and shift.
+        let id = self.push(node, out, Op::Affine, vec![x.term()])?;
+        if let Some((scale, shift)) = coeffs {
+            self.nodes[id].set_param("scale", Tensor::new(vec![channels], scale)?);
+            self.nodes[id].set_param("shift", Tensor::new(vec![channels], shift)?);
+        }
+        Ok(())
+    }
+
+    /// Fold `y = x * scale[o] + shift[o]` (per output channel) into the weights and bias of
+    /// conv or linear node `n`.
+    fn fold_affine(&mut self, n: usize, scale: &[f32], shift: &[f32]) -> Mapped {
+        let pn = &mut self.nodes[n];
+        let w = pn.param("weight").ok_or_else(|| {
+            Fail::Error("the weights of the operator before it are not known".into())
+        })?;
+        let w = fold::scale_rows(w, scale)?;
+        let b = fold::scale_shift_bias(pn.param("bias"), scale, shift);
+        pn.set_param("weight", w);
+        pn.set_param("bias", Tensor::new(vec![scale.len()], b)?);
+        Ok(())
     }
 
     fn pool(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
@@ -921,21 +1253,20 @@ impl<'a> Importer<'a> {
             .ok_or_else(|| Fail::Error("has no kernel_shape".into()))?;
         let kernel = pair(&k, "kernel_shape")?;
         let ceil = attr_i(node, "ceil_mode", 0) == 1;
-        let win = window(node, &x.shape, kernel, ceil)?;
+        let win = window(node, &x.shape, kernel)?;
         if win.dilation != [1, 1] {
             return Err(unsupported(node, "dilated"));
         }
-        let kind = if node.op_type == "MaxPool" {
-            PoolKind::Max
-        } else {
-            PoolKind::Avg
-        };
+        let avg = node.op_type == "AveragePool";
         let p = Pool2d {
-            kind,
+            kind: if avg { PoolKind::Avg } else { PoolKind::Max },
             kernel: win.kernel,
             stride: win.stride,
             padding: win.padding,
+            padding_end: win.padding_end,
             ceil_mode: ceil,
+            // ONNX's default is to count only the input elements; max pools ignore it.
+            count_include_pad: !avg || attr_i(node, "count_include_pad", 0) != 0,
         };
         self.push(node, Self::out0(node)?, Op::Pool2d(p), vec![x.term()])?;
         Ok(())
@@ -944,112 +1275,202 @@ impl<'a> Importer<'a> {
     fn elementwise(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
         let op_type = node.op_type.as_str();
         let out = Self::out0(node)?;
-        let acts: Vec<(usize, Act)> = ins
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| match v {
-                Some(Val::Act(a)) => Some((i, a.clone())),
+        let present: Vec<usize> = (0..ins.len()).filter(|&i| ins[i].is_some()).collect();
+        let mut shape: Shape = Vec::new();
+        for v in ins.iter().flatten() {
+            let s = match v {
+                Val::Act(a) => a.shape.clone(),
+                Val::Const(c) => c
+                    .shape
+                    .clone()
+                    .ok_or_else(|| "the shape of a constant operand is unknown".to_string())?,
+            };
+            shape = shapes::broadcast(&shape, &s)?;
+        }
+        let op = match (op_type, present.len()) {
+            ("Add" | "Sum", _) => Op::Elementwise {
+                kind: ElementwiseKind::Add,
+            },
+            ("Mul", _) => Op::Elementwise {
+                kind: ElementwiseKind::Mul,
+            },
+            (_, 2) => match op_type {
+                "Sub" => Op::Binary {
+                    kind: BinaryKind::Sub,
+                },
+                "Div" => Op::Binary {
+                    kind: BinaryKind::Div,
+                },
+                "Pow" => Op::Binary {
+                    kind: BinaryKind::Pow,
+                },
+                "Max" => Op::Binary {
+                    kind: BinaryKind::Max,
+                },
+                "Min" => Op::Binary {
+                    kind: BinaryKind::Min,
+                },
+                // Comparisons, logic, PRelu, Mod, ...: one pass, costed by the tensor sizes.
+                _ => return self.opaque(node, ins, Some(shape)),
+            },
+            _ => return self.opaque(node, ins, Some(shape)),
+        };
+        // `x op c` with a constant `c` may fold into the operator before `x`.
+        if let [a, b] = present[..] {
+            let pick = match (&ins[a], &ins[b]) {
+                (Some(Val::Act(x)), Some(Val::Const(c))) => Some((a, x.clone(), c.clone())),
+                (Some(Val::Const(c)), Some(Val::Act(x))) => Some((b, x.clone(), c.clone())),
                 _ => None,
-            })
-            .collect();
-        let consts: Vec<&Const> = ins
-            .iter()
-            .filter_map(|v| match v {
-                Some(Val::Const(c)) => Some(c),
-                _ => None,
-            })
-            .collect();
-        // A constant operand folds into a single-consumer producer: a bias after a linear or
-        // a convolution without one, a scale after a convolution, linear or matmul.
-        if let ([(i, x)], [c]) = (acts.as_slice(), consts.as_slice()) {
-            let features = x.shape.last().copied().unwrap_or(0);
-            let channels = x.shape.get(1).copied().unwrap_or(0);
-            let numel = c.numel().unwrap_or(usize::MAX);
-            let divides_act = op_type == "Div" && *i != 0;
-            if let Some(n) = self.fusable(&node.input[*i], x).filter(|_| !divides_act) {
-                let folded = match (&mut self.nodes[n].op, op_type) {
-                    (Op::Linear { bias, act, .. }, "Add" | "Sub")
-                        if !*bias
-                            && *act == Activation::None
-                            && (numel == 1 || numel == features) =>
-                    {
-                        *bias = true;
-                        true
-                    }
-                    (Op::Conv2d(conv), "Add" | "Sub")
-                        if !conv.bias
-                            && conv.act == Activation::None
-                            && (numel == 1 || numel == channels) =>
-                    {
-                        conv.bias = true;
-                        true
-                    }
-                    (Op::Conv2d(conv), "Mul" | "Div") => {
-                        conv.act == Activation::None && (numel == 1 || numel == channels)
-                    }
-                    (Op::Linear { act, .. }, "Mul" | "Div") => {
-                        *act == Activation::None && (numel == 1 || numel == features)
-                    }
-                    (Op::BatchMatmul { .. }, "Mul" | "Div") => numel == 1,
-                    _ => false,
-                };
-                if folded {
-                    self.fold(n, out);
+            };
+            if let Some((i, x, c)) = pick {
+                if self.fold_constant(node, i, &x, &c)? {
+                    self.fold(x.node, out);
                     self.report.folded_constants += 1;
                     return Ok(());
                 }
             }
         }
-        let shapes_in: Vec<Shape> = ins
-            .iter()
-            .flatten()
-            .map(|v| match v {
-                Val::Act(a) => Ok(a.shape.clone()),
-                Val::Const(c) => c
-                    .shape
-                    .clone()
-                    .ok_or_else(|| "the shape of a constant operand is unknown".to_string()),
-            })
-            .collect::<std::result::Result<_, _>>()?;
-        let mut shape = shapes_in.first().cloned().unwrap_or_default();
-        for s in &shapes_in[1..] {
-            shape = shapes::broadcast(&shape, s)?;
+        let mut terms = Vec::with_capacity(present.len());
+        for i in present {
+            terms.push(self.operand(node, ins, i)?.term());
         }
-        if consts.is_empty() && acts.iter().all(|(_, a)| a.shape == shape) {
-            let kind = match op_type {
-                "Mul" | "Div" => ElementwiseKind::Mul,
-                _ => ElementwiseKind::Add,
+        self.push(node, out, op, terms)?;
+        Ok(())
+    }
+
+    /// Fold `x op c` (`x` is input `i`, `op` is Add, Sub, Mul or Div) into the operator that
+    /// produces `x` when nothing else reads `x`: a bias (or per-channel scale) of a convolution
+    /// or linear layer, a scalar scale of a matmul through the views before it. Returns whether
+    /// it folded (the caller moves the fold point).
+    fn fold_constant(
+        &mut self,
+        node: &NodeProto,
+        i: usize,
+        x: &Act,
+        c: &Const,
+    ) -> std::result::Result<bool, Fail> {
+        let op_type = node.op_type.as_str();
+        let add = matches!(op_type, "Add" | "Sub");
+        // `c - x` and `c / x` do not fold; neither does anything but the four.
+        if !matches!(op_type, "Add" | "Sub" | "Mul" | "Div")
+            || (i != 0 && !matches!(op_type, "Add" | "Mul"))
+        {
+            return Ok(false);
+        }
+        let (Some(n), Some(cshape)) = (self.fusable(&node.input[i], x), c.shape.as_deref()) else {
+            return Ok(false);
+        };
+        let out = &x.shape;
+        let axis = match &self.nodes[n].op {
+            Op::Conv2d(conv) if conv.act == Activation::None && !(add && conv.bias) => 1,
+            Op::Linear { bias, act, .. } if *act == Activation::None && !(add && *bias) => {
+                out.len().saturating_sub(1)
+            }
+            Op::BatchMatmul { .. } if !add && c.numel() == Some(1) => {
+                return self.fold_scale_through_views(n, op_type == "Div", c)
+            }
+            _ => return Ok(false),
+        };
+        if fold::channel_len(cshape, out, axis).is_none() {
+            return Ok(false);
+        }
+        let channels = out[axis];
+        if let Some(t) = self.values(c, "constant operand")? {
+            let v = fold::expand(&t, channels)?;
+            match op_type {
+                "Add" | "Sub" => {
+                    let sign = if op_type == "Sub" { -1.0 } else { 1.0 };
+                    let b: Vec<f32> = v.iter().map(|&x| sign * x).collect();
+                    self.nodes[n].set_param("bias", Tensor::new(vec![channels], b)?);
+                }
+                _ => self.scale_params(n, &v, op_type == "Div")?,
+            }
+        }
+        if add {
+            match &mut self.nodes[n].op {
+                Op::Conv2d(conv) => conv.bias = true,
+                Op::Linear { bias, .. } => *bias = true,
+                _ => {}
+            }
+        }
+        Ok(true)
+    }
+
+    /// Multiply (or divide) the weights and bias of conv or linear node `n` per output channel.
+    fn scale_params(&mut self, n: usize, s: &[f32], divide: bool) -> Mapped {
+        let s: Vec<f32> = if divide {
+            s.iter().map(|&v| (1.0 / f64::from(v)) as f32).collect()
+        } else {
+            s.to_vec()
+        };
+        let pn = &mut self.nodes[n];
+        let w = pn.param("weight").ok_or_else(|| {
+            Fail::Error("the weights of the operator before it are not known".into())
+        })?;
+        let w = fold::scale_rows(w, &s)?;
+        pn.set_param("weight", w);
+        if let Some(b) = pn.param("bias") {
+            let b = fold::scale_rows(b, &s)?;
+            pn.set_param("bias", b);
+        }
+        Ok(())
+    }
+
+    /// A scalar scale after a matmul, `(a @ b) * c`, folded into the linear layer (or
+    /// convolution) that one of its operands comes from through reshapes and transposes only,
+    /// each read by nothing else: `(a * c) @ b`. Returns whether it folded.
+    fn fold_scale_through_views(
+        &mut self,
+        matmul: usize,
+        divide: bool,
+        c: &Const,
+    ) -> std::result::Result<bool, Fail> {
+        let operands: Vec<Term> = self.nodes[matmul].inputs.clone();
+        for term in operands {
+            let mut cur = term;
+            let target = loop {
+                let [v] = cur.as_slice() else { break None };
+                let pn = &self.nodes[v.node.index()];
+                if v.channels.is_some()
+                    || pn.dead
+                    || self.consumers.get(&pn.out_tensor).copied().unwrap_or(0) != 1
+                {
+                    break None;
+                }
+                match &pn.op {
+                    Op::Reshape { .. } | Op::Transpose { .. } | Op::Identity
+                        if pn.inputs.len() == 1 =>
+                    {
+                        cur = pn.inputs[0].clone();
+                    }
+                    Op::Linear { act, .. } if *act == Activation::None => {
+                        break Some(v.node.index())
+                    }
+                    Op::Conv2d(conv) if conv.act == Activation::None => break Some(v.node.index()),
+                    _ => break None,
+                }
             };
-            let terms = acts.iter().map(|(_, a)| a.term()).collect();
-            self.push(node, out, Op::Elementwise { kind }, terms)?;
-            return Ok(());
+            if let Some(n) = target {
+                if let Some(t) = self.values(c, "scale")? {
+                    let rows = self.nodes[n]
+                        .param("weight")
+                        .and_then(|w| w.shape.first().copied())
+                        .unwrap_or(1);
+                    self.scale_params(n, &fold::expand(&t, rows)?, divide)?;
+                }
+                return Ok(true);
+            }
         }
-        // Broadcasting, or a constant operand that does not fold: one element-wise pass.
-        self.opaque(node, ins, Some(shape))
+        Ok(false)
     }
 
     fn concat(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
         let out = Self::out0(node)?;
         let mut acts = Vec::with_capacity(ins.len());
         for (i, v) in ins.iter().enumerate() {
-            match v {
-                Some(Val::Act(a)) => acts.push((i, a.clone())),
-                Some(Val::Const(_)) => {
-                    let shapes_in: Option<Vec<Shape>> = ins
-                        .iter()
-                        .flatten()
-                        .map(|v| match v {
-                            Val::Act(a) => Some(a.shape.clone()),
-                            Val::Const(c) => c.shape.clone(),
-                        })
-                        .collect();
-                    let shapes_in = shapes_in.ok_or_else(|| {
-                        Fail::Error("the shape of a constant operand is unknown".into())
-                    })?;
-                    let shape = shapes::concat(&shapes_in, attr_i(node, "axis", 0))?;
-                    return self.opaque(node, ins, Some(shape));
-                }
-                None => {}
+            if v.is_some() {
+                // A constant operand (a class token, a cached state) is a constant node.
+                acts.push((i, self.operand(node, ins, i)?));
             }
         }
         let rank = acts.first().map_or(0, |(_, a)| a.shape.len());
@@ -1090,6 +1511,8 @@ impl<'a> Importer<'a> {
             return Err(unsupported(node, "transA"));
         }
         let trans_b = attr_i(node, "transB", 0) != 0;
+        let (alpha, beta) = (attr_f(node, "alpha", 1.0), attr_f(node, "beta", 1.0));
+        let has_c = node.input.get(2).is_some_and(|b| !b.is_empty());
         let out = Self::out0(node)?;
         match ins.get(1) {
             Some(Some(Val::Const(w))) => {
@@ -1101,22 +1524,67 @@ impl<'a> Importer<'a> {
                     return Err(Fail::Error(format!("weights {ws:?} are not a matrix")));
                 };
                 let (k, n) = if trans_b { (c, r) } else { (r, c) };
-                if a.shape.last() != Some(&k) {
+                if a.shape.len() != 2 || a.shape.last() != Some(&k) {
                     return Err(Fail::Error(format!(
                         "input {:?} does not fit weights {ws:?}",
                         a.shape
                     )));
                 }
-                let bias = node.input.get(2).is_some_and(|b| !b.is_empty());
+                // C must be a bias per output feature (a scalar, [n] or [1, n]).
+                let c_shape = match ins.get(2) {
+                    Some(Some(Val::Const(c))) => c.shape.clone(),
+                    Some(Some(Val::Act(_))) => {
+                        return Err(unsupported(node, "C computed at run time"))
+                    }
+                    _ => None,
+                };
+                if has_c
+                    && c_shape
+                        .as_deref()
+                        .and_then(|s| fold::channel_len(s, &[a.shape[0], n], 1))
+                        .is_none()
+                {
+                    return Err(unsupported(node, "C not a bias per output feature"));
+                }
+                // Our weight layout is PyTorch's [out, in]: Gemm's B with transB, else B^T.
+                let weight = match self.values(w, "weights")? {
+                    Some(t) => {
+                        let t = if trans_b { t } else { fold::transpose2(&t)? };
+                        Some(if alpha == 1.0 {
+                            t
+                        } else {
+                            fold::scale_rows(&t, &vec![alpha as f32; n])?
+                        })
+                    }
+                    None => None,
+                };
+                let bias = match has_c {
+                    true => self.param_input(ins, 2, "bias C")?.map(|t| {
+                        let v = fold::expand(&t, n)?;
+                        let v: Vec<f32> = v.iter().map(|&x| (f64::from(x) * beta) as f32).collect();
+                        Tensor::new(vec![n], v)
+                    }),
+                    false => None,
+                }
+                .transpose()?;
                 let op = Op::Linear {
                     out_features: n,
-                    bias,
+                    bias: has_c,
                     act: Activation::None,
                 };
-                self.push(node, out, op, vec![a.term()])?;
+                let id = self.push(node, out, op, vec![a.term()])?;
+                if let Some(w) = weight {
+                    self.nodes[id].set_param("weight", w);
+                }
+                if let Some(b) = bias {
+                    self.nodes[id].set_param("bias", b);
+                }
                 Ok(())
             }
             Some(Some(Val::Act(b))) => {
+                if has_c || alpha != 1.0 {
+                    return Err(unsupported(node, "two activations with alpha or C"));
+                }
                 let op = Op::BatchMatmul {
                     transpose_b: trans_b,
                 };
@@ -1149,12 +1617,20 @@ impl<'a> Importer<'a> {
                         a.shape
                     )));
                 }
+                // MatMul's B is [in, out]; our linear weight is [out, in].
+                let weight = match self.values(w, "weights")? {
+                    Some(t) => Some(fold::transpose2(&t)?),
+                    None => None,
+                };
                 let op = Op::Linear {
                     out_features: n,
                     bias: false,
                     act: Activation::None,
                 };
-                self.push(node, out, op, vec![a.term()])?;
+                let id = self.push(node, out, op, vec![a.term()])?;
+                if let Some(w) = weight {
+                    self.nodes[id].set_param("weight", w);
+                }
                 Ok(())
             }
             Some(Some(Val::Act(b))) => {
@@ -1164,7 +1640,7 @@ impl<'a> Importer<'a> {
                 // `x @ transpose(y)` with the last two axes swapped: a transposed operand.
                 let r = b.shape.len();
                 let mut b_term = b.term();
-                let mut transpose_b = false;
+                let mut folded = None;
                 if let Some(n) = self.fusable(&node.input[1], b) {
                     if let Op::Transpose { perm } = &self.nodes[n].op {
                         let swap_last = perm.len() == r
@@ -1174,16 +1650,22 @@ impl<'a> Importer<'a> {
                         if swap_last {
                             if let Some(t) = self.nodes[n].inputs.first().cloned() {
                                 b_term = t;
-                                transpose_b = true;
-                                self.nodes[n].dead = true;
-                                self.report.removed += 1;
+                                folded = Some(n);
                             }
                         }
                     }
                 }
-                let op = Op::BatchMatmul { transpose_b };
+                let op = Op::BatchMatmul {
+                    transpose_b: folded.is_some(),
+                };
                 match self.push(node, out, op, vec![a.term(), b_term]) {
-                    Ok(_) => Ok(()),
+                    Ok(_) => {
+                        if let Some(n) = folded {
+                            self.nodes[n].dead = true;
+                            self.report.removed += 1;
+                        }
+                        Ok(())
+                    }
                     Err(Fail::Error(_)) if a.shape[..r - 2] != b.shape[..r - 2] => {
                         Err(unsupported(node, "broadcast"))
                     }
@@ -1214,7 +1696,8 @@ impl<'a> Importer<'a> {
                 .map(|i| each.min(dim.saturating_sub(i * each)))
                 .collect()
         };
-        if sizes.len() != node.output.len() || sizes.iter().sum::<usize>() != dim {
+        let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if sizes.len() != node.output.len() || total != Some(dim) {
             return Err(Fail::Error(format!(
                 "split sizes {sizes:?} do not cover axis {axis} of {:?}",
                 x.shape
@@ -1351,6 +1834,71 @@ fn dtype_of(elem: i32) -> Option<DType> {
 }
 
 /// Import a decoded model.
+/// Operators that legitimately have no inputs.
+const SOURCES: &[&str] = &["Constant", "RandomNormal", "RandomUniform"];
+
+/// Checks at the door, before anything is evaluated: every initializer has sane dimensions and
+/// (if external) a location inside the model's folder; every node writes at least one output
+/// and reads at least one input (unless it is a source such as `Constant`); no two nodes (or a
+/// node and an initializer or graph input) write the same name; every graph output is written
+/// by something. Cycles are found by the topological sort.
+fn check_graph(g: &GraphProto) -> Result<()> {
+    let node_err = |n: &NodeProto, message: String| OnnxError::Node {
+        node: display_name(n),
+        op_type: n.op_type.clone(),
+        message,
+    };
+    let mut defined: HashMap<&str, String> = HashMap::new();
+    for t in &g.initializer {
+        let bad = |message: String| OnnxError::Initializer {
+            name: t.name.clone(),
+            message,
+        };
+        data::dims(t).map_err(bad)?;
+        data::external_ref(t).map_err(bad)?;
+        if defined
+            .insert(t.name.as_str(), "an initializer".into())
+            .is_some()
+        {
+            return Err(bad("is defined twice".into()));
+        }
+    }
+    for vi in &g.input {
+        defined
+            .entry(vi.name.as_str())
+            .or_insert_with(|| "a graph input".into());
+    }
+    for n in &g.node {
+        for a in n.attribute.iter().filter_map(|a| a.t.as_ref()) {
+            data::external_ref(a).map_err(|m| node_err(n, m))?;
+        }
+        if n.output.iter().all(String::is_empty) {
+            return Err(node_err(n, "has no output".into()));
+        }
+        if n.input.iter().all(String::is_empty) && !SOURCES.contains(&n.op_type.as_str()) {
+            return Err(node_err(n, "has no inputs".into()));
+        }
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            let me = format!("node '{}'", display_name(n));
+            if let Some(other) = defined.insert(o.as_str(), me) {
+                return Err(node_err(
+                    n,
+                    format!("writes '{o}', which {other} already defines"),
+                ));
+            }
+        }
+    }
+    for o in &g.output {
+        if !defined.contains_key(o.name.as_str()) {
+            return Err(OnnxError::Output {
+                output: o.name.clone(),
+                message: "is not produced by any node, initializer or graph input".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn import(
     model: &ModelProto,
     name: &str,
@@ -1362,6 +1910,8 @@ pub(crate) fn import(
         .as_ref()
         .filter(|g| !g.node.is_empty() || !g.input.is_empty())
         .ok_or_else(|| OnnxError::NotAModel("the model has no graph".into()))?;
+    check_graph(g)?;
+    let folder = Folder::new(base_dir);
     let opset = model
         .opset_import
         .iter()
@@ -1371,7 +1921,8 @@ pub(crate) fn import(
         return Err(OnnxError::NotAModel("batch size must be positive".into()));
     }
     let mut imp = Importer {
-        base_dir,
+        weights: opts.weights,
+        constant_nodes: HashMap::new(),
         opset,
         vals: HashMap::new(),
         consumers: HashMap::new(),
@@ -1395,14 +1946,17 @@ pub(crate) fn import(
         }
     }
     // Decompositions of GELU and layer norm back into one node each.
-    let mut constants: HashMap<String, Option<f64>> = HashMap::new();
+    let info = |c: Option<Const>| patterns::ConstInfo {
+        scalar: c.as_ref().and_then(Const::scalar),
+        shape: c.and_then(|c| c.shape),
+    };
+    let mut constants: HashMap<String, patterns::ConstInfo> = HashMap::new();
     for t in &g.initializer {
-        constants.insert(t.name.clone(), consts::from_tensor(t, base_dir).scalar());
+        constants.insert(t.name.clone(), info(Some(consts::from_tensor(t, &folder))));
     }
     for n in g.node.iter().filter(|n| n.op_type == "Constant") {
         if let Some(o) = n.output.first() {
-            let v = consts::from_constant_node(n, base_dir).and_then(|c| c.scalar());
-            constants.insert(o.clone(), v);
+            constants.insert(o.clone(), info(consts::from_constant_node(n, &folder)));
         }
     }
     let outputs: HashSet<String> = g.output.iter().map(|o| o.name.clone()).collect();
@@ -1417,12 +1971,19 @@ pub(crate) fn import(
         *imp.consumers.entry(o.name.clone()).or_insert(0) += 1;
     }
 
-    // Initializers are constants (they win over a graph input of the same name).
+    // Initializers are constants (they win over a graph input of the same name), with all
+    // their values when the import loads weights.
     for t in &g.initializer {
-        imp.vals.insert(
-            t.name.clone(),
-            Val::Const(consts::from_tensor(t, imp.base_dir)),
-        );
+        let mut c = consts::from_tensor(t, &folder);
+        if opts.weights {
+            let v = data::load(t, &folder).map_err(|message| OnnxError::Initializer {
+                name: t.name.clone(),
+                message,
+            })?;
+            c.values = Some(v);
+            imp.report.loaded_weights += 1;
+        }
+        imp.vals.insert(t.name.clone(), Val::Const(c));
     }
     // Graph inputs: concrete shapes, the batch dimension and named dimensions resolved.
     let mut dtype = opts.dtype;
@@ -1455,10 +2016,10 @@ pub(crate) fn import(
                         Some(&v) => v,
                         None if i == 0 => opts.batch,
                         None => {
-                            let what = if p.is_empty() {
-                                "unknown".to_string()
-                            } else {
-                                format!("the symbol '{p}'")
+                            let what = match d.dim_value {
+                                Some(v) if p.is_empty() => v.to_string(),
+                                _ if p.is_empty() => "unknown".to_string(),
+                                _ => format!("the symbol '{p}'"),
                             };
                             return Err(bad(format!(
                                 "dimension {i} is {what}; give it a value (OnnxOptions::dims)"
@@ -1502,6 +2063,7 @@ pub(crate) fn import(
             scope: Vec::new(),
             out_tensor: vi.name.clone(),
             dead: false,
+            params: Vec::new(),
         });
         imp.vals.insert(
             vi.name.clone(),
@@ -1562,16 +2124,25 @@ pub(crate) fn import(
         // Constants and shape arithmetic: evaluated here, no operator.
         if default_domain && matches!(op_type, "Constant" | "Shape" | "Size") {
             let c = match op_type {
-                "Constant" => consts::from_constant_node(node, base_dir),
+                "Constant" => match consts::from_constant_node(node, &folder) {
+                    Some(mut c) if opts.weights => {
+                        if let Some(t) = node.attribute.first().and_then(|a| a.t.as_ref()) {
+                            c.values = Some(data::load(t, &folder).map_err(&err)?);
+                        }
+                        Some(c)
+                    }
+                    c => c,
+                },
                 _ => {
                     let shape = match ins.first() {
                         Some(Some(Val::Act(a))) => Some(a.shape.clone()),
                         Some(Some(Val::Const(c))) => c.shape.clone(),
                         _ => None,
                     };
-                    shape.map(|s| {
+                    shape.and_then(|s| {
                         if op_type == "Size" {
-                            Const::ints(Vec::new(), vec![s.iter().product::<usize>() as i64])
+                            let n = consts::numel(&s).and_then(|n| i64::try_from(n).ok())?;
+                            Some(Const::ints(Vec::new(), vec![n]))
                         } else {
                             let r = s.len() as i64;
                             let norm =
@@ -1582,9 +2153,9 @@ pub(crate) fn import(
                                 .get(start..end.max(start))
                                 .unwrap_or(&[])
                                 .iter()
-                                .map(|&d| d as i64)
-                                .collect();
-                            Const::ints(vec![dims.len()], dims)
+                                .map(|&d| i64::try_from(d).ok())
+                                .collect::<Option<_>>()?;
+                            Some(Const::ints(vec![dims.len()], dims))
                         }
                     })
                 }
@@ -1662,6 +2233,22 @@ pub(crate) fn import(
         return Err(e);
     }
     imp.report.unknown = imp.unknown.clone();
+    // The graph's outputs by their ONNX names (a constant output becomes a constant node).
+    let mut outputs = Vec::with_capacity(g.output.len());
+    for o in &g.output {
+        let bad = |message: String| OnnxError::Output {
+            output: o.name.clone(),
+            message,
+        };
+        let a = match imp.vals.get(&o.name).cloned() {
+            Some(Val::Act(a)) => a,
+            Some(Val::Const(c)) => imp.constant_node(&o.name, &c).map_err(|f| match f {
+                Fail::Error(m) | Fail::Unsupported(m) => bad(m),
+            })?,
+            None => return Err(bad("has no value".into())),
+        };
+        outputs.push((o.name.clone(), a));
+    }
     let dtype = dtype.unwrap_or(DType::F32);
     let modules: HashSet<String> = graph_nodes
         .iter()
@@ -1670,7 +2257,7 @@ pub(crate) fn import(
             _ => None,
         })
         .collect();
-    finish(imp, name, dtype, &modules)
+    finish(imp, name, dtype, &modules, outputs)
 }
 
 /// Emit the live nodes as a validated graph with blocks from the node scopes.
@@ -1679,6 +2266,7 @@ fn finish(
     name: &str,
     dtype: DType,
     modules: &HashSet<String>,
+    outputs: Vec<(String, Act)>,
 ) -> Result<(Graph, ImportReport)> {
     let mut report = imp.report;
     let mut index = vec![u32::MAX; imp.nodes.len()];
@@ -1689,11 +2277,26 @@ fn finish(
             live += 1;
         }
     }
-    let mut defs = Vec::with_capacity(live as usize);
+    let remap = |node: usize| NodeId(index.get(node).copied().unwrap_or(u32::MAX));
+    let outputs: Vec<GraphOutput> = outputs
+        .into_iter()
+        .map(|(name, a)| GraphOutput {
+            name,
+            value: Value {
+                node: remap(a.node),
+                channels: a.channels,
+            },
+        })
+        .collect();
+    let mut defs = Vec::with_capacity(imp.nodes.len());
+    let mut weights = Weights::new();
     let mut scopes: Vec<(String, Vec<NodeId>)> = Vec::new();
     let mut scope_at: HashMap<String, usize> = HashMap::new();
     for n in imp.nodes.into_iter().filter(|n| !n.dead) {
         let id = NodeId(defs.len() as u32);
+        for (what, t) in n.params {
+            weights.insert(id, 0, what, t);
+        }
         if let (Some(s), false) = (block_key(&n.scope, modules), n.op.is_input()) {
             let k = *scope_at.entry(s.clone()).or_insert_with(|| {
                 scopes.push((s, Vec::new()));
@@ -1732,7 +2335,13 @@ fn finish(
             stages: None,
         })
         .collect();
-    let graph = Graph::from_nodes(name, dtype, defs)?.with_blocks(blocks)?;
+    let mut graph = Graph::from_nodes(name, dtype, defs)?.with_blocks(blocks)?;
+    if !outputs.is_empty() {
+        graph = graph.with_outputs(outputs)?;
+    }
+    if !weights.is_empty() {
+        graph = graph.with_weights(weights)?;
+    }
     report.ops = graph.op_count();
     tracing::info!(
         model = name,

@@ -2,8 +2,10 @@
 //!
 //! Imports ONNX models (`.onnx` files as exported by PyTorch, TensorFlow and others) into the
 //! opsched operator graph IR, so that `opsched inspect|compare|schedule model.onnx` work on the
-//! models people already have. Weights are never needed: only initializer *shapes* are read,
-//! so a model whose weights live in an absent external data file imports fine.
+//! models people already have. Scheduling needs only shapes, so by default weights are not
+//! read: a model whose weights live in an absent external data file imports fine. With
+//! [`OnnxOptions::weights`] every initializer is loaded (see *Weights* below) and the graph
+//! carries them ([`opsched_graph::Graph::weights`]), for executors that compute real outputs.
 //!
 //! ```no_run
 //! let opts = opsched_onnx::OnnxOptions { batch: 8, ..Default::default() };
@@ -28,30 +30,35 @@
 //!   subset cannot break on newer files. Weight bytes are sliced, never copied or parsed.
 //!
 //! ## Mapping (ONNX operator -> IR operator)
+//! Every mapping is exact: with the model's weights, the IR graph computes what onnxruntime
+//! computes (the parity tests of the facade check it within 1e-4).
+//!
 //! | ONNX | IR |
 //! |---|---|
-//! | `Conv` (2-D; groups, pads, strides, dilations, `auto_pad`) | `conv2d` |
-//! | `BatchNormalization` after a conv (or Gemm/MatMul) read only by it | folded: the conv gets a bias |
-//! | `BatchNormalization` elsewhere | `opaque` (one per-channel scale-and-shift pass) |
-//! | `Relu`, `Sigmoid`, `Tanh`, `Gelu`, `Clip` after a conv or linear read only by it | fused into it (`act`) |
-//! | the same elsewhere | `activation` (`Clip`, e.g. ReLU6, is costed as a ReLU) |
-//! | `MaxPool`, `AveragePool` (2-D, `ceil_mode`), `GlobalAveragePool`, `GlobalMaxPool` | `pool2d` |
+//! | `Conv` (2-D; groups, asymmetric pads, strides, dilations, `auto_pad`) | `conv2d` |
+//! | `BatchNormalization` after a conv (or Gemm/MatMul) read only by it | folded into its weights and bias (scale, shift, epsilon, running mean and variance) |
+//! | `BatchNormalization` elsewhere | `affine` (per-channel `scale`, `shift`) |
+//! | `Relu`, `Sigmoid`, `Tanh`, `Gelu` (erf and tanh forms), `Clip` (min/max), `LeakyRelu` (alpha), `HardSigmoid` (alpha, beta), `HardSwish` after a conv or linear read only by it | fused into it (`act`) |
+//! | the same elsewhere | `activation` |
+//! | `MaxPool`, `AveragePool` (2-D, asymmetric pads, `ceil_mode`, `count_include_pad`), `GlobalAveragePool`, `GlobalMaxPool` | `pool2d` |
 //! | `ReduceMean`/`ReduceMax` over both spatial axes of an NCHW tensor, keeping dimensions | global `pool2d` (the dynamo exporter's adaptive pool) |
-//! | `Add`, `Sub`, `Mul`, `Div`, `Sum` of same-shaped activations | `elementwise` (Sub as add, Div as mul) |
-//! | `Add`/`Sub` of a constant after a conv or linear without bias | folded: a bias |
-//! | `Mul`/`Div` by a scalar (or per-channel) constant after a conv, linear or matmul | folded into its weights |
-//! | element-wise ops that broadcast, or with a constant that does not fold | `opaque` (one pass over the tensors) |
+//! | `Add`, `Mul`, `Sum` (numpy broadcasting) | `elementwise` |
+//! | `Sub`, `Div`, `Pow`, `Max`, `Min` of two operands (numpy broadcasting) | `binary` |
+//! | `Add`/`Sub` of a constant after a conv or linear | folded into its bias |
+//! | `Mul`/`Div` by a scalar (or per-channel) constant after a conv, linear or matmul | folded into its weights (and bias) |
+//! | a constant operand that does not fold (a position embedding, an attention mask) | a `constant` node (not an operator) |
 //! | `Concat` | `concat`; a concat read only by another concat on the same axis dissolves into it |
-//! | `Gemm`, `MatMul` with a constant matrix | `linear` (bias from `C`, or from a following `Add`) |
+//! | `Gemm` (`alpha`, `beta`, `transB`; `transA` is unsupported), `MatMul` with a constant matrix | `linear` (weight in PyTorch's `[out, in]` layout; bias from `C`, or from a following `Add`) |
 //! | `MatMul` of two activations | `batch_matmul`; a `Transpose` of the last two axes before it becomes `transpose_b` |
-//! | `Softmax`, `LogSoftmax` | `softmax` |
+//! | `Softmax`, `LogSoftmax` | `softmax`, `log_softmax` |
 //! | `LayerNormalization` | `layer_norm` |
+//! | `Pad` (constant mode) | `pad` |
 //! | `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze` | `reshape` (a view); removed when the shape does not change |
 //! | `Transpose` | `transpose`; removed for the identity permutation |
 //! | `Identity`, `Dropout`, `Cast` of an activation | removed |
 //! | `Split`, `Slice` along axis 1 (channels) | removed: consumers read channel slices; other axes: `opaque` |
-//! | GELU and layer norm written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`) | rewritten into one `Gelu` / `LayerNormalization` first |
-//! | other element-wise ops (`HardSwish`, `LeakyRelu`, `Erf`, `Pow`, `Max`, `Where`, ...), reductions (`Reduce*`, `ArgMax`), `Gather`, `Pad`, `Resize`, `Expand` | `opaque` with the shape we compute |
+//! | GELU and layer norm written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`) | rewritten into one `Gelu` / `LayerNormalization` first (only when their constants are the right ones) |
+//! | other element-wise ops (`Erf`, `Where`, comparisons, ...), reductions (`Reduce*`, `ArgMax`), `Gather`, `Resize`, `Expand` | `opaque` with the shape we compute (scheduling only: no executor runs them) |
 //! | `Constant`, `Shape`, `Size`, and any node whose inputs are all constants | evaluated at import (shape arithmetic), no operator |
 //! | anything else | an error listing every unsupported type with its count; with [`OnnxOptions::allow_unknown`], `opaque` |
 //!
@@ -82,6 +89,32 @@
 //! IOS and IOPS the same parts as the zoo's Inception modules and bottlenecks. Single-operator
 //! groups are not blocks; models whose node names carry no module path get no blocks.
 //!
+//! ## Weights
+//! With [`OnnxOptions::weights`], every initializer is read: `raw_data` or the typed fields, in
+//! float, float16, bfloat16, double and the integer types (all converted to `f32`), and
+//! external data (`location`, `offset`, `length`). The folds above are then applied to the
+//! values, so the graph's parameters are exactly what its operators need (the table of names
+//! and layouts is in `opsched_graph::weights`). Without the option, only small integer tensors
+//! that shapes depend on are read; `inspect` and `compare` never touch the weights.
+//!
+//! External data is read only from regular files inside the model's folder ([`data`]): an
+//! absolute location, one with `..`, one that resolves (through symbolic links) outside the
+//! folder, or one that is not a regular file (a FIFO, a device, a directory, a `/proc` file)
+//! is an error naming the location; the file type is checked before opening, so a FIFO never
+//! blocks, and no error quotes the file's bytes. Files are read with positioned reads, not
+//! memory-mapped: `memmap2`'s map is `unsafe` (forbidden outside crates/gpu), every value is
+//! converted to `f32` anyway, and a mapped file truncated by another process would kill the
+//! reader with `SIGBUS` instead of giving an error.
+//!
+//! ## Hostile files
+//! Every size read from a file is checked (`checked_mul`, `try_from`; tensors of more than
+//! 2^40 values and shapes whose operators would be implausibly large are refused before anything
+//! is allocated); the graph is checked at the door for nodes without inputs or outputs, two
+//! writers of one tensor, cycles and outputs nothing produces. Errors name the node (and its
+//! type), graph input, graph output or initializer. `fixtures/bad/onnx` holds one regression
+//! file per case (written by `xtask/fixtures/make_bad_onnx.py`), with its stated error in
+//! `tests/hostile.rs`.
+//!
 //! ## Limits
 //! Control flow (`If`, `Loop`, `Scan`) and sequences are not supported (with `allow_unknown`
 //! they are opaque operators without their sub-graphs). Shape computations are evaluated for
@@ -94,7 +127,9 @@
 //! `f16`, float and double `f32`) unless [`OnnxOptions::dtype`] says otherwise.
 
 pub mod consts;
+pub mod data;
 pub mod error;
+mod fold;
 mod import;
 mod patterns;
 pub mod proto;
@@ -120,6 +155,10 @@ pub struct OnnxOptions {
     pub dims: HashMap<String, usize>,
     /// Element type of the graph; `None` takes the model's.
     pub dtype: Option<DType>,
+    /// Load every initializer's values (inline or from external data files) and attach them
+    /// to the graph as its weights ([`Graph::weights`]), folds applied. Off by default:
+    /// scheduling needs only shapes, and a model's weights may be large or absent.
+    pub weights: bool,
 }
 
 impl Default for OnnxOptions {
@@ -129,6 +168,7 @@ impl Default for OnnxOptions {
             batch: 1,
             dims: HashMap::new(),
             dtype: None,
+            weights: false,
         }
     }
 }
@@ -166,6 +206,8 @@ pub struct ImportReport {
     pub opaque: BTreeMap<String, usize>,
     /// Unsupported operators imported as opaque ones (with `allow_unknown`), by type.
     pub unknown: BTreeMap<String, usize>,
+    /// Initializers whose values were loaded ([`OnnxOptions::weights`]).
+    pub loaded_weights: usize,
 }
 
 /// An imported model and what the import did.
@@ -200,7 +242,8 @@ pub fn import_bytes(
             "no graph and no operator sets (is this an ONNX file?)".into(),
         ));
     }
-    let (graph, report) = import::import(&model, name, base_dir, opts)?;
+    let (graph, report) =
+        import::import(&model, name, base_dir, opts).map_err(OnnxError::escape_controls)?;
     Ok(Imported { graph, report })
 }
 

@@ -8,7 +8,10 @@
 //!   optional `Mul(scale)` and `Add(bias)`.
 //!
 //! A pattern matches only when every intermediate tensor is read by the pattern alone (and is
-//! not a graph output), and the operands outside the chain are constants.
+//! not a graph output), the operands outside the chain are constants, and the constants have
+//! the values that make the chain that operator (`sqrt 2`, `1`, `0.5`; an exponent of 2, a
+//! mean over the last axis, a scale and shift per element of the last axis), so a rewrite
+//! never changes what the model computes.
 
 use std::collections::{HashMap, HashSet};
 
@@ -19,7 +22,19 @@ struct Index<'a> {
     producer: HashMap<&'a str, usize>,
     readers: HashMap<&'a str, Vec<usize>>,
     outputs: &'a HashSet<String>,
-    constants: &'a HashMap<String, Option<f64>>,
+    constants: &'a HashMap<String, ConstInfo>,
+}
+
+/// What the rewrite knows of a constant: its value when it has one element, its shape.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConstInfo {
+    pub scalar: Option<f64>,
+    pub shape: Option<Vec<usize>>,
+}
+
+/// Whether `x` is `want` up to the rounding of an `f32` constant.
+fn near(x: Option<f64>, want: f64) -> bool {
+    x.is_some_and(|x| (x - want).abs() <= 1e-6 * want.abs().max(1.0))
 }
 
 impl<'a> Index<'a> {
@@ -40,7 +55,31 @@ impl<'a> Index<'a> {
         self.constants.contains_key(t)
     }
     fn scalar(&self, t: &str) -> Option<f64> {
-        self.constants.get(t).copied().flatten()
+        self.constants.get(t).and_then(|c| c.scalar)
+    }
+    /// A constant that varies along the last axis at most (all other dimensions 1).
+    fn is_last_axis_vector(&self, t: &str) -> bool {
+        self.constants
+            .get(t)
+            .and_then(|c| c.shape.as_deref())
+            .is_some_and(|s| {
+                s.split_last()
+                    .is_none_or(|(_, rest)| rest.iter().all(|&d| d == 1))
+            })
+    }
+    /// Whether a reduction node averages the last axis only, keeping it.
+    fn reduces_last_axis(&self, i: usize) -> bool {
+        let n = &self.nodes[i];
+        let keep = n
+            .attribute
+            .iter()
+            .find(|a| a.name == "keepdims")
+            .is_none_or(|a| a.i == 1);
+        let axes = match n.attribute.iter().find(|a| a.name == "axes") {
+            Some(a) => a.ints == [-1],
+            None => n.input.get(1).is_some_and(|t| near(self.scalar(t), -1.0)),
+        };
+        keep && axes
     }
     /// For a binary node, the input that is not `t`, and whether `t` came first.
     fn other(&self, i: usize, t: &str) -> Option<(&'a str, bool)> {
@@ -59,12 +98,12 @@ impl<'a> Index<'a> {
 fn synthetic(
     op_type: &str,
     base: &NodeProto,
-    input: &str,
+    inputs: Vec<String>,
     output: &str,
     attrs: Vec<AttributeProto>,
 ) -> NodeProto {
     NodeProto {
-        input: vec![input.to_string()],
+        input: inputs,
         output: vec![output.to_string()],
         name: base.name.clone(),
         op_type: op_type.to_string(),
@@ -85,12 +124,16 @@ fn match_gelu(ix: &Index<'_>, e: usize) -> Option<(Vec<usize>, String, String)> 
     let [x, c] = scale_node.input.as_slice() else {
         return None;
     };
-    if !ix.is_const(c) {
+    let divisor = match scale_node.op_type.as_str() {
+        "Div" => ix.scalar(c),
+        _ => ix.scalar(c).map(|m| 1.0 / m),
+    };
+    if !near(divisor, std::f64::consts::SQRT_2) {
         return None;
     }
     let add = ix.next(ix.out(e)?, "Add")?;
     let (one, _) = ix.other(add, ix.out(e)?)?;
-    if !ix.is_const(one) {
+    if !near(ix.scalar(one), 1.0) {
         return None;
     }
     let add_out = ix.out(add)?;
@@ -101,7 +144,7 @@ fn match_gelu(ix: &Index<'_>, e: usize) -> Option<(Vec<usize>, String, String)> 
         // x * (1 + erf) * 0.5
         let m2 = ix.next(m1_out, "Mul")?;
         let (half, _) = ix.other(m2, m1_out)?;
-        if !ix.is_const(half) {
+        if !near(ix.scalar(half), 0.5) {
             return None;
         }
         return Some((
@@ -117,7 +160,7 @@ fn match_gelu(ix: &Index<'_>, e: usize) -> Option<(Vec<usize>, String, String)> 
         return None;
     }
     let (half, _) = ix.other(half_node, x)?;
-    if !ix.is_const(half) {
+    if !near(ix.scalar(half), 0.5) {
         return None;
     }
     Some((
@@ -127,8 +170,22 @@ fn match_gelu(ix: &Index<'_>, e: usize) -> Option<(Vec<usize>, String, String)> 
     ))
 }
 
-/// Layer norm starting at the first `ReduceMean` node `r`: `(nodes, x, output, epsilon)`.
-fn match_layer_norm(ix: &Index<'_>, r: usize) -> Option<(Vec<usize>, String, String, f32)> {
+/// A matched layer norm: its nodes, input, output, epsilon, and the scale and shift constants
+/// (when the chain has them).
+struct LayerNormMatch {
+    nodes: Vec<usize>,
+    x: String,
+    out: String,
+    eps: f32,
+    scale: Option<String>,
+    shift: Option<String>,
+}
+
+/// Layer norm starting at the first `ReduceMean` node `r`.
+fn match_layer_norm(ix: &Index<'_>, r: usize) -> Option<LayerNormMatch> {
+    if !ix.reduces_last_axis(r) {
+        return None;
+    }
     let x = ix.node(r).input.first()?.clone();
     let mean = ix.out(r)?;
     let sub = ix.next(mean, "Sub")?;
@@ -143,12 +200,18 @@ fn match_layer_norm(ix: &Index<'_>, r: usize) -> Option<(Vec<usize>, String, Str
     }
     let pow = *readers.iter().find(|&&i| ix.node(i).op_type == "Pow")?;
     let div = *readers.iter().find(|&&i| ix.node(i).op_type == "Div")?;
-    let r2 = ix.next(ix.out(pow)?, "ReduceMean")?;
-    let add = ix.next(ix.out(r2)?, "Add")?;
-    let (eps_name, _) = ix.other(add, ix.out(r2)?)?;
-    if !ix.is_const(eps_name) {
+    let exponent = ix.node(pow).input.get(1)?;
+    if ix.node(pow).input.first().map(String::as_str) != Some(d) || !near(ix.scalar(exponent), 2.0)
+    {
         return None;
     }
+    let r2 = ix.next(ix.out(pow)?, "ReduceMean")?;
+    if !ix.reduces_last_axis(r2) {
+        return None;
+    }
+    let add = ix.next(ix.out(r2)?, "Add")?;
+    let (eps_name, _) = ix.other(add, ix.out(r2)?)?;
+    let eps = ix.scalar(eps_name)?;
     let sqrt = ix.next(ix.out(add)?, "Sqrt")?;
     if ix.next(ix.out(sqrt)?, "Div") != Some(div)
         || ix.node(div).input.first().map(String::as_str) != Some(d)
@@ -157,29 +220,40 @@ fn match_layer_norm(ix: &Index<'_>, r: usize) -> Option<(Vec<usize>, String, Str
     }
     let mut nodes = vec![r, sub, pow, r2, add, sqrt, div];
     let mut out = ix.out(div)?.to_string();
+    let (mut scale, mut shift) = (None, None);
+    let vector = |c: &str| ix.is_const(c) && ix.is_last_axis_vector(c);
     if let Some(mul) = ix.next(&out, "Mul") {
-        if ix.other(mul, &out).is_some_and(|(c, _)| ix.is_const(c)) {
+        if let Some((c, _)) = ix.other(mul, &out).filter(|(c, _)| vector(c)) {
             nodes.push(mul);
+            scale = Some(c.to_string());
             out = ix.out(mul)?.to_string();
             if let Some(bias) = ix.next(&out, "Add") {
-                if ix.other(bias, &out).is_some_and(|(c, _)| ix.is_const(c)) {
+                if let Some((c, _)) = ix.other(bias, &out).filter(|(c, _)| vector(c)) {
                     nodes.push(bias);
+                    shift = Some(c.to_string());
                     out = ix.out(bias)?.to_string();
                 }
             }
         }
     }
-    let eps = ix.scalar(eps_name).unwrap_or(1e-5) as f32;
-    Some((nodes, x, out, eps))
+    Some(LayerNormMatch {
+        nodes,
+        x,
+        out,
+        eps: eps as f32,
+        scale,
+        shift,
+    })
 }
 
 /// Rewrite the patterns in `nodes` (any order). `outputs` are the graph's output names,
 /// `constants` the names of initializers and of `Constant` outputs, with their value when they
-/// are scalars. Returns the new node list and how many patterns were rewritten.
+/// are scalars and their shapes. Returns the new node list and how many patterns were
+/// rewritten.
 pub fn rewrite(
     nodes: &[NodeProto],
     outputs: &HashSet<String>,
-    constants: &HashMap<String, Option<f64>>,
+    constants: &HashMap<String, ConstInfo>,
 ) -> (Vec<NodeProto>, usize) {
     let mut producer = HashMap::new();
     let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
@@ -209,17 +283,19 @@ pub fn rewrite(
         let found = match (n.domain.is_empty(), n.op_type.as_str()) {
             (true, "Erf") => match_gelu(&ix, i).map(|(ns, x, out)| {
                 let base = &nodes[ns[0]];
-                (ns, synthetic("Gelu", base, &x, &out, Vec::new()))
+                (ns, synthetic("Gelu", base, vec![x], &out, Vec::new()))
             }),
-            (true, "ReduceMean") => match_layer_norm(&ix, i).map(|(ns, x, out, eps)| {
-                let base = &nodes[ns[0]];
+            (true, "ReduceMean") => match_layer_norm(&ix, i).map(|m| {
+                let base = &nodes[m.nodes[0]];
                 let attrs = vec![AttributeProto {
                     name: "epsilon".into(),
-                    f: eps,
+                    f: m.eps,
                     r#type: 1,
                     ..AttributeProto::default()
                 }];
-                (ns, synthetic("LayerNormalization", base, &x, &out, attrs))
+                let inputs = std::iter::once(m.x).chain(m.scale).chain(m.shift).collect();
+                let node = synthetic("LayerNormalization", base, inputs, &m.out, attrs);
+                (m.nodes, node)
             }),
             _ => None,
         };

@@ -168,7 +168,7 @@ pub fn slice_range(dim: usize, start: i64, end: i64, step: i64) -> Option<(i64, 
     if step == 0 {
         return None;
     }
-    let d = dim as i64;
+    let d = i64::try_from(dim).ok()?;
     let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
     let (s, e) = (norm(start), norm(end));
     Some(if step > 0 {
@@ -178,17 +178,24 @@ pub fn slice_range(dim: usize, start: i64, end: i64, step: i64) -> Option<(i64, 
     })
 }
 
-/// The indices `begin, begin + step, ...` before `end`.
-pub fn range_indices(begin: i64, end: i64, step: i64) -> Vec<usize> {
+/// The indices `begin, begin + step, ...` before `end`, at most `limit` of them (`None` beyond:
+/// the caller reads values only of small tensors).
+pub fn range_indices(begin: i64, end: i64, step: i64, limit: usize) -> Option<Vec<usize>> {
     let mut out = Vec::new();
     let mut i = begin;
     while (step > 0 && i < end) || (step < 0 && i > end) {
+        if out.len() == limit {
+            return None;
+        }
         if let Ok(u) = usize::try_from(i) {
             out.push(u);
         }
-        i += step;
+        let Some(next) = i.checked_add(step) else {
+            break;
+        };
+        i = next;
     }
-    out
+    Some(out)
 }
 
 fn slice_len(b: i64, e: i64, step: i64) -> usize {

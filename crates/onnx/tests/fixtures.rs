@@ -92,7 +92,7 @@ fn multi_branch_cnn_folds_batch_norm_and_activations_at_opset_13() {
     );
     assert_eq!(r.folded_batch_norms, 7);
     assert_eq!(r.fused_activations, 9);
-    // conv-BN-ReLU is one conv with a bias and a fused relu; Clip (ReLU6) is costed as relu.
+    // conv-BN-ReLU is one conv with a bias and a fused relu; Clip (ReLU6) fuses as a clip.
     let Op::Conv2d(c) = op(g, "/stem/conv/Conv") else {
         panic!()
     };
@@ -100,7 +100,13 @@ fn multi_branch_cnn_folds_batch_norm_and_activations_at_opset_13() {
     let Op::Conv2d(c) = op(g, "/mixed/branch2_2/conv/Conv") else {
         panic!()
     };
-    assert_eq!(c.act, Activation::Relu);
+    assert_eq!(
+        c.act,
+        Activation::Clip {
+            min: Some(0.0),
+            max: Some(6.0)
+        }
+    );
     // auto_pad SAME_UPPER on a 5x5 is padding 2.
     let Op::Conv2d(c) = op(g, "/mixed/branch3_2/conv/Conv") else {
         panic!()
@@ -295,6 +301,7 @@ fn unsupported_operators_are_listed_with_counts_or_imported_as_opaque() {
     assert!(e.is_user_error() && e.to_string().contains("LRN x1"), "{e}");
     let opts = opsched::LoadOptions {
         allow_unknown: true,
+        ..Default::default()
     };
     let g = opsched::load_model_with(spec, &ZooConfig::default(), &opts).unwrap();
     assert_eq!(g.op_count(), 6);
@@ -665,11 +672,16 @@ fn broadcasts_standalone_batch_norms_and_nested_concats() {
     );
     let i = import(&m, &OnnxOptions::default()).unwrap();
     let g = &i.graph;
-    assert!(i.report.unknown.is_empty());
+    assert!(i.report.unknown.is_empty() && i.report.opaque.is_empty());
+    // The gate broadcasts over the spatial axes; the batch norm after a pool is a per-channel
+    // scale and shift.
     assert_eq!(
-        i.report.opaque,
-        BTreeMap::from([("BatchNormalization".into(), 1), ("Mul".into(), 1)])
+        op(g, "scale"),
+        &Op::Elementwise {
+            kind: opsched::graph::ElementwiseKind::Mul
+        }
     );
+    assert_eq!(op(g, "bn"), &Op::Affine);
     assert_eq!(g.node(g.find("scale").unwrap()).shape, vec![1, 8, 4, 4]);
     assert!(g.find("inner").is_none());
     let outer = g.find("outer").unwrap();
@@ -739,7 +751,24 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
     assert_eq!(shape("resize"), vec![2, 8, 16, 20]);
     assert_eq!(shape("mean"), vec![2, 8]);
     assert_eq!(shape("first"), vec![2]);
-    assert_eq!(types(g), BTreeMap::from([("opaque", 6)]));
+    assert_eq!(
+        types(g),
+        BTreeMap::from([("activation", 2), ("opaque", 3), ("pad", 1)])
+    );
+    assert_eq!(
+        op(g, "leaky"),
+        &Op::Activation {
+            act: Activation::LeakyRelu { alpha: 0.1 }
+        }
+    );
+    assert_eq!(
+        op(g, "pad"),
+        &Op::Pad {
+            begin: vec![0, 0, 1, 2],
+            end: vec![0, 0, 1, 2],
+            value: 0.0
+        }
+    );
 }
 
 #[test]

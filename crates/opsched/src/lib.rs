@@ -7,7 +7,9 @@
 //! - the choice of cost model by name ([`CostKind`], [`cost_model`], [`default_cost_kind`]);
 //! - the one evaluator every comparison goes through ([`evaluate`]: lower, simulate, bound);
 //! - model loading ([`load_model`], [`load_model_with`]): zoo names, graph files and, with the
-//!   `onnx` feature (on by default), ONNX files.
+//!   `onnx` feature (on by default), ONNX files, with their weights on request
+//!   ([`LoadOptions::weights`]);
+//! - a model's inputs and outputs as NumPy arrays ([`npy`]).
 
 pub use opsched_cost as cost;
 /// The GPU backend: device discovery, kernels, the runtime and the profiler.
@@ -34,6 +36,8 @@ use opsched_graph::Op;
 use opsched_schedule::{LowerBound, Progress, Schedule, ScheduleError, Scheduler, Timeline};
 use serde::Serialize;
 
+pub mod npy;
+
 /// Errors of the facade: those of the crates below, plus unknown names.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -56,6 +60,9 @@ pub enum Error {
     /// Something this build cannot do yet.
     #[error("{0}")]
     Unavailable(String),
+    /// Input or output arrays that do not fit the model, or files that do not read.
+    #[error(transparent)]
+    Array(#[from] npy::ArrayError),
 }
 
 impl Error {
@@ -67,7 +74,8 @@ impl Error {
             | Error::Cost(_)
             | Error::UnknownScheduler { .. }
             | Error::UnknownCost { .. }
-            | Error::Unavailable(_) => true,
+            | Error::Unavailable(_)
+            | Error::Array(_) => true,
             Error::Schedule(e) => !matches!(e, ScheduleError::Deadlock(_)),
             #[cfg(feature = "onnx")]
             Error::Onnx(_) => true,
@@ -84,6 +92,8 @@ pub struct LoadOptions {
     /// ONNX files: import unsupported operators as opaque operators (costed by their tensor
     /// sizes) instead of failing with the list of unsupported operator types.
     pub allow_unknown: bool,
+    /// ONNX files: load the weights too ([`Graph::weights`]); scheduling does not need them.
+    pub weights: bool,
 }
 
 /// Load a model given as a zoo name or a graph file path (a file wins when both exist), with
@@ -143,6 +153,7 @@ fn load_onnx(path: &Path, cfg: &zoo::ZooConfig, opts: &LoadOptions) -> Result<Gr
         allow_unknown: opts.allow_unknown,
         batch: cfg.batch,
         dtype: (cfg.dtype == opsched_graph::DType::F16).then_some(opsched_graph::DType::F16),
+        weights: opts.weights,
         ..Default::default()
     };
     if cfg.input_size.is_some() {

@@ -164,7 +164,8 @@ pub const NAMES: &[&str] = &[
 /// The most axes [`SOURCE`]'s `permute` handles.
 pub const MAX_RANK: usize = 6;
 
-/// The activation code the kernels use.
+/// The activation code the kernels use; -1 for the activations they do not have yet, which
+/// the lowering refuses ([`has_kernel`]) before any step is built.
 pub fn act_code(a: Activation) -> i32 {
     match a {
         Activation::None => 0,
@@ -172,7 +173,17 @@ pub fn act_code(a: Activation) -> i32 {
         Activation::Sigmoid => 2,
         Activation::Tanh => 3,
         Activation::Gelu => 4,
+        Activation::GeluTanh
+        | Activation::Clip { .. }
+        | Activation::LeakyRelu { .. }
+        | Activation::HardSigmoid { .. }
+        | Activation::HardSwish => -1,
     }
+}
+
+/// Whether the kernels compute activation `a`.
+pub fn has_kernel(a: Activation) -> bool {
+    act_code(a) >= 0
 }
 
 /// Threads per block of the element-wise kernels.

@@ -30,13 +30,10 @@ fn esc(s: &str) -> String {
     out
 }
 
-fn act(a: Activation) -> &'static str {
+fn act(a: Activation) -> String {
     match a {
-        Activation::None => "",
-        Activation::Relu => "relu",
-        Activation::Sigmoid => "sigmoid",
-        Activation::Tanh => "tanh",
-        Activation::Gelu => "gelu",
+        Activation::None => String::new(),
+        a => a.to_string(),
     }
 }
 
@@ -52,6 +49,11 @@ fn pair(p: [usize; 2]) -> String {
 fn describe(op: &Op) -> String {
     match op {
         Op::Input { .. } => "input".into(),
+        Op::Constant { .. } => "constant".into(),
+        Op::Binary { kind } => format!("binary {}", format!("{kind:?}").to_lowercase()),
+        Op::Affine => "affine".into(),
+        Op::Pad { begin, end, value } => format!("pad {begin:?} {end:?} value {value}"),
+        Op::LogSoftmax { axis } => format!("log_softmax axis {axis}"),
         Op::Conv2d(c) => {
             let mut s = format!(
                 "conv2d {} {}x{} s{} p{}",

@@ -537,6 +537,7 @@ fn parse_node(cfg: &Json, at: &str, batch: usize, inner: bool) -> Result<Parsed>
                 kernel: get_pair(obj, loc, "kernel")?,
                 stride: get_pair(obj, loc, "stride")?,
                 padding: get_pair(obj, loc, "padding")?,
+                padding_end: None,
                 dilation: [1, 1],
                 groups: get_usize(obj, loc, "groups")?,
                 bias: false,
@@ -565,7 +566,9 @@ fn parse_node(cfg: &Json, at: &str, batch: usize, inner: bool) -> Result<Parsed>
                     kernel: opt_pair(obj, loc, "kernel", [1, 1])?,
                     stride: opt_pair(obj, loc, "stride", [1, 1])?,
                     padding: opt_pair(obj, loc, "padding", [0, 0])?,
+                    padding_end: None,
                     ceil_mode: false,
+                    count_include_pad: true,
                 }
             } else {
                 Pool2d {
@@ -573,7 +576,9 @@ fn parse_node(cfg: &Json, at: &str, batch: usize, inner: bool) -> Result<Parsed>
                     kernel: get_pair(obj, loc, "kernel")?,
                     stride: get_pair(obj, loc, "stride")?,
                     padding: get_pair(obj, loc, "padding")?,
+                    padding_end: None,
                     ceil_mode: false,
+                    count_include_pad: true,
                 }
             };
             (Op::Pool2d(pool), parse_inputs(obj, loc)?)
@@ -755,8 +760,11 @@ fn act_name(a: Activation, loc: &str) -> Result<&'static str> {
         Activation::Relu => "relu",
         Activation::Sigmoid => "sigmoid",
         Activation::Tanh => "tanh",
-        Activation::Gelu => {
-            return Err(GraphError::invalid(loc, "IOS has no gelu activation"));
+        other => {
+            return Err(GraphError::invalid(
+                loc,
+                format!("IOS has no {other} activation"),
+            ));
         }
     })
 }
@@ -781,6 +789,12 @@ fn op_config(
                     "IOS convolutions have no dilation",
                 ));
             }
+            if c.padding_end.is_some() {
+                return Err(GraphError::invalid(
+                    loc,
+                    "IOS convolutions have no asymmetric padding",
+                ));
+            }
             put("out_channels", json!(c.out_channels));
             put("kernel", json!(c.kernel));
             put("stride", json!(c.stride));
@@ -792,6 +806,12 @@ fn op_config(
         Op::Pool2d(p) => {
             if p.ceil_mode {
                 return Err(GraphError::invalid(loc, "IOS pools have no ceil mode"));
+            }
+            if p.padding_end.is_some() || !p.count_include_pad {
+                return Err(GraphError::invalid(
+                    loc,
+                    "IOS pools have no asymmetric padding and count the padding",
+                ));
             }
             let kind = match p.kind {
                 PoolKind::Max => "max",

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{GraphError, Result};
-use crate::graph::{Block, Graph, NodeDef, NodeId, Term, Value};
+use crate::graph::{Block, Graph, GraphOutput, NodeDef, NodeId, Term, Value};
 use crate::op::{DType, Op, Shape};
 
 /// The value of the `format` field.
@@ -49,6 +49,13 @@ struct BlockJson {
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct OutputJson {
+    name: String,
+    value: ValueJson,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct GraphJson {
     format: String,
     version: u32,
@@ -58,6 +65,9 @@ struct GraphJson {
     nodes: Vec<NodeJson>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     blocks: Vec<BlockJson>,
+    /// Named outputs; absent: every operator no other node reads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    outputs: Vec<OutputJson>,
 }
 
 /// Resolve a node name against the graph's name table (built from a list of names).
@@ -163,7 +173,22 @@ pub fn from_value(doc: serde_json::Value) -> Result<Graph> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Graph::from_nodes(g.name, g.dtype, defs)?.with_blocks(blocks)
+    let outputs = g
+        .outputs
+        .iter()
+        .map(|o| {
+            Ok(GraphOutput {
+                name: o.name.clone(),
+                value: value_from_json(&names, &format!("output {}", o.name), &o.value)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let graph = Graph::from_nodes(g.name, g.dtype, defs)?.with_blocks(blocks)?;
+    if outputs.is_empty() {
+        Ok(graph)
+    } else {
+        graph.with_outputs(outputs)
+    }
 }
 
 /// Parse our graph JSON from text.
@@ -213,6 +238,17 @@ pub fn to_value(g: &Graph) -> serde_json::Value {
                 }),
             })
             .collect(),
+        outputs: if g.outputs() == g.default_outputs().as_slice() {
+            Vec::new()
+        } else {
+            g.outputs()
+                .iter()
+                .map(|o| OutputJson {
+                    name: o.name.clone(),
+                    value: value_to_json(g, &o.value),
+                })
+                .collect()
+        },
     };
     serde_json::to_value(doc).unwrap_or(serde_json::Value::Null)
 }

@@ -1,0 +1,147 @@
+//! Parity with onnxruntime: every model of `fixtures/parity` (written with real random weights
+//! by `xtask/fixtures/make_parity.py`, with onnxruntime's outputs for seeded inputs), imported
+//! with its weights and run by the reference executor from the operator semantics, gives every
+//! output within `max|ours - ort| / max|ort| <= 1e-4`. The held-out set (`fixtures/parity/
+//! heldout`: another seed, other shapes) is checked the same way and is not looked at while
+//! developing.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+use opsched::gpu::reference;
+use opsched::npy::{self, InputArray};
+use opsched::zoo::ZooConfig;
+use opsched::{Graph, LoadOptions};
+
+/// The tolerance of the issue: relative to the largest magnitude of onnxruntime's output.
+const TOLERANCE: f64 = 1e-4;
+
+fn dir(sub: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/parity")
+        .join(sub)
+}
+
+fn models(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn companion(model: &Path, what: &str) -> PathBuf {
+    let stem = model.file_stem().unwrap().to_string_lossy();
+    model.with_file_name(format!("{stem}.{what}.npz"))
+}
+
+fn load(model: &Path, arrays: &[InputArray], weights: bool) -> Graph {
+    let cfg = ZooConfig {
+        batch: npy::input_batch(arrays).unwrap_or(1),
+        ..ZooConfig::default()
+    };
+    let opts = LoadOptions {
+        weights,
+        ..LoadOptions::default()
+    };
+    opsched::load_model_with(model.to_str().unwrap(), &cfg, &opts)
+        .unwrap_or_else(|e| panic!("{}: {e}", model.display()))
+}
+
+/// `(output, relative error)` of every output of one model.
+fn relative_errors(model: &Path) -> Vec<(String, f64)> {
+    let arrays: Vec<InputArray> = npy::read_npz(&companion(model, "inputs"))
+        .unwrap()
+        .into_iter()
+        .map(|(name, tensor)| InputArray {
+            name: Some(name),
+            path: companion(model, "inputs"),
+            tensor,
+        })
+        .collect();
+    let g = load(model, &arrays, true);
+    assert!(!g.weights().is_empty(), "{}: no weights", model.display());
+    let inputs = npy::bind_inputs(&g, arrays).unwrap();
+    let values = reference::reference_with(&g, &inputs)
+        .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    let ours = reference::outputs(&g, &values).unwrap();
+    let want = npy::read_npz(&companion(model, "outputs")).unwrap();
+    assert_eq!(ours.len(), want.len(), "{}: outputs", model.display());
+    want.iter()
+        .map(|(name, w)| {
+            let (_, o) = ours
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("{}: no output '{name}'", model.display()));
+            assert_eq!(o.shape, w.shape, "{}: output '{name}'", model.display());
+            let scale = w.data.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+            let diff = o.data.iter().zip(w.data.iter()).fold(0f64, |m, (&a, &b)| {
+                m.max((f64::from(a) - f64::from(b)).abs())
+            });
+            assert!(
+                scale > 0.0 && diff.is_finite(),
+                "{}: '{name}'",
+                model.display()
+            );
+            (name.clone(), diff / scale)
+        })
+        .collect()
+}
+
+fn check_all(dir: &Path, expected_models: usize) {
+    let models = models(dir);
+    assert_eq!(models.len(), expected_models, "{}", dir.display());
+    let mut report = String::new();
+    let mut failed = Vec::new();
+    for m in &models {
+        for (output, err) in relative_errors(m) {
+            let name = m.file_stem().unwrap().to_string_lossy().into_owned();
+            report.push_str(&format!("{name:16} {output:50} {err:.2e}\n"));
+            if err > TOLERANCE {
+                failed.push(format!("{name}: '{output}' {err:.2e}"));
+            }
+        }
+    }
+    eprintln!("{}:\n{report}", dir.display());
+    assert!(
+        failed.is_empty(),
+        "beyond {TOLERANCE}: {failed:?}\n{report}"
+    );
+}
+
+#[test]
+fn every_parity_model_matches_onnxruntime() {
+    check_all(&dir(""), 11);
+}
+
+#[test]
+fn held_out_models_match_onnxruntime() {
+    check_all(&dir("heldout"), 11);
+}
+
+/// Loading weights changes nothing of the graph's structure: the folds are decided on shapes.
+#[test]
+fn weights_do_not_change_the_graph() {
+    for m in models(&dir("")) {
+        let arrays: Vec<InputArray> = npy::read_npz(&companion(&m, "inputs"))
+            .unwrap()
+            .into_iter()
+            .map(|(name, tensor)| InputArray {
+                name: Some(name),
+                path: m.clone(),
+                tensor,
+            })
+            .collect();
+        let (a, b) = (load(&m, &arrays, false), load(&m, &arrays, true));
+        assert!(a.weights().is_empty());
+        assert_eq!(
+            opsched::graph::formats::json::to_string(&a),
+            opsched::graph::formats::json::to_string(&b),
+            "{}",
+            m.display()
+        );
+    }
+}
