@@ -831,3 +831,91 @@ fn a_file_error_is_said_once() {
     assert!(err.contains("broken.json"), "{err}");
     assert_eq!(err.matches("expected value").count(), 1, "{err}");
 }
+
+/// Real inference: an ONNX model with its weights, inputs from .npy files, outputs to an
+/// .npz, on the CPU device under a multi-stream schedule, equals onnxruntime's outputs.
+#[test]
+fn run_an_onnx_model_with_inputs_and_outputs_on_the_cpu() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity");
+    let dir = temp_dir("infer");
+    for model in ["inception", "squeeze_excite"] {
+        let inputs = opsched::npy::read_npz(&fixtures.join(format!("{model}.inputs.npz"))).unwrap();
+        let mut args: Vec<String> = [
+            "run",
+            "",
+            "--backend",
+            "cpu",
+            "--algo",
+            "lios",
+            "--check",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--output",
+            "",
+        ]
+        .map(String::from)
+        .to_vec();
+        args[1] = fixtures.join(format!("{model}.onnx")).display().to_string();
+        let out_path = dir.join(format!("{model}.out.npz"));
+        args[12] = out_path.display().to_string();
+        for (name, t) in &inputs {
+            let path = dir.join(format!("{model}-in{}.npy", args.len()));
+            let bytes = opsched::npy::encode_outputs(&path, &[(name.clone(), t.clone())]).unwrap();
+            std::fs::write(&path, bytes).unwrap();
+            args.push("--input".into());
+            args.push(format!("{name}={}", path.display()));
+        }
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = opsched(&argv);
+        assert!(
+            out.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("PASSED"));
+        let got = opsched::npy::read_npz(&out_path).unwrap();
+        let want = opsched::npy::read_npz(&fixtures.join(format!("{model}.outputs.npz"))).unwrap();
+        assert_eq!(got.len(), want.len(), "{model}");
+        for (name, w) in &want {
+            let (_, g) = got.iter().find(|(n, _)| n == name).unwrap();
+            assert_eq!(g.shape, w.shape, "{model}: {name}");
+            let scale = w.data.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
+            let diff = g
+                .data
+                .iter()
+                .zip(w.data.iter())
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                diff / scale <= 1e-4,
+                "{model}: '{name}' differs by {}",
+                diff / scale
+            );
+        }
+    }
+    // A wrong input name and a wrong shape name the input; exit 2.
+    let x = dir.join("x.npy");
+    let t = opsched::graph::Tensor::new(vec![1, 2], vec![0.0, 1.0]).unwrap();
+    std::fs::write(
+        &x,
+        opsched::npy::encode_outputs(&x, &[("x".into(), t)]).unwrap(),
+    )
+    .unwrap();
+    let model = fixtures.join("mlp.onnx").display().to_string();
+    for input in [format!("nosuch={}", x.display()), x.display().to_string()] {
+        let out = opsched(&[
+            "run",
+            &model,
+            "--backend",
+            "cpu",
+            "--algo",
+            "lios",
+            "--input",
+            &input,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{input}");
+        let err = one_line_error(&out);
+        assert!(err.contains("nosuch") || err.contains("shape"), "{err}");
+    }
+}

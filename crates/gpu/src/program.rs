@@ -38,7 +38,7 @@ pub type BufId = usize;
 /// What a buffer holds.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub enum BufRole {
-    /// A graph input (one copy per GPU that reads it).
+    /// A graph input or a constant (one copy per GPU that reads it).
     Input(NodeId),
     /// An operator's output.
     Output(NodeId),
@@ -203,8 +203,9 @@ impl<'g> Builder<'g> {
         self.alloc(at.gpu, len, BufRole::Scratch(at.node), Init::Uninit)
     }
 
-    /// A parameter buffer of the operator at `at`, filled with pseudo-random values uniform
-    /// in `[center - half_width, center + half_width]` (see the module docs).
+    /// A parameter buffer of the operator at `at`: the graph's weight when it has one (same
+    /// layout, see `opsched_graph::weights`), else pseudo-random values uniform in
+    /// `[center - half_width, center + half_width]` (see the module docs).
     pub(crate) fn param(
         &mut self,
         at: At,
@@ -213,21 +214,21 @@ impl<'g> Builder<'g> {
         center: f32,
         half_width: f32,
     ) -> BufId {
-        let seed = param_seed(self.g, at.node, at.inner, what);
-        self.alloc(
-            at.gpu,
-            len,
-            BufRole::Param {
-                node: at.node,
-                inner: at.inner,
-                what,
-            },
-            Init::Uniform {
-                seed,
+        let init = match self.g.weights().get(at.node, at.inner, what) {
+            // `Graph::with_weights` checked the shape against the operator.
+            Some(t) if t.numel() == len => Init::Data(t.data.clone()),
+            _ => Init::Uniform {
+                seed: param_seed(self.g, at.node, at.inner, what),
                 center,
                 half_width,
             },
-        )
+        };
+        let role = BufRole::Param {
+            node: at.node,
+            inner: at.inner,
+            what,
+        };
+        self.alloc(at.gpu, len, role, init)
     }
 
     /// The error for an operator this lowering cannot run.
@@ -255,16 +256,20 @@ impl<'g> Builder<'g> {
             if let Some(&b) = self.input_copies.get(&(producer, gpu)) {
                 return Ok(b);
             }
-            let b = self.alloc(
-                gpu,
-                numel(&pn.shape),
-                BufRole::Input(producer),
-                Init::Uniform {
+            let len = numel(&pn.shape);
+            // A constant holds its value from the weights; a graph input (and a constant
+            // without one) starts pseudo-random until the caller writes it.
+            let init = match self.g.weights().get(producer, 0, "value") {
+                Some(t) if matches!(pn.op, Op::Constant { .. }) && t.numel() == len => {
+                    Init::Data(t.data.clone())
+                }
+                _ => Init::Uniform {
                     seed: input_seed(self.g, producer),
                     center: 0.0,
                     half_width: 1.0,
                 },
-            );
+            };
+            let b = self.alloc(gpu, len, BufRole::Input(producer), init);
             self.input_copies.insert((producer, gpu), b);
             return Ok(b);
         }
@@ -475,7 +480,7 @@ impl<'g> Builder<'g> {
         out_shape: &[usize],
     ) -> Result<(), GpuError> {
         match op {
-            Op::Input { .. } => Ok(()),
+            Op::Input { .. } | Op::Constant { .. } => Ok(()),
             Op::Abstract { time_ms, util } => {
                 steps.push(
                     step::spin::Spin {
@@ -486,31 +491,7 @@ impl<'g> Builder<'g> {
                 );
                 Ok(())
             }
-            // Not lowered yet (issue #16, phase 2): refused rather than run with wrong results.
-            Op::Constant { .. }
-            | Op::Binary { .. }
-            | Op::Affine
-            | Op::Pad { .. }
-            | Op::LogSoftmax { .. } => {
-                Err(self.unsupported(at, format!("{} has no device lowering yet", op.type_name())))
-            }
-            Op::Conv2d(c) if c.padding_end.is_some() || !crate::cuda::nvrtc::has_kernel(c.act) => {
-                Err(self.unsupported(
-                    at,
-                    "asymmetric padding or this activation has no device lowering yet",
-                ))
-            }
-            Op::Linear { act, .. } | Op::Activation { act }
-                if !crate::cuda::nvrtc::has_kernel(*act) =>
-            {
-                Err(self.unsupported(at, format!("activation {act} has no device lowering yet")))
-            }
-            Op::Pool2d(p) if p.padding_end.is_some() || !p.count_include_pad => Err(self
-                .unsupported(
-                    at,
-                    "asymmetric padding or count_include_pad = false has no device lowering yet",
-                )),
-            Op::Elementwise { .. }
+            Op::Elementwise { kind }
                 if matches!(src, Src::Terms(_))
                     && self
                         .g
@@ -518,7 +499,13 @@ impl<'g> Builder<'g> {
                         .iter()
                         .any(|s| s.as_slice() != out_shape) =>
             {
-                Err(self.unsupported(at, "broadcasting has no device lowering yet"))
+                step::broadcast::lower(self, steps, at, (*kind).into(), src, out, out_shape)
+            }
+            Op::Binary { kind } => {
+                step::broadcast::lower(self, steps, at, (*kind).into(), src, out, out_shape)
+            }
+            Op::Pad { begin, end, value } => {
+                step::pad::lower(self, steps, at, begin, end, *value, src, out)
             }
             // A foreign ONNX operator has a shape but no semantics we could run.
             Op::Opaque { op_type, .. } => Err(self.unsupported(
@@ -546,7 +533,9 @@ impl<'g> Builder<'g> {
             Op::BatchMatmul { transpose_b } => {
                 step::gemm::lower_batch_matmul(self, steps, at, *transpose_b, src, out, out_shape)
             }
-            Op::Softmax { axis } => step::softmax::lower(self, steps, at, *axis, src, out),
+            Op::Softmax { axis } => step::softmax::lower(self, steps, at, *axis, false, src, out),
+            Op::LogSoftmax { axis } => step::softmax::lower(self, steps, at, *axis, true, src, out),
+            Op::Affine => step::broadcast::lower_affine(self, steps, at, src, out, out_shape),
             Op::LayerNorm { eps } => step::layer_norm::lower(self, steps, at, *eps, src, out),
             Op::Transpose { perm } => step::transpose::lower(self, steps, at, perm, src, out),
             Op::Sequential { ops } => self.lower_sequential(steps, at, ops, src, out),

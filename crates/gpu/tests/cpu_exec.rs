@@ -214,6 +214,55 @@ fn every_op_graph() -> Graph {
     b.finish().unwrap()
 }
 
+/// The semantics ONNX models need beyond the zoo's: broadcasting, binary ops, pads, affine,
+/// log-softmax, asymmetric and count_include_pad = false pooling, parameterised activations
+/// (the CPU device runs them; the CUDA device refuses them with a clear error for now).
+fn onnx_semantics_graph() -> Graph {
+    let mut b = GraphBuilder::new("onnx-semantics", DType::F32);
+    let x = b.input("x", vec![2, 6, 9, 9]);
+    let c4 = b.conv("c4", x, Conv2d::new(5, 3).padding(1, 1));
+    let gate = b.pool("gate", c4, Pool2d::global_avg());
+    let scaled = b.op(
+        "scaled",
+        Op::Elementwise {
+            kind: ElementwiseKind::Mul,
+        },
+        &[c4, gate],
+    );
+    let diff = b.op(
+        "diff",
+        Op::Binary {
+            kind: opsched_graph::BinaryKind::Sub,
+        },
+        &[scaled, gate],
+    );
+    let padded = b.op(
+        "padded",
+        Op::Pad {
+            begin: vec![0, 1, 2, 0],
+            end: vec![1, 0, 1, 3],
+            value: -0.5,
+        },
+        &[diff],
+    );
+    let aff = b.op("aff", Op::Affine, &[padded]);
+    let mut asym = Pool2d::avg(3, 2, 1);
+    asym.padding_end = Some([0, 2]);
+    asym.count_include_pad = false;
+    let ap = b.pool("asym_pool", aff, asym);
+    let hs = b.act(
+        "hsig",
+        ap,
+        Activation::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        },
+    );
+    let ls = b.op("logsm", Op::LogSoftmax { axis: 1 }, &[hs]);
+    let _ = ls;
+    b.finish().unwrap()
+}
+
 /// Linear, batch matmul (plain and transposed), softmax, layer norm, reshape and transpose.
 fn attention_graph() -> Graph {
     let mut b = GraphBuilder::new("attn", DType::F32);
@@ -366,7 +415,7 @@ fn cpu() -> CpuDevice {
 
 #[test]
 fn every_op_lowered_matches_the_reference() {
-    for g in [every_op_graph(), attention_graph()] {
+    for g in [every_op_graph(), attention_graph(), onnx_semantics_graph()] {
         let p = GraphProgram::single_gpu(&g).unwrap();
         check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
     }

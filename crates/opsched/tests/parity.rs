@@ -3,14 +3,19 @@
 //! with its weights and run by the reference executor from the operator semantics, gives every
 //! output within `max|ours - ort| / max|ort| <= 1e-4`. The held-out set (`fixtures/parity/
 //! heldout`: another seed, other shapes) is checked the same way and is not looked at while
-//! developing.
+//! developing. The same models run on the CPU device under a multi-stream schedule
+//! (`opsched run --backend cpu` with `--input`), compared with onnxruntime the same way.
 
 #![allow(clippy::unwrap_used)]
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use opsched::gpu::reference;
+use opsched::graph::{NodeId, Tensor};
 use opsched::npy::{self, InputArray};
+use opsched::runtime::{CpuDevice, RunOptions};
 use opsched::zoo::ZooConfig;
 use opsched::{Graph, LoadOptions};
 
@@ -51,8 +56,50 @@ fn load(model: &Path, arrays: &[InputArray], weights: bool) -> Graph {
         .unwrap_or_else(|e| panic!("{}: {e}", model.display()))
 }
 
+/// How a model's outputs are computed: the reference executor, or a schedule on a device.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Executor {
+    Reference,
+    CpuDevice,
+}
+
+/// The model's outputs by name, computed by `exec`.
+fn run(g: &Graph, inputs: HashMap<NodeId, Tensor>, exec: Executor) -> Vec<(String, Tensor)> {
+    match exec {
+        Executor::Reference => {
+            let values =
+                reference::reference_with(g, &inputs).unwrap_or_else(|e| panic!("{}: {e}", g.name));
+            reference::outputs(g, &values).unwrap()
+        }
+        Executor::CpuDevice => {
+            let platform = opsched::schedule::Platform {
+                gpus: 1,
+                streams: 4,
+                device: opsched::cost::DevicePreset::by_name("h100").unwrap(),
+                link: opsched::cost::LinkPreset::by_name("nvlink4").unwrap(),
+            };
+            let cost =
+                opsched::cost::AnalyticalModel::new(platform.device.clone(), platform.link.clone());
+            let (s, _) = opsched::scheduler("opara")
+                .unwrap()
+                .schedule(g, &platform, &cost)
+                .unwrap();
+            let opts = RunOptions {
+                inputs: Arc::new(inputs),
+                keep_outputs: true,
+                warmup: 0,
+                repeats: 1,
+                ..Default::default()
+            };
+            opsched::runtime::run_schedule(&CpuDevice::new(), g, &s, &opts)
+                .unwrap_or_else(|e| panic!("{} on the CPU device: {e}", g.name))
+                .outputs
+        }
+    }
+}
+
 /// `(output, relative error)` of every output of one model.
-fn relative_errors(model: &Path) -> Vec<(String, f64)> {
+fn relative_errors(model: &Path, exec: Executor) -> Vec<(String, f64)> {
     let arrays: Vec<InputArray> = npy::read_npz(&companion(model, "inputs"))
         .unwrap()
         .into_iter()
@@ -65,9 +112,7 @@ fn relative_errors(model: &Path) -> Vec<(String, f64)> {
     let g = load(model, &arrays, true);
     assert!(!g.weights().is_empty(), "{}: no weights", model.display());
     let inputs = npy::bind_inputs(&g, arrays).unwrap();
-    let values = reference::reference_with(&g, &inputs)
-        .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
-    let ours = reference::outputs(&g, &values).unwrap();
+    let ours = run(&g, inputs, exec);
     let want = npy::read_npz(&companion(model, "outputs")).unwrap();
     assert_eq!(ours.len(), want.len(), "{}: outputs", model.display());
     want.iter()
@@ -91,14 +136,15 @@ fn relative_errors(model: &Path) -> Vec<(String, f64)> {
         .collect()
 }
 
-fn check_all(dir: &Path, expected_models: usize) {
+/// Every model of `dir` computed by `exec` matches onnxruntime within [`TOLERANCE`].
+fn check_all(dir: &Path, expected_models: usize, exec: Executor) {
     let models = models(dir);
     assert_eq!(models.len(), expected_models, "{}", dir.display());
     let mut report = String::new();
     let mut failed = Vec::new();
     for m in &models {
-        for (output, err) in relative_errors(m) {
-            let name = m.file_stem().unwrap().to_string_lossy().into_owned();
+        let name = m.file_stem().unwrap().to_string_lossy().into_owned();
+        for (output, err) in relative_errors(m, exec) {
             report.push_str(&format!("{name:16} {output:50} {err:.2e}\n"));
             if err > TOLERANCE {
                 failed.push(format!("{name}: '{output}' {err:.2e}"));
@@ -114,12 +160,20 @@ fn check_all(dir: &Path, expected_models: usize) {
 
 #[test]
 fn every_parity_model_matches_onnxruntime() {
-    check_all(&dir(""), 11);
+    check_all(&dir(""), 11, Executor::Reference);
 }
 
 #[test]
 fn held_out_models_match_onnxruntime() {
-    check_all(&dir("heldout"), 11);
+    check_all(&dir("heldout"), 11, Executor::Reference);
+}
+
+/// The CPU device under a four-stream Opara schedule, with the models' real weights and
+/// inputs: the device's kernels (im2col + sgemm, broadcasts, pads), not the reference's loops.
+#[test]
+fn parity_models_on_the_cpu_device_match_onnxruntime() {
+    check_all(&dir(""), 11, Executor::CpuDevice);
+    check_all(&dir("heldout"), 11, Executor::CpuDevice);
 }
 
 /// Loading weights changes nothing of the graph's structure: the folds are decided on shapes.

@@ -24,6 +24,11 @@
 pub mod bench;
 pub mod run;
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use opsched_graph::{NodeId, Tensor};
+
 pub use opsched_gpu::{
     CpuDevice, CudaDevice, Device, DeviceReport, GpuError, KernelOptions, Summary, TransferMode,
 };
@@ -87,6 +92,11 @@ impl Backend {
 /// Options of a run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunOptions {
+    /// Values of graph inputs (the others are pseudo-random from their names); each has the
+    /// input's shape (see `opsched::npy::bind_inputs`).
+    pub inputs: Arc<HashMap<NodeId, Tensor>>,
+    /// Read the graph's outputs back into [`RunReport::outputs`].
+    pub keep_outputs: bool,
     /// Capture one whole iteration as a graph and time its replays.
     pub graph_capture: bool,
     pub warmup: u32,
@@ -100,6 +110,8 @@ pub struct RunOptions {
 impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
+            inputs: Arc::default(),
+            keep_outputs: false,
             graph_capture: false,
             warmup: 10,
             repeats: 100,

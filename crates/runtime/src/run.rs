@@ -2,7 +2,7 @@
 //! transfers, timing and the numerical check.
 
 use opsched_gpu::{Device, DeviceReport, GraphProgram, Summary, TransferSpec};
-use opsched_graph::Graph;
+use opsched_graph::{Graph, Tensor};
 use opsched_schedule::{HostCmd, HostProgram, LaunchPlan, Schedule};
 use serde::Serialize;
 
@@ -26,6 +26,9 @@ pub struct RunReport {
     pub buffer_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check: Option<CheckReport>,
+    /// The graph's outputs by name, when [`RunOptions::keep_outputs`] asked for them.
+    #[serde(skip)]
+    pub outputs: Vec<(String, Tensor)>,
 }
 
 /// The numerical check's result.
@@ -115,6 +118,7 @@ impl<'a, D: Device> Session<'a, D> {
             .collect();
         let program = GraphProgram::build(g, &host.gpu_of(), &specs)?;
         let mut mem = dev.alloc(&program, &map)?;
+        write_inputs(dev, g, &program, &mem, opts)?;
         let mut ops = Vec::with_capacity(program.ops.len());
         for op in &program.ops {
             ops.push(match op {
@@ -323,16 +327,46 @@ impl<'a, D: Device> Session<'a, D> {
         Ok(times)
     }
 
-    /// Every operator's output, read back (index = `NodeId`).
+    /// Every node's value, read back (index = `NodeId`): operators' outputs, graph inputs
+    /// and constants.
     pub fn outputs(&self) -> Result<Vec<Option<Vec<f32>>>, RuntimeError> {
         let mut out = vec![None; self.g.len()];
-        for id in self.g.ops() {
-            if let Some(Some(op)) = self.program.ops.get(id.index()) {
-                out[id.index()] = Some(self.dev.read(&self.mem, op.output)?);
+        for (i, b) in self.program.outputs.iter().enumerate() {
+            if let (Some(b), Some(slot)) = (b, out.get_mut(i)) {
+                *slot = Some(self.dev.read(&self.mem, *b)?);
             }
         }
         Ok(out)
     }
+}
+
+/// Give every copy of each graph input in `opts.inputs` its values.
+fn write_inputs<D: Device>(
+    dev: &D,
+    g: &Graph,
+    program: &GraphProgram,
+    mem: &D::Memory,
+    opts: &RunOptions,
+) -> Result<(), RuntimeError> {
+    for (&id, t) in opts.inputs.iter() {
+        let node = g
+            .nodes()
+            .get(id.index())
+            .filter(|n| n.op.is_graph_input())
+            .ok_or_else(|| plan_err(format!("node #{} is not a graph input", id.0)))?;
+        if t.shape != node.shape {
+            return Err(plan_err(format!(
+                "input '{}' has shape {:?}, the graph takes {:?}",
+                node.name, t.shape, node.shape
+            )));
+        }
+        for (b, spec) in program.buffers.iter().enumerate() {
+            if spec.role == opsched_gpu::program::BufRole::Input(id) {
+                dev.write(mem, b, &t.data)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Run a launch plan on `dev`: prepare, time, check.
@@ -350,6 +384,10 @@ pub fn run_plan<D: Device>(
         CheckMode::None => None,
         mode => Some(check(dev, &session, opts, mode)?),
     };
+    let outputs = match opts.keep_outputs {
+        true => opsched_gpu::reference::outputs(g, &session.outputs()?)?,
+        false => Vec::new(),
+    };
     Ok(RunReport {
         device: dev.report(),
         logical_gpus: session.host.gpus(),
@@ -364,6 +402,7 @@ pub fn run_plan<D: Device>(
         transfers: counts.sends,
         buffer_bytes: session.program.bytes_per_gpu().iter().sum(),
         check,
+        outputs,
     })
 }
 
@@ -426,7 +465,7 @@ fn check<D: Device>(
     let tol_ref = reference_tolerance(&dev.report(), opts);
     let flops: u64 = s.g.ops().map(|o| s.g.stats(o).flops).sum();
     let (vs_ref, vs_ref_node) = if mode == CheckMode::Full || flops <= opts.reference_max_flops {
-        let reference = opsched_gpu::reference::reference(s.g)?;
+        let reference = opsched_gpu::reference::reference_with(s.g, &opts.inputs)?;
         let (e, n) = worst(s.g, &want, &reference);
         (Some(e), Some(n))
     } else {

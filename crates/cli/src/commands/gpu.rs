@@ -1,11 +1,14 @@
 //! `opsched profile` and `opsched run`: the commands that execute a graph on a device (a CUDA
 //! GPU, or the CPU).
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
+use opsched::graph::{NodeId, Tensor};
 use opsched::profiler::{ProfileError, ProfileOptions};
 use opsched::runtime::{
     Backend, CheckMode, CpuDevice, CudaDevice, Device, KernelOptions, RunOptions, RuntimeError,
@@ -14,7 +17,7 @@ use opsched::runtime::{
 use opsched::schedule::io as schedule_io;
 
 use crate::args::{ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
-use crate::common::{load, print_json, setup};
+use crate::common::{load, print_json, setup, write_file};
 use crate::error::{facade, user};
 
 #[derive(Args, Debug)]
@@ -129,10 +132,12 @@ enum TransferArg {
     after_help = "Searches the schedule as `opsched schedule` does (under --cost, default \
 analytical), then executes it: buffers allocated first, warm-up, timed repetitions (median, \
 p10, p90), and with --check a numerical comparison against a sequential run of the same kernels \
-and, on small graphs, a CPU reference. More logical GPUs (--gpus) than the machine has share \
-the physical ones.\n\nExamples:\n  \
+and, on small graphs, the reference executor. More logical GPUs (--gpus) than the machine has \
+share the physical ones. ONNX models run with their weights; --input gives their inputs and \
+--output writes their outputs (zoo models have pseudo-random weights).\n\nExamples:\n  \
 opsched run inception_v3 --algo ios\n  opsched run resnet50 --algo opara --graph-capture --json\n  \
-opsched run nasnet --algo hios-lp --gpus 2 --check\n  opsched run googlenet --schedule s.json"
+opsched run nasnet --algo hios-lp --gpus 2 --check\n  opsched run googlenet --schedule s.json\n  \
+opsched run model.onnx --algo lios --backend cpu --input x.npy --output y.npz"
 )]
 pub struct RunArgs {
     /// Zoo model name or graph file.
@@ -168,6 +173,13 @@ pub struct RunArgs {
     model_args: ModelArgs,
     #[command(flatten)]
     sched: SchedArgs,
+    /// A model input as a float32 NumPy array: `FILE.npy` for a model with one input, else
+    /// `NAME=FILE.npy` per input (repeat). Without, inputs are pseudo-random.
+    #[arg(long, value_name = "[NAME=]FILE.npy")]
+    input: Vec<opsched::npy::InputArg>,
+    /// Write the model's outputs: a `.npy` (one output) or `.npz` (every output, by name).
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -294,8 +306,29 @@ impl OnDevice for Run<'_> {
     }
 }
 
+/// The model with its weights (ONNX files; zoo models and graph files have none, so their
+/// parameters are pseudo-random) and the bound `--input` arrays; the batch of a model with a
+/// symbolic batch comes from the arrays unless `--batch` says otherwise.
+fn load_for_inference(a: &RunArgs) -> Result<(opsched::Graph, HashMap<NodeId, Tensor>)> {
+    let arrays = opsched::npy::read_inputs(&a.input).map_err(user)?;
+    let mut cfg = a.model_args.zoo_config();
+    if a.model_args.batch == 1 {
+        cfg.batch = opsched::npy::input_batch(&arrays).unwrap_or(1);
+    }
+    let opts = opsched::LoadOptions {
+        weights: true,
+        ..a.model_args.load_options()
+    };
+    let g = opsched::load_model_with(&a.model, &cfg, &opts).map_err(facade)?;
+    let inputs = match arrays.is_empty() {
+        true => HashMap::new(),
+        false => opsched::npy::bind_inputs(&g, arrays).map_err(user)?,
+    };
+    Ok((g, inputs))
+}
+
 pub fn run(a: &RunArgs) -> Result<()> {
-    let g = load(&a.model, &a.model_args)?;
+    let (g, inputs) = load_for_inference(a)?;
     let gpus = a.target.gpus as usize;
     let su = setup(&g, &a.platform)?;
     let platform = su.platform(gpus, a.target.streams as usize);
@@ -330,6 +363,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
             TransferArg::Copy => TransferMode::Copy,
         },
         kernels: a.device.kernels(),
+        inputs: Arc::new(inputs),
+        keep_outputs: a.output.is_some(),
         ..RunOptions::default()
     };
     let job = Run {
@@ -343,6 +378,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
         print_json(&report)?;
     } else {
         print_run(&g, &label, &report)?;
+    }
+    if let Some(path) = &a.output {
+        let bytes = opsched::npy::encode_outputs(path, &report.outputs).map_err(user)?;
+        write_file(path, &bytes).map_err(user)?;
+        eprintln!(
+            "wrote {} ({} outputs)",
+            path.display(),
+            report.outputs.len()
+        );
     }
     if failed {
         anyhow::bail!("the scheduled run's outputs differ from the sequential run's");

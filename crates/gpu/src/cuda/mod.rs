@@ -393,9 +393,27 @@ pub(crate) struct PrepareCx<'a> {
     unit: usize,
     pub(crate) sc: &'a mut StreamCtx,
     pub(crate) opts: &'a KernelOptions,
+    /// The operator being prepared (for errors).
+    op: &'a str,
 }
 
 impl PrepareCx<'_> {
+    /// The error for a step this device has no kernel for yet (the CPU device runs it).
+    pub(crate) fn no_kernel(&self, what: impl std::fmt::Display) -> GpuError {
+        GpuError::Unsupported {
+            node: self.op.to_string(),
+            message: format!("{what} has no CUDA kernel yet (--backend cpu runs it)"),
+        }
+    }
+
+    /// The NVRTC kernels' code of activation `a`, or the error when they lack it.
+    pub(crate) fn act_code(&self, a: opsched_graph::Activation) -> Result<i32, GpuError> {
+        match crate::cuda::nvrtc::act_code(a) {
+            c if c >= 0 => Ok(c),
+            _ => Err(self.no_kernel(format!("activation {a}"))),
+        }
+    }
+
     /// The device pointer of buffer `id`, which must live on this GPU.
     pub(crate) fn ptr(&self, id: BufId) -> Result<u64, GpuError> {
         match (self.mem.ptr.get(id), self.mem.home.get(id)) {
@@ -636,6 +654,7 @@ impl Device for CudaDevice {
                 unit,
                 sc: &mut *sc,
                 opts,
+                op: &op.name,
             };
             let e = s.kernel().prepare_cuda(&mut cx)?;
             workspace = workspace.max(e.workspace());

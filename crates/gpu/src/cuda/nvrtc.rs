@@ -165,7 +165,7 @@ pub const NAMES: &[&str] = &[
 pub const MAX_RANK: usize = 6;
 
 /// The activation code the kernels use; -1 for the activations they do not have yet, which
-/// the lowering refuses ([`has_kernel`]) before any step is built.
+/// the CUDA preparation refuses (`PrepareCx::act_code`); the CPU device runs every activation.
 pub fn act_code(a: Activation) -> i32 {
     match a {
         Activation::None => 0,
@@ -179,11 +179,6 @@ pub fn act_code(a: Activation) -> i32 {
         | Activation::HardSigmoid { .. }
         | Activation::HardSwish => -1,
     }
-}
-
-/// Whether the kernels compute activation `a`.
-pub fn has_kernel(a: Activation) -> bool {
-    act_code(a) >= 0
 }
 
 /// Threads per block of the element-wise kernels.

@@ -10,7 +10,6 @@ use serde::Serialize;
 use super::{Access, Step, StepKernel};
 use crate::cpu::math::apply_bias_act;
 use crate::cpu::CpuIo;
-use crate::cuda::nvrtc::act_code;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::reference::act;
@@ -85,7 +84,7 @@ impl StepKernel for Act {
             y: cx.ptr(self.y)?,
             x: cx.ptr(self.x)?,
             n: self.len as i64,
-            act: act_code(self.act),
+            act: cx.act_code(self.act)?,
         }))
     }
 
@@ -136,7 +135,7 @@ impl StepKernel for BiasAct {
             total: self.total as i64,
             channels: self.channels.max(1) as i64,
             inner: self.inner.max(1) as i64,
-            act: act_code(self.act),
+            act: cx.act_code(self.act)?,
         }))
     }
 

@@ -23,7 +23,6 @@ use super::{product, Access, Step, StepKernel};
 use crate::cpu::math::{apply_bias_act, sgemm, Mat};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{tensor4, ActDesc, ConvDesc, FilterDesc, TensorDesc};
-use crate::cuda::nvrtc::act_code;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{weight_half_width, At, BufId, Builder, Src};
 use crate::GpuError;
@@ -40,7 +39,9 @@ pub struct Conv {
     pub out_channels: usize,
     pub kernel: [usize; 2],
     pub stride: [usize; 2],
+    /// Padding before (top, left) and after (bottom, right) each spatial axis.
     pub padding: [usize; 2],
+    pub padding_end: [usize; 2],
     pub dilation: [usize; 2],
     pub groups: usize,
     /// Output `[oh, ow]`.
@@ -85,7 +86,8 @@ pub(crate) fn lower(
             out_channels: oc,
             kernel: c.kernel,
             stride: c.stride,
-            padding: c.padding,
+            padding: c.pads().0,
+            padding_end: c.pads().1,
             dilation: c.dilation,
             groups,
             out_hw: [oh, ow],
@@ -108,7 +110,10 @@ impl Conv {
 
     /// A 1x1, stride-1, unpadded convolution reads its input as the im2col matrix.
     fn is_pointwise(&self) -> bool {
-        self.kernel == [1, 1] && self.stride == [1, 1] && self.padding == [0, 0]
+        self.kernel == [1, 1]
+            && self.stride == [1, 1]
+            && self.padding == [0, 0]
+            && self.padding_end == [0, 0]
     }
 
     /// Fill `col` (`col_rows x oh*ow`, row-major) with group `g` of image `x` (`[c, h, w]`).
@@ -241,6 +246,9 @@ impl StepKernel for Conv {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        if self.padding != self.padding_end {
+            return Err(cx.no_kernel("a convolution padded differently before and after"));
+        }
         Ok(Box::new(prepare(self, cx)?))
     }
 }
@@ -380,7 +388,7 @@ fn prepare(s: &Conv, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuError> {
             oc as i64,
             inner,
             (n * oc) as i64 * inner,
-            act_code(s.act),
+            cx.act_code(s.act)?,
         ));
     }
     Ok(plan)

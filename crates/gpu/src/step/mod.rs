@@ -16,11 +16,13 @@ use crate::program::BufId;
 use crate::GpuError;
 
 pub mod act;
+pub mod broadcast;
 pub mod conv;
 pub mod copy;
 pub mod elementwise;
 pub mod gemm;
 pub mod layer_norm;
+pub mod pad;
 pub mod pool;
 pub mod softmax;
 pub mod spin;
@@ -95,6 +97,8 @@ steps! {
     Softmax(softmax::Softmax),
     LayerNorm(layer_norm::LayerNorm),
     Elementwise(elementwise::Elementwise),
+    Broadcast(broadcast::Broadcast),
+    Pad(pad::Pad),
     Transpose(transpose::Transpose),
     Spin(spin::Spin),
 }

@@ -1,6 +1,7 @@
-//! Max and average pooling (NCHW), PyTorch's rules: windows start at `i * stride - pad` and end
-//! at most at `input + pad`; max ignores padding; average divides by the window counted up to
-//! that end (padding included), before clipping to the input (`ceil_mode` windows are exact).
+//! Max and average pooling (NCHW), PyTorch's and onnxruntime's rules: windows start at
+//! `i * stride - begin` and end at most at `input + end`; max ignores padding; an average
+//! divides by the window counted up to that end (padding included) or, without
+//! `count_include_pad`, by the input elements it covers (`ceil_mode` windows are exact).
 //! Pooling is an NVRTC kernel rather than cuDNN so that these windows are exact.
 #![allow(unsafe_code)]
 
@@ -28,7 +29,11 @@ pub struct Pool {
     pub max: bool,
     pub kernel: [usize; 2],
     pub stride: [usize; 2],
+    /// Padding before (top, left) and after (bottom, right) each spatial axis.
     pub padding: [usize; 2],
+    pub padding_end: [usize; 2],
+    /// An average divides by the padded window (else by the input elements in it).
+    pub count_include_pad: bool,
 }
 
 /// Lower a `pool2d` operator (a global pool is a window over the whole input).
@@ -54,7 +59,9 @@ pub(crate) fn lower(
             max: matches!(p.kind, PoolKind::Max | PoolKind::GlobalMax),
             kernel: if global { [h, w] } else { p.kernel },
             stride: if global { [1, 1] } else { p.stride },
-            padding: if global { [0, 0] } else { p.padding },
+            padding: if global { [0, 0] } else { p.pads().0 },
+            padding_end: if global { [0, 0] } else { p.pads().1 },
+            count_include_pad: global || p.count_include_pad,
         }
         .into(),
     );
@@ -69,15 +76,23 @@ impl Pool {
         let (h, w) = (h as isize, w as isize);
         let [sh, sw] = self.stride.map(|v| v as isize);
         let [ph, pw] = self.padding.map(|v| v as isize);
+        let [eh, ew] = self.padding_end.map(|v| v as isize);
         let [kh, kw] = self.kernel.map(|v| v as isize);
         for i in 0..oh {
             for j in 0..ow {
                 let hs = i as isize * sh - ph;
                 let ws = j as isize * sw - pw;
-                let he = (hs + kh).min(h + ph);
-                let we = (ws + kw).min(w + pw);
-                let size = ((he - hs) * (we - ws)).max(1) as f32;
+                let he = (hs + kh).min(h + eh);
+                let we = (ws + kw).min(w + ew);
+                let padded = (he - hs) * (we - ws);
                 let (hs, ws, he, we) = (hs.max(0), ws.max(0), he.min(h), we.min(w));
+                let inside = (he - hs).max(0) * (we - ws).max(0);
+                let size = if self.count_include_pad {
+                    padded
+                } else {
+                    inside
+                }
+                .max(1) as f32;
                 let mut m = f32::NEG_INFINITY;
                 let mut s = 0.0f32;
                 for p in hs..he {
@@ -120,6 +135,11 @@ impl StepKernel for Pool {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        if self.padding != self.padding_end || !self.count_include_pad {
+            return Err(cx.no_kernel(
+                "pooling padded differently before and after, or without count_include_pad",
+            ));
+        }
         let [n, c, h, w] = self.input;
         Ok(Box::new(CudaPool {
             y: cx.ptr(self.y)?,

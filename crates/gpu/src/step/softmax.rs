@@ -1,4 +1,5 @@
-//! Softmax over the middle axis of `[outer, dim, inner]` (cuDNN's channel mode on CUDA).
+//! Softmax and log-softmax over the middle axis of `[outer, dim, inner]` (cuDNN's channel mode
+//! on CUDA; log-softmax runs on the CPU device only for now).
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -22,6 +23,8 @@ pub struct Softmax {
     pub outer: usize,
     pub dim: usize,
     pub inner: usize,
+    /// `log(softmax(x))`, computed as `x - max - log(sum(exp(x - max)))`.
+    pub log: bool,
 }
 
 /// Lower a `softmax` operator (a negative axis counts from the end).
@@ -30,6 +33,7 @@ pub(crate) fn lower(
     steps: &mut Vec<Step>,
     at: At,
     axis: i64,
+    log: bool,
     src: Src<'_>,
     out: BufId,
 ) -> Result<(), GpuError> {
@@ -47,6 +51,7 @@ pub(crate) fn lower(
             outer: xs[..ax].iter().product(),
             dim: xs[ax],
             inner: xs[ax + 1..].iter().product(),
+            log,
         }
         .into(),
     );
@@ -86,8 +91,15 @@ impl StepKernel for Softmax {
                     yb[d * inner + i] = e;
                     s += e;
                 }
-                for d in 0..dim {
-                    yb[d * inner + i] /= s;
+                if self.log {
+                    let ls = s.ln();
+                    for d in 0..dim {
+                        yb[d * inner + i] = xb[d * inner + i] - m - ls;
+                    }
+                } else {
+                    for d in 0..dim {
+                        yb[d * inner + i] /= s;
+                    }
                 }
             }
         });
@@ -95,6 +107,9 @@ impl StepKernel for Softmax {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        if self.log {
+            return Err(cx.no_kernel("log_softmax"));
+        }
         Ok(Box::new(CudaSoftmax {
             x: cx.ptr(self.x)?,
             y: cx.ptr(self.y)?,

@@ -1,0 +1,243 @@
+//! Two-operand element-wise arithmetic with NumPy broadcasting (ONNX's `Sub`, `Div`, `Pow`,
+//! `Max`, `Min`, and `Add`/`Mul` of differently shaped operands, e.g. squeeze-and-excitation's
+//! `x * gate[n, c, 1, 1]` or a position embedding added to a batch). CPU only for now: the CUDA
+//! device refuses it with a clear error.
+
+use opsched_graph::{BinaryKind, ElementwiseKind};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::{product, Access, Step, StepKernel};
+use crate::cpu::CpuIo;
+use crate::cuda::{Enqueue, PrepareCx};
+use crate::program::{At, BufId, Builder, Src};
+use crate::GpuError;
+
+/// The arithmetic of a [`Broadcast`] step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BinOp {
+    Add,
+    Mul,
+    Sub,
+    Div,
+    Pow,
+    Max,
+    Min,
+}
+
+impl BinOp {
+    fn apply(self, x: f32, y: f32) -> f32 {
+        match self {
+            BinOp::Add => x + y,
+            BinOp::Mul => x * y,
+            BinOp::Sub => x - y,
+            BinOp::Div => x / y,
+            BinOp::Pow => x.powf(y),
+            BinOp::Max => x.max(y),
+            BinOp::Min => x.min(y),
+        }
+    }
+}
+
+/// `y = a op b`, each operand broadcast to `out` (NumPy's rules: shapes aligned at the last
+/// axis, a dimension of 1 repeats).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Broadcast {
+    pub a: BufId,
+    pub b: BufId,
+    pub y: BufId,
+    pub a_shape: Vec<usize>,
+    pub b_shape: Vec<usize>,
+    pub out: Vec<usize>,
+    pub op: BinOp,
+}
+
+/// Lower a `binary` operator, or an `elementwise` one whose operands differ in shape (folded
+/// left to right through scratch buffers).
+pub(crate) fn lower(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    op: BinOp,
+    src: Src<'_>,
+    out: BufId,
+    out_shape: &[usize],
+) -> Result<(), GpuError> {
+    let ts = b.terms(steps, at, src)?;
+    let Some(((first, first_shape), rest)) = ts.split_first() else {
+        return Err(b.unsupported(at, "an element-wise operator without operands"));
+    };
+    if rest.is_empty() {
+        return Err(b.unsupported(at, "a binary operator needs two operands"));
+    }
+    let mut acc = (*first, first_shape.clone());
+    for (i, (t, shape)) in rest.iter().enumerate() {
+        let joined = opsched_graph::op::broadcast_shapes(&[acc.1.clone(), shape.clone()])
+            .map_err(|m| b.unsupported(at, m))?;
+        let dst = if i + 1 == rest.len() {
+            if joined != out_shape {
+                return Err(b.unsupported(at, "operand shapes do not broadcast to the output"));
+            }
+            out
+        } else {
+            b.scratch(at, product(&joined, "broadcast result")?)
+        };
+        steps.push(
+            Broadcast {
+                a: acc.0,
+                b: *t,
+                y: dst,
+                a_shape: acc.1.clone(),
+                b_shape: shape.clone(),
+                out: joined.clone(),
+                op,
+            }
+            .into(),
+        );
+        acc = (dst, joined);
+    }
+    Ok(())
+}
+
+/// Lower an `affine` operator (`y = x * scale[c] + shift[c]` along axis 1, an unfoldable
+/// batch norm) as two broadcasts against `[1, c, 1, ...]` parameters.
+pub(crate) fn lower_affine(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    src: Src<'_>,
+    out: BufId,
+    out_shape: &[usize],
+) -> Result<(), GpuError> {
+    let (x, xs) = b.single(steps, at, src)?;
+    let Some(&c) = xs.get(1) else {
+        return Err(b.unsupported(at, "affine needs a channel axis (axis 1)"));
+    };
+    let mut ps = vec![1; xs.len()];
+    ps[1] = c;
+    let scale = b.param(at, "scale", c, 1.0, 0.1);
+    let shift = b.param(at, "shift", c, 0.0, 0.1);
+    let scaled = b.scratch(at, product(&xs, "affine")?);
+    for (a, p, y, op) in [
+        (x, scale, scaled, BinOp::Mul),
+        (scaled, shift, out, BinOp::Add),
+    ] {
+        steps.push(
+            Broadcast {
+                a,
+                b: p,
+                y,
+                a_shape: xs.clone(),
+                b_shape: ps.clone(),
+                out: out_shape.to_vec(),
+                op,
+            }
+            .into(),
+        );
+    }
+    Ok(())
+}
+
+impl From<BinaryKind> for BinOp {
+    fn from(k: BinaryKind) -> BinOp {
+        match k {
+            BinaryKind::Sub => BinOp::Sub,
+            BinaryKind::Div => BinOp::Div,
+            BinaryKind::Pow => BinOp::Pow,
+            BinaryKind::Max => BinOp::Max,
+            BinaryKind::Min => BinOp::Min,
+        }
+    }
+}
+
+impl From<ElementwiseKind> for BinOp {
+    fn from(k: ElementwiseKind) -> BinOp {
+        match k {
+            ElementwiseKind::Add => BinOp::Add,
+            ElementwiseKind::Mul => BinOp::Mul,
+        }
+    }
+}
+
+/// Strides of `shape` read as if it had the output's rank, 0 along broadcast axes.
+fn strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let skip = out.len() - shape.len();
+    let mut st = vec![0; out.len()];
+    let mut s = 1;
+    for (i, &d) in shape.iter().enumerate().rev() {
+        if d != 1 {
+            st[skip + i] = s;
+        }
+        s *= d;
+    }
+    st
+}
+
+impl Broadcast {
+    fn len(&self, shape: &[usize]) -> usize {
+        shape.iter().product()
+    }
+}
+
+impl StepKernel for Broadcast {
+    fn kind(&self) -> &'static str {
+        "broadcast"
+    }
+
+    fn access(&self) -> Access {
+        let mut reads = vec![
+            (self.a, self.len(&self.a_shape)),
+            (self.b, self.len(&self.b_shape)),
+        ];
+        if self.a == self.b {
+            reads.truncate(1);
+            reads[0].1 = self.len(&self.a_shape).max(self.len(&self.b_shape));
+        }
+        Access {
+            reads,
+            writes: vec![(self.y, self.len(&self.out))],
+        }
+    }
+
+    fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
+        let rank = self.out.len();
+        if self.a_shape.len() > rank || self.b_shape.len() > rank {
+            return Err(GpuError::Plan(
+                "broadcast: an operand has more axes than the result".into(),
+            ));
+        }
+        let (sa, sb) = (
+            strides(&self.a_shape, &self.out),
+            strides(&self.b_shape, &self.out),
+        );
+        let a = io.read(self.a)?;
+        let b = io.read(self.b)?;
+        let n = self.len(&self.out);
+        let y = &mut io.write(self.y)?[..n];
+        // One row per index of the leading axes; the last axis is the inner loop.
+        let last = self.out.last().copied().unwrap_or(1).max(1);
+        let (la, lb) = (
+            sa.last().copied().unwrap_or(0),
+            sb.last().copied().unwrap_or(0),
+        );
+        y.par_chunks_mut(last).enumerate().for_each(|(row, yr)| {
+            let (mut oa, mut ob, mut r) = (0, 0, row);
+            for ax in (0..rank.saturating_sub(1)).rev() {
+                let d = self.out[ax].max(1);
+                let i = r % d;
+                r /= d;
+                oa += i * sa[ax];
+                ob += i * sb[ax];
+            }
+            for (j, v) in yr.iter_mut().enumerate() {
+                *v = self.op.apply(a[oa + j * la], b[ob + j * lb]);
+            }
+        });
+        Ok(())
+    }
+
+    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        Err(cx.no_kernel(format!("broadcast {:?}", self.op)))
+    }
+}
