@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use opsched::cost::{CostModel, DevicePreset, LinkPreset};
 use opsched::schedule::{export, Platform, Schedule};
-use opsched::{ratio, CostKind, Evaluation, Graph, GraphError};
+use opsched::{ratio, CostKind, Evaluation, Graph};
 use serde::Serialize;
 
 use crate::args::{ExportArgs, ModelArgs, PlatformArgs};
@@ -29,9 +29,8 @@ pub fn print_json(value: &impl Serialize) -> Result<()> {
 }
 
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    opsched::formats::write_atomic(path, bytes)
-        .map_err(|e: GraphError| anyhow::Error::new(e))
-        .with_context(|| format!("writing {}", path.display()))
+    opsched::io::write(path, bytes)?;
+    Ok(())
 }
 
 /// The platform and cost model of a `schedule` or `simulate` run.

@@ -14,6 +14,8 @@ pub use opsched_cost as cost;
 pub use opsched_gpu as gpu;
 pub use opsched_graph as graph;
 pub use opsched_graph::{formats, zoo, Graph, GraphError};
+/// Output files: every file opsched writes goes through [`io::write`].
+pub use opsched_io as io;
 #[cfg(feature = "onnx")]
 pub use opsched_onnx as onnx;
 pub use opsched_profiler as profiler;
