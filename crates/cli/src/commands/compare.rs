@@ -7,8 +7,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::args::{ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
-use crate::common::{load, print_json, setup, write_file};
+use crate::common::{load, print_json, setup};
 use crate::error::facade;
+use crate::output::Outputs;
 use crate::progress::Bar;
 
 #[derive(Args, Debug)]
@@ -68,15 +69,22 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
         .map_err(anyhow::Error::new)
         .with_context(|| format!("comparing schedulers on {}", g.name))?;
     bar.finish();
+    let mut outputs = Outputs::default();
     if let Some(path) = &a.csv {
-        write_file(path, comparison_csv(&table).as_bytes())?;
+        outputs.add(path, comparison_csv(&table));
     }
     if let Some(path) = &a.md {
-        write_file(path, comparison_markdown(&table).as_bytes())?;
+        outputs.add(path, comparison_markdown(&table));
     }
     if a.json {
-        return print_json(&table);
+        print_json(&table)?;
+    } else {
+        print_table(&table)?;
     }
+    outputs.write()
+}
+
+fn print_table(table: &opsched::ComparisonTable) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,

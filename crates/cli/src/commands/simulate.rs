@@ -13,10 +13,11 @@ use serde::Serialize;
 
 use crate::args::{ExportArgs, ModelArgs, PlatformArgs};
 use crate::common::{
-    bound_line, describe, evaluate, gpu_use, load, platform_line, print_json, setup, write_exports,
+    add_exports, bound_line, describe, evaluate, gpu_use, load, platform_line, print_json, setup,
     GpuUse,
 };
 use crate::error::user;
+use crate::output::Outputs;
 
 #[derive(Args, Debug)]
 #[command(
@@ -100,7 +101,9 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
     opsched::schedule::validate(&g, &s, &platform)
         .map_err(|e| user(anyhow::anyhow!("{}: {e}", a.schedule)))?;
     let ev = evaluate(&g, &s, su.cost.as_ref(), gpus)?;
-    write_exports(
+    let mut outputs = Outputs::default();
+    add_exports(
+        &mut outputs,
         &g,
         &ev,
         &a.exports,
@@ -143,11 +146,17 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
         cost_stats: su.cost.stats(),
     };
     if a.json {
-        return print_json(&r);
+        print_json(&r)?;
+    } else {
+        print_report(&r, &s)?;
     }
+    outputs.write()
+}
+
+fn print_report(r: &SimulateReport, s: &Schedule) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "model          {} ({} operators)", r.model, r.ops)?;
-    writeln!(out, "schedule       {} ({})", r.schedule, describe(&s))?;
+    writeln!(out, "schedule       {} ({})", r.schedule, describe(s))?;
     writeln!(
         out,
         "platform       {}",
