@@ -510,8 +510,15 @@ fn measured_from_cache(
         Some(p) => CostCache::open(p)?,
         None => CostCache::open_default()?,
     };
-    if let Some(note) = cache.recovered() {
-        tracing::warn!("cost cache {}: {note}", cache.path().display());
+    // A damaged file was moved aside (the cache warned); a missing one is named here, since
+    // "no measurements" would hide a mistyped path.
+    if !cache.exists() && cache.recovered().is_none() {
+        return Err(Error::Cost(CostError::Cache {
+            path: cache.path().to_path_buf(),
+            message: "no such file; `opsched profile MODEL` measures costs into the cache \
+                      (--cache PATH or $OPSCHED_CACHE choose the file)"
+                .into(),
+        }));
     }
     let names: BTreeSet<&str> = cache
         .entries()
@@ -666,7 +673,7 @@ mod tests {
         .err()
         .unwrap()
         .to_string();
-        assert!(e.contains("no measurements"), "{e}");
+        assert!(e.contains("none.bin") && e.contains("no such file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
