@@ -14,6 +14,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::limits::{self, add, check_param, count, mul, numel};
+
 /// A tensor shape, batch dimension included.
 pub type Shape = Vec<usize>;
 
@@ -331,11 +333,6 @@ pub struct OpStats {
     pub params: u64,
 }
 
-/// Saturating: shapes from files may be absurd; the graph refuses them after inference.
-fn numel(s: &[usize]) -> u64 {
-    s.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64))
-}
-
 fn conv_out(
     input: usize,
     k: usize,
@@ -344,8 +341,22 @@ fn conv_out(
     d: usize,
     ceil: bool,
 ) -> Result<usize, String> {
-    let span = d * (k.max(1) - 1) + 1;
-    let padded = input + 2 * p;
+    let (k, s, p, d) = (
+        check_param("kernel", k)?,
+        check_param("stride", s)?,
+        check_param("padding", p)?,
+        check_param("dilation", d)?,
+    );
+    // Under MAX_PARAM each term fits; checked anyway, as every size from input is.
+    let overflow = || "window arithmetic overflows".to_string();
+    let span = d
+        .checked_mul(k.max(1) - 1)
+        .and_then(|x| x.checked_add(1))
+        .ok_or_else(overflow)?;
+    let padded = p
+        .checked_mul(2)
+        .and_then(|x| x.checked_add(input))
+        .ok_or_else(overflow)?;
     if padded < span {
         return Err(format!("window {span} larger than padded input {padded}"));
     }
@@ -357,7 +368,7 @@ fn conv_out(
     // PyTorch's ceil mode: round up, but the last window must start inside the input or left padding.
     if ceil && !steps.is_multiple_of(s) {
         out += 1;
-        if (out - 1) * s >= input + p {
+        if (out - 1).checked_mul(s).ok_or_else(overflow)? >= input.saturating_add(p) {
             out -= 1;
         }
     }
@@ -389,7 +400,9 @@ pub fn concat_shapes(shapes: &[Shape], axis: usize) -> Result<Shape, String> {
                 "cannot concatenate {first:?} and {s:?} along axis {axis}"
             ));
         }
-        out[axis] += s[axis];
+        out[axis] = out[axis]
+            .checked_add(s[axis])
+            .ok_or_else(|| format!("concatenated axis {axis} overflows"))?;
     }
     Ok(out)
 }
@@ -445,12 +458,8 @@ impl Op {
                 Ok(shape.clone())
             }
             Op::Abstract { time_ms, util } => {
-                if !(time_ms.is_finite() && *time_ms >= 0.0) {
-                    return Err(format!("time_ms {time_ms} must be finite and non-negative"));
-                }
-                if !(util.is_finite() && *util > 0.0 && *util <= 1.0) {
-                    return Err(format!("util {util} must lie in (0, 1]"));
-                }
+                limits::check_time_ms("time_ms", *time_ms)?;
+                limits::check_util("util", *util)?;
                 Ok(Vec::new())
             }
             Op::Opaque { op_type, shape } => {
@@ -519,6 +528,8 @@ impl Op {
         match self {
             Op::Conv2d(c) => {
                 require_rank(x, 4, "conv2d")?;
+                check_param("out_channels", c.out_channels)?;
+                check_param("groups", c.groups)?;
                 if c.groups == 0
                     || !x[1].is_multiple_of(c.groups)
                     || !c.out_channels.is_multiple_of(c.groups)
@@ -560,13 +571,14 @@ impl Op {
             }
             Op::Activation { .. } | Op::Identity | Op::LayerNorm { .. } => Ok(x.clone()),
             Op::Softmax { axis } => {
-                let r = x.len() as i64;
+                let r = i64::try_from(x.len()).map_err(|_| "rank overflows".to_string())?;
                 if *axis >= r || *axis < -r {
                     return Err(format!("softmax axis {axis} out of range for {x:?}"));
                 }
                 Ok(x.clone())
             }
             Op::Linear { out_features, .. } => {
+                check_param("out_features", *out_features)?;
                 if x.len() < 2 {
                     return Err(format!("linear expects rank >= 2, got {x:?}"));
                 }
@@ -577,7 +589,7 @@ impl Op {
                 Ok(out)
             }
             Op::Reshape { shape } => {
-                let total = numel(x);
+                let total = numel(x)?;
                 let mut out = Vec::with_capacity(shape.len());
                 let mut infer_at = None;
                 for (i, &d) in shape.iter().enumerate() {
@@ -590,18 +602,22 @@ impl Op {
                             *x.get(i)
                                 .ok_or(format!("reshape: no input dimension {i} to copy"))?,
                         ),
-                        d if d > 0 => out.push(d as usize),
+                        d if d > 0 => out.push(
+                            usize::try_from(d)
+                                .map_err(|_| format!("reshape: target {d} too large"))?,
+                        ),
                         _ => return Err(format!("reshape: invalid target {shape:?}")),
                     }
                 }
-                let known = numel(&out);
+                let cannot = || format!("cannot reshape {x:?} into {shape:?}");
+                let known = numel(&out).map_err(|_| cannot())?;
                 if let Some(i) = infer_at {
                     if known == 0 || !total.is_multiple_of(known) {
-                        return Err(format!("cannot reshape {x:?} into {shape:?}"));
+                        return Err(cannot());
                     }
-                    out[i] = (total / known) as usize;
+                    out[i] = usize::try_from(total / known).map_err(|_| cannot())?;
                 }
-                if numel(&out) != total {
+                if numel(&out).map_err(|_| cannot())? != total {
                     return Err(format!("cannot reshape {x:?} into {shape:?}"));
                 }
                 Ok(out)
@@ -624,39 +640,46 @@ impl Op {
         }
     }
 
-    /// FLOPs, bytes and parameters for the given term shapes and output shape.
-    /// `extra_read` is the number of elements read beyond one per term element
-    /// (the extra values summed inside terms); callers get it from the node.
-    pub fn stats(&self, terms: &[Shape], out: &Shape, dtype: DType) -> OpStats {
+    /// FLOPs, bytes and parameters for the given term shapes and output shape; an error when a
+    /// count overflows 64 bits. The values summed inside terms are not counted here (see
+    /// `Graph::stats`).
+    pub fn stats(&self, terms: &[Shape], out: &Shape, dtype: DType) -> Result<OpStats, String> {
         let e = dtype.size();
-        let in_elems: u64 = terms.iter().map(|s| numel(s)).sum();
-        let out_elems = numel(out);
+        let in_elems = terms
+            .iter()
+            .try_fold(0u64, |a, s| add("input elements", a, numel(s)?))?;
+        let out_elems = numel(out)?;
         let (flops, params) = match self {
             Op::Input { .. } | Op::Abstract { .. } => (0, 0),
             Op::Conv2d(c) => {
-                let cin = terms
-                    .iter()
-                    .map(|s| s.get(1).copied().unwrap_or(0) as u64)
-                    .sum::<u64>();
-                let per_out = cin / c.groups.max(1) as u64 * (c.kernel[0] * c.kernel[1]) as u64;
-                let mut flops = 2 * out_elems * per_out;
-                let mut params = c.out_channels as u64 * per_out;
+                let cin = terms.iter().try_fold(0u64, |a, s| {
+                    add("input channels", a, count(s.get(1).copied().unwrap_or(0)))
+                })?;
+                let window = mul("kernel size", count(c.kernel[0]), count(c.kernel[1]))?;
+                let per_out = mul("FLOPs", cin / count(c.groups.max(1)), window)?;
+                let mut flops = mul("FLOPs", mul("FLOPs", 2, out_elems)?, per_out)?;
+                let mut params = mul("parameters", count(c.out_channels), per_out)?;
                 if c.bias {
-                    flops += out_elems;
-                    params += c.out_channels as u64;
+                    flops = add("FLOPs", flops, out_elems)?;
+                    params = add("parameters", params, count(c.out_channels))?;
                 }
-                (flops + out_elems * c.act.flops_per_element(), params)
+                let act = mul("FLOPs", out_elems, c.act.flops_per_element())?;
+                (add("FLOPs", flops, act)?, params)
             }
             Op::Pool2d(p) => {
                 if p.kind.is_global() {
                     (in_elems, 0)
                 } else {
-                    (out_elems * (p.kernel[0] * p.kernel[1]) as u64, 0)
+                    let window = mul("kernel size", count(p.kernel[0]), count(p.kernel[1]))?;
+                    (mul("FLOPs", out_elems, window)?, 0)
                 }
             }
-            Op::Activation { act } => (out_elems * act.flops_per_element(), 0),
+            Op::Activation { act } => (mul("FLOPs", out_elems, act.flops_per_element())?, 0),
             Op::Opaque { .. } => (out_elems, 0),
-            Op::Elementwise { .. } => (out_elems * (terms.len() as u64).saturating_sub(1), 0),
+            Op::Elementwise { .. } => (
+                mul("FLOPs", out_elems, count(terms.len()).saturating_sub(1))?,
+                0,
+            ),
             Op::Concat { .. } | Op::Identity | Op::Reshape { .. } | Op::Transpose { .. } => (0, 0),
             Op::Linear {
                 out_features,
@@ -666,26 +689,30 @@ impl Op {
                 let k = terms
                     .iter()
                     .filter_map(|s| s.last())
-                    .map(|&d| d as u64)
+                    .map(|&d| count(d))
                     .max()
                     .unwrap_or(0);
-                let n = *out_features as u64;
-                let mut flops = 2 * out_elems * k + out_elems * act.flops_per_element();
-                let mut params = k * n;
+                let n = count(*out_features);
+                let mut flops = add(
+                    "FLOPs",
+                    mul("FLOPs", mul("FLOPs", 2, out_elems)?, k)?,
+                    mul("FLOPs", out_elems, act.flops_per_element())?,
+                )?;
+                let mut params = mul("parameters", k, n)?;
                 if *bias {
-                    flops += out_elems;
-                    params += n;
+                    flops = add("FLOPs", flops, out_elems)?;
+                    params = add("parameters", params, n)?;
                 }
                 (flops, params)
             }
             Op::BatchMatmul { .. } => {
-                let k = terms.first().and_then(|a| a.last()).copied().unwrap_or(0) as u64;
-                (2 * out_elems * k, 0)
+                let k = count(terms.first().and_then(|a| a.last()).copied().unwrap_or(0));
+                (mul("FLOPs", mul("FLOPs", 2, out_elems)?, k)?, 0)
             }
-            Op::Softmax { .. } => (5 * out_elems, 0),
+            Op::Softmax { .. } => (mul("FLOPs", 5, out_elems)?, 0),
             Op::LayerNorm { .. } => {
-                let d = out.last().copied().unwrap_or(0) as u64;
-                (8 * out_elems, 2 * d)
+                let d = count(out.last().copied().unwrap_or(0));
+                (mul("FLOPs", 8, out_elems)?, mul("parameters", 2, d)?)
             }
             Op::Sequential { ops } => {
                 let mut total = OpStats::default();
@@ -694,26 +721,32 @@ impl Op {
                     let Ok(next) = op.infer_shape(&shapes) else {
                         break;
                     };
-                    let s = op.stats(&shapes, &next, dtype);
-                    total.flops += s.flops;
-                    total.bytes_read += s.bytes_read;
-                    total.bytes_written += s.bytes_written;
-                    total.params += s.params;
+                    let s = op.stats(&shapes, &next, dtype)?;
+                    total = OpStats {
+                        flops: add("FLOPs", total.flops, s.flops)?,
+                        bytes_read: add("bytes read", total.bytes_read, s.bytes_read)?,
+                        bytes_written: add("bytes written", total.bytes_written, s.bytes_written)?,
+                        params: add("parameters", total.params, s.params)?,
+                    };
                     shapes = vec![next];
                 }
-                return total;
+                return Ok(total);
             }
         };
         let moves_data = !matches!(self, Op::Input { .. } | Op::Abstract { .. });
-        OpStats {
+        Ok(OpStats {
             flops,
             bytes_read: if moves_data {
-                (in_elems + params) * e
+                mul("bytes read", add("bytes read", in_elems, params)?, e)?
             } else {
                 0
             },
-            bytes_written: if moves_data { out_elems * e } else { 0 },
+            bytes_written: if moves_data {
+                mul("bytes written", out_elems, e)?
+            } else {
+                0
+            },
             params,
-        }
+        })
     }
 }
