@@ -28,20 +28,33 @@ pub fn check_param(field: &str, value: usize) -> Result<usize, String> {
 /// `ms` as a time named `field`: finite, non-negative and at most [`MAX_TIME_MS`].
 pub fn check_time_ms(field: &str, ms: f64) -> Result<f64, String> {
     if !(ms.is_finite() && ms >= 0.0) {
-        return Err(format!("{field} {ms} must be finite and non-negative"));
+        return Err(format!(
+            "{field} {} must be finite and non-negative",
+            show(ms)
+        ));
     }
     if ms > MAX_TIME_MS {
         return Err(format!(
-            "{field} {ms} exceeds the limit of {MAX_TIME_MS:e} ms"
+            "{field} {} exceeds the limit of {MAX_TIME_MS:e} ms",
+            show(ms)
         ));
     }
     Ok(ms)
 }
 
+/// A number as short as it reads: `1.5`, `1e300` (not 300 digits).
+fn show(x: f64) -> String {
+    if x == 0.0 || (1e-4..1e6).contains(&x.abs()) || !x.is_finite() {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
 /// `u` as a utilization named `field`: in (0, 1].
 pub fn check_util(field: &str, u: f64) -> Result<f64, String> {
     if !(u.is_finite() && u > 0.0 && u <= 1.0) {
-        return Err(format!("{field} {u} must lie in (0, 1]"));
+        return Err(format!("{field} {} must lie in (0, 1]", show(u)));
     }
     Ok(u)
 }

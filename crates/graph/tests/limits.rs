@@ -115,6 +115,25 @@ fn a_file_with_absurd_sizes_names_the_node() {
     assert!(e.starts_with("node 'big': "), "{e}");
 }
 
+#[test]
+fn dag_times_that_could_sum_to_infinity_are_refused() {
+    use opsched_graph::formats::dag;
+    // Finite, but two of them add up to infinity in f64.
+    let text = r#"{"format": "opsched-dag", "ops": [{"id": 1, "time_ms": 1e308},
+        {"id": 2, "time_ms": 1e308}], "edges": [{"src": 1, "dst": 2}]}"#;
+    let e = dag::from_str(text).unwrap_err().to_string();
+    assert!(e.starts_with("op 1: time_ms 1e308 exceeds"), "{e}");
+    let text = r#"{"format": "opsched-dag", "ops": [{"id": 1, "time_ms": 1},
+        {"id": 2, "time_ms": 1}], "edges": [{"src": 1, "dst": 2, "transfer_ms": 1e12}]}"#;
+    let e = dag::from_str(text).unwrap_err().to_string();
+    assert!(e.starts_with("edge 1 -> 2: transfer_ms"), "{e}");
+    // The same bound holds for abstract operators in our graph JSON.
+    let text = r#"{"format": "opsched-graph", "version": 1, "name": "t", "nodes": [
+        {"name": "a", "op": {"type": "abstract", "time_ms": 1e300}}]}"#;
+    let e = json::from_str(text).unwrap_err().to_string();
+    assert!(e.starts_with("node 'a': time_ms"), "{e}");
+}
+
 /// The exact FLOPs of a convolution as the module docs define them, in 128 bits.
 fn conv_flops(
     n: u128,

@@ -585,6 +585,15 @@ pub struct Evaluation {
 pub fn evaluate(g: &Graph, s: &Schedule, cost: &dyn CostModel, gpus: usize) -> Result<Evaluation> {
     let plan = opsched_schedule::lower(g, s)?;
     let timeline = opsched_schedule::simulate(g, &plan, cost)?;
+    // Inputs are validated at the door; this keeps a cost model's overflow from ever being
+    // reported as a result.
+    if !timeline.makespan_ms.is_finite() {
+        return Err(Error::Schedule(ScheduleError::Invalid(format!(
+            "the simulated makespan is {} ms under {}: an operator or transfer time is too large",
+            timeline.makespan_ms,
+            cost.name()
+        ))));
+    }
     let lower_bound = opsched_schedule::lower_bound(g, cost, gpus.max(1));
     Ok(Evaluation {
         makespan_ms: timeline.makespan_ms,
