@@ -404,6 +404,40 @@ fn brute_force_width(g: &Graph) -> usize {
         .unwrap_or(0)
 }
 
+/// The width as n minus a maximum matching in the bipartite graph of the transitive closure
+/// (Dilworth and Fulkerson): the textbook construction, quadratic in memory, as an oracle for
+/// graphs too large to brute-force.
+fn closure_matching_width(g: &Graph) -> usize {
+    let ops: Vec<NodeId> = g.ops().collect();
+    let n = ops.len();
+    let reach = opsched_graph::analysis::reachability(g, &ops);
+    let adj: Vec<Vec<usize>> = reach
+        .iter()
+        .map(|bits| {
+            (0..n)
+                .filter(|&j| bits[j / 64] >> (j % 64) & 1 == 1)
+                .collect()
+        })
+        .collect();
+    fn augment(u: usize, adj: &[Vec<usize>], m: &mut [usize], seen: &mut [bool]) -> bool {
+        for &v in &adj[u] {
+            if !seen[v] {
+                seen[v] = true;
+                if m[v] == usize::MAX || augment(m[v], adj, m, seen) {
+                    m[v] = u;
+                    return true;
+                }
+            }
+        }
+        false
+    }
+    let mut m = vec![usize::MAX; n];
+    let matched = (0..n)
+        .filter(|&u| augment(u, &adj, &mut m, &mut vec![false; n]))
+        .count();
+    n - matched
+}
+
 fn dag_strategy(max_n: usize) -> impl Strategy<Value = (usize, Vec<(usize, usize)>)> {
     (1..=max_n).prop_flat_map(|n| {
         let pairs: Vec<(usize, usize)> = (0..n).flat_map(|d| (0..d).map(move |s| (s, d))).collect();
@@ -422,6 +456,23 @@ proptest! {
         // Mirsky: the ops split into `depth` antichains, each at most `width` large.
         prop_assert!(depth(&g) * width(&g) >= n);
         prop_assert_eq!(g.edge_count(), edges.len());
+    }
+
+    #[test]
+    fn width_matches_the_closure_matching_on_larger_dags(
+        (n, edges) in (2usize..90).prop_flat_map(|n| {
+            let pairs = proptest::collection::vec((0..n, 0..n), 0..3 * n);
+            (Just(n), pairs)
+        })
+    ) {
+        let edges: Vec<(usize, usize)> = edges
+            .into_iter()
+            .filter(|(a, b)| a < b)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let g = random_dag(n, &edges);
+        prop_assert_eq!(width(&g), closure_matching_width(&g));
     }
 
     #[test]
