@@ -689,9 +689,10 @@ pub fn validate_launch(g: &Graph, plan: &LaunchPlan) -> Result<(), ScheduleError
         return Err(cycle_error(g, plan, &cmds, &where_, &preds, &indeg, n));
     }
 
-    // Happens-before: the operators that have ended before each command starts.
-    let words = g.len().div_ceil(64);
-    let mut done = vec![0u64; total * words];
+    // Happens-before: the operators that have ended before each command starts, as bitsets
+    // over the operators. Kept for one block of operators at a time, so memory stays linear
+    // (commands x block) however many operators there are; every dependency is checked in
+    // the pass of its producer's block.
     let ops_of = |c: usize| -> &[NodeId] {
         if c >= n {
             return &[];
@@ -702,48 +703,59 @@ pub fn validate_launch(g: &Graph, plan: &LaunchPlan) -> Result<(), ScheduleError
             _ => &[],
         }
     };
-    let mut acc = vec![0u64; words];
-    for &c in &order {
-        if c >= n {
-            // A stage start orders nothing on a real GPU (only the simulator waits for all
-            // the stage's streams), so it carries no happens-before.
-            continue;
-        }
-        acc.iter_mut().for_each(|w| *w = 0);
-        for &p in &preds[c] {
-            for (a, &b) in acc.iter_mut().zip(&done[p * words..(p + 1) * words]) {
-                *a |= b;
+    let block = 64 * HB_BLOCK_WORDS;
+    for lo in (0..g.len()).step_by(block) {
+        let words = (g.len() - lo).min(block).div_ceil(64);
+        let mut done = vec![0u64; total * words];
+        let mut acc = vec![0u64; words];
+        let local = |i: usize| i.checked_sub(lo).filter(|&x| x < 64 * words);
+        for &c in &order {
+            if c >= n {
+                // A stage start orders nothing on a real GPU (only the simulator waits for all
+                // the stage's streams), so it carries no happens-before.
+                continue;
             }
-            // A predecessor command that is a launch on the same stream has ended.
-            if p < n {
-                for &op in ops_of(p) {
-                    let i = op.index();
-                    acc[i / 64] |= 1 << (i % 64);
+            acc.iter_mut().for_each(|w| *w = 0);
+            for &p in &preds[c] {
+                for (a, &b) in acc.iter_mut().zip(&done[p * words..(p + 1) * words]) {
+                    *a |= b;
+                }
+                // A predecessor command that is a launch on the same stream has ended.
+                if p < n {
+                    for &op in ops_of(p) {
+                        if let Some(i) = local(op.index()) {
+                            acc[i / 64] |= 1 << (i % 64);
+                        }
+                    }
                 }
             }
-        }
-        for &v in ops_of(c) {
-            for u in g.preds(v) {
-                if g.node(u).op.is_input() {
-                    continue;
-                }
-                let i = u.index();
-                if acc[i / 64] & (1 << (i % 64)) == 0 {
-                    return Err(invalid(format!(
-                        "dependency {} -> {} is not ordered by the launch plan: {} can start \
-                         before {} ends",
-                        op_name(g, u),
-                        op_name(g, v),
-                        op_name(g, v),
-                        op_name(g, u)
-                    )));
+            for &v in ops_of(c) {
+                for u in g.preds(v) {
+                    if g.node(u).op.is_input() {
+                        continue;
+                    }
+                    let Some(i) = local(u.index()) else { continue };
+                    if acc[i / 64] & (1 << (i % 64)) == 0 {
+                        return Err(invalid(format!(
+                            "dependency {} -> {} is not ordered by the launch plan: {} can start \
+                             before {} ends",
+                            op_name(g, u),
+                            op_name(g, v),
+                            op_name(g, v),
+                            op_name(g, u)
+                        )));
+                    }
                 }
             }
+            done[c * words..(c + 1) * words].copy_from_slice(&acc);
         }
-        done[c * words..(c + 1) * words].copy_from_slice(&acc);
     }
     Ok(())
 }
+
+/// Words of operator bits per command in one pass of the happens-before check (64 words:
+/// 4,096 operators, 512 bytes per command).
+const HB_BLOCK_WORDS: usize = 64;
 
 /// "next op 'x'" after command `c`.
 fn next_after(g: &Graph, plan: &LaunchPlan, where_: &[(usize, usize, usize)], c: usize) -> String {
