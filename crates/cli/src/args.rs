@@ -17,6 +17,10 @@ pub struct SchedArgs {
     /// IOS: most operators per part solved by one dynamic program.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub ios_part: u32,
+    /// IOS: search allowed over the whole run, in transitions (10000000) or time (30s, 500ms);
+    /// parts left when it runs out are scheduled as waves of ready operators, with a warning.
+    #[arg(long, default_value_t = opsched::IosBudget::default(), value_name = "N|TIME", value_parser = parse_budget)]
+    pub ios_budget: opsched::IosBudget,
     /// HIOS: window of the intra-GPU parallelization (w).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub window: u32,
@@ -31,10 +35,15 @@ impl SchedArgs {
             ios_r: self.ios_r as usize,
             ios_s: self.ios_s as usize,
             ios_part: self.ios_part as usize,
+            ios_budget: self.ios_budget,
             window: self.window as usize,
             seed: self.seed,
         }
     }
+}
+
+fn parse_budget(text: &str) -> Result<opsched::IosBudget, String> {
+    text.parse()
 }
 
 #[derive(Args, Debug, Clone)]

@@ -16,6 +16,7 @@ pub use opsched_graph as graph;
 pub use opsched_graph::{formats, zoo, Graph, GraphError};
 /// Output files: every file opsched writes goes through [`io::write`].
 pub use opsched_io as io;
+pub use opsched_ios_dp::IosBudget;
 #[cfg(feature = "onnx")]
 pub use opsched_onnx as onnx;
 pub use opsched_profiler as profiler;
@@ -176,6 +177,8 @@ pub struct SchedulerOptions {
     pub ios_s: usize,
     /// IOS: most operators per part solved by one dynamic program.
     pub ios_part: usize,
+    /// IOS: search allowed before the unsolved parts fall back to waves of ready operators.
+    pub ios_budget: IosBudget,
     /// HIOS: window of the intra-GPU parallelization (w).
     pub window: usize,
     /// Seed of randomized schedulers (the LIOS ablations).
@@ -188,6 +191,7 @@ impl Default for SchedulerOptions {
             ios_r: 3,
             ios_s: 8,
             ios_part: 50,
+            ios_budget: IosBudget::default(),
             window: 2,
             seed: 0,
         }
@@ -296,6 +300,7 @@ pub fn scheduler_with(name: &str, opts: &SchedulerOptions) -> Result<Box<dyn Sch
                 s: opts.ios_s,
                 part: opts.ios_part,
                 variant,
+                budget: opts.ios_budget,
             }))
         }
         "hios-lp" => Box::new(HiosLp::new(hios(false))),
