@@ -42,6 +42,16 @@ impl SchedArgs {
     }
 }
 
+/// `--gpus`: what a platform can hold ([`opsched::schedule::MAX_GPUS`]).
+pub fn gpus_in_range() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(1..=opsched::schedule::MAX_GPUS as i64)
+}
+
+/// `--streams`: what a GPU can run at once ([`opsched::schedule::MAX_STREAMS`]).
+pub fn streams_in_range() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(1..=opsched::schedule::MAX_STREAMS as i64)
+}
+
 fn parse_budget(text: &str) -> Result<opsched::IosBudget, String> {
     text.parse()
 }
@@ -66,11 +76,11 @@ pub struct PlatformArgs {
 /// GPUs and streams of the platform a schedule is searched for.
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {
-    /// Number of GPUs.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Number of GPUs (at most 256).
+    #[arg(long, default_value_t = 1, value_parser = gpus_in_range())]
     pub gpus: u32,
-    /// CUDA streams per GPU (the most operators a GPU runs at once).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    /// CUDA streams per GPU (the most operators a GPU runs at once; at most 128).
+    #[arg(long, default_value_t = 8, value_parser = streams_in_range())]
     pub streams: u32,
 }
 

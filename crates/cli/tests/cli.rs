@@ -171,6 +171,41 @@ fn user_errors_exit_2_with_one_line() {
     assert_eq!(out.status.code(), Some(2));
     let out = opsched(&["frobnicate"]);
     assert_eq!(out.status.code(), Some(2));
+    // More GPUs or streams than a platform holds: refused before any allocation.
+    for args in [
+        ["compare", "squeezenet", "--gpus", "257"],
+        ["compare", "squeezenet", "--streams", "129"],
+        ["simulate", "squeezenet", "--streams", "4294967295"],
+    ] {
+        let out = opsched(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("error: ") && err.contains("--"), "{err}");
+    }
+}
+
+#[test]
+fn a_spent_ios_budget_warns_and_still_gives_a_valid_schedule() {
+    let out = opsched(&[
+        "schedule",
+        "inception_v3",
+        "--algo",
+        "ios",
+        "--ios-budget",
+        "1000",
+        "--json",
+    ]);
+    let v = stdout_json(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("warning: ios on inception_v3: the search budget (1000 transitions)"),
+        "{err}"
+    );
+    assert_eq!(v["stats"]["extra"]["budget_exhausted"], true);
+    assert!(v["makespan_ms"].as_f64().unwrap() > 0.0);
+    let out = opsched(&["schedule", "squeezenet", "--ios-budget", "0s"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid IOS budget '0s'"));
 }
 
 #[test]

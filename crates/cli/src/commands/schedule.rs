@@ -191,6 +191,7 @@ pub fn scheduled(
     bar.step(&name);
     let (s, stats) = scheduler
         .schedule_with_progress(g, platform, su.cost.as_ref(), &bar)
+        .map_err(|e| facade(e.into()))
         .with_context(|| format!("scheduler '{name}' on {}", g.name))?;
     bar.finish();
     let schedule_time_ms = start.elapsed().as_secs_f64() * 1e3;

@@ -11,7 +11,7 @@ use opsched::schedule::{io as schedule_io, Schedule};
 use opsched::CostKind;
 use serde::Serialize;
 
-use crate::args::{ExportArgs, ModelArgs, PlatformArgs};
+use crate::args::{gpus_in_range, streams_in_range, ExportArgs, ModelArgs, PlatformArgs};
 use crate::common::{
     add_exports, bound_line, describe, evaluate, gpu_use, load, platform_line, print_json, setup,
     GpuUse,
@@ -35,11 +35,11 @@ pub struct SimulateArgs {
     schedule: String,
     #[command(flatten)]
     platform: PlatformArgs,
-    /// Number of GPUs (default: the schedule's).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Number of GPUs (default: the schedule's; at most 256).
+    #[arg(long, value_parser = gpus_in_range())]
     gpus: Option<u32>,
-    /// CUDA streams per GPU (default: what the schedule needs).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// CUDA streams per GPU (default: what the schedule needs; at most 128).
+    #[arg(long, value_parser = streams_in_range())]
     streams: Option<u32>,
     #[command(flatten)]
     model_args: ModelArgs,
@@ -98,6 +98,10 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
         .map_or_else(|| opsched::schedule_streams(&s), |s| s as usize);
     let su = setup(&g, &a.platform)?;
     let platform = su.platform(gpus, streams);
+    // A schedule file may ask for more GPUs or streams than a platform holds.
+    platform
+        .check("simulate")
+        .map_err(|e| user(anyhow::anyhow!("{}: {e}", a.schedule)))?;
     opsched::schedule::validate(&g, &s, &platform)
         .map_err(|e| user(anyhow::anyhow!("{}: {e}", a.schedule)))?;
     let ev = evaluate(&g, &s, su.cost.as_ref(), gpus)?;
