@@ -792,3 +792,57 @@ fn a_file_error_is_said_once() {
     assert!(err.contains("broken.json"), "{err}");
     assert_eq!(err.matches("expected value").count(), 1, "{err}");
 }
+
+/// Node and model names that try to break out of the page: the HTML keeps exactly its own two
+/// script elements, the data block holds no markup, and the names read back from it and from
+/// the SVG unchanged.
+#[test]
+fn viz_html_escapes_hostile_names() {
+    let dir = temp_dir("viz-escape");
+    let names = [
+        "</script><script>alert(1)</script>",
+        "<!--<script>",
+        "a&b\"'<x>",
+    ];
+    let nodes: Vec<serde_json::Value> = names
+        .iter()
+        .map(|n| serde_json::json!({"name": n, "op": {"type": "abstract", "time_ms": 1.0, "util": 0.5}}))
+        .collect();
+    let graph = serde_json::json!({"format": "opsched-graph", "version": 1,
+        "name": "</title><script>x</script>", "nodes": nodes});
+    let path = dir.join("g.json");
+    std::fs::write(&path, graph.to_string()).unwrap();
+    let html = dir.join("g.html");
+    let out = opsched(&[
+        "viz",
+        path.to_str().unwrap(),
+        "--algo",
+        "greedy",
+        "--out",
+        html.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert_eq!(page.matches("<script").count(), 2, "{page}");
+    assert_eq!(page.matches("</script>").count(), 2, "{page}");
+    assert!(!page.contains("<!--"));
+    let start = page.find("id=\"trace-data\">").unwrap() + "id=\"trace-data\">".len();
+    let data = &page[start..start + page[start..].find("</script>").unwrap()];
+    assert!(!data.contains(['<', '>', '&']), "{data}");
+    let trace: serde_json::Value = serde_json::from_str(data).unwrap();
+    let events: Vec<&str> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    for n in names {
+        assert!(events.contains(&n), "{n} not in {events:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

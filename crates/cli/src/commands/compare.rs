@@ -125,11 +125,11 @@ pub fn comparison_csv(t: &opsched::ComparisonTable) -> String {
     for r in &t.rows {
         s.push_str(&format!(
             "{},{},{},{},{},{},{:.6},{:.6},{:.4},{:.6},{:.4},{:.4},{}\n",
-            t.model,
+            csv_field(&t.model),
             t.device,
             t.gpus,
             t.streams,
-            t.cost_model,
+            csv_field(&t.cost_model),
             r.algo,
             r.makespan_ms,
             t.sequential_ms,
@@ -141,6 +141,16 @@ pub fn comparison_csv(t: &opsched::ComparisonTable) -> String {
         ));
     }
     s
+}
+
+/// A CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, quote or line
+/// break (a model's name comes from its file).
+fn csv_field(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\"")).into()
+    } else {
+        s.into()
+    }
 }
 
 pub fn comparison_markdown(t: &opsched::ComparisonTable) -> String {
@@ -164,4 +174,15 @@ pub fn comparison_markdown(t: &opsched::ComparisonTable) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv_field;
+
+    #[test]
+    fn csv_fields_are_quoted_only_when_needed() {
+        assert_eq!(csv_field("resnet50"), "resnet50");
+        assert_eq!(csv_field("a,\"b\"\nc"), "\"a,\"\"b\"\"\nc\"");
+    }
 }

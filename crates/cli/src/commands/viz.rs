@@ -200,8 +200,7 @@ fn html_page(
     s: &VizSummary,
 ) -> Result<String> {
     let svg = export::svg_gantt(g, t, title);
-    // `</` must not appear inside a <script> element; `<\/` is the same JSON string.
-    let trace = serde_json::to_string(&export::chrome_trace(g, t))?.replace("</", "<\\/");
+    let trace = export::script_json(&serde_json::to_string(&export::chrome_trace(g, t))?);
     let mut rows = String::new();
     let mut row = |k: &str, v: String| {
         let _ = writeln!(rows, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(&v));
