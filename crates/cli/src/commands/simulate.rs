@@ -75,7 +75,10 @@ struct SimulateReport {
 
 pub fn simulate(a: &SimulateArgs) -> Result<()> {
     let g = load(&a.graph, &a.model_args)?;
-    let s = if a.schedule == "ios" && !Path::new(&a.schedule).is_file() {
+    let embedded = a.schedule == "ios" && !Path::new(&a.schedule).is_file();
+    // Where the schedule comes from, for errors: the graph file for its embedded IOS stages.
+    let source = if embedded { &a.graph } else { &a.schedule };
+    let s = if embedded {
         schedule_io::from_ios_stages(&g).ok_or_else(|| {
             user(anyhow::anyhow!(
                 "{}: the graph carries no IOS stages (an IOS graph file with \"stages\" on every block is needed for `ios`)",
@@ -89,8 +92,7 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
     let gpus = a.gpus.map_or(needed, |g| g as usize);
     if gpus < needed {
         return Err(user(anyhow::anyhow!(
-            "{}: the schedule uses {needed} GPUs but --gpus is {gpus}",
-            a.schedule
+            "{source}: the schedule uses {needed} GPUs but --gpus is {gpus}"
         )));
     }
     let streams = a
@@ -101,9 +103,9 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
     // A schedule file may ask for more GPUs or streams than a platform holds.
     platform
         .check("simulate")
-        .map_err(|e| user(anyhow::anyhow!("{}: {e}", a.schedule)))?;
+        .map_err(|e| user(anyhow::anyhow!("{source}: {e}")))?;
     opsched::schedule::validate(&g, &s, &platform)
-        .map_err(|e| user(anyhow::anyhow!("{}: {e}", a.schedule)))?;
+        .map_err(|e| user(anyhow::anyhow!("{source}: {e}")))?;
     let ev = evaluate(&g, &s, su.cost.as_ref(), gpus)?;
     let mut outputs = Outputs::default();
     add_exports(
