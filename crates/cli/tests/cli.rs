@@ -622,6 +622,9 @@ fn compare_writes_csv_and_markdown_and_rejects_unknown_names() {
     let csv_text = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(csv_text.lines().count(), 3, "header + 2 rows: {csv_text}");
     assert!(std::fs::read_to_string(&md).unwrap().contains("| lios |"));
+    let out = opsched(&["compare", "squeezenet", "--algos", " , "]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--algos names no algorithm"));
     let out = opsched(&["compare", "squeezenet", "--algos", "lios,nope"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scheduler 'nope'"));

@@ -8,7 +8,7 @@ use clap::Args;
 
 use crate::args::{ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
 use crate::common::{load, print_json, setup};
-use crate::error::facade;
+use crate::error::{facade, user};
 use crate::output::Outputs;
 use crate::progress::Bar;
 
@@ -57,6 +57,11 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
             .filter(|n| !n.is_empty())
             .collect()
     };
+    if names.is_empty() {
+        return Err(user(anyhow::anyhow!(
+            "--algos names no algorithm (give NAMES separated by commas, or `all`)"
+        )));
+    }
     let options = a.sched.options();
     // Unknown names are the user's mistake: report them before any work.
     for name in &names {
