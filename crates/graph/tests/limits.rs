@@ -31,7 +31,9 @@ fn one_op(shape: Vec<usize>, op: Op) -> Result<Graph, GraphError> {
 }
 
 fn node_error(r: Result<Graph, GraphError>, node: &str) -> String {
-    let e = r.err().expect("an error");
+    let Err(e) = r else {
+        panic!("expected an error naming node '{node}'")
+    };
     let text = e.to_string();
     assert!(text.starts_with(&format!("node '{node}': ")), "{text}");
     text
@@ -135,6 +137,7 @@ fn dag_times_that_could_sum_to_infinity_are_refused() {
 }
 
 /// The exact FLOPs of a convolution as the module docs define them, in 128 bits.
+#[allow(clippy::too_many_arguments)] // the formula's own variables, named as in the docs
 fn conv_flops(
     n: u128,
     cin: u128,

@@ -542,10 +542,10 @@ mod tests {
             "a & b\u{2028}c",
             "\"\\</",
         ];
-        let json = serde_json::to_string(&names).unwrap();
+        let json = serde_json::to_string(&names).expect("strings serialize");
         let safe = script_json(&json);
         assert!(!safe.contains(['<', '>', '&', '\u{2028}']), "{safe}");
-        let back: Vec<String> = serde_json::from_str(&safe).unwrap();
+        let back: Vec<String> = serde_json::from_str(&safe).expect("escaped JSON parses");
         assert_eq!(back, names);
     }
 }
