@@ -332,8 +332,6 @@ pub fn bench_gpu(args: &[String]) -> Result<()> {
     let path = args
         .out
         .join(format!("{}.md", opsched_gpu::discovery::slug(&info.name)));
-    opsched::formats::write_atomic(&path, md.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))?;
-    eprintln!("wrote {}", path.display());
+    eprintln!("{}", opsched::io::write(&path, md.as_bytes())?);
     Ok(())
 }

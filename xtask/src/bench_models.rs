@@ -220,9 +220,7 @@ pub fn run(args: &[String]) -> Result<()> {
             rows,
         };
         let text = serde_json::to_string_pretty(&b)? + "\n";
-        opsched::formats::write_atomic(BASELINE, text.as_bytes())
-            .with_context(|| format!("writing {BASELINE}"))?;
-        eprintln!("wrote {BASELINE}");
+        eprintln!("{}", opsched::io::write(BASELINE, text.as_bytes())?);
         return Ok(());
     }
     if a.check {
@@ -254,8 +252,8 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {
-    opsched::formats::write_atomic(path, text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
+    opsched::io::write(path, text.as_bytes())?;
+    Ok(())
 }
 
 fn bench_one(

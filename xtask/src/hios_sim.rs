@@ -293,11 +293,11 @@ pub fn run(args: &[String]) -> Result<()> {
             &series,
         );
         let path = out.join(format!("hios-sim-{}.svg", sweep.name));
-        opsched::formats::write_atomic(&path, svg.as_bytes())?;
+        opsched::io::write(&path, svg.as_bytes())?;
     }
     let csv_path = out.join("hios-sim.csv");
     bar.finish_and_clear();
-    opsched::formats::write_atomic(&csv_path, csv.as_bytes())?;
+    opsched::io::write(&csv_path, csv.as_bytes())?;
     println!("{table}");
     println!(
         "wrote {} and one SVG per sweep in {}",

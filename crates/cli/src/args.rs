@@ -17,6 +17,10 @@ pub struct SchedArgs {
     /// IOS: most operators per part solved by one dynamic program.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub ios_part: u32,
+    /// IOS: search allowed over the whole run, in transitions (10000000) or time (30s, 500ms);
+    /// parts left when it runs out are scheduled as waves of ready operators, with a warning.
+    #[arg(long, default_value_t = opsched::IosBudget::default(), value_name = "N|TIME", value_parser = parse_budget)]
+    pub ios_budget: opsched::IosBudget,
     /// HIOS: window of the intra-GPU parallelization (w).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub window: u32,
@@ -31,10 +35,25 @@ impl SchedArgs {
             ios_r: self.ios_r as usize,
             ios_s: self.ios_s as usize,
             ios_part: self.ios_part as usize,
+            ios_budget: self.ios_budget,
             window: self.window as usize,
             seed: self.seed,
         }
     }
+}
+
+/// `--gpus`: what a platform can hold ([`opsched::schedule::MAX_GPUS`]).
+pub fn gpus_in_range() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(1..=opsched::schedule::MAX_GPUS as i64)
+}
+
+/// `--streams`: what a GPU can run at once ([`opsched::schedule::MAX_STREAMS`]).
+pub fn streams_in_range() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(1..=opsched::schedule::MAX_STREAMS as i64)
+}
+
+fn parse_budget(text: &str) -> Result<opsched::IosBudget, String> {
+    text.parse()
 }
 
 #[derive(Args, Debug, Clone)]
@@ -57,11 +76,11 @@ pub struct PlatformArgs {
 /// GPUs and streams of the platform a schedule is searched for.
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {
-    /// Number of GPUs.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Number of GPUs (at most 256).
+    #[arg(long, default_value_t = 1, value_parser = gpus_in_range())]
     pub gpus: u32,
-    /// CUDA streams per GPU (the most operators a GPU runs at once).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    /// CUDA streams per GPU (the most operators a GPU runs at once; at most 128).
+    #[arg(long, default_value_t = 8, value_parser = streams_in_range())]
     pub streams: u32,
 }
 

@@ -2,16 +2,16 @@
 //! writing files and printing.
 
 use std::io::Write;
-use std::path::Path;
 
 use anyhow::{Context, Result};
 use opsched::cost::{CostModel, DevicePreset, LinkPreset};
 use opsched::schedule::{export, Platform, Schedule};
-use opsched::{ratio, CostKind, Evaluation, Graph, GraphError};
+use opsched::{ratio, CostKind, Evaluation, Graph};
 use serde::Serialize;
 
 use crate::args::{ExportArgs, ModelArgs, PlatformArgs};
 use crate::error::{facade, user};
+use crate::output::Outputs;
 
 /// Load a zoo model or a graph file; a failure is the user's.
 pub fn load(spec: &str, args: &ModelArgs) -> Result<Graph> {
@@ -26,12 +26,6 @@ pub fn print_json(value: &impl Serialize) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string_pretty(value)?)?;
     Ok(())
-}
-
-pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    opsched::formats::write_atomic(path, bytes)
-        .map_err(|e: GraphError| anyhow::Error::new(e))
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The platform and cost model of a `schedule` or `simulate` run.
@@ -77,13 +71,20 @@ pub fn sequential_ms(g: &Graph, platform: &Platform, cost: &dyn CostModel) -> Re
     Ok(evaluate(g, &s, cost, 1)?.makespan_ms)
 }
 
-pub fn write_exports(g: &Graph, ev: &Evaluation, exports: &ExportArgs, title: &str) -> Result<()> {
+/// The timeline files asked for (`--trace`, `--svg`).
+pub fn add_exports(
+    outputs: &mut Outputs,
+    g: &Graph,
+    ev: &Evaluation,
+    exports: &ExportArgs,
+    title: &str,
+) -> Result<()> {
     if let Some(path) = &exports.trace {
         let trace = export::chrome_trace(g, &ev.timeline);
-        write_file(path, serde_json::to_string(&trace)?.as_bytes())?;
+        outputs.add(path, serde_json::to_vec(&trace)?);
     }
     if let Some(path) = &exports.svg {
-        write_file(path, export::svg_gantt(g, &ev.timeline, title).as_bytes())?;
+        outputs.add(path, export::svg_gantt(g, &ev.timeline, title));
     }
     Ok(())
 }

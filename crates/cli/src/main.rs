@@ -1,13 +1,15 @@
 //! `opsched`: the command-line tool. Thin: parse arguments, call the facade, print.
 //!
-//! Exit codes: 0 success, 2 user error (bad arguments, bad input file, unknown model),
-//! 1 anything else. Progress bars go to stderr on a terminal only; `RUST_LOG` controls the
-//! `tracing` output (also on stderr).
+//! Exit codes: 0 success, 2 user error (bad arguments, bad input file, unknown model, an output
+//! file that cannot be written), 1 anything else. Progress bars go to stderr on a terminal only;
+//! written files and the libraries' warnings are reported on stderr (see [`output`]); `RUST_LOG`
+//! controls the `tracing` output (also on stderr).
 
 mod args;
 mod commands;
 mod common;
 mod error;
+mod output;
 mod progress;
 
 use std::process::ExitCode;
@@ -34,6 +36,9 @@ RUST_LOG=debug shows what the tool does."
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Do not report the files written (`wrote x.svg (12 kB)` on stderr).
+    #[arg(long, short, global = true)]
+    quiet: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -57,10 +62,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    init_tracing();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -72,6 +74,7 @@ fn main() -> ExitCode {
             };
         }
     };
+    output::set_quiet(cli.quiet);
     match run(&cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         // A closed pipe (`opsched ... | head`) is the reader's choice, not an error.
@@ -89,6 +92,22 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }
+    }
+}
+
+/// `RUST_LOG` as asked; without it the libraries' warnings, one plain line each.
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    if std::env::var_os("RUST_LOG").is_some() {
+        builder
+            .with_env_filter(EnvFilter::from_default_env())
+            .init();
+    } else {
+        builder
+            .with_env_filter(EnvFilter::new("warn"))
+            .event_format(output::Plain)
+            .init();
     }
 }
 

@@ -171,6 +171,41 @@ fn user_errors_exit_2_with_one_line() {
     assert_eq!(out.status.code(), Some(2));
     let out = opsched(&["frobnicate"]);
     assert_eq!(out.status.code(), Some(2));
+    // More GPUs or streams than a platform holds: refused before any allocation.
+    for args in [
+        ["compare", "squeezenet", "--gpus", "257"],
+        ["compare", "squeezenet", "--streams", "129"],
+        ["simulate", "squeezenet", "--streams", "4294967295"],
+    ] {
+        let out = opsched(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("error: ") && err.contains("--"), "{err}");
+    }
+}
+
+#[test]
+fn a_spent_ios_budget_warns_and_still_gives_a_valid_schedule() {
+    let out = opsched(&[
+        "schedule",
+        "inception_v3",
+        "--algo",
+        "ios",
+        "--ios-budget",
+        "1000",
+        "--json",
+    ]);
+    let v = stdout_json(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("warning: ios on inception_v3: the search budget (1000 transitions)"),
+        "{err}"
+    );
+    assert_eq!(v["stats"]["extra"]["budget_exhausted"], true);
+    assert!(v["makespan_ms"].as_f64().unwrap() > 0.0);
+    let out = opsched(&["schedule", "squeezenet", "--ios-budget", "0s"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid IOS budget '0s'"));
 }
 
 #[test]
@@ -587,6 +622,9 @@ fn compare_writes_csv_and_markdown_and_rejects_unknown_names() {
     let csv_text = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(csv_text.lines().count(), 3, "header + 2 rows: {csv_text}");
     assert!(std::fs::read_to_string(&md).unwrap().contains("| lios |"));
+    let out = opsched(&["compare", "squeezenet", "--algos", " , "]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--algos names no algorithm"));
     let out = opsched(&["compare", "squeezenet", "--algos", "lios,nope"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scheduler 'nope'"));
@@ -918,4 +956,58 @@ fn run_an_onnx_model_with_inputs_and_outputs_on_the_cpu() {
         let err = one_line_error(&out);
         assert!(err.contains("nosuch") || err.contains("shape"), "{err}");
     }
+}
+
+/// Node and model names that try to break out of the page: the HTML keeps exactly its own two
+/// script elements, the data block holds no markup, and the names read back from it and from
+/// the SVG unchanged.
+#[test]
+fn viz_html_escapes_hostile_names() {
+    let dir = temp_dir("viz-escape");
+    let names = [
+        "</script><script>alert(1)</script>",
+        "<!--<script>",
+        "a&b\"'<x>",
+    ];
+    let nodes: Vec<serde_json::Value> = names
+        .iter()
+        .map(|n| serde_json::json!({"name": n, "op": {"type": "abstract", "time_ms": 1.0, "util": 0.5}}))
+        .collect();
+    let graph = serde_json::json!({"format": "opsched-graph", "version": 1,
+        "name": "</title><script>x</script>", "nodes": nodes});
+    let path = dir.join("g.json");
+    std::fs::write(&path, graph.to_string()).unwrap();
+    let html = dir.join("g.html");
+    let out = opsched(&[
+        "viz",
+        path.to_str().unwrap(),
+        "--algo",
+        "greedy",
+        "--out",
+        html.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert_eq!(page.matches("<script").count(), 2, "{page}");
+    assert_eq!(page.matches("</script>").count(), 2, "{page}");
+    assert!(!page.contains("<!--"));
+    let start = page.find("id=\"trace-data\">").unwrap() + "id=\"trace-data\">".len();
+    let data = &page[start..start + page[start..].find("</script>").unwrap()];
+    assert!(!data.contains(['<', '>', '&']), "{data}");
+    let trace: serde_json::Value = serde_json::from_str(data).unwrap();
+    let events: Vec<&str> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    for n in names {
+        assert!(events.contains(&n), "{n} not in {events:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -415,13 +415,14 @@ impl AnalyticalModel {
                 let mut shapes = g.input_shapes(op);
                 // The sums inside the node's input terms are done by the first kernel.
                 let total = g.stats(op);
-                let inner = node.op.stats(&shapes, &node.shape, dtype);
+                // Parts of `total`, which the graph counted (checked) when it was built.
+                let inner = node.op.stats(&shapes, &node.shape, dtype).unwrap_or(total);
                 let mut kernels = Vec::with_capacity(ops.len());
                 for (i, inner_op) in ops.iter().enumerate() {
                     let Ok(out) = inner_op.infer_shape(&shapes) else {
                         break;
                     };
-                    let mut s = inner_op.stats(&shapes, &out, dtype);
+                    let mut s = inner_op.stats(&shapes, &out, dtype).unwrap_or_default();
                     if i == 0 {
                         s.flops += total.flops.saturating_sub(inner.flops);
                         s.bytes_read += total.bytes_read.saturating_sub(inner.bytes_read);
@@ -536,7 +537,7 @@ impl CostModel for AnalyticalModel {
         let op = Op::Conv2d(conv);
         let terms = vec![input];
         let out = op.infer_shape(&terms).ok()?;
-        let stats = op.stats(&terms, &out, g.dtype);
+        let stats = op.stats(&terms, &out, g.dtype).ok()?;
         let k = self.kernel(&op, &terms, &out, stats, g.dtype);
         let mut t = self.combine(&[self.eval(k, g.dtype)]).time_ms;
         let (mut sw, mut bw) = (0.0, 0.0);

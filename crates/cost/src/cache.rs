@@ -27,14 +27,21 @@
 //!
 //! # Writes and concurrency
 //!
-//! Writes are atomic: the new file is written to a temporary file in the same directory
-//! (`<path>.tmp-<pid>-<n>`), fsynced, renamed over the cache file, and the directory is fsynced
-//! (where the platform allows it). Readers therefore see the old or the new file, never a mix.
+//! Writes go through [`opsched_io::write`]: the new file is written to a temporary file in the
+//! same directory, fsynced and renamed over the cache file, and the directory is fsynced (where
+//! the platform allows it). Readers therefore see the old or the new file, never a mix, and a
+//! failed write leaves the old file as it was.
+//!
+//! A cache path that is a symbolic link is followed to its target when the cache is opened:
+//! the data, the lock file and a damaged file moved aside all sit beside the *target*, so
+//! writers that reach one cache through different links exclude each other. A path that names
+//! something other than a regular file (a folder, a FIFO, a device such as `/dev/null`) is
+//! refused: it is never read, locked beside, moved aside or replaced.
 //!
 //! Several processes (or threads, each with its own [`CostCache`]) may add entries at once
 //! without losing any: every read-modify-write of the file happens while holding an exclusive
 //! lock (`std::fs::File::lock`, an OS advisory lock: `flock` on Unix, `LockFileEx` on Windows)
-//! on the sidecar file `<path>.lock`. The lock file is created on demand and never removed
+//! on the sidecar file `<target>.lock`. The lock file is created on demand and never removed
 //! (removing it would let two processes lock different files). [`CostCache::save`]:
 //! 1. takes the lock;
 //! 2. re-reads the file from disk;
@@ -51,9 +58,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -161,7 +167,10 @@ pub fn default_path() -> Result<PathBuf> {
 /// A persistent map from [`CacheKey`] to [`Measurement`].
 #[derive(Debug)]
 pub struct CostCache {
+    /// The path as given (for messages).
     path: PathBuf,
+    /// `path` with symbolic links followed: the file read, written, locked beside.
+    target: PathBuf,
     entries: BTreeMap<CacheKey, Measurement>,
     /// Keys inserted since the last save: they win over the disk when merging.
     dirty: BTreeSet<CacheKey>,
@@ -193,10 +202,30 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-fn io_err(path: &Path, source: io::Error) -> CostError {
-    CostError::Io {
+/// An I/O failure on a cache file: `cost cache PATH: what: why`.
+fn io_err(path: &Path, what: &str, source: io::Error) -> CostError {
+    CostError::Cache {
         path: path.to_path_buf(),
-        source,
+        message: format!("{what}: {source}"),
+    }
+}
+
+/// The cache file `path` names, links followed; a folder, FIFO or device is refused.
+fn resolve(path: &Path) -> Result<PathBuf> {
+    let target = opsched_io::resolve(path).map_err(|e| CostError::Cache {
+        path: path.to_path_buf(),
+        message: e.message,
+    })?;
+    match fs::metadata(&target) {
+        Ok(m) if !m.is_file() => Err(CostError::Cache {
+            path: path.to_path_buf(),
+            message: "not a regular file (a cache is a file of its own; a folder, FIFO or \
+                      device cannot hold one)"
+                .into(),
+        }),
+        Ok(_) => Ok(target),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(target),
+        Err(e) => Err(io_err(path, "cannot read", e)),
     }
 }
 
@@ -215,8 +244,9 @@ fn lock(path: &Path) -> Result<LockGuard> {
         .read(true)
         .write(true)
         .open(&lock_path)
-        .map_err(|e| io_err(&lock_path, e))?;
-    file.lock().map_err(|e| io_err(&lock_path, e))?;
+        .map_err(|e| io_err(&lock_path, "cannot open the lock file", e))?;
+    file.lock()
+        .map_err(|e| io_err(&lock_path, "cannot lock", e))?;
     Ok(LockGuard { file })
 }
 
@@ -310,7 +340,7 @@ fn read(path: &Path) -> Result<Loaded> {
     let bytes = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Loaded::Missing),
-        Err(e) => return Err(io_err(path, e)),
+        Err(e) => return Err(io_err(path, "cannot read", e)),
     };
     Ok(match parse(path, &bytes)? {
         Ok(entries) => Loaded::Entries(entries),
@@ -343,8 +373,6 @@ fn move_aside(path: &Path, why: &str) -> Result<String> {
     Ok(note)
 }
 
-static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 fn encode(path: &Path, entries: &BTreeMap<CacheKey, Measurement>) -> Result<Vec<u8>> {
     let list: Vec<(&CacheKey, &Measurement)> = entries.iter().collect();
     let payload =
@@ -363,51 +391,29 @@ fn encode(path: &Path, entries: &BTreeMap<CacheKey, Measurement>) -> Result<Vec<
     Ok(out)
 }
 
-/// Write `bytes` to `path` atomically (temporary file, fsync, rename, directory fsync).
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = with_suffix(path, &format!(".tmp-{}-{n}", std::process::id()));
-    let result = (|| -> io::Result<()> {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_err(path, e));
-    }
-    // Make the rename durable; not every platform can open a directory, so this is best effort.
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
-    Ok(())
-}
-
 impl CostCache {
     /// Open the cache at `path`. A missing file gives an empty cache (the file and its directory
     /// are created by the first [`save`](Self::save)); a damaged one is moved aside (see the
     /// module documentation); a newer format version is an error.
     pub fn open(path: impl Into<PathBuf>) -> Result<CostCache> {
         let path = path.into();
+        let target = resolve(&path)?;
         let mut cache = CostCache {
             path,
+            target,
             entries: BTreeMap::new(),
             dirty: BTreeSet::new(),
             recovered: None,
         };
-        if !cache.path.exists() {
+        if !cache.target.exists() {
             tracing::debug!("cost cache {}: no file yet", cache.path.display());
             return Ok(cache);
         }
-        let _guard = read_lock(&cache.path);
-        match read(&cache.path)? {
+        let _guard = read_lock(&cache.target);
+        match read(&cache.target)? {
             Loaded::Missing => {}
             Loaded::Entries(list) => cache.entries = list.into_iter().collect(),
-            Loaded::Damaged(why) => cache.recovered = Some(move_aside(&cache.path, &why)?),
+            Loaded::Damaged(why) => cache.recovered = Some(move_aside(&cache.target, &why)?),
         }
         tracing::debug!(
             "cost cache {}: {} entries",
@@ -422,9 +428,19 @@ impl CostCache {
         Self::open(default_path()?)
     }
 
-    /// The file this cache reads and writes.
+    /// The path this cache was opened with.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file this cache reads and writes: [`path`](Self::path) with symbolic links followed.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// Whether the cache file exists (a cache opened on a missing file is empty until saved).
+    pub fn exists(&self) -> bool {
+        self.target.is_file()
     }
 
     /// If the file was damaged when this cache read it: what was wrong and where the damaged
@@ -475,18 +491,18 @@ impl CostCache {
     /// this cache inserted since its last save, ours are kept; others take the disk's value.
     /// Returns how many entries were added or changed. A damaged file is moved aside.
     pub fn merge_from_disk(&mut self) -> Result<usize> {
-        if !self.path.exists() {
+        if !self.target.exists() {
             return Ok(0);
         }
-        let _guard = read_lock(&self.path);
+        let _guard = read_lock(&self.target);
         self.merge_locked()
     }
 
     fn merge_locked(&mut self) -> Result<usize> {
         let mut changed = 0;
-        match read(&self.path)? {
+        match read(&self.target)? {
             Loaded::Missing => {}
-            Loaded::Damaged(why) => self.recovered = Some(move_aside(&self.path, &why)?),
+            Loaded::Damaged(why) => self.recovered = Some(move_aside(&self.target, &why)?),
             Loaded::Entries(list) => {
                 for (k, m) in list {
                     if self.dirty.contains(&k) {
@@ -503,16 +519,19 @@ impl CostCache {
     }
 
     /// Write the cache: under the lock, re-read the file, merge (see the module documentation),
-    /// write atomically. Creates the directory if needed. Afterwards this cache holds the merged
-    /// entries and nothing is dirty.
+    /// write atomically. Creates the cache file's own directory if needed (nothing else).
+    /// Afterwards this cache holds the merged entries and nothing is dirty.
     pub fn save(&mut self) -> Result<()> {
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+        if let Some(dir) = self.target.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).map_err(|e| io_err(dir, "cannot create the folder", e))?;
         }
-        let _guard = lock(&self.path)?;
+        let _guard = lock(&self.target)?;
         self.merge_locked()?;
         let bytes = encode(&self.path, &self.entries)?;
-        write_atomic(&self.path, &bytes)?;
+        opsched_io::write(&self.target, &bytes).map_err(|e| CostError::Cache {
+            path: self.path.clone(),
+            message: format!("cannot write: {}", e.message),
+        })?;
         tracing::debug!(
             "cost cache {}: saved {} entries ({} new here)",
             self.path.display(),

@@ -65,13 +65,15 @@ impl TableRow {
         if self.signature.is_empty() {
             return Some("empty signature".into());
         }
-        if !(self.median_ms.is_finite() && self.median_ms >= 0.0) {
-            return Some(format!(
-                "'{}': median_ms {} must be finite and non-negative",
-                self.signature, self.median_ms
-            ));
-        }
-        None
+        let times = [
+            ("median_ms", self.median_ms),
+            ("p10_ms", self.p10_ms),
+            ("p90_ms", self.p90_ms),
+        ];
+        times
+            .into_iter()
+            .find_map(|(field, ms)| opsched_graph::limits::check_time_ms(field, ms).err())
+            .map(|why| format!("'{}': {why}", self.signature))
     }
 
     fn matches(&self, batch: usize, dtype: &str) -> bool {

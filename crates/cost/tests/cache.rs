@@ -113,7 +113,7 @@ fn round_trip() {
     assert_eq!(r.entries_for_device("a100").count(), 1);
     assert_eq!(r.entries_for_device("v100").count(), 0);
     // No temporary files are left behind.
-    assert!(files_with(&dir.join("nested"), ".tmp-").is_empty());
+    assert!(files_with(&dir.join("nested"), ".opsched-tmp.").is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -378,5 +378,84 @@ fn env_override_in_child() {
     assert!(stdout.contains("1 passed"), "{stdout}");
     let c = CostCache::open(&path).unwrap();
     assert_eq!(c.get(&key("h100", "from_env", 1)), Some(&meas(7.0)));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A cache reached through symbolic links: the data, the lock file and a damaged file moved
+/// aside stay beside the target, the links stay links, and writers through different links
+/// share one lock (so they merge instead of losing entries).
+#[cfg(unix)]
+#[test]
+fn a_linked_cache_is_written_and_locked_beside_its_target() {
+    use std::os::unix::fs::symlink;
+    let dir = temp_dir("links");
+    let real = dir.join("real");
+    std::fs::create_dir(&real).unwrap();
+    let target = real.join("costs.bin");
+    let (l1, l2) = (dir.join("a.bin"), dir.join("b.bin"));
+    symlink(&target, &l1).unwrap();
+    symlink("real/costs.bin", &l2).unwrap();
+    let mut a = CostCache::open(&l1).unwrap();
+    let mut b = CostCache::open(&l2).unwrap();
+    assert_eq!(a.target(), b.target());
+    a.insert(key("h100", "from_a", 1), meas(1.0));
+    b.insert(key("h100", "from_b", 1), meas(2.0));
+    a.save().unwrap();
+    b.save().unwrap();
+    for l in [&l1, &l2] {
+        assert!(std::fs::symlink_metadata(l)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a.bin", "b.bin", "real"]);
+    assert_eq!(
+        files_with(&real, ""),
+        [real.join("costs.bin"), real.join("costs.bin.lock")]
+    );
+    let r = CostCache::open(&target).unwrap();
+    assert_eq!(r.len(), 2, "a writer lost the other's entry");
+    // A damaged target is moved aside beside the target, not beside the link.
+    std::fs::write(&target, b"junk").unwrap();
+    let c = CostCache::open(&l1).unwrap();
+    assert!(c.recovered().is_some());
+    assert_eq!(files_with(&real, ".corrupt-").len(), 1);
+    assert!(std::fs::symlink_metadata(&l1)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A FIFO (made here, never a system device) or a folder is not a cache: refused at once,
+/// without blocking on the FIFO, and left where it is.
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_folder_is_refused_and_left_alone() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = temp_dir("fifo");
+    let fifo = dir.join("pipe.bin");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for path in [fifo.clone(), dir.clone()] {
+        let e = CostCache::open(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("not a regular file"),
+            "{e}"
+        );
+    }
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert_eq!(files_with(&dir, ""), [fifo]);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -276,6 +276,26 @@ fn json_table_round_trip() {
     assert!(err.contains("row 0"), "{err}");
     let unknown = r#"[{"signature": "x", "median": 1}]"#;
     assert!(MeasuredTable::from_json_table(unknown, Fixed).is_err());
+    // Every time of a row is checked at the door: finite, non-negative, not absurd.
+    for (median, p10, p90, field) in [
+        ("1", "-0.5", "1", "p10_ms"),
+        ("1", "1", "1e300", "p90_ms"),
+        ("2e9", "1", "1", "median_ms"),
+    ] {
+        let rows = format!(
+            r#"[{{"signature": "ok", "median_ms": 1, "p10_ms": 1, "p90_ms": 1, "repeats": 1}},
+                {{"signature": "y", "median_ms": {median}, "p10_ms": {p10}, "p90_ms": {p90},
+                  "repeats": 1}}]"#
+        );
+        let err = MeasuredTable::from_json_table(&rows, Fixed)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("row 1") && err.contains(field),
+            "{field}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -98,44 +98,174 @@ pub fn reachability(g: &Graph, ops: &[NodeId]) -> Vec<Vec<u64>> {
         .collect()
 }
 
-/// Size of the largest antichain of operators (Dilworth: ops minus a maximum matching in the
-/// bipartite graph of the transitive closure). This is the most operators that could ever run
-/// at the same time.
+/// Size of the largest antichain of operators: the most operators that could ever run at the
+/// same time.
+///
+/// By Dilworth's theorem this is the fewest chains covering the operators, i.e. the fewest paths
+/// of the DAG covering every operator when paths may share operators: a minimum flow with a
+/// lower bound of 1 through every operator. We start from a feasible flow (a greedy path
+/// partition in topological order) and cancel as much of it as possible with a maximum flow from
+/// the sink back to the source (Dinic) in the residual network. Time and memory are linear in
+/// operators and edges per augmentation phase; nothing of the transitive closure is built.
 pub fn width(g: &Graph) -> usize {
     let ops: Vec<NodeId> = g.ops().collect();
     let n = ops.len();
     if n == 0 {
         return 0;
     }
-    let reach = reachability(g, &ops);
-    let adj: Vec<Vec<usize>> = reach
-        .iter()
-        .map(|bits| {
-            (0..n)
-                .filter(|&j| bits[j / 64] >> (j % 64) & 1 == 1)
-                .collect()
-        })
-        .collect();
-    let mut match_right = vec![usize::MAX; n];
-    let mut matched = 0;
-    for u in 0..n {
-        let mut seen = vec![false; n];
-        if augment(u, &adj, &mut match_right, &mut seen) {
-            matched += 1;
+    let mut pos = vec![usize::MAX; g.len()];
+    for (i, &o) in ops.iter().enumerate() {
+        pos[o.index()] = i;
+    }
+    // Greedy path partition: each operator continues the path of its first predecessor whose
+    // path is still open, else starts a path.
+    let mut open = vec![true; n];
+    let mut from = vec![usize::MAX; n];
+    for (i, &o) in ops.iter().enumerate() {
+        if let Some(u) = g
+            .preds(o)
+            .map(|p| pos[p.index()])
+            .filter(|&u| u != usize::MAX && open[u])
+            .min()
+        {
+            open[u] = false;
+            from[i] = u;
         }
     }
-    n - matched
-}
-
-fn augment(u: usize, adj: &[Vec<usize>], match_right: &mut [usize], seen: &mut [bool]) -> bool {
-    for &v in &adj[u] {
-        if !seen[v] {
-            seen[v] = true;
-            if match_right[v] == usize::MAX || augment(match_right[v], adj, match_right, seen) {
-                match_right[v] = u;
-                return true;
+    let paths = from.iter().filter(|&&u| u == usize::MAX).count();
+    // Residual network: operator i is in(2i) -> out(2i + 1); s = 2n, t = 2n + 1. Every arc of the
+    // flow network has infinite capacity; cancelling flow is the reverse arc, whose capacity is
+    // the flow above the lower bound (0 on in -> out: every operator carries exactly 1).
+    let (s, t) = (2 * n, 2 * n + 1);
+    let mut net = Residual::new(2 * n + 2);
+    for i in 0..n {
+        net.arc(2 * i, 2 * i + 1, 0);
+        match from[i] {
+            usize::MAX => net.arc(s, 2 * i, 1),
+            u => net.arc(2 * u + 1, 2 * i, 1),
+        }
+        net.arc(2 * i + 1, t, u64::from(open[i]));
+        for p in g.preds(ops[i]) {
+            let u = pos[p.index()];
+            if u != usize::MAX && u != from[i] {
+                net.arc(2 * u + 1, 2 * i, 0);
             }
         }
     }
-    false
+    paths - net.max_flow(t, s)
+}
+
+/// A flow network for [`width`]: arcs of infinite capacity, each with its reverse arc holding
+/// the flow that can be cancelled; Dinic's maximum flow with iterative searches (no recursion:
+/// chains of 10^5 operators are common).
+struct Residual {
+    head: Vec<u32>,
+    next: Vec<u32>,
+    to: Vec<u32>,
+    cap: Vec<u64>,
+}
+
+const NONE: u32 = u32::MAX;
+const INF: u64 = u64::MAX / 4;
+
+impl Residual {
+    fn new(nodes: usize) -> Self {
+        Residual {
+            head: vec![NONE; nodes],
+            next: Vec::new(),
+            to: Vec::new(),
+            cap: Vec::new(),
+        }
+    }
+
+    fn push_arc(&mut self, a: usize, b: usize, cap: u64) {
+        let id = self.to.len() as u32;
+        self.to.push(b as u32);
+        self.cap.push(cap);
+        self.next.push(self.head[a]);
+        self.head[a] = id;
+    }
+
+    /// An arc `a -> b` of infinite capacity carrying `flow`: arc `2k` is `a -> b`, `2k + 1` its
+    /// reverse `b -> a` with capacity `flow`.
+    fn arc(&mut self, a: usize, b: usize, flow: u64) {
+        self.push_arc(a, b, INF);
+        self.push_arc(b, a, flow);
+    }
+
+    fn max_flow(&mut self, s: usize, t: usize) -> usize {
+        let nodes = self.head.len();
+        let mut level = vec![u32::MAX; nodes];
+        let mut it = vec![NONE; nodes];
+        let mut queue = Vec::with_capacity(nodes);
+        let mut total = 0u64;
+        loop {
+            level.iter_mut().for_each(|l| *l = u32::MAX);
+            level[s] = 0;
+            queue.clear();
+            queue.push(s);
+            let mut qi = 0;
+            while qi < queue.len() {
+                let u = queue[qi];
+                qi += 1;
+                let mut e = self.head[u];
+                while e != NONE {
+                    let v = self.to[e as usize] as usize;
+                    if self.cap[e as usize] > 0 && level[v] == u32::MAX {
+                        level[v] = level[u] + 1;
+                        queue.push(v);
+                    }
+                    e = self.next[e as usize];
+                }
+            }
+            if level[t] == u32::MAX {
+                return usize::try_from(total).unwrap_or(usize::MAX);
+            }
+            it.copy_from_slice(&self.head);
+            // Blocking flow: walk the level graph from s, one path at a time; a dead end is
+            // cut off by advancing its parent's arc pointer.
+            let mut path: Vec<u32> = Vec::new();
+            let mut u = s;
+            loop {
+                if u == t {
+                    let push = path
+                        .iter()
+                        .map(|&e| self.cap[e as usize])
+                        .min()
+                        .unwrap_or(0);
+                    for &e in &path {
+                        self.cap[e as usize] -= push;
+                        self.cap[(e ^ 1) as usize] += push;
+                    }
+                    total += push;
+                    path.clear();
+                    u = s;
+                    continue;
+                }
+                let mut e = it[u];
+                while e != NONE {
+                    let v = self.to[e as usize] as usize;
+                    if self.cap[e as usize] > 0 && level[v] == level[u] + 1 {
+                        break;
+                    }
+                    e = self.next[e as usize];
+                }
+                it[u] = e;
+                if e != NONE {
+                    path.push(e);
+                    u = self.to[e as usize] as usize;
+                    continue;
+                }
+                // Dead end: retreat and skip the arc that led here.
+                level[u] = u32::MAX;
+                match path.pop() {
+                    None => break,
+                    Some(back) => {
+                        u = self.to[(back ^ 1) as usize] as usize;
+                        it[u] = self.next[it[u] as usize];
+                    }
+                }
+            }
+        }
+    }
 }

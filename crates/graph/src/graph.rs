@@ -8,6 +8,7 @@ use petgraph::Direction;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{GraphError, Result};
+use crate::limits::{self, MAX_ELEMENTS};
 use crate::op::{DType, Op, OpStats, Shape};
 use crate::weights::{ParamSpec, Weights};
 
@@ -111,6 +112,8 @@ pub struct Graph {
     by_name: HashMap<String, NodeId>,
     outputs: Vec<GraphOutput>,
     weights: Weights,
+    /// FLOPs, bytes and parameters per node, computed (checked) once when the graph is built.
+    stats: Vec<OpStats>,
 }
 
 fn nid(i: NodeIndex) -> NodeId {
@@ -189,9 +192,8 @@ impl Graph {
                 message,
             })?;
             // Keep every count (elements, bytes, FLOPs) far from u64 overflow.
-            if inferred
-                .iter()
-                .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+            if limits::numel(&inferred)
+                .ok()
                 .is_none_or(|n| n > MAX_ELEMENTS)
             {
                 return Err(GraphError::Shape {
@@ -213,15 +215,31 @@ impl Graph {
         }
         // Edge payloads: bytes of every referenced slice.
         for (i, n) in nodes.iter().enumerate() {
+            let at = |message| GraphError::Shape {
+                node: n.name.clone(),
+                message,
+            };
             for v in n.inputs.iter().flatten() {
-                let bytes = value_shape(&nodes, v)
-                    .map(|s| numel(&s) * dtype.size())
-                    .unwrap_or(0);
+                let bytes = match value_shape(&nodes, v) {
+                    Ok(s) => {
+                        limits::mul("edge bytes", limits::numel(&s).map_err(at)?, dtype.size())
+                            .map_err(at)?
+                    }
+                    Err(_) => 0,
+                };
                 if let Some(&e) = edge_of.get(&(v.node, NodeId(i as u32))) {
-                    dag[e].bytes += bytes;
+                    dag[e].bytes = limits::add("edge bytes", dag[e].bytes, bytes).map_err(at)?;
                 }
             }
         }
+        let stats = (0..nodes.len())
+            .map(|i| {
+                node_stats(&nodes, i, dtype).map_err(|message| GraphError::Shape {
+                    node: nodes[i].name.clone(),
+                    message,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut g = Graph {
             name,
             dtype,
@@ -232,6 +250,7 @@ impl Graph {
             by_name,
             outputs: Vec::new(),
             weights: Weights::default(),
+            stats,
         };
         g.outputs = g.default_outputs();
         Ok(g)
@@ -493,23 +512,24 @@ impl Graph {
 
     /// FLOPs, bytes and parameters of one node, including the sums inside its input terms.
     pub fn stats(&self, id: NodeId) -> OpStats {
-        let node = &self.nodes[id.index()];
-        let terms = self.input_shapes(id);
-        let mut s = node.op.stats(&terms, &node.shape, self.dtype);
-        for (term, shape) in node.inputs.iter().zip(&terms) {
-            let extra = term.len().saturating_sub(1) as u64 * numel(shape);
-            s.flops += extra;
-            s.bytes_read += extra * self.dtype.size();
-        }
-        s
+        self.stats[id.index()]
     }
 }
 
-/// Most elements one tensor may have (2^40, i.e. 4 TiB of f32).
-const MAX_ELEMENTS: u64 = 1 << 40;
-
-fn numel(s: &[usize]) -> u64 {
-    s.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64))
+/// A node's counts: its operator's, plus one addition per element of every value summed
+/// inside a term; an error when a count overflows.
+fn node_stats(nodes: &[Node], i: usize, dtype: DType) -> Result<OpStats, String> {
+    let node = &nodes[i];
+    let terms = term_shapes(nodes, &node.inputs, dtype)?;
+    let mut s = node.op.stats(&terms, &node.shape, dtype)?;
+    for (term, shape) in node.inputs.iter().zip(&terms) {
+        let values = limits::count(term.len()).saturating_sub(1);
+        let extra = limits::mul("FLOPs", values, limits::numel(shape)?)?;
+        s.flops = limits::add("FLOPs", s.flops, extra)?;
+        let extra_bytes = limits::mul("bytes read", extra, dtype.size())?;
+        s.bytes_read = limits::add("bytes read", s.bytes_read, extra_bytes)?;
+    }
+    Ok(s)
 }
 
 fn value_shape(nodes: &[Node], v: &Value) -> Result<Shape, String> {

@@ -43,6 +43,7 @@ pub mod builder;
 pub mod error;
 pub mod formats;
 pub mod graph;
+pub mod limits;
 pub mod merge;
 pub mod op;
 pub mod random;

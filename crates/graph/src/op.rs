@@ -14,6 +14,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::limits::{self, add, check_param, count, mul, numel};
+
 /// A tensor shape, batch dimension included.
 pub type Shape = Vec<usize>;
 
@@ -488,11 +490,6 @@ pub struct OpStats {
     pub params: u64,
 }
 
-/// Saturating: shapes from files may be absurd; the graph refuses them after inference.
-fn numel(s: &[usize]) -> u64 {
-    s.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64))
-}
-
 /// Output size of a window of `k` taps dilated by `d`, moved by `s` over `input` padded by
 /// `begin` and `end`. Ceil mode (PyTorch's and onnxruntime's rule): round up, but the last
 /// window must start inside the input or the leading padding. Checked: sizes from files may be
@@ -505,6 +502,14 @@ pub fn window_out(
     d: usize,
     ceil: bool,
 ) -> Result<usize, String> {
+    let (k, s, begin, end, d) = (
+        check_param("kernel", k)?,
+        check_param("stride", s)?,
+        check_param("padding", begin)?,
+        check_param("padding", end)?,
+        check_param("dilation", d)?,
+    );
+    // Under MAX_PARAM each term fits; checked anyway, as every size from input is.
     let too_big = || {
         format!("window arithmetic overflows (input {input}, kernel {k}, dilation {d}, padding {begin}+{end})")
     };
@@ -526,8 +531,7 @@ pub fn window_out(
     let mut out = steps / s + 1;
     if ceil && !steps.is_multiple_of(s) {
         out += 1;
-        // `out - 1 <= steps / s`, so the product cannot overflow.
-        if (out - 1) * s >= input + begin {
+        if (out - 1).checked_mul(s).ok_or_else(too_big)? >= input.saturating_add(begin) {
             out -= 1;
         }
     }
@@ -666,12 +670,8 @@ impl Op {
                 Ok(shape.clone())
             }
             Op::Abstract { time_ms, util } => {
-                if !(time_ms.is_finite() && *time_ms >= 0.0) {
-                    return Err(format!("time_ms {time_ms} must be finite and non-negative"));
-                }
-                if !(util.is_finite() && *util > 0.0 && *util <= 1.0) {
-                    return Err(format!("util {util} must lie in (0, 1]"));
-                }
+                limits::check_time_ms("time_ms", *time_ms)?;
+                limits::check_util("util", *util)?;
                 Ok(Vec::new())
             }
             Op::Opaque { op_type, shape } => {
@@ -746,6 +746,8 @@ impl Op {
         match self {
             Op::Conv2d(c) => {
                 require_rank(x, 4, "conv2d")?;
+                check_param("out_channels", c.out_channels)?;
+                check_param("groups", c.groups)?;
                 if c.groups == 0
                     || !x[1].is_multiple_of(c.groups)
                     || !c.out_channels.is_multiple_of(c.groups)
@@ -803,7 +805,7 @@ impl Op {
             }
             Op::Activation { .. } | Op::Identity | Op::LayerNorm { .. } => Ok(x.clone()),
             Op::Softmax { axis } | Op::LogSoftmax { axis } => {
-                let r = x.len() as i64;
+                let r = i64::try_from(x.len()).map_err(|_| "rank overflows".to_string())?;
                 if *axis >= r || *axis < -r {
                     return Err(format!("softmax axis {axis} out of range for {x:?}"));
                 }
@@ -833,6 +835,7 @@ impl Op {
                     .collect()
             }
             Op::Linear { out_features, .. } => {
+                check_param("out_features", *out_features)?;
                 if x.len() < 2 {
                     return Err(format!("linear expects rank >= 2, got {x:?}"));
                 }
@@ -843,7 +846,7 @@ impl Op {
                 Ok(out)
             }
             Op::Reshape { shape } => {
-                let total = numel(x);
+                let total = numel(x)?;
                 let mut out = Vec::with_capacity(shape.len());
                 let mut infer_at = None;
                 for (i, &d) in shape.iter().enumerate() {
@@ -856,18 +859,22 @@ impl Op {
                             *x.get(i)
                                 .ok_or(format!("reshape: no input dimension {i} to copy"))?,
                         ),
-                        d if d > 0 => out.push(d as usize),
+                        d if d > 0 => out.push(
+                            usize::try_from(d)
+                                .map_err(|_| format!("reshape: target {d} too large"))?,
+                        ),
                         _ => return Err(format!("reshape: invalid target {shape:?}")),
                     }
                 }
-                let known = numel(&out);
+                let cannot = || format!("cannot reshape {x:?} into {shape:?}");
+                let known = numel(&out).map_err(|_| cannot())?;
                 if let Some(i) = infer_at {
                     if known == 0 || !total.is_multiple_of(known) {
-                        return Err(format!("cannot reshape {x:?} into {shape:?}"));
+                        return Err(cannot());
                     }
-                    out[i] = (total / known) as usize;
+                    out[i] = usize::try_from(total / known).map_err(|_| cannot())?;
                 }
-                if numel(&out) != total {
+                if numel(&out).map_err(|_| cannot())? != total {
                     return Err(format!("cannot reshape {x:?} into {shape:?}"));
                 }
                 Ok(out)
@@ -939,46 +946,53 @@ impl Op {
         }
     }
 
-    /// FLOPs, bytes and parameters for the given term shapes and output shape.
-    /// `extra_read` is the number of elements read beyond one per term element
-    /// (the extra values summed inside terms); callers get it from the node.
-    pub fn stats(&self, terms: &[Shape], out: &Shape, dtype: DType) -> OpStats {
+    /// FLOPs, bytes and parameters for the given term shapes and output shape; an error when a
+    /// count overflows 64 bits. The values summed inside terms are not counted here (see
+    /// `Graph::stats`).
+    pub fn stats(&self, terms: &[Shape], out: &Shape, dtype: DType) -> Result<OpStats, String> {
         let e = dtype.size();
-        let in_elems: u64 = terms.iter().map(|s| numel(s)).sum();
-        let out_elems = numel(out);
+        let in_elems = terms
+            .iter()
+            .try_fold(0u64, |a, s| add("input elements", a, numel(s)?))?;
+        let out_elems = numel(out)?;
         let (flops, params) = match self {
             Op::Input { .. } | Op::Constant { .. } | Op::Abstract { .. } => (0, 0),
             Op::Binary { .. } => (out_elems, 0),
             Op::Affine => {
-                let c = out.get(1).copied().unwrap_or(0) as u64;
-                (out_elems.saturating_mul(2), c.saturating_mul(2))
+                let c = count(out.get(1).copied().unwrap_or(0));
+                (mul("FLOPs", out_elems, 2)?, mul("parameters", c, 2)?)
             }
             Op::Pad { .. } => (0, 0),
-            Op::LogSoftmax { .. } => (out_elems.saturating_mul(5), 0),
+            Op::LogSoftmax { .. } => (mul("FLOPs", out_elems, 5)?, 0),
             Op::Conv2d(c) => {
-                let cin = terms
-                    .iter()
-                    .map(|s| s.get(1).copied().unwrap_or(0) as u64)
-                    .sum::<u64>();
-                let per_out = cin / c.groups.max(1) as u64 * (c.kernel[0] * c.kernel[1]) as u64;
-                let mut flops = 2 * out_elems * per_out;
-                let mut params = c.out_channels as u64 * per_out;
+                let cin = terms.iter().try_fold(0u64, |a, s| {
+                    add("input channels", a, count(s.get(1).copied().unwrap_or(0)))
+                })?;
+                let window = mul("kernel size", count(c.kernel[0]), count(c.kernel[1]))?;
+                let per_out = mul("FLOPs", cin / count(c.groups.max(1)), window)?;
+                let mut flops = mul("FLOPs", mul("FLOPs", 2, out_elems)?, per_out)?;
+                let mut params = mul("parameters", count(c.out_channels), per_out)?;
                 if c.bias {
-                    flops += out_elems;
-                    params += c.out_channels as u64;
+                    flops = add("FLOPs", flops, out_elems)?;
+                    params = add("parameters", params, count(c.out_channels))?;
                 }
-                (flops + out_elems * c.act.flops_per_element(), params)
+                let act = mul("FLOPs", out_elems, c.act.flops_per_element())?;
+                (add("FLOPs", flops, act)?, params)
             }
             Op::Pool2d(p) => {
                 if p.kind.is_global() {
                     (in_elems, 0)
                 } else {
-                    (out_elems * (p.kernel[0] * p.kernel[1]) as u64, 0)
+                    let window = mul("kernel size", count(p.kernel[0]), count(p.kernel[1]))?;
+                    (mul("FLOPs", out_elems, window)?, 0)
                 }
             }
-            Op::Activation { act } => (out_elems * act.flops_per_element(), 0),
+            Op::Activation { act } => (mul("FLOPs", out_elems, act.flops_per_element())?, 0),
             Op::Opaque { .. } => (out_elems, 0),
-            Op::Elementwise { .. } => (out_elems * (terms.len() as u64).saturating_sub(1), 0),
+            Op::Elementwise { .. } => (
+                mul("FLOPs", out_elems, count(terms.len()).saturating_sub(1))?,
+                0,
+            ),
             Op::Concat { .. } | Op::Identity | Op::Reshape { .. } | Op::Transpose { .. } => (0, 0),
             Op::Linear {
                 out_features,
@@ -988,26 +1002,30 @@ impl Op {
                 let k = terms
                     .iter()
                     .filter_map(|s| s.last())
-                    .map(|&d| d as u64)
+                    .map(|&d| count(d))
                     .max()
                     .unwrap_or(0);
-                let n = *out_features as u64;
-                let mut flops = 2 * out_elems * k + out_elems * act.flops_per_element();
-                let mut params = k * n;
+                let n = count(*out_features);
+                let mut flops = add(
+                    "FLOPs",
+                    mul("FLOPs", mul("FLOPs", 2, out_elems)?, k)?,
+                    mul("FLOPs", out_elems, act.flops_per_element())?,
+                )?;
+                let mut params = mul("parameters", k, n)?;
                 if *bias {
-                    flops += out_elems;
-                    params += n;
+                    flops = add("FLOPs", flops, out_elems)?;
+                    params = add("parameters", params, n)?;
                 }
                 (flops, params)
             }
             Op::BatchMatmul { .. } => {
-                let k = terms.first().and_then(|a| a.last()).copied().unwrap_or(0) as u64;
-                (2 * out_elems * k, 0)
+                let k = count(terms.first().and_then(|a| a.last()).copied().unwrap_or(0));
+                (mul("FLOPs", mul("FLOPs", 2, out_elems)?, k)?, 0)
             }
-            Op::Softmax { .. } => (5 * out_elems, 0),
+            Op::Softmax { .. } => (mul("FLOPs", 5, out_elems)?, 0),
             Op::LayerNorm { .. } => {
-                let d = out.last().copied().unwrap_or(0) as u64;
-                (8 * out_elems, 2 * d)
+                let d = count(out.last().copied().unwrap_or(0));
+                (mul("FLOPs", 8, out_elems)?, mul("parameters", 2, d)?)
             }
             Op::Sequential { ops } => {
                 let mut total = OpStats::default();
@@ -1016,29 +1034,35 @@ impl Op {
                     let Ok(next) = op.infer_shape(&shapes) else {
                         break;
                     };
-                    let s = op.stats(&shapes, &next, dtype);
-                    total.flops += s.flops;
-                    total.bytes_read += s.bytes_read;
-                    total.bytes_written += s.bytes_written;
-                    total.params += s.params;
+                    let s = op.stats(&shapes, &next, dtype)?;
+                    total = OpStats {
+                        flops: add("FLOPs", total.flops, s.flops)?,
+                        bytes_read: add("bytes read", total.bytes_read, s.bytes_read)?,
+                        bytes_written: add("bytes written", total.bytes_written, s.bytes_written)?,
+                        params: add("parameters", total.params, s.params)?,
+                    };
                     shapes = vec![next];
                 }
-                return total;
+                return Ok(total);
             }
         };
         let moves_data = !matches!(
             self,
             Op::Input { .. } | Op::Constant { .. } | Op::Abstract { .. }
         );
-        OpStats {
+        Ok(OpStats {
             flops,
             bytes_read: if moves_data {
-                (in_elems + params) * e
+                mul("bytes read", add("bytes read", in_elems, params)?, e)?
             } else {
                 0
             },
-            bytes_written: if moves_data { out_elems * e } else { 0 },
+            bytes_written: if moves_data {
+                mul("bytes written", out_elems, e)?
+            } else {
+                0
+            },
             params,
-        }
+        })
     }
 }

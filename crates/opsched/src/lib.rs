@@ -16,6 +16,9 @@ pub use opsched_cost as cost;
 pub use opsched_gpu as gpu;
 pub use opsched_graph as graph;
 pub use opsched_graph::{formats, zoo, Graph, GraphError};
+/// Output files: every file opsched writes goes through [`io::write`].
+pub use opsched_io as io;
+pub use opsched_ios_dp::IosBudget;
 #[cfg(feature = "onnx")]
 pub use opsched_onnx as onnx;
 pub use opsched_profiler as profiler;
@@ -185,6 +188,8 @@ pub struct SchedulerOptions {
     pub ios_s: usize,
     /// IOS: most operators per part solved by one dynamic program.
     pub ios_part: usize,
+    /// IOS: search allowed before the unsolved parts fall back to waves of ready operators.
+    pub ios_budget: IosBudget,
     /// HIOS: window of the intra-GPU parallelization (w).
     pub window: usize,
     /// Seed of randomized schedulers (the LIOS ablations).
@@ -197,6 +202,7 @@ impl Default for SchedulerOptions {
             ios_r: 3,
             ios_s: 8,
             ios_part: 50,
+            ios_budget: IosBudget::default(),
             window: 2,
             seed: 0,
         }
@@ -305,6 +311,7 @@ pub fn scheduler_with(name: &str, opts: &SchedulerOptions) -> Result<Box<dyn Sch
                 s: opts.ios_s,
                 part: opts.ios_part,
                 variant,
+                budget: opts.ios_budget,
             }))
         }
         "hios-lp" => Box::new(HiosLp::new(hios(false))),
@@ -519,8 +526,15 @@ fn measured_from_cache(
         Some(p) => CostCache::open(p)?,
         None => CostCache::open_default()?,
     };
-    if let Some(note) = cache.recovered() {
-        tracing::warn!("cost cache {}: {note}", cache.path().display());
+    // A damaged file was moved aside (the cache warned); a missing one is named here, since
+    // "no measurements" would hide a mistyped path.
+    if !cache.exists() && cache.recovered().is_none() {
+        return Err(Error::Cost(CostError::Cache {
+            path: cache.path().to_path_buf(),
+            message: "no such file; `opsched profile MODEL` measures costs into the cache \
+                      (--cache PATH or $OPSCHED_CACHE choose the file)"
+                .into(),
+        }));
     }
     let names: BTreeSet<&str> = cache
         .entries()
@@ -587,6 +601,15 @@ pub struct Evaluation {
 pub fn evaluate(g: &Graph, s: &Schedule, cost: &dyn CostModel, gpus: usize) -> Result<Evaluation> {
     let plan = opsched_schedule::lower(g, s)?;
     let timeline = opsched_schedule::simulate(g, &plan, cost)?;
+    // Inputs are validated at the door; this keeps a cost model's overflow from ever being
+    // reported as a result.
+    if !timeline.makespan_ms.is_finite() {
+        return Err(Error::Schedule(ScheduleError::Invalid(format!(
+            "the simulated makespan is {} ms under {}: an operator or transfer time is too large",
+            timeline.makespan_ms,
+            cost.name()
+        ))));
+    }
     let lower_bound = opsched_schedule::lower_bound(g, cost, gpus.max(1));
     Ok(Evaluation {
         makespan_ms: timeline.makespan_ms,
@@ -675,7 +698,7 @@ mod tests {
         .err()
         .unwrap()
         .to_string();
-        assert!(e.contains("no measurements"), "{e}");
+        assert!(e.contains("none.bin") && e.contains("no such file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -258,10 +258,11 @@ fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<(), ProfileError> {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
-    std::fs::write(path, text + "\n").map_err(|e| ProfileError::Export {
+    opsched_io::write(path, (text + "\n").as_bytes()).map_err(|e| ProfileError::Export {
         path: path.to_path_buf(),
-        message: e.to_string(),
-    })
+        message: format!("cannot write: {}", e.message),
+    })?;
+    Ok(())
 }
 
 /// Write the report's tables into `dir` (created if needed): `ops.json` (operators and stages

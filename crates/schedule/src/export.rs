@@ -146,7 +146,28 @@ pub fn xml_escape(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&apos;"),
+            // Not allowed in XML 1.0 documents at all.
             c if (c as u32) < 0x20 && c != '\t' && c != '\n' && c != '\r' => out.push(' '),
+            '\u{FFFE}' | '\u{FFFF}' => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// JSON text made safe inside an HTML `<script>` element: `<`, `>` and `&` (which occur only
+/// inside strings) and the JavaScript line separators become `\uXXXX` escapes, the same JSON
+/// value. Escaping `</` alone is not enough: `<!--<script>` in a string would switch the HTML
+/// parser into a state where the element's own `</script>` no longer ends it.
+pub fn script_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
             c => out.push(c),
         }
     }
@@ -510,5 +531,21 @@ mod tests {
     #[test]
     fn escapes() {
         assert_eq!(xml_escape("a<&>\"'"), "a&lt;&amp;&gt;&quot;&apos;");
+        assert_eq!(xml_escape("a\u{1}b\u{FFFF}"), "a b\u{FFFD}");
+    }
+
+    #[test]
+    fn script_json_has_no_markup_and_reads_back_the_same() {
+        let names = [
+            "</script><b>x</b>",
+            "<!--<script>",
+            "a & b\u{2028}c",
+            "\"\\</",
+        ];
+        let json = serde_json::to_string(&names).expect("strings serialize");
+        let safe = script_json(&json);
+        assert!(!safe.contains(['<', '>', '&', '\u{2028}']), "{safe}");
+        let back: Vec<String> = serde_json::from_str(&safe).expect("escaped JSON parses");
+        assert_eq!(back, names);
     }
 }

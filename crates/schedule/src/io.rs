@@ -342,14 +342,17 @@ pub fn load(g: &Graph, path: impl AsRef<Path>) -> Result<Schedule, ScheduleError
     })
 }
 
-/// Write a schedule file atomically (a temporary file, then a rename).
-pub fn save(g: &Graph, s: &Schedule, path: impl AsRef<Path>) -> Result<(), ScheduleError> {
+/// Write a schedule file through [`opsched_io::write`] (a regular file is replaced atomically;
+/// links, FIFOs and `-` for stdout work as that function says).
+pub fn save(
+    g: &Graph,
+    s: &Schedule,
+    path: impl AsRef<Path>,
+) -> Result<opsched_io::Written, ScheduleError> {
     let path = path.as_ref();
-    opsched_graph::formats::write_atomic(path, to_string(g, s).as_bytes()).map_err(|e| {
-        ScheduleError::File {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        }
+    opsched_io::write(path, to_string(g, s).as_bytes()).map_err(|e| ScheduleError::File {
+        path: path.to_path_buf(),
+        message: format!("cannot write: {}", e.message),
     })
 }
 

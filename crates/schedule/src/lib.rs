@@ -31,7 +31,7 @@ pub use host::{HostCmd, HostProgram, Transfer};
 pub use lower::lower;
 pub use plan::{
     Cmd, EventId, GpuLaunch, GpuStreams, LaunchPlan, Platform, Schedule, Stage, StagePlan,
-    StageStrategy, StreamPlan, TransferId,
+    StageStrategy, StreamPlan, TransferId, MAX_GPUS, MAX_STREAMS,
 };
 pub use simulate::{simulate, OpSpan, Timeline, TransferSpan};
 pub use validate::validate;

@@ -13,12 +13,27 @@ pub struct Platform {
     pub link: opsched_cost::LinkPreset,
 }
 
+/// Most GPUs a platform may have: the largest NVLink domain built (DGX GH200, 256 GPUs). Per-GPU
+/// tables of the schedulers and the simulator grow with it.
+pub const MAX_GPUS: usize = 256;
+
+/// Most streams per GPU: CUDA runs at most 128 kernels at once on one device (compute
+/// capability 7.0 and later), so more streams cannot run more operators side by side.
+pub const MAX_STREAMS: usize = 128;
+
 impl Platform {
-    /// Every scheduler needs at least one GPU and one stream; `scheduler` names the one asking.
+    /// Every scheduler needs at least one GPU and one stream, and at most [`MAX_GPUS`] and
+    /// [`MAX_STREAMS`]; `scheduler` names the one asking.
     pub fn check(&self, scheduler: &str) -> Result<(), crate::ScheduleError> {
         if self.gpus == 0 || self.streams == 0 {
             return Err(crate::ScheduleError::Config(format!(
                 "{scheduler}: the platform needs at least one GPU and one stream (got {} GPUs, {} streams)",
+                self.gpus, self.streams
+            )));
+        }
+        if self.gpus > MAX_GPUS || self.streams > MAX_STREAMS {
+            return Err(crate::ScheduleError::Config(format!(
+                "{scheduler}: a platform holds at most {MAX_GPUS} GPUs and {MAX_STREAMS} streams per GPU (got {} GPUs, {} streams)",
                 self.gpus, self.streams
             )));
         }

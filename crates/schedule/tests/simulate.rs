@@ -894,6 +894,53 @@ fn validate_launch_finds_unordered_dependencies() {
     assert!(m.contains("'3'") && m.contains("never launched"), "{m}");
 }
 
+/// Past the 4,096 operators of one happens-before block: a chain of 9,000 operators split over
+/// two streams without a wait is caught where the break is (third block), and the same chain
+/// on one stream passes.
+#[test]
+fn validate_launch_checks_dependencies_in_every_block() {
+    let n = 9000;
+    let ops: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"id": {i}, "time_ms": 0.01}}"#))
+        .collect();
+    let edges: Vec<String> = (1..n)
+        .map(|i| format!(r#"{{"src": {}, "dst": {i}}}"#, i - 1))
+        .collect();
+    let g = dag::from_str(&format!(
+        r#"{{"format": "opsched-dag", "ops": [{}], "edges": [{}]}}"#,
+        ops.join(","),
+        edges.join(",")
+    ))
+    .unwrap();
+    let l = |i: usize| Cmd::Launch {
+        op: id(&g, &i.to_string()),
+        stage: None,
+    };
+    let one = LaunchPlan {
+        gpus: vec![GpuLaunch {
+            streams: vec![(0..n).map(l).collect()],
+        }],
+        events: 0,
+        transfers: 0,
+        launch_order: vec![],
+    };
+    validate_launch(&g, &one).unwrap();
+    let cut = 8500;
+    let two = LaunchPlan {
+        gpus: vec![GpuLaunch {
+            streams: vec![(0..cut).map(l).collect(), (cut..n).map(l).collect()],
+        }],
+        events: 0,
+        transfers: 0,
+        launch_order: vec![],
+    };
+    let m = invalid_msg(validate_launch(&g, &two));
+    assert!(
+        m.contains("dependency '8499' -> '8500' is not ordered"),
+        "{m}"
+    );
+}
+
 #[test]
 fn large_graphs_simulate_quickly() {
     let cfg = opsched_graph::zoo::ZooConfig::default();

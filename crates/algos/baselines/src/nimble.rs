@@ -38,6 +38,11 @@
 //! (step 2's paths, `ops - matching`), `nimble_streams` (after step 3), `logical_streams`
 //! (after step 4, the width), `streams` (used after folding).
 //!
+//! Memory: the reachability bitsets, `n^2 / 8` bytes for `n` operators (1.25 GB for 100,000);
+//! the matchings read the closure and the chain order from them in place, in ascending order, so
+//! nothing else grows faster than the edges. A graph whose bitsets would exceed
+//! [`MAX_CLOSURE_BYTES`] is refused with an error instead of exhausting memory.
+//!
 //! Each stream lists its operators in the global topological order [`Graph::ops`], so no
 //! operator precedes one of its ancestors on its stream; the launch order is [`Graph::ops`].
 //! Logical streams are numbered by their first operator's topological position.
@@ -148,17 +153,88 @@ fn reduce_with(g: &Graph, ops: Vec<NodeId>, reach: &[Vec<u64>]) -> Reduction {
 
 const FREE: usize = usize::MAX;
 
-/// Maximum bipartite matching (Hopcroft-Karp) of left vertices `0..adj.len()` with right
+/// Most bytes the reachability bitsets of [`Nimble::analyze`] may take (`n^2 / 8` for `n`
+/// operators: 2 GiB is about 131,000 operators). Beyond it Nimble refuses the graph instead of
+/// running out of memory.
+pub const MAX_CLOSURE_BYTES: u64 = 2 << 30;
+
+/// The bipartite graph a matching runs on, read in place: left vertex `u`'s neighbours in
+/// ascending order, without materializing lists (the transitive closure's would take
+/// quadratic memory).
+trait Adjacency {
+    fn left(&self) -> usize;
+    /// The smallest neighbour of `u` that is at least `from`.
+    fn next_from(&self, u: usize, from: usize) -> Option<usize>;
+    fn has(&self, u: usize, v: usize) -> bool {
+        self.next_from(u, v) == Some(v)
+    }
+}
+
+/// Sorted, duplicate-free neighbour lists.
+impl Adjacency for [Vec<usize>] {
+    fn left(&self) -> usize {
+        self.len()
+    }
+    fn next_from(&self, u: usize, from: usize) -> Option<usize> {
+        let list = &self[u];
+        list.get(list.partition_point(|&v| v < from)).copied()
+    }
+}
+
+/// The transitive closure: `u`'s neighbours are the set bits of its reachability row.
+struct Closure<'a>(&'a [Vec<u64>]);
+
+impl Adjacency for Closure<'_> {
+    fn left(&self) -> usize {
+        self.0.len()
+    }
+    fn next_from(&self, u: usize, from: usize) -> Option<usize> {
+        let row = &self.0[u];
+        let mut w = from / 64;
+        let mut bits = row.get(w)? & (u64::MAX << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(w * 64 + bits.trailing_zeros() as usize);
+            }
+            w += 1;
+            bits = *row.get(w)?;
+        }
+    }
+}
+
+/// Nimble's chain order: chain `a` before chain `b` when `a`'s last operator reaches `b`'s
+/// first; `ends` holds each chain's (first, last).
+struct ChainOrder<'a> {
+    reach: &'a [Vec<u64>],
+    ends: &'a [(usize, usize)],
+}
+
+impl Adjacency for ChainOrder<'_> {
+    fn left(&self) -> usize {
+        self.ends.len()
+    }
+    fn next_from(&self, a: usize, from: usize) -> Option<usize> {
+        let (_, last) = *self.ends.get(a)?;
+        let r = self.reach.get(last).map(Vec::as_slice).unwrap_or(&[]);
+        (from..self.ends.len()).find(|&b| bit(r, self.ends[b].0))
+    }
+}
+
+/// Maximum bipartite matching (Hopcroft-Karp) of left vertices `0..adj.left()` with right
 /// vertices `0..n_right`, grown from the matching `init` (partner of each left vertex or
 /// [`FREE`]; pairs that are not edges of `adj` or clash are dropped). Returns the partner of
 /// each left vertex and the matching size.
-fn max_matching_from(adj: &[Vec<usize>], n_right: usize, init: &[usize]) -> (Vec<usize>, usize) {
-    let n_left = adj.len();
+fn max_matching_from<A: Adjacency + ?Sized>(
+    adj: &A,
+    n_right: usize,
+    init: &[usize],
+) -> (Vec<usize>, usize) {
+    let n_left = adj.left();
     let mut match_l = vec![FREE; n_left];
     let mut match_r = vec![FREE; n_right];
     let mut size = 0;
     for (u, &v) in init.iter().enumerate().take(n_left) {
-        if v != FREE && match_r.get(v) == Some(&FREE) && adj[u].contains(&v) {
+        if v != FREE && match_r.get(v) == Some(&FREE) && adj.has(u, v) {
             match_l[u] = v;
             match_r[v] = u;
             size += 1;
@@ -179,7 +255,9 @@ fn max_matching_from(adj: &[Vec<usize>], n_right: usize, init: &[usize]) -> (Vec
         }
         let mut found = false;
         while let Some(u) = q.pop_front() {
-            for &v in &adj[u] {
+            let mut from = 0;
+            while let Some(v) = adj.next_from(u, from) {
+                from = v + 1;
                 match match_r.get(v).copied() {
                     Some(FREE) => found = true,
                     Some(w) if dist[w] == usize::MAX => {
@@ -202,13 +280,13 @@ fn max_matching_from(adj: &[Vec<usize>], n_right: usize, init: &[usize]) -> (Vec
             let mut stack = vec![root];
             let mut via: Vec<usize> = Vec::new();
             while let Some(&u) = stack.last() {
-                let Some(&v) = adj[u].get(next[u]) else {
+                let Some(v) = adj.next_from(u, next[u]) else {
                     dist[u] = usize::MAX;
                     stack.pop();
                     via.pop();
                     continue;
                 };
-                next[u] += 1;
+                next[u] = v + 1;
                 match match_r.get(v).copied() {
                     Some(FREE) => {
                         // Augment along the stack: stack[k] takes via[k], the top takes v.
@@ -233,7 +311,7 @@ fn max_matching_from(adj: &[Vec<usize>], n_right: usize, init: &[usize]) -> (Vec
 }
 
 /// Maximum bipartite matching from scratch (see [`max_matching_from`]).
-fn max_matching(adj: &[Vec<usize>], n_right: usize) -> (Vec<usize>, usize) {
+fn max_matching<A: Adjacency + ?Sized>(adj: &A, n_right: usize) -> (Vec<usize>, usize) {
     max_matching_from(adj, n_right, &[])
 }
 
@@ -281,7 +359,7 @@ impl Nimble {
         let reduction = reduce_with(g, ops, &reach);
         let n = reduction.ops.len();
 
-        let (succ, matching) = max_matching(&reduction.succs, n);
+        let (succ, matching) = max_matching(reduction.succs.as_slice(), n);
         let chains = paths(&succ);
 
         // Chain order: a before b when a's last op reaches b's first op (transitive).
@@ -293,18 +371,11 @@ impl Nimble {
                 (first, last)
             })
             .collect();
-        let chain_adj: Vec<Vec<usize>> = ends
-            .iter()
-            .map(|&(_, last)| {
-                let r = reach.get(last).map(Vec::as_slice).unwrap_or(&[]);
-                ends.iter()
-                    .enumerate()
-                    .filter(|&(_, &(first, _))| bit(r, first))
-                    .map(|(b, _)| b)
-                    .collect()
-            })
-            .collect();
-        let (chain_succ, _) = max_matching(&chain_adj, chains.len());
+        let chain_order = ChainOrder {
+            reach: &reach,
+            ends: &ends,
+        };
+        let (chain_succ, _) = max_matching(&chain_order, chains.len());
         // The operator-level matching this amounts to: the reduction's matched edges, plus
         // last(a) -> first(b) for chain b merged after chain a.
         let mut merged = succ;
@@ -318,11 +389,7 @@ impl Nimble {
         let nimble_streams = sorted_paths(&merged);
 
         // Completion: grow that matching to a maximum one in the transitive closure.
-        let closure: Vec<Vec<usize>> = reach
-            .iter()
-            .map(|bits| (0..n).filter(|&j| bit(bits, j)).collect())
-            .collect();
-        let (full, _) = max_matching_from(&closure, n, &merged);
+        let (full, _) = max_matching_from(&Closure(&reach), n, &merged);
         let streams = sorted_paths(&full);
         NimbleAnalysis {
             reduction,
@@ -396,6 +463,16 @@ impl Scheduler for Nimble {
         cost: &dyn CostModel,
     ) -> Result<(Schedule, SchedulerStats), ScheduleError> {
         platform.check("nimble")?;
+        let n = opsched_graph::limits::count(g.op_count());
+        let closure_bytes = n.saturating_mul(n.div_ceil(64)).saturating_mul(8);
+        if closure_bytes > MAX_CLOSURE_BYTES {
+            return Err(ScheduleError::Config(format!(
+                "nimble: {n} operators need {} MB for the transitive closure, more than the \
+                 {} MB allowed; schedule this graph with lios, opara or greedy",
+                closure_bytes >> 20,
+                MAX_CLOSURE_BYTES >> 20
+            )));
+        }
         let start = Instant::now();
         let a = Self::analyze(g);
         let ops = &a.reduction.ops;

@@ -13,6 +13,7 @@ use opsched_schedule::{Stage, StageStrategy};
 
 use crate::bits::Bits;
 use crate::hash::FastMap;
+use crate::Meter;
 
 /// Which endings the DP may use.
 #[derive(Clone, Copy, Debug)]
@@ -101,7 +102,12 @@ impl StageCosts {
         }
     }
 
-    fn concurrent(&mut self, g: &Graph, cost: &dyn CostModel, groups: &[Vec<NodeId>]) -> f64 {
+    pub(crate) fn concurrent(
+        &mut self,
+        g: &Graph,
+        cost: &dyn CostModel,
+        groups: &[Vec<NodeId>],
+    ) -> f64 {
         self.make_key(g, false, groups.iter().map(Vec::as_slice));
         if let Some(&c) = self.by_key.get(self.key.as_slice()) {
             self.hits += 1;
@@ -283,6 +289,8 @@ pub(crate) struct PartResult {
     pub objective: f64,
     pub states: u64,
     pub transitions: u64,
+    /// Scheduled by the fallback after the budget ran out, not by the DP.
+    pub fallback: bool,
 }
 
 /// The DP of one part.
@@ -292,6 +300,8 @@ pub(crate) struct Dp<'a, B> {
     pg: &'a PartGraph<B>,
     lim: Limits,
     costs: &'a mut StageCosts,
+    /// The run's work budget, shared by all parts.
+    meter: &'a mut Meter,
     memo: FastMap<B, Entry<B>>,
     /// Stage cost per (ending, merge) inside this part (`INFINITY`: not a valid stage).
     local: FastMap<(B, bool), f64>,
@@ -311,6 +321,7 @@ impl<'a, B: Bits> Dp<'a, B> {
         pg: &'a PartGraph<B>,
         lim: Limits,
         costs: &'a mut StageCosts,
+        meter: &'a mut Meter,
     ) -> Self {
         Dp {
             g,
@@ -318,6 +329,7 @@ impl<'a, B: Bits> Dp<'a, B> {
             pg,
             lim,
             costs,
+            meter,
             memo: FastMap::default(),
             local: FastMap::default(),
             endings: Vec::with_capacity(1024),
@@ -328,11 +340,12 @@ impl<'a, B: Bits> Dp<'a, B> {
         }
     }
 
-    /// Solve the part; `None` if some state has no valid ending (cannot happen with `r, s >= 1`).
+    /// Solve the part; `None` if some state has no valid ending (cannot happen with `r, s >= 1`)
+    /// or the work budget ran out (the meter says so).
     pub fn run(mut self) -> Option<PartResult> {
         let full = B::low(self.pg.len());
         let objective = self.solve(full);
-        if !objective.is_finite() {
+        if !objective.is_finite() || self.meter.exhausted() {
             return None;
         }
         let mut stages = Vec::new();
@@ -351,6 +364,7 @@ impl<'a, B: Bits> Dp<'a, B> {
             objective,
             states: self.states,
             transitions: self.transitions,
+            fallback: false,
         })
     }
 
@@ -365,6 +379,11 @@ impl<'a, B: Bits> Dp<'a, B> {
         let start = self.endings.len();
         self.enumerate(s);
         let end = self.endings.len();
+        if self.meter.exhausted() {
+            // Unwind without memoizing: the part is abandoned.
+            self.endings.truncate(start);
+            return f64::INFINITY;
+        }
         let mut best = Entry {
             cost: f64::INFINITY,
             ending: B::ZERO,
@@ -379,6 +398,10 @@ impl<'a, B: Bits> Dp<'a, B> {
                 continue;
             }
             let total = self.solve(s & !e) + c;
+            if self.meter.exhausted() {
+                self.endings.truncate(start);
+                return f64::INFINITY;
+            }
             if total < best.cost {
                 best = Entry {
                     cost: total,
@@ -405,6 +428,9 @@ impl<'a, B: Bits> Dp<'a, B> {
             }
             if self.lim.singles {
                 for i in sinks.ones() {
+                    if !self.meter.charge() {
+                        return;
+                    }
                     self.endings.push((B::bit(i), false));
                 }
             }
@@ -425,6 +451,9 @@ impl<'a, B: Bits> Dp<'a, B> {
                     let mut sub = m;
                     while !sub.is_zero() {
                         if sub.count() >= 2 {
+                            if !self.meter.charge() {
+                                return;
+                            }
                             self.endings.push((sub, true));
                         }
                         sub = sub.dec() & m;
@@ -463,6 +492,7 @@ impl<'a, B: Bits> Dp<'a, B> {
                 0,
                 self.lim.s,
                 &mut self.endings,
+                self.meter,
             );
             self.cands.truncate(c0);
             self.ranges.truncate(r0);
@@ -516,7 +546,9 @@ impl<'a, B: Bits> Dp<'a, B> {
 
 /// All combinations of at most one candidate group per chain, pairwise disjoint, at most
 /// `smax` groups, at least one: IOS's `ending_iterator`, with the disjointness and count
-/// checks applied while choosing instead of after.
+/// checks applied while choosing instead of after. Each ending is charged to `meter`; returns
+/// `false` (leaving the enumeration incomplete) once the budget is spent, so one wide state
+/// cannot fill memory with endings.
 fn combos<B: Bits>(
     ranges: &[(usize, usize)],
     cands: &[B],
@@ -524,24 +556,58 @@ fn combos<B: Bits>(
     groups: usize,
     smax: usize,
     out: &mut Vec<(B, bool)>,
-) {
+    meter: &mut Meter,
+) -> bool {
     match ranges.split_first() {
         None => {
             if !used.is_zero() {
+                if !meter.charge() {
+                    return false;
+                }
                 out.push((used, false));
             }
+            true
         }
         Some((&(a, b), rest)) => {
-            combos(rest, cands, used, groups, smax, out);
+            if !combos(rest, cands, used, groups, smax, out, meter) {
+                return false;
+            }
             if groups < smax {
                 for &grp in &cands[a..b] {
-                    if (grp & used).is_zero() {
-                        combos(rest, cands, used | grp, groups + 1, smax, out);
+                    if (grp & used).is_zero()
+                        && !combos(rest, cands, used | grp, groups + 1, smax, out, meter)
+                    {
+                        return false;
                     }
                 }
             }
+            true
         }
     }
+}
+
+/// The fallback schedule of a part once the work budget is spent: waves of ready operators
+/// (all predecessors in earlier stages), at most `smax` per stage, one group each, in the
+/// part's topological order. Linear in the part and always valid.
+pub(crate) fn ready_waves<B: Bits>(pg: &PartGraph<B>, smax: usize) -> Vec<Vec<Vec<NodeId>>> {
+    let all = B::low(pg.len());
+    let mut done = B::ZERO;
+    let mut stages = Vec::new();
+    while done != all {
+        let mut wave = B::ZERO;
+        for i in (all & !done)
+            .ones()
+            .filter(|&i| (pg.preds[i] & !done).is_zero())
+        {
+            wave |= B::bit(i);
+            if wave.count() as usize == smax {
+                break;
+            }
+        }
+        done |= wave;
+        stages.push(wave.ones().map(|i| vec![pg.ops[i]]).collect());
+    }
+    stages
 }
 
 #[cfg(test)]
@@ -572,11 +638,17 @@ mod tests {
         for b in g.blocks().iter().take(4) {
             let ops: Vec<NodeId> = g.ops().filter(|o| b.nodes.contains(o)).collect::<Vec<_>>();
             let mut c1 = StageCosts::default();
+            let mut m1 = Meter::new(crate::IosBudget::default());
             let pg64 = PartGraph::<u64>::new(&g, &ops, &mut local);
-            let r64 = Dp::new(&g, &cost, &pg64, limits(), &mut c1).run().unwrap();
+            let r64 = Dp::new(&g, &cost, &pg64, limits(), &mut c1, &mut m1)
+                .run()
+                .unwrap();
             let mut c2 = StageCosts::default();
+            let mut m2 = Meter::new(crate::IosBudget::default());
             let pg128 = PartGraph::<u128>::new(&g, &ops, &mut local);
-            let r128 = Dp::new(&g, &cost, &pg128, limits(), &mut c2).run().unwrap();
+            let r128 = Dp::new(&g, &cost, &pg128, limits(), &mut c2, &mut m2)
+                .run()
+                .unwrap();
             assert_eq!(r64.stages, r128.stages);
             assert_eq!(r64.objective, r128.objective);
             assert_eq!(r64.states, r128.states);

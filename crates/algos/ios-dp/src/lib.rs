@@ -75,18 +75,32 @@
 //! - `s` is also capped by the platform's streams; IOS's default part size is 100, ours is the
 //!   paper's 50.
 //!
+//! ## Work budget
+//! The DP is exponential in a part's width (20 mutually independent operators: 2^20 states
+//! with up to 263,950 endings each). [`IosOptions::budget`] bounds the endings enumerated over
+//! the whole run (default [`DEFAULT_BUDGET_TRANSITIONS`]) or its time; every ending is charged
+//! while it is enumerated, so a single wide state cannot exhaust memory either. When the budget
+//! runs out the part in progress is abandoned and it and every later part are scheduled as
+//! waves of ready operators (at most `s` per stage, one group each); the parts solved before
+//! keep their optimal stages. The schedule stays valid; a `tracing` warning says how many parts
+//! fell back, and the statistics carry `budget_spent` (endings enumerated, abandoned part
+//! included), `budget_exhausted`, `fallback_parts` and `fallback_ops`.
+//!
 //! ## Statistics
 //! `states` (DP states solved, as IOS's `#states` counts them), `transitions` (endings
 //! evaluated), `cost_queries` (distinct stages costed); `extra`: `parts`, `largest_part`, `stage_cache_hits`, `stages`,
-//! `merge_stages`, `objective_ms` (the DP's sum of stage costs), `r`, `s`, `variant`, and
-//! `blocks_ignored` when blocks had to be ignored.
+//! `merge_stages`, `objective_ms` (the DP's sum of stage costs), `r`, `s`, `variant`, `budget`,
+//! `budget_exhausted` (with `fallback_parts`, `fallback_ops` when true), and `blocks_ignored`
+//! when blocks had to be ignored.
 
 mod bits;
 mod dp;
 mod hash;
 mod parts;
 
-use std::time::Instant;
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
 
 use opsched_cost::CostModel;
 use opsched_graph::{Graph, NodeId};
@@ -96,10 +110,121 @@ use opsched_schedule::{
 };
 
 use crate::bits::Bits;
-use crate::dp::{Dp, Limits, PartGraph, PartResult, StageCosts};
+use crate::dp::{ready_waves, Dp, Limits, PartGraph, PartResult, StageCosts};
 
 /// Largest part the DP accepts (operators).
 pub const MAX_PART: usize = 128;
+
+/// The default work budget: endings enumerated over a whole run. The zoo's largest search
+/// (RandWire, 5.1 million) fits twice; 20 to 50 mutually independent operators, whose search
+/// is exponential, stop after a few seconds.
+pub const DEFAULT_BUDGET_TRANSITIONS: u64 = 10_000_000;
+
+/// How much search the DP may do in one run before the parts still unsolved fall back to
+/// waves of ready operators (`--ios-budget`: a count such as `10000000`, or a time such as
+/// `30s` or `500ms`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IosBudget {
+    /// Endings enumerated over the whole run (each is one transition of the DP).
+    Transitions(u64),
+    /// Wall-clock time of the whole run.
+    Time(Duration),
+}
+
+impl Default for IosBudget {
+    fn default() -> Self {
+        IosBudget::Transitions(DEFAULT_BUDGET_TRANSITIONS)
+    }
+}
+
+impl fmt::Display for IosBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IosBudget::Transitions(n) => write!(f, "{n} transitions"),
+            IosBudget::Time(d) => write!(f, "{} s", d.as_secs_f64()),
+        }
+    }
+}
+
+impl serde::Serialize for IosBudget {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl FromStr for IosBudget {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        let bad = || {
+            format!(
+                "invalid IOS budget '{text}': expected a positive number of transitions \
+                 (10000000) or a time of at most a day (30s, 500ms)"
+            )
+        };
+        // A bare count, or what `Display` writes: "10000000 transitions".
+        let count = t.strip_suffix("transitions").unwrap_or(t).trim();
+        if let Ok(n) = count.replace('_', "").parse::<u64>() {
+            return if n == 0 {
+                Err(bad())
+            } else {
+                Ok(IosBudget::Transitions(n))
+            };
+        }
+        let (number, unit) = if let Some(n) = t.strip_suffix("ms") {
+            (n, 1e-3)
+        } else if let Some(n) = t.strip_suffix('s') {
+            (n, 1.0)
+        } else {
+            return Err(bad());
+        };
+        let secs = number.trim().parse::<f64>().map_err(|_| bad())? * unit;
+        if secs.is_finite() && secs > 0.0 && secs <= 86_400.0 {
+            Ok(IosBudget::Time(Duration::from_secs_f64(secs)))
+        } else {
+            Err(bad())
+        }
+    }
+}
+
+/// The work spent against an [`IosBudget`] over one run (all parts).
+pub(crate) struct Meter {
+    budget: IosBudget,
+    spent: u64,
+    start: Instant,
+    out: bool,
+}
+
+impl Meter {
+    pub(crate) fn new(budget: IosBudget) -> Self {
+        Meter {
+            budget,
+            spent: 0,
+            start: Instant::now(),
+            out: false,
+        }
+    }
+
+    /// Count one enumerated ending; `false` once the budget is spent (and ever after).
+    #[inline]
+    pub(crate) fn charge(&mut self) -> bool {
+        if self.out {
+            return false;
+        }
+        self.spent += 1;
+        self.out = match self.budget {
+            IosBudget::Transitions(n) => self.spent > n,
+            // Reading the clock is cheap, but not per ending.
+            IosBudget::Time(d) => self.spent.is_multiple_of(256) && self.start.elapsed() > d,
+        };
+        !self.out
+    }
+
+    pub(crate) fn exhausted(&self) -> bool {
+        self.out
+    }
+}
 
 /// Which stage strategies the DP may use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -152,6 +277,9 @@ pub struct IosOptions {
     /// Most operators per part (50; at most [`MAX_PART`]).
     pub part: usize,
     pub variant: IosVariant,
+    /// Work allowed to the DP over the whole run; the parts left when it runs out are
+    /// scheduled as waves of ready operators, with a warning.
+    pub budget: IosBudget,
 }
 
 impl Default for IosOptions {
@@ -161,6 +289,7 @@ impl Default for IosOptions {
             s: 8,
             part: 50,
             variant: IosVariant::Both,
+            budget: IosBudget::default(),
         }
     }
 }
@@ -236,16 +365,19 @@ impl Ios {
         let mut stages = Vec::with_capacity(g.op_count());
         let (mut objective, mut states, mut transitions) = (0.0, 0u64, 0u64);
         let mut largest = 0usize;
+        let mut meter = Meter::new(o.budget);
+        // (first part that fell back, parts, operators)
+        let mut fallback: Option<(usize, usize, usize)> = None;
         progress.begin(
             split.parts.iter().map(|p| p.len() as u64).sum(),
             "operators",
         );
-        for part in &split.parts {
+        for (k, part) in split.parts.iter().enumerate() {
             largest = largest.max(part.len());
             let res = if part.len() <= u64::CAP {
-                solve_part::<u64>(g, cost, part, lim, &mut costs, &mut local)
+                solve_part::<u64>(g, cost, part, lim, &mut costs, &mut local, &mut meter)
             } else if part.len() <= u128::CAP {
-                solve_part::<u128>(g, cost, part, lim, &mut costs, &mut local)
+                solve_part::<u128>(g, cost, part, lim, &mut costs, &mut local, &mut meter)
             } else {
                 None
             };
@@ -256,6 +388,11 @@ impl Ios {
                     part.len()
                 ))
             })?;
+            if res.fallback {
+                let f = fallback.get_or_insert((k, 0, 0));
+                f.1 += 1;
+                f.2 += part.len();
+            }
             objective += res.objective;
             states += res.states;
             transitions += res.transitions;
@@ -278,6 +415,24 @@ impl Ios {
         extra.insert("variant".into(), o.variant.name().into());
         if split.blocks_ignored {
             extra.insert("blocks_ignored".into(), true.into());
+        }
+        extra.insert("budget".into(), o.budget.to_string().into());
+        extra.insert("budget_exhausted".into(), fallback.is_some().into());
+        extra.insert("budget_spent".into(), meter.spent.into());
+        if let Some((first, parts, ops)) = fallback {
+            extra.insert("fallback_parts".into(), parts.into());
+            extra.insert("fallback_ops".into(), ops.into());
+            tracing::warn!(
+                "{} on {}: the search budget ({}) ran out in part {} of {}; {parts} part{} \
+                 ({ops} operators) scheduled as waves of ready operators instead of by the \
+                 dynamic program (raise --ios-budget for the optimum)",
+                o.variant.name(),
+                g.name,
+                o.budget,
+                first + 1,
+                split.parts.len(),
+                if parts == 1 { "" } else { "s" },
+            );
         }
         let stats = SchedulerStats {
             wall_ms: start.elapsed().as_secs_f64() * 1e3,
@@ -303,6 +458,8 @@ impl Ios {
     }
 }
 
+/// Solve one part by the DP, or by [`ready_waves`] once the budget is spent (`None`: the DP
+/// found no schedule).
 fn solve_part<B: Bits>(
     g: &Graph,
     cost: &dyn CostModel,
@@ -310,9 +467,33 @@ fn solve_part<B: Bits>(
     lim: Limits,
     costs: &mut StageCosts,
     local: &mut [u32],
+    meter: &mut Meter,
 ) -> Option<PartResult> {
     let pg = PartGraph::<B>::new(g, part, local);
-    Dp::new(g, cost, &pg, lim, costs).run()
+    if !meter.exhausted() {
+        let res = Dp::new(g, cost, &pg, lim, costs, meter).run();
+        if !meter.exhausted() {
+            return res;
+        }
+    }
+    let mut objective = 0.0;
+    let stages: Vec<Stage> = ready_waves(&pg, lim.s)
+        .into_iter()
+        .map(|groups| {
+            objective += costs.concurrent(g, cost, &groups);
+            Stage {
+                strategy: StageStrategy::Concurrent,
+                groups,
+            }
+        })
+        .collect();
+    Some(PartResult {
+        states: stages.len() as u64,
+        stages,
+        objective,
+        transitions: 0,
+        fallback: true,
+    })
 }
 
 impl Scheduler for Ios {

@@ -10,7 +10,7 @@ use opsched_cost::{AnalyticalModel, CostModel, DevicePreset, HiosSimLaw, IdealMo
 use opsched_graph::random::{layered_dag, LayeredDagParams};
 use opsched_graph::zoo::{self, ZooConfig};
 use opsched_graph::{DType, Graph, NodeDef, NodeId, Op, Value};
-use opsched_ios_dp::{Ios, IosOptions, IosSolution, IosVariant};
+use opsched_ios_dp::{Ios, IosBudget, IosOptions, IosSolution, IosVariant};
 use opsched_schedule::{
     lower, simulate, validate, Platform, Schedule, Scheduler, Stage, StageStrategy,
 };
@@ -246,6 +246,100 @@ fn bad_options_and_platforms_are_refused() {
     assert!(big.solve(&g, &p, &cost).is_err());
     p.gpus = 0;
     assert!(Ios::default().solve(&g, &p, &cost).is_err());
+}
+
+/// `n` mutually independent abstract operators (the DP's worst case: every subset is a state).
+fn independent(n: usize) -> Graph {
+    let defs = (0..n)
+        .map(|i| NodeDef {
+            name: format!("op{i}"),
+            op: Op::Abstract {
+                time_ms: 0.5 + (i % 7) as f64 * 0.1,
+                util: 0.2 + (i % 5) as f64 * 0.1,
+            },
+            inputs: vec![],
+            declared_shape: None,
+        })
+        .collect();
+    Graph::from_nodes("independent", DType::F32, defs).unwrap()
+}
+
+fn with_budget(budget: IosBudget) -> Ios {
+    Ios::new(IosOptions {
+        budget,
+        ..IosOptions::default()
+    })
+}
+
+#[test]
+fn a_budget_of_exactly_the_search_changes_nothing_and_one_less_falls_back() {
+    let (cost, p) = v100();
+    let g = zoo::build("inception_v3", &ZooConfig::default()).unwrap();
+    let full = solve(&Ios::default(), &g, &p, &cost);
+    assert_eq!(full.stats.extra["budget_exhausted"], false);
+    let t = full.stats.transitions;
+    let exact = solve(&with_budget(IosBudget::Transitions(t)), &g, &p, &cost);
+    assert_eq!(exact.stages, full.stages);
+    assert_eq!(exact.stats.extra["budget_exhausted"], false);
+    let short = solve(&with_budget(IosBudget::Transitions(t - 1)), &g, &p, &cost);
+    assert_eq!(short.stats.extra["budget_exhausted"], true);
+    // Only the last part ran out: the parts before keep the DP's stages.
+    assert_eq!(short.stats.extra["fallback_parts"], 1);
+    assert!(short.objective_ms >= full.objective_ms);
+    assert!(close(
+        simulated(&g, &short.stages, &cost),
+        short.objective_ms
+    ));
+}
+
+#[test]
+fn wide_parts_stop_at_the_budget_with_a_valid_schedule() {
+    let (_, p) = v100();
+    let cost = HiosSimLaw::new(AnalyticalModel::default());
+    // 50 independent operators: 2^50 states; without the budget this never ends.
+    let g = independent(50);
+    let start = std::time::Instant::now();
+    let sol = solve(&with_budget(IosBudget::Transitions(200_000)), &g, &p, &cost);
+    assert!(start.elapsed().as_secs() < 20);
+    assert_eq!(sol.stats.extra["budget_exhausted"], true);
+    assert_eq!(sol.stats.extra["fallback_ops"], 50);
+    // Waves of at most s = 8 ready operators.
+    assert_eq!(sol.stages.len(), 7);
+    assert!(sol.objective_ms <= sequential_sum(&g, &cost) * (1.0 + 1e-12));
+    // A time budget ends too.
+    let start = std::time::Instant::now();
+    let timed = solve(
+        &with_budget(IosBudget::Time(std::time::Duration::from_millis(200))),
+        &g,
+        &p,
+        &cost,
+    );
+    assert!(start.elapsed().as_secs() < 20);
+    assert_eq!(timed.stats.extra["budget_exhausted"], true);
+}
+
+#[test]
+fn budgets_parse_from_counts_and_times() {
+    use std::time::Duration;
+    assert_eq!("2000".parse(), Ok(IosBudget::Transitions(2000)));
+    assert_eq!("1_000_000".parse(), Ok(IosBudget::Transitions(1_000_000)));
+    assert_eq!("30s".parse(), Ok(IosBudget::Time(Duration::from_secs(30))));
+    assert_eq!(
+        "250ms".parse(),
+        Ok(IosBudget::Time(Duration::from_millis(250)))
+    );
+    for bad in ["0", "-5", "s", "0s", "inf s", "NaNs", "1e9s", "ten", ""] {
+        let e = bad.parse::<IosBudget>().unwrap_err();
+        assert!(e.contains(&format!("'{bad}'")), "{e}");
+    }
+    // Display round-trips (the CLI shows the default that way).
+    for b in [
+        IosBudget::default(),
+        IosBudget::Time(Duration::from_millis(1500)),
+    ] {
+        assert_eq!(b.to_string().parse(), Ok(b));
+    }
+    assert_eq!(IosBudget::default().to_string(), "10000000 transitions");
 }
 
 #[test]

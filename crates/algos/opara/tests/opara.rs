@@ -389,7 +389,7 @@ fn zoo_models() {
     for spec in models() {
         let g = spec.build(&ZooConfig::default()).unwrap();
         let seq: f64 = g.ops().map(|v| cost.op_time(&g, v)).sum();
-        for cap in [1, 4, 8, 1000] {
+        for cap in [1, 4, 8, opsched_schedule::MAX_STREAMS] {
             let (ms, _) = check(&g, &platform(cap), &cost);
             if g.name.starts_with("inception") && cap == 8 {
                 assert!(

@@ -7,8 +7,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::args::{ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
-use crate::common::{load, print_json, setup, write_file};
-use crate::error::facade;
+use crate::common::{load, print_json, setup};
+use crate::error::{facade, user};
+use crate::output::Outputs;
 use crate::progress::Bar;
 
 #[derive(Args, Debug)]
@@ -56,6 +57,11 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
             .filter(|n| !n.is_empty())
             .collect()
     };
+    if names.is_empty() {
+        return Err(user(anyhow::anyhow!(
+            "--algos names no algorithm (give NAMES separated by commas, or `all`)"
+        )));
+    }
     let options = a.sched.options();
     // Unknown names are the user's mistake: report them before any work.
     for name in &names {
@@ -65,18 +71,25 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
     let platform = su.platform(a.target.gpus as usize, a.target.streams as usize);
     let bar = Bar::new(Some(names.len() as u64));
     let table = opsched::compare(&g, &names, &platform, su.cost.as_ref(), &options, &bar)
-        .map_err(anyhow::Error::new)
+        .map_err(facade)
         .with_context(|| format!("comparing schedulers on {}", g.name))?;
     bar.finish();
+    let mut outputs = Outputs::default();
     if let Some(path) = &a.csv {
-        write_file(path, comparison_csv(&table).as_bytes())?;
+        outputs.add(path, comparison_csv(&table));
     }
     if let Some(path) = &a.md {
-        write_file(path, comparison_markdown(&table).as_bytes())?;
+        outputs.add(path, comparison_markdown(&table));
     }
     if a.json {
-        return print_json(&table);
+        print_json(&table)?;
+    } else {
+        print_table(&table)?;
     }
+    outputs.write()
+}
+
+fn print_table(table: &opsched::ComparisonTable) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -117,11 +130,11 @@ pub fn comparison_csv(t: &opsched::ComparisonTable) -> String {
     for r in &t.rows {
         s.push_str(&format!(
             "{},{},{},{},{},{},{:.6},{:.6},{:.4},{:.6},{:.4},{:.4},{}\n",
-            t.model,
+            csv_field(&t.model),
             t.device,
             t.gpus,
             t.streams,
-            t.cost_model,
+            csv_field(&t.cost_model),
             r.algo,
             r.makespan_ms,
             t.sequential_ms,
@@ -133,6 +146,16 @@ pub fn comparison_csv(t: &opsched::ComparisonTable) -> String {
         ));
     }
     s
+}
+
+/// A CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, quote or line
+/// break (a model's name comes from its file).
+fn csv_field(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\"")).into()
+    } else {
+        s.into()
+    }
 }
 
 pub fn comparison_markdown(t: &opsched::ComparisonTable) -> String {
@@ -156,4 +179,15 @@ pub fn comparison_markdown(t: &opsched::ComparisonTable) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv_field;
+
+    #[test]
+    fn csv_fields_are_quoted_only_when_needed() {
+        assert_eq!(csv_field("resnet50"), "resnet50");
+        assert_eq!(csv_field("a,\"b\"\nc"), "\"a,\"\"b\"\"\nc\"");
+    }
 }

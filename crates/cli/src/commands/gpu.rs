@@ -17,7 +17,7 @@ use opsched::runtime::{
 use opsched::schedule::io as schedule_io;
 
 use crate::args::{ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
-use crate::common::{load, print_json, setup, write_file};
+use crate::common::{load, print_json, setup};
 use crate::error::{facade, user};
 
 #[derive(Args, Debug)]
@@ -380,13 +380,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
         print_run(&g, &label, &report)?;
     }
     if let Some(path) = &a.output {
+        let mut outputs = crate::output::Outputs::default();
         let bytes = opsched::npy::encode_outputs(path, &report.outputs).map_err(user)?;
-        write_file(path, &bytes).map_err(user)?;
-        eprintln!(
-            "wrote {} ({} outputs)",
-            path.display(),
-            report.outputs.len()
-        );
+        outputs.add(path, bytes);
+        outputs.write()?;
     }
     if failed {
         anyhow::bail!("the scheduled run's outputs differ from the sequential run's");

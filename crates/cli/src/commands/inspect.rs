@@ -9,8 +9,9 @@ use opsched::graph::{analysis::Summary, summarize};
 use serde::Serialize;
 
 use crate::args::ModelArgs;
-use crate::common::{human, load, print_json, write_file};
+use crate::common::{human, load, print_json};
 use crate::error::user;
+use crate::output::Outputs;
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  opsched models\n  opsched models --json | jq '.[].name'")]
@@ -98,17 +99,20 @@ pub fn models(a: &ModelsArgs) -> Result<()> {
 
 pub fn inspect(a: &InspectArgs) -> Result<()> {
     let g = load(&a.model, &a.model_args)?;
+    let mut outputs = Outputs::default();
     if let Some(path) = &a.dot {
-        write_file(path, opsched::formats::dot::to_dot(&g).as_bytes())?;
+        outputs.add(path, opsched::formats::dot::to_dot(&g));
     }
     if let Some(path) = &a.export {
-        write_file(path, opsched::formats::json::to_string(&g).as_bytes())?;
+        outputs.add(path, opsched::formats::json::to_string(&g));
     }
     let s = summarize(&g);
     if a.json {
-        return print_json(&s);
+        print_json(&s)?;
+    } else {
+        print_summary(&mut std::io::stdout().lock(), &s)?;
     }
-    print_summary(&mut std::io::stdout().lock(), &s)
+    outputs.write()
 }
 
 fn print_summary(out: &mut impl Write, s: &Summary) -> Result<()> {

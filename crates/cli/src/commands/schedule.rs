@@ -14,10 +14,11 @@ use serde::Serialize;
 
 use crate::args::{ExportArgs, ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
 use crate::common::{
-    bound_line, describe, evaluate, load, platform_line, print_json, sequential_ms, setup,
-    write_exports, Setup,
+    add_exports, bound_line, describe, evaluate, load, platform_line, print_json, sequential_ms,
+    setup, Setup,
 };
 use crate::error::facade;
+use crate::output::Outputs;
 use crate::progress::Bar;
 
 #[derive(Args, Debug)]
@@ -87,10 +88,12 @@ pub fn schedule(a: &ScheduleArgs) -> Result<()> {
     let platform = su.platform(a.target.gpus as usize, a.target.streams as usize);
     let run = scheduled(&g, &a.algo, &a.sched, &su, &platform)?;
     let (s, ev, sched_name) = (&run.schedule, &run.evaluation, run.algo.as_str());
+    let mut outputs = Outputs::default();
     if let Some(path) = &a.out {
-        schedule_io::save(&g, s, path).map_err(anyhow::Error::new)?;
+        outputs.add(path, schedule_io::to_string(&g, s));
     }
-    write_exports(
+    add_exports(
+        &mut outputs,
         &g,
         ev,
         &a.exports,
@@ -126,8 +129,14 @@ pub fn schedule(a: &ScheduleArgs) -> Result<()> {
         schedule: schedule_io::to_json(&g, s),
     };
     if a.json {
-        return print_json(&r);
+        print_json(&r)?;
+    } else {
+        print_report(&r, s)?;
     }
+    outputs.write()
+}
+
+fn print_report(r: &ScheduleReport, s: &Schedule) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "model          {} ({} operators)", r.model, r.ops)?;
     writeln!(out, "algorithm      {}", r.algo)?;
@@ -154,9 +163,6 @@ pub fn schedule(a: &ScheduleArgs) -> Result<()> {
         r.schedule_time_ms, r.stats.states, r.stats.cost_queries
     )?;
     writeln!(out, "schedule       {}", describe(s))?;
-    if let Some(path) = &a.out {
-        writeln!(out, "written to     {}", path.display())?;
-    }
     Ok(())
 }
 
@@ -185,6 +191,7 @@ pub fn scheduled(
     bar.step(&name);
     let (s, stats) = scheduler
         .schedule_with_progress(g, platform, su.cost.as_ref(), &bar)
+        .map_err(|e| facade(e.into()))
         .with_context(|| format!("scheduler '{name}' on {}", g.name))?;
     bar.finish();
     let schedule_time_ms = start.elapsed().as_secs_f64() * 1e3;

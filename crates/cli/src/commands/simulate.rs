@@ -11,12 +11,13 @@ use opsched::schedule::{io as schedule_io, Schedule};
 use opsched::CostKind;
 use serde::Serialize;
 
-use crate::args::{ExportArgs, ModelArgs, PlatformArgs};
+use crate::args::{gpus_in_range, streams_in_range, ExportArgs, ModelArgs, PlatformArgs};
 use crate::common::{
-    bound_line, describe, evaluate, gpu_use, load, platform_line, print_json, setup, write_exports,
+    add_exports, bound_line, describe, evaluate, gpu_use, load, platform_line, print_json, setup,
     GpuUse,
 };
 use crate::error::user;
+use crate::output::Outputs;
 
 #[derive(Args, Debug)]
 #[command(
@@ -34,11 +35,11 @@ pub struct SimulateArgs {
     schedule: String,
     #[command(flatten)]
     platform: PlatformArgs,
-    /// Number of GPUs (default: the schedule's).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Number of GPUs (default: the schedule's; at most 256).
+    #[arg(long, value_parser = gpus_in_range())]
     gpus: Option<u32>,
-    /// CUDA streams per GPU (default: what the schedule needs).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// CUDA streams per GPU (default: what the schedule needs; at most 128).
+    #[arg(long, value_parser = streams_in_range())]
     streams: Option<u32>,
     #[command(flatten)]
     model_args: ModelArgs,
@@ -74,7 +75,10 @@ struct SimulateReport {
 
 pub fn simulate(a: &SimulateArgs) -> Result<()> {
     let g = load(&a.graph, &a.model_args)?;
-    let s = if a.schedule == "ios" && !Path::new(&a.schedule).is_file() {
+    let embedded = a.schedule == "ios" && !Path::new(&a.schedule).is_file();
+    // Where the schedule comes from, for errors: the graph file for its embedded IOS stages.
+    let source = if embedded { &a.graph } else { &a.schedule };
+    let s = if embedded {
         schedule_io::from_ios_stages(&g).ok_or_else(|| {
             user(anyhow::anyhow!(
                 "{}: the graph carries no IOS stages (an IOS graph file with \"stages\" on every block is needed for `ios`)",
@@ -88,8 +92,7 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
     let gpus = a.gpus.map_or(needed, |g| g as usize);
     if gpus < needed {
         return Err(user(anyhow::anyhow!(
-            "{}: the schedule uses {needed} GPUs but --gpus is {gpus}",
-            a.schedule
+            "{source}: the schedule uses {needed} GPUs but --gpus is {gpus}"
         )));
     }
     let streams = a
@@ -97,10 +100,16 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
         .map_or_else(|| opsched::schedule_streams(&s), |s| s as usize);
     let su = setup(&g, &a.platform)?;
     let platform = su.platform(gpus, streams);
+    // A schedule file may ask for more GPUs or streams than a platform holds.
+    platform
+        .check("simulate")
+        .map_err(|e| user(anyhow::anyhow!("{source}: {e}")))?;
     opsched::schedule::validate(&g, &s, &platform)
-        .map_err(|e| user(anyhow::anyhow!("{}: {e}", a.schedule)))?;
+        .map_err(|e| user(anyhow::anyhow!("{source}: {e}")))?;
     let ev = evaluate(&g, &s, su.cost.as_ref(), gpus)?;
-    write_exports(
+    let mut outputs = Outputs::default();
+    add_exports(
+        &mut outputs,
         &g,
         &ev,
         &a.exports,
@@ -143,11 +152,17 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
         cost_stats: su.cost.stats(),
     };
     if a.json {
-        return print_json(&r);
+        print_json(&r)?;
+    } else {
+        print_report(&r, &s)?;
     }
+    outputs.write()
+}
+
+fn print_report(r: &SimulateReport, s: &Schedule) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "model          {} ({} operators)", r.model, r.ops)?;
-    writeln!(out, "schedule       {} ({})", r.schedule, describe(&s))?;
+    writeln!(out, "schedule       {} ({})", r.schedule, describe(s))?;
     writeln!(
         out,
         "platform       {}",

@@ -16,10 +16,10 @@ use serde::Serialize;
 use crate::args::{ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
 use crate::commands::schedule::scheduled;
 use crate::common::{
-    describe, evaluate, gpu_use, load, platform_line, print_json, sequential_ms, setup, write_file,
-    GpuUse,
+    describe, evaluate, gpu_use, load, platform_line, print_json, sequential_ms, setup, GpuUse,
 };
 use crate::error::user;
+use crate::output::Outputs;
 
 #[derive(Args, Debug)]
 #[command(
@@ -174,21 +174,21 @@ pub fn viz(a: &VizArgs) -> Result<()> {
         VizFormat::Json => serde_json::to_vec(&export::chrome_trace(&g, &evaluation.timeline))?,
         VizFormat::Html => html_page(&g, &evaluation.timeline, &title, &summary)?.into_bytes(),
     };
-    write_file(&a.out, &bytes)?;
+    let mut outputs = Outputs::default();
+    outputs.add(&a.out, bytes);
     if a.json {
-        return print_json(&summary);
+        print_json(&summary)?;
+    } else {
+        writeln!(
+            std::io::stdout().lock(),
+            "{}: makespan {:.4} ms ({:.3}x over sequential, {:.3}x the lower bound)",
+            title,
+            summary.makespan_ms,
+            summary.speedup,
+            summary.gap,
+        )?;
     }
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "{}: makespan {:.4} ms ({:.3}x over sequential, {:.3}x the lower bound); wrote {}",
-        title,
-        summary.makespan_ms,
-        summary.speedup,
-        summary.gap,
-        a.out.display()
-    )?;
-    Ok(())
+    outputs.write()
 }
 
 /// A page that needs nothing but a browser: the summary, the Gantt chart inline, and the Chrome
@@ -200,8 +200,7 @@ fn html_page(
     s: &VizSummary,
 ) -> Result<String> {
     let svg = export::svg_gantt(g, t, title);
-    // `</` must not appear inside a <script> element; `<\/` is the same JSON string.
-    let trace = serde_json::to_string(&export::chrome_trace(g, t))?.replace("</", "<\\/");
+    let trace = export::script_json(&serde_json::to_string(&export::chrome_trace(g, t))?);
     let mut rows = String::new();
     let mut row = |k: &str, v: String| {
         let _ = writeln!(rows, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(&v));

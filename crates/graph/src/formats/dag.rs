@@ -9,8 +9,9 @@
 //! }
 //! ```
 //! Ids are arbitrary non-negative integers, unique, in any order (not necessarily topological).
-//! `util` defaults to 1.0 and must lie in (0, 1]; `time_ms` must be finite and non-negative;
-//! `transfer_ms` defaults to 0 and must be finite and non-negative. Unknown fields are errors.
+//! `util` defaults to 1.0 and must lie in (0, 1]; `time_ms` must be finite, non-negative and at
+//! most [`MAX_TIME_MS`](crate::limits::MAX_TIME_MS); `transfer_ms` defaults to 0 and obeys the
+//! same bounds. Unknown fields are errors.
 //!
 //! Each op becomes a node named by its id (in decimal) with [`Op::Abstract`]; its inputs are one
 //! whole-output term per predecessor, in the order the edges are listed. Every edge of a graph
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{GraphError, Result};
 use crate::graph::{Graph, NodeDef, NodeId, Value};
+use crate::limits;
 use crate::op::{DType, Op};
 
 /// The value of the `format` field.
@@ -78,18 +80,9 @@ pub fn from_value(doc: serde_json::Value) -> Result<Graph> {
         let op: OpJson = serde_json::from_value(v)
             .map_err(|e| GraphError::invalid(format!("op #{i} of the ops list"), e.to_string()))?;
         let at = format!("op {}", op.id);
-        if !(op.time_ms.is_finite() && op.time_ms >= 0.0) {
-            return Err(GraphError::invalid(
-                at,
-                format!("time_ms {} must be finite and non-negative", op.time_ms),
-            ));
-        }
-        if !(op.util.is_finite() && op.util > 0.0 && op.util <= 1.0) {
-            return Err(GraphError::invalid(
-                at,
-                format!("util {} must lie in (0, 1]", op.util),
-            ));
-        }
+        limits::check_time_ms("time_ms", op.time_ms)
+            .and_then(|_| limits::check_util("util", op.util))
+            .map_err(|m| GraphError::invalid(&at, m))?;
         if index_of.insert(op.id, ops.len()).is_some() {
             return Err(GraphError::invalid(at, "duplicate op id"));
         }
@@ -126,15 +119,8 @@ pub fn from_value(doc: serde_json::Value) -> Result<Graph> {
         if !seen.insert((e.src, e.dst)) {
             return Err(GraphError::invalid(at, "duplicate edge"));
         }
-        if !(e.transfer_ms.is_finite() && e.transfer_ms >= 0.0) {
-            return Err(GraphError::invalid(
-                at,
-                format!(
-                    "transfer_ms {} must be finite and non-negative",
-                    e.transfer_ms
-                ),
-            ));
-        }
+        limits::check_time_ms("transfer_ms", e.transfer_ms)
+            .map_err(|m| GraphError::invalid(&at, m))?;
         defs[dst]
             .inputs
             .push(vec![Value::whole(NodeId(src as u32))]);

@@ -61,26 +61,3 @@ pub fn load_file(path: impl AsRef<Path>) -> Result<Graph> {
     })?;
     from_str(&text).map_err(|e| e.in_file(path))
 }
-
-/// Write `contents` to `path` atomically: a temporary file in the same directory, then rename.
-pub fn write_atomic(path: impl AsRef<Path>, contents: &[u8]) -> Result<()> {
-    let path = path.as_ref();
-    let io = |source| GraphError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, contents).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io(e)
-    })
-}
