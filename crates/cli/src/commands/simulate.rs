@@ -24,7 +24,7 @@ use crate::error::user;
 `opsched schedule --out`), or `ios` for the stages an IOS graph file carries. The schedule is \
 validated first (every operator once, dependencies, stream and GPU limits).\n\nExamples:\n  \
 opsched simulate inception_v3 s.json\n  \
-opsched simulate ../shared/fixtures/ios/v100.json ios --device v100 --json\n  \
+opsched simulate fixtures/ios/v100.json ios --device v100 --json\n  \
 opsched simulate nasnet s.json --gpus 2 --trace trace.json --svg gantt.svg"
 )]
 pub struct SimulateArgs {
