@@ -1,5 +1,6 @@
 //! Device and link presets with published figures.
 
+use opsched_graph::names::{self, Known};
 use serde::Serialize;
 
 use crate::CostError;
@@ -262,20 +263,12 @@ impl DevicePreset {
             .max_by_key(|d| d.name.len())
             .cloned()
     }
+
+    /// The preset named exactly `name` ("h100"); a near miss is an error suggesting the closest.
     pub fn by_name(name: &str) -> Result<DevicePreset, CostError> {
-        let want = name.to_ascii_lowercase();
-        DEVICES
-            .iter()
-            .find(|d| d.name == want)
+        names::lookup("device preset", name, DEVICES, |d| Known::plain(d.name))
             .cloned()
-            .ok_or_else(|| CostError::UnknownDevice {
-                name: name.into(),
-                known: DEVICES
-                    .iter()
-                    .map(|d| d.name)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+            .map_err(CostError::UnknownDevice)
     }
 }
 
@@ -283,16 +276,13 @@ impl LinkPreset {
     pub fn all() -> &'static [LinkPreset] {
         LINKS
     }
+
+    /// The preset named exactly `name` ("nvlink4"); a near miss is an error suggesting the
+    /// closest.
     pub fn by_name(name: &str) -> Result<LinkPreset, CostError> {
-        let want = name.to_ascii_lowercase();
-        LINKS
-            .iter()
-            .find(|d| d.name == want)
+        names::lookup("link preset", name, LINKS, |l| Known::plain(l.name))
             .cloned()
-            .ok_or_else(|| CostError::UnknownLink {
-                name: name.into(),
-                known: LINKS.iter().map(|d| d.name).collect::<Vec<_>>().join(", "),
-            })
+            .map_err(CostError::UnknownLink)
     }
 }
 

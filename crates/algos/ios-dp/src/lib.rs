@@ -127,11 +127,11 @@ impl IosVariant {
         }
     }
 
-    /// The variant registered under `name` ("ios", "ios-parallel", "ios-merge").
+    /// The variant registered under exactly `name` ("ios", "ios-parallel", "ios-merge").
     pub fn from_name(name: &str) -> Option<Self> {
         [IosVariant::Both, IosVariant::Parallel, IosVariant::Merge]
             .into_iter()
-            .find(|v| v.name().eq_ignore_ascii_case(name))
+            .find(|v| v.name() == name)
     }
 
     fn limits(self, r: usize, s: usize) -> Limits {

@@ -175,6 +175,7 @@ fn scheduler_names_and_trait_path() {
         let sched = Ios::with_variant(v);
         assert_eq!(sched.name(), name);
         assert_eq!(IosVariant::from_name(name), Some(v));
+        assert_eq!(IosVariant::from_name(&name.to_uppercase()), None);
         let (s, stats) = sched.schedule(&g, &p, &cost).unwrap();
         validate(&g, &s, &p).unwrap();
         assert!(stats.wall_ms >= 0.0);

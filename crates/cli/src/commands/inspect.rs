@@ -48,7 +48,6 @@ pub struct InspectArgs {
 #[derive(Serialize)]
 struct ModelRow {
     name: &'static str,
-    aliases: &'static [&'static str],
     description: &'static str,
     ops: usize,
     edges: usize,
@@ -62,7 +61,6 @@ pub fn models(a: &ModelsArgs) -> Result<()> {
         let g = m.build(&cfg).map_err(user)?;
         rows.push(ModelRow {
             name: m.name,
-            aliases: m.aliases,
             description: m.description,
             ops: g.op_count(),
             edges: g.edge_count(),
