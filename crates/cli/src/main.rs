@@ -8,6 +8,7 @@ mod args;
 mod commands;
 mod common;
 mod error;
+mod help;
 mod progress;
 
 use std::process::ExitCode;

@@ -23,7 +23,8 @@ opsched profile inception_v3\n  opsched profile resnet50 --batch 16 --export fix
 opsched profile nasnet --stages-from opara --json"
 )]
 pub struct ProfileArgs {
-    /// Zoo model name or graph file.
+    /// Zoo model name or model file (--help lists both).
+    #[arg(long_help = crate::help::model())]
     model: String,
     #[command(flatten)]
     model_args: ModelArgs,
@@ -71,10 +72,16 @@ opsched run inception_v3 --algo ios\n  opsched run resnet50 --algo opara --graph
 opsched run nasnet --algo hios-lp --gpus 2 --check\n  opsched run googlenet --schedule s.json"
 )]
 pub struct RunArgs {
-    /// Zoo model name or graph file.
+    /// Zoo model name or model file (--help lists both).
+    #[arg(long_help = crate::help::model())]
     model: String,
-    /// Scheduling algorithm.
-    #[arg(long, value_name = "NAME", required_unless_present = "schedule")]
+    /// Scheduling algorithm (--help lists them).
+    #[arg(
+        long,
+        value_name = "NAME",
+        required_unless_present = "schedule",
+        long_help = crate::help::algo()
+    )]
     algo: Option<String>,
     /// Run this schedule file (from `opsched schedule --out`) instead of searching one.
     #[arg(long, value_name = "FILE", conflicts_with = "algo")]
