@@ -4,23 +4,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output};
+mod common;
 
-fn opsched(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_opsched"))
-        .args(args)
-        .output()
-        .expect("the opsched binary runs")
-}
-
-fn stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{opsched, stdout};
 
 /// The subcommands `opsched --help` lists.
 fn commands() -> Vec<String> {
@@ -158,39 +144,30 @@ fn near_miss_names_exit_2_and_suggest_the_closest() {
 
 #[test]
 fn the_link_defaults_to_the_devices_own_and_one_stream_is_singular() {
+    let platform = |flags: &[&str]| {
+        let args = [&["schedule", "squeezenet", "--algo", "sequential"], flags].concat();
+        let text = stdout(&opsched(&args));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("platform"))
+            .unwrap_or_default();
+        line.trim_start_matches("platform").trim().to_string()
+    };
     for (device, link) in [
         ("k80", "pcie3"),
         ("v100", "nvlink2"),
         ("a40", "pcie4"),
         ("h200", "nvlink4"),
     ] {
-        let text = stdout(&opsched(&[
-            "schedule",
-            "squeezenet",
-            "--algo",
-            "sequential",
-            "--device",
-            device,
-            "--streams",
-            "1",
-        ]));
-        let line = format!("1 x {device}, 1 stream per GPU, {link}");
-        assert!(text.contains(&line), "{device}: {text}");
+        assert_eq!(
+            platform(&["--device", device, "--streams", "1"]),
+            format!("1 x {device}, 1 stream per GPU, {link}")
+        );
     }
     // An explicit --link wins.
-    let text = stdout(&opsched(&[
-        "schedule",
-        "squeezenet",
-        "--algo",
-        "sequential",
-        "--device",
-        "k80",
-        "--link",
-        "nvlink3",
-    ]));
-    assert!(
-        text.contains("1 x k80, 8 streams per GPU, nvlink3"),
-        "{text}"
+    assert_eq!(
+        platform(&["--device", "k80", "--link", "nvlink3"]),
+        "1 x k80, 8 streams per GPU, nvlink3"
     );
 }
 
