@@ -20,7 +20,7 @@ use opsched::graph::DType;
 use opsched::schedule::{Platform, Schedule};
 use opsched::zoo::ZooConfig;
 use opsched::{CostKind, SchedulerOptions};
-use opsched_runtime::{RunOptions, RunReport};
+use opsched_runtime::{CudaDevice, Device, RunOptions, RunReport};
 
 #[derive(clap::Args, Debug)]
 #[command(
@@ -115,6 +115,7 @@ fn schedule_of(g: &opsched::Graph, algo: &str, s: &Search) -> Result<(Schedule, 
 }
 
 fn run_once(
+    dev: &CudaDevice,
     g: &opsched::Graph,
     schedule: &Schedule,
     capture: bool,
@@ -123,12 +124,11 @@ fn run_once(
 ) -> Result<RunReport> {
     let opts = RunOptions {
         graph_capture: capture,
-        gpus: Some(1),
         warmup: args.warmup,
         repeats,
         ..Default::default()
     };
-    opsched_runtime::run_schedule(g, schedule, &opts)
+    opsched_runtime::run_schedule(dev, g, schedule, &opts)
         .with_context(|| format!("running {} (graph capture {capture})", g.name))
 }
 
@@ -191,10 +191,10 @@ pub fn bench_gpu(mut args: Args) -> Result<()> {
         args.repeats = 20;
         args.warmup = 5;
     }
-    let gpus = opsched_runtime::open_gpus(Some(1))
+    let dev = CudaDevice::open(Some(1))
         .map_err(|e| anyhow::anyhow!("bench-gpu needs a CUDA GPU: {e}"))?;
-    let info = gpus[0].info.clone();
-    drop(gpus);
+    let info = dev.report();
+    let sms = opsched_gpu::devices()?.first().map_or(0, |d| d.sms);
     let preset = DevicePreset::for_device_name(&info.name).unwrap_or_else(|| {
         eprintln!(
             "bench-gpu: no preset matches '{}'; searching under h100",
@@ -207,8 +207,8 @@ pub fn bench_gpu(mut args: Args) -> Result<()> {
             .unwrap_or_else(|| opsched::cost::DevicePreset::all()[0].clone())
     });
     eprintln!(
-        "bench-gpu on {} (driver {}, cuDNN {}); schedules searched under {} ({})",
-        info.name, info.driver, info.cudnn, preset.name, args.cost
+        "bench-gpu on {} (driver {}, {}); schedules searched under {} ({})",
+        info.name, info.driver, info.libraries, preset.name, args.cost
     );
     let mut rows = Vec::new();
     for model in &args.models {
@@ -222,13 +222,13 @@ pub fn bench_gpu(mut args: Args) -> Result<()> {
             eprintln!("{model} batch {batch}: {} operators", g.op_count());
             let sr = search(&g, &preset, &args)?;
             let (seq_schedule, seq_sim) = schedule_of(&g, "sequential", &sr)?;
-            let seq = run_once(&g, &seq_schedule, false, &args, args.repeats)?;
-            let seq_graph = run_once(&g, &seq_schedule, true, &args, args.repeats)?;
+            let seq = run_once(&dev, &g, &seq_schedule, false, &args, args.repeats)?;
+            let seq_graph = run_once(&dev, &g, &seq_schedule, true, &args, args.repeats)?;
             // Pick the best scheduler by a short measured run, then measure it fully.
             let mut best: Option<(String, Schedule, f64, f64)> = None;
             for algo in &args.algos {
                 let tried = schedule_of(&g, algo, &sr).and_then(|(s, sim)| {
-                    run_once(&g, &s, false, &args, args.repeats.min(20)).map(|r| (s, sim, r))
+                    run_once(&dev, &g, &s, false, &args, args.repeats.min(20)).map(|r| (s, sim, r))
                 });
                 match tried {
                     Ok((s, sim, r)) => {
@@ -244,8 +244,8 @@ pub fn bench_gpu(mut args: Args) -> Result<()> {
                 }
             }
             let (best_algo, best_schedule, best_sim, _) = best.context("no scheduler ran")?;
-            let best = run_once(&g, &best_schedule, false, &args, args.repeats)?;
-            let best_graph = run_once(&g, &best_schedule, true, &args, args.repeats)?;
+            let best = run_once(&dev, &g, &best_schedule, false, &args, args.repeats)?;
+            let best_graph = run_once(&dev, &g, &best_schedule, true, &args, args.repeats)?;
             rows.push(Row {
                 model: model.clone(),
                 batch,
@@ -268,10 +268,10 @@ pub fn bench_gpu(mut args: Args) -> Result<()> {
     let mut md = String::new();
     md.push_str(&format!("# GPU latency on {}\n\n", info.name));
     md.push_str(&format!(
-        "Driver API {}, cuDNN {}, {} SMs; opsched {} (cudarc 0.19, cuDNN conv TF32 allowed, cuBLAS f32); ",
+        "Driver API {}, {}, {} SMs; opsched {} (cudarc 0.19, TF32 in convolutions and matrix products); ",
         info.driver,
-        info.cudnn,
-        info.sms,
+        info.libraries,
+        sms,
         env!("CARGO_PKG_VERSION")
     ));
     match &t {

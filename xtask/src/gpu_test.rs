@@ -105,6 +105,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         .into_iter()
         .next()
         .context("no device")?;
+    let dev = opsched_gpu::CudaDevice::open(Some(1))?;
     for model in &models {
         let g = opsched::load_model(
             model,
@@ -139,7 +140,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
             export_dir: Some(out.join(info.slug()).join(format!("{model}-b{batch}"))),
             ..Default::default()
         };
-        let r = opsched_profiler::profile(&g, &opts)?;
+        let r = opsched_profiler::profile(&dev, &g, &opts)?;
         eprintln!(
             "{model}: profiled {} operators, {} stages, {} transfer sizes on {}; {} cache entries in {}",
             r.ops.len(),

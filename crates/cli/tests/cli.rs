@@ -692,15 +692,32 @@ fn viz_draws_a_schedule_file_and_rejects_unknown_formats() {
 }
 
 #[test]
-fn profile_and_run_without_a_driver_name_the_missing_library() {
+fn profile_and_run_on_cuda_without_a_driver_name_the_missing_library() {
     for args in [
-        &["profile", "squeezenet", "--repeats", "2"][..],
-        &["run", "squeezenet", "--algo", "ios", "--repeats", "2"][..],
+        &[
+            "profile",
+            "squeezenet",
+            "--backend",
+            "cuda",
+            "--repeats",
+            "2",
+        ][..],
+        &[
+            "run",
+            "squeezenet",
+            "--backend",
+            "cuda",
+            "--algo",
+            "ios",
+            "--repeats",
+            "2",
+        ][..],
     ] {
         let out = opsched(args);
         if out.status.success() {
             continue; // a machine with a GPU: the GPU tests cover the run itself
         }
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = one_line_error(&out);
         assert!(
             err.contains("could not be loaded") || err.contains("no CUDA"),
@@ -711,6 +728,63 @@ fn profile_and_run_without_a_driver_name_the_missing_library() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn run_on_the_cpu_backend_executes_and_checks_the_plan() {
+    let out = opsched(&[
+        "run",
+        "squeezenet",
+        "--backend",
+        "cpu",
+        "--algo",
+        "hios-mr",
+        "--gpus",
+        "2",
+        "--graph-capture",
+        "--check",
+        "--input-size",
+        "32",
+        "--warmup",
+        "0",
+        "--repeats",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = stdout_json(&out);
+    assert_eq!(v["device"]["backend"], "cpu");
+    assert_eq!(v["logical_gpus"], 2);
+    assert_eq!(v["check"]["passed"], true);
+    assert_eq!(v["check"]["vs_sequential"], 0.0);
+    assert!(v["check"]["vs_reference"].as_f64().unwrap() < 1e-4);
+    assert_eq!(v["latency"]["samples"], 2);
+    // The text report says which backend ran.
+    let out = opsched(&[
+        "run",
+        "squeezenet",
+        "--backend",
+        "cpu",
+        "--algo",
+        "lios",
+        "--input-size",
+        "32",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("cpu backend"), "{text}");
+    // The CPU has one unit.
+    let out = opsched(&["profile", "squeezenet", "--backend", "cpu", "--gpu", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(one_line_error(&out).contains("--gpu 1"));
 }
 
 #[test]

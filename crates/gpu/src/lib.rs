@@ -1,38 +1,43 @@
 //! # opsched-gpu
 //!
-//! The GPU backend of opsched, on [cudarc](https://docs.rs/cudarc) with dynamic loading: it
-//! builds on any machine (no CUDA toolkit needed) and finds the CUDA libraries at run time.
+//! The device layer of opsched: one [`Device`] seam with a CUDA and a CPU implementation, and
+//! the programs both run.
 //!
-//! - [`discovery`]: which libraries load ([`discovery::check_libraries`], a typed
-//!   [`GpuError::LibraryMissing`] with an `LD_LIBRARY_PATH` hint, never a panic) and which GPUs
-//!   exist ([`discovery::devices`], with the cost-cache fingerprint).
 //! - [`program`]: the lowering of every operator of the IR to primitive steps, with all
-//!   buffers planned and sized up front (CPU only, tested here).
+//!   buffers planned and sized up front ([`GraphProgram`]); device-independent.
+//! - [`step`]: one module per step kind (copy, conv, activation, pool, gemm, softmax, layer
+//!   norm, element-wise, transpose, spin), each with its parameters, the lowering of the IR
+//!   operators that produce it, its CPU kernel and its CUDA preparation and launch.
+//! - [`device`]: the [`Device`] trait (memory, streams, events, prepared operators, graph
+//!   capture, transfers) that the runtime, the profiler and the numerical check use.
+//! - [`cuda`]: [`CudaDevice`], NVIDIA GPUs through cudarc with dynamic loading: it builds on
+//!   any machine (no CUDA toolkit needed) and finds the libraries at run time; the only code
+//!   that touches raw device pointers (with the CUDA halves of the step modules).
+//! - [`cpu`]: [`CpuDevice`], the host: streams as worker threads, real events, a race detector
+//!   and checked graph capture, so multi-stream plans run (and are tested) without a GPU.
 //! - [`reference`]: a reference executor from the operator semantics, for numerical checks.
-//! - [`cpu`]: a step executor replaying a program's steps on host buffers.
-//! - [`kernels`]: the NVRTC sources (slab copies for concat/slices/term sums, bias +
-//!   activation, activation, pooling, N-input add/mul, layer norm, permute, spin).
-//! - [`cuda`]: the device side: [`cuda::Gpu`] (context with cudarc's event tracking off,
-//!   compiled kernels), [`cuda::StreamCtx`] (one stream with its own cuDNN and cuBLAS handles
-//!   and workspaces), [`cuda::DeviceMemory`], and [`cuda::PreparedOp`]s that enqueue an
-//!   operator without allocating: cuDNN convolutions (algorithm chosen by measurement with
-//!   `cudnnFindConvolutionForwardAlgorithmEx`, cached per device and convolution), fused
-//!   conv + bias + relu where cuDNN supports it, cuDNN softmax, cuBLAS (batched) gemm.
+//! - [`discovery`]: which CUDA libraries load ([`check_libraries`], a typed
+//!   [`GpuError::LibraryMissing`] with an `LD_LIBRARY_PATH` hint, never a panic) and which
+//!   GPUs exist ([`devices`], with the cost-cache fingerprint).
 //! - [`stats`]: median / p10 / p90 of repeated timings.
 //!
-//! Only `f32` graphs run for now ([`GpuError::UnsupportedDType`] otherwise). Pooling uses an
-//! NVRTC kernel rather than cuDNN so that PyTorch's `ceil_mode` windows (GoogLeNet) are exact.
+//! Only `f32` graphs run for now ([`GpuError::UnsupportedDType`] otherwise).
 
 pub mod cpu;
 pub mod cuda;
+pub mod device;
 pub mod discovery;
 mod error;
-pub mod kernels;
 pub mod program;
 pub mod reference;
 pub mod stats;
+pub mod step;
 
+pub use cpu::CpuDevice;
+pub use cuda::CudaDevice;
+pub use device::{Device, DeviceReport, KernelOptions, TransferMode};
 pub use discovery::{check_libraries, devices, DeviceInfo, Lib, REQUIRED};
 pub use error::GpuError;
-pub use program::{BufId, GraphProgram, OpProgram, Step, TransferSpec};
+pub use program::{BufId, GraphProgram, OpProgram, TransferSpec};
 pub use stats::Summary;
+pub use step::Step;

@@ -6,10 +6,11 @@
 //!   initialised (graph inputs and parameters get deterministic pseudo-random data, keyed by the
 //!   node's name, so a scheduled run, a sequential run and the CPU reference see the same
 //!   numbers);
-//! - per operator an [`OpProgram`]: the ordered [`Step`]s that compute its output on its GPU.
+//! - per operator an [`OpProgram`]: the ordered [`Step`]s that compute its output on its GPU
+//!   (the kinds and how each IR operator lowers to them live in [`crate::step`]).
 //!
 //! ## Inputs: terms and values
-//! An operator's input terms are materialised with [`Step::Copy`] (a strided slab copy that can
+//! An operator's input terms are materialised with [`Copy`] steps (a strided slab copy that can
 //! also accumulate): a value that is a channel slice becomes a copy of channels `[b, e)` along
 //! axis 1; a term that sums several values becomes a copy followed by accumulating copies; the
 //! terms of a concat-like input are copied side by side along the concat axis. A term that is
@@ -20,20 +21,22 @@
 //! Tensors are dense row-major (NCHW for images). Convolution weights are `[oc, c/groups, kh,
 //! kw]`; linear weights `[out, in]` (PyTorch's); layer norm has `gamma` and `beta` of the last
 //! dimension. Matrix products are expressed as column-major cuBLAS calls ([`Step::Gemm`]):
-//! a row-major `[r, c]` buffer is the column-major `c x r` matrix, i.e. the transpose, so
-//! `Y = X W^T` (row-major) is `Y^T = W X^T`, computed as `gemm(T, N, m = out, n = rows, k = in)`.
+//! see [`crate::step::gemm`].
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use opsched_graph::{Activation, ElementwiseKind, Graph, NodeId, Op, PoolKind, Shape, Value};
+use opsched_graph::{Graph, NodeId, Op, Shape, Value};
+use serde::Serialize;
 
+use crate::step::{self, copy::Copy, Step};
 use crate::GpuError;
 
 /// Index of a buffer in [`GraphProgram::buffers`].
 pub type BufId = usize;
 
 /// What a buffer holds.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub enum BufRole {
     /// A graph input (one copy per GPU that reads it).
     Input(NodeId),
@@ -51,13 +54,18 @@ pub enum BufRole {
     Scratch(NodeId),
     /// The copy of `src`'s output that a transfer delivers to `dst`'s GPU.
     Replica { src: NodeId, dst: NodeId },
+    /// A buffer of a timing probe (no operator).
+    Probe,
 }
 
 /// How a buffer is filled before the first run.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub enum Init {
     /// Written by the program before it is read.
     Uninit,
+    /// Given values (a model's weights, a user's input), exactly the buffer's length.
+    #[serde(skip)]
+    Data(Arc<[f32]>),
     /// Uniform in `[center - half_width, center + half_width]`, from a seed.
     Uniform {
         seed: u64,
@@ -67,7 +75,7 @@ pub enum Init {
 }
 
 /// A device buffer of `f32` elements.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BufSpec {
     pub gpu: usize,
     pub len: usize,
@@ -75,145 +83,11 @@ pub struct BufSpec {
     pub init: Init,
 }
 
-/// One primitive kernel.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Step {
-    /// Strided slab copy, for `o < outer, a < len, i < inner`:
-    /// `dst[(o * dst_axis + dst_off + a) * inner + i] (+)= src[(o * src_axis + src_off + a) * inner + i]`.
-    Copy {
-        src: BufId,
-        dst: BufId,
-        outer: usize,
-        src_axis: usize,
-        src_off: usize,
-        dst_axis: usize,
-        dst_off: usize,
-        len: usize,
-        inner: usize,
-        accumulate: bool,
-    },
-    /// 2-D convolution (NCHW), then `+ bias` (per output channel) and the activation.
-    Conv {
-        x: BufId,
-        w: BufId,
-        bias: Option<BufId>,
-        y: BufId,
-        /// Input `[n, c, h, w]`.
-        input: [usize; 4],
-        out_channels: usize,
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        padding: [usize; 2],
-        dilation: [usize; 2],
-        groups: usize,
-        /// Output `[oh, ow]`.
-        out_hw: [usize; 2],
-        act: Activation,
-    },
-    /// In place: `y[i] = act(y[i] + bias[(i / inner) % channels])` over `total` elements.
-    BiasAct {
-        y: BufId,
-        bias: Option<BufId>,
-        total: usize,
-        channels: usize,
-        inner: usize,
-        act: Activation,
-    },
-    /// `y = act(x)` over `len` elements.
-    Act {
-        x: BufId,
-        y: BufId,
-        len: usize,
-        act: Activation,
-    },
-    /// Max or average pooling (NCHW); average counts padding (PyTorch's default) with the
-    /// window clipped to the padded input (PyTorch's `ceil_mode` rule).
-    Pool {
-        x: BufId,
-        y: BufId,
-        input: [usize; 4],
-        out_hw: [usize; 2],
-        max: bool,
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        padding: [usize; 2],
-    },
-    /// Column-major, strided-batched `C = op(A) op(B)` (cuBLAS semantics, alpha 1, beta 0).
-    Gemm {
-        a: BufId,
-        b: BufId,
-        c: BufId,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        lda: usize,
-        ldb: usize,
-        ldc: usize,
-        stride_a: usize,
-        stride_b: usize,
-        stride_c: usize,
-        batch: usize,
-    },
-    /// Softmax over the middle axis of `[outer, dim, inner]`.
-    Softmax {
-        x: BufId,
-        y: BufId,
-        outer: usize,
-        dim: usize,
-        inner: usize,
-    },
-    /// Layer norm over the last axis of `[rows, dim]` with `gamma` and `beta`.
-    LayerNorm {
-        x: BufId,
-        gamma: BufId,
-        beta: BufId,
-        y: BufId,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    },
-    /// `y = srcs[0] op srcs[1] op ...` element by element over `len` elements.
-    Elementwise {
-        srcs: Vec<BufId>,
-        y: BufId,
-        len: usize,
-        kind: ElementwiseKind,
-    },
-    /// `y = permute(x)`: `y` has shape `perm.map(|p| in_shape[p])`.
-    Transpose {
-        x: BufId,
-        y: BufId,
-        in_shape: Vec<usize>,
-        perm: Vec<usize>,
-    },
-    /// An abstract operator: keep `util` of the GPU's SMs busy for `time_ms`.
-    Spin { time_ms: f64, util: f64 },
-}
-
-impl Step {
-    /// Short name of the kernel kind (for traces and resource-demand tables).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Step::Copy { .. } => "copy",
-            Step::Conv { .. } => "conv",
-            Step::BiasAct { .. } => "bias_act",
-            Step::Act { .. } => "act",
-            Step::Pool { .. } => "pool",
-            Step::Gemm { .. } => "gemm",
-            Step::Softmax { .. } => "softmax",
-            Step::LayerNorm { .. } => "layer_norm",
-            Step::Elementwise { .. } => "elementwise",
-            Step::Transpose { .. } => "transpose",
-            Step::Spin { .. } => "spin",
-        }
-    }
-}
-
 /// The steps of one operator, run in order on one stream of its GPU.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct OpProgram {
+    /// The operator's node name (for errors and traces).
+    pub name: String,
     pub gpu: usize,
     pub steps: Vec<Step>,
     /// Its output buffer.
@@ -221,7 +95,7 @@ pub struct OpProgram {
 }
 
 /// A transfer of `src`'s output to the GPU of its consumer `dst`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct TransferSpec {
     pub src: NodeId,
     pub dst: NodeId,
@@ -229,7 +103,7 @@ pub struct TransferSpec {
 }
 
 /// Every buffer and every operator's steps, for one placement of the operators on GPUs.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct GraphProgram {
     pub buffers: Vec<BufSpec>,
     /// Per node (indexed by `NodeId`): the program of an operator, `None` for graph inputs and
@@ -285,12 +159,23 @@ fn unsupported(g: &Graph, node: NodeId, message: impl Into<String>) -> GpuError 
 /// A source of an operator's input: the node's own terms, or one buffer of a given shape
 /// (the previous result inside a `sequential` chain).
 #[derive(Clone, Copy)]
-enum Src<'a> {
+pub(crate) enum Src<'a> {
     Terms(&'a [Vec<Value>]),
     Buf(BufId, &'a [usize]),
 }
 
-struct Builder<'g> {
+/// Where a lowering happens: the operator's node, its GPU, and the index of the primitive
+/// inside a `sequential` operator (0 otherwise; it keys parameters).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct At {
+    pub node: NodeId,
+    pub gpu: usize,
+    pub inner: usize,
+}
+
+/// Builds a [`GraphProgram`]: buffers, input gathering, and the lowering of each operator
+/// (delegated to [`crate::step`]).
+pub(crate) struct Builder<'g> {
     g: &'g Graph,
     /// GPU of each operator node (None: not placed, or a graph input).
     placement: &'g [Option<usize>],
@@ -313,32 +198,49 @@ impl<'g> Builder<'g> {
         self.buffers.len() - 1
     }
 
-    fn scratch(&mut self, gpu: usize, node: NodeId, len: usize) -> BufId {
-        self.alloc(gpu, len, BufRole::Scratch(node), Init::Uninit)
+    /// Temporary storage of the operator at `at`.
+    pub(crate) fn scratch(&mut self, at: At, len: usize) -> BufId {
+        self.alloc(at.gpu, len, BufRole::Scratch(at.node), Init::Uninit)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn param(
+    /// A parameter buffer of the operator at `at`, filled with pseudo-random values uniform
+    /// in `[center - half_width, center + half_width]` (see the module docs).
+    pub(crate) fn param(
         &mut self,
-        gpu: usize,
-        node: NodeId,
-        inner: usize,
+        at: At,
         what: &'static str,
         len: usize,
         center: f32,
         half_width: f32,
     ) -> BufId {
-        let seed = param_seed(self.g, node, inner, what);
+        let seed = param_seed(self.g, at.node, at.inner, what);
         self.alloc(
-            gpu,
+            at.gpu,
             len,
-            BufRole::Param { node, inner, what },
+            BufRole::Param {
+                node: at.node,
+                inner: at.inner,
+                what,
+            },
             Init::Uniform {
                 seed,
                 center,
                 half_width,
             },
         )
+    }
+
+    /// The error for an operator this lowering cannot run.
+    pub(crate) fn unsupported(&self, at: At, message: impl Into<String>) -> GpuError {
+        unsupported(self.g, at.node, message)
+    }
+
+    /// `s` as `[n, c, h, w]`, or an error naming the operator.
+    pub(crate) fn four(&self, at: At, s: &[usize]) -> Result<[usize; 4], GpuError> {
+        match s {
+            [a, b, c, d] => Ok([*a, *b, *c, *d]),
+            _ => Err(self.unsupported(at, format!("expects a 4-D tensor, got {s:?}"))),
+        }
     }
 
     /// The buffer holding `producer`'s whole output as seen by `consumer` on `gpu`.
@@ -410,49 +312,46 @@ impl<'g> Builder<'g> {
     fn copy_value(
         &mut self,
         steps: &mut Vec<Step>,
-        node: NodeId,
-        gpu: usize,
+        at: At,
         v: &Value,
         dst: BufId,
         dst_axis: usize,
         dst_off: usize,
         accumulate: bool,
     ) -> Result<(), GpuError> {
-        let src = self.source(v.node, node, gpu)?;
+        let src = self.source(v.node, at.node, at.gpu)?;
         let full = self.g.node(v.node).shape.clone();
         let shape = self.value_shape(v);
         if shape.len() < 2 {
             let n = numel(&shape);
-            steps.push(Step::Copy {
-                src,
-                dst,
-                outer: 1,
-                src_axis: n,
-                src_off: 0,
-                dst_axis: n,
-                dst_off: 0,
-                len: n,
-                inner: 1,
-                accumulate,
-            });
+            steps.push(
+                Copy {
+                    accumulate,
+                    ..Copy::whole(src, dst, n)
+                }
+                .into(),
+            );
             return Ok(());
         }
         let (src_off, len) = match v.channels {
             Some((b, e)) => (b, e - b),
             None => (0, shape[1]),
         };
-        steps.push(Step::Copy {
-            src,
-            dst,
-            outer: shape[0],
-            src_axis: full[1],
-            src_off,
-            dst_axis,
-            dst_off,
-            len,
-            inner: numel(&shape[2..]),
-            accumulate,
-        });
+        steps.push(
+            Copy {
+                src,
+                dst,
+                outer: shape[0],
+                src_axis: full[1],
+                src_off,
+                dst_axis,
+                dst_off,
+                len,
+                inner: numel(&shape[2..]),
+                accumulate,
+            }
+            .into(),
+        );
         Ok(())
     }
 
@@ -460,31 +359,29 @@ impl<'g> Builder<'g> {
     fn term(
         &mut self,
         steps: &mut Vec<Step>,
-        node: NodeId,
-        gpu: usize,
+        at: At,
         term: &[Value],
     ) -> Result<(BufId, Shape), GpuError> {
         let first = term
             .first()
-            .ok_or_else(|| unsupported(self.g, node, "empty input term"))?;
+            .ok_or_else(|| self.unsupported(at, "empty input term"))?;
         let shape = self.value_shape(first);
         if term.len() == 1 && first.channels.is_none() {
-            return Ok((self.source(first.node, node, gpu)?, shape));
+            return Ok((self.source(first.node, at.node, at.gpu)?, shape));
         }
-        let dst = self.scratch(gpu, node, numel(&shape));
+        let dst = self.scratch(at, numel(&shape));
         let axis = shape.get(1).copied().unwrap_or(0);
         for (j, v) in term.iter().enumerate() {
-            self.copy_value(steps, node, gpu, v, dst, axis, 0, j > 0)?;
+            self.copy_value(steps, at, v, dst, axis, 0, j > 0)?;
         }
         Ok((dst, shape))
     }
 
     /// Concatenate terms along `axis` into `dst` (which must hold the concatenated shape).
-    fn concat_into(
+    pub(crate) fn concat_into(
         &mut self,
         steps: &mut Vec<Step>,
-        node: NodeId,
-        gpu: usize,
+        at: At,
         terms: &[Vec<Value>],
         axis: usize,
         dst: BufId,
@@ -496,30 +393,32 @@ impl<'g> Builder<'g> {
         let out = if shapes.len() == 1 {
             shapes[0].clone()
         } else {
-            opsched_graph::op::concat_shapes(&shapes, axis)
-                .map_err(|m| unsupported(self.g, node, m))?
+            opsched_graph::op::concat_shapes(&shapes, axis).map_err(|m| self.unsupported(at, m))?
         };
         let mut off = 0;
         for (t, shape) in terms.iter().zip(&shapes) {
             if axis == 1 && shape.len() >= 2 {
                 for (j, v) in t.iter().enumerate() {
-                    self.copy_value(steps, node, gpu, v, dst, out[1], off, j > 0)?;
+                    self.copy_value(steps, at, v, dst, out[1], off, j > 0)?;
                 }
             } else {
-                let (src, _) = self.term(steps, node, gpu, t)?;
+                let (src, _) = self.term(steps, at, t)?;
                 let a = axis.min(shape.len().saturating_sub(1));
-                steps.push(Step::Copy {
-                    src,
-                    dst,
-                    outer: numel(&shape[..a]),
-                    src_axis: shape.get(a).copied().unwrap_or(1),
-                    src_off: 0,
-                    dst_axis: out.get(a).copied().unwrap_or(1),
-                    dst_off: off,
-                    len: shape.get(a).copied().unwrap_or(1),
-                    inner: numel(shape.get(a + 1..).unwrap_or(&[])),
-                    accumulate: false,
-                });
+                steps.push(
+                    Copy {
+                        src,
+                        dst,
+                        outer: numel(&shape[..a]),
+                        src_axis: shape.get(a).copied().unwrap_or(1),
+                        src_off: 0,
+                        dst_axis: out.get(a).copied().unwrap_or(1),
+                        dst_off: off,
+                        len: shape.get(a).copied().unwrap_or(1),
+                        inner: numel(shape.get(a + 1..).unwrap_or(&[])),
+                        accumulate: false,
+                    }
+                    .into(),
+                );
             }
             off += shape.get(axis).copied().unwrap_or(0);
         }
@@ -527,316 +426,132 @@ impl<'g> Builder<'g> {
     }
 
     /// The single input of an operator that reads its terms concatenated along channels.
-    fn single(
+    pub(crate) fn single(
         &mut self,
         steps: &mut Vec<Step>,
-        node: NodeId,
-        gpu: usize,
+        at: At,
         src: Src<'_>,
     ) -> Result<(BufId, Shape), GpuError> {
         match src {
             Src::Buf(b, shape) => Ok((b, shape.to_vec())),
-            Src::Terms([t]) => self.term(steps, node, gpu, t),
+            Src::Terms([t]) => self.term(steps, at, t),
             Src::Terms(terms) => {
                 let shapes: Vec<Shape> = terms
                     .iter()
                     .map(|t| t.first().map(|v| self.value_shape(v)).unwrap_or_default())
                     .collect();
                 let cat = opsched_graph::op::concat_shapes(&shapes, 1)
-                    .map_err(|m| unsupported(self.g, node, m))?;
-                let dst = self.scratch(gpu, node, numel(&cat));
-                let shape = self.concat_into(steps, node, gpu, terms, 1, dst)?;
+                    .map_err(|m| self.unsupported(at, m))?;
+                let dst = self.scratch(at, numel(&cat));
+                let shape = self.concat_into(steps, at, terms, 1, dst)?;
                 Ok((dst, shape))
             }
         }
     }
 
     /// Input terms as separate buffers (element-wise ops, batch matmul).
-    fn terms(
+    pub(crate) fn terms(
         &mut self,
         steps: &mut Vec<Step>,
-        node: NodeId,
-        gpu: usize,
+        at: At,
         src: Src<'_>,
     ) -> Result<Vec<(BufId, Shape)>, GpuError> {
         match src {
             Src::Buf(b, shape) => Ok(vec![(b, shape.to_vec())]),
-            Src::Terms(terms) => terms
-                .iter()
-                .map(|t| self.term(steps, node, gpu, t))
-                .collect(),
+            Src::Terms(terms) => terms.iter().map(|t| self.term(steps, at, t)).collect(),
         }
     }
 
-    /// Lower `op` reading `src` into `out` (of shape `out_shape`). `inner` numbers the
-    /// operators of a sequential chain (for parameter seeds).
+    /// Lower `op` reading `src` into `out` (of shape `out_shape`): one line per operator kind,
+    /// the work is in its step module.
     #[allow(clippy::too_many_arguments)]
     fn lower_op(
         &mut self,
         steps: &mut Vec<Step>,
-        node: NodeId,
-        gpu: usize,
+        at: At,
         op: &Op,
-        inner: usize,
         src: Src<'_>,
         out: BufId,
         out_shape: &[usize],
     ) -> Result<(), GpuError> {
         match op {
-            Op::Input { .. } => {}
-            Op::Abstract { time_ms, util } => steps.push(Step::Spin {
-                time_ms: *time_ms,
-                util: *util,
-            }),
+            Op::Input { .. } => Ok(()),
+            Op::Abstract { time_ms, util } => {
+                steps.push(
+                    step::spin::Spin {
+                        time_ms: *time_ms,
+                        util: *util,
+                    }
+                    .into(),
+                );
+                Ok(())
+            }
             // A foreign ONNX operator has a shape but no semantics we could run.
-            Op::Opaque { op_type, .. } => {
-                return Err(GpuError::Unsupported {
-                    node: self.g.node(node).name.clone(),
-                    message: format!(
-                        "'{op_type}' was imported as an opaque operator (--allow-unknown) and has no GPU kernel"
-                    ),
-                })
-            }
-            Op::Conv2d(c) => {
-                let (x, xs) = self.single(steps, node, gpu, src)?;
-                let [n, ch, h, w] = four(self.g, node, &xs)?;
-                let [_, oc, oh, ow] = four(self.g, node, out_shape)?;
-                let fan_in = ch / c.groups.max(1) * c.kernel[0] * c.kernel[1];
-                let wlen = oc * fan_in;
-                let a = weight_half_width(fan_in);
-                let wb = self.param(gpu, node, inner, "weight", wlen, 0.0, a);
-                let bias = c
-                    .bias
-                    .then(|| self.param(gpu, node, inner, "bias", oc, 0.0, 0.1));
-                steps.push(Step::Conv {
-                    x,
-                    w: wb,
-                    bias,
-                    y: out,
-                    input: [n, ch, h, w],
-                    out_channels: oc,
-                    kernel: c.kernel,
-                    stride: c.stride,
-                    padding: c.padding,
-                    dilation: c.dilation,
-                    groups: c.groups,
-                    out_hw: [oh, ow],
-                    act: c.act,
-                });
-            }
-            Op::Pool2d(p) => {
-                let (x, xs) = self.single(steps, node, gpu, src)?;
-                let [n, ch, h, w] = four(self.g, node, &xs)?;
-                let [_, _, oh, ow] = four(self.g, node, out_shape)?;
-                let global = p.kind.is_global();
-                steps.push(Step::Pool {
-                    x,
-                    y: out,
-                    input: [n, ch, h, w],
-                    out_hw: [oh, ow],
-                    max: matches!(p.kind, PoolKind::Max | PoolKind::GlobalMax),
-                    kernel: if global { [h, w] } else { p.kernel },
-                    stride: if global { [1, 1] } else { p.stride },
-                    padding: if global { [0, 0] } else { p.padding },
-                });
-            }
-            Op::Activation { act } => {
-                let (x, xs) = self.single(steps, node, gpu, src)?;
-                steps.push(Step::Act {
-                    x,
-                    y: out,
-                    len: numel(&xs),
-                    act: *act,
-                });
-            }
+            Op::Opaque { op_type, .. } => Err(self.unsupported(
+                at,
+                format!(
+                    "'{op_type}' was imported as an opaque operator (--allow-unknown) and has \
+                     no kernel"
+                ),
+            )),
+            Op::Conv2d(c) => step::conv::lower(self, steps, at, c, src, out, out_shape),
+            Op::Pool2d(p) => step::pool::lower(self, steps, at, p, src, out, out_shape),
+            Op::Activation { act } => step::act::lower(self, steps, at, *act, src, out),
             Op::Elementwise { kind } => {
-                let ts = self.terms(steps, node, gpu, src)?;
-                steps.push(Step::Elementwise {
-                    srcs: ts.iter().map(|t| t.0).collect(),
-                    y: out,
-                    len: numel(out_shape),
-                    kind: *kind,
-                });
+                step::elementwise::lower(self, steps, at, *kind, src, out, out_shape)
             }
-            Op::Concat { axis } => match src {
-                Src::Terms(terms) => {
-                    self.concat_into(steps, node, gpu, terms, *axis, out)?;
-                }
-                Src::Buf(b, s) => steps.push(copy_whole(b, out, numel(s))),
-            },
-            Op::Identity | Op::Reshape { .. } => match src {
-                Src::Terms(terms) if terms.len() > 1 => {
-                    self.concat_into(steps, node, gpu, terms, 1, out)?;
-                }
-                _ => {
-                    let (x, xs) = self.single(steps, node, gpu, src)?;
-                    steps.push(copy_whole(x, out, numel(&xs)));
-                }
-            },
+            Op::Concat { axis } => step::copy::lower_concat(self, steps, at, *axis, src, out),
+            Op::Identity | Op::Reshape { .. } => {
+                step::copy::lower_concat(self, steps, at, 1, src, out)
+            }
             Op::Linear {
                 out_features,
                 bias,
                 act,
-            } => {
-                let (x, xs) = self.single(steps, node, gpu, src)?;
-                let k = xs.last().copied().unwrap_or(1);
-                let rows = numel(&xs) / k.max(1);
-                let nf = *out_features;
-                let a = weight_half_width(k);
-                let w = self.param(gpu, node, inner, "weight", nf * k, 0.0, a);
-                let b = bias.then(|| self.param(gpu, node, inner, "bias", nf, 0.0, 0.1));
-                steps.push(Step::Gemm {
-                    a: w,
-                    b: x,
-                    c: out,
-                    trans_a: true,
-                    trans_b: false,
-                    m: nf,
-                    n: rows,
-                    k,
-                    lda: k,
-                    ldb: k,
-                    ldc: nf,
-                    stride_a: 0,
-                    stride_b: 0,
-                    stride_c: 0,
-                    batch: 1,
-                });
-                if b.is_some() || *act != Activation::None {
-                    steps.push(Step::BiasAct {
-                        y: out,
-                        bias: b,
-                        total: rows * nf,
-                        channels: nf,
-                        inner: 1,
-                        act: *act,
-                    });
-                }
-            }
+            } => step::gemm::lower_linear(self, steps, at, *out_features, *bias, *act, src, out),
             Op::BatchMatmul { transpose_b } => {
-                let ts = self.terms(steps, node, gpu, src)?;
-                let [(a, sa), (b, _)] = ts.as_slice() else {
-                    return Err(unsupported(self.g, node, "batch_matmul needs two inputs"));
-                };
-                let r = sa.len();
-                if r < 2 {
-                    return Err(unsupported(self.g, node, "batch_matmul needs rank >= 2"));
-                }
-                let (m, k) = (sa[r - 2], sa[r - 1]);
-                let n = out_shape.last().copied().unwrap_or(1);
-                let batch = numel(&sa[..r - 2]);
-                // Row-major C[M,N] = A[M,K] B[K,N]  <=>  column-major C^T = B^T A^T.
-                steps.push(Step::Gemm {
-                    a: *b,
-                    b: *a,
-                    c: out,
-                    trans_a: *transpose_b,
-                    trans_b: false,
-                    m: n,
-                    n: m,
-                    k,
-                    lda: if *transpose_b { k } else { n },
-                    ldb: k,
-                    ldc: n,
-                    stride_a: k * n,
-                    stride_b: m * k,
-                    stride_c: m * n,
-                    batch,
-                });
+                step::gemm::lower_batch_matmul(self, steps, at, *transpose_b, src, out, out_shape)
             }
-            Op::Softmax { axis } => {
-                let (x, xs) = self.single(steps, node, gpu, src)?;
-                let r = xs.len() as i64;
-                let ax = if *axis < 0 { r + axis } else { *axis };
-                if ax < 0 || ax >= r {
-                    return Err(unsupported(self.g, node, "softmax axis out of range"));
-                }
-                let ax = ax as usize;
-                steps.push(Step::Softmax {
-                    x,
-                    y: out,
-                    outer: numel(&xs[..ax]),
-                    dim: xs[ax],
-                    inner: numel(&xs[ax + 1..]),
-                });
-            }
-            Op::LayerNorm { eps } => {
-                let (x, xs) = self.single(steps, node, gpu, src)?;
-                let dim = xs.last().copied().unwrap_or(1);
-                let gamma = self.param(gpu, node, inner, "gamma", dim, 1.0, 0.1);
-                let beta = self.param(gpu, node, inner, "beta", dim, 0.0, 0.1);
-                steps.push(Step::LayerNorm {
-                    x,
-                    gamma,
-                    beta,
-                    y: out,
-                    rows: numel(&xs) / dim.max(1),
-                    dim,
-                    eps: *eps as f32,
-                });
-            }
-            Op::Transpose { perm } => {
-                let (x, xs) = self.single(steps, node, gpu, src)?;
-                steps.push(Step::Transpose {
-                    x,
-                    y: out,
-                    in_shape: xs,
-                    perm: perm.clone(),
-                });
-            }
-            Op::Sequential { ops } => {
-                let mut cur: Option<(BufId, Shape)> = None;
-                let mut shapes: Vec<Shape> = match src {
-                    Src::Terms(_) => self.g.input_shapes(node),
-                    Src::Buf(_, s) => vec![s.to_vec()],
-                };
-                for (i, inner_op) in ops.iter().enumerate() {
-                    let shape = inner_op
-                        .infer_shape(&shapes)
-                        .map_err(|m| unsupported(self.g, node, m))?;
-                    let last = i + 1 == ops.len();
-                    let dst = if last {
-                        out
-                    } else {
-                        self.scratch(gpu, node, numel(&shape))
-                    };
-                    let s = match &cur {
-                        None => src,
-                        Some((b, s)) => Src::Buf(*b, s),
-                    };
-                    self.lower_op(steps, node, gpu, inner_op, i, s, dst, &shape)?;
-                    shapes = vec![shape.clone()];
-                    cur = Some((dst, shape));
-                }
-            }
+            Op::Softmax { axis } => step::softmax::lower(self, steps, at, *axis, src, out),
+            Op::LayerNorm { eps } => step::layer_norm::lower(self, steps, at, *eps, src, out),
+            Op::Transpose { perm } => step::transpose::lower(self, steps, at, perm, src, out),
+            Op::Sequential { ops } => self.lower_sequential(steps, at, ops, src, out),
+        }
+    }
+
+    /// A chain of primitives: each writes a scratch buffer the next one reads, the last
+    /// writes `out`.
+    fn lower_sequential(
+        &mut self,
+        steps: &mut Vec<Step>,
+        at: At,
+        ops: &[Op],
+        src: Src<'_>,
+        out: BufId,
+    ) -> Result<(), GpuError> {
+        let mut cur: Option<(BufId, Shape)> = None;
+        let mut shapes: Vec<Shape> = match src {
+            Src::Terms(_) => self.g.input_shapes(at.node),
+            Src::Buf(_, s) => vec![s.to_vec()],
+        };
+        for (i, inner_op) in ops.iter().enumerate() {
+            let shape = inner_op
+                .infer_shape(&shapes)
+                .map_err(|m| self.unsupported(at, m))?;
+            let dst = if i + 1 == ops.len() {
+                out
+            } else {
+                self.scratch(at, numel(&shape))
+            };
+            let s = match &cur {
+                None => src,
+                Some((b, s)) => Src::Buf(*b, s),
+            };
+            self.lower_op(steps, At { inner: i, ..at }, inner_op, s, dst, &shape)?;
+            shapes = vec![shape.clone()];
+            cur = Some((dst, shape));
         }
         Ok(())
-    }
-}
-
-fn four(g: &Graph, node: NodeId, s: &[usize]) -> Result<[usize; 4], GpuError> {
-    match s {
-        [a, b, c, d] => Ok([*a, *b, *c, *d]),
-        _ => Err(unsupported(
-            g,
-            node,
-            format!("expects a 4-D tensor, got {s:?}"),
-        )),
-    }
-}
-
-fn copy_whole(src: BufId, dst: BufId, n: usize) -> Step {
-    Step::Copy {
-        src,
-        dst,
-        outer: 1,
-        src_axis: n,
-        src_off: 0,
-        dst_axis: n,
-        dst_off: 0,
-        len: n,
-        inner: 1,
-        accumulate: false,
     }
 }
 
@@ -942,17 +657,21 @@ impl GraphProgram {
             let out = b.outputs[id.index()]
                 .ok_or_else(|| GpuError::Plan(format!("'{}' has no output buffer", node.name)))?;
             let mut steps = Vec::new();
+            let at = At {
+                node: id,
+                gpu,
+                inner: 0,
+            };
             b.lower_op(
                 &mut steps,
-                id,
-                gpu,
+                at,
                 &node.op,
-                0,
                 Src::Terms(&node.inputs),
                 out,
                 &node.shape,
             )?;
             ops[id.index()] = Some(OpProgram {
+                name: node.name.clone(),
                 gpu,
                 steps,
                 output: out,
@@ -989,6 +708,7 @@ impl GraphProgram {
         let spec = self.buffers.get(id)?;
         match spec.init {
             Init::Uninit => None,
+            Init::Data(ref d) => Some(d.to_vec()),
             Init::Uniform {
                 seed,
                 center,
@@ -998,10 +718,39 @@ impl GraphProgram {
     }
 }
 
+/// Every buffer `step` touches exists and holds at least the elements it touches, and no
+/// buffer is both read and written. Devices check this before preparing a step, so a kernel
+/// never reaches past a buffer.
+pub fn check_access(p: &GraphProgram, step: &Step) -> Result<(), GpuError> {
+    let a = step.access();
+    for (id, need) in a.all() {
+        let have = p.buffers.get(id).map(|b| b.len).ok_or_else(|| {
+            GpuError::Plan(format!("step {}: buffer {id} does not exist", step.kind()))
+        })?;
+        if have < need {
+            return Err(GpuError::Plan(format!(
+                "step {}: buffer {id} holds {have} elements, needs {need}",
+                step.kind()
+            )));
+        }
+    }
+    if a.reads.iter().any(|r| a.writes.iter().any(|w| w.0 == r.0)) {
+        return Err(GpuError::Plan(format!(
+            "step {}: a buffer is both read and written",
+            step.kind()
+        )));
+    }
+    Ok(())
+}
+
 /// `len` values uniform in `[center - half_width, center + half_width]` from `seed`.
 pub fn uniform(seed: u64, len: usize, center: f32, half_width: f32) -> Vec<f32> {
     let mut rng = opsched_graph::rng::SplitMix64::new(seed);
-    (0..len)
-        .map(|_| center + half_width * (2.0 * rng.next_f64() as f32 - 1.0))
-        .collect()
+    // A plain loop, so that the whole generation is compiled here (this crate is optimised
+    // even in test builds: large models initialise millions of values per allocation).
+    let mut v = Vec::with_capacity(len);
+    for _ in 0..len {
+        v.push(center + half_width * (2.0 * rng.next_f64() as f32 - 1.0));
+    }
+    v
 }

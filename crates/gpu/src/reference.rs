@@ -491,3 +491,22 @@ pub fn reference(g: &Graph) -> Result<Vec<Option<Vec<f32>>>, GpuError> {
     }
     Ok(outs)
 }
+
+/// How far `got` is from `want`: the largest absolute difference divided by the largest
+/// absolute reference value (at least 1), so the measure is scale-free for large activations
+/// and absolute for small ones.
+pub fn scaled_error(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let scale = want.iter().fold(1.0f64, |m, v| m.max(f64::from(v.abs())));
+    let mut worst = 0.0f64;
+    for (a, b) in got.iter().zip(want) {
+        let d = f64::from(*a) - f64::from(*b);
+        if !d.is_finite() {
+            return f64::INFINITY;
+        }
+        worst = worst.max(d.abs());
+    }
+    worst / scale
+}

@@ -1,12 +1,14 @@
-//! CPU tests of the GPU backend: hand-computed kernels, the lowering of every operator kind
-//! (replayed on the CPU) against the reference executor, multi-GPU placements with transfers,
-//! buffer planning and error paths.
+//! Tests of the device layer without a GPU: hand-computed reference kernels, the lowering of
+//! every operator kind executed on [`CpuDevice`] against the reference executor, multi-GPU
+//! placements with transfers, buffer planning, the CPU device's stream/event/capture semantics
+//! and its race detector, and error paths. The CUDA test at the end is `#[ignore]`d (run it
+//! with `cargo xtask gpu-test`): it executes the same programs through the same helper.
 #![allow(clippy::unwrap_used)]
 
-use opsched_gpu::cpu::{self, scaled_error};
-use opsched_gpu::program::{BufRole, GraphProgram, Init, Step, TransferSpec};
-use opsched_gpu::reference;
-use opsched_gpu::GpuError;
+use opsched_gpu::program::{BufRole, GraphProgram, Init, TransferSpec};
+use opsched_gpu::reference::{self, scaled_error};
+use opsched_gpu::step::copy::Copy;
+use opsched_gpu::{CpuDevice, Device, GpuError, KernelOptions, Step, TransferMode};
 use opsched_graph::zoo::{self, ZooConfig};
 use opsched_graph::{
     Activation, Conv2d, DType, ElementwiseKind, Graph, GraphBuilder, NodeId, Op, Pool2d, Value,
@@ -279,31 +281,94 @@ fn attention_graph() -> Graph {
     b.finish().unwrap()
 }
 
-/// Compare every operator's output of the program replayed on the CPU with the reference.
-fn check_program(g: &Graph, p: &GraphProgram, dsts: &[NodeId], tol: f64) {
-    let want = reference::reference(g).unwrap();
-    let bufs = cpu::run_program(g, p, dsts).unwrap();
-    for id in g.ops() {
+/// Execute every operator of `p` on `dev` in topological order on one stream (all logical GPUs
+/// on unit 0, transfers through copy streams), and read every operator's output back.
+fn execute<D: Device>(
+    dev: &D,
+    g: &Graph,
+    p: &GraphProgram,
+    opts: &KernelOptions,
+) -> Result<Vec<Option<Vec<f32>>>, GpuError> {
+    let map = vec![0; p.gpus.max(1)];
+    let mut mem = dev.alloc(p, &map)?;
+    let mut ops = Vec::with_capacity(p.ops.len());
+    for op in &p.ops {
+        ops.push(match op {
+            Some(op) => Some(dev.prepare(p, &mem, op, opts)?),
+            None => None,
+        });
+    }
+    let mut s = dev.stream(0)?;
+    let refs: Vec<&D::Op> = ops.iter().flatten().collect();
+    dev.fit_stream(&mut s, &refs)?;
+    let copy = (0..map.len())
+        .map(|_| dev.stream(0))
+        .collect::<Result<Vec<_>, _>>()?;
+    if !p.transfers.is_empty() {
+        dev.connect(&mut mem, &copy, TransferMode::Copy)?;
+    }
+    let ready = dev.event(0, false)?;
+    let arrived = dev.event(0, false)?;
+    for &id in g.topo_order() {
+        if let Some(Some(op)) = ops.get(id.index()) {
+            dev.launch(op, &s)?;
+        }
+        // Transfers out of `id` (the program lists them by producer's output buffer).
         let Some(Some(op)) = p.ops.get(id.index()) else {
             continue;
         };
-        let w = want[id.index()].as_ref().unwrap();
-        let got = &bufs[op.output];
+        for &(src, dst) in p.transfers.iter().filter(|t| t.0 == op.output) {
+            let (a, b) = (p.buffers[src].gpu, p.buffers[dst].gpu);
+            dev.record(&s, &ready)?;
+            dev.wait(&copy[a], &ready)?;
+            dev.wait(&copy[b], &ready)?;
+            dev.transfer(&mem, src, dst, (a, b), &copy)?;
+            dev.record(&copy[b], &arrived)?;
+            dev.wait(&s, &arrived)?;
+        }
+    }
+    dev.synchronize()?;
+    let mut out = vec![None; g.len()];
+    for id in g.ops() {
+        if let Some(Some(op)) = p.ops.get(id.index()) {
+            out[id.index()] = Some(dev.read(&mem, op.output)?);
+        }
+    }
+    // Transfer replicas hold their producer's output.
+    for &(src, dst) in &p.transfers {
+        assert_eq!(dev.read(&mem, src)?, dev.read(&mem, dst)?, "replica {dst}");
+    }
+    Ok(out)
+}
+
+/// Compare every operator's output of `p` executed on `dev` with the reference executor.
+fn check_program<D: Device>(dev: &D, g: &Graph, p: &GraphProgram, opts: &KernelOptions, tol: f64) {
+    let want = reference::reference(g).unwrap();
+    let got = execute(dev, g, p, opts).unwrap();
+    for id in g.ops() {
+        let (Some(w), Some(got)) = (&want[id.index()], &got[id.index()]) else {
+            continue;
+        };
         let err = scaled_error(&got[..w.len()], w);
         assert!(
             err <= tol,
-            "{}: node '{}' differs by {err:e}",
+            "{} on {}: node '{}' differs by {err:e}",
             g.name,
+            dev.report().backend,
             g.node(id).name
         );
     }
+}
+
+fn cpu() -> CpuDevice {
+    CpuDevice::new()
 }
 
 #[test]
 fn every_op_lowered_matches_the_reference() {
     for g in [every_op_graph(), attention_graph()] {
         let p = GraphProgram::single_gpu(&g).unwrap();
-        check_program(&g, &p, &[], 1e-5);
+        check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
     }
 }
 
@@ -345,52 +410,21 @@ fn two_gpu_program_with_transfers_matches_the_reference() {
             assert_ne!(p.buffers[src].gpu, t.dst_gpu);
             assert_eq!(p.buffers[src].len, p.buffers[dst].len);
         }
-        // Operators read only buffers on their own GPU.
+        // Operators read and write only buffers on their own GPU.
         for op in p.ops.iter().flatten() {
             for s in &op.steps {
-                for b in step_buffers(s) {
+                for (b, _) in s.access().all() {
                     assert_eq!(p.buffers[b].gpu, op.gpu, "{s:?}");
                 }
             }
         }
-        let dsts: Vec<NodeId> = xfers.iter().map(|t| t.dst).collect();
-        check_program(&g, &p, &dsts, 1e-5);
-    }
-}
-
-fn step_buffers(s: &Step) -> Vec<usize> {
-    match s {
-        Step::Copy { src, dst, .. } => vec![*src, *dst],
-        Step::Conv { x, w, bias, y, .. } => {
-            let mut v = vec![*x, *w, *y];
-            v.extend(bias);
-            v
-        }
-        Step::BiasAct { y, bias, .. } => {
-            let mut v = vec![*y];
-            v.extend(bias);
-            v
-        }
-        Step::Act { x, y, .. }
-        | Step::Pool { x, y, .. }
-        | Step::Softmax { x, y, .. }
-        | Step::Transpose { x, y, .. } => vec![*x, *y],
-        Step::Gemm { a, b, c, .. } => vec![*a, *b, *c],
-        Step::LayerNorm {
-            x, gamma, beta, y, ..
-        } => vec![*x, *gamma, *beta, *y],
-        Step::Elementwise { srcs, y, .. } => {
-            let mut v = srcs.clone();
-            v.push(*y);
-            v
-        }
-        Step::Spin { .. } => vec![],
+        check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
     }
 }
 
 #[test]
 fn zoo_models_lowered_match_the_reference() {
-    // Small inputs so the naive CPU executors stay fast.
+    // Small inputs so the naive reference stays fast.
     for (name, size) in [("squeezenet", 48), ("googlenet", 48), ("resnet50", 32)] {
         let g = zoo::build(
             name,
@@ -402,7 +436,7 @@ fn zoo_models_lowered_match_the_reference() {
         )
         .unwrap();
         let p = GraphProgram::single_gpu(&g).unwrap();
-        check_program(&g, &p, &[], 1e-4);
+        check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-4);
     }
 }
 
@@ -509,24 +543,40 @@ fn error_paths_are_typed() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("stays on GPU 0"), "{e}");
-    // A step reading past a buffer is an error, not a panic.
-    let mut bufs = vec![vec![0.0f32; 4], vec![0.0f32; 2]];
-    let bad = Step::Copy {
-        src: 0,
-        dst: 1,
+    // A step reading past its buffer is refused when prepared, not a panic when run.
+    let mut p = GraphProgram::single_gpu(&g).unwrap();
+    let op = p.ops[c1.index()].clone().unwrap();
+    let src = op.steps[0].access().reads[0].0;
+    let step: Step = Copy {
+        src,
+        dst: op.output,
         outer: 1,
-        src_axis: 4,
+        src_axis: p.buffers[src].len + 1,
         src_off: 0,
-        dst_axis: 4,
+        dst_axis: p.buffers[src].len + 1,
         dst_off: 0,
-        len: 4,
+        len: p.buffers[src].len + 1,
         inner: 1,
         accumulate: false,
-    };
+    }
+    .into();
     assert!(matches!(
-        cpu::run_step(&mut bufs, &bad),
+        opsched_gpu::program::check_access(&p, &step),
         Err(GpuError::Plan(_))
     ));
+    p.ops[c1.index()].as_mut().unwrap().steps = vec![step];
+    let dev = cpu();
+    let mem = dev.alloc(&p, &[0]).unwrap();
+    let e = dev
+        .prepare(
+            &p,
+            &mem,
+            p.ops[c1.index()].as_ref().unwrap(),
+            &KernelOptions::default(),
+        )
+        .err()
+        .unwrap();
+    assert!(matches!(e, GpuError::Plan(_)), "{e}");
 }
 
 #[test]
@@ -541,50 +591,211 @@ fn abstract_ops_spin() {
     let p = GraphProgram::single_gpu(&g).unwrap();
     for op in p.ops.iter().flatten() {
         assert!(
-            matches!(op.steps.as_slice(), [Step::Spin { time_ms, util }] if *time_ms > 0.0 && *util > 0.0)
+            matches!(op.steps.as_slice(), [Step::Spin(s)] if s.time_ms > 0.0 && s.util > 0.0),
+            "{:?}",
+            op.steps
         );
     }
-    check_program(&g, &p, &[], 0.0);
+    check_program(&cpu(), &g, &p, &KernelOptions::default(), 0.0);
 }
 
-/// On a GPU: every operator kind, each op's output against the CPU reference (TF32 off so the
-/// tolerance can be tight). Names the first node that differs.
+// --- The CPU device's semantics -------------------------------------------------------------
+
+/// x -> a -> b (two relus), the smallest program with a dependency.
+fn chain() -> (Graph, GraphProgram) {
+    let mut b = GraphBuilder::new("chain", DType::F32);
+    let x = b.input("x", vec![1, 4, 8, 8]);
+    let a = b.act("a", x, Activation::Relu);
+    b.act("b", a, Activation::Sigmoid);
+    let g = b.finish().unwrap();
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    (g, p)
+}
+
+fn prepared<D: Device>(dev: &D, g: &Graph, p: &GraphProgram) -> (D::Memory, D::Op, D::Op) {
+    let mem = dev.alloc(p, &[0]).unwrap();
+    let op = |n: &str| {
+        let id = g.find(n).unwrap();
+        dev.prepare(
+            p,
+            &mem,
+            p.ops[id.index()].as_ref().unwrap(),
+            &KernelOptions::default(),
+        )
+        .unwrap()
+    };
+    let (a, b) = (op("a"), op("b"));
+    (mem, a, b)
+}
+
+#[test]
+fn a_missing_wait_is_a_race_the_detector_reports() {
+    let (g, p) = chain();
+    let dev = cpu();
+    let (_mem, a, b) = prepared(&dev, &g, &p);
+    let (s0, s1) = (dev.stream(0).unwrap(), dev.stream(0).unwrap());
+    // b reads a's output on another stream with no event between them: whatever the threads'
+    // timing, the detector's clocks see that nothing orders the read after the write.
+    dev.launch(&a, &s0).unwrap();
+    dev.launch(&b, &s1).unwrap();
+    let e = dev.synchronize().unwrap_err().to_string();
+    assert!(
+        e.contains("race on buffer") && e.contains("'b'") && e.contains("'a'"),
+        "{e}"
+    );
+    // With the wait, the same two launches are clean (on a fresh device: errors are sticky).
+    let dev = cpu();
+    let (_mem, a, b) = prepared(&dev, &g, &p);
+    let (s0, s1) = (dev.stream(0).unwrap(), dev.stream(0).unwrap());
+    let e = dev.event(0, false).unwrap();
+    dev.launch(&a, &s0).unwrap();
+    dev.record(&s0, &e).unwrap();
+    dev.wait(&s1, &e).unwrap();
+    dev.launch(&b, &s1).unwrap();
+    dev.synchronize().unwrap();
+}
+
+#[test]
+fn a_wait_sees_the_record_enqueued_before_it_and_events_are_reusable() {
+    let (g, p) = chain();
+    let dev = cpu();
+    let (_mem, a, b) = prepared(&dev, &g, &p);
+    let (s0, s1) = (dev.stream(0).unwrap(), dev.stream(0).unwrap());
+    let e = dev.event(0, false).unwrap();
+    // Recorded before a: waiting for it does not order b after a (a race).
+    dev.record(&s0, &e).unwrap();
+    dev.launch(&a, &s0).unwrap();
+    dev.wait(&s1, &e).unwrap();
+    dev.launch(&b, &s1).unwrap();
+    assert!(dev.synchronize().is_err());
+    // One event recorded again after each launch orders each next wait (CUDA's semantics).
+    let dev = cpu();
+    let (_mem, a, b) = prepared(&dev, &g, &p);
+    let (s0, s1) = (dev.stream(0).unwrap(), dev.stream(0).unwrap());
+    let e = dev.event(0, false).unwrap();
+    for _ in 0..3 {
+        dev.launch(&a, &s0).unwrap();
+        dev.record(&s0, &e).unwrap();
+        dev.wait(&s1, &e).unwrap();
+        dev.launch(&b, &s1).unwrap();
+        dev.record(&s1, &e).unwrap();
+        dev.wait(&s0, &e).unwrap();
+    }
+    dev.synchronize().unwrap();
+}
+
+#[test]
+fn capture_replays_the_work_and_checks_its_shape() {
+    let (g, p) = chain();
+    let dev = cpu();
+    let (mem, a, b) = prepared(&dev, &g, &p);
+    let (s0, s1) = (dev.stream(0).unwrap(), dev.stream(0).unwrap());
+    let (fork, join) = (dev.event(0, false).unwrap(), dev.event(0, false).unwrap());
+    let out = p.ops[g.find("b").unwrap().index()].as_ref().unwrap().output;
+    // A fork/join capture: s1 joins through `fork`, returns through `join`.
+    dev.begin_capture(&s0).unwrap();
+    dev.launch(&a, &s0).unwrap();
+    dev.record(&s0, &fork).unwrap();
+    dev.wait(&s1, &fork).unwrap();
+    dev.launch(&b, &s1).unwrap();
+    dev.record(&s1, &join).unwrap();
+    dev.wait(&s0, &join).unwrap();
+    let graph = dev.end_capture(&s0).unwrap();
+    // Nothing ran during the capture.
+    dev.synchronize().unwrap();
+    assert!(dev.read(&mem, out).unwrap().iter().all(|v| *v == 0.0));
+    dev.replay(&graph, &s0).unwrap();
+    dev.replay(&graph, &s0).unwrap();
+    dev.synchronize().unwrap();
+    let want = reference::reference(&g).unwrap();
+    let w = want[g.find("b").unwrap().index()].as_ref().unwrap();
+    assert!(scaled_error(&dev.read(&mem, out).unwrap(), w) < 1e-6);
+
+    // A stream that joined the capture but was never joined back is an error.
+    let dev = cpu();
+    let (_mem, a, b) = prepared(&dev, &g, &p);
+    let (s0, s1) = (dev.stream(0).unwrap(), dev.stream(0).unwrap());
+    let fork = dev.event(0, false).unwrap();
+    dev.begin_capture(&s0).unwrap();
+    dev.launch(&a, &s0).unwrap();
+    dev.record(&s0, &fork).unwrap();
+    dev.wait(&s1, &fork).unwrap();
+    dev.launch(&b, &s1).unwrap();
+    let e = dev.end_capture(&s0).err().unwrap().to_string();
+    assert!(e.contains("stream"), "{e}");
+
+    // Waiting inside a capture for an event recorded outside it is refused (isolation), as
+    // are ending a capture on another stream, a second capture and an empty one.
+    let dev = cpu();
+    let (_mem, a, _b) = prepared(&dev, &g, &p);
+    let (s0, s1) = (dev.stream(0).unwrap(), dev.stream(0).unwrap());
+    let outside = dev.event(0, false).unwrap();
+    dev.launch(&a, &s1).unwrap();
+    dev.record(&s1, &outside).unwrap();
+    dev.synchronize().unwrap();
+    dev.begin_capture(&s0).unwrap();
+    assert!(dev.begin_capture(&s1).is_err());
+    assert!(dev.wait(&s0, &outside).is_err());
+    assert!(dev.end_capture(&s1).is_err());
+    assert!(dev.end_capture(&s0).is_err(), "empty capture");
+}
+
+#[test]
+fn kernels_run_concurrently_on_separate_streams() {
+    // Two independent chains on two streams both finish, and their results equal a
+    // one-stream run of the same operators.
+    let mut b = GraphBuilder::new("two", DType::F32);
+    let x = b.input("x", vec![1, 8, 16, 16]);
+    let l = b.conv("l", x, Conv2d::new(8, 3));
+    let r = b.conv("r", x, Conv2d::new(8, 3));
+    b.add("sum", &[l, r]);
+    let g = b.finish().unwrap();
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    let dev = cpu();
+    let mem = dev.alloc(&p, &[0]).unwrap();
+    let prep = |n: &str| {
+        let id = g.find(n).unwrap();
+        dev.prepare(
+            &p,
+            &mem,
+            p.ops[id.index()].as_ref().unwrap(),
+            &KernelOptions::default(),
+        )
+        .unwrap()
+    };
+    let (ol, or, os) = (prep("l"), prep("r"), prep("sum"));
+    let (s0, s1) = (dev.stream(0).unwrap(), dev.stream(0).unwrap());
+    let e = dev.event(0, false).unwrap();
+    dev.launch(&ol, &s0).unwrap();
+    dev.launch(&or, &s1).unwrap();
+    dev.record(&s1, &e).unwrap();
+    dev.wait(&s0, &e).unwrap();
+    dev.launch(&os, &s0).unwrap();
+    dev.synchronize().unwrap();
+    let sum = p.ops[g.find("sum").unwrap().index()]
+        .as_ref()
+        .unwrap()
+        .output;
+    let got = dev.read(&mem, sum).unwrap();
+    let want = execute(&cpu(), &g, &p, &KernelOptions::default()).unwrap();
+    assert_eq!(&got, want[g.find("sum").unwrap().index()].as_ref().unwrap());
+}
+
+/// On a GPU: every operator kind and the zoo models, each op's output against the reference
+/// (TF32 off so the tolerance can be tight), through the same helper as the CPU tests.
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
-fn gpu_every_op_matches_the_cpu_reference() {
-    use opsched_gpu::cuda::{prepare, DeviceMemory, Gpu, KernelOptions};
-    let gpu = Gpu::open(0).unwrap();
-    let gpus = std::slice::from_ref(&gpu);
-    let opts = KernelOptions {
-        tf32_conv: false,
+fn gpu_every_op_matches_the_reference() {
+    let dev = opsched_gpu::CudaDevice::open(Some(1)).unwrap();
+    let precise = KernelOptions {
+        tf32: false,
         ..Default::default()
     };
     for g in [every_op_graph(), attention_graph()] {
         let p = GraphProgram::single_gpu(&g).unwrap();
-        let mem = DeviceMemory::alloc(&p, gpus, &[0]).unwrap();
-        let mut prep = vec![gpu.new_stream().unwrap()];
-        let ops = prepare(&p, &mem, gpus, &[0], &mut prep, opts).unwrap();
-        let mut sc = gpu.new_stream().unwrap();
-        let ws = ops.iter().flatten().map(|o| o.workspace).max().unwrap_or(0);
-        sc.ensure_workspace(ws).unwrap();
-        for &id in g.topo_order() {
-            if let Some(Some(op)) = ops.get(id.index()) {
-                op.launch(&gpu, &sc).unwrap();
-            }
-        }
-        gpu.synchronize().unwrap();
-        let want = reference::reference(&g).unwrap();
-        for id in g.ops() {
-            let out = p.ops[id.index()].as_ref().unwrap().output;
-            let got = mem.read(gpus, out).unwrap();
-            let w = want[id.index()].as_ref().unwrap();
-            let err = scaled_error(&got[..w.len()], w);
-            assert!(
-                err < 1e-3,
-                "{}: '{}' differs by {err:e}",
-                g.name,
-                g.node(id).name
-            );
-        }
+        check_program(&dev, &g, &p, &precise, 1e-3);
+        let (placement, xfers) = two_gpu_placement(&g);
+        let p = GraphProgram::build(&g, &placement, &xfers).unwrap();
+        check_program(&dev, &g, &p, &precise, 1e-3);
     }
 }

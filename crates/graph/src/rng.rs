@@ -10,6 +10,7 @@ impl SplitMix64 {
         SplitMix64(seed)
     }
 
+    #[inline]
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -19,6 +20,7 @@ impl SplitMix64 {
     }
 
     /// Uniform in `[0, 1)` with 53 random bits.
+    #[inline]
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }

@@ -1,6 +1,6 @@
 //! # opsched-profiler
 //!
-//! Measures on a real GPU what the cost models estimate, and stores it where every later run
+//! Measures on a device what the cost models estimate, and stores it where every later run
 //! (or a machine without a GPU, through `--cost cache`) finds it:
 //! - the time of each operator alone (one measurement per distinct
 //!   [`op_signature`](opsched_cost::signature::op_signature): identical operators are timed
@@ -12,12 +12,16 @@
 //!   kernels, read from the compiled functions. cuDNN and cuBLAS kernels are opaque without
 //!   CUPTI, which this build does not use: their rows say `"source": "unmeasured"`.
 //!
-//! Timings are medians with p10/p90 over `repeats` runs after `warmup`, from CUDA events.
+//! Every time is the device's own: the operator (or stage) is captured [`ProfileOptions::copies`]
+//! times back to back into one graph, the graph is replayed `repeats` times after `warmup`
+//! between two device events, and the time per copy is summarised (median, p10, p90). Host
+//! enqueue cost never enters (see [`opsched_runtime::bench`]). The profiler runs on any
+//! [`Device`]; on the CPU device it measures the CPU backend.
 //!
 //! ## Where results go
 //! - The persistent [`CostCache`] ([`ProfileOptions::cache`]), keyed by the device
-//!   fingerprint ([`DeviceInfo::fingerprint`]: driver's device name, SMs, driver and cuDNN
-//!   versions), the signature, the batch ([`batch_of`]) and the dtype: operators under their
+//!   fingerprint ([`opsched_gpu::DeviceReport::fingerprint`]: driver's device name, SMs,
+//!   driver and cuDNN versions), the signature, the batch ([`batch_of`]) and the dtype: operators under their
 //!   operator signature, stages under their [`stage_signature`], transfers under
 //!   [`transfer_signature`] (`transfer(bytes=N,src=A,dst=B)`).
 //! - Optionally a directory of human-readable tables ([`export`], normally
@@ -32,8 +36,9 @@ use std::path::{Path, PathBuf};
 use opsched_cost::cache::{CacheKey, CostCache, DeviceFingerprint, Measurement};
 use opsched_cost::measured::TableRow;
 use opsched_cost::signature::{batch_of, op_signature, stage_signature};
-use opsched_gpu::{DeviceInfo, Summary};
+use opsched_gpu::{Device, Step, Summary};
 use opsched_graph::{Graph, NodeId};
+use opsched_runtime::bench::{time_transfer, Bench};
 use opsched_schedule::{Schedule, StageStrategy};
 use serde::{Deserialize, Serialize};
 
@@ -53,10 +58,13 @@ pub enum ProfileError {
 /// What to measure and where to put it.
 #[derive(Clone, Debug)]
 pub struct ProfileOptions {
-    /// Physical GPU to profile on.
-    pub gpu: usize,
+    /// Unit (physical GPU) of the device to profile on.
+    pub unit: usize,
     pub warmup: u32,
     pub repeats: u32,
+    /// Back-to-back copies of an operator or stage in the graph one measurement replays
+    /// (the time per copy is reported).
+    pub copies: u32,
     /// Concurrent stages to time (groups of operators), e.g. from [`stages_of`].
     pub stages: Vec<Vec<Vec<NodeId>>>,
     /// Transfer sizes in bytes (empty: none).
@@ -71,9 +79,10 @@ pub struct ProfileOptions {
 impl Default for ProfileOptions {
     fn default() -> Self {
         ProfileOptions {
-            gpu: 0,
+            unit: 0,
             warmup: 10,
             repeats: 50,
+            copies: 20,
             stages: Vec::new(),
             transfer_sizes: default_transfer_sizes(),
             cache: None,
@@ -127,6 +136,9 @@ pub struct DemandRow {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProfileReport {
     pub device: String,
+    /// `cuda` or `cpu`: what measured (CPU timings key their own device in the cache).
+    #[serde(default)]
+    pub backend: String,
     pub fingerprint: DeviceFingerprint,
     pub ops: Vec<Timing>,
     pub stages: Vec<Timing>,
@@ -275,24 +287,30 @@ pub fn export(report: &ProfileReport, dir: &Path) -> Result<Vec<PathBuf>, Profil
     Ok(files.to_vec())
 }
 
-/// Profile `g` on one GPU (see the crate docs). Fills the cache and exports when asked.
-pub fn profile(g: &Graph, opts: &ProfileOptions) -> Result<ProfileReport, ProfileError> {
-    let gpus = opsched_runtime::open_gpus(None)?;
-    let gpu = gpus
-        .get(opts.gpu)
-        .ok_or(opsched_gpu::GpuError::DeviceIndex {
-            requested: opts.gpu,
-            available: gpus.len(),
-        })?;
-    let info: DeviceInfo = gpu.info.clone();
-    let fp = info.fingerprint();
+/// Profile `g` on unit [`ProfileOptions::unit`] of `dev` (see the crate docs). Fills the
+/// cache and exports when asked.
+pub fn profile<D: Device>(
+    dev: &D,
+    g: &Graph,
+    opts: &ProfileOptions,
+) -> Result<ProfileReport, ProfileError> {
+    if opts.unit >= dev.units() {
+        return Err(opsched_gpu::GpuError::DeviceIndex {
+            requested: opts.unit,
+            available: dev.units(),
+        }
+        .into());
+    }
+    let info = dev.report();
+    let fp = info.fingerprint.clone();
     let width = opts.stages.iter().map(Vec::len).max().unwrap_or(1).max(1);
-    let bench = opsched_runtime::bench::Bench::new(g, gpu, width, opts.kernels)?;
+    let bench = Bench::new(dev, opts.unit, g, width, opts.kernels)?;
+    let time = |groups: &[Vec<NodeId>]| bench.time(groups, opts.copies, opts.warmup, opts.repeats);
     let dtype = g.dtype.to_string();
     let mut ops = Vec::new();
     let mut demand = Vec::new();
     for (op, sig) in distinct_ops(g) {
-        let summary = bench.time(&[vec![op]], opts.warmup, opts.repeats)?;
+        let summary = time(&[vec![op]])?;
         tracing::debug!("{sig}: {:.4} ms", summary.median_ms);
         ops.push(Timing {
             nodes: vec![g.node(op).name.clone()],
@@ -301,15 +319,15 @@ pub fn profile(g: &Graph, opts: &ProfileOptions) -> Result<ProfileReport, Profil
             dtype: dtype.clone(),
             summary,
         });
-        if let Some(p) = bench.ops.get(op.index()).and_then(Option::as_ref) {
-            for kind in &p.kinds {
-                demand.push(demand_row(gpu, &sig, kind));
+        if let Some(Some(p)) = bench.program().ops.get(op.index()) {
+            for step in &p.steps {
+                demand.push(demand_row(dev, opts.unit, &sig, step));
             }
         }
     }
     let mut stages = Vec::new();
     for groups in &opts.stages {
-        let summary = bench.time(groups, opts.warmup, opts.repeats)?;
+        let summary = time(groups)?;
         let key = stage_key(&fp, g, groups);
         stages.push(Timing {
             nodes: groups
@@ -324,24 +342,18 @@ pub fn profile(g: &Graph, opts: &ProfileOptions) -> Result<ProfileReport, Profil
         });
     }
     let mut transfers = Vec::new();
-    let dst_index = if gpus.len() > 1 {
-        usize::from(opts.gpu == 0)
+    let dst = if dev.units() > 1 {
+        usize::from(opts.unit == 0)
     } else {
-        opts.gpu
+        opts.unit
     };
     for &bytes in &opts.transfer_sizes {
-        let s = opsched_runtime::bench::time_copy(
-            gpu,
-            &gpus[dst_index],
-            bytes,
-            opts.warmup,
-            opts.repeats,
-        )?;
+        let s = time_transfer(dev, (opts.unit, dst), bytes, opts.warmup, opts.repeats)?;
         transfers.push(TransferTiming {
             bytes,
-            src: opts.gpu,
-            dst: dst_index,
-            signature: transfer_signature(bytes, opts.gpu, dst_index),
+            src: opts.unit,
+            dst,
+            signature: transfer_signature(bytes, opts.unit, dst),
             gbps: if s.median_ms > 0.0 {
                 bytes as f64 / (s.median_ms * 1e6)
             } else {
@@ -352,6 +364,7 @@ pub fn profile(g: &Graph, opts: &ProfileOptions) -> Result<ProfileReport, Profil
     }
     let mut report = ProfileReport {
         device: info.name.clone(),
+        backend: info.backend.to_string(),
         fingerprint: fp,
         ops,
         stages,
@@ -371,22 +384,10 @@ pub fn profile(g: &Graph, opts: &ProfileOptions) -> Result<ProfileReport, Profil
     Ok(report)
 }
 
-fn kernel_of(kind: &str) -> Option<&'static str> {
-    Some(match kind {
-        "copy" => "slab_copy",
-        "bias_act" => "bias_act",
-        "act" => "act_kernel",
-        "pool" => "pool2d",
-        "elementwise" => "elementwise",
-        "layer_norm" => "layer_norm",
-        "transpose" => "permute",
-        "spin" => "spin",
-        _ => return None,
-    })
-}
-
-fn demand_row(gpu: &opsched_gpu::cuda::Gpu, sig: &str, kind: &str) -> DemandRow {
-    let measured = kernel_of(kind).and_then(|k| gpu.kernel_resources(k).ok().map(|r| (k, r)));
+fn demand_row<D: Device>(dev: &D, unit: usize, sig: &str, step: &Step) -> DemandRow {
+    let measured = step
+        .nvrtc_kernel()
+        .and_then(|k| dev.kernel_resources(unit, k).map(|r| (k, r)));
     match measured {
         Some((k, (regs, smem, threads))) => DemandRow {
             signature: sig.to_string(),
@@ -398,7 +399,7 @@ fn demand_row(gpu: &opsched_gpu::cuda::Gpu, sig: &str, kind: &str) -> DemandRow 
         },
         None => DemandRow {
             signature: sig.to_string(),
-            kernel: kind.to_string(),
+            kernel: step.kind().to_string(),
             source: "unmeasured".into(),
             registers_per_thread: 0,
             shared_mem_per_block: 0,
@@ -445,6 +446,7 @@ mod tests {
         let key = stage_key(&fp(), g, &groups);
         ProfileReport {
             device: fp().name,
+            backend: "cuda".into(),
             fingerprint: fp(),
             ops,
             stages: vec![Timing {
@@ -635,12 +637,41 @@ mod tests {
     }
 
     #[test]
-    fn profiling_without_a_gpu_is_a_clear_error() {
-        if opsched_runtime::open_gpus(Some(1)).is_ok() {
-            return;
-        }
-        let e = profile(&model(), &ProfileOptions::default()).unwrap_err();
-        assert!(e.to_string().contains("could not be loaded") || e.to_string().contains("device"));
+    fn profiling_on_the_cpu_device_measures_every_operator_and_stage() {
+        let g = zoo::build(
+            "squeezenet",
+            &ZooConfig {
+                batch: 1,
+                input_size: Some(32),
+                dtype: opsched_graph::DType::F32,
+            },
+        )
+        .unwrap();
+        let ops: Vec<NodeId> = g.ops().collect();
+        let opts = ProfileOptions {
+            warmup: 1,
+            repeats: 3,
+            copies: 2,
+            stages: vec![vec![vec![ops[2]], vec![ops[3]]]],
+            transfer_sizes: vec![4096],
+            ..Default::default()
+        };
+        let dev = opsched_gpu::CpuDevice::new();
+        let r = profile(&dev, &g, &opts).unwrap();
+        assert_eq!(r.ops.len(), distinct_ops(&g).len());
+        assert!(r
+            .ops
+            .iter()
+            .all(|t| t.summary.median_ms >= 0.0 && t.summary.samples == 3));
+        assert_eq!(r.stages.len(), 1);
+        assert_eq!(r.transfers.len(), 1);
+        assert!(r.demand.iter().all(|d| d.source == "unmeasured"));
+        let bad = ProfileOptions {
+            unit: 3,
+            ..ProfileOptions::default()
+        };
+        let e = profile(&dev, &g, &bad).unwrap_err();
+        assert!(e.to_string().contains("GPU 3"), "{e}");
     }
 
     #[test]
@@ -666,7 +697,8 @@ mod tests {
             export_dir: Some(dir.join("export")),
             ..Default::default()
         };
-        let r = profile(&g, &opts).unwrap();
+        let dev = opsched_gpu::CudaDevice::open(Some(1)).unwrap();
+        let r = profile(&dev, &g, &opts).unwrap();
         assert_eq!(r.ops.len(), distinct_ops(&g).len());
         assert!(r.ops.iter().all(|t| t.summary.median_ms > 0.0));
         assert_eq!(r.stages.len(), 1);

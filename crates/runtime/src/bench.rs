@@ -1,71 +1,110 @@
-//! Timing pieces of a graph on one GPU: one operator alone, or a concurrent stage (groups
-//! started together on separate streams, each running its operators in order). This is what
-//! the profiler measures; every buffer of the graph is allocated and every operator prepared
-//! once, and the whole graph runs once first so that every input holds real data.
+//! Timing pieces of a graph on one device unit: one operator alone, a concurrent stage
+//! (groups started together on separate streams, each running its operators in order), a
+//! transfer. This is what the profiler measures.
+//!
+//! Times come from the device, not the host: the piece is captured `copies` times back to
+//! back into one graph, the graph is replayed between two timing events, and the elapsed
+//! time is divided by `copies`. Host enqueue cost (about 12 us per launch on an H100, more
+//! than many operators take) is thus out of the measurement, and what remains is what the
+//! operator costs inside a replayed graph, which is how plans run. [`Bench::time_eager`]
+//! keeps the host-enqueued measurement for comparison.
+//!
+//! Every buffer of the graph is allocated and every operator prepared once, and the whole
+//! graph runs once first, so that every input holds real data.
 
-use cudarc::driver::CudaEvent;
-use opsched_gpu::cuda::{self, DeviceMemory, Gpu, KernelOptions, PreparedOp, StreamCtx};
-use opsched_gpu::{GraphProgram, Summary};
+use opsched_gpu::program::{BufRole, BufSpec, Init};
+use opsched_gpu::{Device, GraphProgram, KernelOptions, Summary, TransferMode};
 use opsched_graph::{Graph, NodeId};
 
 use crate::RuntimeError;
 
-/// A graph prepared on one GPU with a pool of streams.
-pub struct Bench<'a> {
-    pub gpu: &'a Gpu,
-    pub program: GraphProgram,
-    pub mem: DeviceMemory,
-    pub ops: Vec<Option<PreparedOp>>,
-    streams: Vec<StreamCtx>,
-    origin: StreamCtx,
-    fork: CudaEvent,
-    joins: Vec<CudaEvent>,
-    start: CudaEvent,
-    end: CudaEvent,
+/// A graph prepared on one unit of a device with a pool of streams.
+pub struct Bench<'a, D: Device> {
+    dev: &'a D,
+    program: GraphProgram,
+    ops: Vec<Option<D::Op>>,
+    _mem: D::Memory,
+    streams: Vec<D::Stream>,
+    origin: D::Stream,
+    fork: D::Event,
+    joins: Vec<D::Event>,
+    start: D::Event,
+    end: D::Event,
 }
 
-impl<'a> Bench<'a> {
-    /// Prepare `g` on `gpu` with `streams` streams (at least 1).
+fn sample(v: &[f64]) -> Result<Summary, RuntimeError> {
+    Summary::of(v).ok_or_else(|| RuntimeError::Plan("no valid timing sample".into()))
+}
+
+impl<'a, D: Device> Bench<'a, D> {
+    /// Prepare `g` on unit `unit` of `dev` with `streams` streams (at least 1).
     pub fn new(
+        dev: &'a D,
+        unit: usize,
         g: &Graph,
-        gpu: &'a Gpu,
         streams: usize,
         kernels: KernelOptions,
-    ) -> Result<Bench<'a>, RuntimeError> {
+    ) -> Result<Bench<'a, D>, RuntimeError> {
         let program = GraphProgram::single_gpu(g)?;
-        let gpus = std::slice::from_ref(gpu);
-        let mem = DeviceMemory::alloc(&program, gpus, &[0])?;
-        let mut prep = vec![gpu.new_stream()?];
-        let ops = cuda::prepare(&program, &mem, gpus, &[0], &mut prep, kernels)?;
-        let ws = ops.iter().flatten().map(|p| p.workspace).max().unwrap_or(0);
+        let mem = dev.alloc(&program, &[unit])?;
+        let mut ops = Vec::with_capacity(program.ops.len());
+        for op in &program.ops {
+            ops.push(match op {
+                Some(op) => Some(dev.prepare(&program, &mem, op, &kernels)?),
+                None => None,
+            });
+        }
+        let all: Vec<&D::Op> = ops.iter().flatten().collect();
         let mut pool = Vec::with_capacity(streams.max(1));
         let mut joins = Vec::with_capacity(streams.max(1));
         for _ in 0..streams.max(1) {
-            let mut sc = gpu.new_stream()?;
-            sc.ensure_workspace(ws)?;
-            pool.push(sc);
-            joins.push(gpu.event(false)?);
+            let mut s = dev.stream(unit)?;
+            dev.fit_stream(&mut s, &all)?;
+            pool.push(s);
+            joins.push(dev.event(unit, false)?);
         }
+        let mut origin = dev.stream(unit)?;
+        dev.fit_stream(&mut origin, &all)?;
         let b = Bench {
-            gpu,
+            dev,
             program,
-            mem,
             ops,
+            _mem: mem,
             streams: pool,
-            origin: gpu.new_stream()?,
-            fork: gpu.event(false)?,
+            origin,
+            fork: dev.event(unit, false)?,
             joins,
-            start: gpu.event(true)?,
-            end: gpu.event(true)?,
+            start: dev.event(unit, true)?,
+            end: dev.event(unit, true)?,
         };
         // One full sequential pass: every buffer now holds what the graph computes.
         let all: Vec<NodeId> = g.ops().collect();
         b.enqueue(&[all])?;
-        gpu.synchronize()?;
+        dev.synchronize()?;
         Ok(b)
     }
 
+    /// The program (its operators' steps, for resource tables).
+    pub fn program(&self) -> &GraphProgram {
+        &self.program
+    }
+
+    fn op(&self, op: NodeId) -> Result<&D::Op, RuntimeError> {
+        self.ops
+            .get(op.index())
+            .and_then(Option::as_ref)
+            .ok_or_else(|| RuntimeError::Plan(format!("#{} is not an operator", op.0)))
+    }
+
+    /// One group runs on the origin stream; several fork from it and join back.
     fn enqueue(&self, groups: &[Vec<NodeId>]) -> Result<(), RuntimeError> {
+        let dev = self.dev;
+        if let [only] = groups {
+            for &op in only {
+                dev.launch(self.op(op)?, &self.origin)?;
+            }
+            return Ok(());
+        }
         if groups.len() > self.streams.len() {
             return Err(RuntimeError::Plan(format!(
                 "{} groups but only {} streams",
@@ -73,87 +112,108 @@ impl<'a> Bench<'a> {
                 self.streams.len()
             )));
         }
-        self.origin.record(&self.fork)?;
-        for (sc, grp) in self.streams.iter().zip(groups) {
-            sc.wait(&self.fork)?;
-            for op in grp {
-                let p = self
-                    .ops
-                    .get(op.index())
-                    .and_then(Option::as_ref)
-                    .ok_or_else(|| RuntimeError::Plan(format!("#{} is not an operator", op.0)))?;
-                p.launch(self.gpu, sc)?;
+        dev.record(&self.origin, &self.fork)?;
+        for (s, grp) in self.streams.iter().zip(groups) {
+            dev.wait(s, &self.fork)?;
+            for &op in grp {
+                dev.launch(self.op(op)?, s)?;
             }
         }
-        for ((sc, ev), _) in self.streams.iter().zip(&self.joins).zip(groups) {
-            sc.record(ev)?;
-            self.origin.wait(ev)?;
+        for ((s, ev), _) in self.streams.iter().zip(&self.joins).zip(groups) {
+            dev.record(s, ev)?;
+            dev.wait(&self.origin, ev)?;
         }
         Ok(())
     }
 
-    /// Time `groups` run concurrently (one group alone: an operator chain; one operator alone:
-    /// its time), `repeats` times after `warmup`.
+    /// Device time of `groups` run concurrently (one group alone: an operator chain; one
+    /// operator alone: its time), from `repeats` replays (after `warmup`) of a graph holding
+    /// `copies` back-to-back copies of it.
     pub fn time(
+        &self,
+        groups: &[Vec<NodeId>],
+        copies: u32,
+        warmup: u32,
+        repeats: u32,
+    ) -> Result<Summary, RuntimeError> {
+        let dev = self.dev;
+        let copies = copies.max(1);
+        dev.begin_capture(&self.origin)?;
+        let enq = (0..copies).try_for_each(|_| self.enqueue(groups));
+        let graph = dev.end_capture(&self.origin);
+        enq?;
+        let graph = graph?;
+        let mut v = Vec::with_capacity(repeats as usize);
+        for r in 0..warmup + repeats.max(1) {
+            dev.record(&self.origin, &self.start)?;
+            dev.replay(&graph, &self.origin)?;
+            dev.record(&self.origin, &self.end)?;
+            let ms = dev.elapsed_ms(&self.start, &self.end)?;
+            if r >= warmup {
+                v.push(ms / f64::from(copies));
+            }
+        }
+        sample(&v)
+    }
+
+    /// Host-enqueued time of `groups` (launch overhead included), as eager execution sees it.
+    pub fn time_eager(
         &self,
         groups: &[Vec<NodeId>],
         warmup: u32,
         repeats: u32,
     ) -> Result<Summary, RuntimeError> {
+        let dev = self.dev;
         let mut v = Vec::with_capacity(repeats as usize);
         for r in 0..warmup + repeats.max(1) {
-            self.origin.record(&self.start)?;
+            dev.record(&self.origin, &self.start)?;
             self.enqueue(groups)?;
-            self.origin.record(&self.end)?;
-            let ms = self
-                .start
-                .elapsed_ms(&self.end)
-                .map_err(|e| opsched_gpu::GpuError::driver("reading timing events", e))?;
+            dev.record(&self.origin, &self.end)?;
+            let ms = dev.elapsed_ms(&self.start, &self.end)?;
             if r >= warmup {
-                v.push(f64::from(ms));
+                v.push(ms);
             }
         }
-        Summary::of(&v).ok_or_else(|| RuntimeError::Plan("no valid timing sample".into()))
+        sample(&v)
     }
 }
 
-/// Time copies of `bytes` from physical GPU `src` to `dst` (the same GPU: a device-to-device
-/// copy), on a stream of `dst`.
-pub fn time_copy(
-    src: &Gpu,
-    dst: &Gpu,
+/// Device time of moving `bytes` from unit `src` to unit `dst` of `dev` (the same unit: a
+/// device-to-device copy), timed on the destination's copy stream.
+pub fn time_transfer<D: Device>(
+    dev: &D,
+    (src, dst): (usize, usize),
     bytes: usize,
     warmup: u32,
     repeats: u32,
 ) -> Result<Summary, RuntimeError> {
-    use cudarc::driver::DevicePtr;
     let n = bytes.div_ceil(4).max(1);
-    let a = src
-        .alloc_stream
-        .alloc_zeros::<f32>(n)
-        .map_err(|e| opsched_gpu::GpuError::driver("allocating a transfer buffer", e))?;
-    let b = dst
-        .alloc_stream
-        .alloc_zeros::<f32>(n)
-        .map_err(|e| opsched_gpu::GpuError::driver("allocating a transfer buffer", e))?;
-    src.synchronize()?;
-    dst.synchronize()?;
-    cuda::enable_peer_access(dst, src)?;
-    let (pa, _) = a.device_ptr(&src.alloc_stream);
-    let (pb, _) = b.device_ptr(&dst.alloc_stream);
-    let sc = dst.new_stream()?;
-    let (start, end) = (dst.event(true)?, dst.event(true)?);
-    let mut v = Vec::new();
+    let buf = |gpu| BufSpec {
+        gpu,
+        len: n,
+        role: BufRole::Probe,
+        init: Init::Uninit,
+    };
+    let program = GraphProgram {
+        buffers: vec![buf(0), buf(1)],
+        transfers: vec![(0, 1)],
+        gpus: 2,
+        ..GraphProgram::default()
+    };
+    let mut mem = dev.alloc(&program, &[src, dst])?;
+    let copy = vec![dev.stream(src)?, dev.stream(dst)?];
+    dev.connect(&mut mem, &copy, TransferMode::Copy)?;
+    let (start, end) = (dev.event(dst, true)?, dev.event(dst, true)?);
+    let mut v = Vec::with_capacity(repeats as usize);
     for r in 0..warmup + repeats.max(1) {
-        sc.record(&start)?;
-        cuda::copy_between(src, pa, dst, pb, n * 4, &sc)?;
-        sc.record(&end)?;
-        let ms = start
-            .elapsed_ms(&end)
-            .map_err(|e| opsched_gpu::GpuError::driver("reading timing events", e))?;
+        dev.record(&copy[1], &start)?;
+        dev.transfer(&mem, 0, 1, (0, 1), &copy)?;
+        dev.record(&copy[1], &end)?;
+        let ms = dev.elapsed_ms(&start, &end)?;
         if r >= warmup {
-            v.push(f64::from(ms));
+            v.push(ms);
         }
     }
-    Summary::of(&v).ok_or_else(|| RuntimeError::Plan("no valid timing sample".into()))
+    dev.synchronize()?;
+    sample(&v)
 }

@@ -1,59 +1,46 @@
 //! # opsched-runtime
 //!
-//! Executes opsched launch plans on real GPUs: exactly the per-GPU, per-stream command lists
-//! the simulator evaluates.
+//! Executes launch plans on any [`Device`] (a CUDA GPU, several, or the CPU): exactly the
+//! per-GPU, per-stream command lists the simulator evaluates, in the host order that
+//! [`opsched_schedule::HostProgram`] computes from the plan (this crate never looks at a
+//! `Schedule`).
 //!
-//! - [`exec`] (CPU only, tested here): the launch plan merged into one host order in which
-//!   every event is recorded before it is waited for; a vector-clock pass proves every
-//!   dependency is ordered (same stream, or through waits and transfers) and drops waits that
-//!   earlier waits already imply; logical GPUs mapped round-robin onto physical ones.
-//! - [`run`]: buffers allocated and initialised before timing ([`opsched_gpu::GraphProgram`]),
-//!   one stream pool per logical GPU (each stream with its own cuDNN and cuBLAS handles), one
-//!   event per plan event, a copy/communication stream per GPU for transfers (NCCL send/recv
-//!   between physical GPUs with `Comm::from_devices`, else peer or device-to-device copies),
-//!   fork/join through an origin stream, optional CUDA graph capture of a whole iteration,
-//!   warm-up then timed runs (median, p10, p90 via CUDA events), and the numerical check
-//!   (scheduled vs sequential run of the same kernels, and vs the CPU reference on small
-//!   graphs).
+//! - [`run`]: a [`Session`] prepares a plan on a device: buffers allocated and initialised
+//!   before timing ([`opsched_gpu::GraphProgram`]), every operator prepared, one stream pool
+//!   per logical GPU, one event per plan event, a copy stream per logical GPU for transfers,
+//!   fork/join through an origin stream. It runs iterations eagerly or as a captured graph,
+//!   times them, reads outputs back, and checks them ([`CheckMode`]: against a sequential run
+//!   of the same kernels and against the reference executor).
+//! - [`bench`]: timing pieces of a graph (one operator, a concurrent stage, a transfer) as the
+//!   profiler needs them, by replaying captured graphs and timing them with device events.
 //!
-//! A merged stage (`LaunchMerged`) runs its operators one after another on its stream: the
-//! GPU backend has no merged-convolution kernel yet.
+//! Logical GPUs map onto the device's units round-robin ([`map_gpus`]): several logical GPUs
+//! may share one (each keeps its own streams; transfers become device-to-device copies), so a
+//! multi-GPU schedule runs on one GPU, or on the CPU.
+//!
+//! A merged stage (`LaunchMerged`) runs its operators one after another on its stream: no
+//! device has a merged-convolution kernel yet.
 
 pub mod bench;
-pub mod exec;
 pub mod run;
 
-pub use exec::{map_gpus, priorities, ExecProgram, HostCmd, Transfer};
-pub use opsched_gpu::cuda::KernelOptions;
-pub use opsched_gpu::{GpuError, Summary};
-pub use run::{
-    open_gpus, run_plan, run_plan_on, run_schedule, sequential_plan, CheckReport, RunReport,
+pub use opsched_gpu::{
+    CpuDevice, CudaDevice, Device, DeviceReport, GpuError, KernelOptions, Summary, TransferMode,
 };
+pub use run::{map_gpus, run_plan, run_schedule, CheckReport, RunReport, Session};
 
 /// Errors of the runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    /// The GPU backend (a missing library, no device, a CUDA error, an unsupported operator).
+    /// The device (a missing library, no device, a CUDA error, an unsupported operator).
     #[error(transparent)]
     Gpu(#[from] GpuError),
-    /// Lowering the schedule.
+    /// Lowering the schedule, or a launch plan that does not check.
     #[error(transparent)]
     Schedule(#[from] opsched_schedule::ScheduleError),
     /// A launch plan the runtime cannot execute as given (names the operator or event).
     #[error("launch plan: {0}")]
     Plan(String),
-}
-
-/// How transfers between logical GPUs move data.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub enum TransferMode {
-    /// NCCL when every logical GPU has its own physical GPU and libnccl loads, else copies.
-    #[default]
-    Auto,
-    /// Always NCCL send/recv (an error when impossible).
-    Nccl,
-    /// Peer copies between physical GPUs, device-to-device copies within one.
-    Copy,
 }
 
 /// What the numerical check compares.
@@ -62,25 +49,50 @@ pub enum CheckMode {
     /// No check.
     #[default]
     None,
-    /// Against a sequential run of the same kernels, and against the CPU reference when the
-    /// graph has at most [`RunOptions::cpu_check_max_flops`] FLOPs.
+    /// Against a sequential run of the same kernels, and against the reference executor when
+    /// the graph has at most [`RunOptions::reference_max_flops`] FLOPs.
     Auto,
-    /// Both, whatever the size (the CPU reference can take minutes on large inputs).
+    /// Both, whatever the size (the reference executor can take minutes on large inputs).
     Full,
+}
+
+/// Which device runs a plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub enum Backend {
+    /// CUDA when a driver is present, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl Backend {
+    /// `Auto` resolved on this machine: CUDA when the driver loads and reports a GPU.
+    pub fn resolve(self) -> Backend {
+        match self {
+            Backend::Auto => {
+                if opsched_gpu::Lib::Driver.present()
+                    && opsched_gpu::devices().is_ok_and(|d| !d.is_empty())
+                {
+                    Backend::Cuda
+                } else {
+                    Backend::Cpu
+                }
+            }
+            other => other,
+        }
+    }
 }
 
 /// Options of a run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunOptions {
-    /// Capture one whole iteration as a CUDA graph and time its replays.
+    /// Capture one whole iteration as a graph and time its replays.
     pub graph_capture: bool,
-    /// Physical GPUs to use (the first M); `None`: all present. Logical GPUs of the plan map
-    /// onto them round-robin.
-    pub gpus: Option<usize>,
     pub warmup: u32,
     pub repeats: u32,
     pub check: CheckMode,
-    pub cpu_check_max_flops: u64,
+    pub reference_max_flops: u64,
     pub transfers: TransferMode,
     pub kernels: KernelOptions,
 }
@@ -89,11 +101,10 @@ impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
             graph_capture: false,
-            gpus: None,
             warmup: 10,
             repeats: 100,
             check: CheckMode::None,
-            cpu_check_max_flops: 2_000_000_000,
+            reference_max_flops: 2_000_000_000,
             transfers: TransferMode::Auto,
             kernels: KernelOptions::default(),
         }

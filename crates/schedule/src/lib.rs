@@ -19,6 +19,7 @@
 
 pub mod bounds;
 pub mod export;
+pub mod host;
 pub mod io;
 pub mod lower;
 pub mod plan;
@@ -26,6 +27,7 @@ pub mod simulate;
 pub mod validate;
 
 pub use bounds::{lower_bound, LowerBound};
+pub use host::{HostCmd, HostProgram, Transfer};
 pub use lower::lower;
 pub use plan::{
     Cmd, EventId, GpuLaunch, GpuStreams, LaunchPlan, Platform, Schedule, Stage, StagePlan,

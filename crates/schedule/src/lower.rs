@@ -34,6 +34,12 @@
 //! launch plan: the launch plan fixes the order per stream and the synchronisation between
 //! streams, which is all the simulator looks at; the runtime uses the launch order itself.
 //!
+//! ## Launch order
+//! [`LaunchPlan::launch_order`] is the order in which a host issues the launches: stage by
+//! stage for stage plans (topological within a stage), a stream plan's own `launch_order`
+//! where it has one (else topological). [`crate::host::HostProgram`] merges the streams in
+//! this order.
+//!
 //! Transfers and events are numbered in the order their producers appear in the schedule
 //! (GPU by GPU, stage by stage or stream by stream). [`LaunchPlan::events`] and
 //! [`LaunchPlan::transfers`] are set to the counts.
@@ -301,11 +307,36 @@ fn lower_stages(g: &Graph, p: &StagePlan) -> Result<LaunchPlan, ScheduleError> {
         }
         gpus.push(GpuLaunch { streams });
     }
+    // Stage by stage (on every GPU), topological within a stage.
+    let mut stage_of = vec![u32::MAX; g.len()];
+    for stages in &p.gpus {
+        for (si, stage) in stages.iter().enumerate() {
+            let s = u32::try_from(si).map_err(|_| too_many("stages"))?;
+            for op in stage.ops() {
+                stage_of[op.index()] = s;
+            }
+        }
+    }
+    let launch_order = order_by(g, &pl, |op| u64::from(stage_of[op.index()]));
     Ok(LaunchPlan {
         gpus,
         events: ev.0,
         transfers: t.count,
+        launch_order,
     })
+}
+
+/// The placed operators sorted by `key`, ties in topological order.
+fn order_by(g: &Graph, pl: &Placement, key: impl Fn(NodeId) -> u64) -> Vec<NodeId> {
+    let mut v: Vec<(u64, usize, NodeId)> = g
+        .topo_order()
+        .iter()
+        .enumerate()
+        .filter(|(_, &op)| pl.get(op).is_some())
+        .map(|(i, &op)| (key(op), i, op))
+        .collect();
+    v.sort_unstable();
+    v.into_iter().map(|(_, _, op)| op).collect()
 }
 
 fn lower_streams(g: &Graph, p: &StreamPlan) -> Result<LaunchPlan, ScheduleError> {
@@ -355,9 +386,21 @@ fn lower_streams(g: &Graph, p: &StreamPlan) -> Result<LaunchPlan, ScheduleError>
         }
         gpus.push(GpuLaunch { streams });
     }
+    // A GPU's explicit launch order where given (the k-th launches of all GPUs together),
+    // else the topological order after them.
+    let mut rank = vec![u64::MAX; g.len()];
+    for gs in &p.gpus {
+        for (k, op) in gs.launch_order.iter().flatten().enumerate() {
+            if let Some(slot) = rank.get_mut(op.index()) {
+                *slot = k as u64;
+            }
+        }
+    }
+    let launch_order = order_by(g, &pl, |op| rank[op.index()]);
     Ok(LaunchPlan {
         gpus,
         events: ev.0,
         transfers: t.count,
+        launch_order,
     })
 }

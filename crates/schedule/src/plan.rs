@@ -88,6 +88,16 @@ pub enum Schedule {
     Streams(StreamPlan),
 }
 
+impl Schedule {
+    /// The sequential schedule: every operator of `g` on GPU 0, one after another in
+    /// topological order (one operator per stage).
+    pub fn sequential(g: &opsched_graph::Graph) -> Schedule {
+        Schedule::Stages(StagePlan {
+            gpus: vec![g.ops().map(Stage::single).collect()],
+        })
+    }
+}
+
 /// An event of a launch plan (recorded once, waited on by any stream of the same GPU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct EventId(pub u32);
@@ -138,4 +148,10 @@ pub struct LaunchPlan {
     pub events: u32,
     /// Number of transfers (ids are `0..transfers`).
     pub transfers: u32,
+    /// The order in which a host issues the launches (every launched operator once): Opara's
+    /// launch order for stream plans that have one, stage by stage for stage plans, else the
+    /// topological order. It does not change what the simulator computes on CUDA graphs (the
+    /// streams and their events fix that); it is the host order of eager execution.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub launch_order: Vec<NodeId>,
 }

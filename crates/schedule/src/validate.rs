@@ -29,7 +29,8 @@
 //! start of each stage, which the simulator makes wait for all the stage's streams) must be
 //! acyclic (a cycle is a [`ScheduleError::Deadlock`] naming an operator on it or right after
 //! it), and every dependency `u -> v` of the graph must be ordered by it (`u`'s launch
-//! happens before `v`'s).
+//! happens before `v`'s). The structural checks and the dependency check are those of
+//! [`crate::host::HostProgram::new`], which every runtime runs too: one check, one place.
 
 use opsched_graph::merge::mergeable;
 use opsched_graph::{Graph, NodeId};
@@ -422,116 +423,38 @@ fn validate_streams(g: &Graph, sp: &StreamPlan, p: &Platform) -> Result<(), Sche
 }
 
 /// Check a launch plan (see the module docs): operators, events and transfers consistent, no
-/// wait cycle, every dependency ordered.
+/// wait cycle (stage starts included), every dependency ordered.
 pub fn validate_launch(g: &Graph, plan: &LaunchPlan) -> Result<(), ScheduleError> {
+    crate::host::check_plan(g, plan, |flat| check_wait_cycles(g, plan, flat)).map(|_| ())
+}
+
+/// The command graph (stream order, record -> wait, send -> recv, and the start of each
+/// stage, which the simulator makes wait for all the stage's streams) is acyclic. Runs after
+/// the structural checks (every waited event is recorded, every received transfer sent).
+fn check_wait_cycles(
+    g: &Graph,
+    plan: &LaunchPlan,
+    flat: &[(usize, usize, &[Cmd])],
+) -> Result<(), ScheduleError> {
     // Flatten the commands: command c is (gpu, stream, index).
     let mut where_: Vec<(usize, usize, usize)> = Vec::new();
     let mut cmds: Vec<&Cmd> = Vec::new();
-    for (gi, gl) in plan.gpus.iter().enumerate() {
-        for (j, stream) in gl.streams.iter().enumerate() {
-            for (k, c) in stream.iter().enumerate() {
-                where_.push((gi, j, k));
-                cmds.push(c);
-            }
+    for &(gi, j, stream) in flat {
+        for (k, c) in stream.iter().enumerate() {
+            where_.push((gi, j, k));
+            cmds.push(c);
         }
     }
     let n = cmds.len();
-    let nev = plan.events as usize;
-    let nx = plan.transfers as usize;
-    let here = |c: usize| {
-        let (gi, j, k) = where_[c];
-        format!("GPU {gi} stream {j} command {k}")
-    };
-    let mut launch_at: Vec<Option<usize>> = vec![None; g.len()];
-    let mut rec_at: Vec<Option<usize>> = vec![None; nev];
-    let mut send_at: Vec<Option<usize>> = vec![None; nx];
+    let mut rec_at: Vec<Option<usize>> = vec![None; plan.events as usize];
+    let mut send_at: Vec<Option<usize>> = vec![None; plan.transfers as usize];
     for (c, cmd) in cmds.iter().enumerate() {
-        let mut launch = |op: NodeId| -> Result<(), ScheduleError> {
-            check_op(g, op, &|| here(c))?;
-            match launch_at.get_mut(op.index()) {
-                Some(Some(_)) => Err(invalid(format!(
-                    "operator {} is launched more than once",
-                    op_name(g, op)
-                ))),
-                Some(slot) => {
-                    *slot = Some(c);
-                    Ok(())
-                }
-                None => Ok(()),
-            }
-        };
         match cmd {
-            Cmd::Launch { op, .. } => launch(*op)?,
-            Cmd::LaunchMerged { ops, .. } => {
-                if ops.is_empty() {
-                    return Err(invalid(format!(
-                        "{}: merged launch without operators",
-                        here(c)
-                    )));
-                }
-                for &op in ops {
-                    launch(op)?;
-                }
-            }
-            Cmd::Record(e) | Cmd::Wait(e) => {
-                let i = e.0 as usize;
-                if i >= nev {
-                    return Err(invalid(format!(
-                        "{}: event {i} is out of range (the plan has {nev}); {}",
-                        here(c),
-                        next_after(g, plan, &where_, c)
-                    )));
-                }
-                if matches!(cmd, Cmd::Record(_)) {
-                    if rec_at[i].is_some() {
-                        return Err(invalid(format!("{}: event {i} is recorded twice", here(c))));
-                    }
-                    rec_at[i] = Some(c);
-                }
-            }
-            Cmd::Send { xfer, dst_gpu, .. } => {
-                let i = xfer.0 as usize;
-                if i >= nx {
-                    return Err(invalid(format!(
-                        "{}: transfer {i} is out of range (the plan has {nx})",
-                        here(c)
-                    )));
-                }
-                if send_at[i].is_some() {
-                    return Err(invalid(format!("{}: transfer {i} is sent twice", here(c))));
-                }
-                if *dst_gpu >= plan.gpus.len() {
-                    return Err(invalid(format!(
-                        "{}: {} goes to GPU {dst_gpu}, beyond the plan's {} GPU(s)",
-                        here(c),
-                        describe_cmd(g, cmd),
-                        plan.gpus.len()
-                    )));
-                }
-                send_at[i] = Some(c);
-            }
-            Cmd::Recv(x) => {
-                let i = x.0 as usize;
-                if i >= nx {
-                    return Err(invalid(format!(
-                        "{}: transfer {i} is out of range (the plan has {nx}); {}",
-                        here(c),
-                        next_after(g, plan, &where_, c)
-                    )));
-                }
-            }
+            Cmd::Record(e) => rec_at[e.0 as usize] = Some(c),
+            Cmd::Send { xfer, .. } => send_at[xfer.0 as usize] = Some(c),
+            _ => {}
         }
     }
-    if let Some(o) = g
-        .ops()
-        .find(|o| launch_at.get(o.index()).copied().flatten().is_none())
-    {
-        return Err(invalid(format!(
-            "operator {} is never launched",
-            op_name(g, o)
-        )));
-    }
-
     // Predecessors in the command graph; stage starts are extra nodes after the commands.
     let mut preds: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut stage_nodes: std::collections::HashMap<(usize, u32), usize> =
@@ -575,78 +498,8 @@ pub fn validate_launch(g: &Graph, plan: &LaunchPlan) -> Result<(), ScheduleError
             preds[c].push(p);
         }
         match cmd {
-            Cmd::Wait(e) => match rec_at[e.0 as usize] {
-                None => {
-                    return Err(invalid(format!(
-                        "{}: event {} is waited for but never recorded; {}",
-                        here(c),
-                        e.0,
-                        next_after(g, plan, &where_, c)
-                    )))
-                }
-                Some(r) if where_[r].0 != gi => {
-                    return Err(invalid(format!(
-                        "{}: event {} is recorded on GPU {}, not on the waiting GPU; {}",
-                        here(c),
-                        e.0,
-                        where_[r].0,
-                        next_after(g, plan, &where_, c)
-                    )))
-                }
-                Some(r) => preds[c].push(r),
-            },
-            Cmd::Recv(x) => match send_at[x.0 as usize] {
-                None => {
-                    return Err(invalid(format!(
-                        "{}: transfer {} is received but never sent; {}",
-                        here(c),
-                        x.0,
-                        next_after(g, plan, &where_, c)
-                    )))
-                }
-                Some(sc) => {
-                    if let Cmd::Send { dst_gpu, .. } = cmds[sc] {
-                        if *dst_gpu != gi {
-                            return Err(invalid(format!(
-                                "{}: {} is received on GPU {gi}",
-                                here(c),
-                                describe_cmd(g, cmds[sc])
-                            )));
-                        }
-                    }
-                    preds[c].push(sc);
-                }
-            },
-            Cmd::Send {
-                src, dst, dst_gpu, ..
-            } => {
-                let src_ok = launch_at
-                    .get(src.index())
-                    .copied()
-                    .flatten()
-                    .is_some_and(|l| where_[l].0 == gi && where_[l].1 == where_[c].1 && l < c);
-                if !src_ok {
-                    return Err(invalid(format!(
-                        "{}: {} does not follow the launch of {} on its stream",
-                        here(c),
-                        describe_cmd(g, cmd),
-                        op_name(g, *src)
-                    )));
-                }
-                let dst_ok = launch_at
-                    .get(dst.index())
-                    .copied()
-                    .flatten()
-                    .is_some_and(|l| where_[l].0 == *dst_gpu);
-                if !dst_ok {
-                    return Err(invalid(format!(
-                        "{}: {} but {} does not run on GPU {dst_gpu}",
-                        here(c),
-                        describe_cmd(g, cmd),
-                        op_name(g, *dst)
-                    )));
-                }
-            }
+            Cmd::Wait(e) => preds[c].extend(rec_at[e.0 as usize]),
+            Cmd::Recv(x) => preds[c].extend(send_at[x.0 as usize]),
             _ => {}
         }
     }
@@ -673,11 +526,10 @@ pub fn validate_launch(g: &Graph, plan: &LaunchPlan) -> Result<(), ScheduleError
             fill[p] += 1;
         }
     }
-    let mut order = Vec::with_capacity(total);
+    let mut seen = 0;
     let mut stack: Vec<usize> = (0..total).filter(|&c| indeg[c] == 0).collect();
-    stack.reverse();
     while let Some(c) = stack.pop() {
-        order.push(c);
+        seen += 1;
         for &s in &succs[succ_start[c]..succ_start[c + 1]] {
             indeg[s] -= 1;
             if indeg[s] == 0 {
@@ -685,62 +537,8 @@ pub fn validate_launch(g: &Graph, plan: &LaunchPlan) -> Result<(), ScheduleError
             }
         }
     }
-    if order.len() < total {
+    if seen < total {
         return Err(cycle_error(g, plan, &cmds, &where_, &preds, &indeg, n));
-    }
-
-    // Happens-before: the operators that have ended before each command starts.
-    let words = g.len().div_ceil(64);
-    let mut done = vec![0u64; total * words];
-    let ops_of = |c: usize| -> &[NodeId] {
-        if c >= n {
-            return &[];
-        }
-        match cmds[c] {
-            Cmd::Launch { op, .. } => std::slice::from_ref(op),
-            Cmd::LaunchMerged { ops, .. } => ops,
-            _ => &[],
-        }
-    };
-    let mut acc = vec![0u64; words];
-    for &c in &order {
-        if c >= n {
-            // A stage start orders nothing on a real GPU (only the simulator waits for all
-            // the stage's streams), so it carries no happens-before.
-            continue;
-        }
-        acc.iter_mut().for_each(|w| *w = 0);
-        for &p in &preds[c] {
-            for (a, &b) in acc.iter_mut().zip(&done[p * words..(p + 1) * words]) {
-                *a |= b;
-            }
-            // A predecessor command that is a launch on the same stream has ended.
-            if p < n {
-                for &op in ops_of(p) {
-                    let i = op.index();
-                    acc[i / 64] |= 1 << (i % 64);
-                }
-            }
-        }
-        for &v in ops_of(c) {
-            for u in g.preds(v) {
-                if g.node(u).op.is_input() {
-                    continue;
-                }
-                let i = u.index();
-                if acc[i / 64] & (1 << (i % 64)) == 0 {
-                    return Err(invalid(format!(
-                        "dependency {} -> {} is not ordered by the launch plan: {} can start \
-                         before {} ends",
-                        op_name(g, u),
-                        op_name(g, v),
-                        op_name(g, v),
-                        op_name(g, u)
-                    )));
-                }
-            }
-        }
-        done[c * words..(c + 1) * words].copy_from_slice(&acc);
     }
     Ok(())
 }

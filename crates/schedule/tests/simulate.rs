@@ -824,6 +824,7 @@ fn deadlock_is_reported() {
         }],
         events: 1,
         transfers: 0,
+        launch_order: vec![],
     };
     let err = simulate(&g, &plan, &IdealModel::new(base())).unwrap_err();
     match &err {
@@ -853,6 +854,7 @@ fn deadlock_is_reported() {
         }],
         events: 0,
         transfers: 1,
+        launch_order: vec![],
     };
     assert!(matches!(
         simulate(&g, &plan, &IdealModel::new(base())),
@@ -876,6 +878,7 @@ fn validate_launch_finds_unordered_dependencies() {
         }],
         events: 0,
         transfers: 0,
+        launch_order: vec![],
     };
     let m = invalid_msg(validate_launch(&g, &plan));
     assert!(m.contains("'3'") && m.contains("not ordered"), "{m}");
@@ -885,6 +888,7 @@ fn validate_launch_finds_unordered_dependencies() {
         }],
         events: 0,
         transfers: 0,
+        launch_order: vec![],
     };
     let m = invalid_msg(validate_launch(&g, &plan));
     assert!(m.contains("'3'") && m.contains("never launched"), "{m}");

@@ -1,4 +1,5 @@
-//! `opsched profile` and `opsched run`: the commands that need a GPU.
+//! `opsched profile` and `opsched run`: the commands that execute a graph on a device (a CUDA
+//! GPU, or the CPU).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -6,7 +7,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use opsched::profiler::{ProfileError, ProfileOptions};
-use opsched::runtime::{CheckMode, RunOptions, RuntimeError, TransferMode};
+use opsched::runtime::{
+    Backend, CheckMode, CpuDevice, CudaDevice, Device, KernelOptions, RunOptions, RuntimeError,
+    TransferMode,
+};
 use opsched::schedule::io as schedule_io;
 
 use crate::args::{ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
@@ -31,9 +35,11 @@ pub struct ProfileArgs {
     /// Time the concurrent stages of this algorithm's schedule (`none`: operators only).
     #[arg(long, default_value = "ios", value_name = "ALGO")]
     stages_from: String,
-    /// Which GPU of this machine.
+    /// Which GPU of this machine (CUDA).
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Untimed runs before timing.
     #[arg(long, default_value_t = 10)]
     warmup: u32,
@@ -52,6 +58,64 @@ pub struct ProfileArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// Which device executes, and how its kernels compute.
+#[derive(Args, Debug)]
+pub struct DeviceArgs {
+    /// `auto`: CUDA when a driver and a GPU are present, else the CPU (the report says which).
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// Strict f32 arithmetic in convolutions and matrix products (no TF32 tensor cores).
+    #[arg(long)]
+    precise: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum BackendArg {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl DeviceArgs {
+    fn backend(&self) -> Backend {
+        match self.backend {
+            BackendArg::Auto => Backend::Auto,
+            BackendArg::Cpu => Backend::Cpu,
+            BackendArg::Cuda => Backend::Cuda,
+        }
+        .resolve()
+    }
+
+    fn kernels(&self) -> KernelOptions {
+        KernelOptions {
+            tf32: !self.precise,
+            ..KernelOptions::default()
+        }
+    }
+}
+
+/// Something to do on whichever device the arguments pick (the device trait has associated
+/// types, so the choice is a generic call per backend rather than a trait object).
+trait OnDevice {
+    type Out;
+    fn on<D: Device>(self, dev: &D) -> Result<Self::Out>;
+}
+
+/// Open the device `args` pick, with `units` GPUs at most (CUDA), and run `job` on it.
+fn on_device<J: OnDevice>(args: &DeviceArgs, units: usize, job: J) -> Result<J::Out> {
+    match args.backend() {
+        Backend::Cuda => {
+            let present = opsched::gpu::devices()
+                .map_err(|e| gpu_error(e.into()))?
+                .len();
+            let dev = CudaDevice::open(Some(units.clamp(1, present.max(1))))
+                .map_err(|e| gpu_error(e.into()))?;
+            job.on(&dev)
+        }
+        Backend::Cpu | Backend::Auto => job.on(&CpuDevice::with_race_check(false)),
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -86,7 +150,9 @@ pub struct RunArgs {
     /// Run this schedule file (from `opsched schedule --out`) instead of searching one.
     #[arg(long, value_name = "FILE", conflicts_with = "algo")]
     schedule: Option<PathBuf>,
-    /// Capture the whole plan as one CUDA graph and replay it.
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Capture the whole plan as one graph (a CUDA graph on a GPU) and replay it.
     #[arg(long)]
     graph_capture: bool,
     /// Untimed runs before timing.
@@ -136,10 +202,26 @@ fn profile_error(e: ProfileError) -> anyhow::Error {
     }
 }
 
+struct Profile<'a> {
+    g: &'a opsched::Graph,
+    opts: ProfileOptions,
+}
+
+impl OnDevice for Profile<'_> {
+    type Out = opsched::profiler::ProfileReport;
+    fn on<D: Device>(self, dev: &D) -> Result<Self::Out> {
+        opsched::profiler::profile(dev, self.g, &self.opts).map_err(profile_error)
+    }
+}
+
 pub fn profile(a: &ProfileArgs) -> Result<()> {
     let g = load(&a.model, &a.model_args)?;
-    // Fail on a missing driver before searching any schedule.
-    opsched::gpu::devices().map_err(|e| gpu_error(e.into()))?;
+    if a.device.backend() == Backend::Cpu && a.gpu != 0 {
+        return Err(user(anyhow::anyhow!(
+            "--gpu {}: the CPU backend has one unit (0)",
+            a.gpu
+        )));
+    }
     let stages = if a.stages_from == "none" {
         Vec::new()
     } else {
@@ -156,24 +238,27 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         None => opsched::cost::cache::default_path().map_err(user)?,
     };
     let opts = ProfileOptions {
-        gpu: a.gpu,
+        unit: a.gpu,
         warmup: a.warmup,
         repeats: a.repeats,
         stages,
         cache: Some(cache.clone()),
         export_dir: a.export.clone(),
+        kernels: a.device.kernels(),
         ..ProfileOptions::default()
     };
-    let report = opsched::profiler::profile(&g, &opts).map_err(profile_error)?;
+    let units = a.gpu.saturating_add(1);
+    let report = on_device(&a.device, units, Profile { g: &g, opts })?;
     if a.json {
         return print_json(&report);
     }
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{} on {}: {} operators, {} stages, {} transfer sizes measured",
+        "{} on {} ({}): {} operators, {} stages, {} transfer sizes measured",
         g.name,
         report.device,
+        report.backend,
         report.ops.len(),
         report.stages.len(),
         report.transfers.len()
@@ -203,11 +288,21 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     Ok(())
 }
 
+struct Run<'a> {
+    g: &'a opsched::Graph,
+    schedule: &'a opsched::schedule::Schedule,
+    opts: RunOptions,
+}
+
+impl OnDevice for Run<'_> {
+    type Out = opsched::runtime::RunReport;
+    fn on<D: Device>(self, dev: &D) -> Result<Self::Out> {
+        opsched::runtime::run_schedule(dev, self.g, self.schedule, &self.opts).map_err(gpu_error)
+    }
+}
+
 pub fn run(a: &RunArgs) -> Result<()> {
     let g = load(&a.model, &a.model_args)?;
-    let present = opsched::gpu::devices()
-        .map_err(|e| gpu_error(e.into()))?
-        .len();
     let gpus = a.target.gpus as usize;
     let su = setup(&g, &a.platform)?;
     let platform = su.platform(gpus, a.target.streams as usize);
@@ -229,7 +324,6 @@ pub fn run(a: &RunArgs) -> Result<()> {
     };
     let opts = RunOptions {
         graph_capture: a.graph_capture,
-        gpus: Some(gpus.min(present).max(1)),
         warmup: a.warmup,
         repeats: a.repeats,
         check: if a.check {
@@ -242,66 +336,82 @@ pub fn run(a: &RunArgs) -> Result<()> {
             TransferArg::Nccl => TransferMode::Nccl,
             TransferArg::Copy => TransferMode::Copy,
         },
+        kernels: a.device.kernels(),
         ..RunOptions::default()
     };
-    let report = opsched::runtime::run_schedule(&g, &schedule, &opts).map_err(gpu_error)?;
+    let job = Run {
+        g: &g,
+        schedule: &schedule,
+        opts,
+    };
+    let report = on_device(&a.device, gpus, job)?;
     let failed = report.check.as_ref().is_some_and(|c| !c.passed);
     if a.json {
         print_json(&report)?;
     } else {
-        let mut out = std::io::stdout().lock();
-        let l = &report.latency;
-        writeln!(
-            out,
-            "model          {} ({} operators)",
-            g.name,
-            g.op_count()
-        )?;
-        writeln!(out, "schedule       {label}")?;
-        writeln!(
-            out,
-            "device         {} (driver {}, cuDNN {}), {} logical GPU(s) on {} physical",
-            report.device, report.driver, report.cudnn, report.logical_gpus, report.physical_gpus
-        )?;
-        writeln!(
-            out,
-            "latency        {:.4} ms median ({:.4} - {:.4} ms p10 - p90, {} runs){}",
-            l.median_ms,
-            l.p10_ms,
-            l.p90_ms,
-            l.samples,
-            if report.graph_capture {
-                ", CUDA graph"
-            } else {
-                ""
-            }
-        )?;
-        writeln!(
-            out,
-            "launches       {} ({} waits, {} implied waits dropped, {} transfers via {})",
-            report.launches,
-            report.waits,
-            report.waits_dropped,
-            report.transfers,
-            report.transfer_mode
-        )?;
-        if let Some(c) = &report.check {
-            writeln!(
-                out,
-                "check          {}: vs sequential {:.2e} at '{}' (tolerance {:.0e}){}",
-                if c.passed { "PASSED" } else { "FAILED" },
-                c.vs_sequential,
-                c.vs_sequential_node,
-                c.tolerance_sequential,
-                match (&c.vs_cpu, &c.vs_cpu_node) {
-                    (Some(e), Some(n)) => format!("; vs CPU reference {e:.2e} at '{n}'"),
-                    _ => "; CPU reference skipped (graph too large)".into(),
-                }
-            )?;
-        }
+        print_run(&g, &label, &report)?;
     }
     if failed {
         anyhow::bail!("the scheduled run's outputs differ from the sequential run's");
+    }
+    Ok(())
+}
+
+fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunReport) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    let d = &report.device;
+    let l = &report.latency;
+    writeln!(
+        out,
+        "model          {} ({} operators)",
+        g.name,
+        g.op_count()
+    )?;
+    writeln!(out, "schedule       {label}")?;
+    let detail = if d.backend == "cuda" {
+        format!("driver {}, {}", d.driver, d.libraries)
+    } else {
+        d.libraries.clone()
+    };
+    writeln!(
+        out,
+        "device         {} backend: {} ({detail}); {} logical GPU(s) on {} unit(s)",
+        d.backend, d.name, report.logical_gpus, d.units
+    )?;
+    writeln!(
+        out,
+        "latency        {:.4} ms median ({:.4} - {:.4} ms p10 - p90, {} runs){}",
+        l.median_ms,
+        l.p10_ms,
+        l.p90_ms,
+        l.samples,
+        if report.graph_capture {
+            ", captured graph"
+        } else {
+            ""
+        }
+    )?;
+    writeln!(
+        out,
+        "launches       {} ({} waits, {} implied waits dropped, {} transfers via {})",
+        report.launches, report.waits, report.waits_dropped, report.transfers, report.transfer_mode
+    )?;
+    if let Some(c) = &report.check {
+        writeln!(
+            out,
+            "check          {}: vs sequential {:.2e} at '{}' (tolerance {:.0e}){}",
+            if c.passed { "PASSED" } else { "FAILED" },
+            c.vs_sequential,
+            c.vs_sequential_node,
+            c.tolerance_sequential,
+            match (&c.vs_reference, &c.vs_reference_node) {
+                (Some(e), Some(n)) => format!(
+                    "; vs reference {e:.2e} at '{n}' (tolerance {:.0e})",
+                    c.tolerance_reference
+                ),
+                _ => "; reference skipped (graph too large)".into(),
+            }
+        )?;
     }
     Ok(())
 }

@@ -1,0 +1,831 @@
+//! The CPU device: the same programs and launch plans as a GPU, on the host.
+//!
+//! - **Streams are worker threads**, each with a queue: work on one stream runs in order,
+//!   streams run concurrently (kernels use rayon inside large operators as well).
+//! - **Events are real synchronisation**: recording an event numbers a new point of it; a wait
+//!   enqueued after that blocks its stream until the point is reached (CUDA's semantics: a
+//!   wait refers to the most recent record enqueued before it; waiting on an event never
+//!   recorded does nothing). A plan with a missing wait therefore really races here.
+//! - **A race detector** (on by default) makes such races deterministic: every stream keeps a
+//!   vector clock (advanced by its own work, joined by waits and by a device-wide
+//!   synchronisation), every buffer remembers its last writer and its readers since, and an
+//!   access that is not ordered after a conflicting one is reported as an error naming both
+//!   operators, whether or not the timing happened to work out.
+//! - **Graph capture is checked as CUDA checks it**: during a capture, a stream takes part
+//!   only after waiting for an event recorded in the capture, a captured wait may only refer
+//!   to an event recorded in the capture, and every stream that took part must be joined back
+//!   into the capturing stream before the capture ends. A replay enqueues the captured work
+//!   again, in the captured order.
+//! - **Errors of asynchronous work** (a race, a failing kernel) are kept and returned by the
+//!   next [`Device::synchronize`], [`Device::read`] or [`Device::elapsed_ms`], like CUDA's
+//!   sticky errors.
+
+pub mod math;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use opsched_cost::cache::DeviceFingerprint;
+
+use crate::device::{Device, DeviceReport, KernelOptions, TransferMode};
+use crate::program::{BufId, GraphProgram, OpProgram};
+use crate::step::Step;
+use crate::GpuError;
+
+/// Buffers one step reads and writes, as host slices (see [`crate::step::StepKernel`]).
+pub struct CpuIo<'a> {
+    reads: Vec<(BufId, &'a [f32])>,
+    writes: Vec<(BufId, &'a mut [f32])>,
+}
+
+impl<'a> CpuIo<'a> {
+    /// A buffer the step reads.
+    pub fn read(&self, id: BufId) -> Result<&'a [f32], GpuError> {
+        self.reads
+            .iter()
+            .find(|(b, _)| *b == id)
+            .map(|(_, s)| *s)
+            .ok_or_else(|| GpuError::Plan(format!("buffer {id} is not among the step's reads")))
+    }
+
+    /// The buffer the step writes.
+    pub fn write(&mut self, id: BufId) -> Result<&mut [f32], GpuError> {
+        self.writes
+            .iter_mut()
+            .find(|(b, _)| *b == id)
+            .map(|(_, s)| &mut **s)
+            .ok_or_else(|| GpuError::Plan(format!("buffer {id} is not among the step's writes")))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A vector clock: per stream id, how much of its work is ordered before a point.
+type VClock = Vec<u64>;
+
+fn join(into: &mut VClock, other: &[u64]) {
+    if into.len() < other.len() {
+        into.resize(other.len(), 0);
+    }
+    for (a, b) in into.iter_mut().zip(other) {
+        *a = (*a).max(*b);
+    }
+}
+
+fn covers(clock: &[u64], stream: usize, tick: u64) -> bool {
+    clock.get(stream).copied().unwrap_or(0) >= tick
+}
+
+/// One access of a buffer, for the race detector.
+#[derive(Clone)]
+struct Touch {
+    stream: usize,
+    tick: u64,
+    op: Arc<str>,
+}
+
+#[derive(Default)]
+struct BufMeta {
+    last_write: Option<Touch>,
+    /// Reads since the last write (one per stream, the latest).
+    reads: Vec<Touch>,
+}
+
+struct MemInner {
+    bufs: Vec<RwLock<Vec<f32>>>,
+    meta: Vec<Mutex<BufMeta>>,
+}
+
+/// A program's buffers on the host.
+pub struct CpuMemory {
+    inner: Arc<MemInner>,
+}
+
+struct OpInner {
+    mem: Arc<MemInner>,
+    name: Arc<str>,
+    steps: Vec<Step>,
+}
+
+/// A prepared operator (it holds the memory it runs on).
+pub struct CpuOp {
+    inner: Arc<OpInner>,
+}
+
+struct EvState {
+    /// Points recorded (enqueued) so far.
+    enqueued: u64,
+    /// The latest point reached.
+    done: u64,
+    /// When the latest point was reached.
+    time: Option<Instant>,
+    /// The recording stream's clock at recent points (for the race detector).
+    clocks: VecDeque<(u64, VClock)>,
+}
+
+struct EventInner {
+    state: Mutex<EvState>,
+    cv: Condvar,
+}
+
+/// An event of the CPU device.
+pub struct CpuEvent {
+    inner: Arc<EventInner>,
+}
+
+/// A command of a stream, before its event points are resolved.
+#[derive(Clone)]
+enum Cmd {
+    Run(Arc<OpInner>),
+    Record(Arc<EventInner>),
+    Wait(Arc<EventInner>),
+    Copy {
+        mem: Arc<MemInner>,
+        src: BufId,
+        dst: BufId,
+    },
+}
+
+/// A command with its event point resolved (at enqueue time, as CUDA does).
+enum Job {
+    Run(Arc<OpInner>),
+    Record(Arc<EventInner>, u64),
+    Wait(Arc<EventInner>, u64),
+    Copy {
+        mem: Arc<MemInner>,
+        src: BufId,
+        dst: BufId,
+    },
+}
+
+struct Pending {
+    count: Mutex<usize>,
+    cv: Condvar,
+}
+
+struct StreamInner {
+    id: usize,
+    tx: Mutex<Option<Sender<Job>>>,
+    pending: Arc<Pending>,
+    clock: Arc<Mutex<VClock>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        // Close the queue; the worker finishes what it has and stops.
+        lock(&self.tx).take();
+        if let Some(h) = lock(&self.worker).take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// A stream of the CPU device: a worker thread with a queue.
+pub struct CpuStream {
+    inner: Arc<StreamInner>,
+}
+
+struct CaptureState {
+    origin: usize,
+    members: HashSet<usize>,
+    cmds: Vec<(Arc<StreamInner>, Cmd)>,
+    /// Per captured command, the commands it directly follows (same stream, or the record a
+    /// wait refers to).
+    preds: Vec<Vec<usize>>,
+    /// Latest captured command per stream.
+    last: HashMap<usize, usize>,
+    /// Latest captured record per event (by address).
+    recorded: HashMap<usize, usize>,
+}
+
+/// A captured iteration.
+pub struct CpuGraph {
+    origin: usize,
+    cmds: Vec<(Arc<StreamInner>, Cmd)>,
+}
+
+struct Shared {
+    next_stream: AtomicUsize,
+    streams: Mutex<Vec<Weak<StreamInner>>>,
+    capture: Mutex<Option<CaptureState>>,
+    error: Mutex<Option<GpuError>>,
+    check_races: bool,
+}
+
+impl Shared {
+    fn fail(&self, e: GpuError) {
+        let mut slot = lock(&self.error);
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+    }
+
+    fn take_error(&self) -> Result<(), GpuError> {
+        match lock(&self.error).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The host as a device (see the module docs).
+pub struct CpuDevice {
+    shared: Arc<Shared>,
+}
+
+impl Default for CpuDevice {
+    fn default() -> Self {
+        CpuDevice::new()
+    }
+}
+
+impl CpuDevice {
+    /// A CPU device with the race detector on.
+    pub fn new() -> CpuDevice {
+        Self::with_race_check(true)
+    }
+
+    /// A CPU device; `check_races: false` skips the detector's bookkeeping.
+    pub fn with_race_check(check_races: bool) -> CpuDevice {
+        CpuDevice {
+            shared: Arc::new(Shared {
+                next_stream: AtomicUsize::new(0),
+                streams: Mutex::new(Vec::new()),
+                capture: Mutex::new(None),
+                error: Mutex::new(None),
+                check_races,
+            }),
+        }
+    }
+
+    /// Enqueue `cmd` on `s`, or capture it when a capture is under way.
+    fn submit(&self, s: &Arc<StreamInner>, cmd: Cmd) -> Result<(), GpuError> {
+        {
+            let mut cap = lock(&self.shared.capture);
+            if let Some(c) = cap.as_mut() {
+                return capture(c, s, cmd);
+            }
+        }
+        let job = match cmd {
+            Cmd::Run(op) => Job::Run(op),
+            Cmd::Copy { mem, src, dst } => Job::Copy { mem, src, dst },
+            Cmd::Record(ev) => {
+                let gen = {
+                    let mut st = lock(&ev.state);
+                    st.enqueued += 1;
+                    st.enqueued
+                };
+                Job::Record(ev, gen)
+            }
+            Cmd::Wait(ev) => {
+                let gen = lock(&ev.state).enqueued;
+                if gen == 0 {
+                    return Ok(());
+                }
+                Job::Wait(ev, gen)
+            }
+        };
+        *lock(&s.pending.count) += 1;
+        let sent = lock(&s.tx).as_ref().map(|tx| tx.send(job).is_ok());
+        if sent != Some(true) {
+            *lock(&s.pending.count) -= 1;
+            return Err(GpuError::Plan(format!("stream {} is closed", s.id)));
+        }
+        Ok(())
+    }
+
+    fn streams(&self) -> Vec<Arc<StreamInner>> {
+        let mut v = lock(&self.shared.streams);
+        v.retain(|w| w.strong_count() > 0);
+        v.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+fn capture(c: &mut CaptureState, s: &Arc<StreamInner>, cmd: Cmd) -> Result<(), GpuError> {
+    let idx = c.cmds.len();
+    let mut preds: Vec<usize> = c.last.get(&s.id).copied().into_iter().collect();
+    match &cmd {
+        Cmd::Wait(ev) => match c.recorded.get(&event_key(ev)) {
+            Some(&r) => {
+                preds.push(r);
+                c.members.insert(s.id);
+            }
+            None => {
+                return Err(GpuError::Plan(format!(
+                    "stream capture: stream {} waits for an event not recorded in the capture",
+                    s.id
+                )))
+            }
+        },
+        _ if !c.members.contains(&s.id) => {
+            return Err(GpuError::Plan(format!(
+                "stream capture: stream {} is used without joining the capture (it must first \
+                 wait for an event recorded in it)",
+                s.id
+            )))
+        }
+        Cmd::Record(ev) => {
+            c.recorded.insert(event_key(ev), idx);
+        }
+        _ => {}
+    }
+    c.last.insert(s.id, idx);
+    c.preds.push(preds);
+    c.cmds.push((s.clone(), cmd));
+    Ok(())
+}
+
+fn event_key(ev: &Arc<EventInner>) -> usize {
+    Arc::as_ptr(ev) as usize
+}
+
+/// What a worker needs besides its queue.
+struct WorkerCx {
+    id: usize,
+    clock: Arc<Mutex<VClock>>,
+    pending: Arc<Pending>,
+    shared: Arc<Shared>,
+}
+
+fn worker(rx: Receiver<Job>, cx: WorkerCx) {
+    while let Ok(job) = rx.recv() {
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| execute(&cx, job)))
+            .unwrap_or_else(|_| Err(GpuError::Plan("a CPU kernel panicked".into())));
+        if let Err(e) = r {
+            cx.shared.fail(e);
+        }
+        let mut n = lock(&cx.pending.count);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            cx.pending.cv.notify_all();
+        }
+    }
+}
+
+fn execute(cx: &WorkerCx, job: Job) -> Result<(), GpuError> {
+    match job {
+        Job::Run(op) => {
+            let tick = advance(cx);
+            for s in &op.steps {
+                let access = s.access();
+                let reads: Vec<BufId> = access.reads.iter().map(|a| a.0).collect();
+                let writes: Vec<BufId> = access.writes.iter().map(|a| a.0).collect();
+                touch(cx, &op.mem, &reads, &writes, tick, &op.name)?;
+                with_io(&op.mem, &reads, &writes, |io| s.kernel().run_cpu(io))?;
+            }
+            Ok(())
+        }
+        Job::Copy { mem, src, dst } => {
+            let tick = advance(cx);
+            touch(cx, &mem, &[src], &[dst], tick, "transfer")?;
+            with_io(&mem, &[src], &[dst], |io| {
+                let s = io.read(src)?;
+                let d = io.write(dst)?;
+                if s.len() != d.len() {
+                    return Err(GpuError::Plan(format!(
+                        "transfer of {} values into a buffer of {}",
+                        s.len(),
+                        d.len()
+                    )));
+                }
+                d.copy_from_slice(s);
+                Ok(())
+            })
+        }
+        Job::Record(ev, gen) => {
+            let clock = lock(&cx.clock).clone();
+            let mut st = lock(&ev.state);
+            st.done = st.done.max(gen);
+            st.time = Some(Instant::now());
+            st.clocks.push_back((gen, clock));
+            while st.clocks.len() > 16 {
+                st.clocks.pop_front();
+            }
+            ev.cv.notify_all();
+            Ok(())
+        }
+        Job::Wait(ev, gen) => {
+            let mut st = lock(&ev.state);
+            while st.done < gen {
+                st = ev.cv.wait(st).unwrap_or_else(PoisonError::into_inner);
+            }
+            // The clock of the point waited for (or of the earliest later one still kept).
+            if let Some((_, c)) = st.clocks.iter().find(|(g, _)| *g >= gen) {
+                join(&mut lock(&cx.clock), c);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Advance the stream's own clock entry: the tick of the work about to run.
+fn advance(cx: &WorkerCx) -> u64 {
+    let mut c = lock(&cx.clock);
+    if c.len() <= cx.id {
+        c.resize(cx.id + 1, 0);
+    }
+    c[cx.id] += 1;
+    c[cx.id]
+}
+
+/// The race detector: check that this access is ordered after every conflicting one, then
+/// record it.
+fn touch(
+    cx: &WorkerCx,
+    mem: &MemInner,
+    reads: &[BufId],
+    writes: &[BufId],
+    tick: u64,
+    op: &str,
+) -> Result<(), GpuError> {
+    if !cx.shared.check_races {
+        return Ok(());
+    }
+    let clock = lock(&cx.clock).clone();
+    let me: Arc<str> = Arc::from(op);
+    let race = |b: BufId, what: &str, other: &Touch| {
+        GpuError::Plan(format!(
+            "race on buffer {b}: '{op}' (stream {}) {what} '{}' (stream {}) with nothing \
+             ordering them (a missing wait)",
+            cx.id, other.op, other.stream
+        ))
+    };
+    let meta = |b: BufId| {
+        mem.meta
+            .get(b)
+            .ok_or_else(|| GpuError::Plan(format!("buffer {b} does not exist")))
+    };
+    for &b in reads {
+        let mut m = lock(meta(b)?);
+        if let Some(w) = &m.last_write {
+            if w.stream != cx.id && !covers(&clock, w.stream, w.tick) {
+                return Err(race(b, "reads what is written by", w));
+            }
+        }
+        m.reads.retain(|r| r.stream != cx.id);
+        m.reads.push(Touch {
+            stream: cx.id,
+            tick,
+            op: me.clone(),
+        });
+    }
+    for &b in writes {
+        let mut m = lock(meta(b)?);
+        if let Some(w) = &m.last_write {
+            if w.stream != cx.id && !covers(&clock, w.stream, w.tick) {
+                return Err(race(b, "overwrites what is written by", w));
+            }
+        }
+        if let Some(r) = m
+            .reads
+            .iter()
+            .find(|r| r.stream != cx.id && !covers(&clock, r.stream, r.tick))
+        {
+            return Err(race(b, "overwrites what is read by", r));
+        }
+        m.reads.clear();
+        m.last_write = Some(Touch {
+            stream: cx.id,
+            tick,
+            op: me.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Lock the buffers (in id order, so concurrent steps cannot deadlock) and run `f` on them.
+fn with_io<T>(
+    mem: &MemInner,
+    reads: &[BufId],
+    writes: &[BufId],
+    f: impl FnOnce(&mut CpuIo<'_>) -> Result<T, GpuError>,
+) -> Result<T, GpuError> {
+    let mut ids: Vec<(BufId, bool)> = reads
+        .iter()
+        .map(|&b| (b, false))
+        .chain(writes.iter().map(|&b| (b, true)))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.windows(2).any(|w| w[0].0 == w[1].0) {
+        return Err(GpuError::Plan(
+            "a step reads and writes the same buffer".into(),
+        ));
+    }
+    let buf = |b: BufId| {
+        mem.bufs
+            .get(b)
+            .ok_or_else(|| GpuError::Plan(format!("buffer {b} does not exist")))
+    };
+    let mut rg = Vec::new();
+    let mut wg = Vec::new();
+    for &(b, w) in &ids {
+        if w {
+            wg.push((b, buf(b)?.write().unwrap_or_else(PoisonError::into_inner)));
+        } else {
+            rg.push((b, buf(b)?.read().unwrap_or_else(PoisonError::into_inner)));
+        }
+    }
+    let mut io = CpuIo {
+        reads: rg.iter().map(|(b, g)| (*b, g.as_slice())).collect(),
+        writes: wg.iter_mut().map(|(b, g)| (*b, g.as_mut_slice())).collect(),
+    };
+    f(&mut io)
+}
+
+impl Device for CpuDevice {
+    type Stream = CpuStream;
+    type Event = CpuEvent;
+    type Memory = CpuMemory;
+    type Op = CpuOp;
+    type Graph = CpuGraph;
+
+    fn report(&self) -> DeviceReport {
+        let threads = rayon::current_num_threads();
+        let name = format!("CPU ({threads} threads)");
+        DeviceReport {
+            backend: "cpu",
+            name: name.clone(),
+            driver: String::new(),
+            libraries: "matrixmultiply 0.3, rayon 1".into(),
+            units: 1,
+            fingerprint: DeviceFingerprint {
+                name,
+                sms: u32::try_from(threads).unwrap_or(u32::MAX),
+                driver: String::new(),
+                cudnn: String::new(),
+            },
+        }
+    }
+
+    fn units(&self) -> usize {
+        1
+    }
+
+    fn alloc(&self, p: &GraphProgram, _map: &[usize]) -> Result<CpuMemory, GpuError> {
+        let bufs = (0..p.buffers.len())
+            .map(|i| {
+                RwLock::new(
+                    p.initial_data(i)
+                        .unwrap_or_else(|| vec![0.0; p.buffers[i].len]),
+                )
+            })
+            .collect();
+        let meta = (0..p.buffers.len())
+            .map(|_| Mutex::new(BufMeta::default()))
+            .collect();
+        Ok(CpuMemory {
+            inner: Arc::new(MemInner { bufs, meta }),
+        })
+    }
+
+    fn read(&self, m: &CpuMemory, id: BufId) -> Result<Vec<f32>, GpuError> {
+        self.synchronize()?;
+        m.inner
+            .bufs
+            .get(id)
+            .map(|b| b.read().unwrap_or_else(PoisonError::into_inner).clone())
+            .ok_or_else(|| GpuError::Plan(format!("buffer {id} does not exist")))
+    }
+
+    fn write(&self, m: &CpuMemory, id: BufId, data: &[f32]) -> Result<(), GpuError> {
+        self.synchronize()?;
+        let b = m
+            .inner
+            .bufs
+            .get(id)
+            .ok_or_else(|| GpuError::Plan(format!("buffer {id} does not exist")))?;
+        let mut g = b.write().unwrap_or_else(PoisonError::into_inner);
+        if g.len() != data.len() {
+            return Err(GpuError::Plan(format!(
+                "buffer {id} holds {} values, {} given",
+                g.len(),
+                data.len()
+            )));
+        }
+        g.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn stream(&self, _unit: usize) -> Result<CpuStream, GpuError> {
+        let id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = channel();
+        let pending = Arc::new(Pending {
+            count: Mutex::new(0),
+            cv: Condvar::new(),
+        });
+        let clock = Arc::new(Mutex::new(VClock::new()));
+        let cx = WorkerCx {
+            id,
+            clock: clock.clone(),
+            pending: pending.clone(),
+            shared: self.shared.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("opsched-stream-{id}"))
+            .spawn(move || worker(rx, cx))
+            .map_err(|e| GpuError::Plan(format!("starting a stream thread: {e}")))?;
+        let inner = Arc::new(StreamInner {
+            id,
+            tx: Mutex::new(Some(tx)),
+            pending,
+            clock,
+            worker: Mutex::new(Some(handle)),
+        });
+        lock(&self.shared.streams).push(Arc::downgrade(&inner));
+        Ok(CpuStream { inner })
+    }
+
+    fn event(&self, _unit: usize, _timing: bool) -> Result<CpuEvent, GpuError> {
+        Ok(CpuEvent {
+            inner: Arc::new(EventInner {
+                state: Mutex::new(EvState {
+                    enqueued: 0,
+                    done: 0,
+                    time: None,
+                    clocks: VecDeque::new(),
+                }),
+                cv: Condvar::new(),
+            }),
+        })
+    }
+
+    fn record(&self, s: &CpuStream, e: &CpuEvent) -> Result<(), GpuError> {
+        self.submit(&s.inner, Cmd::Record(e.inner.clone()))
+    }
+
+    fn wait(&self, s: &CpuStream, e: &CpuEvent) -> Result<(), GpuError> {
+        self.submit(&s.inner, Cmd::Wait(e.inner.clone()))
+    }
+
+    fn elapsed_ms(&self, start: &CpuEvent, end: &CpuEvent) -> Result<f64, GpuError> {
+        let reached = |e: &CpuEvent| -> Result<Instant, GpuError> {
+            let mut st = lock(&e.inner.state);
+            if st.enqueued == 0 {
+                return Err(GpuError::Plan("timing an event never recorded".into()));
+            }
+            let want = st.enqueued;
+            while st.done < want {
+                st = e.inner.cv.wait(st).unwrap_or_else(PoisonError::into_inner);
+            }
+            st.time
+                .ok_or_else(|| GpuError::Plan("an event without a time".into()))
+        };
+        let (a, b) = (reached(start)?, reached(end)?);
+        self.shared.take_error()?;
+        Ok(b.saturating_duration_since(a).as_secs_f64() * 1e3)
+    }
+
+    fn prepare(
+        &self,
+        p: &GraphProgram,
+        m: &CpuMemory,
+        op: &OpProgram,
+        _opts: &KernelOptions,
+    ) -> Result<CpuOp, GpuError> {
+        for s in &op.steps {
+            crate::program::check_access(p, s)?;
+        }
+        Ok(CpuOp {
+            inner: Arc::new(OpInner {
+                mem: m.inner.clone(),
+                name: Arc::from(op.name.as_str()),
+                steps: op.steps.clone(),
+            }),
+        })
+    }
+
+    fn fit_stream(&self, _s: &mut CpuStream, _ops: &[&CpuOp]) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    fn launch(&self, op: &CpuOp, s: &CpuStream) -> Result<(), GpuError> {
+        self.submit(&s.inner, Cmd::Run(op.inner.clone()))
+    }
+
+    fn connect(
+        &self,
+        _m: &mut CpuMemory,
+        _copy: &[CpuStream],
+        mode: TransferMode,
+    ) -> Result<&'static str, GpuError> {
+        match mode {
+            TransferMode::Nccl => Err(GpuError::Plan(
+                "NCCL transfers need CUDA GPUs (the CPU device copies)".into(),
+            )),
+            TransferMode::Auto | TransferMode::Copy => Ok("copy"),
+        }
+    }
+
+    fn transfer(
+        &self,
+        m: &CpuMemory,
+        src: BufId,
+        dst: BufId,
+        (_, dst_gpu): (usize, usize),
+        copy: &[CpuStream],
+    ) -> Result<(), GpuError> {
+        let s = copy
+            .get(dst_gpu)
+            .ok_or_else(|| GpuError::Plan(format!("no copy stream for GPU {dst_gpu}")))?;
+        self.submit(
+            &s.inner,
+            Cmd::Copy {
+                mem: m.inner.clone(),
+                src,
+                dst,
+            },
+        )
+    }
+
+    fn synchronize(&self) -> Result<(), GpuError> {
+        let streams = self.streams();
+        for s in &streams {
+            let mut n = lock(&s.pending.count);
+            while *n > 0 {
+                n = s.pending.cv.wait(n).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+        // Everything done so far is now ordered before anything enqueued later.
+        let mut all = VClock::new();
+        for s in &streams {
+            join(&mut all, &lock(&s.clock));
+        }
+        for s in &streams {
+            join(&mut lock(&s.clock), &all);
+        }
+        self.shared.take_error()
+    }
+
+    fn begin_capture(&self, s: &CpuStream) -> Result<(), GpuError> {
+        let mut cap = lock(&self.shared.capture);
+        if cap.is_some() {
+            return Err(GpuError::Plan(
+                "a stream capture is already under way".into(),
+            ));
+        }
+        *cap = Some(CaptureState {
+            origin: s.inner.id,
+            members: HashSet::from([s.inner.id]),
+            cmds: Vec::new(),
+            preds: Vec::new(),
+            last: HashMap::new(),
+            recorded: HashMap::new(),
+        });
+        Ok(())
+    }
+
+    fn end_capture(&self, s: &CpuStream) -> Result<CpuGraph, GpuError> {
+        let c = lock(&self.shared.capture)
+            .take()
+            .ok_or_else(|| GpuError::Plan("no stream capture is under way".into()))?;
+        if c.origin != s.inner.id {
+            return Err(GpuError::Plan(format!(
+                "stream capture began on stream {} and ends on stream {}",
+                c.origin, s.inner.id
+            )));
+        }
+        let Some(&end) = c.last.get(&c.origin) else {
+            return Err(GpuError::Plan("the capture is empty".into()));
+        };
+        // Every captured command must be ordered before the capturing stream's last one.
+        let mut joined = vec![false; c.cmds.len()];
+        let mut stack = vec![end];
+        while let Some(i) = stack.pop() {
+            if !std::mem::replace(&mut joined[i], true) {
+                stack.extend(&c.preds[i]);
+            }
+        }
+        if let Some(i) = joined.iter().position(|j| !j) {
+            return Err(GpuError::Plan(format!(
+                "stream capture: work on stream {} is not joined back into the capturing \
+                 stream before the capture ends",
+                c.cmds[i].0.id
+            )));
+        }
+        Ok(CpuGraph {
+            origin: c.origin,
+            cmds: c.cmds,
+        })
+    }
+
+    fn replay(&self, g: &CpuGraph, s: &CpuStream) -> Result<(), GpuError> {
+        for (stream, cmd) in &g.cmds {
+            let target = if stream.id == g.origin {
+                &s.inner
+            } else {
+                stream
+            };
+            self.submit(target, cmd.clone())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,162 @@
+//! cuDNN descriptors as owned values (created and destroyed exactly once).
+#![allow(unsafe_code)]
+
+use cudarc::cudnn::{result as dnn, sys as dnn_sys};
+
+use crate::GpuError;
+
+/// A size as a C `int`, or an error naming it.
+pub(crate) fn c_int(v: usize, what: &str) -> Result<i32, GpuError> {
+    i32::try_from(v).map_err(|_| GpuError::Plan(format!("{what} = {v} exceeds a C int")))
+}
+
+/// A tensor descriptor.
+pub(crate) struct TensorDesc(pub(crate) dnn_sys::cudnnTensorDescriptor_t);
+impl Drop for TensorDesc {
+    fn drop(&mut self) {
+        // SAFETY: created once by `tensor4`, destroyed once here.
+        let _ = unsafe { dnn::destroy_tensor_descriptor(self.0) };
+    }
+}
+
+/// A filter descriptor.
+pub(crate) struct FilterDesc(pub(crate) dnn_sys::cudnnFilterDescriptor_t);
+impl Drop for FilterDesc {
+    fn drop(&mut self) {
+        // SAFETY: created once by `FilterDesc::new`, destroyed once here.
+        let _ = unsafe { dnn::destroy_filter_descriptor(self.0) };
+    }
+}
+
+/// A convolution descriptor.
+pub(crate) struct ConvDesc(pub(crate) dnn_sys::cudnnConvolutionDescriptor_t);
+impl Drop for ConvDesc {
+    fn drop(&mut self) {
+        // SAFETY: created once by `ConvDesc::new`, destroyed once here.
+        let _ = unsafe { dnn::destroy_convolution_descriptor(self.0) };
+    }
+}
+
+/// An activation descriptor.
+pub(crate) struct ActDesc(pub(crate) dnn_sys::cudnnActivationDescriptor_t);
+impl Drop for ActDesc {
+    fn drop(&mut self) {
+        // SAFETY: created once by `ActDesc::relu`, destroyed once here.
+        let _ = unsafe { dnn_sys::cudnnDestroyActivationDescriptor(self.0) };
+    }
+}
+
+/// A dense NCHW f32 tensor descriptor.
+pub(crate) fn tensor4(dims: [usize; 4]) -> Result<TensorDesc, GpuError> {
+    let d = TensorDesc(
+        dnn::create_tensor_descriptor()
+            .map_err(|e| GpuError::cudnn("creating a tensor descriptor", e))?,
+    );
+    let dims = [
+        c_int(dims[0], "n")?,
+        c_int(dims[1], "c")?,
+        c_int(dims[2], "h")?,
+        c_int(dims[3], "w")?,
+    ];
+    // SAFETY: a fresh descriptor; dims fit a C int.
+    unsafe {
+        dnn::set_tensor4d_descriptor(
+            d.0,
+            dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+            dnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            dims,
+        )
+    }
+    .map_err(|e| GpuError::cudnn(format!("describing tensor {dims:?}"), e))?;
+    Ok(d)
+}
+
+impl FilterDesc {
+    /// An f32 filter `[k, c, h, w]` in `format`.
+    pub(crate) fn new(
+        dims: [usize; 4],
+        format: dnn_sys::cudnnTensorFormat_t,
+    ) -> Result<FilterDesc, GpuError> {
+        let d = FilterDesc(
+            dnn::create_filter_descriptor()
+                .map_err(|e| GpuError::cudnn("creating a filter descriptor", e))?,
+        );
+        let dims = [
+            c_int(dims[0], "oc")?,
+            c_int(dims[1], "c/groups")?,
+            c_int(dims[2], "kh")?,
+            c_int(dims[3], "kw")?,
+        ];
+        // SAFETY: a fresh descriptor; dims fit a C int.
+        unsafe {
+            dnn::set_filter4d_descriptor(
+                d.0,
+                dnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+                format,
+                dims,
+            )
+        }
+        .map_err(|e| GpuError::cudnn("describing the filter", e))?;
+        Ok(d)
+    }
+}
+
+impl ConvDesc {
+    /// A cross-correlation with f32 accumulation.
+    pub(crate) fn new(
+        padding: [usize; 2],
+        stride: [usize; 2],
+        dilation: [usize; 2],
+        groups: usize,
+    ) -> Result<ConvDesc, GpuError> {
+        let d = ConvDesc(
+            dnn::create_convolution_descriptor()
+                .map_err(|e| GpuError::cudnn("creating a convolution descriptor", e))?,
+        );
+        // SAFETY: a fresh descriptor; every value fits a C int.
+        unsafe {
+            dnn::set_convolution2d_descriptor(
+                d.0,
+                c_int(padding[0], "pad")?,
+                c_int(padding[1], "pad")?,
+                c_int(stride[0], "stride")?,
+                c_int(stride[1], "stride")?,
+                c_int(dilation[0], "dilation")?,
+                c_int(dilation[1], "dilation")?,
+                dnn_sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                dnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            )
+            .map_err(|e| GpuError::cudnn("describing the convolution", e))?;
+            dnn::set_convolution_group_count(d.0, c_int(groups, "groups")?)
+                .map_err(|e| GpuError::cudnn("setting the group count", e))?;
+        }
+        Ok(d)
+    }
+
+    /// Set the math type (TF32 tensor ops allowed or not).
+    pub(crate) fn set_math(&self, math: dnn_sys::cudnnMathType_t) -> Result<(), GpuError> {
+        // SAFETY: a live descriptor.
+        unsafe { dnn::set_convolution_math_type(self.0, math) }
+            .map_err(|e| GpuError::cudnn("setting the math type", e))
+    }
+}
+
+impl ActDesc {
+    /// ReLU (for the fused convolution).
+    pub(crate) fn relu() -> Result<ActDesc, GpuError> {
+        let a = dnn::create_activation_descriptor()
+            .map_err(|e| GpuError::cudnn("creating an activation descriptor", e))?;
+        let d = ActDesc(a);
+        // SAFETY: a fresh descriptor.
+        unsafe {
+            dnn::set_activation_descriptor(
+                d.0,
+                dnn_sys::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU,
+                dnn_sys::cudnnNanPropagation_t::CUDNN_NOT_PROPAGATE_NAN,
+                0.0,
+            )
+        }
+        .map_err(|e| GpuError::cudnn("describing relu", e))?;
+        Ok(d)
+    }
+}

@@ -1,0 +1,169 @@
+//! Activations: `y = act(x)` (the `activation` operator) and the in-place bias + activation
+//! epilogue of matrix products.
+#![allow(unsafe_code)]
+
+use cudarc::driver::PushKernelArg;
+use opsched_graph::Activation;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::{Access, Step, StepKernel};
+use crate::cpu::math::apply_bias_act;
+use crate::cpu::CpuIo;
+use crate::cuda::nvrtc::act_code;
+use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::program::{At, BufId, Builder, Src};
+use crate::reference::act;
+use crate::GpuError;
+
+/// `y = act(x)` over `len` elements.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Act {
+    pub x: BufId,
+    pub y: BufId,
+    pub len: usize,
+    pub act: Activation,
+}
+
+/// In place: `y[i] = act(y[i] + bias[(i / inner) % channels])` over `total` elements.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BiasAct {
+    pub y: BufId,
+    pub bias: Option<BufId>,
+    pub total: usize,
+    pub channels: usize,
+    pub inner: usize,
+    pub act: Activation,
+}
+
+/// Lower an `activation` operator.
+pub(crate) fn lower(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    a: Activation,
+    src: Src<'_>,
+    out: BufId,
+) -> Result<(), GpuError> {
+    let (x, xs) = b.single(steps, at, src)?;
+    steps.push(
+        Act {
+            x,
+            y: out,
+            len: xs.iter().product(),
+            act: a,
+        }
+        .into(),
+    );
+    Ok(())
+}
+
+impl StepKernel for Act {
+    fn kind(&self) -> &'static str {
+        "act"
+    }
+
+    fn access(&self) -> Access {
+        Access {
+            reads: vec![(self.x, self.len)],
+            writes: vec![(self.y, self.len)],
+        }
+    }
+
+    fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
+        let x = &io.read(self.x)?[..self.len];
+        let y = &mut io.write(self.y)?[..self.len];
+        let a = self.act;
+        y.par_chunks_mut(1 << 14)
+            .zip(x.par_chunks(1 << 14))
+            .for_each(|(y, x)| y.iter_mut().zip(x).for_each(|(o, &v)| *o = act(v, a)));
+        Ok(())
+    }
+
+    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        Ok(Box::new(CudaAct {
+            y: cx.ptr(self.y)?,
+            x: cx.ptr(self.x)?,
+            n: self.len as i64,
+            act: act_code(self.act),
+        }))
+    }
+
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        Some("act_kernel")
+    }
+}
+
+struct CudaAct {
+    y: u64,
+    x: u64,
+    n: i64,
+    act: i32,
+}
+
+impl Enqueue for CudaAct {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let mut b = sc.launch_builder(gpu.function("act_kernel")?);
+        b.arg(&self.y).arg(&self.x).arg(&self.n).arg(&self.act);
+        // SAFETY: matches `act_kernel`; both buffers hold `n` elements (checked at preparation).
+        launched(unsafe { b.launch(grid(self.n as usize)) }, "act_kernel")
+    }
+}
+
+impl StepKernel for BiasAct {
+    fn kind(&self) -> &'static str {
+        "bias_act"
+    }
+
+    fn access(&self) -> Access {
+        Access {
+            reads: self.bias.map(|b| (b, self.channels)).into_iter().collect(),
+            writes: vec![(self.y, self.total)],
+        }
+    }
+
+    fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
+        let bias = self.bias.map(|b| io.read(b)).transpose()?;
+        let y = &mut io.write(self.y)?[..self.total];
+        apply_bias_act(y, bias, self.channels, self.inner, self.act);
+        Ok(())
+    }
+
+    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        Ok(Box::new(CudaBiasAct {
+            y: cx.ptr(self.y)?,
+            bias: self.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
+            total: self.total as i64,
+            channels: self.channels.max(1) as i64,
+            inner: self.inner.max(1) as i64,
+            act: act_code(self.act),
+        }))
+    }
+
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        Some("bias_act")
+    }
+}
+
+struct CudaBiasAct {
+    y: u64,
+    bias: u64,
+    total: i64,
+    channels: i64,
+    inner: i64,
+    act: i32,
+}
+
+impl Enqueue for CudaBiasAct {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let mut b = sc.launch_builder(gpu.function("bias_act")?);
+        b.arg(&self.y)
+            .arg(&self.bias)
+            .arg(&self.total)
+            .arg(&self.channels)
+            .arg(&self.inner)
+            .arg(&self.act);
+        // SAFETY: matches `bias_act`; bias has `channels` elements or is null.
+        launched(unsafe { b.launch(grid(self.total as usize)) }, "bias_act")
+    }
+}

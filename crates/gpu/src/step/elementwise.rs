@@ -1,0 +1,131 @@
+//! N-input element-wise add or multiply of same-sized buffers.
+#![allow(unsafe_code)]
+
+use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use opsched_graph::ElementwiseKind;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::{Access, Step, StepKernel};
+use crate::cpu::CpuIo;
+use crate::cuda::cudnn::c_int;
+use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::program::{At, BufId, Builder, Src};
+use crate::GpuError;
+
+/// `y = srcs[0] op srcs[1] op ...` element by element over `len` elements.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Elementwise {
+    pub srcs: Vec<BufId>,
+    pub y: BufId,
+    pub len: usize,
+    pub kind: ElementwiseKind,
+}
+
+/// Lower an `elementwise` operator (its terms are its operands).
+pub(crate) fn lower(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    kind: ElementwiseKind,
+    src: Src<'_>,
+    out: BufId,
+    out_shape: &[usize],
+) -> Result<(), GpuError> {
+    let ts = b.terms(steps, at, src)?;
+    steps.push(
+        Elementwise {
+            srcs: ts.iter().map(|t| t.0).collect(),
+            y: out,
+            len: out_shape.iter().product(),
+            kind,
+        }
+        .into(),
+    );
+    Ok(())
+}
+
+impl StepKernel for Elementwise {
+    fn kind(&self) -> &'static str {
+        "elementwise"
+    }
+
+    fn access(&self) -> Access {
+        let mut reads: Vec<(BufId, usize)> = self.srcs.iter().map(|&s| (s, self.len)).collect();
+        reads.sort_unstable();
+        reads.dedup();
+        Access {
+            reads,
+            writes: vec![(self.y, self.len)],
+        }
+    }
+
+    fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
+        let srcs = self
+            .srcs
+            .iter()
+            .map(|&s| io.read(s).map(|v| &v[..self.len]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let y = &mut io.write(self.y)?[..self.len];
+        let mul = self.kind == ElementwiseKind::Mul;
+        const CHUNK: usize = 1 << 14;
+        y.par_chunks_mut(CHUNK).enumerate().for_each(|(c, yc)| {
+            yc.fill(if mul { 1.0 } else { 0.0 });
+            for s in &srcs {
+                let sc = &s[c * CHUNK..c * CHUNK + yc.len()];
+                if mul {
+                    yc.iter_mut().zip(sc).for_each(|(a, v)| *a *= v);
+                } else {
+                    yc.iter_mut().zip(sc).for_each(|(a, v)| *a += v);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        let ptrs = self
+            .srcs
+            .iter()
+            .map(|&b| cx.ptr(b))
+            .collect::<Result<Vec<u64>, _>>()?;
+        let dev = cx.gpu.upload(&ptrs)?;
+        let (srcs_ptr, _) = dev.device_ptr(&cx.gpu.alloc_stream);
+        Ok(Box::new(CudaElementwise {
+            y: cx.ptr(self.y)?,
+            _srcs: dev,
+            srcs_ptr,
+            nsrc: c_int(ptrs.len(), "inputs")?,
+            n: self.len as i64,
+            is_mul: i32::from(self.kind == ElementwiseKind::Mul),
+        }))
+    }
+
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        Some("elementwise")
+    }
+}
+
+struct CudaElementwise {
+    y: u64,
+    /// The device array of source pointers (kept alive with the operator).
+    _srcs: CudaSlice<u64>,
+    srcs_ptr: u64,
+    nsrc: i32,
+    n: i64,
+    is_mul: i32,
+}
+
+impl Enqueue for CudaElementwise {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let mut b = sc.launch_builder(gpu.function("elementwise")?);
+        b.arg(&self.y)
+            .arg(&self.srcs_ptr)
+            .arg(&self.nsrc)
+            .arg(&self.n)
+            .arg(&self.is_mul);
+        // SAFETY: matches `elementwise`; the pointer array (nsrc entries, each a buffer of at
+        // least n elements, checked at preparation) lives in this operator.
+        launched(unsafe { b.launch(grid(self.n as usize)) }, "elementwise")
+    }
+}

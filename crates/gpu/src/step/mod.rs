@@ -1,0 +1,123 @@
+//! Steps: the primitive kernels a [`crate::GraphProgram`] is made of, one module per kind.
+//!
+//! Each module holds everything about its kind side by side: the struct with its validated
+//! parameters and buffers, the lowering of the IR operators that produce it (called from
+//! [`crate::program`]), the CPU kernel ([`StepKernel::run_cpu`]) and the CUDA preparation and
+//! launch ([`StepKernel::prepare_cuda`]). Adding a kernel touches its module and one line of
+//! the [`steps!`] list below; no backend matches on the kinds.
+//!
+//! Buffers are `f32` and dense row-major (NCHW for images) unless a step says otherwise.
+
+use serde::Serialize;
+
+use crate::cpu::CpuIo;
+use crate::cuda::{Enqueue, PrepareCx};
+use crate::program::BufId;
+use crate::GpuError;
+
+pub mod act;
+pub mod conv;
+pub mod copy;
+pub mod elementwise;
+pub mod gemm;
+pub mod layer_norm;
+pub mod pool;
+pub mod softmax;
+pub mod spin;
+pub mod transpose;
+
+/// The buffers a step reads and writes, each with the number of elements it touches.
+/// Reads and writes are disjoint; a write may depend on the buffer's previous content
+/// (accumulation, in-place epilogues).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    pub reads: Vec<(BufId, usize)>,
+    pub writes: Vec<(BufId, usize)>,
+}
+
+impl Access {
+    /// Every buffer, reads first.
+    pub fn all(&self) -> impl Iterator<Item = (BufId, usize)> + '_ {
+        self.reads.iter().chain(&self.writes).copied()
+    }
+}
+
+/// What every step kind provides (crate-private: the CUDA half uses the device's internals).
+pub(crate) trait StepKernel {
+    /// Short name of the kind (traces, resource tables).
+    fn kind(&self) -> &'static str;
+    /// The buffers it touches.
+    fn access(&self) -> Access;
+    /// Run on host buffers.
+    fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError>;
+    /// Resolve buffers, descriptors and algorithms for one CUDA GPU.
+    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError>;
+    /// The NVRTC kernel it launches, when it is one of ours (for resource tables).
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// The list of step kinds: generates [`Step`], its dispatch and conversions.
+macro_rules! steps {
+    ($($variant:ident($ty:ty)),* $(,)?) => {
+        /// One primitive kernel (see the module of each kind).
+        #[derive(Clone, Debug, PartialEq, Serialize)]
+        #[serde(tag = "kind", rename_all = "snake_case")]
+        pub enum Step {
+            $($variant($ty)),*
+        }
+
+        impl Step {
+            /// The kind's implementation.
+            pub(crate) fn kernel(&self) -> &dyn StepKernel {
+                match self {
+                    $(Step::$variant(s) => s),*
+                }
+            }
+        }
+
+        $(impl From<$ty> for Step {
+            fn from(s: $ty) -> Step {
+                Step::$variant(s)
+            }
+        })*
+    };
+}
+
+steps! {
+    Copy(copy::Copy),
+    Conv(conv::Conv),
+    BiasAct(act::BiasAct),
+    Act(act::Act),
+    Pool(pool::Pool),
+    Gemm(gemm::Gemm),
+    Softmax(softmax::Softmax),
+    LayerNorm(layer_norm::LayerNorm),
+    Elementwise(elementwise::Elementwise),
+    Transpose(transpose::Transpose),
+    Spin(spin::Spin),
+}
+
+impl Step {
+    /// Short name of the kernel kind.
+    pub fn kind(&self) -> &'static str {
+        self.kernel().kind()
+    }
+    /// The buffers it touches.
+    pub fn access(&self) -> Access {
+        self.kernel().access()
+    }
+    /// The NVRTC kernel it launches, when it is one of ours (for resource tables).
+    pub fn nvrtc_kernel(&self) -> Option<&'static str> {
+        self.kernel().nvrtc_kernel()
+    }
+}
+
+/// `a * b * ...` of sizes, or an error naming `what` on overflow.
+pub(crate) fn product(dims: &[usize], what: &str) -> Result<usize, GpuError> {
+    dims.iter().try_fold(1usize, |acc, &d| {
+        acc.checked_mul(d)
+            .ok_or_else(|| GpuError::Plan(format!("{what}: {dims:?} overflows")))
+    })
+}

@@ -1,0 +1,171 @@
+//! Max and average pooling (NCHW), PyTorch's rules: windows start at `i * stride - pad` and end
+//! at most at `input + pad`; max ignores padding; average divides by the window counted up to
+//! that end (padding included), before clipping to the input (`ceil_mode` windows are exact).
+//! Pooling is an NVRTC kernel rather than cuDNN so that these windows are exact.
+#![allow(unsafe_code)]
+
+use cudarc::driver::PushKernelArg;
+use opsched_graph::{Pool2d, PoolKind};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::{Access, Step, StepKernel};
+use crate::cpu::CpuIo;
+use crate::cuda::cudnn::c_int;
+use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::program::{At, BufId, Builder, Src};
+use crate::GpuError;
+
+/// A pooling step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Pool {
+    pub x: BufId,
+    pub y: BufId,
+    /// Input `[n, c, h, w]`.
+    pub input: [usize; 4],
+    /// Output `[oh, ow]`.
+    pub out_hw: [usize; 2],
+    pub max: bool,
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+}
+
+/// Lower a `pool2d` operator (a global pool is a window over the whole input).
+pub(crate) fn lower(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    p: &Pool2d,
+    src: Src<'_>,
+    out: BufId,
+    out_shape: &[usize],
+) -> Result<(), GpuError> {
+    let (x, xs) = b.single(steps, at, src)?;
+    let [n, ch, h, w] = b.four(at, &xs)?;
+    let [_, _, oh, ow] = b.four(at, out_shape)?;
+    let global = p.kind.is_global();
+    steps.push(
+        Pool {
+            x,
+            y: out,
+            input: [n, ch, h, w],
+            out_hw: [oh, ow],
+            max: matches!(p.kind, PoolKind::Max | PoolKind::GlobalMax),
+            kernel: if global { [h, w] } else { p.kernel },
+            stride: if global { [1, 1] } else { p.stride },
+            padding: if global { [0, 0] } else { p.padding },
+        }
+        .into(),
+    );
+    Ok(())
+}
+
+impl Pool {
+    /// One output plane from one input plane.
+    fn plane(&self, x: &[f32], y: &mut [f32]) {
+        let [_, _, h, w] = self.input;
+        let [oh, ow] = self.out_hw;
+        let (h, w) = (h as isize, w as isize);
+        let [sh, sw] = self.stride.map(|v| v as isize);
+        let [ph, pw] = self.padding.map(|v| v as isize);
+        let [kh, kw] = self.kernel.map(|v| v as isize);
+        for i in 0..oh {
+            for j in 0..ow {
+                let hs = i as isize * sh - ph;
+                let ws = j as isize * sw - pw;
+                let he = (hs + kh).min(h + ph);
+                let we = (ws + kw).min(w + pw);
+                let size = ((he - hs) * (we - ws)).max(1) as f32;
+                let (hs, ws, he, we) = (hs.max(0), ws.max(0), he.min(h), we.min(w));
+                let mut m = f32::NEG_INFINITY;
+                let mut s = 0.0f32;
+                for p in hs..he {
+                    for v in &x[(p * w + ws) as usize..(p * w + we).max(p * w + ws) as usize] {
+                        m = m.max(*v);
+                        s += v;
+                    }
+                }
+                y[i * ow + j] = if self.max { m } else { s / size };
+            }
+        }
+    }
+}
+
+impl StepKernel for Pool {
+    fn kind(&self) -> &'static str {
+        "pool"
+    }
+
+    fn access(&self) -> Access {
+        let [n, c, h, w] = self.input;
+        Access {
+            reads: vec![(self.x, n * c * h * w)],
+            writes: vec![(self.y, n * c * self.out_hw[0] * self.out_hw[1])],
+        }
+    }
+
+    fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
+        let [n, c, h, w] = self.input;
+        let (inp, outp) = (h * w, self.out_hw[0] * self.out_hw[1]);
+        if n * c * outp == 0 {
+            return Ok(());
+        }
+        let x = io.read(self.x)?;
+        let y = &mut io.write(self.y)?[..n * c * outp];
+        y.par_chunks_mut(outp)
+            .enumerate()
+            .for_each(|(bc, plane)| self.plane(&x[bc * inp..(bc + 1) * inp], plane));
+        Ok(())
+    }
+
+    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        let [n, c, h, w] = self.input;
+        Ok(Box::new(CudaPool {
+            y: cx.ptr(self.y)?,
+            x: cx.ptr(self.x)?,
+            nc: (n * c) as i64,
+            p: [
+                c_int(h, "h")?,
+                c_int(w, "w")?,
+                c_int(self.out_hw[0], "oh")?,
+                c_int(self.out_hw[1], "ow")?,
+                c_int(self.kernel[0], "kh")?,
+                c_int(self.kernel[1], "kw")?,
+                c_int(self.stride[0], "sh")?,
+                c_int(self.stride[1], "sw")?,
+                c_int(self.padding[0], "ph")?,
+                c_int(self.padding[1], "pw")?,
+            ],
+            is_max: i32::from(self.max),
+            total: n * c * self.out_hw[0] * self.out_hw[1],
+        }))
+    }
+
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        Some("pool2d")
+    }
+}
+
+struct CudaPool {
+    y: u64,
+    x: u64,
+    nc: i64,
+    p: [i32; 10],
+    is_max: i32,
+    total: usize,
+}
+
+impl Enqueue for CudaPool {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let mut b = sc.launch_builder(gpu.function("pool2d")?);
+        b.arg(&self.y).arg(&self.x).arg(&self.nc);
+        for v in &self.p {
+            b.arg(v);
+        }
+        b.arg(&self.is_max);
+        // SAFETY: matches `pool2d` (10 ints after nc, then is_max); buffer sizes checked at
+        // preparation.
+        launched(unsafe { b.launch(grid(self.total)) }, "pool2d")
+    }
+}

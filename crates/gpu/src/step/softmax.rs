@@ -1,0 +1,131 @@
+//! Softmax over the middle axis of `[outer, dim, inner]` (cuDNN's channel mode on CUDA).
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+
+use cudarc::cudnn::{result as dnn, sys as dnn_sys};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::{Access, Step, StepKernel};
+use crate::cpu::CpuIo;
+use crate::cuda::cudnn::{tensor4, TensorDesc};
+use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::program::{At, BufId, Builder, Src};
+use crate::GpuError;
+
+/// A softmax step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Softmax {
+    pub x: BufId,
+    pub y: BufId,
+    pub outer: usize,
+    pub dim: usize,
+    pub inner: usize,
+}
+
+/// Lower a `softmax` operator (a negative axis counts from the end).
+pub(crate) fn lower(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    axis: i64,
+    src: Src<'_>,
+    out: BufId,
+) -> Result<(), GpuError> {
+    let (x, xs) = b.single(steps, at, src)?;
+    let r = xs.len() as i64;
+    let ax = if axis < 0 { r + axis } else { axis };
+    if ax < 0 || ax >= r {
+        return Err(b.unsupported(at, "softmax axis out of range"));
+    }
+    let ax = ax as usize;
+    steps.push(
+        Softmax {
+            x,
+            y: out,
+            outer: xs[..ax].iter().product(),
+            dim: xs[ax],
+            inner: xs[ax + 1..].iter().product(),
+        }
+        .into(),
+    );
+    Ok(())
+}
+
+impl StepKernel for Softmax {
+    fn kind(&self) -> &'static str {
+        "softmax"
+    }
+
+    fn access(&self) -> Access {
+        let n = self.outer * self.dim * self.inner;
+        Access {
+            reads: vec![(self.x, n)],
+            writes: vec![(self.y, n)],
+        }
+    }
+
+    fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
+        let (dim, inner) = (self.dim, self.inner);
+        let block = dim * inner;
+        if block == 0 || self.outer == 0 {
+            return Ok(());
+        }
+        let x = io.read(self.x)?;
+        let y = &mut io.write(self.y)?[..self.outer * block];
+        y.par_chunks_mut(block).enumerate().for_each(|(o, yb)| {
+            let xb = &x[o * block..(o + 1) * block];
+            for i in 0..inner {
+                let m = (0..dim)
+                    .map(|d| xb[d * inner + i])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let mut s = 0.0f32;
+                for d in 0..dim {
+                    let e = (xb[d * inner + i] - m).exp();
+                    yb[d * inner + i] = e;
+                    s += e;
+                }
+                for d in 0..dim {
+                    yb[d * inner + i] /= s;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        Ok(Box::new(CudaSoftmax {
+            x: cx.ptr(self.x)?,
+            y: cx.ptr(self.y)?,
+            desc: tensor4([self.outer, self.dim, self.inner, 1])?,
+        }))
+    }
+}
+
+struct CudaSoftmax {
+    x: u64,
+    y: u64,
+    desc: TensorDesc,
+}
+
+impl Enqueue for CudaSoftmax {
+    fn enqueue(&self, _gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let (one, zero) = (1.0f32, 0.0f32);
+        // SAFETY: one descriptor for x and y of equal size (checked at preparation).
+        unsafe {
+            dnn::softmax_forward(
+                sc.cudnn(),
+                dnn_sys::cudnnSoftmaxAlgorithm_t::CUDNN_SOFTMAX_ACCURATE,
+                dnn_sys::cudnnSoftmaxMode_t::CUDNN_SOFTMAX_MODE_CHANNEL,
+                (&one) as *const f32 as *const c_void,
+                self.desc.0,
+                self.x as *const c_void,
+                (&zero) as *const f32 as *const c_void,
+                self.desc.0,
+                self.y as *mut c_void,
+            )
+        }
+        .map_err(|e| GpuError::cudnn("running softmax", e))
+    }
+}
