@@ -9,80 +9,64 @@
 //! cache`, after `cargo xtask profile`). Each row also gives the speedup of the best schedule
 //! over sequential that the cost model predicted (simulated) next to the measured one.
 //!
-//! Options: `--models a,b` `--batches 1,16` `--repeats N` (default 100) `--warmup N` (20)
-//! `--algos a,b` (candidates for "best", default ios,greedy,lios,opara,nimble,iops)
-//! `--cost analytical|cache` `--cache PATH` `--no-torch` `--quick` (repeats 20, warmup 5)
-//! `--out DIR` (default fixtures/gpu).
+//! Options: `cargo xtask bench-gpu --help`.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
-use opsched::cost::{CostModel, DevicePreset, LinkPreset};
+use anyhow::{Context, Result};
+use opsched::cost::{CostModel, DevicePreset};
 use opsched::graph::DType;
 use opsched::schedule::{Platform, Schedule};
 use opsched::zoo::ZooConfig;
 use opsched::{CostKind, SchedulerOptions};
 use opsched_runtime::{CudaDevice, Device, RunOptions, RunReport};
 
-struct Args {
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Writes fixtures/gpu/<device>.md (or under --out).\n\nExamples:\n  \
+cargo xtask bench-gpu\n  cargo xtask bench-gpu --quick --models resnet50 --batches 1\n  \
+cargo xtask bench-gpu --cost cache --no-torch"
+)]
+pub struct Args {
+    /// Zoo models, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "inception_v3,googlenet,squeezenet,resnet50"
+    )]
     models: Vec<String>,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
     batches: Vec<usize>,
+    /// Timed runs per measurement.
+    #[arg(long, value_name = "N", default_value_t = 100)]
     repeats: u32,
+    /// Untimed runs before them.
+    #[arg(long, value_name = "N", default_value_t = 20)]
     warmup: u32,
+    /// Candidates for "best", comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ios,greedy,lios,opara,nimble,iops"
+    )]
     algos: Vec<String>,
+    /// Cost model schedules are searched under: analytical or cache.
+    #[arg(long, value_name = "KIND", default_value = "analytical")]
     cost: CostKind,
+    /// Cost cache file for `--cost cache` [default: the user's cache directory].
+    #[arg(long, value_name = "PATH")]
     cache: Option<PathBuf>,
+    /// Skip the PyTorch columns.
+    #[arg(long = "no-torch", action = clap::ArgAction::SetFalse)]
     torch: bool,
+    /// Repeats 20 and warmup 5 (overrides --repeats and --warmup).
+    #[arg(long)]
+    quick: bool,
+    /// Output folder.
+    #[arg(long, value_name = "DIR", default_value = "fixtures/gpu")]
     out: PathBuf,
-}
-
-fn list(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
-}
-
-fn parse(args: &[String]) -> Result<Args> {
-    let mut a = Args {
-        models: list("inception_v3,googlenet,squeezenet,resnet50"),
-        batches: vec![1, 16],
-        repeats: 100,
-        warmup: 20,
-        algos: list("ios,greedy,lios,opara,nimble,iops"),
-        cost: CostKind::Analytical,
-        cache: None,
-        torch: true,
-        out: PathBuf::from("fixtures/gpu"),
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--models" => a.models = list(val()?),
-            "--batches" => {
-                a.batches = list(val()?)
-                    .iter()
-                    .map(|b| b.parse().with_context(|| format!("bad batch '{b}'")))
-                    .collect::<Result<_>>()?
-            }
-            "--repeats" => a.repeats = val()?.parse().context("--repeats")?,
-            "--warmup" => a.warmup = val()?.parse().context("--warmup")?,
-            "--algos" => a.algos = list(val()?),
-            "--cost" => a.cost = val()?.parse().map_err(|e| anyhow::anyhow!("--cost: {e}"))?,
-            "--cache" => a.cache = Some(PathBuf::from(val()?)),
-            "--out" => a.out = PathBuf::from(val()?),
-            "--no-torch" => a.torch = false,
-            "--quick" => {
-                a.repeats = 20;
-                a.warmup = 5;
-            }
-            other => bail!("bench-gpu: unknown option '{other}'"),
-        }
-    }
-    Ok(a)
 }
 
 /// One row of the table: a model at a batch size.
@@ -107,7 +91,7 @@ struct Search {
 }
 
 fn search(g: &opsched::Graph, preset: &DevicePreset, args: &Args) -> Result<Search> {
-    let link = LinkPreset::by_name("nvlink4")?;
+    let link = preset.default_link.clone();
     let cost = opsched::cost_model(args.cost, preset, &link, g, args.cache.as_deref())?;
     Ok(Search {
         platform: Platform {
@@ -202,8 +186,11 @@ fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".into(), |x| format!("{x:.3}"))
 }
 
-pub fn bench_gpu(args: &[String]) -> Result<()> {
-    let args = parse(args)?;
+pub fn bench_gpu(mut args: Args) -> Result<()> {
+    if args.quick {
+        args.repeats = 20;
+        args.warmup = 5;
+    }
     let dev = CudaDevice::open(Some(1))
         .map_err(|e| anyhow::anyhow!("bench-gpu needs a CUDA GPU: {e}"))?;
     let info = dev.report();

@@ -16,8 +16,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
-use opsched::cost::{AnalyticalModel, DevicePreset, LinkPreset};
+use opsched::cost::{AnalyticalModel, DevicePreset};
 use opsched::graph::DType;
 use opsched::schedule::{NoProgress, Platform};
 use opsched::zoo::ZooConfig;
@@ -36,16 +35,14 @@ pub const TIME_FLOOR_MS: f64 = 2.0;
 
 const BASELINE: &str = "fixtures/bench-baseline.json";
 
-#[derive(Parser, Debug)]
+#[derive(clap::Args, Debug)]
 #[command(
-    name = "cargo xtask bench-models",
-    about = "Every scheduler on every zoo model: tables, charts and a regression check",
     after_help = "Writes target/bench/results.csv, results.md and <model>.svg.\n\nExamples:\n  \
 cargo xtask bench-models\n  cargo xtask bench-models --quick --check\n  \
 cargo xtask bench-models --devices a100 --batches 1,8 --models inception_v3,nasnet\n  \
 cargo xtask bench-models --write-baseline"
 )]
-struct Args {
+pub struct Args {
     /// Device presets, comma-separated.
     #[arg(long, default_value = "v100,h100", value_delimiter = ',')]
     devices: Vec<String>,
@@ -63,13 +60,13 @@ struct Args {
     streams: usize,
     /// The CI subset: h100 at batch 1 only (overrides --devices and --batches).
     #[arg(long)]
-    quick: bool,
+    pub quick: bool,
     /// Compare with fixtures/bench-baseline.json and fail on a regression.
     #[arg(long)]
-    check: bool,
+    pub check: bool,
     /// Write the results as the new fixtures/bench-baseline.json.
     #[arg(long, conflicts_with = "check")]
-    write_baseline: bool,
+    pub write_baseline: bool,
     /// Output directory.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -118,14 +115,30 @@ pub struct Baseline {
     pub rows: Vec<Row>,
 }
 
-pub fn run(args: &[String]) -> Result<()> {
+impl Args {
+    /// The options of `cargo xtask bench-models FLAGS...`.
+    pub fn from_flags(flags: &[String]) -> Result<Args> {
+        use clap::Parser;
+        let argv = ["xtask", "bench-models"]
+            .into_iter()
+            .map(String::from)
+            .chain(flags.iter().cloned());
+        match crate::Cli::try_parse_from(argv)?.command {
+            crate::Cmd::BenchModels(a) => Ok(a),
+            other => bail!("bench-models flags parsed as {other:?}"),
+        }
+    }
+}
+
+/// Run with options `a`, given on the command line as `flags` (to re-run ourselves with them).
+pub fn run(a: &Args, flags: &[String]) -> Result<()> {
     // Scheduling times mean something only in an optimized build: re-run ourselves in release.
     if cfg!(debug_assertions) && std::env::var_os("OPSCHED_XTASK_RELEASE").is_none() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(&cargo)
             .args(["run", "--release", "--quiet", "--package", "xtask", "--"])
             .arg("bench-models")
-            .args(args)
+            .args(flags)
             .env("OPSCHED_XTASK_RELEASE", "1")
             .status()
             .with_context(|| format!("running {cargo} run --release -p xtask"))?;
@@ -134,14 +147,11 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         return Ok(());
     }
-    let mut a = Args::try_parse_from(
-        std::iter::once("bench-models".to_string()).chain(args.iter().cloned()),
-    )
-    .unwrap_or_else(|e| e.exit());
-    if a.quick {
-        a.devices = vec!["h100".into()];
-        a.batches = vec![1];
-    }
+    let (devices, batches) = if a.quick {
+        (vec!["h100".to_string()], vec![1])
+    } else {
+        (a.devices.clone(), a.batches.clone())
+    };
     let models: Vec<String> = if a.models.is_empty() {
         opsched::zoo::models()
             .iter()
@@ -165,10 +175,9 @@ pub fn run(args: &[String]) -> Result<()> {
 
     let calibration_ms = calibrate();
     eprintln!("calibration workload: {calibration_ms:.2} ms");
-    let configs: Vec<(String, usize)> = a
-        .devices
+    let configs: Vec<(String, usize)> = devices
         .iter()
-        .flat_map(|d| a.batches.iter().map(move |&b| (d.clone(), b)))
+        .flat_map(|d| batches.iter().map(move |&b| (d.clone(), b)))
         .collect();
     let bar = progress::bar((models.len() * configs.len()) as u64);
     let mut rows = Vec::new();
@@ -272,7 +281,8 @@ fn bench_one(
     };
     let g = opsched::zoo::build(model, &cfg).with_context(|| format!("building {model}"))?;
     let preset = DevicePreset::by_name(device)?;
-    let link = LinkPreset::by_name("nvlink4")?;
+    // One GPU: the link carries nothing; the preset's own keeps the platform line true.
+    let link = preset.default_link.clone();
     let cost = AnalyticalModel::new(preset.clone(), link.clone());
     let platform = Platform {
         gpus: 1,

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use opsched::graph::DType;
 use opsched::zoo::ZooConfig;
 
@@ -13,8 +13,23 @@ fn require_gpu(what: &str) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{what} needs a CUDA GPU: {e}"))
 }
 
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Runs `cargo test -p opsched-gpu -p opsched-runtime -p opsched-profiler \
+-- --ignored [TEST_ARGS]`.\n\nExamples:\n  cargo xtask gpu-test\n  cargo xtask gpu-test -- --nocapture"
+)]
+pub struct GpuTestArgs {
+    /// Passed on to the test binaries (after `--ignored`).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "TEST_ARGS"
+    )]
+    test_args: Vec<String>,
+}
+
 /// Run the ignored GPU tests of the GPU crates (extra arguments go to the test binaries).
-pub fn gpu_test(args: &[String]) -> Result<()> {
+pub fn gpu_test(args: &GpuTestArgs) -> Result<()> {
     require_gpu("gpu-test")?;
     let mut a: Vec<&str> = vec![
         "test",
@@ -27,35 +42,53 @@ pub fn gpu_test(args: &[String]) -> Result<()> {
         "--",
         "--ignored",
     ];
-    a.extend(args.iter().map(String::as_str));
+    a.extend(args.test_args.iter().map(String::as_str));
     crate::cargo(&a)
 }
 
-/// `cargo xtask profile [MODEL ...] [--batch N] [--stages-from ALGO|none] [--cache PATH]
-/// [--out DIR] [--repeats N]`: measure each model's operators (default: every zoo model) and
-/// the concurrent stages of ALGO's schedule (default ios) under the analytical model of this
-/// GPU's preset (h100 when none matches), fill the
-/// cost cache (default location unless --cache), and export the tables to
-/// DIR/<device>/<model>-b<batch>/ (default DIR: fixtures/costs).
-pub fn profile(args: &[String]) -> Result<()> {
-    let mut models = Vec::new();
-    let mut batch = 1usize;
-    let mut stages_from = String::from("ios");
-    let mut cache: Option<PathBuf> = None;
-    let mut out = PathBuf::from("fixtures/costs");
-    let mut repeats = 50u32;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--batch" => batch = val()?.parse().context("--batch")?,
-            "--stages-from" => stages_from = val()?.clone(),
-            "--cache" => cache = Some(PathBuf::from(val()?)),
-            "--out" => out = PathBuf::from(val()?),
-            "--repeats" => repeats = val()?.parse().context("--repeats")?,
-            s if !s.starts_with("--") => models.push(s.to_string()),
-            other => bail!("profile: unknown argument '{other}'; usage: cargo xtask profile [MODEL ...] [--batch N] [--stages-from ALGO|none] [--cache PATH] [--out DIR] [--repeats N]"),
-        }
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Measures each model's operators and the concurrent stages of ALGO's \
+schedule (under the analytical model of this GPU's preset, h100 when none matches), fills the \
+cost cache and exports the tables to DIR/<device>/<model>-b<batch>/.\n\nExamples:\n  \
+cargo xtask profile\n  cargo xtask profile inception_v3 resnet50 --batch 16\n  \
+cargo xtask profile nasnet --stages-from none --out target/costs"
+)]
+pub struct ProfileArgs {
+    /// Zoo model names or model files [default: every zoo model].
+    #[arg(value_name = "MODEL")]
+    models: Vec<String>,
+    /// Batch size.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    batch: usize,
+    /// Scheduler whose concurrent stages to measure, or `none`.
+    #[arg(long, value_name = "ALGO", default_value = "ios")]
+    stages_from: String,
+    /// Cost cache file [default: the user's cache directory].
+    #[arg(long, value_name = "PATH")]
+    cache: Option<PathBuf>,
+    /// Folder of the exported tables.
+    #[arg(long, value_name = "DIR", default_value = "fixtures/costs")]
+    out: PathBuf,
+    /// Timed runs per measurement.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    repeats: u32,
+}
+
+/// `cargo xtask profile`: see [`ProfileArgs`].
+pub fn profile(a: &ProfileArgs) -> Result<()> {
+    let ProfileArgs {
+        models,
+        batch,
+        stages_from,
+        cache,
+        out,
+        repeats,
+    } = a;
+    let (mut models, batch, repeats) = (models.clone(), *batch, *repeats);
+    if stages_from != "none" {
+        // A misspelt scheduler fails before any GPU work.
+        opsched::scheduler_info(stages_from)?;
     }
     if models.is_empty() {
         models = opsched::zoo::models()
@@ -65,7 +98,7 @@ pub fn profile(args: &[String]) -> Result<()> {
     }
     require_gpu("profile")?;
     let cache = match cache {
-        Some(p) => p,
+        Some(p) => p.clone(),
         None => opsched::cost::cache::default_path()?,
     };
     let info = opsched_gpu::devices()?
@@ -88,7 +121,7 @@ pub fn profile(args: &[String]) -> Result<()> {
             // Stages as a schedule for this GPU would have them.
             let dev = opsched::cost::DevicePreset::for_device_name(&info.name)
                 .map_or_else(|| opsched::cost::DevicePreset::by_name("h100"), Ok)?;
-            let link = opsched::cost::LinkPreset::by_name("nvlink4")?;
+            let link = dev.default_link.clone();
             let cost = opsched::cost::AnalyticalModel::new(dev.clone(), link.clone());
             let p = opsched::schedule::Platform {
                 gpus: 1,
@@ -96,7 +129,7 @@ pub fn profile(args: &[String]) -> Result<()> {
                 device: dev,
                 link,
             };
-            let s = opsched::scheduler(&stages_from)?;
+            let s = opsched::scheduler(stages_from)?;
             let (sched, _) = s.schedule(&g, &p, &cost)?;
             opsched_profiler::stages_of(&sched)
         };

@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use opsched::cost::{AnalyticalModel, DevicePreset, HiosSimLaw, LinkPreset};
 use opsched::graph::random::{layered_dag, LayeredDagParams};
 use opsched::schedule::Platform;
@@ -151,38 +151,39 @@ fn run_instance(
     Ok(table.rows.iter().map(|r| r.makespan_ms).collect())
 }
 
-fn number(arg: Option<&String>, flag: &str) -> Result<usize> {
-    arg.with_context(|| format!("{flag} needs a number"))?
-        .parse()
-        .with_context(|| format!("{flag} needs a number"))
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Writes hios-sim.csv and hios-sim-<sweep>.svg under --out and prints the table.\n\n\
+Examples:\n  cargo xtask hios-sim\n  cargo xtask hios-sim --quick\n  \
+cargo xtask hios-sim --instances 10 --out target/study"
+)]
+pub struct Args {
+    /// 5 instances per point and every other point (unless --instances).
+    #[arg(long)]
+    quick: bool,
+    /// Random instances per point [default: 30, 5 with --quick].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    instances: Option<u32>,
+    /// Operators per part of IOS's DP. IOS's exact DP is exponential in the width of a part, and
+    /// these DAGs are about 14 operators wide: parts of 12 keep one instance to a fraction of a
+    /// second.
+    #[arg(long, value_name = "N", default_value_t = 12)]
+    ios_part: usize,
+    /// Output folder.
+    #[arg(long, value_name = "DIR", default_value = "target/hios-sim")]
+    out: PathBuf,
 }
 
-pub fn run(args: &[String]) -> Result<()> {
-    let mut instances = None;
-    let mut quick = false;
-    // IOS's exact DP is exponential in the width of a part, and these DAGs are about 14
-    // operators wide: parts of 12 operators keep one instance to a fraction of a second.
-    let mut opts = SchedulerOptions {
-        ios_part: 12,
+pub fn run(a: &Args) -> Result<()> {
+    let quick = a.quick;
+    let opts = SchedulerOptions {
+        ios_part: a.ios_part,
         ..SchedulerOptions::default()
     };
-    let mut out = PathBuf::from("target/hios-sim");
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => quick = true,
-            "--instances" => instances = Some(number(it.next(), "--instances")?),
-            "--ios-part" => opts.ios_part = number(it.next(), "--ios-part")?,
-            "--out" => out = PathBuf::from(it.next().context("--out needs a folder")?),
-            other => bail!(
-                "unknown option '{other}' (known: --quick, --instances N, --ios-part N, --out DIR)"
-            ),
-        }
-    }
-    let instances = instances.unwrap_or(if quick { 5 } else { 30 });
-    if instances == 0 {
-        bail!("--instances must be positive");
-    }
+    let out = a.out.clone();
+    let instances = a
+        .instances
+        .map_or(if quick { 5 } else { 30 }, |n| n as usize);
     let known = opsched::scheduler_names();
     let algos: Vec<&str> = ALGOS
         .iter()

@@ -1,14 +1,9 @@
 //! `cargo xtask <command>`: project automation (rust-analyzer's convention).
 //!
-//! Commands:
-//! - `ci`: what `.ci/run` runs: fmt check, clippy with warnings denied, the test suite, and
-//!   `bench-models --quick --check`.
-//! - `hios-sim [--quick] [--instances N] [--ios-part N] [--out DIR]`: the HIOS paper's simulation study.
-//! - `bench-models [--quick] [--check | --write-baseline] ...`: every scheduler on every zoo
-//!   model, tables and charts under `target/bench`, regression check against
-//!   `fixtures/bench-baseline.json` (`--help` for the options).
-//! - `gpu-test`, `profile [MODEL ...]`, `bench-gpu`: the GPU-only parts (need a CUDA GPU; see
-//!   `gpu_test.rs` and `bench_gpu.rs`).
+//! The commands are the variants of [`Cmd`] (clap derive): `ci` (what `.ci/run` runs),
+//! `hios-sim`, `bench-models`, and the GPU-only `gpu-test`, `profile` and `bench-gpu`.
+//! `cargo xtask --help` lists them and `cargo xtask <command> --help` gives each one's options;
+//! `--help` only prints.
 
 mod bench_gpu;
 mod bench_models;
@@ -18,25 +13,50 @@ mod plot;
 mod progress;
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Project automation: CI, benchmarks, the HIOS study and the GPU-only parts",
+    after_help = "`cargo xtask <COMMAND> --help` says more about one command."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+/// Every xtask command: one variant each, so a new command is one variant and one match arm.
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// What `.ci/run` runs: fmt check, clippy with warnings denied, the tests and
+    /// `bench-models --quick --check`, each under a `==> step` header, with a timing summary.
+    Ci,
+    /// The HIOS paper's simulation study (Figs. 7-11): CSV, SVG plots and a table.
+    HiosSim(hios_sim::Args),
+    /// Every scheduler on every zoo model: tables, charts and a regression check.
+    BenchModels(bench_models::Args),
+    /// Run the ignored GPU tests of the GPU crates (needs a CUDA GPU).
+    GpuTest(gpu_test::GpuTestArgs),
+    /// Measure models' operators and stages on this GPU into the cost cache (needs a CUDA GPU).
+    Profile(gpu_test::ProfileArgs),
+    /// Our schedules against PyTorch on this GPU, eager and as CUDA graphs (needs a CUDA GPU).
+    BenchGpu(bench_gpu::Args),
+}
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("ci") => ci(),
-        Some("hios-sim") => hios_sim::run(&args[1..]),
-        Some("bench-models") => bench_models::run(&args[1..]),
-        Some("gpu-test") => gpu_test::gpu_test(&args[1..]),
-        Some("profile") => gpu_test::profile(&args[1..]),
-        Some("bench-gpu") => bench_gpu::bench_gpu(&args[1..]),
-        Some(other) => bail!(
-            "unknown xtask command '{other}'; known: ci, hios-sim, bench-models, gpu-test, profile, bench-gpu"
-        ),
-        None => {
-            eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR] | bench-models [--quick] [--check] [--help] | gpu-test | profile [MODEL ...] | bench-gpu>");
-            Ok(())
-        }
+    match Cli::parse().command {
+        Cmd::Ci => ci(),
+        Cmd::HiosSim(a) => hios_sim::run(&a),
+        // Its flags as given, for re-running itself in release.
+        Cmd::BenchModels(a) => bench_models::run(&a, &std::env::args().skip(2).collect::<Vec<_>>()),
+        Cmd::GpuTest(a) => gpu_test::gpu_test(&a),
+        Cmd::Profile(a) => gpu_test::profile(&a),
+        Cmd::BenchGpu(a) => bench_gpu::bench_gpu(a),
     }
 }
 
@@ -53,16 +73,112 @@ fn cargo(args: &[&str]) -> Result<()> {
 }
 
 fn ci() -> Result<()> {
-    cargo(&["fmt", "--all", "--check"])?;
-    cargo(&[
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ])?;
-    cargo(&["test", "--workspace"])?;
-    // Schedule quality and scheduling time of the CI subset against the committed baseline.
-    bench_models::run(&["--quick".to_string(), "--check".to_string()])
+    let bench_flags = ["--quick".to_string(), "--check".to_string()];
+    let steps: [(&str, &dyn Fn() -> Result<()>); 4] = [
+        ("fmt", &|| cargo(&["fmt", "--all", "--check"])),
+        ("clippy", &|| {
+            cargo(&[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])
+        }),
+        ("test", &|| cargo(&["test", "--workspace"])),
+        // Schedule quality and scheduling time of the CI subset against the committed baseline.
+        ("bench-models --quick --check", &|| {
+            let args = bench_models::Args::from_flags(&bench_flags)?;
+            bench_models::run(&args, &bench_flags)
+        }),
+    ];
+    let mut done: Vec<(&str, Duration)> = Vec::new();
+    for (name, step) in steps {
+        eprintln!("==> {name}");
+        let start = Instant::now();
+        let result = step();
+        done.push((name, start.elapsed()));
+        if let Err(e) = result {
+            print_timings(&done, "failed");
+            return Err(e.context(format!("CI step '{name}' failed")));
+        }
+    }
+    print_timings(&done, "passed");
+    Ok(())
+}
+
+/// The summary at the end of CI: each step's wall time and the total.
+fn print_timings(done: &[(&str, Duration)], outcome: &str) {
+    eprintln!("==> CI {outcome}");
+    let width = done.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    for (name, t) in done {
+        eprintln!("    {name:<width$}  {}", minutes(*t));
+    }
+    let total: Duration = done.iter().map(|(_, t)| *t).sum();
+    eprintln!("    {:<width$}  {}", "total", minutes(total));
+}
+
+/// "1m05s", "42.3s".
+fn minutes(t: Duration) -> String {
+    let s = t.as_secs_f64();
+    if s < 60.0 {
+        format!("{s:.1}s")
+    } else {
+        format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// `--help` on every command is clap's help, which prints and exits: it never reaches the
+    /// command (CI, a GPU check, a release build).
+    #[test]
+    fn every_command_answers_help_and_does_nothing_else() {
+        let names: Vec<String> = Cli::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .collect();
+        assert!(names.len() >= 6, "{names:?}");
+        for name in [
+            "ci",
+            "hios-sim",
+            "bench-models",
+            "gpu-test",
+            "profile",
+            "bench-gpu",
+        ] {
+            assert!(
+                names.iter().any(|n| n == name),
+                "{name} missing from {names:?}"
+            );
+        }
+        for name in names.iter().map(String::as_str).chain([""]) {
+            let argv = ["xtask", name, "--help"]
+                .into_iter()
+                .filter(|a| !a.is_empty());
+            let err = Cli::try_parse_from(argv).expect_err(name);
+            assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp, "{name}");
+            assert_eq!(err.exit_code(), 0, "{name}");
+        }
+    }
+
+    #[test]
+    fn ci_runs_the_checked_bench_subset() {
+        let a = bench_models::Args::from_flags(&["--quick".into(), "--check".into()])
+            .expect("CI's bench flags parse");
+        assert!(a.quick && a.check && !a.write_baseline);
+        assert!(
+            bench_models::Args::from_flags(&["--check".into(), "--write-baseline".into()]).is_err()
+        );
+    }
 }

@@ -5,6 +5,8 @@ use opsched::graph::DType;
 use opsched::zoo::ZooConfig;
 use std::path::PathBuf;
 
+use crate::help;
+
 /// Options of the algorithms that take any (defaults are the papers').
 #[derive(Args, Debug, Clone)]
 pub struct SchedArgs {
@@ -58,15 +60,14 @@ fn parse_budget(text: &str) -> Result<opsched::IosBudget, String> {
 
 #[derive(Args, Debug, Clone)]
 pub struct PlatformArgs {
-    /// GPU model preset (e.g. h100, a100, v100).
-    #[arg(long, default_value = "h100", value_name = "NAME")]
+    /// GPU model preset (h100, h200, a100, v100, ...; --help lists them).
+    #[arg(long, default_value = "h100", value_name = "NAME", long_help = help::device())]
     pub device: String,
-    /// Interconnect preset between GPUs (e.g. nvlink4, pcie4).
-    #[arg(long, default_value = "nvlink4", value_name = "NAME")]
-    pub link: String,
-    /// Cost model: analytical, hios-sim, ideal or cache (default: hios-sim for a cost-annotated
-    /// DAG, analytical otherwise).
-    #[arg(long, value_name = "KIND")]
+    /// Interconnect preset between GPUs (default: the device's; --help lists them).
+    #[arg(long, value_name = "NAME", long_help = help::link())]
+    pub link: Option<String>,
+    /// Cost model: analytical, hios-sim, ideal or cache (--help says more).
+    #[arg(long, value_name = "KIND", long_help = help::cost())]
     pub cost: Option<String>,
     /// Cost cache file for `--cost cache` (default: the user's cache directory).
     #[arg(long, value_name = "PATH")]

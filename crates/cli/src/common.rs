@@ -38,7 +38,10 @@ pub struct Setup {
 
 pub fn setup(g: &Graph, args: &PlatformArgs) -> Result<Setup> {
     let device = DevicePreset::by_name(&args.device).map_err(user)?;
-    let link = LinkPreset::by_name(&args.link).map_err(user)?;
+    let link = match &args.link {
+        Some(name) => LinkPreset::by_name(name).map_err(user)?,
+        None => device.default_link.clone(),
+    };
     let kind = match &args.cost {
         Some(name) => name.parse::<CostKind>().map_err(facade)?,
         None => opsched::default_cost_kind(g),
@@ -101,26 +104,33 @@ impl Setup {
     }
 }
 
+/// "1 stream", "8 streams": a count and its noun, plural-aware.
+pub fn count(n: usize, noun: &str) -> String {
+    let plural = if n == 1 { "" } else { "s" };
+    format!("{n} {noun}{plural}")
+}
+
 /// "1 GPU, 119 stages" / "2 GPUs, 8 streams".
 pub fn describe(s: &Schedule) -> String {
-    let gpus = opsched::schedule_gpus(s);
-    let plural = if gpus == 1 { "" } else { "s" };
+    let gpus = count(opsched::schedule_gpus(s), "GPU");
     match s {
         Schedule::Stages(p) => format!(
-            "{gpus} GPU{plural}, {} stages",
-            p.gpus.iter().map(Vec::len).sum::<usize>()
+            "{gpus}, {}",
+            count(p.gpus.iter().map(Vec::len).sum(), "stage")
         ),
         Schedule::Streams(p) => format!(
-            "{gpus} GPU{plural}, {} streams",
-            p.gpus.iter().map(|g| g.streams.len()).sum::<usize>()
+            "{gpus}, {}",
+            count(p.gpus.iter().map(|g| g.streams.len()).sum(), "stream")
         ),
     }
 }
 
 /// "2 x h100, 8 streams per GPU, nvlink4".
 pub fn platform_line(gpus: usize, device: &str, streams: usize, link: &str) -> String {
-    let plural = if streams == 1 { "" } else { "s" };
-    format!("{gpus} x {device}, {streams} stream{plural} per GPU, {link}")
+    format!(
+        "{gpus} x {device}, {} per GPU, {link}",
+        count(streams, "stream")
+    )
 }
 
 /// "1.6737 ms (critical path 1.6737 ms, capacity 0.4 ms; makespan is 1.000x)".

@@ -9,6 +9,7 @@ mod args;
 mod commands;
 mod common;
 mod error;
+mod help;
 mod output;
 mod progress;
 

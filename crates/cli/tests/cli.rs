@@ -118,15 +118,7 @@ fn inspect_exports_and_reloads_a_graph_file() {
 
 #[test]
 fn inspect_ios_fixture() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/ios/v100.json"
-    );
-    if !std::path::Path::new(path).exists() {
-        eprintln!("skipping: {path} is not present");
-        return;
-    }
-    let v = stdout_json(&opsched(&["inspect", path, "--json"]));
+    let v = stdout_json(&opsched(&["inspect", IOS_V100, "--json"]));
     assert!(v["ops"].as_u64().is_some_and(|n| n > 90));
     assert_eq!(v["blocks"], 13);
 }
@@ -215,18 +207,8 @@ fn help_has_examples() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("Examples:"));
 }
 
-fn ios_fixture() -> Option<&'static str> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/ios/v100.json"
-    );
-    if std::path::Path::new(path).exists() {
-        Some(path)
-    } else {
-        eprintln!("skipping: {path} is not present");
-        None
-    }
-}
+/// IOS's Inception-v3 graph with its V100 schedule (fixtures/ios, MIT licensed).
+const IOS_V100: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/ios/v100.json");
 
 fn one_line_error(out: &Output) -> String {
     let err = String::from_utf8_lossy(&out.stderr).to_string();
@@ -367,7 +349,7 @@ fn schedule_out_then_simulate_gives_the_same_makespan_and_exports() {
 
 #[test]
 fn simulate_ios_fixture_stages() {
-    let Some(path) = ios_fixture() else { return };
+    let path = IOS_V100;
     let v = stdout_json(&opsched(&[
         "simulate", path, "ios", "--device", "v100", "--json",
     ]));

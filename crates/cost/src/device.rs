@@ -1,5 +1,6 @@
 //! Device and link presets with published figures.
 
+use opsched_graph::names::{self, Known};
 use serde::Serialize;
 
 use crate::CostError;
@@ -29,6 +30,8 @@ pub struct DevicePreset {
     pub registers_per_sm: u32,
     /// Shared memory per SM, KiB.
     pub shared_mem_per_sm_kib: u32,
+    /// The interconnect between two such GPUs in the usual server: the default `--link`.
+    pub default_link: LinkPreset,
 }
 
 /// An interconnect between two GPUs.
@@ -71,6 +74,8 @@ pub const K80: DevicePreset = DevicePreset {
     max_blocks_per_sm: 16,
     registers_per_sm: 131_072,
     shared_mem_per_sm_kib: 112,
+    // A PCIe 3.0 board with no NVLink.
+    default_link: PCIE3,
 };
 
 /// NVIDIA Tesla V100 SXM2 (16 and 32 GB have the same figures).
@@ -88,6 +93,8 @@ pub const V100: DevicePreset = DevicePreset {
     max_blocks_per_sm: 32,
     registers_per_sm: 65_536,
     shared_mem_per_sm_kib: 96,
+    // The SXM2 module: NVLink 2 between GPUs.
+    default_link: NVLINK2,
 };
 
 /// NVIDIA A100 SXM4 80GB.
@@ -105,6 +112,8 @@ pub const A100: DevicePreset = DevicePreset {
     max_blocks_per_sm: 32,
     registers_per_sm: 65_536,
     shared_mem_per_sm_kib: 164,
+    // The SXM4 module: NVLink 3.
+    default_link: NVLINK3,
 };
 
 /// NVIDIA A40 (GA102, 48 GB GDDR6), the GPU of HIOS's Fig. 1.
@@ -122,6 +131,8 @@ pub const A40: DevicePreset = DevicePreset {
     max_blocks_per_sm: 16,
     registers_per_sm: 65_536,
     shared_mem_per_sm_kib: 100,
+    // A PCIe 4.0 board; its optional NVLink bridge joins pairs only.
+    default_link: PCIE4,
 };
 
 /// NVIDIA GeForce RTX 2080 Ti (TU102, reference boost 1545 MHz): 4352 cores -> 13.4 TFLOP/s
@@ -140,6 +151,8 @@ pub const RTX2080TI: DevicePreset = DevicePreset {
     max_blocks_per_sm: 16,
     registers_per_sm: 65_536,
     shared_mem_per_sm_kib: 64,
+    // A PCIe 3.0 card (the NVLink bridge of consumer boards is rare in servers).
+    default_link: PCIE3,
 };
 
 /// NVIDIA GeForce RTX 3080 10GB (GA102, boost 1710 MHz): 8704 cores -> 29.8 TFLOP/s FP32;
@@ -158,6 +171,8 @@ pub const RTX3080: DevicePreset = DevicePreset {
     max_blocks_per_sm: 16,
     registers_per_sm: 65_536,
     shared_mem_per_sm_kib: 100,
+    // A PCIe 4.0 card with no NVLink.
+    default_link: PCIE4,
 };
 
 /// NVIDIA H100 SXM5 80GB.
@@ -175,6 +190,8 @@ pub const H100: DevicePreset = DevicePreset {
     max_blocks_per_sm: 32,
     registers_per_sm: 65_536,
     shared_mem_per_sm_kib: 228,
+    // The SXM5 module: NVLink 4.
+    default_link: NVLINK4,
 };
 
 /// NVIDIA H200 SXM 141GB: H100 SXM's compute with HBM3e (4.8 TB/s).
@@ -192,6 +209,8 @@ pub const H200: DevicePreset = DevicePreset {
     max_blocks_per_sm: 32,
     registers_per_sm: 65_536,
     shared_mem_per_sm_kib: 228,
+    // The SXM module: NVLink 4.
+    default_link: NVLINK4,
 };
 
 const DEVICES: &[DevicePreset] = &[K80, V100, A100, A40, RTX2080TI, RTX3080, H100, H200];
@@ -262,20 +281,12 @@ impl DevicePreset {
             .max_by_key(|d| d.name.len())
             .cloned()
     }
+
+    /// The preset named exactly `name` ("h100"); a near miss is an error suggesting the closest.
     pub fn by_name(name: &str) -> Result<DevicePreset, CostError> {
-        let want = name.to_ascii_lowercase();
-        DEVICES
-            .iter()
-            .find(|d| d.name == want)
+        names::lookup("device preset", name, DEVICES, |d| Known::plain(d.name))
             .cloned()
-            .ok_or_else(|| CostError::UnknownDevice {
-                name: name.into(),
-                known: DEVICES
-                    .iter()
-                    .map(|d| d.name)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+            .map_err(CostError::UnknownDevice)
     }
 }
 
@@ -283,16 +294,13 @@ impl LinkPreset {
     pub fn all() -> &'static [LinkPreset] {
         LINKS
     }
+
+    /// The preset named exactly `name` ("nvlink4"); a near miss is an error suggesting the
+    /// closest.
     pub fn by_name(name: &str) -> Result<LinkPreset, CostError> {
-        let want = name.to_ascii_lowercase();
-        LINKS
-            .iter()
-            .find(|d| d.name == want)
+        names::lookup("link preset", name, LINKS, |l| Known::plain(l.name))
             .cloned()
-            .ok_or_else(|| CostError::UnknownLink {
-                name: name.into(),
-                known: LINKS.iter().map(|d| d.name).collect::<Vec<_>>().join(", "),
-            })
+            .map_err(CostError::UnknownLink)
     }
 }
 
@@ -309,5 +317,32 @@ mod preset_name_tests {
         assert_eq!(name("NVIDIA GeForce RTX 3080"), Some("rtx3080"));
         assert_eq!(name("NVIDIA A100-SXM4-40GB"), Some("a100"));
         assert_eq!(name("NVIDIA L4"), None);
+    }
+
+    #[test]
+    fn every_preset_defaults_to_its_own_interconnect() {
+        let defaults: Vec<(&str, &str)> = DevicePreset::all()
+            .iter()
+            .map(|d| (d.name, d.default_link.name))
+            .collect();
+        assert_eq!(
+            defaults,
+            [
+                ("k80", "pcie3"),
+                ("v100", "nvlink2"),
+                ("a100", "nvlink3"),
+                ("a40", "pcie4"),
+                ("rtx2080ti", "pcie3"),
+                ("rtx3080", "pcie4"),
+                ("h100", "nvlink4"),
+                ("h200", "nvlink4"),
+            ]
+        );
+        for d in DevicePreset::all() {
+            assert_eq!(
+                LinkPreset::by_name(d.default_link.name).ok().as_ref(),
+                Some(&d.default_link)
+            );
+        }
     }
 }

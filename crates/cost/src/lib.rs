@@ -29,6 +29,7 @@ pub mod ideal;
 pub mod measured;
 pub mod signature;
 
+use opsched_graph::names::UnknownName;
 use opsched_graph::{Graph, NodeId};
 use serde::{Deserialize, Serialize};
 
@@ -69,10 +70,10 @@ pub struct CostStats {
 /// Errors of the cost crate.
 #[derive(Debug, thiserror::Error)]
 pub enum CostError {
-    #[error("unknown device preset '{name}' (known: {known})")]
-    UnknownDevice { name: String, known: String },
-    #[error("unknown link preset '{name}' (known: {known})")]
-    UnknownLink { name: String, known: String },
+    #[error(transparent)]
+    UnknownDevice(UnknownName),
+    #[error(transparent)]
+    UnknownLink(UnknownName),
     #[error("node '{node}': {message}")]
     Unsupported { node: String, message: String },
     #[error("cost cache {path}: {message}")]

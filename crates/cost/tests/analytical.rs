@@ -296,7 +296,7 @@ fn presets_by_name_and_unknown_names_list_the_known_ones() {
         assert!(d.sms > 0 && d.fp32_tflops > 0.0 && d.mem_bw_gbs > 0.0 && d.launch_us > 0.0);
         assert!(d.max_threads_per_sm > 0 && d.registers_per_sm > 0 && d.max_blocks_per_sm > 0);
     }
-    assert_eq!(DevicePreset::by_name("H100").unwrap(), H100);
+    assert_eq!(DevicePreset::by_name("h100").unwrap(), H100);
     assert_eq!(DevicePreset::by_name("a100").unwrap().sms, 108);
     for name in ["pcie3", "pcie4", "pcie5", "nvlink3", "nvlink4"] {
         let l = LinkPreset::by_name(name).unwrap();
@@ -305,7 +305,7 @@ fn presets_by_name_and_unknown_names_list_the_known_ones() {
     let nv = LinkPreset::by_name("nvlink3").unwrap().bandwidth_gbs;
     assert!(nv > LinkPreset::by_name("pcie5").unwrap().bandwidth_gbs);
     match DevicePreset::by_name("tpu") {
-        Err(e @ CostError::UnknownDevice { .. }) => {
+        Err(e @ CostError::UnknownDevice(_)) => {
             let msg = e.to_string();
             assert!(
                 msg.contains("tpu") && msg.contains("k80") && msg.contains("h200"),
@@ -315,11 +315,28 @@ fn presets_by_name_and_unknown_names_list_the_known_ones() {
         other => panic!("{other:?}"),
     }
     match LinkPreset::by_name("ethernet") {
-        Err(e @ CostError::UnknownLink { .. }) => {
+        Err(e @ CostError::UnknownLink(_)) => {
             let msg = e.to_string();
             assert!(msg.contains("pcie3") && msg.contains("nvlink4"), "{msg}");
         }
         other => panic!("{other:?}"),
+    }
+    // Names are exact: a near miss is refused and the error suggests the preset meant.
+    for (near, meant) in [("H100", "h100"), ("V100", "v100"), ("rtx-3080", "rtx3080")] {
+        match DevicePreset::by_name(near) {
+            Err(CostError::UnknownDevice(e)) => {
+                assert_eq!(e.suggestions.first(), Some(&meant), "{e}")
+            }
+            other => panic!("{near}: {other:?}"),
+        }
+    }
+    for (near, meant) in [("NVLink4", "nvlink4"), ("pcie_4", "pcie4")] {
+        match LinkPreset::by_name(near) {
+            Err(CostError::UnknownLink(e)) => {
+                assert_eq!(e.suggestions.first(), Some(&meant), "{e}")
+            }
+            other => panic!("{near}: {other:?}"),
+        }
     }
 }
 

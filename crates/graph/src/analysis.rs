@@ -3,8 +3,11 @@
 use serde::Serialize;
 
 use crate::graph::{Graph, NodeId};
+use crate::op::Op;
 
-/// What `opsched inspect` shows about a graph.
+/// What `opsched inspect` shows about a graph. A cost-annotated DAG has no tensors: its
+/// `flops`, `params`, bytes, `dtype` and `input_shapes` mean nothing, and `times` holds what
+/// it has instead.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
     pub name: String,
@@ -26,6 +29,45 @@ pub struct Summary {
     pub blocks: usize,
     /// Operator count per type name.
     pub op_types: std::collections::BTreeMap<String, usize>,
+    /// The given times of a cost-annotated DAG ([`is_cost_annotated`]); `None` for models.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub times: Option<DagTimes>,
+}
+
+/// The given times of a cost-annotated DAG.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DagTimes {
+    /// Sum of the operators' `time_ms`.
+    pub op_time_ms: f64,
+    /// Sum of the edges' `transfer_ms`.
+    pub transfer_ms: f64,
+    /// Mean of the operators' `util`.
+    pub mean_util: f64,
+}
+
+/// Whether `g` is a cost-annotated DAG: it has operators and every one is known only by a
+/// time ([`Op::Abstract`]).
+pub fn is_cost_annotated(g: &Graph) -> bool {
+    let mut ops = g.ops().peekable();
+    ops.peek().is_some() && ops.all(|o| matches!(g.node(o).op, Op::Abstract { .. }))
+}
+
+fn dag_times(g: &Graph) -> Option<DagTimes> {
+    if !is_cost_annotated(g) {
+        return None;
+    }
+    let (mut op_time_ms, mut util) = (0.0, 0.0);
+    for o in g.ops() {
+        if let Op::Abstract { time_ms, util: u } = g.node(o).op {
+            op_time_ms += time_ms;
+            util += u;
+        }
+    }
+    Some(DagTimes {
+        op_time_ms,
+        transfer_ms: g.edges().filter_map(|(_, _, e)| e.transfer_ms).sum(),
+        mean_util: util / g.op_count().max(1) as f64,
+    })
 }
 
 /// Summarize a graph.
@@ -44,6 +86,7 @@ pub fn summarize(g: &Graph) -> Summary {
         width: width(g),
         blocks: g.blocks().len(),
         op_types: Default::default(),
+        times: dag_times(g),
     };
     for id in g.ops() {
         let st = g.stats(id);

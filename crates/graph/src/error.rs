@@ -35,8 +35,8 @@ pub enum GraphError {
     #[error("unrecognised graph format: {0}")]
     UnknownFormat(String),
     /// A zoo model name that does not exist.
-    #[error("unknown model '{name}' (known: {known})")]
-    UnknownModel { name: String, known: String },
+    #[error(transparent)]
+    UnknownModel(crate::names::UnknownName),
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
     Io {

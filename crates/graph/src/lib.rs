@@ -2,7 +2,8 @@
 //!
 //! The operator graph IR of opsched: operators with full parameters ([`Op`]), shape inference,
 //! FLOPs, bytes and parameter counts, the validated DAG ([`Graph`], on petgraph), graph file
-//! formats ([`formats`]), the model zoo ([`zoo`]) and seeded random layered DAGs ([`random`]).
+//! formats ([`formats`]), the model zoo ([`zoo`]), seeded random layered DAGs ([`random`]) and
+//! the exact name lookup every registry uses ([`names`]).
 //!
 //! ## Inputs: terms and values
 //! A node's inputs are a list of *terms*; a term is a list of *values*; a value is another node's
@@ -45,6 +46,7 @@ pub mod formats;
 pub mod graph;
 pub mod limits;
 pub mod merge;
+pub mod names;
 pub mod op;
 pub mod random;
 pub mod rng;

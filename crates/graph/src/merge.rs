@@ -2,7 +2,7 @@
 //! convolution whose output channels are the components' output channels side by side (the
 //! consumers then read channel slices of it).
 //!
-//! The rule (IOS, `../shared/papers/NOTES.md`): at least two operators, every one a plain
+//! The rule (IOS, `docs/reference-notes.md`): at least two operators, every one a plain
 //! [`Op::Conv2d`] (a convolution inside a `sequential` operator does not count), all reading
 //! identical inputs (the same terms with the same values and slices), with the same stride,
 //! dilation, activation and bias flag, `groups = 1`, and the same output spatial size. Kernels may

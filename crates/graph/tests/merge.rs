@@ -6,10 +6,7 @@ use opsched_graph::merge::{mergeable, merged_conv};
 use opsched_graph::zoo::{self, ZooConfig};
 use opsched_graph::{Activation, Conv2d, DType, Graph, GraphBuilder, NodeId, Op, Value};
 
-const V100: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/fixtures/ios/v100.json"
-);
+const V100: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/ios/v100.json");
 
 fn id(g: &Graph, name: &str) -> NodeId {
     g.find(name).unwrap_or_else(|| panic!("no node '{name}'"))

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use opsched_graph::formats::json;
 use opsched_graph::zoo::{build, ZooConfig};
-use opsched_graph::{summarize, DType, Graph, NodeId, Op};
+use opsched_graph::{summarize, DType, Graph, GraphError, NodeId, Op};
 
 fn cfg(batch: usize, size: Option<usize>) -> ZooConfig {
     ZooConfig {
@@ -260,21 +260,34 @@ fn too_small_inputs_are_errors() {
 }
 
 #[test]
-fn dtype_and_aliases() {
+fn dtype_and_exact_names() {
     let c = ZooConfig {
         batch: 3,
         input_size: Some(64),
         dtype: DType::F16,
     };
-    for name in [
-        "nasnet_a_large",
-        "NASNet-Large",
-        "randwire_large",
-        "randwire-ws",
-    ] {
+    for name in ["nasnet", "randwire"] {
         let g = build(name, &c).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(g.dtype, DType::F16);
         assert_eq!(g.node(id(&g, "input")).shape, vec![3, 3, 64, 64]);
+    }
+    // A near miss builds nothing and names the model meant.
+    for (near, meant) in [
+        ("nasnet_a_large", "nasnet"),
+        ("NASNet-Large", "nasnet"),
+        ("randwire_large", "randwire"),
+        ("randwire-ws", "randwire"),
+        ("inceptionv3", "inception_v3"),
+        ("resnet", "resnet50"),
+        ("bert", "transformer"),
+        ("squeeze", "squeezenet"),
+    ] {
+        match build(near, &c) {
+            Err(GraphError::UnknownModel(e)) => {
+                assert_eq!(e.suggestions.first(), Some(&meant), "{near}: {e}")
+            }
+            other => panic!("{near}: {other:?}"),
+        }
     }
 }
 

@@ -126,13 +126,13 @@ fn sequence_length_and_batch_change_shapes() {
     assert!(base.flops - small.flops > 12 * 4 * (128 * 128 - 4 * 32 * 32) * 768);
     // A one-token sequence still builds.
     assert_eq!(build(1, Some(1)).op_count(), 252);
-    // Aliases reach the same model.
-    assert_eq!(
-        zoo::build("bert-base", &ZooConfig::default())
-            .unwrap()
-            .op_count(),
-        252
-    );
+    // Names are exact: `bert-base` builds nothing and points at the transformer.
+    match zoo::build("bert-base", &ZooConfig::default()) {
+        Err(opsched_graph::GraphError::UnknownModel(e)) => {
+            assert_eq!(e.suggestions, ["transformer"], "{e}")
+        }
+        other => panic!("{:?}", other.map(|g| g.name)),
+    }
 }
 
 #[test]

@@ -35,7 +35,7 @@ use opsched_cost::measured::MeasuredTable;
 use opsched_cost::{
     AnalyticalModel, CostError, CostModel, DevicePreset, HiosSimLaw, IdealModel, LinkPreset,
 };
-use opsched_graph::Op;
+use opsched_graph::names::{self, Known, UnknownName};
 use opsched_schedule::{LowerBound, Progress, Schedule, ScheduleError, Scheduler, Timeline};
 use serde::Serialize;
 
@@ -55,11 +55,11 @@ pub enum Error {
     #[error(transparent)]
     Onnx(#[from] opsched_onnx::OnnxError),
     /// A scheduler name that is not in the registry.
-    #[error("unknown scheduler '{name}' (known: {known})")]
-    UnknownScheduler { name: String, known: String },
+    #[error(transparent)]
+    UnknownScheduler(UnknownName),
     /// A cost model name that does not exist.
-    #[error("unknown cost model '{name}' (known: {known})")]
-    UnknownCost { name: String, known: String },
+    #[error(transparent)]
+    UnknownCost(UnknownName),
     /// Something this build cannot do yet.
     #[error("{0}")]
     Unavailable(String),
@@ -75,8 +75,8 @@ impl Error {
         match self {
             Error::Graph(_)
             | Error::Cost(_)
-            | Error::UnknownScheduler { .. }
-            | Error::UnknownCost { .. }
+            | Error::UnknownScheduler(_)
+            | Error::UnknownCost(_)
             | Error::Unavailable(_)
             | Error::Array(_) => true,
             Error::Schedule(e) => !matches!(e, ScheduleError::Deadlock(_)),
@@ -119,11 +119,36 @@ pub fn load_model_with(spec: &str, cfg: &zoo::ZooConfig, opts: &LoadOptions) -> 
         return Ok(formats::load_file(path)?);
     }
     match zoo::find(spec) {
-        Some(m) => Ok(m.build(cfg)?),
-        None if has_onnx_extension(path) => load_onnx(path, cfg, opts),
-        None if spec.ends_with(".json") || spec.contains('/') => Ok(formats::load_file(path)?),
-        None => Ok(zoo::build(spec, cfg)?),
+        Ok(m) => Ok(m.build(cfg)?),
+        Err(_) if has_onnx_extension(path) => load_onnx(path, cfg, opts),
+        Err(_) if spec.ends_with(".json") || spec.contains('/') => Ok(formats::load_file(path)?),
+        Err(unknown) => Err(unknown.into()),
     }
+}
+
+/// A kind of model [`load_model`] accepts: a name and one line, for help texts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct InputKind {
+    pub name: &'static str,
+    pub about: &'static str,
+}
+
+/// The file formats [`load_model`] reads (zoo names aside): the graph formats of
+/// [`formats::Format`] and, with the `onnx` feature, ONNX.
+pub fn input_formats() -> Vec<InputKind> {
+    let onnx = InputKind {
+        name: "ONNX",
+        about: "a .onnx file (or protobuf content), weights not needed",
+    };
+    let graphs = formats::Format::ALL.map(|f| InputKind {
+        name: f.name(),
+        about: f.about(),
+    });
+    cfg!(feature = "onnx")
+        .then_some(onnx)
+        .into_iter()
+        .chain(graphs)
+        .collect()
 }
 
 fn has_onnx_extension(path: &Path) -> bool {
@@ -280,51 +305,53 @@ pub fn scheduler_names() -> Vec<&'static str> {
     SCHEDULERS.iter().map(|s| s.name).collect()
 }
 
-/// The scheduler registered under `name` (case-insensitive), with default options.
+/// The registry entry named exactly `name`; a near miss is an error suggesting the closest.
+pub fn scheduler_info(name: &str) -> Result<&'static SchedulerInfo> {
+    names::lookup("scheduler", name, SCHEDULERS, |s| Known::plain(s.name))
+        .map_err(Error::UnknownScheduler)
+}
+
+/// The scheduler registered under exactly `name`, with default options.
 pub fn scheduler(name: &str) -> Result<Box<dyn Scheduler>> {
     scheduler_with(name, &SchedulerOptions::default())
 }
 
-/// The scheduler registered under `name` (case-insensitive), with `opts`.
+/// The scheduler registered under exactly `name`, with `opts`.
 pub fn scheduler_with(name: &str, opts: &SchedulerOptions) -> Result<Box<dyn Scheduler>> {
     use opsched_hios::{HiosLp, HiosMr, HiosOptions};
-    let want = name.to_ascii_lowercase().replace('_', "-");
+    let name = scheduler_info(name)?.name;
     let hios = |inter_only| HiosOptions {
         window: opts.window,
         inter_only,
     };
-    let s: Box<dyn Scheduler> = match want.as_str() {
+    let ios = |variant| opsched_ios_dp::IosOptions {
+        r: opts.ios_r,
+        s: opts.ios_s,
+        part: opts.ios_part,
+        variant,
+        budget: opts.ios_budget,
+    };
+    let s: Box<dyn Scheduler> = match name {
         "sequential" => Box::new(opsched_baselines::Sequential),
         "greedy" => Box::new(opsched_baselines::Greedy),
         "nimble" => Box::new(opsched_baselines::Nimble),
         "opara" => Box::new(opsched_opara::Opara),
         "iops" => Box::new(opsched_iops::Iops::default()),
-        "ios" | "ios-parallel" | "ios-merge" => {
-            let variant = opsched_ios_dp::IosVariant::from_name(&want).ok_or_else(|| {
-                Error::UnknownScheduler {
-                    name: name.to_string(),
-                    known: scheduler_names().join(", "),
-                }
-            })?;
-            Box::new(opsched_ios_dp::Ios::new(opsched_ios_dp::IosOptions {
-                r: opts.ios_r,
-                s: opts.ios_s,
-                part: opts.ios_part,
-                variant,
-                budget: opts.ios_budget,
-            }))
-        }
         "hios-lp" => Box::new(HiosLp::new(hios(false))),
         "hios-lp-inter" => Box::new(HiosLp::new(hios(true))),
         "hios-mr" => Box::new(HiosMr::new(hios(false))),
         "hios-mr-inter" => Box::new(HiosMr::new(hios(true))),
-        other => match opsched_lios::Lios::from_name(other, opts.seed) {
-            Some(l) => Box::new(l),
-            None => {
-                return Err(Error::UnknownScheduler {
-                    name: name.to_string(),
-                    known: scheduler_names().join(", "),
-                })
+        other => match (
+            opsched_ios_dp::IosVariant::from_name(other),
+            opsched_lios::Lios::from_name(other, opts.seed),
+        ) {
+            (Some(variant), _) => Box::new(opsched_ios_dp::Ios::new(ios(variant))),
+            (None, Some(lios)) => Box::new(lios),
+            // A registry entry without a constructor: the registry test catches this.
+            (None, None) => {
+                return Err(Error::Unavailable(format!(
+                    "scheduler '{other}' is registered but not built"
+                )))
             }
         },
     };
@@ -452,6 +479,21 @@ impl CostKind {
             CostKind::Cache => "cache",
         }
     }
+
+    /// One line for help texts.
+    pub fn about(self) -> &'static str {
+        match self {
+            CostKind::Analytical => {
+                "roofline times and a contention law from the device preset's published figures"
+            }
+            CostKind::HiosSim => "HIOS's stage law, for cost-annotated DAGs (their default)",
+            CostKind::Ideal => "operators never slow each other down",
+            CostKind::Cache => {
+                "times measured on a GPU, from the persistent cost cache (--cache, \
+                 $OPSCHED_CACHE or the user cache directory)"
+            }
+        }
+    }
 }
 
 impl fmt::Display for CostKind {
@@ -462,24 +504,20 @@ impl fmt::Display for CostKind {
 
 impl FromStr for CostKind {
     type Err = Error;
+    /// The kind named exactly `s`; a near miss is an error suggesting the closest.
     fn from_str(s: &str) -> Result<Self> {
-        let want = s.to_ascii_lowercase().replace('_', "-");
-        CostKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == want)
-            .ok_or_else(|| Error::UnknownCost {
-                name: s.to_string(),
-                known: CostKind::ALL.map(CostKind::as_str).join(", "),
-            })
+        names::lookup("cost model", s, &CostKind::ALL, |k| {
+            Known::plain(k.as_str())
+        })
+        .copied()
+        .map_err(Error::UnknownCost)
     }
 }
 
 /// The cost model to use when none is asked for: the hios-sim law for a cost-annotated DAG
 /// (every operator abstract), the analytical model otherwise.
 pub fn default_cost_kind(g: &Graph) -> CostKind {
-    let mut ops = g.ops().peekable();
-    let has_ops = ops.peek().is_some();
-    if has_ops && ops.all(|o| matches!(g.node(o).op, Op::Abstract { .. })) {
+    if opsched_graph::analysis::is_cost_annotated(g) {
         CostKind::HiosSim
     } else {
         CostKind::Analytical
@@ -707,7 +745,12 @@ mod tests {
         for k in CostKind::ALL {
             assert_eq!(k.to_string().parse::<CostKind>().ok(), Some(k));
         }
-        assert_eq!("HIOS_SIM".parse::<CostKind>().ok(), Some(CostKind::HiosSim));
+        let e = "HIOS_SIM".parse::<CostKind>().err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("did you mean 'hios-sim'?")),
+            "{e:?}"
+        );
         let e = "fast".parse::<CostKind>().err().map(|e| e.to_string());
         assert!(e.is_some_and(|e| e.contains("'fast'") && e.contains("hios-sim")));
     }
@@ -724,5 +767,25 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("'magic'") && e.contains("sequential"), "{e}");
+        // Every registered name builds its own scheduler; near misses build nothing.
+        for info in schedulers() {
+            assert_eq!(
+                scheduler(info.name).map(|s| s.name().to_string()).ok(),
+                Some(info.name.to_string())
+            );
+        }
+        for (near, meant) in [
+            ("IOS", "ios"),
+            ("ios_parallel", "ios-parallel"),
+            ("hios-lp-inter ", "hios-lp-inter"),
+            ("LIOS-rand1", "lios-rand1"),
+        ] {
+            match scheduler(near) {
+                Err(Error::UnknownScheduler(e)) => {
+                    assert_eq!(e.suggestions.first(), Some(&meant), "{e}")
+                }
+                other => panic!("{near}: {:?}", other.map(|s| s.name().to_string())),
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! # opsched-iops
 //!
 //! IOPS (Xie, Xu, Zhu, He: "IOPS: computational graph optimization based on inter-operators
-//! parallel scheduling", `../shared/papers/iops.txt`): a single-GPU stage scheduler that
+//! parallel scheduling"): a single-GPU stage scheduler that
 //! 1. splits the graph into blocks of at most [`Iops::max_block`] operators at minimum cuts
 //!    weighted by operator-replacement opportunities (Sec. 2.2, Algorithm 1; [`split`]);
 //! 2. schedules each block with a dynamic program over predecessor-closed operator sets whose

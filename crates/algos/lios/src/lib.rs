@@ -89,10 +89,9 @@ impl LiosVariant {
         }
     }
 
-    /// The variant of a registry name (case-insensitive, `_` for `-` allowed).
+    /// The variant registered under exactly `name`.
     pub fn from_name(name: &str) -> Option<LiosVariant> {
-        let want = name.to_ascii_lowercase().replace('_', "-");
-        Self::ALL.into_iter().find(|v| v.name() == want)
+        Self::ALL.into_iter().find(|v| v.name() == name)
     }
 
     /// Whether the operator is drawn at random instead of by rank.

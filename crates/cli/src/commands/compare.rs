@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::args::{ModelArgs, PlatformArgs, SchedArgs, TargetArgs};
-use crate::common::{load, print_json, setup};
+use crate::common::{count, load, platform_line, print_json, setup};
 use crate::error::{facade, user};
 use crate::output::Outputs;
 use crate::progress::Bar;
@@ -22,10 +22,11 @@ opsched compare nasnet --algos lios,opara,sequential --device v100 --json\n  \
 opsched compare study.json --gpus 4 --algos hios-lp,hios-mr --csv out.csv --md out.md"
 )]
 pub struct CompareArgs {
-    /// Zoo model name or graph file.
+    /// Zoo model name or model file (--help lists both).
+    #[arg(long_help = crate::help::model())]
     model: String,
-    /// Comma-separated algorithm names, or `all`.
-    #[arg(long, default_value = "all", value_name = "NAMES")]
+    /// Comma-separated algorithm names, or `all` (--help lists them).
+    #[arg(long, default_value = "all", value_name = "NAMES", long_help = crate::help::algos())]
     algos: String,
     #[command(flatten)]
     platform: PlatformArgs,
@@ -93,13 +94,10 @@ fn print_table(table: &opsched::ComparisonTable) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{} ({} operators) on {} x {}, {} streams per GPU, {}; cost model {}",
+        "{} ({}) on {}; cost model {}",
         table.model,
-        table.ops,
-        table.gpus,
-        table.device,
-        table.streams,
-        table.link,
+        count(table.ops, "operator"),
+        platform_line(table.gpus, table.device, table.streams, table.link),
         table.cost_model
     )?;
     writeln!(
@@ -160,14 +158,14 @@ fn csv_field(s: &str) -> std::borrow::Cow<'_, str> {
 
 pub fn comparison_markdown(t: &opsched::ComparisonTable) -> String {
     let mut s = format!(
-        "{} ({} operators) on {} x {}, {} streams per GPU; cost model {}; sequential {:.4} ms, lower bound {:.4} ms\n\n\
+        "{} ({}) on {} x {}, {} per GPU; cost model {}; sequential {:.4} ms, lower bound {:.4} ms\n\n\
          | algorithm | makespan (ms) | speedup | gap to bound | scheduling time (ms) | states |\n\
          |---|---:|---:|---:|---:|---:|\n",
         t.model,
-        t.ops,
+        count(t.ops, "operator"),
         t.gpus,
         t.device,
-        t.streams,
+        count(t.streams, "stream"),
         t.cost_model,
         t.sequential_ms,
         t.lower_bound.value()

@@ -30,7 +30,8 @@ opsched profile inception_v3\n  opsched profile resnet50 --batch 16 --export fix
 opsched profile nasnet --stages-from opara --json"
 )]
 pub struct ProfileArgs {
-    /// Zoo model name or graph file.
+    /// Zoo model name or model file (--help lists both).
+    #[arg(long_help = crate::help::model())]
     model: String,
     #[command(flatten)]
     model_args: ModelArgs,
@@ -140,10 +141,16 @@ opsched run nasnet --algo hios-lp --gpus 2 --check\n  opsched run googlenet --sc
 opsched run model.onnx --algo lios --backend cpu --input x.npy --output y.npz"
 )]
 pub struct RunArgs {
-    /// Zoo model name or graph file.
+    /// Zoo model name or model file (--help lists both).
+    #[arg(long_help = crate::help::model())]
     model: String,
-    /// Scheduling algorithm.
-    #[arg(long, value_name = "NAME", required_unless_present = "schedule")]
+    /// Scheduling algorithm (--help lists them).
+    #[arg(
+        long,
+        value_name = "NAME",
+        required_unless_present = "schedule",
+        long_help = crate::help::algo()
+    )]
     algo: Option<String>,
     /// Run this schedule file (from `opsched schedule --out`) instead of searching one.
     #[arg(long, value_name = "FILE", conflicts_with = "algo")]

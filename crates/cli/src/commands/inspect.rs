@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use opsched::graph::{analysis::Summary, summarize};
+use opsched::graph::analysis::{DagTimes, Summary};
+use opsched::graph::summarize;
 use serde::Serialize;
 
 use crate::args::ModelArgs;
@@ -25,13 +26,15 @@ pub struct ModelsArgs {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "MODEL is a zoo name (see `opsched models`) or a graph file: our graph JSON, \
-IOS graph JSON or a cost-annotated DAG JSON; the format is detected.\n\nExamples:\n  \
+    after_help = "A cost-annotated DAG shows its given times instead of FLOPs, dtype and shapes.\n\n\
+Examples:\n  \
 opsched inspect inception_v3\n  opsched inspect resnet50 --batch 16 --input-size 512 --json\n  \
-opsched inspect ios_graph.json --export graph.json --dot graph.dot"
+opsched inspect model.onnx --batch 8\n  \
+opsched inspect fixtures/ios/v100.json --export graph.json --dot graph.dot"
 )]
 pub struct InspectArgs {
-    /// Zoo model name or graph file.
+    /// Zoo model name or model file (--help lists both).
+    #[arg(long_help = crate::help::model())]
     model: String,
     #[command(flatten)]
     model_args: ModelArgs,
@@ -49,7 +52,6 @@ pub struct InspectArgs {
 #[derive(Serialize)]
 struct ModelRow {
     name: &'static str,
-    aliases: &'static [&'static str],
     description: &'static str,
     ops: usize,
     edges: usize,
@@ -63,7 +65,6 @@ pub fn models(a: &ModelsArgs) -> Result<()> {
         let g = m.build(&cfg).map_err(user)?;
         rows.push(ModelRow {
             name: m.name,
-            aliases: m.aliases,
             description: m.description,
             ops: g.op_count(),
             edges: g.edge_count(),
@@ -107,12 +108,72 @@ pub fn inspect(a: &InspectArgs) -> Result<()> {
         outputs.add(path, opsched::formats::json::to_string(&g));
     }
     let s = summarize(&g);
-    if a.json {
-        print_json(&s)?;
-    } else {
-        print_summary(&mut std::io::stdout().lock(), &s)?;
-    }
+    match (&s.times, a.json) {
+        (Some(times), true) => print_json(&DagSummary::new(&s, times)),
+        (Some(times), false) => print_dag_summary(&mut std::io::stdout().lock(), &s, times),
+        (None, true) => print_json(&s),
+        (None, false) => print_summary(&mut std::io::stdout().lock(), &s),
+    }?;
     outputs.write()
+}
+
+/// What a cost-annotated DAG has: structure and given times, no tensors (no FLOPs, dtype or
+/// shapes).
+#[derive(Serialize)]
+struct DagSummary<'a> {
+    name: &'a str,
+    ops: usize,
+    edges: usize,
+    blocks: usize,
+    depth: usize,
+    width: usize,
+    op_time_ms: f64,
+    transfer_ms: f64,
+    mean_util: f64,
+}
+
+impl<'a> DagSummary<'a> {
+    fn new(s: &'a Summary, t: &DagTimes) -> Self {
+        DagSummary {
+            name: &s.name,
+            ops: s.ops,
+            edges: s.edges,
+            blocks: s.blocks,
+            depth: s.depth,
+            width: s.width,
+            op_time_ms: t.op_time_ms,
+            transfer_ms: t.transfer_ms,
+            mean_util: t.mean_util,
+        }
+    }
+}
+
+fn print_dag_summary(out: &mut impl Write, s: &Summary, t: &DagTimes) -> Result<()> {
+    writeln!(out, "DAG          {} (cost-annotated)", s.name)?;
+    writeln!(out, "operators    {}", s.ops)?;
+    writeln!(out, "edges        {}", s.edges)?;
+    writeln!(
+        out,
+        "op time      {:.4} ms in all (mean util {:.3})",
+        t.op_time_ms, t.mean_util
+    )?;
+    writeln!(out, "transfers    {:.4} ms in all", t.transfer_ms)?;
+    print_shape(out, s)
+}
+
+/// Depth and width, the figures every graph has.
+fn print_shape(out: &mut impl Write, s: &Summary) -> Result<()> {
+    writeln!(
+        out,
+        "depth        {} (operators on the critical path)",
+        s.depth
+    )?;
+    writeln!(
+        out,
+        "width        {} (most mutually independent operators)",
+        s.width
+    )?;
+    Ok(())
 }
 
 fn print_summary(out: &mut impl Write, s: &Summary) -> Result<()> {
@@ -131,16 +192,7 @@ fn print_summary(out: &mut impl Write, s: &Summary) -> Result<()> {
         "bytes moved  {}",
         human((s.bytes_read + s.bytes_written) as f64, "B")
     )?;
-    writeln!(
-        out,
-        "depth        {} (operators on the critical path)",
-        s.depth
-    )?;
-    writeln!(
-        out,
-        "width        {} (most mutually independent operators)",
-        s.width
-    )?;
+    print_shape(out, s)?;
     let types: Vec<String> = s.op_types.iter().map(|(t, n)| format!("{t} {n}")).collect();
     writeln!(out, "op types     {}", types.join(", "))?;
     Ok(())

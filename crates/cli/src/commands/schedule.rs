@@ -22,21 +22,20 @@ use crate::output::Outputs;
 use crate::progress::Bar;
 
 #[derive(Args, Debug)]
-#[command(
-    after_help = "MODEL is a zoo name or a graph file. The schedule is simulated under the cost \
+#[command(after_help = "The schedule is simulated under the cost \
 model (default: hios-sim for a cost-annotated DAG, analytical otherwise) and compared with the \
 sequential schedule under the same model; the lower bound is the larger of the critical path and \
 the cost model's capacity bound.\n\nExamples:\n  \
 opsched schedule inception_v3 --algo ios\n  \
 opsched schedule resnet50 --algo opara --device a100 --batch 8 --json\n  \
 opsched schedule study.json --algo hios-lp --gpus 4 --cost hios-sim --out study.schedule.json\n  \
-opsched schedule nasnet --algo ios --ios-part 20 --svg gantt.svg --trace trace.json"
-)]
+opsched schedule nasnet --algo ios --ios-part 20 --svg gantt.svg --trace trace.json")]
 pub struct ScheduleArgs {
-    /// Zoo model name or graph file.
+    /// Zoo model name or model file (--help lists both).
+    #[arg(long_help = crate::help::model())]
     model: String,
-    /// Scheduling algorithm (an unknown name lists the known ones).
-    #[arg(long, value_name = "NAME")]
+    /// Scheduling algorithm (--help lists them).
+    #[arg(long, value_name = "NAME", long_help = crate::help::algo())]
     algo: String,
     #[command(flatten)]
     platform: PlatformArgs,

@@ -20,16 +20,15 @@ use crate::error::user;
 use crate::output::Outputs;
 
 #[derive(Args, Debug)]
-#[command(
-    after_help = "GRAPH is a zoo name or a graph file; SCHEDULE is a schedule file (as written by \
+#[command(after_help = "SCHEDULE is a schedule file (as written by \
 `opsched schedule --out`), or `ios` for the stages an IOS graph file carries. The schedule is \
 validated first (every operator once, dependencies, stream and GPU limits).\n\nExamples:\n  \
 opsched simulate inception_v3 s.json\n  \
-opsched simulate ../shared/fixtures/ios/v100.json ios --device v100 --json\n  \
-opsched simulate nasnet s.json --gpus 2 --trace trace.json --svg gantt.svg"
-)]
+opsched simulate fixtures/ios/v100.json ios --device v100 --json\n  \
+opsched simulate nasnet s.json --gpus 2 --trace trace.json --svg gantt.svg")]
 pub struct SimulateArgs {
-    /// Zoo model name or graph file.
+    /// Zoo model name or model file (--help lists both).
+    #[arg(long_help = crate::help::model())]
     graph: String,
     /// Schedule file, or `ios` for the IOS stages embedded in an IOS graph file.
     schedule: String,

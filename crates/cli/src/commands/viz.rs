@@ -32,10 +32,16 @@ opsched viz study.json --algo hios-lp --gpus 4 --out study.trace.json\n  \
 opsched viz inception_v3 --schedule s.json --out s.html"
 )]
 pub struct VizArgs {
-    /// Zoo model name or graph file.
+    /// Zoo model name or model file (--help lists both).
+    #[arg(long_help = crate::help::model())]
     model: String,
-    /// Scheduling algorithm whose schedule to draw.
-    #[arg(long, value_name = "NAME", required_unless_present = "schedule")]
+    /// Scheduling algorithm whose schedule to draw (--help lists them).
+    #[arg(
+        long,
+        value_name = "NAME",
+        required_unless_present = "schedule",
+        long_help = crate::help::algo()
+    )]
     algo: Option<String>,
     /// Draw this schedule file (as written by `opsched schedule --out`) instead of searching.
     #[arg(long, value_name = "FILE", conflicts_with = "algo")]

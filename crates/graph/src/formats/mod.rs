@@ -22,6 +22,33 @@ pub enum Format {
     Dag,
 }
 
+impl Format {
+    /// Every format [`load_file`] reads.
+    pub const ALL: [Format; 3] = [Format::Opsched, Format::Ios, Format::Dag];
+
+    /// The format's name, for help texts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Opsched => "opsched graph JSON",
+            Format::Ios => "IOS graph JSON",
+            Format::Dag => "cost-annotated DAG JSON",
+        }
+    }
+
+    /// How it is recognised and what it holds, one line.
+    pub fn about(self) -> &'static str {
+        match self {
+            Format::Opsched => {
+                "{\"format\": \"opsched-graph\", ...}: every operator with its parameters"
+            }
+            Format::Ios => "{\"name\", \"input\", \"blocks\"} as IOS writes it, with its stages",
+            Format::Dag => {
+                "{\"format\": \"opsched-dag\", ...}: operators known by a time and a utilization"
+            }
+        }
+    }
+}
+
 /// Recognise the format of a parsed JSON document.
 pub fn detect(doc: &serde_json::Value) -> Result<Format> {
     let obj = doc

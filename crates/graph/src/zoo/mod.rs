@@ -5,6 +5,7 @@
 
 use crate::error::{GraphError, Result};
 use crate::graph::Graph;
+use crate::names::{self, Known};
 use crate::op::DType;
 
 mod googlenet;
@@ -38,7 +39,8 @@ impl Default for ZooConfig {
 #[derive(Clone, Copy, Debug)]
 pub struct ModelSpec {
     pub name: &'static str,
-    pub aliases: &'static [&'static str],
+    /// Other names people may try (`bert`): never matched, only suggested in the error.
+    pub hints: &'static [&'static str],
     pub description: &'static str,
     /// Default image side or sequence length.
     pub default_input_size: usize,
@@ -74,49 +76,49 @@ impl ModelSpec {
 const MODELS: &[ModelSpec] = &[
     ModelSpec {
         name: "inception_v3",
-        aliases: &["inception", "inceptionv3"],
+        hints: &[],
         description: "Inception-v3 (Szegedy et al. 2016), IOS's variant: no auxiliary head, global pool last",
         default_input_size: 299,
         build: inception::build,
     },
     ModelSpec {
         name: "squeezenet",
-        aliases: &["squeezenet1_0"],
+        hints: &[],
         description: "SqueezeNet 1.0 (Iandola et al. 2016) with IOS's fire modules",
         default_input_size: 224,
         build: squeezenet::build,
     },
     ModelSpec {
         name: "randwire",
-        aliases: &["randwire_large", "randwire_ws"],
+        hints: &[],
         description: "RandWire-WS large (Xie et al. 2019): Watts-Strogatz stages of 16/32/32/32 nodes, fixed seed",
         default_input_size: 224,
         build: randwire::build,
     },
     ModelSpec {
         name: "nasnet",
-        aliases: &["nasnet_large", "nasnet_a_large"],
+        hints: &[],
         description: "NASNet-A large (Zoph et al. 2018), separable convs as sequential ops",
         default_input_size: 331,
         build: nasnet::build,
     },
     ModelSpec {
         name: "resnet50",
-        aliases: &["resnet", "resnet_50"],
+        hints: &[],
         description: "ResNet-50 (He et al. 2016), batch norm folded into convs",
         default_input_size: 224,
         build: resnet::build,
     },
     ModelSpec {
         name: "googlenet",
-        aliases: &["inception_v1"],
+        hints: &["inception_v1"],
         description: "GoogLeNet / Inception-v1 (Szegedy et al. 2015) as in torchvision, no auxiliary heads",
         default_input_size: 224,
         build: googlenet::build,
     },
     ModelSpec {
         name: "transformer",
-        aliases: &["bert_base", "bert"],
+        hints: &["bert"],
         description: "BERT-base style Transformer encoder: 12 layers, hidden 768, 12 heads, FFN 3072",
         default_input_size: 128,
         build: transformer::build,
@@ -128,21 +130,16 @@ pub fn models() -> &'static [ModelSpec] {
     MODELS
 }
 
-/// Find a model by name or alias (case-insensitive, `-` and `_` equivalent).
-pub fn find(name: &str) -> Option<&'static ModelSpec> {
-    let norm = |s: &str| s.to_ascii_lowercase().replace('-', "_");
-    let want = norm(name);
-    MODELS
-        .iter()
-        .find(|m| norm(m.name) == want || m.aliases.iter().any(|a| norm(a) == want))
+/// The model named exactly `name`; a near miss is an error suggesting the closest names.
+pub fn find(name: &str) -> Result<&'static ModelSpec> {
+    names::lookup("model", name, MODELS, |m| Known {
+        name: m.name,
+        hints: m.hints,
+    })
+    .map_err(GraphError::UnknownModel)
 }
 
 /// Build a zoo model by name.
 pub fn build(name: &str, cfg: &ZooConfig) -> Result<Graph> {
-    find(name)
-        .ok_or_else(|| GraphError::UnknownModel {
-            name: name.to_string(),
-            known: MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
-        })?
-        .build(cfg)
+    find(name)?.build(cfg)
 }
