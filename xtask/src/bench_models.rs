@@ -17,9 +17,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use opsched::cost::{AnalyticalModel, DevicePreset, LinkPreset};
+use opsched::cost::{DevicePreset, LinkPreset};
 use opsched::graph::DType;
-use opsched::schedule::{NoProgress, Platform};
+use opsched::schedule::{ExecMode, NoProgress, Platform};
 use opsched::zoo::ZooConfig;
 use opsched::SchedulerOptions;
 use serde::{Deserialize, Serialize};
@@ -275,7 +275,8 @@ fn bench_one(
     let g = opsched::zoo::build(model, &cfg).with_context(|| format!("building {model}"))?;
     let preset = DevicePreset::by_name(device)?;
     let link = LinkPreset::by_name("nvlink4")?;
-    let cost = AnalyticalModel::new(preset.clone(), link.clone());
+    // The preset as users get it: calibrated where a device file is committed.
+    let cost = opsched::analytical_model(&preset, &link, &opsched::Calibration::Committed)?;
     let platform = Platform {
         gpus: 1,
         streams,
@@ -283,7 +284,15 @@ fn bench_one(
         link,
     };
     let names: Vec<&str> = algos.iter().map(String::as_str).collect();
-    let table = opsched::compare(&g, &names, &platform, &cost, opts, &NoProgress)
+    let table = opsched::compare(
+        &g,
+        &names,
+        &platform,
+        &cost,
+        opts,
+        ExecMode::Graph,
+        &NoProgress,
+    )
         .with_context(|| format!("{model} on {device}, batch {batch}"))?;
     let mut rows = Vec::with_capacity(table.rows.len());
     for r in &table.rows {

@@ -97,37 +97,10 @@ pub fn map_gpus(logical: usize, physical: usize) -> Result<Vec<usize>, RuntimeEr
     Ok((0..logical).map(|l| l % physical).collect())
 }
 
-/// The host launch order of a schedule: per operator a priority (smaller first).
+/// The host launch order of a schedule: per operator a priority (smaller first). The schedule
+/// layer owns the rule, so that the eager simulation issues in the same order.
 pub fn priorities(g: &Graph, s: &Schedule) -> Vec<u64> {
-    let mut pri = vec![u64::MAX; g.len()];
-    for (i, &id) in g.topo_order().iter().enumerate() {
-        pri[id.index()] = (1u64 << 40) + i as u64;
-    }
-    match s {
-        Schedule::Stages(p) => {
-            for stages in &p.gpus {
-                for (si, st) in stages.iter().enumerate() {
-                    for op in st.ops() {
-                        if let Some(slot) = pri.get_mut(op.index()) {
-                            *slot = ((si as u64) << 20) + (*slot & 0xF_FFFF);
-                        }
-                    }
-                }
-            }
-        }
-        Schedule::Streams(p) => {
-            for gs in &p.gpus {
-                if let Some(order) = &gs.launch_order {
-                    for (k, op) in order.iter().enumerate() {
-                        if let Some(slot) = pri.get_mut(op.index()) {
-                            *slot = k as u64;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    pri
+    opsched_schedule::launch_priorities(g, s)
 }
 
 fn plan_err(m: impl Into<String>) -> RuntimeError {

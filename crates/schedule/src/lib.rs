@@ -12,6 +12,8 @@
 //!   ordered list of commands (launch an operator, record or wait for an event, send a tensor to
 //!   another GPU, wait for a received tensor). The [`simulate()`] function runs launch plans under a
 //!   cost model and returns a [`Timeline`]; the GPU runtime will run the same plans.
+//!   [`simulate_with`] picks the execution mode ([`ExecMode`]: CUDA-graph replay or eager,
+//!   whose host issues commands in the [`host_order`]).
 //! - The [`validate()`] function checks any schedule (every operator exactly once, dependencies
 //!   respected, no cycle among waits); [`bounds`] gives proven lower bounds on the makespan;
 //!   [`export`] writes timelines as Chrome traces and SVG Gantt charts.
@@ -19,6 +21,7 @@
 
 pub mod bounds;
 pub mod export;
+pub mod host;
 pub mod io;
 pub mod lower;
 pub mod plan;
@@ -31,7 +34,8 @@ pub use plan::{
     Cmd, EventId, GpuLaunch, GpuStreams, LaunchPlan, Platform, Schedule, Stage, StagePlan,
     StageStrategy, StreamPlan, TransferId,
 };
-pub use simulate::{simulate, OpSpan, Timeline, TransferSpan};
+pub use host::{host_order, launch_priorities, HostStep};
+pub use simulate::{simulate, simulate_with, ExecMode, OpSpan, SimOptions, Timeline, TransferSpan};
 pub use validate::validate;
 
 use opsched_cost::CostModel;

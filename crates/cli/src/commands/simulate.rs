@@ -99,7 +99,7 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
     let platform = su.platform(gpus, streams);
     opsched::schedule::validate(&g, &s, &platform)
         .map_err(|e| user(anyhow::anyhow!("{}: {e}", a.schedule)))?;
-    let ev = evaluate(&g, &s, su.cost.as_ref(), gpus)?;
+    let ev = evaluate(&g, &s, &su, gpus)?;
     write_exports(
         &g,
         &ev,

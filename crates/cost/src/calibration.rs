@@ -1,0 +1,342 @@
+//! Device files: a preset's parameters fitted to measurements on a real GPU.
+//!
+//! The analytical model computes times from published figures ([`crate::device`]). A device
+//! file replaces its guesses by what a GPU was measured to do: the execution overheads
+//! (per-kernel launch floor, event record and wait latency, eager host cost per launch), the
+//! contention law (how much of the GPU a kernel really fills, the interference penalty) and the
+//! efficiency of each operator class as a curve over the operator's work. `cargo xtask
+//! calibrate --fit` writes it; [`DeviceFile::embedded`] holds the committed ones (compiled in, so
+//! users need no files), and [`DeviceFile::load`] reads another (`--device-file PATH`).
+//!
+//! ```json
+//! {
+//!   "format": "opsched-device", "version": 1, "preset": "h100",
+//!   "provenance": {"measurements": ["fixtures/gpu/h100-2026-11-22/measurements.json"],
+//!                  "measured_on": "2026-11-22", "device_name": "NVIDIA H100 80GB HBM3",
+//!                  "kernels_revision": "9d7608d", "fitted_with": "cargo xtask calibrate --fit ...",
+//!                  "notes": ["..."]},
+//!   "overheads": {"kernel_launch_us": 1.18, "event_record_us": 1.93, "event_wait_us": 0.3,
+//!                 "eager_launch_us": 11.75, "eager_sync_us": 2.0},
+//!   "contention": {"share_exponent": 0.5, "alpha": 0.1, "alpha_cap": 2.0},
+//!   "efficiency": {"conv": [[1e6, 0.05], [1e9, 0.3]], "matmul": [[1e8, 0.4]],
+//!                  "depthwise": [[1e6, 0.02]], "elementwise": [[1e6, 0.5]], "memory": 0.6}
+//! }
+//! ```
+//!
+//! An efficiency curve is a list of `[flops, efficiency]` points, sorted by FLOPs: the share of
+//! the FP32 peak a kernel of that class reaches, interpolated linearly in `log(flops)` and
+//! constant beyond the end points (one point: a constant). `memory` is the share of the
+//! datasheet bandwidth a streaming kernel reaches. Every field is required; unknown fields are
+//! refused, so a typo cannot silently keep a default.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::CostError;
+
+/// The `format` of a device file.
+pub const FORMAT: &str = "opsched-device";
+/// The newest device file version this build reads.
+pub const VERSION: u32 = 1;
+
+/// The committed device files, compiled in: (preset, JSON text).
+const EMBEDDED: &[(&str, &str)] = &[(
+    "h100",
+    include_str!("../../../fixtures/devices/h100.json"),
+)];
+
+/// Execution overheads measured on a GPU, in microseconds. All zero for an uncalibrated preset
+/// (the formulas then charge the preset's `launch_us` inside each kernel instead).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Overheads {
+    /// GPU time between two dependent kernels of one stream in a CUDA graph: charged once per
+    /// kernel launch ([`crate::launches::launches`]) inside the operator's time.
+    pub kernel_launch_us: f64,
+    /// From an event's record until a stream waiting for it may go on (a cross-stream
+    /// dependency of a CUDA graph).
+    pub event_record_us: f64,
+    /// What one wait costs the waiting stream (a stage's join waits once per joined stream).
+    pub event_wait_us: f64,
+    /// Host time to issue one kernel launch in eager mode.
+    pub eager_launch_us: f64,
+    /// Host time to issue one event record or wait in eager mode.
+    pub eager_sync_us: f64,
+}
+
+/// The contention law's parameters (see [`crate::analytical`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Contention {
+    /// A kernel estimated to fill a share `s` of the SMs fills `s^share_exponent` (in (0, 1]):
+    /// real kernels (split-K, smaller tiles) fill more of the GPU than one tile per block says.
+    pub share_exponent: f64,
+    /// Interference: extra slowdown per unit of oversubscription.
+    pub alpha: f64,
+    /// Cap on the oversubscription the interference term counts.
+    pub alpha_cap: f64,
+}
+
+/// Efficiency as a function of an operator's FLOPs: `[flops, efficiency]` points.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Curve(pub Vec<[f64; 2]>);
+
+impl Curve {
+    /// A constant efficiency.
+    pub fn constant(e: f64) -> Self {
+        Curve(vec![[1.0, e]])
+    }
+
+    /// The efficiency at `flops` (interpolated in `log(flops)`, constant beyond the ends).
+    pub fn at(&self, flops: f64) -> f64 {
+        let pts = &self.0;
+        let (Some(first), Some(last)) = (pts.first(), pts.last()) else {
+            return 1.0;
+        };
+        if flops <= first[0] {
+            return first[1];
+        }
+        if flops >= last[0] {
+            return last[1];
+        }
+        let x = flops.ln();
+        for w in pts.windows(2) {
+            let ([x0, y0], [x1, y1]) = (w[0], w[1]);
+            if flops <= x1 {
+                let (l0, l1) = (x0.ln(), x1.ln());
+                let f = if l1 > l0 { (x - l0) / (l1 - l0) } else { 1.0 };
+                return y0 + f * (y1 - y0);
+            }
+        }
+        last[1]
+    }
+
+    /// Every efficiency multiplied by `k`.
+    pub fn scaled(&self, k: f64) -> Self {
+        Curve(self.0.iter().map(|&[f, e]| [f, e * k]).collect())
+    }
+
+    fn check(&self, field: &str) -> Result<(), String> {
+        if self.0.is_empty() {
+            return Err(format!("{field}: needs at least one [flops, efficiency] point"));
+        }
+        let mut prev = 0.0;
+        for (i, &[f, e]) in self.0.iter().enumerate() {
+            if !(f.is_finite() && f > prev) {
+                return Err(format!(
+                    "{field}[{i}]: flops {f} must be finite, positive and increasing"
+                ));
+            }
+            check_range(&format!("{field}[{i}] efficiency"), e, 1e-6, 100.0)?;
+            prev = f;
+        }
+        Ok(())
+    }
+}
+
+/// Efficiency of each operator class: the share of the FP32 peak (or, for `memory`, of the
+/// datasheet bandwidth) kernels of that class reach.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Efficiency {
+    /// Convolutions as implicit GEMMs (cuDNN).
+    pub conv: Curve,
+    /// Linear layers and batched matrix products (cuBLAS).
+    pub matmul: Curve,
+    /// Depthwise convolutions.
+    pub depthwise: Curve,
+    /// The arithmetic of element-wise, pooling and normalization kernels.
+    pub elementwise: Curve,
+    /// Share of the datasheet memory bandwidth a streaming kernel reaches.
+    pub memory: f64,
+}
+
+/// Where a device file's numbers come from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    /// The measurement files the fit read (paths relative to the repository).
+    pub measurements: Vec<String>,
+    /// Date of the measurements (YYYY-MM-DD).
+    pub measured_on: String,
+    /// The driver's name of the GPU measured.
+    pub device_name: String,
+    /// The git revision of the kernels that ran (times belong to those kernels).
+    pub kernels_revision: String,
+    /// The command that wrote the file.
+    pub fitted_with: String,
+    /// Anything a reader must know (what the fit could and could not do).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// A preset's calibrated parameters (see the module docs for the format).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceFile {
+    pub format: String,
+    pub version: u32,
+    /// The preset it calibrates (e.g. "h100").
+    pub preset: String,
+    pub provenance: Provenance,
+    pub overheads: Overheads,
+    pub contention: Contention,
+    pub efficiency: Efficiency,
+}
+
+fn check_range(field: &str, x: f64, lo: f64, hi: f64) -> Result<(), String> {
+    if x.is_finite() && x >= lo && x <= hi {
+        Ok(())
+    } else {
+        Err(format!("{field}: {x} is outside [{lo}, {hi}]"))
+    }
+}
+
+impl DeviceFile {
+    /// Parse and check a device file's text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &Path) -> Result<Self, CostError> {
+        let err = |message: String| CostError::DeviceFile {
+            path: origin.to_path_buf(),
+            message,
+        };
+        let head: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
+        match head.get("format").and_then(|f| f.as_str()) {
+            Some(FORMAT) => {}
+            other => {
+                return Err(err(format!(
+                    "format: expected \"{FORMAT}\", found {}",
+                    other.map_or("nothing".into(), |f| format!("\"{f}\""))
+                )))
+            }
+        }
+        match head.get("version").and_then(serde_json::Value::as_u64) {
+            Some(v) if v >= 1 && v <= u64::from(VERSION) => {}
+            Some(v) => {
+                return Err(err(format!(
+                    "version {v} is not supported (this build reads 1 to {VERSION})"
+                )))
+            }
+            None => return Err(err("version: missing or not a number".into())),
+        }
+        let file: DeviceFile = serde_json::from_value(head).map_err(|e| err(e.to_string()))?;
+        file.check().map_err(err)?;
+        Ok(file)
+    }
+
+    /// Read and check a device file.
+    pub fn load(path: &Path) -> Result<Self, CostError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CostError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// The committed device file of `preset`, if there is one.
+    pub fn embedded(preset: &str) -> Option<Self> {
+        let (_, text) = EMBEDDED.iter().find(|(p, _)| *p == preset)?;
+        let origin = Path::new("fixtures/devices").join(format!("{preset}.json"));
+        match Self::parse(text, &origin) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                // A test parses every embedded file, so this is a build that skipped the tests.
+                tracing::error!("embedded device file: {e}");
+                None
+            }
+        }
+    }
+
+    /// Presets that have an embedded device file.
+    pub fn embedded_presets() -> impl Iterator<Item = &'static str> {
+        EMBEDDED.iter().map(|(p, _)| *p)
+    }
+
+    /// The file as pretty JSON (what [`DeviceFile::parse`] reads).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| {
+            // Plain data; serialization cannot fail short of a serde_json bug.
+            tracing::error!("device file: cannot serialize: {e}");
+            String::new()
+        }) + "\n"
+    }
+
+    /// Why the parameters cannot be used, naming the field.
+    pub fn check(&self) -> Result<(), String> {
+        if crate::DevicePreset::by_name(&self.preset).is_err() {
+            return Err(format!("preset: unknown preset '{}'", self.preset));
+        }
+        let o = &self.overheads;
+        for (field, x) in [
+            ("overheads.kernel_launch_us", o.kernel_launch_us),
+            ("overheads.event_record_us", o.event_record_us),
+            ("overheads.event_wait_us", o.event_wait_us),
+            ("overheads.eager_launch_us", o.eager_launch_us),
+            ("overheads.eager_sync_us", o.eager_sync_us),
+        ] {
+            check_range(field, x, 0.0, 1e6)?;
+        }
+        let c = &self.contention;
+        check_range("contention.share_exponent", c.share_exponent, 1e-3, 1.0)?;
+        check_range("contention.alpha", c.alpha, 0.0, 100.0)?;
+        check_range("contention.alpha_cap", c.alpha_cap, 0.0, 1e6)?;
+        let e = &self.efficiency;
+        e.conv.check("efficiency.conv")?;
+        e.matmul.check("efficiency.matmul")?;
+        e.depthwise.check("efficiency.depthwise")?;
+        e.elementwise.check("efficiency.elementwise")?;
+        check_range("efficiency.memory", e.memory, 1e-6, 1.0)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_embedded_file_parses_and_names_its_preset() {
+        for p in DeviceFile::embedded_presets() {
+            let f = DeviceFile::embedded(p).unwrap();
+            assert_eq!(f.preset, p);
+            let again = DeviceFile::parse(&f.to_json(), Path::new("x")).unwrap();
+            assert_eq!(again, f);
+        }
+    }
+
+    #[test]
+    fn curves_interpolate_in_log_flops_and_clamp() {
+        let c = Curve(vec![[1e6, 0.1], [1e8, 0.5]]);
+        assert_eq!(c.at(1.0), 0.1);
+        assert_eq!(c.at(1e12), 0.5);
+        assert!((c.at(1e7) - 0.3).abs() < 1e-12);
+        assert_eq!(Curve::constant(0.4).at(123.0), 0.4);
+    }
+
+    #[test]
+    fn bad_files_name_the_file_and_the_field() {
+        let f = DeviceFile::embedded("h100").unwrap();
+        let path = Path::new("dev.json");
+        let mut v: serde_json::Value = serde_json::from_str(&f.to_json()).unwrap();
+        v["contention"]["share_exponent"] = serde_json::json!(0.0);
+        let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
+        assert!(e.starts_with("dev.json: contention.share_exponent"), "{e}");
+        v["contention"]["share_exponent"] = serde_json::json!(0.5);
+        v["efficiency"]["conv"] = serde_json::json!([[1e6, 0.1], [1e5, 0.2]]);
+        let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
+        assert!(e.contains("efficiency.conv[1]"), "{e}");
+        v["version"] = serde_json::json!(9);
+        let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
+        assert!(e.contains("version 9"), "{e}");
+        let e = DeviceFile::parse("{\"format\": \"x\"}", path)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("format"), "{e}");
+        let mut v: serde_json::Value = serde_json::from_str(&f.to_json()).unwrap();
+        v["overheads"]["launch_us"] = serde_json::json!(1.0);
+        let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
+        assert!(e.contains("launch_us"), "{e}");
+    }
+}
