@@ -61,6 +61,21 @@
 //! capped at +20%). Rates lie in (0, 1]. Stage times come from the default fluid simulation
 //! ([`crate::fluid`]).
 //!
+//! # Calibrated presets
+//! With a device file ([`AnalyticalModel::calibrated`], [`crate::calibration`]) the same laws
+//! take measured parameters instead of the guesses above: `e_compute` comes from the file's
+//! efficiency curve of the kernel's family (conv, matmul, depthwise, element-wise) at the
+//! kernel's FLOPs, each kernel takes its family's fixed `latency_us` on top of its roofline
+//! time, `e_memory` comes from the file's `memory`; against other kernels a kernel holds
+//! `sm_share^share_exponent` of the GPU (four copies of a small convolution, each filling a few
+//! percent of the SMs by its tiles, took 1.4x-1.8x one copy's time on an H100: real kernels
+//! hold more of the GPU than they fill), in the contention law whose `alpha` and cap are the
+//! file's, in the demand and in the capacity bound (so its proof holds as it is); and
+//! instead of the preset's `launch_us` per kernel, an operator pays the file's
+//! `kernel_launch_us` once per kernel it launches ([`crate::launches`], views and copies
+//! included). Everything else, and the capacity bound's proof, is unchanged. f16 GEMMs keep the
+//! formulas (the files are fitted to f32 runs).
+//!
 //! HIOS's Fig. 1 (two identical 5x5, 48 -> 48 convolutions on an A40): at 16..64 pixels a side
 //! each fills at most 32 of 84 SMs, so the two fit side by side and run in half the
 //! sequential time; from 128 each has at least 128 blocks for 84 SMs, both want the whole GPU
@@ -69,7 +84,7 @@
 use opsched_graph::merge::merged_conv;
 use opsched_graph::{DType, Graph, NodeId, Op, OpStats, Shape};
 
-use crate::calibration::{Curve, DeviceFile, Overheads};
+use crate::calibration::{self, DeviceFile, Overheads};
 use crate::ideal::annotated_transfer;
 use crate::launches::launches;
 use crate::{CostModel, DevicePreset, LinkPreset, ResourceDemand};
@@ -236,8 +251,8 @@ impl AnalyticalModel {
         self.calibration.as_ref()
     }
 
-    /// The calibrated efficiency curve of a kernel family.
-    fn curve(&self, family: Family) -> Option<&Curve> {
+    /// The calibrated efficiency curve and latency of a kernel family.
+    fn family(&self, family: Family) -> Option<&calibration::Family> {
         let e = &self.calibration.as_ref()?.efficiency;
         Some(match family {
             Family::Conv => &e.conv,
@@ -389,7 +404,12 @@ impl AnalyticalModel {
         }
         .max(1);
         let capacity = u64::from(self.device.sms.max(1)) * to_fill;
-        let share = (k.blocks as f64 / capacity as f64).clamp(MIN_SHARE, 1.0);
+        (k.blocks as f64 / capacity as f64).clamp(MIN_SHARE, 1.0)
+    }
+
+    /// The share of the GPU a kernel holds against others: its share alone, raised to the
+    /// calibrated exponent (real kernels hold more of the GPU than their tiles fill).
+    fn contention_share(&self, share: f64) -> f64 {
         match &self.calibration {
             Some(c) => share.powf(c.contention.share_exponent).clamp(MIN_SHARE, 1.0),
             None => share,
@@ -413,22 +433,29 @@ impl AnalyticalModel {
         // Device files are fitted to f32 runs; f16 tensor-core GEMMs keep the formulas.
         let f16_gemm =
             k.class == Class::Gemm && dtype == DType::F16 && d.fp16_tflops > d.fp32_tflops;
-        let (peak_tflops, eff) = match (self.curve(k.family), k.class) {
+        let fam = self.family(k.family);
+        let (peak_tflops, eff) = match (fam, k.class) {
             _ if f16_gemm => (d.fp16_tflops, kn.gemm_f16),
-            (Some(curve), _) => (d.fp32_tflops, curve.at(k.flops)),
+            (Some(f), _) => (d.fp32_tflops, f.curve.at(k.flops)),
             (None, Class::Gemm) => (d.fp32_tflops, kn.gemm),
             (None, Class::Depthwise) => (d.fp32_tflops, kn.depthwise),
             (None, _) => (d.fp32_tflops, kn.elementwise),
         };
         let memory = cal.map_or(kn.memory, |c| c.efficiency.memory);
-        let launch_us = if cal.is_some() { 0.0 } else { d.launch_us };
+        // Uncalibrated, each kernel pays the preset's launch; calibrated, its family's latency
+        // (the launch floor is charged per operator, see `combine`).
+        let launch_us = match fam {
+            Some(f) => f.latency_us,
+            None if cal.is_some() => 0.0,
+            None => d.launch_us,
+        };
         let compute_rate = (peak_tflops * 1e12 * eff * share).max(f64::MIN_POSITIVE);
         let memory_rate = (d.mem_bw_gbs * 1e9 * memory).max(f64::MIN_POSITIVE);
         let t_s = (k.flops / compute_rate).max(k.bytes / memory_rate);
         let time_ms = finite_or(launch_us.max(0.0) / 1e3 + t_s * 1e3, 0.0);
         KernelCost {
             time_ms,
-            sm_share: share,
+            sm_share: self.contention_share(share),
             kernel: k,
         }
     }

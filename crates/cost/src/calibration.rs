@@ -18,15 +18,21 @@
 //!   "overheads": {"kernel_launch_us": 1.18, "event_record_us": 1.93, "event_wait_us": 0.3,
 //!                 "eager_launch_us": 11.75, "eager_sync_us": 2.0},
 //!   "contention": {"share_exponent": 0.5, "alpha": 0.1, "alpha_cap": 2.0},
-//!   "efficiency": {"conv": [[1e6, 0.05], [1e9, 0.3]], "matmul": [[1e8, 0.4]],
-//!                  "depthwise": [[1e6, 0.02]], "elementwise": [[1e6, 0.5]], "memory": 0.6}
+//!   "efficiency": {"conv": {"curve": [[1e6, 0.05], [1e9, 0.3]], "latency_us": 4.0},
+//!                  "matmul": {"curve": [[1e8, 0.4]], "latency_us": 2.0},
+//!                  "depthwise": {"curve": [[1e6, 0.02]], "latency_us": 3.0},
+//!                  "elementwise": {"curve": [[1e6, 0.5]], "latency_us": 1.0},
+//!                  "memory": 0.6}
 //! }
 //! ```
 //!
-//! An efficiency curve is a list of `[flops, efficiency]` points, sorted by FLOPs: the share of
-//! the FP32 peak a kernel of that class reaches, interpolated linearly in `log(flops)` and
-//! constant beyond the end points (one point: a constant). `memory` is the share of the
-//! datasheet bandwidth a streaming kernel reaches. Every field is required; unknown fields are
+//! Each kernel family has an efficiency curve and a fixed latency. The curve is a list of
+//! `[flops, efficiency]` points, sorted by FLOPs: the share of the FP32 peak a kernel of that
+//! family reaches, interpolated linearly in `log(flops)` and constant beyond the end points (one
+//! point: a constant). `latency_us` is what every kernel of the family takes on top of its
+//! roofline time whatever its size (prologue, a last partial wave, the library's helper
+//! kernels): it is what makes small kernels at batch 1 slow without making large ones slow.
+//! `memory` is the share of the datasheet bandwidth a streaming kernel reaches. Every field is required; unknown fields are
 //! refused, so a typo cannot silently keep a default.
 
 use std::path::Path;
@@ -136,19 +142,34 @@ impl Curve {
     }
 }
 
-/// Efficiency of each operator class: the share of the FP32 peak (or, for `memory`, of the
-/// datasheet bandwidth) kernels of that class reach.
+/// One kernel family's efficiency curve and fixed latency.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Family {
+    pub curve: Curve,
+    pub latency_us: f64,
+}
+
+impl Family {
+    fn check(&self, field: &str) -> Result<(), String> {
+        self.curve.check(&format!("{field}.curve"))?;
+        check_range(&format!("{field}.latency_us"), self.latency_us, 0.0, 1e6)
+    }
+}
+
+/// Each kernel family's efficiency (the share of the FP32 peak it reaches) and latency, and the
+/// share of the datasheet bandwidth streaming kernels reach.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Efficiency {
     /// Convolutions as implicit GEMMs (cuDNN).
-    pub conv: Curve,
+    pub conv: Family,
     /// Linear layers and batched matrix products (cuBLAS).
-    pub matmul: Curve,
+    pub matmul: Family,
     /// Depthwise convolutions.
-    pub depthwise: Curve,
-    /// The arithmetic of element-wise, pooling and normalization kernels.
-    pub elementwise: Curve,
+    pub depthwise: Family,
+    /// Element-wise, pooling, normalization and copy kernels.
+    pub elementwise: Family,
     /// Share of the datasheet memory bandwidth a streaming kernel reaches.
     pub memory: f64,
 }
@@ -197,7 +218,7 @@ fn check_range(field: &str, x: f64, lo: f64, hi: f64) -> Result<(), String> {
 impl DeviceFile {
     /// Parse and check a device file's text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Self, CostError> {
-        let err = |message: String| CostError::DeviceFile {
+        let err = |message: String| CostError::Calibration {
             path: origin.to_path_buf(),
             message,
         };
@@ -324,9 +345,9 @@ mod tests {
         let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
         assert!(e.starts_with("dev.json: contention.share_exponent"), "{e}");
         v["contention"]["share_exponent"] = serde_json::json!(0.5);
-        v["efficiency"]["conv"] = serde_json::json!([[1e6, 0.1], [1e5, 0.2]]);
+        v["efficiency"]["conv"]["curve"] = serde_json::json!([[1e6, 0.1], [1e5, 0.2]]);
         let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
-        assert!(e.contains("efficiency.conv[1]"), "{e}");
+        assert!(e.contains("efficiency.conv.curve[1]"), "{e}");
         v["version"] = serde_json::json!(9);
         let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
         assert!(e.contains("version 9"), "{e}");

@@ -31,6 +31,7 @@ pub mod hios;
 pub mod ideal;
 pub mod launches;
 pub mod measured;
+pub mod measurements;
 pub mod signature;
 
 use opsched_graph::{Graph, NodeId};
@@ -85,9 +86,9 @@ pub enum CostError {
         path: std::path::PathBuf,
         message: String,
     },
-    /// A device file that cannot be used; `message` names the field.
+    /// A device file or a measurement file that cannot be used; `message` names the field.
     #[error("{}: {message}", path.display())]
-    DeviceFile {
+    Calibration {
         path: std::path::PathBuf,
         message: String,
     },

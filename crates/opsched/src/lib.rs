@@ -511,7 +511,7 @@ pub fn analytical_model(
         Calibration::File(path) => {
             let f = DeviceFile::load(path)?;
             if f.preset != device.name {
-                return Err(Error::Cost(CostError::DeviceFile {
+                return Err(Error::Cost(CostError::Calibration {
                     path: path.clone(),
                     message: format!(
                         "preset: the file calibrates '{}', not the device asked for ('{}'); pass \
@@ -824,17 +824,22 @@ pub fn evaluate_in(
     mode: ExecMode,
 ) -> Result<Evaluation> {
     let plan = opsched_schedule::lower(g, s)?;
-    let opts = SimOptions {
-        mode,
-        priorities: (mode == ExecMode::Eager).then(|| opsched_schedule::launch_priorities(g, s)),
-    };
-    let timeline = opsched_schedule::simulate_with(g, &plan, cost, &opts)?;
+    let timeline = opsched_schedule::simulate_with(g, &plan, cost, &sim_options(g, s, mode))?;
     let lower_bound = opsched_schedule::lower_bound(g, cost, gpus.max(1));
     Ok(Evaluation {
         makespan_ms: timeline.makespan_ms,
         timeline,
         lower_bound,
     })
+}
+
+/// How [`evaluate_in`] simulates schedule `s` of `g` in `mode`: eager runs issue in the
+/// schedule's launch order ([`schedule::launch_priorities`]); CUDA-graph replay needs none.
+pub fn sim_options(g: &Graph, s: &Schedule, mode: ExecMode) -> SimOptions {
+    SimOptions {
+        mode,
+        priorities: (mode == ExecMode::Eager).then(|| opsched_schedule::launch_priorities(g, s)),
+    }
 }
 
 /// Number of GPUs a schedule uses (its GPU lists, empty ones included).
