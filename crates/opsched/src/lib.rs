@@ -686,7 +686,11 @@ pub fn measured_from_profiles(
     let chosen = devices
         .iter()
         .find(|d| d.as_str() == device)
-        .or_else(|| devices.iter().find(|d| !want.is_empty() && norm(d).contains(&want)))
+        .or_else(|| {
+            devices
+                .iter()
+                .find(|d| !want.is_empty() && norm(d).contains(&want))
+        })
         .ok_or_else(|| {
             err(format!(
                 "no committed profiles for '{device}' ({}); profile on that GPU first (`cargo \
@@ -712,8 +716,8 @@ pub fn measured_from_profiles(
             path: path.clone(),
             source,
         })?;
-        let rows: Vec<opsched_cost::measured::TableRow> = serde_json::from_str(&text)
-            .map_err(|e| err(format!("{}: {e}", path.display())))?;
+        let rows: Vec<opsched_cost::measured::TableRow> =
+            serde_json::from_str(&text).map_err(|e| err(format!("{}: {e}", path.display())))?;
         for (i, row) in rows.into_iter().enumerate() {
             table
                 .insert(row)

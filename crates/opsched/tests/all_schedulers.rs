@@ -36,7 +36,7 @@ fn check_all(
         opsched::schedule::ExecMode::Graph,
         &opsched::schedule::NoProgress,
     )
-        .unwrap_or_else(|e| panic!("{}: {e}", g.name));
+    .unwrap_or_else(|e| panic!("{}: {e}", g.name));
     let bound = table.lower_bound.value();
     for r in &table.rows {
         assert!(

@@ -93,11 +93,15 @@ pub fn host_order(plan: &LaunchPlan, priority: &[u64]) -> Result<Vec<HostStep>, 
             while let Some(c) = flat[s].2.get(pos[s]) {
                 let enabled = match c {
                     Cmd::Record(e) => {
-                        recorded.get_mut(e.0 as usize).map(|r| *r = true);
+                        if let Some(r) = recorded.get_mut(e.0 as usize) {
+                            *r = true;
+                        }
                         true
                     }
                     Cmd::Send { xfer, .. } => {
-                        sent.get_mut(xfer.0 as usize).map(|x| *x = true);
+                        if let Some(x) = sent.get_mut(xfer.0 as usize) {
+                            *x = true;
+                        }
                         true
                     }
                     Cmd::Wait(e) => recorded.get(e.0 as usize).copied().unwrap_or(false),

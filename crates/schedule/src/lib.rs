@@ -29,12 +29,12 @@ pub mod simulate;
 pub mod validate;
 
 pub use bounds::{lower_bound, LowerBound};
+pub use host::{host_order, launch_priorities, HostStep};
 pub use lower::lower;
 pub use plan::{
     Cmd, EventId, GpuLaunch, GpuStreams, LaunchPlan, Platform, Schedule, Stage, StagePlan,
     StageStrategy, StreamPlan, TransferId,
 };
-pub use host::{host_order, launch_priorities, HostStep};
 pub use simulate::{simulate, simulate_with, ExecMode, OpSpan, SimOptions, Timeline, TransferSpan};
 pub use validate::validate;
 

@@ -375,7 +375,10 @@ fn issue_times(
         host += match cmd {
             Cmd::Launch { op, .. } => f64::from(launches(g, *op)) * launch_ms,
             Cmd::LaunchMerged { ops, .. } => {
-                ops.iter().map(|&op| f64::from(launches(g, op))).sum::<f64>() * launch_ms
+                ops.iter()
+                    .map(|&op| f64::from(launches(g, op)))
+                    .sum::<f64>()
+                    * launch_ms
             }
             _ => sync_ms,
         };

@@ -996,11 +996,13 @@ fn sim_in(g: &Graph, s: &Schedule, cost: &dyn CostModel, mode: ExecMode) -> Time
 /// path: a (1 ms) -> {b, c} (1 ms each, side by side) -> d (1 ms) takes 3 ms + 2 r + 2 w.
 #[test]
 fn a_fork_join_stage_costs_two_records_and_one_wait_per_stream() {
-    let g = dag::from_str(r#"{"format": "opsched-dag", "name": "fj",
+    let g = dag::from_str(
+        r#"{"format": "opsched-dag", "name": "fj",
         "ops": [{"id": 0, "time_ms": 1, "util": 0.1}, {"id": 1, "time_ms": 1, "util": 0.1},
                 {"id": 2, "time_ms": 1, "util": 0.1}, {"id": 3, "time_ms": 1, "util": 0.1}],
         "edges": [{"src": 0, "dst": 1}, {"src": 0, "dst": 2}, {"src": 1, "dst": 3},
-                  {"src": 2, "dst": 3}]}"#)
+                  {"src": 2, "dst": 3}]}"#,
+    )
     .unwrap();
     let s = stages(
         vec![vec![
@@ -1023,10 +1025,12 @@ fn a_fork_join_stage_costs_two_records_and_one_wait_per_stream() {
 /// Eager: a chain of short operators is host-bound, one launch every `eager_launch_us`.
 #[test]
 fn eager_chains_are_host_bound() {
-    let g = dag::from_str(r#"{"format": "opsched-dag", "name": "chain",
+    let g = dag::from_str(
+        r#"{"format": "opsched-dag", "name": "chain",
         "ops": [{"id": 0, "time_ms": 0.001}, {"id": 1, "time_ms": 0.001},
                 {"id": 2, "time_ms": 0.001}],
-        "edges": [{"src": 0, "dst": 1}, {"src": 1, "dst": 2}]}"#)
+        "edges": [{"src": 0, "dst": 1}, {"src": 1, "dst": 2}]}"#,
+    )
     .unwrap();
     let s = sequential(&g);
     let cost = with_overheads(0.0, 0.0, 10.0);

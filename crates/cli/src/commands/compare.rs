@@ -73,8 +73,8 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
         su.exec,
         &bar,
     )
-        .map_err(anyhow::Error::new)
-        .with_context(|| format!("comparing schedulers on {}", g.name))?;
+    .map_err(anyhow::Error::new)
+    .with_context(|| format!("comparing schedulers on {}", g.name))?;
     bar.finish();
     if let Some(path) = &a.csv {
         write_file(path, comparison_csv(&table).as_bytes())?;
