@@ -12,7 +12,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -120,18 +119,7 @@ pub struct Baseline {
 
 pub fn run(args: &[String]) -> Result<()> {
     // Scheduling times mean something only in an optimized build: re-run ourselves in release.
-    if cfg!(debug_assertions) && std::env::var_os("OPSCHED_XTASK_RELEASE").is_none() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(&cargo)
-            .args(["run", "--release", "--quiet", "--package", "xtask", "--"])
-            .arg("bench-models")
-            .args(args)
-            .env("OPSCHED_XTASK_RELEASE", "1")
-            .status()
-            .with_context(|| format!("running {cargo} run --release -p xtask"))?;
-        if !status.success() {
-            bail!("bench-models failed");
-        }
+    if crate::rerun_in_release("bench-models", args)? {
         return Ok(());
     }
     let mut a = Args::try_parse_from(
@@ -293,7 +281,7 @@ fn bench_one(
         ExecMode::Graph,
         &NoProgress,
     )
-        .with_context(|| format!("{model} on {device}, batch {batch}"))?;
+    .with_context(|| format!("{model} on {device}, batch {batch}"))?;
     let mut rows = Vec::with_capacity(table.rows.len());
     for r in &table.rows {
         let schedule_ms = best_time(r.schedule_time_ms, || {

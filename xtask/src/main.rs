@@ -9,9 +9,15 @@
 //!   `fixtures/bench-baseline.json` (`--help` for the options).
 //! - `gpu-test`, `profile [MODEL ...]`, `bench-gpu`: the GPU-only parts (need a CUDA GPU; see
 //!   `gpu_test.rs` and `bench_gpu.rs`).
+//! - `calibrate --fit MEASUREMENTS [--out FILE]`: fit a device file to GPU measurements
+//!   (measuring, without `--fit`, needs the GPU runtime and is not built yet).
+//! - `fidelity [--measurements FILE] [--json]`: the simulator's predictions against committed
+//!   GPU measurements.
 
 mod bench_gpu;
 mod bench_models;
+mod calibrate;
+mod fidelity;
 mod gpu_test;
 mod hios_sim;
 mod plot;
@@ -30,14 +36,37 @@ fn main() -> Result<()> {
         Some("gpu-test") => gpu_test::gpu_test(&args[1..]),
         Some("profile") => gpu_test::profile(&args[1..]),
         Some("bench-gpu") => bench_gpu::bench_gpu(&args[1..]),
+        Some("calibrate") => calibrate::run(&args[1..]),
+        Some("fidelity") => fidelity::run(&args[1..]),
         Some(other) => bail!(
-            "unknown xtask command '{other}'; known: ci, hios-sim, bench-models, gpu-test, profile, bench-gpu"
+            "unknown xtask command '{other}'; known: ci, hios-sim, bench-models, gpu-test, profile, bench-gpu, calibrate, fidelity"
         ),
         None => {
-            eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR] | bench-models [--quick] [--check] [--help] | gpu-test | profile [MODEL ...] | bench-gpu>");
+            eprintln!("usage: cargo xtask <ci | hios-sim [--quick] [--instances N] [--out DIR] | bench-models [--quick] [--check] [--help] | gpu-test | profile [MODEL ...] | bench-gpu | calibrate --fit FILE | fidelity [--json]>");
             Ok(())
         }
     }
+}
+
+/// In a debug build, run `cargo xtask <command> <args>` again as a release build and say so
+/// (true: the caller is done); false in the release run itself. For commands whose work (the
+/// simulator, the schedulers) is slow or timed in a debug build.
+pub fn rerun_in_release(command: &str, args: &[String]) -> Result<bool> {
+    if !cfg!(debug_assertions) || std::env::var_os("OPSCHED_XTASK_RELEASE").is_some() {
+        return Ok(false);
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .args(["run", "--release", "--quiet", "--package", "xtask", "--"])
+        .arg(command)
+        .args(args)
+        .env("OPSCHED_XTASK_RELEASE", "1")
+        .status()
+        .with_context(|| format!("running {cargo} run --release -p xtask"))?;
+    if !status.success() {
+        bail!("{command} failed");
+    }
+    Ok(true)
 }
 
 fn cargo(args: &[&str]) -> Result<()> {

@@ -66,11 +66,12 @@
 //! take measured parameters instead of the guesses above: `e_compute` comes from the file's
 //! efficiency curve of the kernel's family (conv, matmul, depthwise, element-wise) at the
 //! kernel's FLOPs, each kernel takes its family's fixed `latency_us` on top of its roofline
-//! time, `e_memory` comes from the file's `memory`; against other kernels a kernel holds
-//! `sm_share^share_exponent` of the GPU (four copies of a small convolution, each filling a few
-//! percent of the SMs by its tiles, took 1.4x-1.8x one copy's time on an H100: real kernels
-//! hold more of the GPU than they fill), in the contention law whose `alpha` and cap are the
-//! file's, in the demand and in the capacity bound (so its proof holds as it is); and
+//! time, `e_memory` comes from the file's `memory`; a kernel whose tiles fill `sm_share` of the GPU computes alone at
+//! `sm_share^fill_exponent` of the peak (libraries split small GEMMs along K) and holds
+//! `sm_share^share_exponent` of the GPU against other kernels (four copies of a small
+//! convolution, each filling a few percent of the SMs by its tiles, took 1.4x-1.8x one copy's
+//! time on an H100), in the contention law whose `alpha` and cap are the file's, in the demand
+//! and in the capacity bound (so its proof holds as it is); and
 //! instead of the preset's `launch_us` per kernel, an operator pays the file's
 //! `kernel_launch_us` once per kernel it launches ([`crate::launches`], views and copies
 //! included). Everything else, and the capacity bound's proof, is unchanged. f16 GEMMs keep the
@@ -407,12 +408,16 @@ impl AnalyticalModel {
         (k.blocks as f64 / capacity as f64).clamp(MIN_SHARE, 1.0)
     }
 
-    /// The share of the GPU a kernel holds against others: its share alone, raised to the
-    /// calibrated exponent (real kernels hold more of the GPU than their tiles fill).
-    fn contention_share(&self, share: f64) -> f64 {
+    /// The share of the GPU a kernel computes at alone and the share it holds against others,
+    /// from the share its tiles fill: the same uncalibrated, raised to the device file's
+    /// `fill_exponent` and `share_exponent` calibrated.
+    fn alone_and_held(&self, fill: f64) -> (f64, f64) {
         match &self.calibration {
-            Some(c) => share.powf(c.contention.share_exponent).clamp(MIN_SHARE, 1.0),
-            None => share,
+            Some(c) => (
+                fill.powf(c.efficiency.fill_exponent).clamp(MIN_SHARE, 1.0),
+                fill.powf(c.contention.share_exponent).clamp(MIN_SHARE, 1.0),
+            ),
+            None => (fill, fill),
         }
     }
 
@@ -429,7 +434,7 @@ impl AnalyticalModel {
                 kernel: k,
             };
         }
-        let share = self.kernel_share(&k);
+        let (share, held) = self.alone_and_held(self.kernel_share(&k));
         // Device files are fitted to f32 runs; f16 tensor-core GEMMs keep the formulas.
         let f16_gemm =
             k.class == Class::Gemm && dtype == DType::F16 && d.fp16_tflops > d.fp32_tflops;
@@ -455,7 +460,7 @@ impl AnalyticalModel {
         let time_ms = finite_or(launch_us.max(0.0) / 1e3 + t_s * 1e3, 0.0);
         KernelCost {
             time_ms,
-            sm_share: self.contention_share(share),
+            sm_share: held,
             kernel: k,
         }
     }

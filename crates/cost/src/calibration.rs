@@ -22,7 +22,7 @@
 //!                  "matmul": {"curve": [[1e8, 0.4]], "latency_us": 2.0},
 //!                  "depthwise": {"curve": [[1e6, 0.02]], "latency_us": 3.0},
 //!                  "elementwise": {"curve": [[1e6, 0.5]], "latency_us": 1.0},
-//!                  "memory": 0.6}
+//!                  "memory": 0.6, "fill_exponent": 0.5}
 //! }
 //! ```
 //!
@@ -32,7 +32,9 @@
 //! point: a constant). `latency_us` is what every kernel of the family takes on top of its
 //! roofline time whatever its size (prologue, a last partial wave, the library's helper
 //! kernels): it is what makes small kernels at batch 1 slow without making large ones slow.
-//! `memory` is the share of the datasheet bandwidth a streaming kernel reaches. Every field is required; unknown fields are
+//! `memory` is the share of the datasheet bandwidth a streaming kernel reaches; `fill_exponent`
+//! how much faster than its tiles say a small kernel runs alone, `contention.share_exponent` how
+//! much of the GPU it holds against others. Every field is required; unknown fields are
 //! refused, so a typo cannot silently keep a default.
 
 use std::path::Path;
@@ -47,10 +49,7 @@ pub const FORMAT: &str = "opsched-device";
 pub const VERSION: u32 = 1;
 
 /// The committed device files, compiled in: (preset, JSON text).
-const EMBEDDED: &[(&str, &str)] = &[(
-    "h100",
-    include_str!("../../../fixtures/devices/h100.json"),
-)];
+const EMBEDDED: &[(&str, &str)] = &[("h100", include_str!("../../../fixtures/devices/h100.json"))];
 
 /// Execution overheads measured on a GPU, in microseconds. All zero for an uncalibrated preset
 /// (the formulas then charge the preset's `launch_us` inside each kernel instead).
@@ -75,8 +74,9 @@ pub struct Overheads {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Contention {
-    /// A kernel estimated to fill a share `s` of the SMs fills `s^share_exponent` (in (0, 1]):
-    /// real kernels (split-K, smaller tiles) fill more of the GPU than one tile per block says.
+    /// Against other kernels, a kernel whose tiles fill a share `s` of the SMs holds
+    /// `s^share_exponent` of the GPU (in (0, 1]): concurrent kernels slow each other down more
+    /// than their tiles say (caches, memory, the block scheduler).
     pub share_exponent: f64,
     /// Interference: extra slowdown per unit of oversubscription.
     pub alpha: f64,
@@ -126,7 +126,9 @@ impl Curve {
 
     fn check(&self, field: &str) -> Result<(), String> {
         if self.0.is_empty() {
-            return Err(format!("{field}: needs at least one [flops, efficiency] point"));
+            return Err(format!(
+                "{field}: needs at least one [flops, efficiency] point"
+            ));
         }
         let mut prev = 0.0;
         for (i, &[f, e]) in self.0.iter().enumerate() {
@@ -172,6 +174,10 @@ pub struct Efficiency {
     pub elementwise: Family,
     /// Share of the datasheet memory bandwidth a streaming kernel reaches.
     pub memory: f64,
+    /// A kernel whose tiles fill a share `s` of the SMs computes alone at `s^fill_exponent` of
+    /// the peak (in (0, 1]): libraries split small GEMMs along K and pick smaller tiles, so
+    /// small kernels run faster than one tile per block says.
+    pub fill_exponent: f64,
 }
 
 /// Where a device file's numbers come from.
@@ -215,45 +221,61 @@ fn check_range(field: &str, x: f64, lo: f64, hi: f64) -> Result<(), String> {
     }
 }
 
+/// Parse a JSON file of `format` (versions 1 to `version`) and check it; errors name `origin`
+/// and the field. The format and version are read first, so a file of another kind or a newer
+/// version says so instead of failing on its first unknown field.
+pub(crate) fn parse_versioned<T: serde::de::DeserializeOwned>(
+    text: &str,
+    origin: &Path,
+    format: &str,
+    version: u32,
+    check: impl Fn(&T) -> Result<(), String>,
+) -> Result<T, CostError> {
+    let err = |message: String| CostError::Calibration {
+        path: origin.to_path_buf(),
+        message,
+    };
+    let head: serde_json::Value = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
+    match head.get("format").and_then(|f| f.as_str()) {
+        Some(f) if f == format => {}
+        other => {
+            return Err(err(format!(
+                "format: expected \"{format}\", found {}",
+                other.map_or("nothing".into(), |f| format!("\"{f}\""))
+            )))
+        }
+    }
+    match head.get("version").and_then(serde_json::Value::as_u64) {
+        Some(v) if v >= 1 && v <= u64::from(version) => {}
+        Some(v) => {
+            return Err(err(format!(
+                "version {v} is not supported (this build reads 1 to {version})"
+            )))
+        }
+        None => return Err(err("version: missing or not a number".into())),
+    }
+    let value: T = serde_json::from_value(head).map_err(|e| err(e.to_string()))?;
+    check(&value).map_err(err)?;
+    Ok(value)
+}
+
+/// A file's text, or an error naming it.
+pub(crate) fn read_text(path: &Path) -> Result<String, CostError> {
+    std::fs::read_to_string(path).map_err(|source| CostError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 impl DeviceFile {
     /// Parse and check a device file's text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Self, CostError> {
-        let err = |message: String| CostError::Calibration {
-            path: origin.to_path_buf(),
-            message,
-        };
-        let head: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
-        match head.get("format").and_then(|f| f.as_str()) {
-            Some(FORMAT) => {}
-            other => {
-                return Err(err(format!(
-                    "format: expected \"{FORMAT}\", found {}",
-                    other.map_or("nothing".into(), |f| format!("\"{f}\""))
-                )))
-            }
-        }
-        match head.get("version").and_then(serde_json::Value::as_u64) {
-            Some(v) if v >= 1 && v <= u64::from(VERSION) => {}
-            Some(v) => {
-                return Err(err(format!(
-                    "version {v} is not supported (this build reads 1 to {VERSION})"
-                )))
-            }
-            None => return Err(err("version: missing or not a number".into())),
-        }
-        let file: DeviceFile = serde_json::from_value(head).map_err(|e| err(e.to_string()))?;
-        file.check().map_err(err)?;
-        Ok(file)
+        parse_versioned(text, origin, FORMAT, VERSION, DeviceFile::check)
     }
 
     /// Read and check a device file.
     pub fn load(path: &Path) -> Result<Self, CostError> {
-        let text = std::fs::read_to_string(path).map_err(|source| CostError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(&text, path)
+        Self::parse(&read_text(path)?, path)
     }
 
     /// The committed device file of `preset`, if there is one.
@@ -301,6 +323,12 @@ impl DeviceFile {
         }
         let c = &self.contention;
         check_range("contention.share_exponent", c.share_exponent, 1e-3, 1.0)?;
+        check_range(
+            "efficiency.fill_exponent",
+            self.efficiency.fill_exponent,
+            1e-3,
+            1.0,
+        )?;
         check_range("contention.alpha", c.alpha, 0.0, 100.0)?;
         check_range("contention.alpha_cap", c.alpha_cap, 0.0, 1e6)?;
         let e = &self.efficiency;
@@ -342,14 +370,20 @@ mod tests {
         let path = Path::new("dev.json");
         let mut v: serde_json::Value = serde_json::from_str(&f.to_json()).unwrap();
         v["contention"]["share_exponent"] = serde_json::json!(0.0);
-        let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
+        let e = DeviceFile::parse(&v.to_string(), path)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("dev.json: contention.share_exponent"), "{e}");
         v["contention"]["share_exponent"] = serde_json::json!(0.5);
         v["efficiency"]["conv"]["curve"] = serde_json::json!([[1e6, 0.1], [1e5, 0.2]]);
-        let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
+        let e = DeviceFile::parse(&v.to_string(), path)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("efficiency.conv.curve[1]"), "{e}");
         v["version"] = serde_json::json!(9);
-        let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
+        let e = DeviceFile::parse(&v.to_string(), path)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("version 9"), "{e}");
         let e = DeviceFile::parse("{\"format\": \"x\"}", path)
             .unwrap_err()
@@ -357,7 +391,9 @@ mod tests {
         assert!(e.contains("format"), "{e}");
         let mut v: serde_json::Value = serde_json::from_str(&f.to_json()).unwrap();
         v["overheads"]["launch_us"] = serde_json::json!(1.0);
-        let e = DeviceFile::parse(&v.to_string(), path).unwrap_err().to_string();
+        let e = DeviceFile::parse(&v.to_string(), path)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("launch_us"), "{e}");
     }
 }

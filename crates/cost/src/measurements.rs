@@ -198,34 +198,12 @@ impl Measurements {
 
     /// Parse and check; `origin` names the file in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Self, CostError> {
-        let err = |message: String| CostError::Calibration {
-            path: origin.to_path_buf(),
-            message,
-        };
-        let m: Measurements = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
-        if m.format != FORMAT {
-            return Err(err(format!(
-                "format: expected \"{FORMAT}\", found \"{}\"",
-                m.format
-            )));
-        }
-        if m.version == 0 || m.version > VERSION {
-            return Err(err(format!(
-                "version {} is not supported (this build reads 1 to {VERSION})",
-                m.version
-            )));
-        }
-        m.check().map_err(err)?;
-        Ok(m)
+        crate::calibration::parse_versioned(text, origin, FORMAT, VERSION, Measurements::check)
     }
 
     /// Read and check a measurement file.
     pub fn load(path: &Path) -> Result<Self, CostError> {
-        let text = std::fs::read_to_string(path).map_err(|source| CostError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(&text, path)
+        Self::parse(&crate::calibration::read_text(path)?, path)
     }
 
     /// Pretty JSON (what [`Measurements::parse`] reads).
@@ -250,9 +228,16 @@ impl Measurements {
             positive(&format!("contention[{i}].together_us"), c.together_us)?;
             let k = &c.conv;
             if c.copies < 2
-                || [k.in_channels, k.size, k.out_channels, k.kernel[0], k.kernel[1], k.batch]
-                    .iter()
-                    .any(|&d| d == 0 || d > 1 << 20)
+                || [
+                    k.in_channels,
+                    k.size,
+                    k.out_channels,
+                    k.kernel[0],
+                    k.kernel[1],
+                    k.batch,
+                ]
+                .iter()
+                .any(|&d| d == 0 || d > 1 << 20)
             {
                 return Err(format!(
                     "contention[{i}]: needs at least 2 copies and sizes in 1..2^20"

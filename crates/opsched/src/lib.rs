@@ -25,6 +25,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+pub mod calibrate;
+
 use opsched_cost::cache::CostCache;
 use opsched_cost::measured::MeasuredTable;
 use opsched_cost::{
