@@ -12,13 +12,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use opsched::cost::{AnalyticalModel, DevicePreset};
+use opsched::cost::DevicePreset;
 use opsched::graph::DType;
-use opsched::schedule::{NoProgress, Platform};
+use opsched::schedule::{ExecMode, NoProgress, Platform};
 use opsched::zoo::ZooConfig;
 use opsched::SchedulerOptions;
 use serde::{Deserialize, Serialize};
@@ -133,18 +132,7 @@ impl Args {
 /// Run with options `a`, given on the command line as `flags` (to re-run ourselves with them).
 pub fn run(a: &Args, flags: &[String]) -> Result<()> {
     // Scheduling times mean something only in an optimized build: re-run ourselves in release.
-    if cfg!(debug_assertions) && std::env::var_os("OPSCHED_XTASK_RELEASE").is_none() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(&cargo)
-            .args(["run", "--release", "--quiet", "--package", "xtask", "--"])
-            .arg("bench-models")
-            .args(flags)
-            .env("OPSCHED_XTASK_RELEASE", "1")
-            .status()
-            .with_context(|| format!("running {cargo} run --release -p xtask"))?;
-        if !status.success() {
-            bail!("bench-models failed");
-        }
+    if crate::rerun_in_release("bench-models", flags)? {
         return Ok(());
     }
     let (devices, batches) = if a.quick {
@@ -283,7 +271,8 @@ fn bench_one(
     let preset = DevicePreset::by_name(device)?;
     // One GPU: the link carries nothing; the preset's own keeps the platform line true.
     let link = preset.default_link.clone();
-    let cost = AnalyticalModel::new(preset.clone(), link.clone());
+    // The preset as users get it: calibrated where a device file is committed.
+    let cost = opsched::analytical_model(&preset, &link, &opsched::Calibration::Committed)?;
     let platform = Platform {
         gpus: 1,
         streams,
@@ -291,8 +280,16 @@ fn bench_one(
         link,
     };
     let names: Vec<&str> = algos.iter().map(String::as_str).collect();
-    let table = opsched::compare(&g, &names, &platform, &cost, opts, &NoProgress)
-        .with_context(|| format!("{model} on {device}, batch {batch}"))?;
+    let table = opsched::compare(
+        &g,
+        &names,
+        &platform,
+        &cost,
+        opts,
+        ExecMode::Graph,
+        &NoProgress,
+    )
+    .with_context(|| format!("{model} on {device}, batch {batch}"))?;
     let mut rows = Vec::with_capacity(table.rows.len());
     for r in &table.rows {
         let schedule_ms = best_time(r.schedule_time_ms, || {

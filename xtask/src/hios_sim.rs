@@ -145,6 +145,7 @@ fn run_instance(
         &platform,
         &cost,
         opts,
+        opsched::schedule::ExecMode::Graph,
         &opsched::schedule::NoProgress,
     )
     .with_context(|| format!("instance seed {} on {gpus} GPUs", params.seed))?;

@@ -1,12 +1,15 @@
 //! `cargo xtask <command>`: project automation (rust-analyzer's convention).
 //!
 //! The commands are the variants of [`Cmd`] (clap derive): `ci` (what `.ci/run` runs),
-//! `hios-sim`, `bench-models`, and the GPU-only `gpu-test`, `profile` and `bench-gpu`.
+//! `hios-sim`, `bench-models`, `calibrate` (fit a device file to GPU measurements), `fidelity`
+//! (the simulator against committed measurements), and the GPU-only `gpu-test`, `profile` and `bench-gpu`.
 //! `cargo xtask --help` lists them and `cargo xtask <command> --help` gives each one's options;
 //! `--help` only prints.
 
 mod bench_gpu;
 mod bench_models;
+mod calibrate;
+mod fidelity;
 mod gpu_test;
 mod hios_sim;
 mod plot;
@@ -46,6 +49,15 @@ pub enum Cmd {
     Profile(gpu_test::ProfileArgs),
     /// Our schedules against PyTorch on this GPU, eager and as CUDA graphs (needs a CUDA GPU).
     BenchGpu(bench_gpu::Args),
+    /// Fit a device file (fixtures/devices/<preset>.json) to GPU measurements.
+    Calibrate(calibrate::Args),
+    /// The simulator's predictions against committed GPU measurements.
+    Fidelity(fidelity::Args),
+}
+
+/// The current command's flags as given, for commands that re-run themselves in release.
+fn flags() -> Vec<String> {
+    std::env::args().skip(2).collect()
 }
 
 fn main() -> Result<()> {
@@ -53,11 +65,34 @@ fn main() -> Result<()> {
         Cmd::Ci => ci(),
         Cmd::HiosSim(a) => hios_sim::run(&a),
         // Its flags as given, for re-running itself in release.
-        Cmd::BenchModels(a) => bench_models::run(&a, &std::env::args().skip(2).collect::<Vec<_>>()),
+        Cmd::BenchModels(a) => bench_models::run(&a, &flags()),
         Cmd::GpuTest(a) => gpu_test::gpu_test(&a),
         Cmd::Profile(a) => gpu_test::profile(&a),
         Cmd::BenchGpu(a) => bench_gpu::bench_gpu(a),
+        Cmd::Calibrate(a) => calibrate::run(&a, &flags()),
+        Cmd::Fidelity(a) => fidelity::run(&a, &flags()),
     }
+}
+
+/// In a debug build, run `cargo xtask <command> <args>` again as a release build and say so
+/// (true: the caller is done); false in the release run itself. For commands whose work (the
+/// simulator, the schedulers) is slow or timed in a debug build.
+pub fn rerun_in_release(command: &str, args: &[String]) -> Result<bool> {
+    if !cfg!(debug_assertions) || std::env::var_os("OPSCHED_XTASK_RELEASE").is_some() {
+        return Ok(false);
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .args(["run", "--release", "--quiet", "--package", "xtask", "--"])
+        .arg(command)
+        .args(args)
+        .env("OPSCHED_XTASK_RELEASE", "1")
+        .status()
+        .with_context(|| format!("running {cargo} run --release -p xtask"))?;
+    if !status.success() {
+        bail!("{command} failed");
+    }
+    Ok(true)
 }
 
 fn cargo(args: &[&str]) -> Result<()> {

@@ -72,6 +72,35 @@ pub struct PlatformArgs {
     /// Cost cache file for `--cost cache` (default: the user's cache directory).
     #[arg(long, value_name = "PATH")]
     pub cache: Option<PathBuf>,
+    /// Committed profiles for `--cost measured` (default: the repository's fixtures/costs).
+    #[arg(long, value_name = "DIR")]
+    pub costs: Option<PathBuf>,
+    /// Calibrate the analytical model with this device file instead of the committed one
+    /// (fixtures/devices/<device>.json, written by `cargo xtask calibrate --fit`).
+    #[arg(long, value_name = "PATH", conflicts_with = "formulas")]
+    pub device_file: Option<PathBuf>,
+    /// Use the preset's published figures alone, even where a device file calibrates it.
+    #[arg(long)]
+    pub formulas: bool,
+    /// How the simulated runtime executes a schedule: graph (replayed as one CUDA graph) or
+    /// eager (the host issues every launch, at a measured cost per launch).
+    #[arg(long, value_enum, default_value_t = ExecArg::Graph)]
+    pub exec: ExecArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum ExecArg {
+    Graph,
+    Eager,
+}
+
+impl ExecArg {
+    pub fn mode(self) -> opsched::schedule::ExecMode {
+        match self {
+            ExecArg::Graph => opsched::schedule::ExecMode::Graph,
+            ExecArg::Eager => opsched::schedule::ExecMode::Eager,
+        }
+    }
 }
 
 /// GPUs and streams of the platform a schedule is searched for.

@@ -5,8 +5,8 @@ use std::io::Write;
 
 use anyhow::{Context, Result};
 use opsched::cost::{CostModel, DevicePreset, LinkPreset};
-use opsched::schedule::{export, Platform, Schedule};
-use opsched::{ratio, CostKind, Evaluation, Graph};
+use opsched::schedule::{export, ExecMode, Platform, Schedule};
+use opsched::{ratio, Calibration, CostKind, CostSpec, Evaluation, Graph};
 use serde::Serialize;
 
 use crate::args::{ExportArgs, ModelArgs, PlatformArgs};
@@ -34,6 +34,8 @@ pub struct Setup {
     pub link: LinkPreset,
     pub kind: CostKind,
     pub cost: Box<dyn CostModel>,
+    /// How the simulated runtime executes schedules.
+    pub exec: ExecMode,
 }
 
 pub fn setup(g: &Graph, args: &PlatformArgs) -> Result<Setup> {
@@ -42,36 +44,50 @@ pub fn setup(g: &Graph, args: &PlatformArgs) -> Result<Setup> {
         Some(name) => LinkPreset::by_name(name).map_err(user)?,
         None => device.default_link.clone(),
     };
+    let mut spec = CostSpec {
+        cache: args.cache.clone(),
+        calibration: match &args.device_file {
+            Some(path) => Calibration::File(path.clone()),
+            None if args.formulas => Calibration::Formulas,
+            None => Calibration::Committed,
+        },
+        costs_dir: args.costs.clone(),
+        measured_device: None,
+    };
     let kind = match &args.cost {
-        Some(name) => name.parse::<CostKind>().map_err(facade)?,
+        Some(name) => spec.parse_kind(name).map_err(facade)?,
         None => opsched::default_cost_kind(g),
     };
     if args.cache.is_some() && kind != CostKind::Cache {
         tracing::warn!(cost = %kind, "--cache is only read by --cost cache");
     }
-    let cost = opsched::cost_model(kind, &device, &link, g, args.cache.as_deref())
+    let built = opsched::cost_model_with(kind, &device, &link, g, &spec)
         .map_err(facade)
         .with_context(|| format!("cost model {kind}"))?;
-    tracing::debug!(cost = %cost.name(), "cost model");
+    for note in &built.notes {
+        eprintln!("note: {note}");
+    }
+    tracing::debug!(cost = %built.model.name(), "cost model");
     Ok(Setup {
         device,
         link,
         kind,
-        cost,
+        cost: built.model,
+        exec: args.exec.mode(),
     })
 }
 
-pub fn evaluate(g: &Graph, s: &Schedule, cost: &dyn CostModel, gpus: usize) -> Result<Evaluation> {
-    opsched::evaluate(g, s, cost, gpus)
+pub fn evaluate(g: &Graph, s: &Schedule, su: &Setup, gpus: usize) -> Result<Evaluation> {
+    opsched::evaluate_in(g, s, su.cost.as_ref(), gpus, su.exec)
         .map_err(anyhow::Error::new)
         .context("simulating the schedule")
 }
 
 /// The makespan of the sequential schedule on one GPU of `platform`: what speedups are over.
-pub fn sequential_ms(g: &Graph, platform: &Platform, cost: &dyn CostModel) -> Result<f64> {
+pub fn sequential_ms(g: &Graph, platform: &Platform, su: &Setup) -> Result<f64> {
     let seq = opsched::scheduler("sequential").map_err(facade)?;
-    let (s, _) = seq.schedule(g, platform, cost)?;
-    Ok(evaluate(g, &s, cost, 1)?.makespan_ms)
+    let (s, _) = seq.schedule(g, platform, su.cost.as_ref())?;
+    Ok(evaluate(g, &s, su, 1)?.makespan_ms)
 }
 
 /// The timeline files asked for (`--trace`, `--svg`).

@@ -61,6 +61,22 @@
 //! capped at +20%). Rates lie in (0, 1]. Stage times come from the default fluid simulation
 //! ([`crate::fluid`]).
 //!
+//! # Calibrated presets
+//! With a device file ([`AnalyticalModel::calibrated`], [`crate::calibration`]) the same laws
+//! take measured parameters instead of the guesses above: `e_compute` comes from the file's
+//! efficiency curve of the kernel's family (conv, matmul, depthwise, element-wise) at the
+//! kernel's FLOPs, each kernel takes its family's fixed `latency_us` on top of its roofline
+//! time, `e_memory` comes from the file's `memory`; a kernel whose tiles fill `sm_share` of the GPU computes alone at
+//! `sm_share^fill_exponent` of the peak (libraries split small GEMMs along K) and holds
+//! `sm_share^share_exponent` of the GPU against other kernels (four copies of a small
+//! convolution, each filling a few percent of the SMs by its tiles, took 1.4x-1.8x one copy's
+//! time on an H100), in the contention law whose `alpha` and cap are the file's, in the demand
+//! and in the capacity bound (so its proof holds as it is); and
+//! instead of the preset's `launch_us` per kernel, an operator pays the file's
+//! `kernel_launch_us` once per kernel it launches ([`crate::launches`], views and copies
+//! included). Everything else, and the capacity bound's proof, is unchanged. f16 GEMMs keep the
+//! formulas (the files are fitted to f32 runs).
+//!
 //! HIOS's Fig. 1 (two identical 5x5, 48 -> 48 convolutions on an A40): at 16..64 pixels a side
 //! each fills at most 32 of 84 SMs, so the two fit side by side and run in half the
 //! sequential time; from 128 each has at least 128 blocks for 84 SMs, both want the whole GPU
@@ -69,7 +85,9 @@
 use opsched_graph::merge::merged_conv;
 use opsched_graph::{DType, Graph, NodeId, Op, OpStats, Shape};
 
+use crate::calibration::{self, DeviceFile, Overheads};
 use crate::ideal::annotated_transfer;
+use crate::launches::launches;
 use crate::{CostModel, DevicePreset, LinkPreset, ResourceDemand};
 
 /// The smallest share an operator is given (shares lie in (0, 1]).
@@ -128,6 +146,9 @@ pub struct AnalyticalModel {
     pub device: DevicePreset,
     pub link: LinkPreset,
     pub knobs: Knobs,
+    /// Parameters fitted to measurements (see [`AnalyticalModel::calibrated`]); `None`: the
+    /// published figures and [`Knobs`] alone.
+    calibration: Option<DeviceFile>,
 }
 
 impl Default for AnalyticalModel {
@@ -149,10 +170,20 @@ enum Class {
     View,
 }
 
+/// Which efficiency curve of a device file a kernel follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    Conv,
+    Matmul,
+    Depthwise,
+    Elementwise,
+}
+
 /// One kernel of an operator.
 #[derive(Clone, Copy, Debug)]
 struct Kernel {
     class: Class,
+    family: Family,
     flops: f64,
     bytes: f64,
     blocks: u64,
@@ -202,7 +233,42 @@ impl AnalyticalModel {
             device,
             link,
             knobs: Knobs::default(),
+            calibration: None,
         }
+    }
+
+    /// The model of `device` with the parameters of a device file fitted to measurements
+    /// (overheads, contention law, efficiency curves; see [`crate::calibration`]). The file's
+    /// preset should be `device`'s; the caller checks.
+    pub fn calibrated(device: DevicePreset, link: LinkPreset, file: DeviceFile) -> Self {
+        AnalyticalModel {
+            calibration: Some(file),
+            ..Self::new(device, link)
+        }
+    }
+
+    /// The device file the model uses, if it is calibrated.
+    pub fn calibration(&self) -> Option<&DeviceFile> {
+        self.calibration.as_ref()
+    }
+
+    /// The calibrated efficiency curve and latency of a kernel family.
+    fn family(&self, family: Family) -> Option<&calibration::Family> {
+        let e = &self.calibration.as_ref()?.efficiency;
+        Some(match family {
+            Family::Conv => &e.conv,
+            Family::Matmul => &e.matmul,
+            Family::Depthwise => &e.depthwise,
+            Family::Elementwise => &e.elementwise,
+        })
+    }
+
+    /// Per-kernel launch floor charged inside an operator's time, ms (0 uncalibrated: the
+    /// formulas charge the preset's `launch_us` in each kernel instead).
+    fn launch_floor_ms(&self) -> f64 {
+        self.calibration
+            .as_ref()
+            .map_or(0.0, |c| c.overheads.kernel_launch_us.max(0.0) / 1e3)
     }
 
     /// The same model with other efficiency factors.
@@ -218,13 +284,21 @@ impl AnalyticalModel {
         self
     }
 
-    fn gemm_kernel(&self, dtype: DType, flops: f64, bytes: f64, blocks: u64) -> Kernel {
+    fn gemm_kernel(
+        &self,
+        family: Family,
+        dtype: DType,
+        flops: f64,
+        bytes: f64,
+        blocks: u64,
+    ) -> Kernel {
         let (bk, elem) = match dtype {
             DType::F32 => (8u64, 4u64),
             DType::F16 => (32, 2),
         };
         Kernel {
             class: Class::Gemm,
+            family,
             flops,
             bytes,
             blocks: blocks.max(1),
@@ -237,6 +311,11 @@ impl AnalyticalModel {
     fn ew_kernel(class: Class, flops: f64, bytes: f64, elements: u64) -> Kernel {
         Kernel {
             class,
+            family: if class == Class::Depthwise {
+                Family::Depthwise
+            } else {
+                Family::Elementwise
+            },
             flops,
             bytes,
             blocks: ceil_div(elements, u64::from(EW_THREADS) * EW_PER_THREAD).max(1),
@@ -265,14 +344,14 @@ impl AnalyticalModel {
                     let per_group = (cout / groups).max(1) as u64;
                     let blocks =
                         groups as u64 * ceil_div(pixels, TILE_M) * ceil_div(per_group, TILE_N);
-                    self.gemm_kernel(dtype, flops, bytes, blocks)
+                    self.gemm_kernel(Family::Conv, dtype, flops, bytes, blocks)
                 }
             }
             Op::Linear { out_features, .. } => {
                 let n = (*out_features).max(1) as u64;
                 let m = out_elems / n;
                 let blocks = ceil_div(m, TILE_M) * ceil_div(n, TILE_N);
-                self.gemm_kernel(dtype, flops, bytes, blocks)
+                self.gemm_kernel(Family::Matmul, dtype, flops, bytes, blocks)
             }
             Op::BatchMatmul { .. } => {
                 let r = out.len();
@@ -283,7 +362,7 @@ impl AnalyticalModel {
                 };
                 let batch = out_elems / (m * n).max(1);
                 let blocks = batch * ceil_div(m, TILE_M) * ceil_div(n, TILE_N);
-                self.gemm_kernel(dtype, flops, bytes, blocks)
+                self.gemm_kernel(Family::Matmul, dtype, flops, bytes, blocks)
             }
             Op::Reshape { .. } => Self::ew_kernel(Class::View, 0.0, 0.0, out_elems),
             Op::Pool2d(p) if p.kind.is_global() => {
@@ -329,39 +408,68 @@ impl AnalyticalModel {
         (k.blocks as f64 / capacity as f64).clamp(MIN_SHARE, 1.0)
     }
 
+    /// The share of the GPU a kernel computes at alone and the share it holds against others,
+    /// from the share its tiles fill: the same uncalibrated, raised to the device file's
+    /// `fill_exponent` and `share_exponent` calibrated.
+    fn alone_and_held(&self, fill: f64) -> (f64, f64) {
+        match &self.calibration {
+            Some(c) => (
+                fill.powf(c.efficiency.fill_exponent).clamp(MIN_SHARE, 1.0),
+                fill.powf(c.contention.share_exponent).clamp(MIN_SHARE, 1.0),
+            ),
+            None => (fill, fill),
+        }
+    }
+
     fn eval(&self, k: Kernel, dtype: DType) -> KernelCost {
         let d = &self.device;
         let kn = &self.knobs;
+        let cal = self.calibration.as_ref();
         if k.class == Class::View {
+            // Calibrated, a view is charged its launch (the backend copies) and nothing else.
+            let view_us = if cal.is_some() { 0.0 } else { kn.view_us };
             return KernelCost {
-                time_ms: kn.view_us.max(0.0) / 1e3,
+                time_ms: view_us.max(0.0) / 1e3,
                 sm_share: MIN_SHARE,
                 kernel: k,
             };
         }
-        let share = self.kernel_share(&k);
-        let (peak_tflops, eff) = match (k.class, dtype) {
-            (Class::Gemm, DType::F16) if d.fp16_tflops > d.fp32_tflops => {
-                (d.fp16_tflops, kn.gemm_f16)
-            }
-            (Class::Gemm, _) => (d.fp32_tflops, kn.gemm),
-            (Class::Depthwise, _) => (d.fp32_tflops, kn.depthwise),
-            _ => (d.fp32_tflops, kn.elementwise),
+        let (share, held) = self.alone_and_held(self.kernel_share(&k));
+        // Device files are fitted to f32 runs; f16 tensor-core GEMMs keep the formulas.
+        let f16_gemm =
+            k.class == Class::Gemm && dtype == DType::F16 && d.fp16_tflops > d.fp32_tflops;
+        let fam = self.family(k.family);
+        let (peak_tflops, eff) = match (fam, k.class) {
+            _ if f16_gemm => (d.fp16_tflops, kn.gemm_f16),
+            (Some(f), _) => (d.fp32_tflops, f.curve.at(k.flops)),
+            (None, Class::Gemm) => (d.fp32_tflops, kn.gemm),
+            (None, Class::Depthwise) => (d.fp32_tflops, kn.depthwise),
+            (None, _) => (d.fp32_tflops, kn.elementwise),
+        };
+        let memory = cal.map_or(kn.memory, |c| c.efficiency.memory);
+        // Uncalibrated, each kernel pays the preset's launch; calibrated, its family's latency
+        // (the launch floor is charged per operator, see `combine`).
+        let launch_us = match fam {
+            Some(f) => f.latency_us,
+            None if cal.is_some() => 0.0,
+            None => d.launch_us,
         };
         let compute_rate = (peak_tflops * 1e12 * eff * share).max(f64::MIN_POSITIVE);
-        let memory_rate = (d.mem_bw_gbs * 1e9 * kn.memory).max(f64::MIN_POSITIVE);
+        let memory_rate = (d.mem_bw_gbs * 1e9 * memory).max(f64::MIN_POSITIVE);
         let t_s = (k.flops / compute_rate).max(k.bytes / memory_rate);
-        let time_ms = finite_or(d.launch_us.max(0.0) / 1e3 + t_s * 1e3, 0.0);
+        let time_ms = finite_or(launch_us.max(0.0) / 1e3 + t_s * 1e3, 0.0);
         KernelCost {
             time_ms,
-            sm_share: share,
+            sm_share: held,
             kernel: k,
         }
     }
 
-    /// Combine kernels run one after another into an operator's cost.
-    fn combine(&self, kernels: &[KernelCost]) -> Cost {
-        let time_ms: f64 = kernels.iter().map(|k| k.time_ms).sum();
+    /// Combine kernels run one after another into an operator's cost, with `launches` launch
+    /// floors (idle SMs) on top.
+    fn combine(&self, kernels: &[KernelCost], launches: u32) -> Cost {
+        let floors = f64::from(launches) * self.launch_floor_ms();
+        let time_ms: f64 = kernels.iter().map(|k| k.time_ms).sum::<f64>() + floors;
         let busy: f64 = kernels.iter().map(|k| k.time_ms * k.sm_share).sum();
         let flops: f64 = kernels.iter().map(|k| k.kernel.flops).sum();
         let bytes: f64 = kernels.iter().map(|k| k.kernel.bytes).sum();
@@ -435,7 +543,7 @@ impl AnalyticalModel {
                     kernels.push(self.eval(k, dtype));
                     shapes = vec![out];
                 }
-                self.combine(&kernels)
+                self.combine(&kernels, launches(g, op))
             }
             other => {
                 let terms = g.input_shapes(op);
@@ -444,7 +552,7 @@ impl AnalyticalModel {
                 } else {
                     self.kernel(other, &terms, &node.shape, g.stats(op), g.dtype)
                 };
-                self.combine(&[self.eval(k, g.dtype)])
+                self.combine(&[self.eval(k, g.dtype)], launches(g, op))
             }
         }
     }
@@ -498,7 +606,13 @@ fn is_view(op: &Op, inputs: &[opsched_graph::Term]) -> bool {
 
 impl CostModel for AnalyticalModel {
     fn name(&self) -> String {
-        format!("analytical({})", self.device.name)
+        match &self.calibration {
+            Some(c) => format!(
+                "analytical({}, calibrated {})",
+                self.device.name, c.provenance.measured_on
+            ),
+            None => format!("analytical({})", self.device.name),
+        }
     }
 
     fn op_time(&self, g: &Graph, op: NodeId) -> f64 {
@@ -518,11 +632,15 @@ impl CostModel for AnalyticalModel {
             b += c.bw_share;
         }
         let over = s.max(b);
+        let (alpha, alpha_cap) = match &self.calibration {
+            Some(c) => (c.contention.alpha, c.contention.alpha_cap),
+            None => (self.knobs.alpha, self.knobs.alpha_cap),
+        };
         let rate = if over <= 1.0 || !over.is_finite() {
             1.0
         } else {
-            let extra = (over - 1.0).min(self.knobs.alpha_cap.max(0.0));
-            let penalty = 1.0 + self.knobs.alpha.max(0.0) * extra;
+            let extra = (over - 1.0).min(alpha_cap.max(0.0));
+            let penalty = 1.0 + alpha.max(0.0) * extra;
             (1.0 / (over * penalty)).clamp(f64::MIN_POSITIVE, 1.0)
         };
         out.resize(running.len(), rate);
@@ -539,7 +657,7 @@ impl CostModel for AnalyticalModel {
         let out = op.infer_shape(&terms).ok()?;
         let stats = op.stats(&terms, &out, g.dtype).ok()?;
         let k = self.kernel(&op, &terms, &out, stats, g.dtype);
-        let mut t = self.combine(&[self.eval(k, g.dtype)]).time_ms;
+        let mut t = self.combine(&[self.eval(k, g.dtype)], 1).time_ms;
         let (mut sw, mut bw) = (0.0, 0.0);
         for &o in ops {
             let c = self.cost(g, o);
@@ -589,5 +707,11 @@ impl CostModel for AnalyticalModel {
             bw += b;
         }
         sw.max(bw) / gpus.max(1) as f64
+    }
+
+    fn overheads(&self) -> Overheads {
+        self.calibration
+            .as_ref()
+            .map_or_else(Overheads::default, |c| c.overheads)
     }
 }

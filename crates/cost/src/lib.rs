@@ -16,17 +16,22 @@
 //! [`device`]), the [`hios`] stage law for cost-annotated DAGs, the [`ideal`] model (operators
 //! never slow each other down), [`measured`] tables that fall back to the analytical model, and
 //! the persistent [`cache`] of measurements keyed by device fingerprint and operator
-//! [`signature`].
+//! [`signature`]. [`calibration`] reads device files (a preset's parameters fitted to GPU
+//! measurements, among them the execution [`Overheads`]); [`launches`] counts the kernels an
+//! operator launches.
 //!
 //! All times are in milliseconds.
 
 pub mod analytical;
 pub mod cache;
+pub mod calibration;
 pub mod device;
 pub mod fluid;
 pub mod hios;
 pub mod ideal;
+pub mod launches;
 pub mod measured;
+pub mod measurements;
 pub mod signature;
 
 use opsched_graph::names::UnknownName;
@@ -34,6 +39,7 @@ use opsched_graph::{Graph, NodeId};
 use serde::{Deserialize, Serialize};
 
 pub use analytical::AnalyticalModel;
+pub use calibration::{DeviceFile, Overheads};
 pub use device::{DevicePreset, LinkPreset};
 pub use hios::HiosSimLaw;
 pub use ideal::IdealModel;
@@ -78,6 +84,12 @@ pub enum CostError {
     Unsupported { node: String, message: String },
     #[error("cost cache {path}: {message}")]
     Cache {
+        path: std::path::PathBuf,
+        message: String,
+    },
+    /// A device file or a measurement file that cannot be used; `message` names the field.
+    #[error("{}: {message}", path.display())]
+    Calibration {
         path: std::path::PathBuf,
         message: String,
     },
@@ -130,6 +142,13 @@ pub trait CostModel: Send + Sync {
     fn stats(&self) -> CostStats {
         CostStats::default()
     }
+
+    /// The execution overheads the simulator charges beside operator times (event latency,
+    /// eager host issue; see `opsched_schedule::simulate`). None by default: a model of
+    /// published figures or of a paper's law has no such costs.
+    fn overheads(&self) -> Overheads {
+        Overheads::default()
+    }
 }
 
 /// A boxed model is a model (so `Box<dyn CostModel>` can be a fallback or be passed on).
@@ -160,5 +179,8 @@ impl<M: CostModel + ?Sized> CostModel for Box<M> {
     }
     fn stats(&self) -> CostStats {
         (**self).stats()
+    }
+    fn overheads(&self) -> Overheads {
+        (**self).overheads()
     }
 }

@@ -343,6 +343,12 @@ impl<M: CostModel> CostModel for MeasuredTable<M> {
         longest.max(sm / gpus).max(bw / gpus)
     }
 
+    /// The fallback's: measured operator times include their launch floors, events and host
+    /// issue stay overheads of the execution.
+    fn overheads(&self) -> crate::Overheads {
+        self.fallback.overheads()
+    }
+
     fn stats(&self) -> CostStats {
         CostStats {
             measured: self.measured.load(Ordering::Relaxed),

@@ -136,7 +136,7 @@ fn extreme_integers_anywhere_never_panic() {
 /// What each regression case of `fixtures/bad/onnx` must say: the file (as `opsched inspect`
 /// is given it), what is wrong and where (node, input, output or initializer). Every file in
 /// the folder must be listed here, so a new case states its expected error.
-const BAD_CASES: [(&str, &[&str]); 31] = [
+const BAD_CASES: [(&str, &[&str]); 33] = [
     (
         "concat-dims-overflow",
         &["initializer 'big'", "more than 2^40 elements"],
@@ -144,7 +144,7 @@ const BAD_CASES: [(&str, &[&str]); 31] = [
     ("conv-group-zero", &["node 'conv' (Conv)", "0 groups"]),
     (
         "conv-pads-2e62",
-        &["node 'conv' (Conv)", "implausibly large"],
+        &["node 'conv' (Conv)", "exceeds the limit"],
     ),
     (
         "conv-stride-zero",
@@ -155,6 +155,7 @@ const BAD_CASES: [(&str, &[&str]); 31] = [
         "duplicate-output",
         &["node 'second' (Sigmoid)", "writes 'y'", "node 'first'"],
     ),
+    ("empty", &["not an ONNX model", "the file is empty"]),
     (
         "expand-to-2e40",
         &["node 'expand' (Expand)", "implausibly large"],
@@ -210,7 +211,7 @@ const BAD_CASES: [(&str, &[&str]); 31] = [
     ("input-zero-dim", &["graph input 'x'", "dimension 1 is 0"]),
     (
         "maxpool-pads-2e40",
-        &["node 'pool' (MaxPool)", "implausibly large"],
+        &["node 'pool' (MaxPool)", "exceeds the limit"],
     ),
     (
         "node-name-with-newline",
@@ -227,6 +228,7 @@ const BAD_CASES: [(&str, &[&str]); 31] = [
         "node-without-outputs",
         &["node 'silent' (Relu)", "has no output"],
     ),
+    ("not-protobuf", &["not an ONNX model", "does not decode"]),
     (
         "output-overwrites-initializer",
         &["node 'relu' (Relu)", "writes 'w'", "initializer"],

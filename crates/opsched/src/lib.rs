@@ -27,16 +27,21 @@ pub use opsched_schedule as schedule;
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
+
+pub mod calibrate;
 
 use opsched_cost::cache::CostCache;
 use opsched_cost::measured::MeasuredTable;
 use opsched_cost::{
-    AnalyticalModel, CostError, CostModel, DevicePreset, HiosSimLaw, IdealModel, LinkPreset,
+    AnalyticalModel, CostError, CostModel, DeviceFile, DevicePreset, HiosSimLaw, IdealModel,
+    LinkPreset,
 };
 use opsched_graph::names::{self, Known, UnknownName};
-use opsched_schedule::{LowerBound, Progress, Schedule, ScheduleError, Scheduler, Timeline};
+use opsched_schedule::{
+    ExecMode, LowerBound, Progress, Schedule, ScheduleError, Scheduler, SimOptions, Timeline,
+};
 use serde::Serialize;
 
 pub mod npy;
@@ -381,25 +386,29 @@ pub struct ComparisonTable {
     pub device: &'static str,
     pub link: &'static str,
     pub cost_model: String,
+    /// How the simulated runtime executes the schedules.
+    pub exec: ExecMode,
     pub sequential_ms: f64,
     pub lower_bound: LowerBound,
     pub rows: Vec<Comparison>,
 }
 
-/// Run each named scheduler on `g`, validate its schedule and simulate it under `cost`: the
-/// one code path behind `opsched compare` and `cargo xtask bench-models`. `progress` hears each
-/// algorithm's name as a step, then the progress of its search.
+/// Run each named scheduler on `g`, validate its schedule and simulate it under `cost` in
+/// execution mode `mode`: the one code path behind `opsched compare` and `cargo xtask
+/// bench-models`. `progress` hears each algorithm's name as a step, then the progress of its
+/// search.
 pub fn compare(
     g: &Graph,
     names: &[&str],
     platform: &opsched_schedule::Platform,
     cost: &dyn CostModel,
     opts: &SchedulerOptions,
+    mode: ExecMode,
     progress: &dyn Progress,
 ) -> Result<ComparisonTable> {
     let seq = opsched_baselines::Sequential;
     let (seq_schedule, _) = seq.schedule(g, platform, cost)?;
-    let sequential_ms = evaluate(g, &seq_schedule, cost, 1)?.makespan_ms;
+    let sequential_ms = evaluate_in(g, &seq_schedule, cost, 1, mode)?.makespan_ms;
     let lower_bound = opsched_schedule::lower_bound(g, cost, platform.gpus.max(1));
     let mut rows = Vec::with_capacity(names.len());
     for name in names {
@@ -409,7 +418,7 @@ pub fn compare(
         let (s, stats) = sched.schedule_with_progress(g, platform, cost, progress)?;
         let schedule_time_ms = start.elapsed().as_secs_f64() * 1e3;
         opsched_schedule::validate(g, &s, platform)?;
-        let makespan_ms = evaluate(g, &s, cost, platform.gpus)?.makespan_ms;
+        let makespan_ms = evaluate_in(g, &s, cost, platform.gpus, mode)?.makespan_ms;
         rows.push(Comparison {
             algo: sched.name().to_string(),
             makespan_ms,
@@ -427,6 +436,7 @@ pub fn compare(
         device: platform.device.name,
         link: platform.link.name,
         cost_model: cost.name(),
+        exec: mode,
         sequential_ms,
         lower_bound,
         rows,
@@ -459,15 +469,19 @@ pub enum CostKind {
     Ideal,
     /// Measured times from the persistent cost cache, falling back to the analytical model.
     Cache,
+    /// Measured times from the committed profiles (`fixtures/costs/<device>/*/ops.json`),
+    /// falling back to the analytical model; `measured:NAME` picks the profiles' device.
+    Measured,
 }
 
 impl CostKind {
     /// Every kind, as named on the command line.
-    pub const ALL: [CostKind; 4] = [
+    pub const ALL: [CostKind; 5] = [
         CostKind::Analytical,
         CostKind::HiosSim,
         CostKind::Ideal,
         CostKind::Cache,
+        CostKind::Measured,
     ];
 
     /// The name on the command line.
@@ -477,6 +491,7 @@ impl CostKind {
             CostKind::HiosSim => "hios-sim",
             CostKind::Ideal => "ideal",
             CostKind::Cache => "cache",
+            CostKind::Measured => "measured",
         }
     }
 
@@ -492,6 +507,10 @@ impl CostKind {
                 "times measured on a GPU, from the persistent cost cache (--cache, \
                  $OPSCHED_CACHE or the user cache directory)"
             }
+            CostKind::Measured => {
+                "measured[:DEVICE]: committed GPU profiles (fixtures/costs/<device>, or --costs \
+                 DIR), the analytical model for operators they lack (a note names them)"
+            }
         }
     }
 }
@@ -504,9 +523,14 @@ impl fmt::Display for CostKind {
 
 impl FromStr for CostKind {
     type Err = Error;
-    /// The kind named exactly `s`; a near miss is an error suggesting the closest.
+    /// The kind named exactly `s` (`measured:NAME` is the measured kind, see [`CostSpec`] for
+    /// the name); a near miss is an error suggesting the closest.
     fn from_str(s: &str) -> Result<Self> {
-        names::lookup("cost model", s, &CostKind::ALL, |k| {
+        let kind = match s.split_once(':') {
+            Some((k, _)) if k == CostKind::Measured.as_str() => k,
+            _ => s,
+        };
+        names::lookup("cost model", kind, &CostKind::ALL, |k| {
             Known::plain(k.as_str())
         })
         .copied()
@@ -524,6 +548,85 @@ pub fn default_cost_kind(g: &Graph) -> CostKind {
     }
 }
 
+/// Where the analytical model's parameters come from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Calibration {
+    /// The committed device file of the preset (`fixtures/devices/<preset>.json`, compiled in)
+    /// where there is one, else the published figures.
+    #[default]
+    Committed,
+    /// The published figures and the formulas alone, even for a calibrated preset.
+    Formulas,
+    /// This device file (`--device-file`); it must calibrate the preset asked for.
+    File(PathBuf),
+}
+
+/// The analytical model of `device` with the parameters `calibration` says.
+pub fn analytical_model(
+    device: &DevicePreset,
+    link: &LinkPreset,
+    calibration: &Calibration,
+) -> Result<AnalyticalModel> {
+    let file = match calibration {
+        Calibration::Formulas => None,
+        Calibration::Committed => DeviceFile::embedded(device.name),
+        Calibration::File(path) => {
+            let f = DeviceFile::load(path)?;
+            if f.preset != device.name {
+                return Err(Error::Cost(CostError::Calibration {
+                    path: path.clone(),
+                    message: format!(
+                        "preset: the file calibrates '{}', not the device asked for ('{}'); pass \
+                         --device {}",
+                        f.preset, device.name, f.preset
+                    ),
+                }));
+            }
+            Some(f)
+        }
+    };
+    Ok(match file {
+        Some(f) => AnalyticalModel::calibrated(device.clone(), link.clone(), f),
+        None => AnalyticalModel::new(device.clone(), link.clone()),
+    })
+}
+
+/// Everything that picks a cost model besides its kind and the platform.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CostSpec {
+    /// The cost cache for [`CostKind::Cache`] (default: the user's cache directory).
+    pub cache: Option<PathBuf>,
+    /// The analytical model's parameters (also the fallback of measured tables).
+    pub calibration: Calibration,
+    /// [`CostKind::Measured`]: the directory of committed profiles (default: the repository's
+    /// `fixtures/costs`).
+    pub costs_dir: Option<PathBuf>,
+    /// [`CostKind::Measured`]: the profiles' device (`measured:NAME`; default: the preset's
+    /// name), matched like a driver's device name ([`DevicePreset::for_device_name`]).
+    pub measured_device: Option<String>,
+}
+
+impl CostSpec {
+    /// Parse a `--cost` value: the kind, and for `measured:NAME` the device name.
+    pub fn parse_kind(&mut self, text: &str) -> Result<CostKind> {
+        let kind = text.parse::<CostKind>()?;
+        if kind == CostKind::Measured {
+            self.measured_device = text
+                .split_once(':')
+                .map(|(_, name)| name.trim().to_string())
+                .filter(|n| !n.is_empty());
+        }
+        Ok(kind)
+    }
+}
+
+/// A cost model, with what the user should know about how it answers.
+pub struct CostSetup {
+    pub model: Box<dyn CostModel>,
+    /// One line each, e.g. the operators a measured table lacks (estimated instead).
+    pub notes: Vec<String>,
+}
+
 /// Build the cost model `kind` for graph `g` on `device` GPUs linked by `link`. `cache_path`
 /// is the cost cache file for [`CostKind::Cache`] (default: the user's cache directory).
 ///
@@ -536,16 +639,160 @@ pub fn cost_model(
     g: &Graph,
     cache_path: Option<&Path>,
 ) -> Result<Box<dyn CostModel>> {
-    let base = AnalyticalModel::new(device.clone(), link.clone());
+    let spec = CostSpec {
+        cache: cache_path.map(Path::to_path_buf),
+        ..CostSpec::default()
+    };
+    Ok(cost_model_with(kind, device, link, g, &spec)?.model)
+}
+
+/// [`cost_model`] with every choice spelled out in `spec`, and notes for the user.
+pub fn cost_model_with(
+    kind: CostKind,
+    device: &DevicePreset,
+    link: &LinkPreset,
+    g: &Graph,
+    spec: &CostSpec,
+) -> Result<CostSetup> {
+    let base = analytical_model(device, link, &spec.calibration)?;
+    let plain = |model: Box<dyn CostModel>| CostSetup {
+        model,
+        notes: Vec::new(),
+    };
     match kind {
-        CostKind::Analytical => Ok(Box::new(base)),
+        CostKind::Analytical => Ok(plain(Box::new(base))),
         CostKind::HiosSim => {
             HiosSimLaw::check(g)?;
-            Ok(Box::new(HiosSimLaw::new(base)))
+            Ok(plain(Box::new(HiosSimLaw::new(base))))
         }
-        CostKind::Ideal => Ok(Box::new(IdealModel::new(base))),
-        CostKind::Cache => Ok(Box::new(measured_from_cache(device, base, cache_path)?)),
+        CostKind::Ideal => Ok(plain(Box::new(IdealModel::new(base)))),
+        CostKind::Cache => {
+            let table = measured_from_cache(device, base, spec.cache.as_deref())?;
+            Ok(with_coverage(g, table, "cache"))
+        }
+        CostKind::Measured => {
+            let name = spec.measured_device.as_deref().unwrap_or(device.name);
+            let dir = spec.costs_dir.clone().unwrap_or_else(committed_costs_dir);
+            let table = measured_from_profiles(&dir, name, base)?;
+            Ok(with_coverage(g, table, &format!("measured:{name}")))
+        }
     }
+}
+
+/// The repository's committed profiles, `fixtures/costs`.
+pub fn committed_costs_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/costs")
+}
+
+/// A measured table with a note naming the operators of `g` it does not have.
+fn with_coverage(g: &Graph, table: MeasuredTable<AnalyticalModel>, what: &str) -> CostSetup {
+    let missing: Vec<&str> = g
+        .ops()
+        .filter(|&o| table.measured_op(g, o).is_none())
+        .map(|o| g.node(o).name.as_str())
+        .collect();
+    let mut notes = Vec::new();
+    if !missing.is_empty() {
+        const SHOWN: usize = 8;
+        let more = missing.len().saturating_sub(SHOWN);
+        notes.push(format!(
+            "{what}: {} of {} operators are not measured and use the estimate of {}: {}{}",
+            missing.len(),
+            g.op_count(),
+            table.fallback().name(),
+            missing[..missing.len().min(SHOWN)].join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    CostSetup {
+        model: Box::new(table),
+        notes,
+    }
+}
+
+/// The committed profiles of one device: every `DIR/<device>/*/ops.json` (the profiler's
+/// export, one directory per model and batch) in one table, keyed by operator signature, so a
+/// profile serves every model with the same operators. `device` is a directory name or, like a
+/// driver's device name, matched by the directory whose letters and digits contain it.
+pub fn measured_from_profiles(
+    dir: &Path,
+    device: &str,
+    base: AnalyticalModel,
+) -> Result<MeasuredTable<AnalyticalModel>> {
+    let err = |message: String| {
+        Error::Cost(CostError::Cache {
+            path: dir.to_path_buf(),
+            message,
+        })
+    };
+    let norm = |s: &str| -> String {
+        s.chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    };
+    let mut devices: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| e.path().is_dir())
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    devices.sort();
+    let want = norm(device);
+    let chosen = devices
+        .iter()
+        .find(|d| d.as_str() == device)
+        .or_else(|| {
+            devices
+                .iter()
+                .find(|d| !want.is_empty() && norm(d).contains(&want))
+        })
+        .ok_or_else(|| {
+            err(format!(
+                "no committed profiles for '{device}' ({}); profile on that GPU first (`cargo \
+                 xtask profile`)",
+                if devices.is_empty() {
+                    "there are none".to_string()
+                } else {
+                    format!("there are: {}", devices.join(", "))
+                }
+            ))
+        })?;
+    let device_dir = dir.join(chosen);
+    let mut tables: Vec<PathBuf> = std::fs::read_dir(&device_dir)
+        .map_err(|e| err(format!("{}: {e}", device_dir.display())))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("ops.json"))
+        .filter(|p| p.is_file())
+        .collect();
+    tables.sort();
+    let mut table = MeasuredTable::new(base).with_source(chosen.clone());
+    for path in &tables {
+        let text = std::fs::read_to_string(path).map_err(|source| CostError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let rows: Vec<opsched_cost::measured::TableRow> =
+            serde_json::from_str(&text).map_err(|e| err(format!("{}: {e}", path.display())))?;
+        for (i, row) in rows.into_iter().enumerate() {
+            table
+                .insert(row)
+                .map_err(|why| err(format!("{}: row {i}: {why}", path.display())))?;
+        }
+    }
+    if table.is_empty() {
+        return Err(err(format!(
+            "{}: no ops.json with measurements under it",
+            device_dir.display()
+        )));
+    }
+    Ok(table)
 }
 
 /// The measurements of the cost cache (`cache_path`, else the default location) taken on the
@@ -633,12 +880,24 @@ pub struct Evaluation {
     pub lower_bound: LowerBound,
 }
 
-/// Lower `s`, simulate it under `cost`, and compute the lower bound for `gpus` GPUs: the one
-/// evaluator behind every number opsched reports. (Validate first with
+/// Lower `s`, simulate it under `cost` (replayed as a CUDA graph), and compute the lower bound
+/// for `gpus` GPUs: the one evaluator behind every number opsched reports. (Validate first with
 /// [`schedule::validate()`]: this function trusts the schedule.)
 pub fn evaluate(g: &Graph, s: &Schedule, cost: &dyn CostModel, gpus: usize) -> Result<Evaluation> {
+    evaluate_in(g, s, cost, gpus, ExecMode::Graph)
+}
+
+/// [`evaluate`] in execution mode `mode` (eager: the host issues in the runtime's host order,
+/// [`schedule::HostProgram`], which follows the plan's launch order).
+pub fn evaluate_in(
+    g: &Graph,
+    s: &Schedule,
+    cost: &dyn CostModel,
+    gpus: usize,
+    mode: ExecMode,
+) -> Result<Evaluation> {
     let plan = opsched_schedule::lower(g, s)?;
-    let timeline = opsched_schedule::simulate(g, &plan, cost)?;
+    let timeline = opsched_schedule::simulate_with(g, &plan, cost, &SimOptions { mode })?;
     // Inputs are validated at the door; this keeps a cost model's overflow from ever being
     // reported as a result.
     if !timeline.makespan_ms.is_finite() {

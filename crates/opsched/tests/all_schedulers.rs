@@ -27,8 +27,16 @@ fn check_all(
     opts: &SchedulerOptions,
 ) -> Vec<(String, f64)> {
     let names = opsched::scheduler_names();
-    let table = opsched::compare(g, &names, p, cost, opts, &opsched::schedule::NoProgress)
-        .unwrap_or_else(|e| panic!("{}: {e}", g.name));
+    let table = opsched::compare(
+        g,
+        &names,
+        p,
+        cost,
+        opts,
+        opsched::schedule::ExecMode::Graph,
+        &opsched::schedule::NoProgress,
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", g.name));
     let bound = table.lower_bound.value();
     for r in &table.rows {
         assert!(

@@ -19,7 +19,11 @@
 //! barrier, or a transfer sent after `u` and received before `v`), and every one of these
 //! orders `v`'s start after `u`'s end. So along any path `v1 -> ... -> vk` the spans are
 //! disjoint and in order, and the makespan is at least `sum op_time(vi)`; the longest path
-//! gives the bound. (The simulator ends a fluid operator when its completion is within a
+//! gives the bound. Execution overheads only add delay: an event becomes visible
+//! `event_record_us` after its record and a wait costs its stream `event_wait_us` (both
+//! non-negative), and in eager mode a command cannot start before the host issued it; none of
+//! them shortens a span or lets an operator start before an input ends, so (1) and (2) hold in
+//! both execution modes. (The simulator ends a fluid operator when its completion is within a
 //! relative 1e-12 of the current time, so the bound holds up to that rounding.)
 //!
 //! **Capacity.** `capacity_ms` is [`CostModel::capacity_bound`] of all operators on `gpus`

@@ -88,6 +88,17 @@ pub struct HostProgram {
     /// Waits the plan had, and the ones dropped as implied by others.
     pub waits_in_plan: usize,
     pub waits_dropped: usize,
+    /// Every command of the plan (dropped ones included) in the order the host reaches it:
+    /// what the simulator's eager mode charges host time in.
+    pub issue_order: Vec<HostStep>,
+}
+
+/// One command of a launch plan: command `index` of stream `stream` of GPU `gpu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct HostStep {
+    pub gpu: usize,
+    pub stream: usize,
+    pub index: usize,
 }
 
 /// Counts of a host program's commands by kind.
@@ -182,6 +193,7 @@ pub(crate) fn check_plan(
         events: plan.events,
         waits_in_plan: merged.waits_in_plan,
         waits_dropped: merged.waits_dropped,
+        issue_order: merged.issue_order,
     })
 }
 
@@ -417,6 +429,7 @@ fn place(
 
 struct Merged {
     cmds: Vec<HostCmd>,
+    issue_order: Vec<HostStep>,
     waits_in_plan: usize,
     waits_dropped: usize,
 }
@@ -440,6 +453,13 @@ fn merge(
     // (flat stream, index) of each operator's launch.
     let mut at: Vec<Option<(usize, usize)>> = vec![None; g.len()];
     let mut out: Vec<HostCmd> = Vec::new();
+    let mut issue_order: Vec<HostStep> = Vec::with_capacity(
+        plan.gpus
+            .iter()
+            .flat_map(|g| &g.streams)
+            .map(Vec::len)
+            .sum(),
+    );
     let mut waits_in_plan = 0;
     let mut dropped = 0;
     let total: usize = flat.iter().map(|f| f.2.len()).sum();
@@ -504,6 +524,11 @@ fn merge(
                     }
                     Cmd::Launch { .. } | Cmd::LaunchMerged { .. } => break,
                 }
+                issue_order.push(HostStep {
+                    gpu,
+                    stream,
+                    index: pos[s],
+                });
                 pos[s] += 1;
                 done += 1;
                 progressed = true;
@@ -563,6 +588,11 @@ fn merge(
                 stream,
                 ops: ops.to_vec(),
             });
+            issue_order.push(HostStep {
+                gpu,
+                stream,
+                index: pos[s],
+            });
             pos[s] += 1;
             done += 1;
             progressed = true;
@@ -591,6 +621,7 @@ fn merge(
     out.retain(|c| !matches!(c, HostCmd::Record { event, .. } if !still_waited[*event as usize]));
     Ok(Merged {
         cmds: out,
+        issue_order,
         waits_in_plan,
         waits_dropped: dropped,
     })

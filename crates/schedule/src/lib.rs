@@ -12,6 +12,8 @@
 //!   ordered list of commands (launch an operator, record or wait for an event, send a tensor to
 //!   another GPU, wait for a received tensor). The [`simulate()`] function runs launch plans under a
 //!   cost model and returns a [`Timeline`]; the GPU runtime will run the same plans.
+//!   [`simulate_with`] picks the execution mode ([`ExecMode`]: CUDA-graph replay or eager,
+//!   whose host issues commands in the [`host_order`]).
 //! - The [`validate()`] function checks any schedule (every operator exactly once, dependencies
 //!   respected, no cycle among waits); [`bounds`] gives proven lower bounds on the makespan;
 //!   [`export`] writes timelines as Chrome traces and SVG Gantt charts.
@@ -27,13 +29,13 @@ pub mod simulate;
 pub mod validate;
 
 pub use bounds::{lower_bound, LowerBound};
-pub use host::{HostCmd, HostProgram, Transfer};
+pub use host::{HostCmd, HostProgram, HostStep, Transfer};
 pub use lower::lower;
 pub use plan::{
     Cmd, EventId, GpuLaunch, GpuStreams, LaunchPlan, Platform, Schedule, Stage, StagePlan,
     StageStrategy, StreamPlan, TransferId, MAX_GPUS, MAX_STREAMS,
 };
-pub use simulate::{simulate, OpSpan, Timeline, TransferSpan};
+pub use simulate::{simulate, simulate_with, ExecMode, OpSpan, SimOptions, Timeline, TransferSpan};
 pub use validate::validate;
 
 use opsched_cost::CostModel;

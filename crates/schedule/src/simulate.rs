@@ -4,8 +4,11 @@
 //! ## Semantics
 //! A discrete-event simulation with one global clock `now` (ms, starting at 0). Every stream
 //! is a queue of commands with a pointer. An idle stream processes its next command at `now`:
-//! - `Record(e)`: the event is recorded at `now`; streams waiting for it resume.
-//! - `Wait(e)`: continues if `e` has been recorded (at a time `<= now`), else blocks until it is.
+//! - `Record(e)`: the event is recorded at `now` and becomes visible to other streams
+//!   `event_record_us` later (the cost model's [`Overheads`]; 0 by default); streams waiting for
+//!   it resume then. The recording stream goes on at once.
+//! - `Wait(e)`: once `e` is visible (at a time `<= now`), the wait costs the stream
+//!   `event_wait_us` (a fixed job; nothing when 0), else it blocks until then.
 //! - `Recv(x)`: continues if transfer `x` has arrived, else blocks until it does.
 //! - `Send { xfer, src, dst, .. }`: the transfer starts at `now` and arrives at
 //!   `now + cost.transfer_time(g, src, dst)`. Sends do not block the stream (copy engines run
@@ -28,6 +31,14 @@
 //!   longest group ends exactly `T` after the stage started. `Send`s between the launches fire
 //!   when the preceding operator ends. Stage jobs do not take part in the fluid law.
 //! - `LaunchMerged { ops, stage: None }`: a fixed-duration job of `cost.merged_time(g, ops)`.
+//!
+//! **Execution mode** ([`ExecMode`], [`SimOptions`]). Under CUDA-graph replay (the default) the
+//! rules above are all. In eager mode the host issues the commands one after another in the
+//! runtime's host order ([`crate::host_order`]: synchronisation as soon as enabled, then the
+//! launch with the smallest priority), at `eager_launch_us` per kernel launch
+//! ([`opsched_cost::launches::launches`]) and `eager_sync_us` per other command; a stream may
+//! not process a command before the host has issued it. The host never waits for the GPU, so
+//! the issue times are fixed in advance.
 //!
 //! Then `now` advances to the earliest pending happening (a fixed job's end, a fluid
 //! completion, a transfer's arrival), everything due then is applied, and the idle streams run
@@ -54,12 +65,48 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-use opsched_cost::CostModel;
+use opsched_cost::launches::launches;
+use opsched_cost::{CostModel, Overheads};
 use opsched_graph::{Graph, NodeId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::lower::op_name;
 use crate::{Cmd, LaunchPlan, ScheduleError};
+
+/// How the runtime executes a launch plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecMode {
+    /// Captured once as a CUDA graph and replayed: the GPU resolves dependencies itself.
+    #[default]
+    Graph,
+    /// Every command issued by the host each time: launches are host-bound.
+    Eager,
+}
+
+impl ExecMode {
+    /// Every mode, as named on the command line.
+    pub const ALL: [ExecMode; 2] = [ExecMode::Graph, ExecMode::Eager];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecMode::Graph => "graph",
+            ExecMode::Eager => "eager",
+        }
+    }
+}
+
+impl std::fmt::Display for ExecMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How to simulate.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SimOptions {
+    pub mode: ExecMode,
+}
 
 /// When and where one operator ran.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -142,6 +189,10 @@ enum Ev {
     Fluid(usize, u64),
     /// A transfer arrives.
     Arrive(usize),
+    /// A recorded event becomes visible to waiting streams.
+    Visible(usize),
+    /// The host has issued a stream's next command (eager mode).
+    Issued(usize),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -178,6 +229,8 @@ enum St {
     Idle,
     /// Blocked on a `Wait` or a `Recv`.
     Blocked,
+    /// Its next command is not issued by the host yet (eager mode).
+    Unissued,
     /// Running a stream-plan operator under the fluid law.
     Fluid,
     /// Running a fixed-duration job.
@@ -249,6 +302,9 @@ struct Sim<'a> {
     /// Per transfer: the stream that sends it (from the scan), for deadlock messages.
     x_sender: Vec<Option<usize>>,
     op_time: Vec<f64>,
+    overheads: Overheads,
+    /// Eager mode: per stream, per command, when the host has issued it (ms).
+    issued: Option<Vec<Vec<f64>>>,
     spans: Vec<OpSpan>,
     transfers: Vec<TransferSpan>,
     rates_buf: Vec<f64>,
@@ -259,15 +315,65 @@ fn invalid(msg: String) -> ScheduleError {
     ScheduleError::Invalid(msg)
 }
 
-/// Run a launch plan on simulated GPUs under `cost` (see the module docs for the semantics).
+/// Run a launch plan on simulated GPUs under `cost`, replayed as a CUDA graph (see the module
+/// docs for the semantics).
 pub fn simulate(
     g: &Graph,
     plan: &LaunchPlan,
     cost: &dyn CostModel,
 ) -> Result<Timeline, ScheduleError> {
+    simulate_with(g, plan, cost, &SimOptions::default())
+}
+
+/// [`simulate`] in the execution mode of `opts`.
+pub fn simulate_with(
+    g: &Graph,
+    plan: &LaunchPlan,
+    cost: &dyn CostModel,
+    opts: &SimOptions,
+) -> Result<Timeline, ScheduleError> {
     let mut sim = Sim::new(g, plan, cost)?;
+    if opts.mode == ExecMode::Eager {
+        sim.issued = Some(issue_times(g, plan, &sim.overheads)?);
+    }
     sim.run()?;
     Ok(sim.finish())
+}
+
+/// Eager mode: when the host has issued each command of each stream (flattened GPU by GPU).
+fn issue_times(
+    g: &Graph,
+    plan: &LaunchPlan,
+    o: &Overheads,
+) -> Result<Vec<Vec<f64>>, ScheduleError> {
+    // The runtime's host order, from the plan's launch order (the one merge there is).
+    let order = crate::HostProgram::new(g, plan)?.issue_order;
+    let mut base = Vec::with_capacity(plan.gpus.len());
+    let mut times: Vec<Vec<f64>> = Vec::new();
+    for gl in &plan.gpus {
+        base.push(times.len());
+        times.extend(gl.streams.iter().map(|s| vec![0.0; s.len()]));
+    }
+    let (launch_ms, sync_ms) = (
+        o.eager_launch_us.max(0.0) / 1e3,
+        o.eager_sync_us.max(0.0) / 1e3,
+    );
+    let mut host = 0.0;
+    for step in order {
+        let cmd = &plan.gpus[step.gpu].streams[step.stream][step.index];
+        host += match cmd {
+            Cmd::Launch { op, .. } => f64::from(launches(g, *op)) * launch_ms,
+            Cmd::LaunchMerged { ops, .. } => {
+                ops.iter()
+                    .map(|&op| f64::from(launches(g, op)))
+                    .sum::<f64>()
+                    * launch_ms
+            }
+            _ => sync_ms,
+        };
+        times[base[step.gpu] + step.stream][step.index] = host;
+    }
+    Ok(times)
 }
 
 impl<'a> Sim<'a> {
@@ -438,6 +544,8 @@ impl<'a> Sim<'a> {
             x_waiters: vec![Vec::new(); nx],
             x_sender,
             op_time: vec![f64::NAN; g.len()],
+            overheads: cost.overheads(),
+            issued: None,
             spans: Vec::with_capacity(g.len()),
             transfers: Vec::with_capacity(nx),
             rates_buf: Vec::new(),
@@ -555,6 +663,12 @@ impl<'a> Sim<'a> {
                     self.wake(w);
                 }
             }
+            Ev::Visible(e) => {
+                for w in std::mem::take(&mut self.ev_waiters[e]) {
+                    self.wake(w);
+                }
+            }
+            Ev::Issued(s) => self.wake(s),
         }
         Ok(())
     }
@@ -665,6 +779,16 @@ impl<'a> Sim<'a> {
                 self.streams[s].active = None;
                 return Ok(());
             };
+            let issued = self
+                .issued
+                .as_ref()
+                .and_then(|t| t.get(s)?.get(ptr).copied())
+                .unwrap_or(0.0);
+            if issued > self.now {
+                self.streams[s].st = St::Unissued;
+                self.push(issued, Ev::Issued(s));
+                return Ok(());
+            }
             // Leave the active stage once the stream moves past its launches.
             if let Some(a) = self.streams[s].active {
                 let keep = match cmd {
@@ -682,16 +806,27 @@ impl<'a> Sim<'a> {
             match cmd {
                 Cmd::Record(e) => {
                     let i = e.0 as usize;
-                    self.ev_time[i] = Some(now);
-                    for w in std::mem::take(&mut self.ev_waiters[i]) {
-                        self.wake(w);
+                    let visible = now + self.overheads.event_record_us.max(0.0) / 1e3;
+                    self.ev_time[i] = Some(visible);
+                    if visible > now {
+                        self.push(visible, Ev::Visible(i));
+                    } else {
+                        for w in std::mem::take(&mut self.ev_waiters[i]) {
+                            self.wake(w);
+                        }
                     }
                     self.streams[s].ptr += 1;
                 }
                 Cmd::Wait(e) => {
                     let i = e.0 as usize;
                     if self.ev_time[i].is_some_and(|t| t <= now) {
-                        self.streams[s].ptr += 1;
+                        let cost = self.overheads.event_wait_us.max(0.0) / 1e3;
+                        if cost > 0.0 {
+                            // The job's end moves the pointer past the wait.
+                            self.start_job(s, now + cost);
+                        } else {
+                            self.streams[s].ptr += 1;
+                        }
                     } else {
                         self.ev_waiters[i].push(s);
                         self.streams[s].st = St::Blocked;

@@ -7,9 +7,9 @@ use opsched_graph::random::{layered_dag, LayeredDagParams};
 use opsched_graph::{Graph, NodeId};
 use opsched_schedule::validate::validate_launch;
 use opsched_schedule::{
-    lower, lower_bound, simulate, validate, Cmd, EventId, GpuLaunch, GpuStreams, LaunchPlan,
-    Platform, Schedule, ScheduleError, Stage, StagePlan, StageStrategy, StreamPlan, Timeline,
-    TransferId,
+    lower, lower_bound, simulate, simulate_with, validate, Cmd, EventId, ExecMode, GpuLaunch,
+    GpuStreams, LaunchPlan, Platform, Schedule, ScheduleError, SimOptions, Stage, StagePlan,
+    StageStrategy, StreamPlan, Timeline, TransferId,
 };
 use proptest::prelude::*;
 
@@ -1016,4 +1016,112 @@ fn merge_stages_validate_and_simulate() {
         .sum();
     assert!(rel_eq(tl.makespan_ms, others + merged));
     assert!(tl.makespan_ms >= lower_bound(&g, &cost, 1).value() - 1e-9);
+}
+
+/// The calibrated H100 model with the given overheads (us).
+fn with_overheads(record_us: f64, wait_us: f64, eager_launch_us: f64) -> AnalyticalModel {
+    let mut file = opsched_cost::DeviceFile::embedded("h100").unwrap();
+    file.overheads.event_record_us = record_us;
+    file.overheads.event_wait_us = wait_us;
+    file.overheads.eager_launch_us = eager_launch_us;
+    file.overheads.eager_sync_us = eager_launch_us / 4.0;
+    AnalyticalModel::calibrated(
+        DevicePreset::by_name("h100").unwrap(),
+        LinkPreset::by_name("nvlink4").unwrap(),
+        file,
+    )
+}
+
+fn sim_in(g: &Graph, s: &Schedule, cost: &dyn CostModel, mode: ExecMode) -> Timeline {
+    let plan = lower(g, s).unwrap();
+    let opts = SimOptions { mode };
+    let tl = simulate_with(g, &plan, cost, &opts).unwrap();
+    check_timeline(g, cost, &tl);
+    tl
+}
+
+/// A fork/join stage of two streams costs two event latencies and two waits on the critical
+/// path: a (1 ms) -> {b, c} (1 ms each, side by side) -> d (1 ms) takes 3 ms + 2 r + 2 w.
+#[test]
+fn a_fork_join_stage_costs_two_records_and_one_wait_per_stream() {
+    let g = dag::from_str(
+        r#"{"format": "opsched-dag", "name": "fj",
+        "ops": [{"id": 0, "time_ms": 1, "util": 0.1}, {"id": 1, "time_ms": 1, "util": 0.1},
+                {"id": 2, "time_ms": 1, "util": 0.1}, {"id": 3, "time_ms": 1, "util": 0.1}],
+        "edges": [{"src": 0, "dst": 1}, {"src": 0, "dst": 2}, {"src": 1, "dst": 3},
+                  {"src": 2, "dst": 3}]}"#,
+    )
+    .unwrap();
+    let s = stages(
+        vec![vec![
+            vec![vec!["0"]],
+            vec![vec!["1"], vec!["2"]],
+            vec![vec!["3"]],
+        ]],
+        &g,
+    );
+    let (r, w) = (2.0, 0.3);
+    let cost = with_overheads(r, w, 0.0);
+    let tl = sim_in(&g, &s, &cost, ExecMode::Graph);
+    let want = 3.0 + (2.0 * r + 2.0 * w) / 1e3;
+    assert!(rel_eq(tl.makespan_ms, want), "{} vs {want}", tl.makespan_ms);
+    // Without overheads the barrier is free.
+    let tl = sim_in(&g, &s, &with_overheads(0.0, 0.0, 0.0), ExecMode::Graph);
+    assert!(rel_eq(tl.makespan_ms, 3.0), "{}", tl.makespan_ms);
+}
+
+/// Eager: a chain of short operators is host-bound, one launch every `eager_launch_us`.
+#[test]
+fn eager_chains_are_host_bound() {
+    let g = dag::from_str(
+        r#"{"format": "opsched-dag", "name": "chain",
+        "ops": [{"id": 0, "time_ms": 0.001}, {"id": 1, "time_ms": 0.001},
+                {"id": 2, "time_ms": 0.001}],
+        "edges": [{"src": 0, "dst": 1}, {"src": 1, "dst": 2}]}"#,
+    )
+    .unwrap();
+    let s = sequential(&g);
+    let cost = with_overheads(0.0, 0.0, 10.0);
+    let graph = sim_in(&g, &s, &cost, ExecMode::Graph).makespan_ms;
+    assert!(rel_eq(graph, 0.003), "{graph}");
+    let eager = sim_in(&g, &s, &cost, ExecMode::Eager).makespan_ms;
+    // Issued at 10, 20, 30 us; the last runs 1 us.
+    assert!(rel_eq(eager, 0.031), "{eager}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(60))]
+
+    /// Overheads only delay: in both modes every span still lasts its operator time, starts
+    /// after its inputs, and no makespan beats the lower bound.
+    #[test]
+    fn overheads_keep_the_bounds(
+        seed in any::<u64>(),
+        ops in 1usize..40,
+        layers in 2usize..10,
+        pick in any::<u64>(),
+        record in 0.0f64..20.0,
+        wait in 0.0f64..5.0,
+        launch in 0.0f64..30.0,
+    ) {
+        let g = random_dag(seed, ops, layers, pick);
+        let cost = with_overheads(record, wait, launch);
+        let schedules = [
+            (sequential(&g), 1),
+            (Schedule::Stages(StagePlan { gpus: vec![greedy(&g, 3)] }), 1),
+            (round_robin(&g, 2, 2), 2),
+            (stream_plan(&g, 1, 4), 1),
+            (chain_stream_plan(&g, 3), 1),
+        ];
+        for (s, gpus) in &schedules {
+            let lb = lower_bound(&g, &cost, *gpus).value();
+            for mode in ExecMode::ALL {
+                let tl = sim_in(&g, s, &cost, mode);
+                prop_assert!(
+                    tl.makespan_ms >= lb - 1e-9,
+                    "{mode}: makespan {} below the bound {lb}", tl.makespan_ms
+                );
+            }
+        }
+    }
 }

@@ -71,9 +71,17 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
     let su = setup(&g, &a.platform)?;
     let platform = su.platform(a.target.gpus as usize, a.target.streams as usize);
     let bar = Bar::new(Some(names.len() as u64));
-    let table = opsched::compare(&g, &names, &platform, su.cost.as_ref(), &options, &bar)
-        .map_err(facade)
-        .with_context(|| format!("comparing schedulers on {}", g.name))?;
+    let table = opsched::compare(
+        &g,
+        &names,
+        &platform,
+        su.cost.as_ref(),
+        &options,
+        su.exec,
+        &bar,
+    )
+    .map_err(facade)
+    .with_context(|| format!("comparing schedulers on {}", g.name))?;
     bar.finish();
     let mut outputs = Outputs::default();
     if let Some(path) = &a.csv {

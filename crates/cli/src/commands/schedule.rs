@@ -196,11 +196,11 @@ pub fn scheduled(
     let schedule_time_ms = start.elapsed().as_secs_f64() * 1e3;
     opsched::schedule::validate(g, &s, platform)
         .with_context(|| format!("scheduler '{name}' returned an invalid schedule"))?;
-    let evaluation = evaluate(g, &s, su.cost.as_ref(), platform.gpus)?;
+    let evaluation = evaluate(g, &s, su, platform.gpus)?;
     let sequential_ms = if name == "sequential" {
         evaluation.makespan_ms
     } else {
-        sequential_ms(g, platform, su.cost.as_ref())?
+        sequential_ms(g, platform, su)?
     };
     Ok(Scheduled {
         algo: name,

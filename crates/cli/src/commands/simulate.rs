@@ -105,7 +105,7 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
         .map_err(|e| user(anyhow::anyhow!("{source}: {e}")))?;
     opsched::schedule::validate(&g, &s, &platform)
         .map_err(|e| user(anyhow::anyhow!("{source}: {e}")))?;
-    let ev = evaluate(&g, &s, su.cost.as_ref(), gpus)?;
+    let ev = evaluate(&g, &s, &su, gpus)?;
     let mut outputs = Outputs::default();
     add_exports(
         &mut outputs,

@@ -130,8 +130,8 @@ pub fn viz(a: &VizArgs) -> Result<()> {
             let platform = su.platform(gpus, streams);
             opsched::schedule::validate(&g, &s, &platform)
                 .map_err(|e| user(anyhow::anyhow!("{}: {e}", path.display())))?;
-            let ev = evaluate(&g, &s, su.cost.as_ref(), gpus)?;
-            let seq_ms = sequential_ms(&g, &platform, su.cost.as_ref())?;
+            let ev = evaluate(&g, &s, &su, gpus)?;
+            let seq_ms = sequential_ms(&g, &platform, &su)?;
             (path.display().to_string(), s, ev, seq_ms, platform)
         }
         (Some(algo), None) => {

@@ -1,0 +1,146 @@
+//! Kernel launches per operator: the one place that says how many kernels the GPU backend
+//! runs for an operator of the IR.
+//!
+//! A launch costs a fixed floor on the GPU whatever the kernel does (about 1.2 us in a CUDA
+//! graph on an H100, 11.75 us of host time in eager mode), so an operator that is several
+//! kernels (input copies, a matrix product and its bias epilogue, a concat's copies) costs
+//! several floors. The count mirrors `opsched_gpu::program`'s lowering to steps, one launch per
+//! step:
+//! - input terms: a term that is one whole value is read in place; any other term (a channel
+//!   slice, a sum of values) is one copy per value; several terms read concatenated along
+//!   channels are one copy per value; a concat along another axis copies each term (after
+//!   materialising it);
+//! - main kernels: convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
+//!   activation kernel when there is a bias or a non-relu activation: 2); linear 1, plus a bias /
+//!   activation kernel when it has either; identity and reshape one copy; every other operator
+//!   one kernel; a `sequential` operator the sum of its inner operators (only the first reads
+//!   the node's terms).
+//!
+//! A test in the facade checks the count against the GPU program's steps on every zoo model, so
+//! whoever changes the kernels changes this function in the same commit.
+
+use opsched_graph::{Activation, Graph, NodeId, Op, Shape, Term};
+
+/// Kernel launches of `op` on the GPU backend (0 for graph inputs).
+pub fn launches(g: &Graph, op: NodeId) -> u32 {
+    let node = g.node(op);
+    let shapes = g.input_shapes(op);
+    match &node.op {
+        Op::Sequential { ops } => ops
+            .iter()
+            .enumerate()
+            .map(|(i, inner)| {
+                if i == 0 {
+                    op_launches(inner, Input::Terms(&node.inputs, &shapes))
+                } else {
+                    op_launches(inner, Input::Buffer)
+                }
+            })
+            .sum(),
+        other => op_launches(other, Input::Terms(&node.inputs, &shapes)),
+    }
+}
+
+/// Where an operator's input comes from: the node's terms (with their shapes), or the previous
+/// result of a `sequential` chain (one buffer, read in place).
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Terms(&'a [Term], &'a [Shape]),
+    Buffer,
+}
+
+/// Copies that materialise one term: none for one whole value.
+fn term_copies(t: &Term) -> u32 {
+    match t.as_slice() {
+        [v] if v.channels.is_none() => 0,
+        vs => vs.len() as u32,
+    }
+}
+
+/// Copies that write the terms side by side along `axis`.
+fn concat_copies(terms: &[Term], shapes: &[Shape], axis: usize) -> u32 {
+    terms
+        .iter()
+        .zip(shapes.iter().map(Some).chain(std::iter::repeat(None)))
+        .map(|(t, shape)| {
+            let rank = shape.map_or(0, Vec::len);
+            if axis == 1 && rank >= 2 {
+                t.len() as u32
+            } else {
+                term_copies(t) + 1
+            }
+        })
+        .sum()
+}
+
+/// Copies that give an operator its single (channel-concatenated) input.
+fn single_copies(input: Input<'_>) -> u32 {
+    match input {
+        Input::Buffer => 0,
+        Input::Terms([t], _) => term_copies(t),
+        Input::Terms(terms, shapes) => concat_copies(terms, shapes, 1),
+    }
+}
+
+fn op_launches(op: &Op, input: Input<'_>) -> u32 {
+    match op {
+        Op::Input { .. } | Op::Constant { .. } => 0,
+        Op::Conv2d(c) => {
+            let epilogue = c.act != Activation::Relu && (c.bias || c.act != Activation::None);
+            single_copies(input) + 1 + u32::from(epilogue)
+        }
+        Op::Linear { bias, act, .. } => {
+            single_copies(input) + 1 + u32::from(*bias || *act != Activation::None)
+        }
+        Op::Elementwise { .. } | Op::Binary { .. } | Op::BatchMatmul { .. } => {
+            let copies = match input {
+                Input::Buffer => 0,
+                Input::Terms(terms, _) => terms.iter().map(term_copies).sum(),
+            };
+            copies + 1
+        }
+        Op::Concat { axis } => match input {
+            Input::Buffer => 1,
+            Input::Terms(terms, shapes) => concat_copies(terms, shapes, *axis),
+        },
+        // Joined along channels like a concat (a summed term is accumulated in place).
+        Op::Identity | Op::Reshape { .. } => match input {
+            Input::Terms(terms, shapes) => concat_copies(terms, shapes, 1),
+            Input::Buffer => 1,
+        },
+        Op::Sequential { ops } => ops
+            .iter()
+            .enumerate()
+            .map(|(i, inner)| op_launches(inner, if i == 0 { input } else { Input::Buffer }))
+            .sum(),
+        Op::Abstract { .. } | Op::Opaque { .. } => 1,
+        // A scale broadcast, then a shift broadcast.
+        Op::Affine => single_copies(input) + 2,
+        Op::Pool2d(_)
+        | Op::Activation { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::Pad { .. }
+        | Op::LayerNorm { .. }
+        | Op::Transpose { .. } => single_copies(input) + 1,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use opsched_graph::zoo::{build, ZooConfig};
+
+    #[test]
+    fn counts_copies_and_epilogues() {
+        let g = build("inception_v3", &ZooConfig::default()).unwrap();
+        // Every operator launches at least one kernel; a concat of four branches copies four.
+        assert!(g.ops().all(|o| launches(&g, o) >= 1));
+        let concat = g
+            .ops()
+            .find(|&o| matches!(g.node(o).op, Op::Concat { .. }) && g.node(o).inputs.len() == 4)
+            .unwrap();
+        assert_eq!(launches(&g, concat), 4);
+    }
+}
