@@ -2,14 +2,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output};
+mod common;
 
-fn opsched(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_opsched"))
-        .args(args)
-        .output()
-        .expect("the opsched binary runs")
-}
+use common::opsched;
+use std::process::Output;
 
 fn stdout_json(out: &Output) -> serde_json::Value {
     assert!(

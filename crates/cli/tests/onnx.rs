@@ -3,14 +3,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output};
+mod common;
 
-fn opsched(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_opsched"))
-        .args(args)
-        .output()
-        .expect("the opsched binary runs")
-}
+use common::opsched;
+use std::process::Output;
 
 fn fixture(name: &str) -> String {
     format!("{}/../../fixtures/onnx/{name}", env!("CARGO_MANIFEST_DIR"))

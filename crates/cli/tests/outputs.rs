@@ -5,14 +5,10 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn opsched(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_opsched"))
-        .args(args)
-        .output()
-        .expect("the opsched binary runs")
-}
+use common::opsched;
+use std::process::Command;
 
 fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("opsched-cli-out-{tag}-{}", std::process::id()));

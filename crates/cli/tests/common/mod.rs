@@ -1,4 +1,5 @@
-//! Helpers shared by the CLI's test files.
+//! Helpers shared by the CLI's test files (each test file uses some of them).
+#![allow(dead_code)]
 
 use std::process::{Command, Output};
 
