@@ -66,13 +66,23 @@ fn main() -> ExitCode {
     init_tracing();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
+        // Help and version print as clap renders them; a usage error is one `error:` line
+        // (clap's usage and tip lines are left to --help).
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // The first paragraph (the message and, e.g., the missing arguments) on one line.
+            let text = e.render().to_string();
+            let para: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .skip_while(|l| l.is_empty())
+                .take_while(|l| !l.is_empty())
+                .collect();
+            eprintln!("{}", para.join(" "));
+            return ExitCode::from(2);
         }
     };
     output::set_quiet(cli.quiet);

@@ -989,3 +989,24 @@ fn viz_html_escapes_hostile_names() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Usage errors (clap's) are one `error:` line with exit 2, naming the flag or argument;
+/// `--help` still prints the whole help and exits 0.
+#[test]
+fn usage_errors_are_one_line() {
+    for (args, names) in [
+        (&["compare", "inception_v3", "--gpus", "0"][..], "--gpus"),
+        (&["compare", "inception_v3", "--nosuch"][..], "--nosuch"),
+        (&["run"][..], "<MODEL>"),
+        (
+            &["schedule", "inception_v3", "--streams", "x"][..],
+            "--streams",
+        ),
+    ] {
+        let err = one_line_error(&opsched(args));
+        assert!(err.contains(names), "{args:?}: {err}");
+    }
+    let help = opsched(&["run", "--help"]);
+    assert!(help.status.success());
+    assert!(String::from_utf8_lossy(&help.stdout).lines().count() > 10);
+}
