@@ -13,7 +13,7 @@
 //!   another GPU, wait for a received tensor). The [`simulate()`] function runs launch plans under a
 //!   cost model and returns a [`Timeline`]; the GPU runtime will run the same plans.
 //!   [`simulate_with`] picks the execution mode ([`ExecMode`]: CUDA-graph replay or eager,
-//!   whose host issues commands in the [`host_order`]).
+//!   whose host issues commands in the runtime's order, [`HostProgram::issue_order`]).
 //! - The [`validate()`] function checks any schedule (every operator exactly once, dependencies
 //!   respected, no cycle among waits); [`bounds`] gives proven lower bounds on the makespan;
 //!   [`export`] writes timelines as Chrome traces and SVG Gantt charts.

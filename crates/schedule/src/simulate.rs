@@ -34,8 +34,8 @@
 //!
 //! **Execution mode** ([`ExecMode`], [`SimOptions`]). Under CUDA-graph replay (the default) the
 //! rules above are all. In eager mode the host issues the commands one after another in the
-//! runtime's host order ([`crate::host_order`]: synchronisation as soon as enabled, then the
-//! launch with the smallest priority), at `eager_launch_us` per kernel launch
+//! runtime's host order ([`crate::HostProgram::issue_order`]: synchronisation as soon as
+//! enabled, then the launch earliest in the plan's launch order), at `eager_launch_us` per kernel launch
 //! ([`opsched_cost::launches::launches`]) and `eager_sync_us` per other command; a stream may
 //! not process a command before the host has issued it. The host never waits for the GPU, so
 //! the issue times are fixed in advance.
