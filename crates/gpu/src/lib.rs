@@ -6,8 +6,9 @@
 //! - [`program`]: the lowering of every operator of the IR to primitive steps, with all
 //!   buffers planned and sized up front ([`GraphProgram`]); device-independent.
 //! - [`step`]: one module per step kind (copy, conv, activation, pool, gemm, softmax, layer
-//!   norm, element-wise, transpose, spin), each with its parameters, the lowering of the IR
-//!   operators that produce it, its CPU kernel and its CUDA preparation and launch.
+//!   norm, element-wise, broadcast, pad, transpose, spin), each with its parameters, the
+//!   lowering of the IR operators that produce it, its CPU kernel and its CUDA preparation and
+//!   launch (or a clear refusal where the CUDA device has no kernel yet).
 //! - [`device`]: the [`Device`] trait (memory, streams, events, prepared operators, graph
 //!   capture, transfers) that the runtime, the profiler and the numerical check use.
 //! - [`cuda`]: [`CudaDevice`], NVIDIA GPUs through cudarc with dynamic loading: it builds on
@@ -21,7 +22,8 @@
 //!   GPUs exist ([`devices`], with the cost-cache fingerprint).
 //! - [`stats`]: median / p10 / p90 of repeated timings.
 //!
-//! Only `f32` graphs run for now ([`GpuError::UnsupportedDType`] otherwise).
+//! Buffers start with the graph's weights (ONNX models) or pseudo-random values seeded by node
+//! names. Only `f32` graphs run for now ([`GpuError::UnsupportedDType`] otherwise).
 
 pub mod cpu;
 pub mod cuda;
