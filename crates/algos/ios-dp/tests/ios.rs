@@ -479,15 +479,22 @@ fn brute_force(g: &Graph, cost: &dyn CostModel, r: usize, s: usize) -> f64 {
     go(0, all, &ctx, g, cost, &mut memo)
 }
 
+/// A random layered DAG with `ops - 1 + extra` edges, or fewer extra edges when the layer
+/// sizes the seed draws cannot hold that many (`ops - 1` always fit).
 fn small_dag(seed: u64, ops: usize, layers: usize, extra: usize) -> Graph {
-    layered_dag(&LayeredDagParams {
-        ops,
-        layers,
-        edges: ops - 1 + extra,
-        seed,
-        ..LayeredDagParams::default()
-    })
-    .unwrap()
+    (0..=extra)
+        .rev()
+        .find_map(|x| {
+            layered_dag(&LayeredDagParams {
+                ops,
+                layers,
+                edges: ops - 1 + x,
+                seed,
+                ..LayeredDagParams::default()
+            })
+            .ok()
+        })
+        .expect("ops - 1 edges always fit")
 }
 
 fn compare_with_brute_force(g: &Graph, cost: &dyn CostModel, r: usize, s: usize) {
