@@ -427,6 +427,21 @@ fn place(
     Ok(())
 }
 
+/// The clock a record or send at command `pos` of stream `s` publishes: the stream's clock
+/// with that command included.
+fn mark(clock: &[usize], s: usize, pos: usize) -> Vec<usize> {
+    let mut v = clock.to_vec();
+    v[s] = pos + 1;
+    v
+}
+
+/// A wait or receive: the stream now follows everything `seen` orders.
+fn join(clock: &mut [usize], seen: &[usize]) {
+    for (c, a) in clock.iter_mut().zip(seen) {
+        *c = (*c).max(*a);
+    }
+}
+
 struct Merged {
     cmds: Vec<HostCmd>,
     issue_order: Vec<HostStep>,
@@ -472,9 +487,7 @@ fn merge(
             while let Some(c) = cmds.get(pos[s]) {
                 match c {
                     Cmd::Record(e) => {
-                        let mut v = clock[s].clone();
-                        v[s] = pos[s] + 1;
-                        ev_clock[e.0 as usize] = Some(v);
+                        ev_clock[e.0 as usize] = Some(mark(&clock[s], s, pos[s]));
                         out.push(HostCmd::Record {
                             gpu,
                             stream,
@@ -489,9 +502,7 @@ fn merge(
                         if v.iter().zip(&clock[s]).all(|(a, b)| a <= b) {
                             dropped += 1;
                         } else {
-                            for (c, a) in clock[s].iter_mut().zip(v) {
-                                *c = (*c).max(*a);
-                            }
+                            join(&mut clock[s], v);
                             out.push(HostCmd::Wait {
                                 gpu,
                                 stream,
@@ -500,9 +511,7 @@ fn merge(
                         }
                     }
                     Cmd::Send { xfer, .. } => {
-                        let mut v = clock[s].clone();
-                        v[s] = pos[s] + 1;
-                        x_clock[xfer.0 as usize] = Some(v);
+                        x_clock[xfer.0 as usize] = Some(mark(&clock[s], s, pos[s]));
                         out.push(HostCmd::Send {
                             gpu,
                             stream,
@@ -513,9 +522,7 @@ fn merge(
                         let Some(v) = &x_clock[x.0 as usize] else {
                             break;
                         };
-                        for (c, a) in clock[s].iter_mut().zip(v) {
-                            *c = (*c).max(*a);
-                        }
+                        join(&mut clock[s], v);
                         out.push(HostCmd::Recv {
                             gpu,
                             stream,
