@@ -380,12 +380,17 @@ pub fn run_plan<D: Device>(
     let times = session.time(opts.warmup, opts.repeats.max(1), opts.graph_capture)?;
     let latency = Summary::of(&times).ok_or_else(|| plan_err("no valid timing sample"))?;
     let counts = session.host.counts();
+    // Every node's value, read back once for the check and the outputs.
+    let values = match (opts.check, opts.keep_outputs) {
+        (CheckMode::None, false) => Vec::new(),
+        _ => session.outputs()?,
+    };
     let check = match opts.check {
         CheckMode::None => None,
-        mode => Some(check(dev, &session, opts, mode)?),
+        mode => Some(check(dev, &session, &values, opts, mode)?),
     };
     let outputs = match opts.keep_outputs {
-        true => opsched_gpu::reference::outputs(g, &session.outputs()?)?,
+        true => opsched_gpu::reference::outputs(g, &values)?,
         false => Vec::new(),
     };
     Ok(RunReport {
@@ -444,13 +449,15 @@ fn reference_tolerance(dev: &DeviceReport, opts: &RunOptions) -> f64 {
     }
 }
 
+/// Compare `got` (the scheduled run's values, see [`Session::outputs`]) with a sequential run
+/// of the same kernels and, per `mode`, with the reference executor.
 fn check<D: Device>(
     dev: &D,
     s: &Session<'_, D>,
+    got: &[Option<Vec<f32>>],
     opts: &RunOptions,
     mode: CheckMode,
 ) -> Result<CheckReport, RuntimeError> {
-    let got = s.outputs()?;
     let seq_plan = opsched_schedule::lower(s.g, &Schedule::sequential(s.g))?;
     let seq_opts = RunOptions {
         graph_capture: false,
@@ -460,7 +467,7 @@ fn check<D: Device>(
     let seq = Session::new(dev, s.g, &seq_plan, &seq_opts)?;
     seq.time(0, 1, false)?;
     let want = seq.outputs()?;
-    let (e_seq, n_seq) = worst(s.g, &got, &want);
+    let (e_seq, n_seq) = worst(s.g, got, &want);
     let tol_seq = 1e-4;
     let tol_ref = reference_tolerance(&dev.report(), opts);
     let flops: u64 = s.g.ops().map(|o| s.g.stats(o).flops).sum();
