@@ -213,11 +213,21 @@ impl<'g> Builder<'g> {
         len: usize,
         center: f32,
         half_width: f32,
-    ) -> BufId {
+    ) -> Result<BufId, GpuError> {
         let init = match self.g.weights().get(at.node, at.inner, what) {
-            // `Graph::with_weights` checked the shape against the operator.
-            Some(t) if t.numel() == len => Init::Data(t.data.clone()),
-            _ => Init::Uniform {
+            // `Graph::with_weights` checked the shape against the operator; a length that still
+            // differs would be a lowering that disagrees with the weights' layout.
+            Some(t) if t.numel() != len => {
+                return Err(self.unsupported(
+                    at,
+                    format!(
+                        "weight '{what}' holds {} values, the lowering needs {len}",
+                        t.numel()
+                    ),
+                ))
+            }
+            Some(t) => Init::Data(t.data.clone()),
+            None => Init::Uniform {
                 seed: param_seed(self.g, at.node, at.inner, what),
                 center,
                 half_width,
@@ -228,7 +238,7 @@ impl<'g> Builder<'g> {
             inner: at.inner,
             what,
         };
-        self.alloc(at.gpu, len, role, init)
+        Ok(self.alloc(at.gpu, len, role, init))
     }
 
     /// The error for an operator this lowering cannot run.
@@ -257,13 +267,23 @@ impl<'g> Builder<'g> {
                 return Ok(b);
             }
             let len = numel(&pn.shape);
-            // A constant holds its value from the weights; a graph input (and a constant
-            // without one) starts pseudo-random until the caller writes it.
+            // A constant holds its value from the weights (only constants have a "value":
+            // `Graph::with_weights` checks parameters against the operator); a graph input, and
+            // a constant without one, starts pseudo-random until the caller writes it.
             let init = match self.g.weights().get(producer, 0, "value") {
-                Some(t) if matches!(pn.op, Op::Constant { .. }) && t.numel() == len => {
-                    Init::Data(t.data.clone())
+                Some(t) if t.numel() != len => {
+                    return Err(unsupported(
+                        self.g,
+                        consumer,
+                        format!(
+                            "constant '{}' holds {} values, its shape needs {len}",
+                            pn.name,
+                            t.numel()
+                        ),
+                    ))
                 }
-                _ => Init::Uniform {
+                Some(t) => Init::Data(t.data.clone()),
+                None => Init::Uniform {
                     seed: input_seed(self.g, producer),
                     center: 0.0,
                     half_width: 1.0,

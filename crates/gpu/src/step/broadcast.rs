@@ -116,8 +116,8 @@ pub(crate) fn lower_affine(
     };
     let mut ps = vec![1; xs.len()];
     ps[1] = c;
-    let scale = b.param(at, "scale", c, 1.0, 0.1);
-    let shift = b.param(at, "shift", c, 0.0, 0.1);
+    let scale = b.param(at, "scale", c, 1.0, 0.1)?;
+    let shift = b.param(at, "shift", c, 0.0, 0.1)?;
     let scaled = b.scratch(at, product(&xs, "affine")?);
     for (a, p, y, op) in [
         (x, scale, scaled, BinOp::Mul),

@@ -74,8 +74,11 @@ pub(crate) fn lower(
         "convolution fan-in",
     )?;
     let wlen = product(&[oc, fan_in], "convolution weights")?;
-    let wb = b.param(at, "weight", wlen, 0.0, weight_half_width(fan_in));
-    let bias = c.bias.then(|| b.param(at, "bias", oc, 0.0, 0.1));
+    let wb = b.param(at, "weight", wlen, 0.0, weight_half_width(fan_in))?;
+    let bias = c
+        .bias
+        .then(|| b.param(at, "bias", oc, 0.0, 0.1))
+        .transpose()?;
     steps.push(
         Conv {
             x,

@@ -57,8 +57,10 @@ pub(crate) fn lower_linear(
     let k = xs.last().copied().unwrap_or(1);
     let rows = xs.iter().product::<usize>() / k.max(1);
     let nf = out_features;
-    let w = b.param(at, "weight", nf * k, 0.0, weight_half_width(k));
-    let bias = bias.then(|| b.param(at, "bias", nf, 0.0, 0.1));
+    let w = b.param(at, "weight", nf * k, 0.0, weight_half_width(k))?;
+    let bias = bias
+        .then(|| b.param(at, "bias", nf, 0.0, 0.1))
+        .transpose()?;
     steps.push(
         Gemm {
             a: w,

@@ -37,8 +37,8 @@ pub(crate) fn lower(
 ) -> Result<(), GpuError> {
     let (x, xs) = b.single(steps, at, src)?;
     let dim = xs.last().copied().unwrap_or(1);
-    let gamma = b.param(at, "gamma", dim, 1.0, 0.1);
-    let beta = b.param(at, "beta", dim, 0.0, 0.1);
+    let gamma = b.param(at, "gamma", dim, 1.0, 0.1)?;
+    let beta = b.param(at, "beta", dim, 0.0, 0.1)?;
     steps.push(
         LayerNorm {
             x,
