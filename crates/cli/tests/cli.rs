@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::opsched;
+use common::{opsched, scratch};
 use std::process::Output;
 
 fn stdout_json(out: &Output) -> serde_json::Value {
@@ -14,12 +14,6 @@ fn stdout_json(out: &Output) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("stdout is one JSON value")
-}
-
-fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("opsched-cli-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
 }
 
 #[test]
@@ -90,7 +84,7 @@ fn inspect_batch_scales_flops() {
 
 #[test]
 fn inspect_exports_and_reloads_a_graph_file() {
-    let dir = temp_dir("export");
+    let dir = scratch("export");
     let json = dir.join("g.json");
     let dot = dir.join("g.dot");
     let first = stdout_json(&opsched(&[
@@ -130,7 +124,7 @@ fn user_errors_exit_2_with_one_line() {
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 
-    let dir = temp_dir("bad");
+    let dir = scratch("bad");
     let bad = dir.join("bad.json");
     std::fs::write(&bad, "{\"format\": \"opsched-graph\", \"version\": 1, \"name\": \"b\", \"nodes\": [{\"name\": \"a\", \"op\": {\"type\": \"identity\"}, \"inputs\": [\"ghost\"]}]}").unwrap();
     let out = opsched(&["inspect", bad.to_str().unwrap()]);
@@ -289,7 +283,7 @@ fn schedule_text_summary() {
 
 #[test]
 fn schedule_out_then_simulate_gives_the_same_makespan_and_exports() {
-    let dir = temp_dir("sched-out");
+    let dir = scratch("sched-out");
     let file = dir.join("s.json");
     let trace = dir.join("t.json");
     let svg = dir.join("g.svg");
@@ -365,7 +359,7 @@ fn simulate_ios_fixture_stages() {
 
 #[test]
 fn simulate_refuses_a_schedule_naming_an_unknown_op() {
-    let dir = temp_dir("unknown-op");
+    let dir = scratch("unknown-op");
     let file = dir.join("s.json");
     std::fs::write(
         &file,
@@ -472,7 +466,7 @@ fn schedule_user_errors_exit_2_naming_the_problem() {
 
 #[test]
 fn a_cost_annotated_dag_defaults_to_hios_sim() {
-    let dir = temp_dir("dag");
+    let dir = scratch("dag");
     let file = dir.join("study.json");
     std::fs::write(
         &file,
@@ -528,7 +522,7 @@ fn simulate_a_stream_plan_file() {
         .iter()
         .map(|st| st["groups"][0][0].clone())
         .collect();
-    let dir = temp_dir("streams");
+    let dir = scratch("streams");
     let file = dir.join("streams.json");
     let doc = serde_json::json!({"format": "opsched-schedule", "version": 1, "model": "googlenet",
         "shape": "streams", "gpus": [{"streams": [order], "launch_order": order}]});
@@ -577,7 +571,7 @@ fn compare_lists_every_algorithm_with_speedups_and_bounds() {
 
 #[test]
 fn compare_writes_csv_and_markdown_and_rejects_unknown_names() {
-    let dir = temp_dir("compare");
+    let dir = scratch("compare");
     let csv = dir.join("t.csv");
     let md = dir.join("t.md");
     let out = opsched(&[
@@ -611,7 +605,7 @@ fn compare_writes_csv_and_markdown_and_rejects_unknown_names() {
 
 #[test]
 fn viz_writes_svg_trace_and_html_from_the_extension() {
-    let dir = temp_dir("viz");
+    let dir = scratch("viz");
     let svg = dir.join("inception.svg");
     let trace = dir.join("inception.json");
     let html = dir.join("inception.html");
@@ -678,7 +672,7 @@ fn viz_writes_svg_trace_and_html_from_the_extension() {
 
 #[test]
 fn viz_draws_a_schedule_file_and_rejects_unknown_formats() {
-    let dir = temp_dir("viz-file");
+    let dir = scratch("viz-file");
     let s = dir.join("s.json");
     let out = opsched(&[
         "schedule",
@@ -839,7 +833,7 @@ fn piped_output_has_no_progress_bar() {
 
 #[test]
 fn a_file_error_is_said_once() {
-    let dir = temp_dir("broken");
+    let dir = scratch("broken");
     let path = dir.join("broken.json");
     std::fs::write(&path, "garbage").unwrap();
     let out = opsched(&["inspect", path.to_str().unwrap()]);
@@ -853,7 +847,7 @@ fn a_file_error_is_said_once() {
 #[test]
 fn run_an_onnx_model_with_inputs_and_outputs_on_the_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity");
-    let dir = temp_dir("infer");
+    let dir = scratch("infer");
     for model in ["inception", "squeeze_excite"] {
         let inputs = opsched::npy::read_npz(&fixtures.join(format!("{model}.inputs.npz"))).unwrap();
         let mut args: Vec<String> = [
@@ -941,7 +935,7 @@ fn run_an_onnx_model_with_inputs_and_outputs_on_the_cpu() {
 /// the SVG unchanged.
 #[test]
 fn viz_html_escapes_hostile_names() {
-    let dir = temp_dir("viz-escape");
+    let dir = scratch("viz-escape");
     let names = [
         "</script><script>alert(1)</script>",
         "<!--<script>",

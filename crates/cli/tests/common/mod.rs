@@ -1,6 +1,7 @@
 //! Helpers shared by the CLI's test files (each test file uses some of them).
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 /// Run the `opsched` binary under test.
@@ -19,4 +20,12 @@ pub fn stdout(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// An empty folder of this test process for `tag`.
+pub fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("opsched-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    dir
 }
