@@ -106,9 +106,9 @@ trait OnDevice {
     fn on<D: Device>(self, dev: &D) -> Result<Self::Out>;
 }
 
-/// Open the device `args` pick, with `units` GPUs at most (CUDA), and run `job` on it.
-fn on_device<J: OnDevice>(args: &DeviceArgs, units: usize, job: J) -> Result<J::Out> {
-    match args.backend() {
+/// Open the `backend` device, with `units` GPUs at most (CUDA), and run `job` on it.
+fn on_device<J: OnDevice>(backend: Backend, units: usize, job: J) -> Result<J::Out> {
+    match backend {
         Backend::Cuda => {
             let present = opsched::gpu::devices()
                 .map_err(|e| gpu_error(e.into()))?
@@ -228,7 +228,9 @@ impl OnDevice for Profile<'_> {
 
 pub fn profile(a: &ProfileArgs) -> Result<()> {
     let g = load(&a.model, &a.model_args)?;
-    if a.device.backend() == Backend::Cpu && a.gpu != 0 {
+    // Resolved once: `auto` probes the driver.
+    let backend = a.device.backend();
+    if backend == Backend::Cpu && a.gpu != 0 {
         return Err(user(anyhow::anyhow!(
             "--gpu {}: the CPU backend has one unit (0)",
             a.gpu
@@ -260,7 +262,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         ..ProfileOptions::default()
     };
     let units = a.gpu.saturating_add(1);
-    let report = on_device(&a.device, units, Profile { g: &g, opts })?;
+    let report = on_device(backend, units, Profile { g: &g, opts })?;
     if a.json {
         return print_json(&report);
     }
@@ -379,7 +381,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         schedule: &schedule,
         opts,
     };
-    let report = on_device(&a.device, gpus, job)?;
+    let report = on_device(a.device.backend(), gpus, job)?;
     let failed = report.check.as_ref().is_some_and(|c| !c.passed);
     if a.json {
         print_json(&report)?;
