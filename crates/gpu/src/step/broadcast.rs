@@ -11,6 +11,7 @@ use super::{product, Access, Step, StepKernel};
 use crate::cpu::CpuIo;
 use crate::cuda::{Enqueue, PrepareCx};
 use crate::program::{At, BufId, Builder, Src};
+use crate::reference::numel;
 use crate::GpuError;
 
 /// The arithmetic of a [`Broadcast`] step.
@@ -174,12 +175,6 @@ fn strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     st
 }
 
-impl Broadcast {
-    fn len(&self, shape: &[usize]) -> usize {
-        shape.iter().product()
-    }
-}
-
 impl StepKernel for Broadcast {
     fn kind(&self) -> &'static str {
         "broadcast"
@@ -187,16 +182,16 @@ impl StepKernel for Broadcast {
 
     fn access(&self) -> Access {
         let mut reads = vec![
-            (self.a, self.len(&self.a_shape)),
-            (self.b, self.len(&self.b_shape)),
+            (self.a, numel(&self.a_shape)),
+            (self.b, numel(&self.b_shape)),
         ];
         if self.a == self.b {
             reads.truncate(1);
-            reads[0].1 = self.len(&self.a_shape).max(self.len(&self.b_shape));
+            reads[0].1 = numel(&self.a_shape).max(numel(&self.b_shape));
         }
         Access {
             reads,
-            writes: vec![(self.y, self.len(&self.out))],
+            writes: vec![(self.y, numel(&self.out))],
         }
     }
 
@@ -213,7 +208,7 @@ impl StepKernel for Broadcast {
         );
         let a = io.read(self.a)?;
         let b = io.read(self.b)?;
-        let n = self.len(&self.out);
+        let n = numel(&self.out);
         let y = &mut io.write(self.y)?[..n];
         // One row per index of the leading axes; the last axis is the inner loop.
         let last = self.out.last().copied().unwrap_or(1).max(1);
