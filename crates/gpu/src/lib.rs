@@ -30,6 +30,7 @@ pub mod cuda;
 pub mod device;
 pub mod discovery;
 mod error;
+pub mod memory;
 pub mod program;
 pub mod reference;
 pub mod stats;

@@ -160,6 +160,10 @@ pub struct RunArgs {
     /// Capture the whole plan as one graph (a CUDA graph on a GPU) and replay it.
     #[arg(long)]
     graph_capture: bool,
+    /// Give every buffer storage of its own instead of letting buffers share it where the
+    /// schedule orders their uses apart (more memory; nothing else changes).
+    #[arg(long)]
+    no_memory_reuse: bool,
     /// Untimed runs before timing.
     #[arg(long, default_value_t = 10)]
     warmup: u32,
@@ -374,6 +378,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         kernels: a.device.kernels(),
         inputs: Arc::new(inputs),
         keep_outputs: a.output.is_some(),
+        reuse_memory: !a.no_memory_reuse,
         ..RunOptions::default()
     };
     let job = Run {
@@ -438,6 +443,15 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
         out,
         "launches       {} ({} waits, {} implied waits dropped, {} transfers via {})",
         report.launches, report.waits, report.waits_dropped, report.transfers, report.transfer_mode
+    )?;
+    writeln!(
+        out,
+        "memory         {:.1} MB of buffers: {:.1} MB weights and inputs, {:.1} MB activations \
+         ({:.1} MB without sharing)",
+        report.peak_memory_bytes as f64 / 1e6,
+        report.weight_bytes as f64 / 1e6,
+        report.peak_memory_bytes.saturating_sub(report.weight_bytes) as f64 / 1e6,
+        report.buffer_bytes.saturating_sub(report.weight_bytes) as f64 / 1e6
     )?;
     if let Some(c) = &report.check {
         writeln!(

@@ -346,8 +346,11 @@ pub struct CudaMemory {
 }
 
 struct MemInner {
-    /// In a cell only for NCCL, whose receive wants the slice mutably.
-    slices: Vec<RefCell<CudaSlice<f32>>>,
+    /// Per logical GPU: its storage, one allocation; buffers are ranges of it (see
+    /// [`crate::memory`]). In a cell only for NCCL, whose receive wants the range mutably.
+    blocks: Vec<RefCell<CudaSlice<f32>>>,
+    /// Per buffer: its logical GPU and first element there.
+    at: Vec<(usize, usize)>,
     ptr: Vec<u64>,
     len: Vec<usize>,
     /// Physical GPU (index into the device's GPUs) of each buffer.
@@ -507,41 +510,51 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&self, p: &GraphProgram, map: &[usize]) -> Result<CudaMemory, GpuError> {
+        crate::memory::check_layout(p)?;
+        let unit = |l: usize| {
+            map.get(l)
+                .copied()
+                .ok_or_else(|| GpuError::Plan(format!("logical GPU {l} is not mapped to a unit")))
+        };
+        let mut blocks = Vec::with_capacity(p.storage.len());
+        for (l, &n) in p.storage.iter().enumerate() {
+            let s = &self.gpu(unit(l)?)?.alloc_stream;
+            let block = s.alloc_zeros::<f32>(n.max(1)).map_err(|e| {
+                GpuError::driver(format!("allocating the storage of GPU {l} ({n} floats)"), e)
+            })?;
+            blocks.push(RefCell::new(block));
+        }
         let n = p.buffers.len();
-        let (mut slices, mut ptr, mut len, mut home) = (
+        let (mut at, mut ptr, mut len, mut home) = (
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
         );
         for (i, b) in p.buffers.iter().enumerate() {
-            let phys = *map.get(b.gpu).ok_or_else(|| {
-                GpuError::Plan(format!(
-                    "buffer {i} on logical GPU {}, which is not mapped",
-                    b.gpu
-                ))
-            })?;
-            let gpu = self.gpu(phys)?;
-            let s = &gpu.alloc_stream;
-            let slice = match p.initial_data(i) {
-                Some(data) => s.clone_htod(&data),
-                None => s.alloc_zeros::<f32>(b.len),
+            let phys = unit(b.gpu)?;
+            let s = &self.gpu(phys)?.alloc_stream;
+            let mut block = blocks[b.gpu].borrow_mut();
+            let range = b.offset..b.offset + b.len;
+            if let Some(data) = p.initial_data(i) {
+                s.memcpy_htod(&data, &mut block.slice_mut(range.clone()))
+                    .map_err(|e| {
+                        GpuError::driver(format!("initialising buffer {i} ({} floats)", b.len), e)
+                    })?;
             }
-            .map_err(|e| {
-                GpuError::driver(format!("allocating buffer {i} ({} floats)", b.len), e)
-            })?;
-            let (dp, _) = slice.device_ptr(s);
+            let (dp, _) = block.slice(range).device_ptr(s);
+            at.push((b.gpu, b.offset));
             ptr.push(dp);
             len.push(b.len);
             home.push(phys);
-            slices.push(RefCell::new(slice));
         }
         for g in &self.gpus {
             g.sync_alloc()?;
         }
         Ok(CudaMemory {
             inner: Rc::new(MemInner {
-                slices,
+                blocks,
+                at,
                 ptr,
                 len,
                 home,
@@ -552,23 +565,23 @@ impl Device for CudaDevice {
     }
 
     fn read(&self, m: &CudaMemory, id: BufId) -> Result<Vec<f32>, GpuError> {
-        let slice = m
-            .inner
-            .slices
-            .get(id)
-            .ok_or_else(|| GpuError::Plan(format!("buffer {id} does not exist")))?;
-        let gpu = self.gpu(m.inner.home[id])?;
+        let mem = &m.inner;
+        let (Some(&(l, o)), Some(&n)) = (mem.at.get(id), mem.len.get(id)) else {
+            return Err(GpuError::Plan(format!("buffer {id} does not exist")));
+        };
+        let gpu = self.gpu(mem.home[id])?;
         gpu.synchronize()?;
         let v = gpu
             .alloc_stream
-            .clone_dtoh(&*slice.borrow())
+            .clone_dtoh(&mem.blocks[l].borrow().slice(o..o + n))
             .map_err(|e| GpuError::driver(format!("reading buffer {id}"), e))?;
         gpu.sync_alloc()?;
         Ok(v)
     }
 
     fn write(&self, m: &CudaMemory, id: BufId, data: &[f32]) -> Result<(), GpuError> {
-        let (Some(slice), Some(&n)) = (m.inner.slices.get(id), m.inner.len.get(id)) else {
+        let mem = &m.inner;
+        let (Some(&(l, o)), Some(&n)) = (mem.at.get(id), mem.len.get(id)) else {
             return Err(GpuError::Plan(format!("buffer {id} does not exist")));
         };
         if data.len() != n {
@@ -577,10 +590,10 @@ impl Device for CudaDevice {
                 data.len()
             )));
         }
-        let gpu = self.gpu(m.inner.home[id])?;
+        let gpu = self.gpu(mem.home[id])?;
         gpu.synchronize()?;
         gpu.alloc_stream
-            .memcpy_htod(data, &mut *slice.borrow_mut())
+            .memcpy_htod(data, &mut mem.blocks[l].borrow_mut().slice_mut(o..o + n))
             .map_err(|e| GpuError::driver(format!("writing buffer {id}"), e))?;
         gpu.sync_alloc()
     }
@@ -765,9 +778,16 @@ impl Device for CudaDevice {
                     comms.get(dst_gpu).ok_or_else(bad)?,
                 );
                 cudarc::nccl::group_start().map_err(|e| GpuError::nccl("group start", e))?;
-                let r1 = sc.send(&*mem.slices[src].borrow(), dst_gpu as i32);
+                let ((sl_gpu, so), (dl_gpu, doff)) = (mem.at[src], mem.at[dst]);
+                let r1 = sc.send(
+                    &mem.blocks[sl_gpu].borrow().slice(so..so + sl),
+                    dst_gpu as i32,
+                );
                 let r2 = dc
-                    .recv(&mut *mem.slices[dst].borrow_mut(), src_gpu as i32)
+                    .recv(
+                        &mut mem.blocks[dl_gpu].borrow_mut().slice_mut(doff..doff + dl),
+                        src_gpu as i32,
+                    )
                     .map(|_| ());
                 cudarc::nccl::group_end().map_err(|e| GpuError::nccl("group end", e))?;
                 r1.map_err(|e| GpuError::nccl("send", e))?;
