@@ -35,6 +35,7 @@ pub mod program;
 pub mod reference;
 pub mod stats;
 pub mod step;
+pub mod tuning;
 
 pub use cpu::CpuDevice;
 pub use cuda::CudaDevice;

@@ -396,6 +396,7 @@ pub(crate) struct PrepareCx<'a> {
     unit: usize,
     pub(crate) sc: &'a mut StreamCtx,
     pub(crate) opts: &'a KernelOptions,
+    pub(crate) tuning: &'a crate::tuning::Tuning,
     /// The operator being prepared (for errors).
     op: &'a str,
 }
@@ -451,6 +452,7 @@ pub(crate) fn launched(
 /// NVIDIA GPUs (see the module docs).
 pub struct CudaDevice {
     gpus: Vec<Gpu>,
+    tuning: crate::tuning::Tuning,
 }
 
 impl CudaDevice {
@@ -466,7 +468,10 @@ impl CudaDevice {
             });
         }
         let gpus = (0..want).map(Gpu::open).collect::<Result<_, _>>()?;
-        Ok(CudaDevice { gpus })
+        Ok(CudaDevice {
+            gpus,
+            tuning: crate::tuning::Tuning::default(),
+        })
     }
 
     /// The opened GPUs.
@@ -503,6 +508,10 @@ impl Device for CudaDevice {
 
     fn units(&self) -> usize {
         self.gpus.len()
+    }
+
+    fn tuning(&self) -> Option<&crate::tuning::Tuning> {
+        Some(&self.tuning)
     }
 
     fn kernel_resources(&self, unit: usize, kernel: &str) -> Option<(u32, u32, u32)> {
@@ -667,6 +676,7 @@ impl Device for CudaDevice {
                 unit,
                 sc: &mut *sc,
                 opts,
+                tuning: &self.tuning,
                 op: &op.name,
             };
             let e = s.kernel().prepare_cuda(&mut cx)?;
