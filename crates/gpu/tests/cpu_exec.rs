@@ -851,7 +851,7 @@ fn gpu_every_op_matches_the_reference() {
         tf32: false,
         ..Default::default()
     };
-    for g in [every_op_graph(), attention_graph()] {
+    for g in [every_op_graph(), attention_graph(), onnx_semantics_graph()] {
         let p = GraphProgram::single_gpu(&g).unwrap();
         check_program(&dev, &g, &p, &precise, 1e-3);
         let (placement, xfers) = two_gpu_placement(&g);

@@ -410,14 +410,6 @@ impl PrepareCx<'_> {
         }
     }
 
-    /// The NVRTC kernels' code of activation `a`, or the error when they lack it.
-    pub(crate) fn act_code(&self, a: opsched_graph::Activation) -> Result<i32, GpuError> {
-        match crate::cuda::nvrtc::act_code(a) {
-            c if c >= 0 => Ok(c),
-            _ => Err(self.no_kernel(format!("activation {a}"))),
-        }
-    }
-
     /// The device pointer of buffer `id`, which must live on this GPU.
     pub(crate) fn ptr(&self, id: BufId) -> Result<u64, GpuError> {
         match (self.mem.ptr.get(id), self.mem.home.get(id)) {

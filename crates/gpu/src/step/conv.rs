@@ -16,7 +16,7 @@ use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr};
 use opsched_graph::{Activation, Conv2d};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -25,7 +25,7 @@ use super::{product, Access, Step, StepKernel};
 use crate::cpu::math::{apply_bias_act, sgemm, Mat};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{tensor4, ActDesc, ConvDesc, FilterDesc, TensorDesc};
-use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{weight_half_width, At, BufId, Builder, Src};
 use crate::GpuError;
 
@@ -293,8 +293,8 @@ struct CudaConv {
     choice: ConvChoice,
     /// Run the fused conv + bias + relu call (else conv, then the bias_act kernel).
     fused: bool,
-    /// Bias, channels, inner, total, activation for the unfused epilogue (None: nothing).
-    epilogue: Option<(u64, i64, i64, i64, i32)>,
+    /// The unfused epilogue: bias and activation (None: nothing to do).
+    epilogue: Option<super::act::CudaBiasAct>,
     /// A zero bias for a fused convolution without its own bias.
     _zero_bias: Option<CudaSlice<f32>>,
 }
@@ -393,17 +393,16 @@ fn prepare(s: &Conv, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuError> {
         }
     }
     if !plan.fused && (s.bias.is_some() || s.act != Activation::None) {
-        let inner = (s.out_hw[0] * s.out_hw[1]) as i64;
-        plan.epilogue = Some((
-            match s.bias {
-                Some(b) => cx.ptr(b)?,
-                None => 0,
-            },
-            oc as i64,
+        let inner = s.out_hw[0] * s.out_hw[1];
+        let step = super::act::BiasAct {
+            y: s.y,
+            bias: s.bias,
+            total: n * oc * inner,
+            channels: oc,
             inner,
-            (n * oc) as i64 * inner,
-            cx.act_code(s.act)?,
-        ));
+            act: s.act,
+        };
+        plan.epilogue = Some(super::act::CudaBiasAct::new(cx, &step)?);
     }
     Ok(plan)
 }
@@ -606,16 +605,8 @@ impl Enqueue for CudaConv {
             )));
         }
         self.run_conv(sc)?;
-        if let Some((bias, channels, inner, total, act)) = &self.epilogue {
-            let mut b = sc.launch_builder(gpu.function("bias_act")?);
-            b.arg(&self.y)
-                .arg(bias)
-                .arg(total)
-                .arg(channels)
-                .arg(inner)
-                .arg(act);
-            // SAFETY: matches `bias_act`; bias has `channels` elements or is null.
-            launched(unsafe { b.launch(grid(*total as usize)) }, "bias_act")?;
+        if let Some(e) = &self.epilogue {
+            e.enqueue(gpu, sc)?;
         }
         Ok(())
     }
