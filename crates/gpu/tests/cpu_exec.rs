@@ -259,7 +259,11 @@ fn onnx_semantics_graph() -> Graph {
         },
     );
     let ls = b.op("logsm", Op::LogSoftmax { axis: 1 }, &[hs]);
-    let _ = ls;
+    // TensorFlow's "SAME" padding at stride 2: one more row and column after than before.
+    let mut same = Conv2d::new(3, 3).stride(2).bias(true).relu();
+    same.padding = [0, 0];
+    same.padding_end = Some([1, 1]);
+    b.conv("same_pad", ls, same);
     b.finish().unwrap()
 }
 

@@ -251,10 +251,33 @@ impl StepKernel for Conv {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        if self.padding != self.padding_end {
-            return Err(cx.no_kernel("a convolution padded differently before and after"));
+        let x = cx.ptr(self.x)?;
+        if self.padding == self.padding_end {
+            return Ok(Box::new(prepare(self, x, cx)?));
         }
-        Ok(Box::new(prepare(self, cx)?))
+        // cuDNN pads both sides alike: pad the difference explicitly into a buffer of the
+        // prepared operator's own, then convolve with the common part.
+        let [n, c, h, w] = self.input;
+        let sym = [0, 1].map(|a| self.padding[a].min(self.padding_end[a]));
+        let pre = [0, 1].map(|a| self.padding[a] - sym[a]);
+        let post = [0, 1].map(|a| self.padding_end[a] - sym[a]);
+        let padded = [n, c, h + pre[0] + post[0], w + pre[1] + post[1]];
+        let buf = cx
+            .gpu
+            .zeros(product(&padded, "padded convolution input")?)?;
+        let (bp, _) = buf.device_ptr(&cx.gpu.alloc_stream);
+        let pad =
+            super::pad::CudaPad::new(bp, x, &self.input, &padded, &[0, 0, pre[0], pre[1]], 0.0)
+                .map_err(|e| e.unwrap_or_else(|| cx.no_kernel("a 4-D pad")))?;
+        let inner = Conv {
+            input: padded,
+            padding: sym,
+            padding_end: sym,
+            ..self.clone()
+        };
+        let mut plan = prepare(&inner, bp, cx)?;
+        plan.pre_pad = Some((pad, buf));
+        Ok(Box::new(plan))
     }
 }
 
@@ -297,9 +320,12 @@ struct CudaConv {
     epilogue: Option<super::act::CudaBiasAct>,
     /// A zero bias for a fused convolution without its own bias.
     _zero_bias: Option<CudaSlice<f32>>,
+    /// Padding cuDNN cannot do (different before and after), run first into the held buffer.
+    pre_pad: Option<(super::pad::CudaPad, CudaSlice<f32>)>,
 }
 
-fn prepare(s: &Conv, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuError> {
+/// Prepare `s` reading its input at `xp`.
+fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuError> {
     let [n, c, _, _] = s.input;
     let oc = s.out_channels;
     let x_desc = tensor4(s.input)?;
@@ -316,7 +342,7 @@ fn prepare(s: &Conv, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuError> {
         dnn_sys::cudnnMathType_t::CUDNN_FMA_MATH
     })?;
     let relu = ActDesc::relu()?;
-    let (xp, wp, yp) = (cx.ptr(s.x)?, cx.ptr(s.w)?, cx.ptr(s.y)?);
+    let (wp, yp) = (cx.ptr(s.w)?, cx.ptr(s.y)?);
     // What the tuning table keys by (the device is the cache entry's fingerprint).
     let tuning_key = format!(
         "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw|{}",
@@ -377,6 +403,7 @@ fn prepare(s: &Conv, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuError> {
         fused: want_fused && choice.fused_ok,
         epilogue: None,
         _zero_bias: zero_bias,
+        pre_pad: None,
     };
     if plan.fused && !choice.fused_tested {
         // The fused call does not support every algorithm everywhere: try it once now.
@@ -603,6 +630,9 @@ impl Enqueue for CudaConv {
                 self.choice.workspace,
                 sc.workspace_bytes()
             )));
+        }
+        if let Some((pad, _)) = &self.pre_pad {
+            pad.enqueue(gpu, sc)?;
         }
         self.run_conv(sc)?;
         if let Some(e) = &self.epilogue {

@@ -119,10 +119,56 @@ impl StepKernel for Pad {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        let out = self.out_shape();
+        let (y, x) = (cx.ptr(self.y)?, cx.ptr(self.x)?);
+        CudaPad::new(
+            y,
+            x,
+            &self.shape,
+            &self.out_shape(),
+            &self.begin,
+            self.value,
+        )
+        .map(|p| Box::new(p) as Box<dyn Enqueue>)
+        .map_err(|e| match e {
+            None => cx.no_kernel(format!(
+                "pad of {} axes (at most {MAX_RANK})",
+                self.shape.len()
+            )),
+            Some(e) => e,
+        })
+    }
+
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        Some("pad")
+    }
+}
+
+/// The `pad` kernel with its parameters (also a convolution's explicit padding on CUDA).
+pub(crate) struct CudaPad {
+    y: u64,
+    x: u64,
+    total: usize,
+    rank: i32,
+    out: [i64; 6],
+    shape: [i64; 6],
+    begin: [i64; 6],
+    value: f32,
+}
+
+impl CudaPad {
+    /// Pad `x` (of `shape`) into `y` (of `out`), `begin` elements of `value` before each axis;
+    /// `Err(None)` beyond the kernel's [`MAX_RANK`] axes.
+    pub(crate) fn new(
+        y: u64,
+        x: u64,
+        shape: &[usize],
+        out: &[usize],
+        begin: &[usize],
+        value: f32,
+    ) -> Result<CudaPad, Option<GpuError>> {
         let rank = out.len();
-        if rank > MAX_RANK {
-            return Err(cx.no_kernel(format!("pad of {rank} axes (at most {MAX_RANK})")));
+        if rank > MAX_RANK || shape.len() != rank || begin.len() != rank {
+            return Err(None);
         }
         let dims = |v: &[usize]| -> Result<[i64; 6], GpuError> {
             let mut d = [0i64; 6];
@@ -132,32 +178,17 @@ impl StepKernel for Pad {
             }
             Ok(d)
         };
-        Ok(Box::new(CudaPad {
-            y: cx.ptr(self.y)?,
-            x: cx.ptr(self.x)?,
-            total: product(&out, "padded tensor")?,
+        Ok(CudaPad {
+            y,
+            x,
+            total: product(out, "padded tensor")?,
             rank: rank as i32,
-            out: dims(&out)?,
-            shape: dims(&self.shape)?,
-            begin: dims(&self.begin)?,
-            value: self.value,
-        }))
+            out: dims(out)?,
+            shape: dims(shape)?,
+            begin: dims(begin)?,
+            value,
+        })
     }
-
-    fn nvrtc_kernel(&self) -> Option<&'static str> {
-        Some("pad")
-    }
-}
-
-struct CudaPad {
-    y: u64,
-    x: u64,
-    total: usize,
-    rank: i32,
-    out: [i64; 6],
-    shape: [i64; 6],
-    begin: [i64; 6],
-    value: f32,
 }
 
 impl Enqueue for CudaPad {
