@@ -5,8 +5,9 @@
 //! [`opsched_schedule::HostProgram`] computes from the plan (this crate never looks at a
 //! `Schedule`).
 //!
-//! - [`run`]: a [`Session`] prepares a plan on a device: buffers allocated and initialised
-//!   before timing ([`opsched_gpu::GraphProgram`]), every operator prepared, one stream pool
+//! - [`run`]: a [`Session`] prepares a plan on a device: buffers laid out for the plan (in-place
+//!   concatenation, storage shared where the plan orders uses apart: [`opsched_gpu::memory`]),
+//!   allocated and initialised before timing, every operator prepared, one stream pool
 //!   per logical GPU, one event per plan event, a copy stream per logical GPU for transfers,
 //!   fork/join through an origin stream. It runs iterations eagerly or as a captured graph,
 //!   times them, reads outputs back, and checks them ([`CheckMode`]: against a sequential run
