@@ -6,8 +6,8 @@
 //!   whole output is one input of a concatenation on its GPU write straight into its slice of
 //!   the concatenation's output, when that slice is contiguous (everything before the
 //!   concatenation axis has extent 1, e.g. channels at batch 1) and starts at a multiple of
-//!   [`VIEW_ALIGN`] elements: its buffer is then *within* the other one
-//!   ([`BufSpec::within`]) and the concatenation copies nothing for it.
+//!   [`VIEW_ALIGN`] elements (the rule: [`opsched_graph::inplace`]): its buffer is then
+//!   *within* the other one ([`BufSpec::within`]) and the concatenation copies nothing for it.
 //! - **Reuse** ([`layout_reusing`]): a buffer written and read only by operators that the
 //!   schedule orders entirely before, or entirely after, every operator touching another buffer
 //!   can take that buffer's place. The order is the execution's (streams, events, transfers),
@@ -29,9 +29,8 @@ use crate::program::{BufId, BufRole, BufSpec, GraphProgram, Init};
 /// `cudaMalloc` would give, and what cuDNN and cuBLAS expect for their fastest kernels).
 pub const ALIGN: usize = 64;
 
-/// Alignment a view inside another buffer needs, in elements (16 bytes: vector loads and
-/// tensor-core kernels need no more).
-pub const VIEW_ALIGN: usize = 4;
+/// Alignment a view inside another buffer needs, in elements.
+pub use opsched_graph::inplace::VIEW_ALIGN;
 
 /// How much storage a layout takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

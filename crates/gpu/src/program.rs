@@ -633,50 +633,21 @@ impl<'g> Builder<'g> {
 }
 
 impl Builder<'_> {
-    /// Make the producers of a concatenation's whole inputs write their slices of its output
-    /// in place (see [`crate::memory`]): each such producer's output buffer becomes a view of
-    /// the concatenation's, and [`Builder::push_copy`] then leaves out its copy. Only where the
-    /// slice is contiguous and aligned, the producer is an operator on the same GPU whose
-    /// output no transfer sends, and its output is not already a slice of another
-    /// concatenation.
+    /// Make the producers that write their slice of a concatenation in place
+    /// ([`opsched_graph::inplace::concat_slices`]) do so where they run on the concatenation's
+    /// GPU and no transfer sends their output: each one's output buffer becomes a view of the
+    /// concatenation's, and [`Builder::push_copy`] then leaves out its copy.
     fn concat_in_place(&mut self, transfers: &[TransferSpec]) {
-        let g = self.g;
-        for &c in g.topo_order() {
-            let node = g.node(c);
-            let Op::Concat { axis } = node.op else {
-                continue;
-            };
-            let (Some(gpu), Some(out)) = (
-                self.placement.get(c.index()).copied().flatten(),
-                self.outputs[c.index()],
-            ) else {
-                continue;
-            };
-            if axis >= node.shape.len() || numel(&node.shape[..axis]) != 1 {
-                continue;
-            }
-            let inner = numel(&node.shape[axis + 1..]);
-            let mut off = 0;
-            for term in &node.inputs {
-                let Some(first) = term.first() else { break };
-                let width = self.value_shape(first).get(axis).copied().unwrap_or(0);
-                let at = off * inner;
-                off += width;
-                let [v] = term.as_slice() else { continue };
-                let p = v.node;
-                let whole = v.channels.is_none() && numel(&g.node(p).shape) == width * inner;
-                let same_gpu = self.placement.get(p.index()).copied().flatten() == Some(gpu);
-                let sent = transfers.iter().any(|t| t.src == p);
-                let Some(pb) = self.outputs[p.index()] else {
-                    continue;
-                };
-                if whole
-                    && same_gpu
-                    && !sent
-                    && p != c
-                    && at.is_multiple_of(crate::memory::VIEW_ALIGN)
-                    && self.buffers[pb].within.is_none()
-                {
+        let gpu = |n: NodeId| self.placement.get(n.index()).copied().flatten();
+        for (i, slot) in opsched_graph::inplace::concat_slices(self.g)
+            .into_iter()
+            .enumerate()
+        {
+            let Some((c, at)) = slot else { continue };
+            let p = NodeId(i as u32);
+            let sent = transfers.iter().any(|t| t.src == p);
+            if let (Some(pb), Some(out)) = (self.outputs[i], self.outputs[c.index()]) {
+                if !sent && gpu(p).is_some() && gpu(p) == gpu(c) {
                     self.buffers[pb].within = Some((out, at));
                 }
             }

@@ -44,6 +44,7 @@ pub mod builder;
 pub mod error;
 pub mod formats;
 pub mod graph;
+pub mod inplace;
 pub mod limits;
 pub mod merge;
 pub mod names;

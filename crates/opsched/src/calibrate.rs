@@ -338,7 +338,11 @@ impl Workload {
                     o.model, o.node, o.signature
                 )));
             }
-            ops.push((g, id, o.ms));
+            // An operator that launches nothing (a concatenation written in place) takes no
+            // time in the model whatever the parameters: nothing to fit.
+            if opsched_cost::launches::launches(&g, id) > 0 {
+                ops.push((g, id, o.ms));
+            }
         }
         Ok(Workload {
             preset,

@@ -1,0 +1,122 @@
+//! In-place concatenation: which operators write their output straight into their slice of a
+//! concatenation's output, so that the concatenation copies nothing for them.
+//!
+//! The one rule that the lowering (`opsched_gpu::program`, which also requires the producer to
+//! run on the concatenation's GPU with no transfer of its output) and the launch count of the
+//! cost model (`opsched_cost::launches`) share. A producer writes in place when
+//! - the consumer is a `concat` whose slices are contiguous: every axis before the
+//!   concatenation axis has extent 1 (channels at batch 1);
+//! - its whole output is one term of the concatenation (not a channel slice, not a sum);
+//! - it is an operator (graph inputs and constants keep their own buffers);
+//! - its slice starts at a multiple of [`VIEW_ALIGN`] elements;
+//! - it is not the slice of another concatenation already: a producer read by several
+//!   concatenations writes into the one with the lowest node id (a local rule, so the cost
+//!   model can apply it per operator), and a value that appears twice in one concatenation
+//!   writes its first slice.
+
+use crate::{Graph, NodeId, Op};
+
+/// Alignment a slice written in place needs, in elements (16 bytes: vector loads and
+/// tensor-core kernels need no more).
+pub const VIEW_ALIGN: usize = 4;
+
+/// Where concatenation `c` would take producer `p` in place: the first element of `p`'s first
+/// slice, when the rules of the module (but the one on several concatenations) hold.
+fn slot_in(g: &Graph, c: NodeId, p: NodeId) -> Option<usize> {
+    let node = g.node(c);
+    let Op::Concat { axis } = node.op else {
+        return None;
+    };
+    if p == c || g.node(p).op.is_input() || axis >= node.shape.len() {
+        return None;
+    }
+    if node.shape[..axis].iter().product::<usize>() != 1 {
+        return None;
+    }
+    let inner: usize = node.shape[axis + 1..].iter().product();
+    let mut off = 0;
+    for term in &node.inputs {
+        let width = term
+            .first()
+            .and_then(|v| g.value_shape(v).ok())
+            .and_then(|s| s.get(axis).copied())?;
+        if let [v] = term.as_slice() {
+            if v.node == p {
+                let whole = v.channels.is_none()
+                    && g.node(p).shape.iter().product::<usize>() == width * inner;
+                let at = off * inner;
+                return (whole && at.is_multiple_of(VIEW_ALIGN)).then_some(at);
+            }
+        }
+        off += width;
+    }
+    None
+}
+
+/// The concatenation `p` writes its output into in place, and the first element of its slice
+/// there.
+pub fn slice_of(g: &Graph, p: NodeId) -> Option<(NodeId, usize)> {
+    g.succs(p)
+        .filter_map(|c| slot_in(g, c, p).map(|at| (c, at)))
+        .min_by_key(|&(c, _)| c)
+}
+
+/// [`slice_of`] for every node.
+pub fn concat_slices(g: &Graph) -> Vec<Option<(NodeId, usize)>> {
+    (0..g.len())
+        .map(|i| slice_of(g, NodeId(i as u32)))
+        .collect()
+}
+
+/// How many terms of concatenation `c` its producers write in place (0 for any other node).
+pub fn in_place_terms(g: &Graph, c: NodeId) -> usize {
+    let mut seen = Vec::new();
+    g.node(c)
+        .inputs
+        .iter()
+        .filter(|t| match t.as_slice() {
+            [v] if !seen.contains(&v.node) => {
+                seen.push(v.node);
+                slice_of(g, v.node).is_some_and(|(into, _)| into == c)
+            }
+            _ => false,
+        })
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::{Conv2d, DType, GraphBuilder};
+
+    #[test]
+    fn slices_at_batch_1_only_and_once() {
+        for batch in [1, 2] {
+            let mut b = GraphBuilder::new("cat", DType::F32);
+            let x = b.input("x", vec![batch, 4, 4, 4]);
+            let l = b.conv("l", x, Conv2d::new(8, 1));
+            let r = b.conv("r", x, Conv2d::new(4, 1));
+            let cat = b.concat("cat", &[l, r, x]);
+            let again = b.concat("again", &[r, l]);
+            let g = b.finish().unwrap();
+            let s = concat_slices(&g);
+            if batch == 1 {
+                assert_eq!(s[l.index()], Some((cat, 0)));
+                assert_eq!(s[r.index()], Some((cat, 8 * 16)));
+                assert_eq!(in_place_terms(&g, cat), 2);
+            } else {
+                assert_eq!(s[l.index()], None);
+                assert_eq!(s[r.index()], None);
+                assert_eq!(in_place_terms(&g, cat), 0);
+            }
+            assert_eq!(in_place_terms(&g, again), 0);
+            assert_eq!(in_place_terms(&g, l), 0);
+            // The graph input keeps its buffer; a producer has one slice; concatenations
+            // themselves are not sliced into anything here.
+            for n in [x, cat, again] {
+                assert_eq!(s[n.index()], None);
+            }
+        }
+    }
+}
