@@ -255,7 +255,9 @@ impl Scoreboard {
 
     /// This run's rows with those of `older` that it did not measure again, ordered by model
     /// (this run's order, then older ones) and batch. Refuses a file from another machine,
-    /// other software or another method, naming the field: one table, one configuration.
+    /// other software or another method, naming the field: one table, one configuration
+    /// (`libraries` is not compared: a run learns it from its first process, and the driver and
+    /// cuDNN versions already pin it).
     pub fn merge(mut self, older: Scoreboard, what: &str) -> Result<Scoreboard> {
         let (a, b) = (&self.header, &older.header);
         let same = [
@@ -263,7 +265,6 @@ impl Scoreboard {
             ("backend", a.backend == b.backend),
             ("driver", a.driver == b.driver),
             ("cudnn", a.cudnn == b.cudnn),
-            ("libraries", a.libraries == b.libraries),
             ("processes", a.processes == b.processes),
             ("repeats", a.repeats == b.repeats),
             ("warmup", a.warmup == b.warmup),

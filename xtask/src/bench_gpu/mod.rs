@@ -131,17 +131,19 @@ impl BackendArg {
     }
 }
 
-/// The machine our runs execute on, as known before any of them.
-struct Machine {
+/// The machine our runs execute on and how schedules are searched, as known before any run.
+struct Setup {
     name: String,
     driver: String,
     cudnn: String,
     /// The search's device preset, and a note when it was a guess.
     preset: DevicePreset,
     preset_note: Option<String>,
+    /// The candidates for "best" after sequential (`--algos` without it).
+    algos: Vec<String>,
 }
 
-fn machine(args: &Args) -> Result<Machine> {
+fn setup(args: &Args) -> Result<Setup> {
     let (name, driver, cudnn) = match args.backend {
         BackendArg::Cuda => {
             let d = opsched_gpu::devices()
@@ -181,12 +183,18 @@ fn machine(args: &Args) -> Result<Machine> {
             ),
         },
     };
-    Ok(Machine {
+    Ok(Setup {
         name,
         driver,
         cudnn,
         preset,
         preset_note,
+        algos: args
+            .algos
+            .iter()
+            .filter(|a| *a != "sequential")
+            .cloned()
+            .collect(),
     })
 }
 
@@ -287,7 +295,7 @@ impl Candidate {
 
 /// Search sequential and every `--algos` entry for `g` under the machine's preset, save each
 /// schedule into `dir`. A scheduler that fails is a candidate with its error.
-fn search(g: &opsched::Graph, m: &Machine, args: &Args, dir: &Path) -> Result<Vec<Candidate>> {
+fn search(g: &opsched::Graph, m: &Setup, args: &Args, dir: &Path) -> Result<Vec<Candidate>> {
     let link = m.preset.default_link.clone();
     let cost = opsched::cost_model(args.cost, &m.preset, &link, g, args.cache.as_deref())?;
     let platform = Platform {
@@ -296,10 +304,8 @@ fn search(g: &opsched::Graph, m: &Machine, args: &Args, dir: &Path) -> Result<Ve
         device: m.preset.clone(),
         link,
     };
-    let mut algos = vec!["sequential".to_string()];
-    algos.extend(args.algos.iter().filter(|a| *a != "sequential").cloned());
-    let mut out = Vec::with_capacity(algos.len());
-    for algo in algos {
+    let mut out = Vec::with_capacity(1 + m.algos.len());
+    for algo in std::iter::once("sequential".to_string()).chain(m.algos.iter().cloned()) {
         let file = dir.join(format!("{}-{algo}.json", g.name));
         let found = opsched::scheduler_with(&algo, &SchedulerOptions::default())
             .and_then(|s| Ok(s.schedule(g, &platform, cost.as_ref())?.0))
@@ -488,7 +494,7 @@ fn run_rounds(
     model: &str,
     per_batch: &mut [(u32, Vec<Candidate>)],
     args: &Args,
-    m: &Machine,
+    m: &Setup,
     header: &mut Header,
     bar: &indicatif::ProgressBar,
 ) -> Result<()> {
@@ -536,7 +542,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
     for model in &args.models {
         opsched::zoo::find(model)?;
     }
-    let m = machine(args)?;
+    let m = setup(args)?;
     let bin = opsched_binary(args)?;
     let slug = opsched_gpu::discovery::slug(&m.name);
     std::fs::create_dir_all(&args.out)
@@ -567,7 +573,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
         processes: args.processes,
         repeats: args.repeats,
         warmup: args.warmup,
-        algos: args.algos.clone(),
+        algos: m.algos.clone(),
         search: format!(
             "{} cost model of the {} preset{}, 1 GPU, {STREAMS} streams",
             args.cost,
@@ -594,7 +600,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
             true => "the CPU backend rehearses the pipeline only".into(),
         });
     }
-    let candidates = 1 + args.algos.iter().filter(|a| *a != "sequential").count();
+    let candidates = 1 + m.algos.len();
     let torch_models = args
         .models
         .iter()
