@@ -401,6 +401,17 @@ fn one_line(text: &str) -> String {
     line.chars().take(300).collect()
 }
 
+/// The last line a failed process wrote on stderr: its error (both programs end with one).
+fn last_line(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    one_line(
+        text.lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no message"),
+    )
+}
+
 /// One `opsched run` process of a saved schedule.
 fn run_process(bin: &Path, model: &str, batch: u32, file: &Path, args: &Args) -> Result<Measured> {
     let out = Command::new(bin)
@@ -413,13 +424,7 @@ fn run_process(bin: &Path, model: &str, batch: u32, file: &Path, args: &Args) ->
         .output()
         .with_context(|| format!("starting {}", bin.display()))?;
     if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
-        bail!(
-            "{} ({})",
-            one_line(last.unwrap_or("no message")),
-            out.status
-        );
+        bail!("{} ({})", last_line(&out.stderr), out.status);
     }
     parse_run(&out.stdout, args.repeats)
 }
@@ -462,9 +467,7 @@ fn torch_runs(args: &Args, model: &str, dir: &Path, bar: &indicatif::ProgressBar
             }
         };
         if !done.status.success() {
-            let stderr = String::from_utf8_lossy(&done.stderr);
-            let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
-            let why = one_line(last.unwrap_or("no message"));
+            let why = last_line(&done.stderr);
             // Exit 3: torch, torchvision or a CUDA device is missing (the script's contract).
             return match done.status.code() {
                 Some(3) => TorchOutcome::Unavailable(why),
@@ -786,5 +789,7 @@ mod tests {
             r#"cargo xtask bench-gpu --models a,b --out '/tmp/my board' 'it'\''s'"#
         );
         assert_eq!(one_line("\n  \nfirst\nsecond"), "first");
+        assert_eq!(last_line(b"warning: x\nerror: no GPU\n\n"), "error: no GPU");
+        assert_eq!(last_line(b""), "no message");
     }
 }
