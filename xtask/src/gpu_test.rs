@@ -39,6 +39,8 @@ pub fn gpu_test(args: &GpuTestArgs) -> Result<()> {
         "opsched-runtime",
         "-p",
         "opsched-profiler",
+        "-p",
+        "opsched",
         "--",
         "--ignored",
     ];

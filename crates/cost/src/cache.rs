@@ -75,6 +75,10 @@ pub const HEADER_LEN: usize = 28;
 /// The environment variable that overrides the default cache location.
 pub const ENV_VAR: &str = "OPSCHED_CACHE";
 
+/// Signatures that start with this are measurements of candidate kernels (e.g. cuDNN's
+/// convolution algorithms, see `opsched_gpu::tuning`), not operator or stage costs.
+pub const KERNEL_PREFIX: &str = "kernel.";
+
 /// Payloads larger than this (1 GiB) are refused: a guard against decoding garbage.
 const MAX_PAYLOAD: usize = 1 << 30;
 

@@ -118,7 +118,10 @@ impl<M: CostModel> MeasuredTable<M> {
     pub fn from_cache(cache: &CostCache, device: &str, fallback: M) -> Self {
         let mut t = Self::new(fallback);
         t.source = device.to_string();
-        for (k, m) in cache.entries_for_device(device) {
+        let costs = cache
+            .entries_for_device(device)
+            .filter(|(k, _)| !k.signature.starts_with(crate::cache::KERNEL_PREFIX));
+        for (k, m) in costs {
             let row = TableRow::new(
                 k.signature.clone(),
                 Some(k.batch),

@@ -105,6 +105,13 @@ pub trait Device {
         None
     }
 
+    /// The measured kernel choices this device keeps (cuDNN convolution algorithms on CUDA;
+    /// `None` where nothing is chosen by measurement): a caller loads them from the cost cache
+    /// before preparing and saves [`crate::tuning::Tuning::fresh`] after.
+    fn tuning(&self) -> Option<&crate::tuning::Tuning> {
+        None
+    }
+
     /// Allocate and initialise every buffer of `p`; logical GPU `l` lives on unit `map[l]`.
     /// Buffers that start with data ([`crate::program::Init`]) hold it when this returns.
     fn alloc(&self, p: &GraphProgram, map: &[usize]) -> Result<Self::Memory, GpuError>;

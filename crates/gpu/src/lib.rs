@@ -30,10 +30,12 @@ pub mod cuda;
 pub mod device;
 pub mod discovery;
 mod error;
+pub mod memory;
 pub mod program;
 pub mod reference;
 pub mod stats;
 pub mod step;
+pub mod tuning;
 
 pub use cpu::CpuDevice;
 pub use cuda::CudaDevice;

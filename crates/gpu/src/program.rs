@@ -81,6 +81,29 @@ pub struct BufSpec {
     pub len: usize,
     pub role: BufRole,
     pub init: Init,
+    /// First element in the storage of its logical GPU ([`GraphProgram::storage`]); set by a
+    /// layout of [`crate::memory`].
+    pub offset: usize,
+    /// It is a part of another buffer, from the given element on: an operator writing its slice
+    /// of a concatenation in place (see [`crate::memory`]).
+    pub within: Option<(BufId, usize)>,
+    /// Its storage holds other buffers while it is dead, so its value is gone after a run.
+    pub reused: bool,
+}
+
+impl BufSpec {
+    /// A buffer of its own, not yet laid out.
+    pub fn new(gpu: usize, len: usize, role: BufRole, init: Init) -> BufSpec {
+        BufSpec {
+            gpu,
+            len,
+            role,
+            init,
+            offset: 0,
+            within: None,
+            reused: false,
+        }
+    }
 }
 
 /// The steps of one operator, run in order on one stream of its GPU.
@@ -117,6 +140,9 @@ pub struct GraphProgram {
     pub outputs: Vec<Option<BufId>>,
     /// Number of GPUs the buffers span.
     pub gpus: usize,
+    /// Per logical GPU: the elements of storage its buffers are laid out in (see
+    /// [`crate::memory`]).
+    pub storage: Vec<usize>,
 }
 
 /// FNV-1a 64 of a string: the seed of a named buffer.
@@ -189,12 +215,7 @@ pub(crate) struct Builder<'g> {
 
 impl<'g> Builder<'g> {
     fn alloc(&mut self, gpu: usize, len: usize, role: BufRole, init: Init) -> BufId {
-        self.buffers.push(BufSpec {
-            gpu,
-            len: len.max(1),
-            role,
-            init,
-        });
+        self.buffers.push(BufSpec::new(gpu, len.max(1), role, init));
         self.buffers.len() - 1
     }
 
@@ -349,12 +370,12 @@ impl<'g> Builder<'g> {
         let shape = self.value_shape(v);
         if shape.len() < 2 {
             let n = numel(&shape);
-            steps.push(
+            self.push_copy(
+                steps,
                 Copy {
                     accumulate,
                     ..Copy::whole(src, dst, n)
-                }
-                .into(),
+                },
             );
             return Ok(());
         }
@@ -362,7 +383,8 @@ impl<'g> Builder<'g> {
             Some((b, e)) => (b, e - b),
             None => (0, shape[1]),
         };
-        steps.push(
+        self.push_copy(
+            steps,
             Copy {
                 src,
                 dst,
@@ -374,10 +396,22 @@ impl<'g> Builder<'g> {
                 len,
                 inner: numel(&shape[2..]),
                 accumulate,
-            }
-            .into(),
+            },
         );
         Ok(())
+    }
+
+    /// Append `c`, unless its source already is the part of `dst` it would write (a producer
+    /// that wrote its slice of a concatenation in place, see [`crate::memory`]).
+    fn push_copy(&self, steps: &mut Vec<Step>, c: Copy) {
+        let in_place = !c.accumulate
+            && c.outer == 1
+            && c.src_off == 0
+            && c.len == c.src_axis
+            && self.buffers.get(c.src).and_then(|b| b.within) == Some((c.dst, c.dst_off * c.inner));
+        if !in_place {
+            steps.push(c.into());
+        }
     }
 
     /// A buffer holding one term (in place when it is one whole value).
@@ -429,7 +463,8 @@ impl<'g> Builder<'g> {
             } else {
                 let (src, _) = self.term(steps, at, t)?;
                 let a = axis.min(shape.len().saturating_sub(1));
-                steps.push(
+                self.push_copy(
+                    steps,
                     Copy {
                         src,
                         dst,
@@ -441,8 +476,7 @@ impl<'g> Builder<'g> {
                         len: shape.get(a).copied().unwrap_or(1),
                         inner: numel(shape.get(a + 1..).unwrap_or(&[])),
                         accumulate: false,
-                    }
-                    .into(),
+                    },
                 );
             }
             off += shape.get(axis).copied().unwrap_or(0);
@@ -598,6 +632,58 @@ impl<'g> Builder<'g> {
     }
 }
 
+impl Builder<'_> {
+    /// Make the producers of a concatenation's whole inputs write their slices of its output
+    /// in place (see [`crate::memory`]): each such producer's output buffer becomes a view of
+    /// the concatenation's, and [`Builder::push_copy`] then leaves out its copy. Only where the
+    /// slice is contiguous and aligned, the producer is an operator on the same GPU whose
+    /// output no transfer sends, and its output is not already a slice of another
+    /// concatenation.
+    fn concat_in_place(&mut self, transfers: &[TransferSpec]) {
+        let g = self.g;
+        for &c in g.topo_order() {
+            let node = g.node(c);
+            let Op::Concat { axis } = node.op else {
+                continue;
+            };
+            let (Some(gpu), Some(out)) = (
+                self.placement.get(c.index()).copied().flatten(),
+                self.outputs[c.index()],
+            ) else {
+                continue;
+            };
+            if axis >= node.shape.len() || numel(&node.shape[..axis]) != 1 {
+                continue;
+            }
+            let inner = numel(&node.shape[axis + 1..]);
+            let mut off = 0;
+            for term in &node.inputs {
+                let Some(first) = term.first() else { break };
+                let width = self.value_shape(first).get(axis).copied().unwrap_or(0);
+                let at = off * inner;
+                off += width;
+                let [v] = term.as_slice() else { continue };
+                let p = v.node;
+                let whole = v.channels.is_none() && numel(&g.node(p).shape) == width * inner;
+                let same_gpu = self.placement.get(p.index()).copied().flatten() == Some(gpu);
+                let sent = transfers.iter().any(|t| t.src == p);
+                let Some(pb) = self.outputs[p.index()] else {
+                    continue;
+                };
+                if whole
+                    && same_gpu
+                    && !sent
+                    && p != c
+                    && at.is_multiple_of(crate::memory::VIEW_ALIGN)
+                    && self.buffers[pb].within.is_none()
+                {
+                    self.buffers[pb].within = Some((out, at));
+                }
+            }
+        }
+    }
+}
+
 impl GraphProgram {
     /// The program of `g` with every operator on GPU 0 and no transfers.
     pub fn single_gpu(g: &Graph) -> Result<GraphProgram, GpuError> {
@@ -688,6 +774,7 @@ impl GraphProgram {
             b.replicas.insert((t.src, t.dst), r);
             xfers.push((sb, r));
         }
+        b.concat_in_place(transfers);
         let mut ops: Vec<Option<OpProgram>> = vec![None; g.len()];
         for &id in g.topo_order() {
             let node = g.node(id);
@@ -726,22 +813,23 @@ impl GraphProgram {
             let copy = (0..gpus).find_map(|gpu| b.input_copies.get(&(n, gpu)).copied());
             outputs[n.index()] = copy;
         }
-        Ok(GraphProgram {
+        let mut p = GraphProgram {
             buffers: b.buffers,
             ops,
             transfers: xfers,
             outputs,
             gpus,
-        })
+            storage: Vec::new(),
+        };
+        crate::memory::layout_distinct(&mut p);
+        Ok(p)
     }
 
-    /// Total bytes of the buffers on each GPU.
+    /// Bytes of storage on each GPU (the layout's, see [`crate::memory`]).
     pub fn bytes_per_gpu(&self) -> Vec<u64> {
         let mut v = vec![0u64; self.gpus];
-        for b in &self.buffers {
-            if let Some(slot) = v.get_mut(b.gpu) {
-                *slot += b.len as u64 * 4;
-            }
+        for (slot, &n) in v.iter_mut().zip(&self.storage) {
+            *slot = n as u64 * 4;
         }
         v
     }

@@ -522,8 +522,19 @@ fn buffer_plan_sizes_and_roles() {
     assert_eq!(w.len, 8 * 6 * 9);
     // A whole-value single term is read in place: c1's program has just its conv.
     assert_eq!(p.ops[c1.index()].as_ref().unwrap().steps.len(), 1);
-    let total: u64 = p.buffers.iter().map(|b| b.len as u64 * 4).sum();
-    assert_eq!(p.bytes_per_gpu(), vec![total]);
+    // The distinct layout: every buffer that is not a slice of another has storage of its own,
+    // 256-byte aligned.
+    let fp = opsched_gpu::memory::footprint(&p);
+    let roots: u64 = p
+        .buffers
+        .iter()
+        .filter(|b| b.within.is_none())
+        .map(|b| b.len as u64 * 4)
+        .sum();
+    assert_eq!(p.bytes_per_gpu(), vec![fp.storage_bytes]);
+    assert!(fp.storage_bytes >= roots && fp.storage_bytes <= fp.distinct_bytes);
+    assert!(fp.distinct_bytes < roots + 256 * p.buffers.len() as u64);
+    opsched_gpu::memory::check_layout(&p).unwrap();
     // Same data on every build (seeded by names).
     let q = GraphProgram::single_gpu(&g).unwrap();
     let wi = p.buffers.iter().position(|b| b == w).unwrap();
@@ -840,7 +851,7 @@ fn gpu_every_op_matches_the_reference() {
         tf32: false,
         ..Default::default()
     };
-    for g in [every_op_graph(), attention_graph()] {
+    for g in [every_op_graph(), attention_graph(), onnx_semantics_graph()] {
         let p = GraphProgram::single_gpu(&g).unwrap();
         check_program(&dev, &g, &p, &precise, 1e-3);
         let (placement, xfers) = two_gpu_placement(&g);

@@ -4,7 +4,8 @@
 //! output within `max|ours - ort| / max|ort| <= 1e-4`. The held-out set (`fixtures/parity/
 //! heldout`: another seed, other shapes) is checked the same way and is not looked at while
 //! developing. The same models run on the CPU device under a multi-stream schedule
-//! (`opsched run --backend cpu` with `--input`), compared with onnxruntime the same way.
+//! (`opsched run --backend cpu` with `--input`), compared with onnxruntime the same way, and
+//! (ignored, `cargo xtask gpu-test`) on a GPU.
 
 #![allow(clippy::unwrap_used)]
 
@@ -61,7 +62,15 @@ fn load(model: &Path, arrays: &[InputArray], weights: bool) -> Graph {
 enum Executor {
     Reference,
     CpuDevice,
+    /// The first CUDA GPU, with TF32 tensor cores or in strict f32 (`--precise`).
+    Cuda {
+        tf32: bool,
+    },
 }
+
+/// What TF32 costs: inputs of convolutions and matrix products rounded to 10-bit mantissas
+/// (relative error about 5e-4 each), summed over a model's depth.
+const TF32_TOLERANCE: f64 = 1e-2;
 
 /// The model's outputs by name, computed by `exec`.
 fn run(g: &Graph, inputs: HashMap<NodeId, Tensor>, exec: Executor) -> Vec<(String, Tensor)> {
@@ -71,7 +80,7 @@ fn run(g: &Graph, inputs: HashMap<NodeId, Tensor>, exec: Executor) -> Vec<(Strin
                 reference::reference_with(g, &inputs).unwrap_or_else(|e| panic!("{}: {e}", g.name));
             reference::outputs(g, &values).unwrap()
         }
-        Executor::CpuDevice => {
+        Executor::CpuDevice | Executor::Cuda { .. } => {
             let platform = opsched::schedule::Platform {
                 gpus: 1,
                 streams: 4,
@@ -84,15 +93,23 @@ fn run(g: &Graph, inputs: HashMap<NodeId, Tensor>, exec: Executor) -> Vec<(Strin
                 .unwrap()
                 .schedule(g, &platform, &cost)
                 .unwrap();
-            let opts = RunOptions {
+            let mut opts = RunOptions {
                 inputs: Arc::new(inputs),
                 keep_outputs: true,
                 warmup: 0,
                 repeats: 1,
                 ..Default::default()
             };
-            opsched::runtime::run_schedule(&CpuDevice::new(), g, &s, &opts)
-                .unwrap_or_else(|e| panic!("{} on the CPU device: {e}", g.name))
+            let report = match exec {
+                Executor::Cuda { tf32 } => {
+                    opts.kernels.tf32 = tf32;
+                    let dev = opsched::gpu::CudaDevice::open(Some(1)).unwrap();
+                    opsched::runtime::run_schedule(&dev, g, &s, &opts)
+                }
+                _ => opsched::runtime::run_schedule(&CpuDevice::new(), g, &s, &opts),
+            };
+            report
+                .unwrap_or_else(|e| panic!("{} on the device: {e}", g.name))
                 .outputs
         }
     }
@@ -136,8 +153,13 @@ fn relative_errors(model: &Path, exec: Executor) -> Vec<(String, f64)> {
         .collect()
 }
 
-/// Every model of `dir` computed by `exec` matches onnxruntime within [`TOLERANCE`].
+/// Every model of `dir` computed by `exec` matches onnxruntime within [`TOLERANCE`]
+/// ([`TF32_TOLERANCE`] on a GPU with TF32).
 fn check_all(dir: &Path, expected_models: usize, exec: Executor) {
+    let tolerance = match exec {
+        Executor::Cuda { tf32: true } => TF32_TOLERANCE,
+        _ => TOLERANCE,
+    };
     let models = models(dir);
     assert_eq!(models.len(), expected_models, "{}", dir.display());
     let mut report = String::new();
@@ -146,7 +168,7 @@ fn check_all(dir: &Path, expected_models: usize, exec: Executor) {
         let name = m.file_stem().unwrap().to_string_lossy().into_owned();
         for (output, err) in relative_errors(m, exec) {
             report.push_str(&format!("{name:16} {output:50} {err:.2e}\n"));
-            if err > TOLERANCE {
+            if err > tolerance {
                 failed.push(format!("{name}: '{output}' {err:.2e}"));
             }
         }
@@ -154,7 +176,7 @@ fn check_all(dir: &Path, expected_models: usize, exec: Executor) {
     eprintln!("{}:\n{report}", dir.display());
     assert!(
         failed.is_empty(),
-        "beyond {TOLERANCE}: {failed:?}\n{report}"
+        "beyond {tolerance}: {failed:?}\n{report}"
     );
 }
 
@@ -174,6 +196,17 @@ fn held_out_models_match_onnxruntime() {
 fn parity_models_on_the_cpu_device_match_onnxruntime() {
     check_all(&dir(""), 11, Executor::CpuDevice);
     check_all(&dir("heldout"), 11, Executor::CpuDevice);
+}
+
+/// On a GPU (`cargo xtask gpu-test`): strict f32 (`--precise`) meets the CPU's tolerance,
+/// TF32 the stated [`TF32_TOLERANCE`].
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn parity_models_on_the_gpu_match_onnxruntime() {
+    for tf32 in [false, true] {
+        check_all(&dir(""), 11, Executor::Cuda { tf32 });
+        check_all(&dir("heldout"), 11, Executor::Cuda { tf32 });
+    }
 }
 
 /// Loading weights changes nothing of the graph's structure: the folds are decided on shapes.

@@ -188,18 +188,14 @@ pub fn time_transfer<D: Device>(
     repeats: u32,
 ) -> Result<Summary, RuntimeError> {
     let n = bytes.div_ceil(4).max(1);
-    let buf = |gpu| BufSpec {
-        gpu,
-        len: n,
-        role: BufRole::Probe,
-        init: Init::Uninit,
-    };
-    let program = GraphProgram {
+    let buf = |gpu| BufSpec::new(gpu, n, BufRole::Probe, Init::Uninit);
+    let mut program = GraphProgram {
         buffers: vec![buf(0), buf(1)],
         transfers: vec![(0, 1)],
         gpus: 2,
         ..GraphProgram::default()
     };
+    opsched_gpu::memory::layout_distinct(&mut program);
     let mut mem = dev.alloc(&program, &[src, dst])?;
     let copy = vec![dev.stream(src)?, dev.stream(dst)?];
     dev.connect(&mut mem, &copy, TransferMode::Copy)?;

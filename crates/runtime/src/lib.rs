@@ -105,6 +105,10 @@ pub struct RunOptions {
     pub reference_max_flops: u64,
     pub transfers: TransferMode,
     pub kernels: KernelOptions,
+    /// Let buffers share storage where the schedule orders their uses apart
+    /// ([`opsched_gpu::memory::layout_reusing`]); the values of operators other than the graph's
+    /// outputs are then gone after a run. `false` keeps every value readable.
+    pub reuse_memory: bool,
 }
 
 impl Default for RunOptions {
@@ -119,6 +123,7 @@ impl Default for RunOptions {
             reference_max_flops: 2_000_000_000,
             transfers: TransferMode::Auto,
             kernels: KernelOptions::default(),
+            reuse_memory: true,
         }
     }
 }

@@ -23,7 +23,14 @@ pub struct RunReport {
     pub waits: usize,
     pub waits_dropped: usize,
     pub transfers: usize,
+    /// Bytes of device memory the program's buffers take (weights, inputs, activations and
+    /// scratch, after in-place concatenation and reuse; convolution workspaces not included),
+    /// all GPUs together.
+    pub peak_memory_bytes: u64,
+    /// What they would take each in storage of its own.
     pub buffer_bytes: u64,
+    /// Of `peak_memory_bytes`: weights, constants and inputs.
+    pub weight_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check: Option<CheckReport>,
     /// The graph's outputs by name, when [`RunOptions::keep_outputs`] asked for them.
@@ -116,7 +123,12 @@ impl<'a, D: Device> Session<'a, D> {
                 dst_gpu: t.dst_gpu,
             })
             .collect();
-        let program = GraphProgram::build(g, &host.gpu_of(), &specs)?;
+        let mut program = GraphProgram::build(g, &host.gpu_of(), &specs)?;
+        if opts.reuse_memory {
+            let order = host.op_order(g.len());
+            let keep: Vec<_> = g.outputs().iter().map(|o| o.value.node).collect();
+            opsched_gpu::memory::layout_reusing(&mut program, &keep, |a, b| order.before(a, b));
+        }
         let mut mem = dev.alloc(&program, &map)?;
         write_inputs(dev, g, &program, &mem, opts)?;
         let mut ops = Vec::with_capacity(program.ops.len());
@@ -327,13 +339,15 @@ impl<'a, D: Device> Session<'a, D> {
         Ok(times)
     }
 
-    /// Every node's value, read back (index = `NodeId`): operators' outputs, graph inputs
-    /// and constants.
+    /// Every node's value that outlives a run, read back (index = `NodeId`): graph inputs,
+    /// constants, the graph's outputs, and every operator's output unless
+    /// [`RunOptions::reuse_memory`] let others overwrite it.
     pub fn outputs(&self) -> Result<Vec<Option<Vec<f32>>>, RuntimeError> {
         let mut out = vec![None; self.g.len()];
         for (i, b) in self.program.outputs.iter().enumerate() {
+            let b = b.filter(|&b| !self.program.buffers[b].reused);
             if let (Some(b), Some(slot)) = (b, out.get_mut(i)) {
-                *slot = Some(self.dev.read(&self.mem, *b)?);
+                *slot = Some(self.dev.read(&self.mem, b)?);
             }
         }
         Ok(out)
@@ -380,6 +394,7 @@ pub fn run_plan<D: Device>(
     let times = session.time(opts.warmup, opts.repeats.max(1), opts.graph_capture)?;
     let latency = Summary::of(&times).ok_or_else(|| plan_err("no valid timing sample"))?;
     let counts = session.host.counts();
+    let footprint = opsched_gpu::memory::footprint(&session.program);
     // Every node's value, read back once for the check and the outputs.
     let values = match (opts.check, opts.keep_outputs) {
         (CheckMode::None, false) => Vec::new(),
@@ -405,7 +420,9 @@ pub fn run_plan<D: Device>(
         waits: counts.waits,
         waits_dropped: session.host.waits_dropped,
         transfers: counts.sends,
-        buffer_bytes: session.program.bytes_per_gpu().iter().sum(),
+        peak_memory_bytes: footprint.storage_bytes,
+        buffer_bytes: footprint.distinct_bytes,
+        weight_bytes: footprint.data_bytes,
         check,
         outputs,
     })
@@ -462,6 +479,7 @@ fn check<D: Device>(
     let seq_opts = RunOptions {
         graph_capture: false,
         check: CheckMode::None,
+        reuse_memory: false,
         ..opts.clone()
     };
     let seq = Session::new(dev, s.g, &seq_plan, &seq_opts)?;

@@ -166,6 +166,95 @@ impl HostProgram {
     }
 }
 
+/// Which operators of a host program finish before which start, in every execution (streams
+/// run concurrently; only stream order, events and transfers order work across them): what
+/// decides whether two buffers may share memory.
+#[derive(Clone, Debug, Default)]
+pub struct OpOrder {
+    /// Per node: (flat stream, its launch count on that stream, the stream's vector clock at
+    /// the launch).
+    at: Vec<Option<(usize, u64, Vec<u64>)>>,
+}
+
+impl OpOrder {
+    /// `a` finishes before `b` starts (false for `a == b` and for operators not launched).
+    pub fn before(&self, a: NodeId, b: NodeId) -> bool {
+        match (self.at.get(a.index()), self.at.get(b.index())) {
+            (Some(Some((sa, ta, _))), Some(Some((_, _, cb)))) if a != b => {
+                cb.get(*sa).is_some_and(|t| t >= ta)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl HostProgram {
+    /// The order of its operators (see [`OpOrder`]), for a graph of `nodes` nodes.
+    pub fn op_order(&self, nodes: usize) -> OpOrder {
+        let mut first = Vec::with_capacity(self.streams.len());
+        let mut total = 0;
+        for &n in &self.streams {
+            first.push(total);
+            total += n;
+        }
+        let flat = |gpu: usize, stream: usize| first.get(gpu).map_or(usize::MAX, |f| f + stream);
+        let mut clock = vec![vec![0u64; total]; total];
+        let mut recorded: Vec<Option<Vec<u64>>> = vec![None; self.events as usize];
+        let mut sent: Vec<Option<Vec<u64>>> = vec![None; self.transfers.len()];
+        let mut at = vec![None; nodes];
+        let join = |c: &mut Vec<u64>, o: &Option<Vec<u64>>| {
+            for (a, b) in c.iter_mut().zip(o.iter().flatten()) {
+                *a = (*a).max(*b);
+            }
+        };
+        for cmd in &self.cmds {
+            match cmd {
+                HostCmd::Launch { gpu, stream, ops } => {
+                    let s = flat(*gpu, *stream);
+                    let Some(c) = clock.get_mut(s) else { continue };
+                    for op in ops {
+                        c[s] += 1;
+                        if let Some(slot) = at.get_mut(op.index()) {
+                            *slot = Some((s, c[s], c.clone()));
+                        }
+                    }
+                }
+                HostCmd::Record { gpu, stream, event } => {
+                    if let (Some(c), Some(r)) = (
+                        clock.get(flat(*gpu, *stream)),
+                        recorded.get_mut(*event as usize),
+                    ) {
+                        *r = Some(c.clone());
+                    }
+                }
+                HostCmd::Send { gpu, stream, xfer } => {
+                    if let (Some(c), Some(r)) =
+                        (clock.get(flat(*gpu, *stream)), sent.get_mut(*xfer as usize))
+                    {
+                        *r = Some(c.clone());
+                    }
+                }
+                HostCmd::Wait { gpu, stream, event } => {
+                    if let (Some(c), Some(r)) = (
+                        clock.get_mut(flat(*gpu, *stream)),
+                        recorded.get(*event as usize),
+                    ) {
+                        join(c, r);
+                    }
+                }
+                HostCmd::Recv { gpu, stream, xfer } => {
+                    if let (Some(c), Some(r)) =
+                        (clock.get_mut(flat(*gpu, *stream)), sent.get(*xfer as usize))
+                    {
+                        join(c, r);
+                    }
+                }
+            }
+        }
+        OpOrder { at }
+    }
+}
+
 /// The structural checks, then `extra` (the validator's wait-cycle check, which needs a
 /// structurally sound plan), then the merge.
 pub(crate) fn check_plan(

@@ -29,7 +29,7 @@ pub mod simulate;
 pub mod validate;
 
 pub use bounds::{lower_bound, LowerBound};
-pub use host::{HostCmd, HostProgram, HostStep, Transfer};
+pub use host::{HostCmd, HostProgram, HostStep, OpOrder, Transfer};
 pub use lower::lower;
 pub use plan::{
     Cmd, EventId, GpuLaunch, GpuStreams, LaunchPlan, Platform, Schedule, Stage, StagePlan,

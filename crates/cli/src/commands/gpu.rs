@@ -72,6 +72,10 @@ pub struct DeviceArgs {
     /// Strict f32 arithmetic in convolutions and matrix products (no TF32 tensor cores).
     #[arg(long)]
     precise: bool,
+    /// Time every cuDNN convolution algorithm again instead of using the measurements kept in
+    /// the cost cache (which make every process run the same kernels).
+    #[arg(long)]
+    retune: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -107,7 +111,7 @@ trait OnDevice {
 }
 
 /// Open the `backend` device, with `units` GPUs at most (CUDA), and run `job` on it.
-fn on_device<J: OnDevice>(backend: Backend, units: usize, job: J) -> Result<J::Out> {
+fn on_device<J: OnDevice>(backend: Backend, units: usize, retune: bool, job: J) -> Result<J::Out> {
     match backend {
         Backend::Cuda => {
             let present = opsched::gpu::devices()
@@ -115,10 +119,43 @@ fn on_device<J: OnDevice>(backend: Backend, units: usize, job: J) -> Result<J::O
                 .len();
             let dev = CudaDevice::open(Some(units.clamp(1, present.max(1))))
                 .map_err(|e| gpu_error(e.into()))?;
-            job.on(&dev)
+            with_tuning(&dev, retune, job)
         }
         Backend::Cpu | Backend::Auto => job.on(&CpuDevice::with_race_check(false)),
     }
+}
+
+/// Run `job` with the device's measured kernel choices loaded from the cost cache (measured
+/// again with `retune`), and save what it measured there, so the next process runs the same
+/// kernels. A cache that cannot be opened or saved costs a warning, not the run.
+fn with_tuning<D: Device, J: OnDevice>(dev: &D, retune: bool, job: J) -> Result<J::Out> {
+    let Some(t) = dev.tuning() else {
+        return job.on(dev);
+    };
+    t.set_retune(retune);
+    let fp = dev.report().fingerprint;
+    let mut cache = opsched::cost::cache::CostCache::open_default()
+        .map_err(|e| tracing::warn!("kernel measurements not loaded: {e}"))
+        .ok();
+    if let Some(c) = &cache {
+        let n = t.load(&fp, c.entries());
+        tracing::info!(
+            "{n} convolutions' algorithm timings from {}",
+            c.path().display()
+        );
+    }
+    let out = job.on(dev);
+    if let Some(c) = &mut cache {
+        for (k, m) in t.fresh(&fp) {
+            c.insert(k, m);
+        }
+        if c.is_dirty() {
+            if let Err(e) = c.save() {
+                tracing::warn!("kernel measurements not saved: {e}");
+            }
+        }
+    }
+    out
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -160,6 +197,10 @@ pub struct RunArgs {
     /// Capture the whole plan as one graph (a CUDA graph on a GPU) and replay it.
     #[arg(long)]
     graph_capture: bool,
+    /// Give every buffer storage of its own instead of letting buffers share it where the
+    /// schedule orders their uses apart (more memory; nothing else changes).
+    #[arg(long)]
+    no_memory_reuse: bool,
     /// Untimed runs before timing.
     #[arg(long, default_value_t = 10)]
     warmup: u32,
@@ -262,7 +303,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         ..ProfileOptions::default()
     };
     let units = a.gpu.saturating_add(1);
-    let report = on_device(backend, units, Profile { g: &g, opts })?;
+    let report = on_device(backend, units, a.device.retune, Profile { g: &g, opts })?;
     if a.json {
         return print_json(&report);
     }
@@ -374,6 +415,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         kernels: a.device.kernels(),
         inputs: Arc::new(inputs),
         keep_outputs: a.output.is_some(),
+        reuse_memory: !a.no_memory_reuse,
         ..RunOptions::default()
     };
     let job = Run {
@@ -381,7 +423,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         schedule: &schedule,
         opts,
     };
-    let report = on_device(a.device.backend(), gpus, job)?;
+    let report = on_device(a.device.backend(), gpus, a.device.retune, job)?;
     let failed = report.check.as_ref().is_some_and(|c| !c.passed);
     if a.json {
         print_json(&report)?;
@@ -438,6 +480,15 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
         out,
         "launches       {} ({} waits, {} implied waits dropped, {} transfers via {})",
         report.launches, report.waits, report.waits_dropped, report.transfers, report.transfer_mode
+    )?;
+    writeln!(
+        out,
+        "memory         {:.1} MB of buffers: {:.1} MB weights and inputs, {:.1} MB activations \
+         ({:.1} MB without sharing)",
+        report.peak_memory_bytes as f64 / 1e6,
+        report.weight_bytes as f64 / 1e6,
+        report.peak_memory_bytes.saturating_sub(report.weight_bytes) as f64 / 1e6,
+        report.buffer_bytes.saturating_sub(report.weight_bytes) as f64 / 1e6
     )?;
     if let Some(c) = &report.check {
         writeln!(

@@ -22,11 +22,13 @@
 
 pub mod math;
 
+use std::cell::UnsafeCell;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -98,9 +100,115 @@ struct BufMeta {
     reads: Vec<Touch>,
 }
 
+/// A program's storage on the host: one block per logical GPU, each buffer a range of one
+/// (buffers overlap where the layout lets them, see [`crate::memory`]).
 struct MemInner {
-    bufs: Vec<RwLock<Vec<f32>>>,
+    /// Per logical GPU. Cells, because steps on different streams write disjoint ranges of one
+    /// block at the same time: every access goes through [`with_io`], which holds its ranges
+    /// exclusively (writes) or shared (reads) while the step runs.
+    blocks: Vec<Box<[UnsafeCell<f32>]>>,
+    /// Per buffer: (block, first element, length).
+    place: Vec<(usize, usize, usize)>,
+    /// Ranges held by running steps: (block, start, end, written).
+    held: Mutex<Vec<(usize, usize, usize, bool)>>,
+    released: Condvar,
+    /// The race detector's records, per *atom*: the pieces that buffer boundaries cut the
+    /// blocks into, so that buffers sharing storage share records.
     meta: Vec<Mutex<BufMeta>>,
+    /// Per block: the atoms' boundaries, and the index of its first atom.
+    cuts: Vec<(Vec<usize>, usize)>,
+}
+
+// SAFETY: the cells are only read or written through slices that `with_io` hands out while it
+// holds their ranges in `held` (no write range overlaps any other held range), so no two
+// threads ever access one element unsynchronised; everything else is `Sync` already.
+#[allow(unsafe_code)]
+unsafe impl Sync for MemInner {}
+
+impl MemInner {
+    fn new(p: &GraphProgram) -> Result<MemInner, GpuError> {
+        crate::memory::check_layout(p)?;
+        let blocks = p
+            .storage
+            .iter()
+            .map(|&n| (0..n).map(|_| UnsafeCell::new(0.0)).collect())
+            .collect();
+        let place: Vec<(usize, usize, usize)> =
+            p.buffers.iter().map(|b| (b.gpu, b.offset, b.len)).collect();
+        // Atom boundaries per block: every buffer's start and end.
+        let mut cuts: Vec<Vec<usize>> = vec![Vec::new(); p.storage.len()];
+        for &(g, o, n) in &place {
+            cuts[g].extend([o, o + n]);
+        }
+        let mut atoms_total = 0;
+        let cuts = cuts
+            .into_iter()
+            .map(|mut c| {
+                c.sort_unstable();
+                c.dedup();
+                let first = atoms_total;
+                atoms_total += c.len().saturating_sub(1);
+                (c, first)
+            })
+            .collect();
+        Ok(MemInner {
+            blocks,
+            place,
+            held: Mutex::new(Vec::new()),
+            released: Condvar::new(),
+            meta: (0..atoms_total)
+                .map(|_| Mutex::new(BufMeta::default()))
+                .collect(),
+            cuts,
+        })
+    }
+
+    /// The race detector's records of the elements `part` of buffer `b` (all of it for
+    /// `None`): every atom the part overlaps.
+    fn atoms(&self, b: BufId, part: Option<Range<usize>>) -> Result<&[Mutex<BufMeta>], GpuError> {
+        let (g, o, n) = self.place(b)?;
+        let part = part.unwrap_or(0..n);
+        let (lo, hi) = (o + part.start.min(n), o + part.end.min(n));
+        let (cuts, first) = self
+            .cuts
+            .get(g)
+            .ok_or_else(|| GpuError::Plan(format!("buffer {b} has no storage")))?;
+        // Atom k spans cuts[k]..cuts[k + 1].
+        let from = cuts.partition_point(|&c| c <= lo).saturating_sub(1);
+        let to = cuts.partition_point(|&c| c < hi).max(from);
+        self.meta
+            .get(first + from..first + to)
+            .ok_or_else(|| GpuError::Plan(format!("buffer {b} lies outside its storage")))
+    }
+
+    fn place(&self, b: BufId) -> Result<(usize, usize, usize), GpuError> {
+        self.place
+            .get(b)
+            .copied()
+            .ok_or_else(|| GpuError::Plan(format!("buffer {b} does not exist")))
+    }
+}
+
+/// Ranges of storage held by one step; released when dropped (also when a kernel panics).
+struct Held<'m> {
+    mem: &'m MemInner,
+    ranges: Vec<(usize, usize, usize, bool)>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let mut held = lock(&self.mem.held);
+        for r in &self.ranges {
+            if let Some(i) = held.iter().position(|h| h == r) {
+                held.swap_remove(i);
+            }
+        }
+        self.mem.released.notify_all();
+    }
+}
+
+fn overlap(a: &(usize, usize, usize, bool), b: &(usize, usize, usize, bool)) -> bool {
+    a.0 == b.0 && a.1 < b.2 && b.1 < a.2
 }
 
 /// A program's buffers on the host.
@@ -378,14 +486,15 @@ fn execute(cx: &WorkerCx, job: Job) -> Result<(), GpuError> {
                 let access = s.access();
                 let reads: Vec<BufId> = access.reads.iter().map(|a| a.0).collect();
                 let writes: Vec<BufId> = access.writes.iter().map(|a| a.0).collect();
-                touch(cx, &op.mem, &reads, &writes, tick, &op.name)?;
+                let parts: Vec<_> = writes.iter().map(|&b| (b, s.written())).collect();
+                touch(cx, &op.mem, &reads, &parts, tick, &op.name)?;
                 with_io(&op.mem, &reads, &writes, |io| s.kernel().run_cpu(io))?;
             }
             Ok(())
         }
         Job::Copy { mem, src, dst } => {
             let tick = advance(cx);
-            touch(cx, &mem, &[src], &[dst], tick, "transfer")?;
+            touch(cx, &mem, &[src], &[(dst, None)], tick, "transfer")?;
             with_io(&mem, &[src], &[dst], |io| {
                 let s = io.read(src)?;
                 let d = io.write(dst)?;
@@ -442,7 +551,7 @@ fn touch(
     cx: &WorkerCx,
     mem: &MemInner,
     reads: &[BufId],
-    writes: &[BufId],
+    writes: &[(BufId, Option<Range<usize>>)],
     tick: u64,
     op: &str,
 ) -> Result<(), GpuError> {
@@ -458,50 +567,51 @@ fn touch(
             cx.id, other.op, other.stream
         ))
     };
-    let meta = |b: BufId| {
-        mem.meta
-            .get(b)
-            .ok_or_else(|| GpuError::Plan(format!("buffer {b} does not exist")))
-    };
     for &b in reads {
-        let mut m = lock(meta(b)?);
-        if let Some(w) = &m.last_write {
-            if w.stream != cx.id && !covers(&clock, w.stream, w.tick) {
-                return Err(race(b, "reads what is written by", w));
+        for meta in mem.atoms(b, None)? {
+            let mut m = lock(meta);
+            if let Some(w) = &m.last_write {
+                if w.stream != cx.id && !covers(&clock, w.stream, w.tick) {
+                    return Err(race(b, "reads what is written by", w));
+                }
             }
+            m.reads.retain(|r| r.stream != cx.id);
+            m.reads.push(Touch {
+                stream: cx.id,
+                tick,
+                op: me.clone(),
+            });
         }
-        m.reads.retain(|r| r.stream != cx.id);
-        m.reads.push(Touch {
-            stream: cx.id,
-            tick,
-            op: me.clone(),
-        });
     }
-    for &b in writes {
-        let mut m = lock(meta(b)?);
-        if let Some(w) = &m.last_write {
-            if w.stream != cx.id && !covers(&clock, w.stream, w.tick) {
-                return Err(race(b, "overwrites what is written by", w));
+    for &(b, ref part) in writes {
+        for meta in mem.atoms(b, part.clone())? {
+            let mut m = lock(meta);
+            if let Some(w) = &m.last_write {
+                if w.stream != cx.id && !covers(&clock, w.stream, w.tick) {
+                    return Err(race(b, "overwrites what is written by", w));
+                }
             }
+            if let Some(r) = m
+                .reads
+                .iter()
+                .find(|r| r.stream != cx.id && !covers(&clock, r.stream, r.tick))
+            {
+                return Err(race(b, "overwrites what is read by", r));
+            }
+            m.reads.clear();
+            m.last_write = Some(Touch {
+                stream: cx.id,
+                tick,
+                op: me.clone(),
+            });
         }
-        if let Some(r) = m
-            .reads
-            .iter()
-            .find(|r| r.stream != cx.id && !covers(&clock, r.stream, r.tick))
-        {
-            return Err(race(b, "overwrites what is read by", r));
-        }
-        m.reads.clear();
-        m.last_write = Some(Touch {
-            stream: cx.id,
-            tick,
-            op: me.clone(),
-        });
     }
     Ok(())
 }
 
-/// Lock the buffers (in id order, so concurrent steps cannot deadlock) and run `f` on them.
+/// Hold the storage of the buffers a step reads and writes (all at once, so concurrent steps
+/// cannot deadlock; waiting while a conflicting range is held) and run `f` on them.
+#[allow(unsafe_code)]
 fn with_io<T>(
     mem: &MemInner,
     reads: &[BufId],
@@ -515,30 +625,60 @@ fn with_io<T>(
         .collect();
     ids.sort_unstable();
     ids.dedup();
-    if ids.windows(2).any(|w| w[0].0 == w[1].0) {
-        return Err(GpuError::Plan(
-            "a step reads and writes the same buffer".into(),
-        ));
-    }
-    let buf = |b: BufId| {
-        mem.bufs
-            .get(b)
-            .ok_or_else(|| GpuError::Plan(format!("buffer {b} does not exist")))
-    };
-    let mut rg = Vec::new();
-    let mut wg = Vec::new();
+    let mut ranges = Vec::with_capacity(ids.len());
     for &(b, w) in &ids {
-        if w {
-            wg.push((b, buf(b)?.write().unwrap_or_else(PoisonError::into_inner)));
-        } else {
-            rg.push((b, buf(b)?.read().unwrap_or_else(PoisonError::into_inner)));
+        let (g, o, n) = mem.place(b)?;
+        ranges.push((g, o, o + n, w));
+    }
+    for (i, a) in ranges.iter().enumerate() {
+        if ranges[..i].iter().any(|b| (a.3 || b.3) && overlap(a, b)) {
+            return Err(GpuError::Plan(
+                "a step reads and writes the same storage".into(),
+            ));
         }
     }
-    let mut io = CpuIo {
-        reads: rg.iter().map(|(b, g)| (*b, g.as_slice())).collect(),
-        writes: wg.iter_mut().map(|(b, g)| (*b, g.as_mut_slice())).collect(),
+    let guard = {
+        let mut held = lock(&mem.held);
+        while ranges
+            .iter()
+            .any(|a| held.iter().any(|b| (a.3 || b.3) && overlap(a, b)))
+        {
+            held = mem
+                .released
+                .wait(held)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        held.extend(ranges.iter().copied());
+        Held { mem, ranges }
     };
-    f(&mut io)
+    let mut io = CpuIo {
+        reads: Vec::new(),
+        writes: Vec::new(),
+    };
+    for (&(b, w), &(g, o, end, _)) in ids.iter().zip(&guard.ranges) {
+        let cells = mem
+            .blocks
+            .get(g)
+            .and_then(|blk| blk.get(o..end))
+            .ok_or_else(|| GpuError::Plan(format!("buffer {b} lies outside its storage")))?;
+        let ptr = UnsafeCell::raw_get(cells.as_ptr());
+        if w {
+            // SAFETY: `cells` is in bounds, `UnsafeCell<f32>` has the layout of `f32`, and
+            // `guard` holds this range for writing: no other slice of it exists until the
+            // guard drops, which outlives `io`.
+            io.writes.push((b, unsafe {
+                std::slice::from_raw_parts_mut(ptr, cells.len())
+            }));
+        } else {
+            // SAFETY: as above; the range is held for reading, so nobody writes it meanwhile.
+            io.reads
+                .push((b, unsafe { std::slice::from_raw_parts(ptr, cells.len()) }));
+        }
+    }
+    let r = f(&mut io);
+    drop(io);
+    drop(guard);
+    r
 }
 
 impl Device for CpuDevice {
@@ -571,48 +711,37 @@ impl Device for CpuDevice {
     }
 
     fn alloc(&self, p: &GraphProgram, _map: &[usize]) -> Result<CpuMemory, GpuError> {
-        let bufs = (0..p.buffers.len())
-            .map(|i| {
-                RwLock::new(
-                    p.initial_data(i)
-                        .unwrap_or_else(|| vec![0.0; p.buffers[i].len]),
-                )
-            })
-            .collect();
-        let meta = (0..p.buffers.len())
-            .map(|_| Mutex::new(BufMeta::default()))
-            .collect();
-        Ok(CpuMemory {
-            inner: Arc::new(MemInner { bufs, meta }),
-        })
+        let inner = Arc::new(MemInner::new(p)?);
+        for i in 0..p.buffers.len() {
+            if let Some(data) = p.initial_data(i) {
+                with_io(&inner, &[], &[i], |io| {
+                    io.write(i)?.copy_from_slice(&data);
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(CpuMemory { inner })
     }
 
     fn read(&self, m: &CpuMemory, id: BufId) -> Result<Vec<f32>, GpuError> {
         self.synchronize()?;
-        m.inner
-            .bufs
-            .get(id)
-            .map(|b| b.read().unwrap_or_else(PoisonError::into_inner).clone())
-            .ok_or_else(|| GpuError::Plan(format!("buffer {id} does not exist")))
+        with_io(&m.inner, &[id], &[], |io| Ok(io.read(id)?.to_vec()))
     }
 
     fn write(&self, m: &CpuMemory, id: BufId, data: &[f32]) -> Result<(), GpuError> {
         self.synchronize()?;
-        let b = m
-            .inner
-            .bufs
-            .get(id)
-            .ok_or_else(|| GpuError::Plan(format!("buffer {id} does not exist")))?;
-        let mut g = b.write().unwrap_or_else(PoisonError::into_inner);
-        if g.len() != data.len() {
-            return Err(GpuError::Plan(format!(
-                "buffer {id} holds {} values, {} given",
-                g.len(),
-                data.len()
-            )));
-        }
-        g.copy_from_slice(data);
-        Ok(())
+        with_io(&m.inner, &[], &[id], |io| {
+            let b = io.write(id)?;
+            if b.len() != data.len() {
+                return Err(GpuError::Plan(format!(
+                    "buffer {id} holds {} values, {} given",
+                    b.len(),
+                    data.len()
+                )));
+            }
+            b.copy_from_slice(data);
+            Ok(())
+        })
     }
 
     fn stream(&self, _unit: usize) -> Result<CpuStream, GpuError> {

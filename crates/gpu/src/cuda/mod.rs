@@ -346,8 +346,11 @@ pub struct CudaMemory {
 }
 
 struct MemInner {
-    /// In a cell only for NCCL, whose receive wants the slice mutably.
-    slices: Vec<RefCell<CudaSlice<f32>>>,
+    /// Per logical GPU: its storage, one allocation; buffers are ranges of it (see
+    /// [`crate::memory`]). In a cell only for NCCL, whose receive wants the range mutably.
+    blocks: Vec<RefCell<CudaSlice<f32>>>,
+    /// Per buffer: its logical GPU and first element there.
+    at: Vec<(usize, usize)>,
     ptr: Vec<u64>,
     len: Vec<usize>,
     /// Physical GPU (index into the device's GPUs) of each buffer.
@@ -393,6 +396,7 @@ pub(crate) struct PrepareCx<'a> {
     unit: usize,
     pub(crate) sc: &'a mut StreamCtx,
     pub(crate) opts: &'a KernelOptions,
+    pub(crate) tuning: &'a crate::tuning::Tuning,
     /// The operator being prepared (for errors).
     op: &'a str,
 }
@@ -403,14 +407,6 @@ impl PrepareCx<'_> {
         GpuError::Unsupported {
             node: self.op.to_string(),
             message: format!("{what} has no CUDA kernel yet (--backend cpu runs it)"),
-        }
-    }
-
-    /// The NVRTC kernels' code of activation `a`, or the error when they lack it.
-    pub(crate) fn act_code(&self, a: opsched_graph::Activation) -> Result<i32, GpuError> {
-        match crate::cuda::nvrtc::act_code(a) {
-            c if c >= 0 => Ok(c),
-            _ => Err(self.no_kernel(format!("activation {a}"))),
         }
     }
 
@@ -448,6 +444,7 @@ pub(crate) fn launched(
 /// NVIDIA GPUs (see the module docs).
 pub struct CudaDevice {
     gpus: Vec<Gpu>,
+    tuning: crate::tuning::Tuning,
 }
 
 impl CudaDevice {
@@ -463,7 +460,10 @@ impl CudaDevice {
             });
         }
         let gpus = (0..want).map(Gpu::open).collect::<Result<_, _>>()?;
-        Ok(CudaDevice { gpus })
+        Ok(CudaDevice {
+            gpus,
+            tuning: crate::tuning::Tuning::default(),
+        })
     }
 
     /// The opened GPUs.
@@ -502,46 +502,60 @@ impl Device for CudaDevice {
         self.gpus.len()
     }
 
+    fn tuning(&self) -> Option<&crate::tuning::Tuning> {
+        Some(&self.tuning)
+    }
+
     fn kernel_resources(&self, unit: usize, kernel: &str) -> Option<(u32, u32, u32)> {
         self.gpus.get(unit)?.kernel_resources(kernel).ok()
     }
 
     fn alloc(&self, p: &GraphProgram, map: &[usize]) -> Result<CudaMemory, GpuError> {
+        crate::memory::check_layout(p)?;
+        let unit = |l: usize| {
+            map.get(l)
+                .copied()
+                .ok_or_else(|| GpuError::Plan(format!("logical GPU {l} is not mapped to a unit")))
+        };
+        let mut blocks = Vec::with_capacity(p.storage.len());
+        for (l, &n) in p.storage.iter().enumerate() {
+            let s = &self.gpu(unit(l)?)?.alloc_stream;
+            let block = s.alloc_zeros::<f32>(n.max(1)).map_err(|e| {
+                GpuError::driver(format!("allocating the storage of GPU {l} ({n} floats)"), e)
+            })?;
+            blocks.push(RefCell::new(block));
+        }
         let n = p.buffers.len();
-        let (mut slices, mut ptr, mut len, mut home) = (
+        let (mut at, mut ptr, mut len, mut home) = (
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
         );
         for (i, b) in p.buffers.iter().enumerate() {
-            let phys = *map.get(b.gpu).ok_or_else(|| {
-                GpuError::Plan(format!(
-                    "buffer {i} on logical GPU {}, which is not mapped",
-                    b.gpu
-                ))
-            })?;
-            let gpu = self.gpu(phys)?;
-            let s = &gpu.alloc_stream;
-            let slice = match p.initial_data(i) {
-                Some(data) => s.clone_htod(&data),
-                None => s.alloc_zeros::<f32>(b.len),
+            let phys = unit(b.gpu)?;
+            let s = &self.gpu(phys)?.alloc_stream;
+            let mut block = blocks[b.gpu].borrow_mut();
+            let range = b.offset..b.offset + b.len;
+            if let Some(data) = p.initial_data(i) {
+                s.memcpy_htod(&data, &mut block.slice_mut(range.clone()))
+                    .map_err(|e| {
+                        GpuError::driver(format!("initialising buffer {i} ({} floats)", b.len), e)
+                    })?;
             }
-            .map_err(|e| {
-                GpuError::driver(format!("allocating buffer {i} ({} floats)", b.len), e)
-            })?;
-            let (dp, _) = slice.device_ptr(s);
+            let (dp, _) = block.slice(range).device_ptr(s);
+            at.push((b.gpu, b.offset));
             ptr.push(dp);
             len.push(b.len);
             home.push(phys);
-            slices.push(RefCell::new(slice));
         }
         for g in &self.gpus {
             g.sync_alloc()?;
         }
         Ok(CudaMemory {
             inner: Rc::new(MemInner {
-                slices,
+                blocks,
+                at,
                 ptr,
                 len,
                 home,
@@ -552,23 +566,23 @@ impl Device for CudaDevice {
     }
 
     fn read(&self, m: &CudaMemory, id: BufId) -> Result<Vec<f32>, GpuError> {
-        let slice = m
-            .inner
-            .slices
-            .get(id)
-            .ok_or_else(|| GpuError::Plan(format!("buffer {id} does not exist")))?;
-        let gpu = self.gpu(m.inner.home[id])?;
+        let mem = &m.inner;
+        let (Some(&(l, o)), Some(&n)) = (mem.at.get(id), mem.len.get(id)) else {
+            return Err(GpuError::Plan(format!("buffer {id} does not exist")));
+        };
+        let gpu = self.gpu(mem.home[id])?;
         gpu.synchronize()?;
         let v = gpu
             .alloc_stream
-            .clone_dtoh(&*slice.borrow())
+            .clone_dtoh(&mem.blocks[l].borrow().slice(o..o + n))
             .map_err(|e| GpuError::driver(format!("reading buffer {id}"), e))?;
         gpu.sync_alloc()?;
         Ok(v)
     }
 
     fn write(&self, m: &CudaMemory, id: BufId, data: &[f32]) -> Result<(), GpuError> {
-        let (Some(slice), Some(&n)) = (m.inner.slices.get(id), m.inner.len.get(id)) else {
+        let mem = &m.inner;
+        let (Some(&(l, o)), Some(&n)) = (mem.at.get(id), mem.len.get(id)) else {
             return Err(GpuError::Plan(format!("buffer {id} does not exist")));
         };
         if data.len() != n {
@@ -577,10 +591,10 @@ impl Device for CudaDevice {
                 data.len()
             )));
         }
-        let gpu = self.gpu(m.inner.home[id])?;
+        let gpu = self.gpu(mem.home[id])?;
         gpu.synchronize()?;
         gpu.alloc_stream
-            .memcpy_htod(data, &mut *slice.borrow_mut())
+            .memcpy_htod(data, &mut mem.blocks[l].borrow_mut().slice_mut(o..o + n))
             .map_err(|e| GpuError::driver(format!("writing buffer {id}"), e))?;
         gpu.sync_alloc()
     }
@@ -654,6 +668,7 @@ impl Device for CudaDevice {
                 unit,
                 sc: &mut *sc,
                 opts,
+                tuning: &self.tuning,
                 op: &op.name,
             };
             let e = s.kernel().prepare_cuda(&mut cx)?;
@@ -765,9 +780,16 @@ impl Device for CudaDevice {
                     comms.get(dst_gpu).ok_or_else(bad)?,
                 );
                 cudarc::nccl::group_start().map_err(|e| GpuError::nccl("group start", e))?;
-                let r1 = sc.send(&*mem.slices[src].borrow(), dst_gpu as i32);
+                let ((sl_gpu, so), (dl_gpu, doff)) = (mem.at[src], mem.at[dst]);
+                let r1 = sc.send(
+                    &mem.blocks[sl_gpu].borrow().slice(so..so + sl),
+                    dst_gpu as i32,
+                );
                 let r2 = dc
-                    .recv(&mut *mem.slices[dst].borrow_mut(), src_gpu as i32)
+                    .recv(
+                        &mut mem.blocks[dl_gpu].borrow_mut().slice_mut(doff..doff + dl),
+                        src_gpu as i32,
+                    )
                     .map(|_| ());
                 cudarc::nccl::group_end().map_err(|e| GpuError::nccl("group end", e))?;
                 r1.map_err(|e| GpuError::nccl("send", e))?;

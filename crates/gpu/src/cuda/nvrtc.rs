@@ -1,7 +1,10 @@
 //! NVRTC kernel sources (compiled once per device when a program is prepared).
 //!
 //! Every kernel is a grid-stride loop over 64-bit indices, so any launch size covers any
-//! tensor. Activation codes: 0 none, 1 relu, 2 sigmoid, 3 tanh, 4 gelu (erf form).
+//! tensor. Activations are a code and two parameters ([`act_params`]): 0 none, 1 relu,
+//! 2 sigmoid, 3 tanh, 4 gelu (erf form), 5 gelu (tanh form), 6 clip(p0, p1), 7 leaky relu(p0),
+//! 8 hard sigmoid(p0, p1), 9 hard swish; each is the CPU kernel's formula
+//! ([`crate::reference::act`]).
 
 use opsched_graph::Activation;
 
@@ -11,13 +14,30 @@ typedef long long i64;
 
 struct Dims6 { i64 d[6]; };
 
-__device__ __forceinline__ float act_f(float x, int a) {
+__device__ __forceinline__ float act_f(float x, int a, float p0, float p1) {
     switch (a) {
     case 1: return fmaxf(x, 0.0f);
     case 2: return 1.0f / (1.0f + expf(-x));
     case 3: return tanhf(x);
     case 4: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case 5: return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    case 6: return fminf(fmaxf(x, p0), p1);
+    case 7: return x >= 0.0f ? x : p0 * x;
+    case 8: return fminf(fmaxf(p0 * x + p1, 0.0f), 1.0f);
+    case 9: return x * fminf(fmaxf(x / 6.0f + 0.5f, 0.0f), 1.0f);
     default: return x;
+    }
+}
+
+__device__ __forceinline__ float bin_f(float x, float y, int op) {
+    switch (op) {
+    case 0: return x + y;
+    case 1: return x * y;
+    case 2: return x - y;
+    case 3: return x / y;
+    case 4: return powf(x, y);
+    case 5: return fmaxf(x, y);
+    default: return fminf(x, y);
     }
 }
 
@@ -41,31 +61,35 @@ extern "C" __global__ void slab_copy(float* dst, const float* src, i64 outer, i6
 }
 
 extern "C" __global__ void bias_act(float* y, const float* bias, i64 total, i64 channels,
-                                    i64 inner, int act) {
+                                    i64 inner, int act, float p0, float p1) {
     GRID_STRIDE(t, total) {
         float v = y[t];
         if (bias) v += bias[(t / inner) % channels];
-        y[t] = act_f(v, act);
+        y[t] = act_f(v, act, p0, p1);
     }
 }
 
-extern "C" __global__ void act_kernel(float* y, const float* x, i64 n, int act) {
-    GRID_STRIDE(t, n) { y[t] = act_f(x[t], act); }
+extern "C" __global__ void act_kernel(float* y, const float* x, i64 n, int act, float p0,
+                                      float p1) {
+    GRID_STRIDE(t, n) { y[t] = act_f(x[t], act, p0, p1); }
 }
 
+// ph/pw pad before, eh/ew after; the average divides by the window clipped to the padded
+// input (count_include_pad) or to the input.
 extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int h, int w, int oh,
                                   int ow, int kh, int kw, int sh, int sw, int ph, int pw,
-                                  int is_max) {
+                                  int eh, int ew, int count_pad, int is_max) {
     i64 total = nc * oh * ow;
     GRID_STRIDE(t, total) {
         int j = (int)(t % ow);
         int i = (int)((t / ow) % oh);
         i64 bc = t / ((i64)oh * ow);
         int hs = i * sh - ph, ws = j * sw - pw;
-        int he = min(hs + kh, h + ph), we = min(ws + kw, w + pw);
-        int size = (he - hs) * (we - ws);
-        if (size < 1) size = 1;
+        int he = min(hs + kh, h + eh), we = min(ws + kw, w + ew);
+        int padded = (he - hs) * (we - ws);
         hs = max(hs, 0); ws = max(ws, 0); he = min(he, h); we = min(we, w);
+        int size = count_pad ? padded : max(he - hs, 0) * max(we - ws, 0);
+        if (size < 1) size = 1;
         const float* xp = x + bc * h * w;
         float m = -__int_as_float(0x7f800000), s = 0.0f;
         for (int p = hs; p < he; ++p)
@@ -139,6 +163,40 @@ extern "C" __global__ void permute(float* y, const float* x, i64 total, int rank
     }
 }
 
+// y = a op b with NumPy broadcasting: out_dims is the result's shape, sa/sb each operand's
+// stride per result axis (0 where it repeats).
+extern "C" __global__ void broadcast(float* y, const float* a, const float* b, i64 total,
+                                     int rank, Dims6 out_dims, Dims6 sa, Dims6 sb, int op) {
+    GRID_STRIDE(t, total) {
+        i64 rem = t, ia = 0, ib = 0;
+        for (int d = rank - 1; d >= 0; --d) {
+            i64 idx = rem % out_dims.d[d];
+            rem /= out_dims.d[d];
+            ia += idx * sa.d[d];
+            ib += idx * sb.d[d];
+        }
+        y[t] = bin_f(a[ia], b[ib], op);
+    }
+}
+
+// Constant padding: y (out_dims) is x (in_dims) shifted by `begin` on every axis, `value`
+// around it.
+extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Dims6 out_dims,
+                               Dims6 in_dims, Dims6 begin, float value) {
+    GRID_STRIDE(t, total) {
+        i64 rem = t, src = 0, stride = 1;
+        bool inside = true;
+        for (int d = rank - 1; d >= 0; --d) {
+            i64 idx = rem % out_dims.d[d] - begin.d[d];
+            rem /= out_dims.d[d];
+            if (idx < 0 || idx >= in_dims.d[d]) inside = false;
+            src += idx * stride;
+            stride *= in_dims.d[d];
+        }
+        y[t] = inside ? x[src] : value;
+    }
+}
+
 // Abstract operators: every block waits until `ns` nanoseconds have passed.
 extern "C" __global__ void spin(unsigned long long ns) {
     unsigned long long t0, t;
@@ -158,27 +216,82 @@ pub const NAMES: &[&str] = &[
     "elementwise",
     "layer_norm",
     "permute",
+    "broadcast",
+    "pad",
     "spin",
 ];
 
 /// The most axes [`SOURCE`]'s `permute` handles.
 pub const MAX_RANK: usize = 6;
 
-/// The activation code the kernels use; -1 for the activations they do not have yet, which
-/// the CUDA preparation refuses (`PrepareCx::act_code`); the CPU device runs every activation.
-pub fn act_code(a: Activation) -> i32 {
+/// The activation code and parameters the kernels take for `a` (see the module docs).
+pub fn act_params(a: Activation) -> (i32, f32, f32) {
     match a {
-        Activation::None => 0,
-        Activation::Relu => 1,
-        Activation::Sigmoid => 2,
-        Activation::Tanh => 3,
-        Activation::Gelu => 4,
-        Activation::GeluTanh
-        | Activation::Clip { .. }
-        | Activation::LeakyRelu { .. }
-        | Activation::HardSigmoid { .. }
-        | Activation::HardSwish => -1,
+        Activation::None => (0, 0.0, 0.0),
+        Activation::Relu => (1, 0.0, 0.0),
+        Activation::Sigmoid => (2, 0.0, 0.0),
+        Activation::Tanh => (3, 0.0, 0.0),
+        Activation::Gelu => (4, 0.0, 0.0),
+        Activation::GeluTanh => (5, 0.0, 0.0),
+        Activation::Clip { min, max } => (
+            6,
+            min.unwrap_or(f32::NEG_INFINITY),
+            max.unwrap_or(f32::INFINITY),
+        ),
+        Activation::LeakyRelu { alpha } => (7, alpha, 0.0),
+        Activation::HardSigmoid { alpha, beta } => (8, alpha, beta),
+        Activation::HardSwish => (9, 0.0, 0.0),
     }
+}
+
+/// [`act_f`'s](SOURCE) formula on the host, for tests: what the kernels compute for
+/// `act_params(a)`.
+#[cfg(test)]
+#[allow(clippy::manual_clamp)] // fmaxf/fminf, as the kernel: NaN-ignoring, unlike clamp
+fn act_f(x: f32, (a, p0, p1): (i32, f32, f32)) -> f32 {
+    match a {
+        1 => x.max(0.0),
+        2 => 1.0 / (1.0 + (-x).exp()),
+        3 => x.tanh(),
+        4 => 0.5 * x * (1.0 + crate::reference::erf(x * std::f32::consts::FRAC_1_SQRT_2)),
+        5 => 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh()),
+        6 => x.max(p0).min(p1),
+        7 => {
+            if x >= 0.0 {
+                x
+            } else {
+                p0 * x
+            }
+        }
+        8 => (p0 * x + p1).max(0.0).min(1.0),
+        9 => x * (x / 6.0 + 0.5).max(0.0).min(1.0),
+        _ => x,
+    }
+}
+
+/// Right-aligned NumPy broadcasting as the `broadcast` kernel takes it: per result axis, the
+/// result's extent and each operand's stride (0 where it repeats); `None` beyond
+/// [`MAX_RANK`] axes or when an operand has more axes than the result.
+pub fn broadcast_params(a: &[usize], b: &[usize], out: &[usize]) -> Option<[[i64; 6]; 3]> {
+    let r = out.len();
+    if r > MAX_RANK || a.len() > r || b.len() > r {
+        return None;
+    }
+    let strides = |s: &[usize]| {
+        let mut st = [0i64; 6];
+        let mut acc = 1i64;
+        for k in (0..s.len()).rev() {
+            let ax = r - s.len() + k;
+            st[ax] = if s[k] == 1 { 0 } else { acc };
+            acc = acc.checked_mul(i64::try_from(s[k]).ok()?)?;
+        }
+        Some(st)
+    };
+    let mut dims = [1i64; 6];
+    for (d, &e) in dims.iter_mut().zip(out) {
+        *d = i64::try_from(e).ok()?;
+    }
+    Some([dims, strides(a)?, strides(b)?])
 }
 
 /// Threads per block of the element-wise kernels.
@@ -224,6 +337,80 @@ mod tests {
     fn every_kernel_name_is_in_the_source() {
         for n in NAMES {
             assert!(SOURCE.contains(&format!("void {n}(")), "kernel {n} missing");
+        }
+    }
+
+    #[test]
+    fn kernel_activations_are_the_reference_activations() {
+        let all = [
+            Activation::None,
+            Activation::Relu,
+            Activation::Sigmoid,
+            Activation::Tanh,
+            Activation::Gelu,
+            Activation::GeluTanh,
+            Activation::Clip {
+                min: Some(-0.5),
+                max: None,
+            },
+            Activation::Clip {
+                min: Some(0.0),
+                max: Some(6.0),
+            },
+            Activation::LeakyRelu { alpha: 0.1 },
+            Activation::HardSigmoid {
+                alpha: 0.2,
+                beta: 0.5,
+            },
+            Activation::HardSwish,
+        ];
+        for a in all {
+            for i in -40..=40 {
+                let x = i as f32 * 0.25;
+                let (got, want) = (act_f(x, act_params(a)), crate::reference::act(x, a));
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{a:?} at {x}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn broadcast_params_index_like_the_cpu_step() {
+        // [2, 3, 4] op [3, 1]: b repeats along the last axis and the first.
+        let [dims, sa, sb] = broadcast_params(&[2, 3, 4], &[3, 1], &[2, 3, 4]).unwrap();
+        assert_eq!(
+            (&dims[..3], &sa[..3], &sb[..3]),
+            (&[2, 3, 4][..], &[12, 4, 1][..], &[0, 1, 0][..])
+        );
+        let a: Vec<f32> = (0..24).map(|v| v as f32).collect();
+        let b = [10.0f32, 20.0, 30.0];
+        for t in 0..24i64 {
+            let (mut rem, mut ia, mut ib) = (t, 0, 0);
+            for d in (0..3).rev() {
+                ia += (rem % dims[d]) * sa[d];
+                ib += (rem % dims[d]) * sb[d];
+                rem /= dims[d];
+            }
+            let row = (t / 4 % 3) as usize;
+            assert_eq!(a[ia as usize] + b[ib as usize], t as f32 + b[row]);
+        }
+        assert!(broadcast_params(&[1; 7], &[1], &[1; 7]).is_none());
+        assert!(broadcast_params(&[2, 2], &[2], &[2]).is_none());
+    }
+
+    /// The source compiles with NVRTC for the H100 (needs libnvrtc, not a GPU: `cargo xtask
+    /// gpu-test`, or LD_LIBRARY_PATH pointing at the nvidia-cuda-nvrtc wheel).
+    #[test]
+    #[ignore]
+    fn the_source_compiles() {
+        let opts = cudarc::nvrtc::CompileOptions {
+            arch: Some("compute_90"),
+            ..Default::default()
+        };
+        if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts) {
+            panic!("{e:?}");
         }
     }
 

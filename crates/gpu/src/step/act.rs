@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::{Access, Step, StepKernel};
 use crate::cpu::math::apply_bias_act;
 use crate::cpu::CpuIo;
+use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::reference::act;
@@ -84,7 +85,7 @@ impl StepKernel for Act {
             y: cx.ptr(self.y)?,
             x: cx.ptr(self.x)?,
             n: self.len as i64,
-            act: cx.act_code(self.act)?,
+            act: act_params(self.act),
         }))
     }
 
@@ -97,13 +98,19 @@ struct CudaAct {
     y: u64,
     x: u64,
     n: i64,
-    act: i32,
+    act: (i32, f32, f32),
 }
 
 impl Enqueue for CudaAct {
     fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
         let mut b = sc.launch_builder(gpu.function("act_kernel")?);
-        b.arg(&self.y).arg(&self.x).arg(&self.n).arg(&self.act);
+        let (code, p0, p1) = &self.act;
+        b.arg(&self.y)
+            .arg(&self.x)
+            .arg(&self.n)
+            .arg(code)
+            .arg(p0)
+            .arg(p1);
         // SAFETY: matches `act_kernel`; both buffers hold `n` elements (checked at preparation).
         launched(unsafe { b.launch(grid(self.n as usize)) }, "act_kernel")
     }
@@ -129,14 +136,7 @@ impl StepKernel for BiasAct {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        Ok(Box::new(CudaBiasAct {
-            y: cx.ptr(self.y)?,
-            bias: self.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
-            total: self.total as i64,
-            channels: self.channels.max(1) as i64,
-            inner: self.inner.max(1) as i64,
-            act: cx.act_code(self.act)?,
-        }))
+        Ok(Box::new(CudaBiasAct::new(cx, self)?))
     }
 
     fn nvrtc_kernel(&self) -> Option<&'static str> {
@@ -144,13 +144,27 @@ impl StepKernel for BiasAct {
     }
 }
 
-struct CudaBiasAct {
+/// `bias_act` on the GPU (also a convolution's epilogue when cuDNN's fused call is not used).
+pub(crate) struct CudaBiasAct {
     y: u64,
     bias: u64,
     total: i64,
     channels: i64,
     inner: i64,
-    act: i32,
+    act: (i32, f32, f32),
+}
+
+impl CudaBiasAct {
+    pub(crate) fn new(cx: &PrepareCx<'_>, s: &BiasAct) -> Result<CudaBiasAct, GpuError> {
+        Ok(CudaBiasAct {
+            y: cx.ptr(s.y)?,
+            bias: s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
+            total: s.total as i64,
+            channels: s.channels.max(1) as i64,
+            inner: s.inner.max(1) as i64,
+            act: act_params(s.act),
+        })
+    }
 }
 
 impl Enqueue for CudaBiasAct {
@@ -161,7 +175,9 @@ impl Enqueue for CudaBiasAct {
             .arg(&self.total)
             .arg(&self.channels)
             .arg(&self.inner)
-            .arg(&self.act);
+            .arg(&self.act.0)
+            .arg(&self.act.1)
+            .arg(&self.act.2);
         // SAFETY: matches `bias_act`; bias has `channels` elements or is null.
         launched(unsafe { b.launch(grid(self.total as usize)) }, "bias_act")
     }

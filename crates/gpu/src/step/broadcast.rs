@@ -1,15 +1,18 @@
 //! Two-operand element-wise arithmetic with NumPy broadcasting (ONNX's `Sub`, `Div`, `Pow`,
 //! `Max`, `Min`, and `Add`/`Mul` of differently shaped operands, e.g. squeeze-and-excitation's
-//! `x * gate[n, c, 1, 1]` or a position embedding added to a batch). CPU only for now: the CUDA
-//! device refuses it with a clear error.
+//! `x * gate[n, c, 1, 1]` or a position embedding added to a batch); on CUDA the `broadcast`
+//! NVRTC kernel, up to six axes.
+#![allow(unsafe_code)]
 
+use cudarc::driver::PushKernelArg;
 use opsched_graph::{BinaryKind, ElementwiseKind};
 use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
 use crate::cpu::CpuIo;
-use crate::cuda::{Enqueue, PrepareCx};
+use crate::cuda::nvrtc::{broadcast_params, MAX_RANK};
+use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::reference::numel;
 use crate::GpuError;
@@ -233,6 +236,67 @@ impl StepKernel for Broadcast {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        Err(cx.no_kernel(format!("broadcast {:?}", self.op)))
+        let [dims, sa, sb] =
+            broadcast_params(&self.a_shape, &self.b_shape, &self.out).ok_or_else(|| {
+                cx.no_kernel(format!(
+                    "broadcast of {} axes (at most {MAX_RANK})",
+                    self.out.len()
+                ))
+            })?;
+        Ok(Box::new(CudaBroadcast {
+            y: cx.ptr(self.y)?,
+            a: cx.ptr(self.a)?,
+            b: cx.ptr(self.b)?,
+            total: product(&self.out, "broadcast result")?,
+            rank: self.out.len() as i32,
+            dims,
+            sa,
+            sb,
+            op: match self.op {
+                BinOp::Add => 0,
+                BinOp::Mul => 1,
+                BinOp::Sub => 2,
+                BinOp::Div => 3,
+                BinOp::Pow => 4,
+                BinOp::Max => 5,
+                BinOp::Min => 6,
+            },
+        }))
+    }
+
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        Some("broadcast")
+    }
+}
+
+struct CudaBroadcast {
+    y: u64,
+    a: u64,
+    b: u64,
+    total: usize,
+    rank: i32,
+    dims: [i64; 6],
+    sa: [i64; 6],
+    sb: [i64; 6],
+    /// `bin_f`'s operator code.
+    op: i32,
+}
+
+impl Enqueue for CudaBroadcast {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let total = self.total as i64;
+        let mut b = sc.launch_builder(gpu.function("broadcast")?);
+        b.arg(&self.y)
+            .arg(&self.a)
+            .arg(&self.b)
+            .arg(&total)
+            .arg(&self.rank)
+            .arg(&self.dims)
+            .arg(&self.sa)
+            .arg(&self.sb)
+            .arg(&self.op);
+        // SAFETY: matches `broadcast` (three 48-byte Dims6 structs by value); the strides stay
+        // inside each operand's shape, which the step's access checked against its buffer.
+        launched(unsafe { b.launch(grid(self.total)) }, "broadcast")
     }
 }

@@ -3,10 +3,12 @@
 //! - CPU: im2col and a matrix product per image and group (`matrixmultiply`), rows of the
 //!   output split across threads (rayon); grouped and depthwise convolutions run the groups in
 //!   parallel instead.
-//! - CUDA: cuDNN's legacy API; the algorithm is chosen by measurement
-//!   (`cudnnFindConvolutionForwardAlgorithmEx`) once per device and shape, and cached for the
-//!   process; conv + bias + relu runs as cuDNN's fused call where it works with that algorithm,
-//!   else the convolution is followed by the `bias_act` kernel.
+//! - CUDA: cuDNN's legacy API; every algorithm is timed (median of three
+//!   `cudnnFindConvolutionForwardAlgorithmEx` searches) once per device and shape, the
+//!   measurements kept in the device's [`crate::tuning::Tuning`] (and by the CLI in the cost
+//!   cache, so later processes run the same kernel), and the choice made from them
+//!   deterministically; conv + bias + relu runs as cuDNN's fused call where it works with that
+//!   algorithm, else the convolution is followed by the `bias_act` kernel.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -14,7 +16,7 @@ use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr};
 use opsched_graph::{Activation, Conv2d};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -23,7 +25,7 @@ use super::{product, Access, Step, StepKernel};
 use crate::cpu::math::{apply_bias_act, sgemm, Mat};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{tensor4, ActDesc, ConvDesc, FilterDesc, TensorDesc};
-use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{weight_half_width, At, BufId, Builder, Src};
 use crate::GpuError;
 
@@ -291,8 +293,8 @@ struct CudaConv {
     choice: ConvChoice,
     /// Run the fused conv + bias + relu call (else conv, then the bias_act kernel).
     fused: bool,
-    /// Bias, channels, inner, total, activation for the unfused epilogue (None: nothing).
-    epilogue: Option<(u64, i64, i64, i64, i32)>,
+    /// The unfused epilogue: bias and activation (None: nothing to do).
+    epilogue: Option<super::act::CudaBiasAct>,
     /// A zero bias for a fused convolution without its own bias.
     _zero_bias: Option<CudaSlice<f32>>,
 }
@@ -315,22 +317,31 @@ fn prepare(s: &Conv, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuError> {
     })?;
     let relu = ActDesc::relu()?;
     let (xp, wp, yp) = (cx.ptr(s.x)?, cx.ptr(s.w)?, cx.ptr(s.y)?);
-    let key = format!(
-        "{}|{:?}|{oc}|{:?}|{:?}|{:?}|{:?}|{}|{}",
-        cx.gpu.info.name,
+    // What the tuning table keys by (the device is the cache entry's fingerprint).
+    let tuning_key = format!(
+        "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw|{}",
         s.input,
         s.kernel,
         s.stride,
         s.padding,
         s.dilation,
         s.groups,
-        cx.opts.tf32
+        if cx.opts.tf32 { "tf32" } else { "fp32" }
     );
+    let key = format!("{}|{tuning_key}", cx.gpu.info.name);
     let cached = conv_cache().lock().ok().and_then(|m| m.get(&key).copied());
     let mut choice = match cached {
         Some(c) => c,
         None => {
-            let c = find_algo(cx, &x_desc, xp, &w_desc, wp, &conv, &y_desc, yp)?;
+            let candidates = match cx.tuning.get(&tuning_key) {
+                Some(c) => c,
+                None => {
+                    let c = find_algos(cx, &x_desc, xp, &w_desc, wp, &conv, &y_desc, yp)?;
+                    cx.tuning.insert(&tuning_key, c.clone());
+                    c
+                }
+            };
+            let c = choice_of(&candidates, cx.opts)?;
             if let Ok(mut m) = conv_cache().lock() {
                 m.insert(key.clone(), c);
             }
@@ -382,23 +393,25 @@ fn prepare(s: &Conv, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuError> {
         }
     }
     if !plan.fused && (s.bias.is_some() || s.act != Activation::None) {
-        let inner = (s.out_hw[0] * s.out_hw[1]) as i64;
-        plan.epilogue = Some((
-            match s.bias {
-                Some(b) => cx.ptr(b)?,
-                None => 0,
-            },
-            oc as i64,
+        let inner = s.out_hw[0] * s.out_hw[1];
+        let step = super::act::BiasAct {
+            y: s.y,
+            bias: s.bias,
+            total: n * oc * inner,
+            channels: oc,
             inner,
-            (n * oc) as i64 * inner,
-            cx.act_code(s.act)?,
-        ));
+            act: s.act,
+        };
+        plan.epilogue = Some(super::act::CudaBiasAct::new(cx, &step)?);
     }
     Ok(plan)
 }
 
+/// Every algorithm cuDNN can run the convolution with, timed on the GPU: the median of three
+/// `cudnnFindConvolutionForwardAlgorithmEx` searches (each times every algorithm once), so one
+/// noisy search does not decide.
 #[allow(clippy::too_many_arguments)]
-fn find_algo(
+fn find_algos(
     cx: &mut PrepareCx<'_>,
     x_desc: &TensorDesc,
     x: u64,
@@ -407,55 +420,105 @@ fn find_algo(
     conv: &ConvDesc,
     y_desc: &TensorDesc,
     y: u64,
-) -> Result<ConvChoice, GpuError> {
+) -> Result<Vec<crate::tuning::Candidate>, GpuError> {
     const N: usize = 8;
+    const SEARCHES: usize = 3;
     let limit = cx.opts.conv_workspace_limit;
     let ws = cx.gpu.zeros_bytes(limit.max(1))?;
     let (wsp, _) = ws.device_ptr(&cx.gpu.alloc_stream);
-    let mut count = 0i32;
-    // SAFETY: zeroed plain-old-data structs the call fills in.
-    let mut perf: [dnn_sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
-    // SAFETY: descriptors match the buffers (sizes from the same program, checked at
-    // preparation); the workspace is `limit` bytes; the handle's stream belongs to the bound
-    // context. The search writes `y` (an output nobody has read yet).
-    unsafe {
-        dnn_sys::cudnnFindConvolutionForwardAlgorithmEx(
-            cx.sc.cudnn(),
-            x_desc.0,
-            x as *const c_void,
-            w_desc.0,
-            w as *const c_void,
-            conv.0,
-            y_desc.0,
-            y as *mut c_void,
-            N as i32,
-            &mut count,
-            perf.as_mut_ptr(),
-            wsp as *mut c_void,
-            limit,
-        )
+    // (algo, math) -> (workspace, times)
+    let mut seen: HashMap<(u32, u32), (usize, Vec<f64>)> = HashMap::new();
+    for _ in 0..SEARCHES {
+        let mut count = 0i32;
+        // SAFETY: zeroed plain-old-data structs the call fills in.
+        let mut perf: [dnn_sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
+        // SAFETY: descriptors match the buffers (sizes from the same program, checked at
+        // preparation); the workspace is `limit` bytes; the handle's stream belongs to the bound
+        // context. The search writes `y` (an output nobody has read yet).
+        unsafe {
+            dnn_sys::cudnnFindConvolutionForwardAlgorithmEx(
+                cx.sc.cudnn(),
+                x_desc.0,
+                x as *const c_void,
+                w_desc.0,
+                w as *const c_void,
+                conv.0,
+                y_desc.0,
+                y as *mut c_void,
+                N as i32,
+                &mut count,
+                perf.as_mut_ptr(),
+                wsp as *mut c_void,
+                limit,
+            )
+        }
+        .result()
+        .map_err(|e| GpuError::cudnn("searching a convolution algorithm", e))?;
+        for p in perf.iter().take(count.max(0) as usize) {
+            if p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= limit {
+                let e = seen
+                    .entry((p.algo as u32, p.mathType as u32))
+                    .or_insert((p.memory, Vec::new()));
+                e.1.push(f64::from(p.time));
+            }
+        }
     }
-    .result()
-    .map_err(|e| GpuError::cudnn("searching a convolution algorithm", e))?;
-    let best = perf
-        .iter()
-        .take(count.max(0) as usize)
-        .filter(|p| p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= limit)
-        .min_by(|a, b| a.time.total_cmp(&b.time))
-        .ok_or_else(|| GpuError::Cudnn {
-            during: "searching a convolution algorithm".into(),
-            message: "no algorithm succeeded".into(),
-        })?;
-    tracing::debug!(
-        "conv algorithm {:?}: {:.3} ms, {} bytes",
-        best.algo,
-        best.time,
-        best.memory
-    );
+    let mut out: Vec<crate::tuning::Candidate> = seen
+        .into_iter()
+        .map(|((algo, math), (workspace, mut t))| {
+            t.sort_by(f64::total_cmp);
+            crate::tuning::Candidate {
+                algo,
+                math,
+                ms: t[t.len() / 2],
+                workspace,
+            }
+        })
+        .collect();
+    out.sort_by_key(|c| (c.algo, c.math));
+    tracing::debug!("conv algorithms measured: {out:?}");
+    Ok(out)
+}
+
+/// The algorithm to run among measured `candidates` ([`crate::tuning::choose`]).
+fn choice_of(
+    candidates: &[crate::tuning::Candidate],
+    opts: &crate::KernelOptions,
+) -> Result<ConvChoice, GpuError> {
+    use dnn_sys::cudnnConvolutionFwdAlgo_t as A;
+    use dnn_sys::cudnnMathType_t as M;
+    let none = |m: &str| GpuError::Cudnn {
+        during: "choosing a convolution algorithm".into(),
+        message: m.into(),
+    };
+    let best = crate::tuning::choose(candidates, opts.conv_workspace_limit)
+        .ok_or_else(|| none("no algorithm succeeded"))?;
+    let algo = [
+        A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        A::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        A::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        A::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        A::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        A::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        A::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+    ]
+    .into_iter()
+    .find(|a| *a as u32 == best.algo)
+    .ok_or_else(|| none("a cached algorithm number this cuDNN does not have"))?;
+    let math = [
+        M::CUDNN_DEFAULT_MATH,
+        M::CUDNN_TENSOR_OP_MATH,
+        M::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+        M::CUDNN_FMA_MATH,
+    ]
+    .into_iter()
+    .find(|m| *m as u32 == best.math)
+    .ok_or_else(|| none("a cached math type this cuDNN does not have"))?;
     Ok(ConvChoice {
-        algo: best.algo,
-        workspace: best.memory,
-        math: search_math(cx.opts.tf32, best.mathType),
+        algo,
+        workspace: best.workspace,
+        math: search_math(opts.tf32, math),
         fused_ok: true,
         fused_tested: false,
     })
@@ -542,16 +605,8 @@ impl Enqueue for CudaConv {
             )));
         }
         self.run_conv(sc)?;
-        if let Some((bias, channels, inner, total, act)) = &self.epilogue {
-            let mut b = sc.launch_builder(gpu.function("bias_act")?);
-            b.arg(&self.y)
-                .arg(bias)
-                .arg(total)
-                .arg(channels)
-                .arg(inner)
-                .arg(act);
-            // SAFETY: matches `bias_act`; bias has `channels` elements or is null.
-            launched(unsafe { b.launch(grid(*total as usize)) }, "bias_act")?;
+        if let Some(e) = &self.epilogue {
+            e.enqueue(gpu, sc)?;
         }
         Ok(())
     }

@@ -102,6 +102,11 @@ impl StepKernel for Copy {
         }
     }
 
+    fn written(&self) -> Option<std::ops::Range<usize>> {
+        let start = self.dst_off * self.inner;
+        (self.outer == 1).then(|| start..start + self.len * self.inner)
+    }
+
     fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
         let src = io.read(self.src)?;
         let dst = io.write(self.dst)?;

@@ -58,6 +58,11 @@ pub(crate) trait StepKernel {
     fn nvrtc_kernel(&self) -> Option<&'static str> {
         None
     }
+    /// The elements of the buffer it writes that it writes, where that is one contiguous part
+    /// (a copy into a slice of a concatenation); `None`: anything up to the access' extent.
+    fn written(&self) -> Option<std::ops::Range<usize>> {
+        None
+    }
 }
 
 /// The list of step kinds: generates [`Step`], its dispatch and conversions.
@@ -115,6 +120,11 @@ impl Step {
     /// The NVRTC kernel it launches, when it is one of ours (for resource tables).
     pub fn nvrtc_kernel(&self) -> Option<&'static str> {
         self.kernel().nvrtc_kernel()
+    }
+    /// The part of the buffer it writes that it writes, where known (see
+    /// [`StepKernel::written`]): what the CPU device's race detector tracks.
+    pub fn written(&self) -> Option<std::ops::Range<usize>> {
+        self.kernel().written()
     }
 }
 

@@ -1,12 +1,15 @@
-//! Constant padding of every axis (ONNX's `Pad` in constant mode). CPU only for now: the CUDA
-//! device refuses it with a clear error.
+//! Constant padding of every axis (ONNX's `Pad` in constant mode); on CUDA the `pad` NVRTC
+//! kernel, up to six axes.
+#![allow(unsafe_code)]
 
+use cudarc::driver::PushKernelArg;
 use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
 use crate::cpu::CpuIo;
-use crate::cuda::{Enqueue, PrepareCx};
+use crate::cuda::nvrtc::MAX_RANK;
+use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::GpuError;
 
@@ -116,6 +119,61 @@ impl StepKernel for Pad {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        Err(cx.no_kernel("pad"))
+        let out = self.out_shape();
+        let rank = out.len();
+        if rank > MAX_RANK {
+            return Err(cx.no_kernel(format!("pad of {rank} axes (at most {MAX_RANK})")));
+        }
+        let dims = |v: &[usize]| -> Result<[i64; 6], GpuError> {
+            let mut d = [0i64; 6];
+            for (slot, &e) in d.iter_mut().zip(v) {
+                *slot = i64::try_from(e)
+                    .map_err(|_| GpuError::Plan(format!("pad: extent {e} exceeds i64")))?;
+            }
+            Ok(d)
+        };
+        Ok(Box::new(CudaPad {
+            y: cx.ptr(self.y)?,
+            x: cx.ptr(self.x)?,
+            total: product(&out, "padded tensor")?,
+            rank: rank as i32,
+            out: dims(&out)?,
+            shape: dims(&self.shape)?,
+            begin: dims(&self.begin)?,
+            value: self.value,
+        }))
+    }
+
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        Some("pad")
+    }
+}
+
+struct CudaPad {
+    y: u64,
+    x: u64,
+    total: usize,
+    rank: i32,
+    out: [i64; 6],
+    shape: [i64; 6],
+    begin: [i64; 6],
+    value: f32,
+}
+
+impl Enqueue for CudaPad {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let total = self.total as i64;
+        let mut b = sc.launch_builder(gpu.function("pad")?);
+        b.arg(&self.y)
+            .arg(&self.x)
+            .arg(&total)
+            .arg(&self.rank)
+            .arg(&self.out)
+            .arg(&self.shape)
+            .arg(&self.begin)
+            .arg(&self.value);
+        // SAFETY: matches `pad` (three 48-byte Dims6 structs by value); x holds the product of
+        // `shape`, y of `out` (checked at preparation), rank <= 6.
+        launched(unsafe { b.launch(grid(self.total)) }, "pad")
     }
 }

@@ -135,11 +135,6 @@ impl StepKernel for Pool {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        if self.padding != self.padding_end || !self.count_include_pad {
-            return Err(cx.no_kernel(
-                "pooling padded differently before and after, or without count_include_pad",
-            ));
-        }
         let [n, c, h, w] = self.input;
         Ok(Box::new(CudaPool {
             y: cx.ptr(self.y)?,
@@ -156,6 +151,9 @@ impl StepKernel for Pool {
                 c_int(self.stride[1], "sw")?,
                 c_int(self.padding[0], "ph")?,
                 c_int(self.padding[1], "pw")?,
+                c_int(self.padding_end[0], "eh")?,
+                c_int(self.padding_end[1], "ew")?,
+                i32::from(self.count_include_pad),
             ],
             is_max: i32::from(self.max),
             total: n * c * self.out_hw[0] * self.out_hw[1],
@@ -171,7 +169,7 @@ struct CudaPool {
     y: u64,
     x: u64,
     nc: i64,
-    p: [i32; 10],
+    p: [i32; 13],
     is_max: i32,
     total: usize,
 }
@@ -184,7 +182,7 @@ impl Enqueue for CudaPool {
             b.arg(v);
         }
         b.arg(&self.is_max);
-        // SAFETY: matches `pool2d` (10 ints after nc, then is_max); buffer sizes checked at
+        // SAFETY: matches `pool2d` (13 ints after nc, then is_max); buffer sizes checked at
         // preparation.
         launched(unsafe { b.launch(grid(self.total)) }, "pool2d")
     }

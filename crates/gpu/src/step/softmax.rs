@@ -1,5 +1,5 @@
 //! Softmax and log-softmax over the middle axis of `[outer, dim, inner]` (cuDNN's channel mode
-//! on CUDA; log-softmax runs on the CPU device only for now).
+//! on CUDA, in its accurate or log algorithm).
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -107,13 +107,15 @@ impl StepKernel for Softmax {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        if self.log {
-            return Err(cx.no_kernel("log_softmax"));
-        }
         Ok(Box::new(CudaSoftmax {
             x: cx.ptr(self.x)?,
             y: cx.ptr(self.y)?,
             desc: tensor4([self.outer, self.dim, self.inner, 1])?,
+            algo: if self.log {
+                dnn_sys::cudnnSoftmaxAlgorithm_t::CUDNN_SOFTMAX_LOG
+            } else {
+                dnn_sys::cudnnSoftmaxAlgorithm_t::CUDNN_SOFTMAX_ACCURATE
+            },
         }))
     }
 }
@@ -122,6 +124,8 @@ struct CudaSoftmax {
     x: u64,
     y: u64,
     desc: TensorDesc,
+    /// Accurate (max-subtracted) softmax, or log-softmax.
+    algo: dnn_sys::cudnnSoftmaxAlgorithm_t,
 }
 
 impl Enqueue for CudaSoftmax {
@@ -131,7 +135,7 @@ impl Enqueue for CudaSoftmax {
         unsafe {
             dnn::softmax_forward(
                 sc.cudnn(),
-                dnn_sys::cudnnSoftmaxAlgorithm_t::CUDNN_SOFTMAX_ACCURATE,
+                self.algo,
                 dnn_sys::cudnnSoftmaxMode_t::CUDNN_SOFTMAX_MODE_CHANNEL,
                 (&one) as *const f32 as *const c_void,
                 self.desc.0,

@@ -1,0 +1,269 @@
+//! Where a program's buffers live: one block of storage per logical GPU, and every buffer's
+//! place in it.
+//!
+//! Two things let buffers share storage:
+//! - **In-place concatenation.** [`crate::program::GraphProgram::build`] makes an operator whose
+//!   whole output is one input of a concatenation on its GPU write straight into its slice of
+//!   the concatenation's output, when that slice is contiguous (everything before the
+//!   concatenation axis has extent 1, e.g. channels at batch 1) and starts at a multiple of
+//!   [`VIEW_ALIGN`] elements: its buffer is then *within* the other one
+//!   ([`BufSpec::within`]) and the concatenation copies nothing for it.
+//! - **Reuse** ([`layout_reusing`]): a buffer written and read only by operators that the
+//!   schedule orders entirely before, or entirely after, every operator touching another buffer
+//!   can take that buffer's place. The order is the execution's (streams, events, transfers),
+//!   not the host's issue order: two operators on different streams with no event between them
+//!   may run at the same time, so their buffers never share storage. Weights, inputs,
+//!   constants, transfer buffers and the buffers of the values a caller reads after a run
+//!   (`keep`) are never reused. Placement is greedy by size (largest first, lowest offset free of
+//!   every conflicting buffer), as TensorFlow Lite's arena planner does.
+//!
+//! [`layout_distinct`] gives every buffer its own storage (views still share): what the
+//! profiler and the check's sequential reference use, so every value can be read afterwards.
+
+use opsched_graph::NodeId;
+use serde::Serialize;
+
+use crate::program::{BufId, BufRole, BufSpec, GraphProgram, Init};
+
+/// Alignment of every buffer that is not a view, in elements (256 bytes: what a separate
+/// `cudaMalloc` would give, and what cuDNN and cuBLAS expect for their fastest kernels).
+pub const ALIGN: usize = 64;
+
+/// Alignment a view inside another buffer needs, in elements (16 bytes: vector loads and
+/// tensor-core kernels need no more).
+pub const VIEW_ALIGN: usize = 4;
+
+/// How much storage a layout takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Footprint {
+    /// Bytes of storage, all logical GPUs together.
+    pub storage_bytes: u64,
+    /// Bytes the buffers would take each in storage of its own (aligned as here).
+    pub distinct_bytes: u64,
+    /// Bytes of the buffers that start with data: weights, constants, inputs.
+    pub data_bytes: u64,
+}
+
+fn align(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+/// The buffer `b` lies in (following views to the end) and its first element there.
+pub fn root_of(p: &GraphProgram, mut b: BufId) -> (BufId, usize) {
+    let mut off = 0;
+    // Views point from a producer to its consumer, so the chain is acyclic; the bound only
+    // guards a hand-made program.
+    for _ in 0..p.buffers.len() {
+        match p.buffers.get(b).and_then(|s| s.within) {
+            Some((parent, o)) => {
+                off += o;
+                b = parent;
+            }
+            None => break,
+        }
+    }
+    (b, off)
+}
+
+/// Storage of a layout of `p`.
+pub fn footprint(p: &GraphProgram) -> Footprint {
+    Footprint {
+        storage_bytes: p.storage.iter().map(|&n| n as u64 * 4).sum(),
+        distinct_bytes: p
+            .buffers
+            .iter()
+            .filter(|b| b.within.is_none())
+            .map(|b| align(b.len, ALIGN) as u64 * 4)
+            .sum(),
+        data_bytes: p
+            .buffers
+            .iter()
+            .filter(|b| b.init != Init::Uninit)
+            .map(|b| b.len as u64 * 4)
+            .sum(),
+    }
+}
+
+/// Give each buffer that is not a view its own place, in buffer order.
+pub fn layout_distinct(p: &mut GraphProgram) {
+    let mut storage = vec![0usize; p.gpus.max(1)];
+    let mut offsets = vec![0usize; p.buffers.len()];
+    for (i, b) in p.buffers.iter().enumerate() {
+        if b.within.is_none() {
+            if storage.len() <= b.gpu {
+                storage.resize(b.gpu + 1, 0);
+            }
+            offsets[i] = align(storage[b.gpu], ALIGN);
+            storage[b.gpu] = offsets[i] + b.len;
+        }
+    }
+    apply(p, &offsets, &vec![false; p.buffers.len()], storage);
+}
+
+/// Lay `p` out so that buffers share storage where `before` allows (see the module docs).
+/// `before(a, b)`: operator `a` finishes before operator `b` starts, in every execution of the
+/// schedule; `keep`: nodes whose values are read after a run.
+pub fn layout_reusing(
+    p: &mut GraphProgram,
+    keep: &[NodeId],
+    before: impl Fn(NodeId, NodeId) -> bool,
+) {
+    let n = p.buffers.len();
+    // Who touches each root buffer.
+    let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); n];
+    for (node, op) in p.ops.iter().enumerate() {
+        let Some(op) = op else { continue };
+        let node = NodeId(node as u32);
+        for step in &op.steps {
+            for (b, _) in step.access().all() {
+                let (r, _) = root_of(p, b);
+                if let Some(u) = users.get_mut(r) {
+                    if u.last() != Some(&node) {
+                        u.push(node);
+                    }
+                }
+            }
+        }
+    }
+    for u in &mut users {
+        u.sort_unstable();
+        u.dedup();
+    }
+    let mut pinned: Vec<bool> = p.buffers.iter().map(|b| !movable(b)).collect();
+    for &(src, dst) in &p.transfers {
+        for b in [src, dst] {
+            pinned[root_of(p, b).0] = true;
+        }
+    }
+    for &k in keep {
+        if let Some(Some(b)) = p.outputs.get(k.index()) {
+            pinned[root_of(p, *b).0] = true;
+        }
+    }
+    // Pinned buffers first, one after the other; the rest above them, shared.
+    let mut storage = vec![0usize; p.gpus.max(1)];
+    let mut offsets = vec![0usize; n];
+    let mut reused = vec![false; n];
+    for (i, b) in p.buffers.iter().enumerate() {
+        if b.within.is_none() && pinned[i] {
+            if storage.len() <= b.gpu {
+                storage.resize(b.gpu + 1, 0);
+            }
+            offsets[i] = align(storage[b.gpu], ALIGN);
+            storage[b.gpu] = offsets[i] + b.len;
+        }
+    }
+    let base: Vec<usize> = storage.iter().map(|&s| align(s, ALIGN)).collect();
+    let mut shared: Vec<BufId> = (0..n)
+        .filter(|&i| p.buffers[i].within.is_none() && !pinned[i])
+        .collect();
+    shared.sort_by_key(|&i| (std::cmp::Reverse(p.buffers[i].len), i));
+    let disjoint = |x: &[NodeId], y: &[NodeId]| {
+        x.iter().all(|&a| y.iter().all(|&b| before(a, b)))
+            || y.iter().all(|&b| x.iter().all(|&a| before(b, a)))
+    };
+    // Placed shared buffers per GPU: (offset, end, id).
+    let mut placed: Vec<Vec<(usize, usize, BufId)>> = vec![Vec::new(); storage.len()];
+    for &i in &shared {
+        let b = &p.buffers[i];
+        let mut taken: Vec<(usize, usize)> = placed[b.gpu]
+            .iter()
+            .filter(|&&(_, _, j)| !disjoint(&users[i], &users[j]))
+            .map(|&(s, e, _)| (s, e))
+            .collect();
+        taken.sort_unstable();
+        let mut at = base[b.gpu];
+        for (s, e) in taken {
+            if at + b.len <= s {
+                break;
+            }
+            at = at.max(align(e, ALIGN));
+        }
+        offsets[i] = at;
+        reused[i] = true;
+        placed[b.gpu].push((at, at + b.len, i));
+        storage[b.gpu] = storage[b.gpu].max(at + b.len);
+    }
+    apply(p, &offsets, &reused, storage);
+}
+
+/// A buffer whose storage may serve others when it is dead: an operator's output or scratch
+/// that starts unwritten.
+fn movable(b: &BufSpec) -> bool {
+    matches!(b.role, BufRole::Output(_) | BufRole::Scratch(_)) && b.init == Init::Uninit
+}
+
+/// Set the offsets of root buffers (`offsets`, `reused` per buffer; views follow their root).
+fn apply(p: &mut GraphProgram, offsets: &[usize], reused: &[bool], storage: Vec<usize>) {
+    for i in 0..p.buffers.len() {
+        let (r, off) = root_of(p, i);
+        p.buffers[i].offset = offsets[r] + off;
+        p.buffers[i].reused = reused[r];
+    }
+    p.storage = storage;
+}
+
+/// Every buffer lies inside its GPU's storage, and two buffers overlap only where a layout
+/// allows it: one is within the other, or both may be reused. A device checks this before it
+/// allocates, so no kernel can reach storage its buffer does not own.
+pub fn check_layout(p: &GraphProgram) -> Result<(), crate::GpuError> {
+    let err = |m: String| Err(crate::GpuError::Plan(m));
+    for (i, b) in p.buffers.iter().enumerate() {
+        let end = b.offset.checked_add(b.len);
+        match (p.storage.get(b.gpu), end) {
+            (Some(&s), Some(e)) if e <= s => {}
+            _ => {
+                return err(format!(
+                    "buffer {i} (elements {}..+{}) lies outside the storage of GPU {}",
+                    b.offset, b.len, b.gpu
+                ))
+            }
+        }
+        if let Some((parent, o)) = b.within {
+            let Some(pb) = p.buffers.get(parent) else {
+                return err(format!(
+                    "buffer {i} lies within buffer {parent}, which does not exist"
+                ));
+            };
+            if pb.gpu != b.gpu || o.checked_add(b.len).is_none_or(|e| e > pb.len) {
+                return err(format!("buffer {i} does not fit within buffer {parent}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn buf(len: usize, role: BufRole) -> BufSpec {
+        BufSpec::new(0, len, role, Init::Uninit)
+    }
+
+    #[test]
+    fn views_follow_their_root_through_a_chain() {
+        let mut p = GraphProgram {
+            buffers: vec![
+                buf(100, BufRole::Output(NodeId(0))),
+                buf(40, BufRole::Output(NodeId(1))),
+                buf(8, BufRole::Output(NodeId(2))),
+            ],
+            gpus: 1,
+            ..GraphProgram::default()
+        };
+        p.buffers[1].within = Some((0, 60));
+        p.buffers[2].within = Some((1, 32));
+        layout_distinct(&mut p);
+        assert_eq!(root_of(&p, 2), (0, 92));
+        assert_eq!(
+            p.buffers.iter().map(|b| b.offset).collect::<Vec<_>>(),
+            [0, 60, 92]
+        );
+        assert_eq!(p.storage, [100]);
+        check_layout(&p).unwrap();
+        p.buffers[2].within = Some((1, 33));
+        assert!(check_layout(&p).is_err());
+    }
+}

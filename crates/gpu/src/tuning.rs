@@ -1,0 +1,240 @@
+//! Kernel choices made by measurement that every process must repeat exactly: which cuDNN
+//! algorithm runs each convolution.
+//!
+//! Letting `cudnnFindConvolutionForwardAlgorithmEx` pick afresh in every process made the same
+//! plan run 2.86 to 4.54 ms on an H100: candidates a few percent apart swap places with timing
+//! noise. So the measurements, not the choice, are what a device keeps ([`Tuning`]): every
+//! candidate's time, workspace and math type per convolution, stored in the cost cache (one
+//! entry per candidate, keyed by the device's fingerprint with its cuDNN version, the
+//! convolution's shape, the element type and the layout; see [`to_cache`]). The choice is a
+//! function of those measurements alone ([`choose`]): the fastest, where candidates within
+//! [`TIE`] of it count as equally fast and the one with less workspace, then the lower
+//! algorithm number, wins. A process that finds the measurements in the cache therefore runs
+//! the same kernels as the process that made them; `--retune` measures again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+use opsched_cost::cache::{CacheKey, DeviceFingerprint, Measurement};
+
+/// Candidates within this fraction of the fastest are ties (run-to-run noise on an H100 is a
+/// few percent).
+pub const TIE: f64 = 0.03;
+
+/// The prefix of a convolution candidate's signature in the cost cache.
+pub const CONV_PREFIX: &str = "kernel.cudnn_conv_fwd|";
+
+/// One measured candidate kernel of one convolution.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    /// cuDNN's algorithm number (`cudnnConvolutionFwdAlgo_t`).
+    pub algo: u32,
+    /// The math type it was measured with (`cudnnMathType_t`).
+    pub math: u32,
+    /// Median time, ms.
+    pub ms: f64,
+    /// Workspace bytes.
+    pub workspace: usize,
+}
+
+/// The candidate to run among `c` that fit `limit` bytes of workspace (see the module docs).
+pub fn choose(c: &[Candidate], limit: usize) -> Option<Candidate> {
+    let fit = c
+        .iter()
+        .filter(|c| c.workspace <= limit && c.ms.is_finite() && c.ms >= 0.0);
+    let best = fit.clone().map(|c| c.ms).min_by(f64::total_cmp)?;
+    fit.filter(|c| c.ms <= best * (1.0 + TIE))
+        .min_by_key(|c| (c.workspace, c.algo, c.math))
+        .copied()
+}
+
+/// Measured candidates by convolution (the key says everything but the device), shared by
+/// every preparation on one device.
+#[derive(Debug, Default)]
+pub struct Tuning {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    known: BTreeMap<String, Vec<Candidate>>,
+    /// Keys measured by this process (what [`Tuning::fresh`] returns).
+    fresh: BTreeSet<String>,
+    /// Measure again what was loaded.
+    retune: bool,
+}
+
+impl Tuning {
+    /// Measure every convolution again instead of trusting loaded measurements.
+    pub fn set_retune(&self, retune: bool) {
+        self.lock().retune = retune;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The measurements of `key`, unless it must be measured (unknown, or loaded while
+    /// retuning).
+    pub fn get(&self, key: &str) -> Option<Vec<Candidate>> {
+        let s = self.lock();
+        if s.retune && !s.fresh.contains(key) {
+            return None;
+        }
+        s.known.get(key).cloned()
+    }
+
+    /// Record this process's measurements of `key`.
+    pub fn insert(&self, key: &str, c: Vec<Candidate>) {
+        let mut s = self.lock();
+        s.known.insert(key.to_string(), c);
+        s.fresh.insert(key.to_string());
+    }
+
+    /// Load the candidates among cache `entries` that belong to `device` (others are ignored).
+    /// Returns how many convolutions they cover.
+    pub fn load<'a>(
+        &self,
+        device: &DeviceFingerprint,
+        entries: impl IntoIterator<Item = (&'a CacheKey, &'a Measurement)>,
+    ) -> usize {
+        let mut s = self.lock();
+        let mut keys = BTreeSet::new();
+        for (k, m) in entries {
+            if &k.device != device {
+                continue;
+            }
+            if let Some((key, c)) = from_cache(k, m) {
+                if !s.fresh.contains(&key) {
+                    let v = s.known.entry(key.clone()).or_default();
+                    v.retain(|o| (o.algo, o.math) != (c.algo, c.math));
+                    v.push(c);
+                    keys.insert(key);
+                }
+            }
+        }
+        keys.len()
+    }
+
+    /// This process's measurements as cost-cache entries of `device`.
+    pub fn fresh(&self, device: &DeviceFingerprint) -> Vec<(CacheKey, Measurement)> {
+        let s = self.lock();
+        s.fresh
+            .iter()
+            .filter_map(|k| s.known.get(k).map(|v| (k, v)))
+            .flat_map(|(k, v)| v.iter().map(move |c| to_cache(device, k, c)))
+            .collect()
+    }
+}
+
+/// The cost-cache entry of candidate `c` of convolution `key` on `device`.
+pub fn to_cache(device: &DeviceFingerprint, key: &str, c: &Candidate) -> (CacheKey, Measurement) {
+    (
+        CacheKey {
+            device: device.clone(),
+            signature: format!(
+                "{CONV_PREFIX}{key}|algo={}|math={}|workspace={}",
+                c.algo, c.math, c.workspace
+            ),
+            batch: 0,
+            dtype: "f32".into(),
+        },
+        Measurement::exact(c.ms),
+    )
+}
+
+/// The convolution key and candidate of a cost-cache entry (`None`: not a candidate).
+pub fn from_cache(k: &CacheKey, m: &Measurement) -> Option<(String, Candidate)> {
+    let rest = k.signature.strip_prefix(CONV_PREFIX)?;
+    let mut fields = rest.rsplitn(4, '|');
+    let field = |f: Option<&str>, name: &str| -> Option<u64> {
+        f?.strip_prefix(name)?.strip_prefix('=')?.parse().ok()
+    };
+    let workspace = field(fields.next(), "workspace")?;
+    let math = field(fields.next(), "math")?;
+    let algo = field(fields.next(), "algo")?;
+    let key = fields.next()?.to_string();
+    Some((
+        key,
+        Candidate {
+            algo: u32::try_from(algo).ok()?,
+            math: u32::try_from(math).ok()?,
+            ms: m.median_ms,
+            workspace: usize::try_from(workspace).ok()?,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn cand(algo: u32, ms: f64, workspace: usize) -> Candidate {
+        Candidate {
+            algo,
+            math: 0,
+            ms,
+            workspace,
+        }
+    }
+
+    #[test]
+    fn ties_go_to_less_workspace_then_the_lower_algorithm() {
+        let c = [cand(6, 1.00, 4096), cand(1, 1.02, 0), cand(0, 1.50, 0)];
+        assert_eq!(choose(&c, usize::MAX).unwrap().algo, 1);
+        // Out of the tie band, the fastest wins whatever its workspace.
+        let c = [cand(6, 1.00, 4096), cand(1, 1.10, 0)];
+        assert_eq!(choose(&c, usize::MAX).unwrap().algo, 6);
+        // The limit excludes; the order of the input does not matter.
+        assert_eq!(choose(&c, 100).unwrap().algo, 1);
+        let mut r = c;
+        r.reverse();
+        assert_eq!(choose(&r, usize::MAX), choose(&c, usize::MAX));
+        assert_eq!(choose(&[], 0), None);
+        assert_eq!(choose(&[cand(0, f64::NAN, 0)], 0), None);
+    }
+
+    #[test]
+    fn cache_entries_round_trip_and_stay_on_their_device() {
+        let dev = DeviceFingerprint {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            sms: 132,
+            driver: "13.0".into(),
+            cudnn: "91400".into(),
+        };
+        let key = "x=[1, 64, 56, 56]|oc=64|k=[3, 3]|s=[1, 1]|p=[1, 1]|d=[1, 1]|g=1|nchw|tf32";
+        let t = Tuning::default();
+        t.insert(key, vec![cand(1, 0.0123, 0), cand(6, 0.011, 1 << 20)]);
+        let entries = t.fresh(&dev);
+        assert_eq!(entries.len(), 2);
+        let other = DeviceFingerprint {
+            sms: 114,
+            ..dev.clone()
+        };
+        let u = Tuning::default();
+        assert_eq!(u.load(&other, entries.iter().map(|(k, m)| (k, m))), 0);
+        assert_eq!(u.get(key), None);
+        assert_eq!(u.load(&dev, entries.iter().map(|(k, m)| (k, m))), 1);
+        let mut got = u.get(key).unwrap();
+        got.sort_by_key(|c| c.algo);
+        assert_eq!(got, [cand(1, 0.0123, 0), cand(6, 0.011, 1 << 20)]);
+        assert!(u.fresh(&dev).is_empty());
+        // Retuning ignores what was loaded until it is measured again.
+        u.set_retune(true);
+        assert_eq!(u.get(key), None);
+        u.insert(key, vec![cand(0, 0.02, 0)]);
+        assert_eq!(u.get(key).unwrap(), [cand(0, 0.02, 0)]);
+        // Candidates are kernel measurements, not operator costs; foreign signatures are not
+        // candidates.
+        assert!(entries[0]
+            .0
+            .signature
+            .starts_with(opsched_cost::cache::KERNEL_PREFIX));
+        let (mut k, m) = entries[0].clone();
+        k.signature = "conv|x".into();
+        assert_eq!(from_cache(&k, &m), None);
+    }
+}

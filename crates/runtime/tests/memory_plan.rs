@@ -1,0 +1,211 @@
+//! The memory plan on the CPU device: concatenation inputs written in place, buffers shared
+//! only where the schedule orders their uses apart (checked independently of the planner, and
+//! by the CPU device's race detector on the shared storage), and outputs unchanged.
+#![allow(clippy::unwrap_used)]
+
+use opsched::cost::{AnalyticalModel, DevicePreset, LinkPreset};
+use opsched::graph::rng::SplitMix64;
+use opsched::graph::{Activation, Conv2d, DType, GraphBuilder, NodeId};
+use opsched::schedule::{lower, HostProgram, Platform, Schedule};
+use opsched::Graph;
+use opsched_gpu::memory::{check_layout, footprint, layout_reusing, root_of};
+use opsched_gpu::program::{BufRole, GraphProgram};
+use opsched_runtime::{CpuDevice, RunOptions, Session};
+
+fn h100() -> AnalyticalModel {
+    AnalyticalModel::new(
+        DevicePreset::by_name("h100").unwrap(),
+        LinkPreset::by_name("nvlink4").unwrap(),
+    )
+}
+
+fn schedule(g: &Graph, algo: &str, streams: usize) -> Schedule {
+    let platform = Platform {
+        gpus: 1,
+        streams,
+        device: DevicePreset::by_name("h100").unwrap(),
+        link: LinkPreset::by_name("nvlink4").unwrap(),
+    };
+    let s = opsched::scheduler(algo).unwrap();
+    s.schedule(g, &platform, &h100()).unwrap().0
+}
+
+/// Every value that survives one run of `s` (all of them with `reuse: false`), and the
+/// session's program.
+fn run(g: &Graph, s: &Schedule, reuse: bool) -> (Vec<Option<Vec<f32>>>, GraphProgram) {
+    let dev = CpuDevice::new();
+    let opts = RunOptions {
+        reuse_memory: reuse,
+        ..RunOptions::default()
+    };
+    let plan = lower(g, s).unwrap();
+    let session = Session::new(&dev, g, &plan, &opts).unwrap();
+    session.time(0, 2, reuse).unwrap();
+    (session.outputs().unwrap(), session.program().clone())
+}
+
+fn branches(batch: usize) -> Graph {
+    let mut b = GraphBuilder::new("branches", DType::F32);
+    let x = b.input("x", vec![batch, 8, 8, 8]);
+    let l = b.conv("l", x, Conv2d::new(8, 3).bias(true).relu());
+    let r = b.conv("r", x, Conv2d::new(4, 1));
+    let r2 = b.act("r2", r, Activation::Sigmoid);
+    let cat = b.concat("cat", &[l, r2, x]);
+    b.conv("out", cat, Conv2d::new(4, 1));
+    b.finish().unwrap()
+}
+
+#[test]
+fn concatenated_operators_write_their_slices_in_place_at_batch_1() {
+    for batch in [1, 2] {
+        let g = branches(batch);
+        let p = GraphProgram::single_gpu(&g).unwrap();
+        let id = |n: &str| g.find(n).unwrap();
+        let out = |n: &str| p.ops[id(n).index()].as_ref().unwrap().output;
+        let cat_steps = p.ops[id("cat").index()].as_ref().unwrap().steps.len();
+        if batch == 1 {
+            // l and r2 write channels 0..8 and 8..12 of cat; only the graph input is copied.
+            assert_eq!(p.buffers[out("l")].within, Some((out("cat"), 0)));
+            assert_eq!(p.buffers[out("r2")].within, Some((out("cat"), 8 * 64)));
+            assert_eq!(p.buffers[out("r")].within, None);
+            assert_eq!(cat_steps, 1);
+        } else {
+            // At batch 2 a branch's channels are not contiguous in cat: copies as before.
+            assert!(p.buffers.iter().all(|b| b.within.is_none()));
+            assert_eq!(cat_steps, 3);
+        }
+        check_layout(&p).unwrap();
+        let s = schedule(&g, "opara", 2);
+        let want = opsched_gpu::reference::reference_with(&g, &Default::default()).unwrap();
+        for reuse in [false, true] {
+            let (got, _) = run(&g, &s, reuse);
+            for n in ["cat", "out"] {
+                if let Some(v) = &got[id(n).index()] {
+                    let e = opsched_gpu::reference::scaled_error(
+                        v,
+                        want[id(n).index()].as_ref().unwrap(),
+                    );
+                    assert!(e < 1e-5, "batch {batch} '{n}': {e}");
+                }
+            }
+            assert!(got[id("out").index()].is_some());
+        }
+    }
+}
+
+#[test]
+fn a_chain_runs_in_two_shared_buffers() {
+    let mut b = GraphBuilder::new("chain", DType::F32);
+    let mut x = b.input("x", vec![1, 16, 16, 16]);
+    for i in 0..8 {
+        x = b.act(&format!("a{i}"), x, Activation::Relu);
+    }
+    let g = b.finish().unwrap();
+    let (got, p) = run(&g, &Schedule::sequential(&g), true);
+    // The input and the output keep their own storage; a0..a6 alternate between two buffers.
+    let act = 16 * 16 * 16 * 4;
+    assert_eq!(footprint(&p).storage_bytes, 4 * act);
+    assert_eq!(footprint(&p).distinct_bytes, 9 * act);
+    assert!(got[g.find("a7").unwrap().index()].is_some());
+    assert!(got[g.find("a3").unwrap().index()].is_none());
+}
+
+/// A random DAG of small real operators: activations, sums, 1x1 and 3x3 convolutions and
+/// concatenations (whose inputs are written in place), all of shape `[1, 4, 6, 6]`.
+fn random_graph(seed: u64, ops: usize) -> Graph {
+    let mut rng = SplitMix64::new(seed);
+    let mut pick = |n: usize| (rng.next_f64() * n as f64) as usize % n;
+    let mut b = GraphBuilder::new("random", DType::F32);
+    let mut nodes = vec![b.input("x", vec![1, 4, 6, 6])];
+    for i in 0..ops {
+        let (a, c) = (nodes[pick(nodes.len())], nodes[pick(nodes.len())]);
+        let name = format!("n{i}");
+        let v = match pick(5) {
+            0 => b.act(&name, a, Activation::Tanh),
+            1 if a != c => b.add(&name, &[a, c]),
+            2 => b.conv(&name, a, Conv2d::new(4, 3).bias(true)),
+            3 if a != c => {
+                let cat = b.concat(&format!("{name}.cat"), &[a, c]);
+                b.conv(&name, cat, Conv2d::new(4, 1))
+            }
+            _ => b.act(&name, a, Activation::Sigmoid),
+        };
+        nodes.push(v);
+    }
+    b.finish().unwrap()
+}
+
+/// The plan's invariant, checked from the program alone: two buffers whose storage overlaps
+/// are one inside the other, or both shared and touched by operators that `before` orders
+/// entirely one way.
+fn assert_overlaps_are_ordered(p: &GraphProgram, host: &HostProgram, nodes: usize) {
+    let order = host.op_order(nodes);
+    let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); p.buffers.len()];
+    for (i, op) in p.ops.iter().enumerate() {
+        for s in op.iter().flat_map(|o| &o.steps) {
+            for (b, _) in s.access().all() {
+                users[root_of(p, b).0].push(NodeId(i as u32));
+            }
+        }
+    }
+    let roots: Vec<usize> = (0..p.buffers.len())
+        .filter(|&i| p.buffers[i].within.is_none())
+        .collect();
+    for (k, &x) in roots.iter().enumerate() {
+        for &y in &roots[k + 1..] {
+            let (a, b) = (&p.buffers[x], &p.buffers[y]);
+            if a.gpu != b.gpu || a.offset + a.len <= b.offset || b.offset + b.len <= a.offset {
+                continue;
+            }
+            assert!(
+                a.reused && b.reused,
+                "buffers {x} and {y} overlap: {a:?} {b:?}"
+            );
+            let ordered = |u: &[NodeId], v: &[NodeId]| {
+                u.iter().all(|&m| v.iter().all(|&n| order.before(m, n)))
+            };
+            assert!(
+                ordered(&users[x], &users[y]) || ordered(&users[y], &users[x]),
+                "buffers {x} ({:?}) and {y} ({:?}) share storage but their users overlap in time",
+                a.role,
+                b.role
+            );
+        }
+    }
+    for b in &p.buffers {
+        if matches!(b.role, BufRole::Param { .. } | BufRole::Input(_)) {
+            assert!(!b.reused);
+        }
+    }
+}
+
+#[test]
+fn random_graphs_share_storage_only_between_ordered_uses() {
+    for seed in 0..6 {
+        let g = random_graph(seed, 30);
+        let (want, _) = run(&g, &Schedule::sequential(&g), false);
+        for (algo, streams) in [("opara", 4), ("greedy", 3), ("lios", 2), ("sequential", 1)] {
+            let s = schedule(&g, algo, streams);
+            let plan = lower(&g, &s).unwrap();
+            let host = HostProgram::new(&g, &plan).unwrap();
+            let mut p = GraphProgram::build(&g, &host.gpu_of(), &[]).unwrap();
+            let keep: Vec<NodeId> = g.outputs().iter().map(|o| o.value.node).collect();
+            let order = host.op_order(g.len());
+            layout_reusing(&mut p, &keep, |a, b| order.before(a, b));
+            check_layout(&p).unwrap();
+            assert_overlaps_are_ordered(&p, &host, g.len());
+            let fp = footprint(&p);
+            assert!(
+                fp.storage_bytes < fp.distinct_bytes,
+                "{algo} seed {seed}: {fp:?}"
+            );
+            // Run it: the race detector watches the shared storage; the outputs are the
+            // sequential run's, bit for bit.
+            let (got, _) = run(&g, &s, true);
+            for o in g.outputs() {
+                let n = o.value.node.index();
+                assert_eq!(got[n], want[n], "{algo} seed {seed}: output '{}'", o.name);
+            }
+        }
+    }
+}
