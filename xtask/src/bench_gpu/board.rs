@@ -387,8 +387,8 @@ impl Scoreboard {
             "\n\"best / torch.compile\" below 1.00x means our best schedule is faster. torch.compile \
              runs mode=\"reduce-overhead\" (its CUDA graphs); \"compile s\" is the first process's \
              compile and graph recording with an empty inductor cache (later processes reuse \
-             it). \"peak MB\" is the best plan's device memory (10^6 bytes) as our run reports \
-             it. n/a: not measured or failed (see below and the JSON file).\n",
+             it). \"peak MB\" is the device memory (10^6 bytes) of the best plan's buffers under \
+             our memory plan, as `opsched run` reports it (cuDNN workspaces not included). n/a: not measured or failed (see below and the JSON file).\n",
         );
         self.markdown_compared(&mut md);
         self.markdown_schedules(&mut md);

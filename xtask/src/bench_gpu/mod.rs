@@ -47,8 +47,10 @@ const OURS_ONLY: &[&str] = &["randwire"];
 GPU's name as a file name (nvidia-h100-80gb-hbm3). The default --out is the committed \
 fixtures/gpu: a run replaces that device's committed table (that is what it is for); --merge \
 keeps the rows this run does not measure again. The table is rewritten after every model.\n\n\
-Runs `opsched` (built next to this xtask; `cargo xtask` builds it) and, unless --no-torch, \
-python3 with torch, torchvision and, for NASNet, timm.\n\nExamples:\n  \
+Runs `opsched` (built next to this xtask; `cargo xtask` builds it), whose processes share \
+the cuDNN choices kept in the cost cache ($OPSCHED_CACHE, else the user's cache directory; the \
+first process times what is missing), and, unless --no-torch, python3 with torch, torchvision \
+and, for NASNet, timm.\n\nExamples:\n  \
 cargo xtask bench-gpu\n  cargo xtask bench-gpu --models inception_v3,googlenet\n  \
 cargo xtask bench-gpu --models nasnet --merge\n  \
 cargo xtask bench-gpu --backend cpu --models squeezenet --batches 1 --repeats 3 --warmup 1 \
@@ -342,6 +344,9 @@ struct RunJson {
     device: RunDevice,
     graph_capture: bool,
     latency: RunLatency,
+    /// Device memory of the plan's buffers after the memory plan (in-place concatenation,
+    /// storage shared under the schedule's order); cuDNN workspaces not included.
+    peak_memory_bytes: u64,
 }
 
 #[derive(Deserialize)]
@@ -360,26 +365,15 @@ struct RunLatency {
 #[derive(Debug)]
 struct Measured {
     median_ms: f64,
-    memory_mb: Option<f64>,
+    /// Peak device memory, MB (10^6 bytes).
+    memory_mb: f64,
     device: String,
     libraries: String,
 }
 
-/// Peak device memory of a run in MB (10^6 bytes), from `opsched run --json`: the memory
-/// plan's `peak_memory_bytes` where the report has one, else `buffer_bytes` (every buffer of
-/// the program allocated at once: the peak without a memory plan). The one place that reads it.
-fn peak_memory_mb(report: &serde_json::Value) -> Option<f64> {
-    let bytes = report
-        .get("peak_memory_bytes")
-        .or_else(|| report.get("buffer_bytes"))?
-        .as_u64()?;
-    Some(bytes as f64 / 1e6)
-}
-
 /// Parse one process's `--json` output, checking it is what was asked for.
 fn parse_run(stdout: &[u8], repeats: u32) -> Result<Measured> {
-    let v: serde_json::Value = serde_json::from_slice(stdout).context("its output is not JSON")?;
-    let r: RunJson = serde_json::from_value(v.clone()).context("its JSON is not a run report")?;
+    let r: RunJson = serde_json::from_slice(stdout).context("its output is not a run report")?;
     if !r.graph_capture || r.latency.samples != u64::from(repeats) {
         bail!(
             "it reported graph_capture {} and {} samples, expected true and {repeats}",
@@ -389,7 +383,7 @@ fn parse_run(stdout: &[u8], repeats: u32) -> Result<Measured> {
     }
     Ok(Measured {
         median_ms: r.latency.median_ms,
-        memory_mb: peak_memory_mb(&v),
+        memory_mb: r.peak_memory_bytes as f64 / 1e6,
         device: r.device.name,
         libraries: r.device.libraries,
     })
@@ -521,7 +515,7 @@ fn run_rounds(
                             header.libraries = r.libraries;
                         }
                         c.per_process_ms.push(r.median_ms);
-                        c.memory_mb = c.memory_mb.or(r.memory_mb);
+                        c.memory_mb = c.memory_mb.or(Some(r.memory_mb));
                     }
                     Err(e) => c.error = Some(format!("process {p} failed: {e:#}")),
                 }
@@ -746,37 +740,36 @@ mod tests {
     use super::*;
 
     /// What `opsched run --graph-capture --json` prints, trimmed to what matters here.
-    fn report(extra: &str) -> String {
-        format!(
-            r#"{{"device": {{"backend": "cuda", "name": "NVIDIA H100 80GB HBM3", "driver": "13.0",
-                "libraries": "cuDNN 9.14.0", "units": 1}},
-               "graph_capture": true, "latency": {{"median_ms": 1.25, "p10_ms": 1.2,
-               "p90_ms": 1.3, "samples": 100}}, "buffer_bytes": 56409440{extra}}}"#
-        )
-    }
-
-    #[test]
-    fn peak_memory_prefers_the_memory_plans_figure() {
-        let plain: serde_json::Value = serde_json::from_str(&report("")).expect("json");
-        assert_eq!(peak_memory_mb(&plain), Some(56.40944));
-        let planned: serde_json::Value =
-            serde_json::from_str(&report(r#", "peak_memory_bytes": 2000000"#)).expect("json");
-        assert_eq!(peak_memory_mb(&planned), Some(2.0));
-        assert_eq!(peak_memory_mb(&serde_json::json!({})), None);
+    fn report() -> String {
+        r#"{"device": {"backend": "cuda", "name": "NVIDIA H100 80GB HBM3", "driver": "13.0",
+             "libraries": "cuDNN 9.14.0", "units": 1},
+            "graph_capture": true, "latency": {"median_ms": 1.25, "p10_ms": 1.2,
+            "p90_ms": 1.3, "samples": 100}, "peak_memory_bytes": 2000000,
+            "buffer_bytes": 56409440}"#
+            .to_string()
     }
 
     #[test]
     fn a_process_report_is_checked_before_it_counts() {
-        let m = parse_run(report("").as_bytes(), 100).expect("valid");
+        let m = parse_run(report().as_bytes(), 100).expect("valid");
         assert_eq!(m.median_ms, 1.25);
         assert_eq!(m.device, "NVIDIA H100 80GB HBM3");
-        let err = parse_run(report("").as_bytes(), 20).expect_err("samples");
+        assert_eq!(
+            m.memory_mb, 2.0,
+            "the memory plan's peak, not the buffers' sum"
+        );
+        let old = report().replace("\"peak_memory_bytes\": 2000000,", "");
+        assert!(
+            parse_run(old.as_bytes(), 100).is_err(),
+            "a report without the peak"
+        );
+        let err = parse_run(report().as_bytes(), 20).expect_err("samples");
         assert!(
             err.to_string()
                 .contains("100 samples, expected true and 20"),
             "{err}"
         );
-        let eager = report("").replace("\"graph_capture\": true", "\"graph_capture\": false");
+        let eager = report().replace("\"graph_capture\": true", "\"graph_capture\": false");
         assert!(parse_run(eager.as_bytes(), 100).is_err());
         assert!(parse_run(b"error: no GPU", 100).is_err());
     }
