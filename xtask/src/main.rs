@@ -47,7 +47,8 @@ pub enum Cmd {
     GpuTest(gpu_test::GpuTestArgs),
     /// Measure models' operators and stages on this GPU into the cost cache (needs a CUDA GPU).
     Profile(gpu_test::ProfileArgs),
-    /// Our schedules against PyTorch on this GPU, eager and as CUDA graphs (needs a CUDA GPU).
+    /// The GPU scoreboard: our schedules as CUDA graphs in separate processes against PyTorch
+    /// eager, CUDA graph and torch.compile on this GPU (needs a CUDA GPU, or --backend cpu).
     BenchGpu(bench_gpu::Args),
     /// Fit a device file (fixtures/devices/<preset>.json) to GPU measurements.
     Calibrate(calibrate::Args),
@@ -68,7 +69,7 @@ fn main() -> Result<()> {
         Cmd::BenchModels(a) => bench_models::run(&a, &flags()),
         Cmd::GpuTest(a) => gpu_test::gpu_test(&a),
         Cmd::Profile(a) => gpu_test::profile(&a),
-        Cmd::BenchGpu(a) => bench_gpu::bench_gpu(a),
+        Cmd::BenchGpu(a) => bench_gpu::bench_gpu(&a, &flags()),
         Cmd::Calibrate(a) => calibrate::run(&a, &flags()),
         Cmd::Fidelity(a) => fidelity::run(&a, &flags()),
     }
