@@ -227,6 +227,27 @@ mod tests {
         assert_eq!(u.get(key), None);
         u.insert(key, vec![cand(0, 0.02, 0)]);
         assert_eq!(u.get(key).unwrap(), [cand(0, 0.02, 0)]);
+        // Through a cost-cache file and back, as the CLI keeps them between processes.
+        let dir = std::env::temp_dir().join(format!("opsched-tuning-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cache.bin");
+        let mut cache = opsched_cost::cache::CostCache::open(&path).unwrap();
+        for (k, m) in entries.clone() {
+            cache.insert(k, m);
+        }
+        cache.save().unwrap();
+        let reopened = opsched_cost::cache::CostCache::open(&path).unwrap();
+        let w = Tuning::default();
+        assert_eq!(w.load(&dev, reopened.entries()), 1);
+        let mut again = w.get(key).unwrap();
+        again.sort_by_key(|c| c.algo);
+        assert_eq!(again, [cand(1, 0.0123, 0), cand(6, 0.011, 1 << 20)]);
+        assert_eq!(
+            choose(&again, usize::MAX).unwrap().algo,
+            6,
+            "0.0123 ms is over 3% slower than 0.011 ms"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
         // Candidates are kernel measurements, not operator costs; foreign signatures are not
         // candidates.
         assert!(entries[0]
