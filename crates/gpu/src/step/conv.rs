@@ -713,52 +713,18 @@ mod tests {
 
     #[test]
     fn large_convolutions_match_the_reference_on_both_parallel_paths() {
-        // More pixels than channels: column tiles (im2col per tile; 1x1 read in place).
-        check_against_reference(&conv(
-            16,
-            [33, 31],
-            24,
-            [3, 3],
-            [1, 1],
-            [1, 1],
-            [1, 1],
-            [1, 1],
-            1,
-        ));
-        check_against_reference(&conv(
-            64,
-            [33, 31],
-            40,
-            [1, 1],
-            [1, 1],
-            [0, 0],
-            [0, 0],
-            [1, 1],
-            1,
-        ));
-        // Fewer pixels than channels: blocks of output rows.
-        check_against_reference(&conv(
-            64,
-            [9, 7],
-            160,
-            [3, 3],
-            [1, 1],
-            [1, 1],
-            [1, 1],
-            [1, 1],
-            1,
-        ));
-        check_against_reference(&conv(
-            256,
-            [7, 7],
-            128,
-            [1, 1],
-            [1, 1],
-            [0, 0],
-            [0, 0],
-            [1, 1],
-            1,
-        ));
+        // (channels, [h, w], out channels, kernel, padding); stride and dilation 1. The first
+        // two have more pixels than channels: column tiles (im2col per tile; a 1x1 read in
+        // place); the last two fewer: blocks of output rows.
+        let cases = [
+            (16, [33, 31], 24, 3, 1),
+            (64, [33, 31], 40, 1, 0),
+            (64, [9, 7], 160, 3, 1),
+            (256, [7, 7], 128, 1, 0),
+        ];
+        for (c, hw, oc, k, p) in cases {
+            check_against_reference(&conv(c, hw, oc, [k, k], [1, 1], [p, p], [p, p], [1, 1], 1));
+        }
     }
 
     proptest! {
