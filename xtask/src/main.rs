@@ -2,10 +2,12 @@
 //!
 //! The commands are the variants of [`Cmd`] (clap derive): `ci` (what `.ci/run` runs),
 //! `hios-sim`, `bench-models`, `calibrate` (fit a device file to GPU measurements), `fidelity`
-//! (the simulator against committed measurements), and the GPU-only `gpu-test`, `profile` and `bench-gpu`.
+//! (the simulator against committed measurements), `bench-cpu` (the CPU backend against
+//! onnxruntime), and the GPU-only `gpu-test`, `profile` and `bench-gpu`.
 //! `cargo xtask --help` lists them and `cargo xtask <command> --help` gives each one's options;
 //! `--help` only prints.
 
+mod bench_cpu;
 mod bench_gpu;
 mod bench_models;
 mod calibrate;
@@ -50,6 +52,8 @@ pub enum Cmd {
     /// The GPU scoreboard: our schedules as CUDA graphs in separate processes against PyTorch
     /// eager, CUDA graph and torch.compile on this GPU (needs a CUDA GPU, or --backend cpu).
     BenchGpu(bench_gpu::Args),
+    /// Our CPU backend against onnxruntime on this machine with the same threads, per model.
+    BenchCpu(bench_cpu::Args),
     /// Fit a device file (fixtures/devices/<preset>.json) to GPU measurements.
     Calibrate(calibrate::Args),
     /// The simulator's predictions against committed GPU measurements.
@@ -70,6 +74,7 @@ fn main() -> Result<()> {
         Cmd::GpuTest(a) => gpu_test::gpu_test(&a),
         Cmd::Profile(a) => gpu_test::profile(&a),
         Cmd::BenchGpu(a) => bench_gpu::bench_gpu(&a, &flags()),
+        Cmd::BenchCpu(a) => bench_cpu::run(&a, &flags()),
         Cmd::Calibrate(a) => calibrate::run(&a, &flags()),
         Cmd::Fidelity(a) => fidelity::run(&a, &flags()),
     }

@@ -1,6 +1,10 @@
 //! Numerical building blocks of the CPU kernels: a bounds-checked matrix product over
-//! `matrixmultiply` (packed, SIMD, any strides) and the bias + activation epilogue.
+//! `gemm` (faer's: packed, AVX2/AVX-512/NEON chosen at run time, any strides), the same split into column tiles run in
+//! parallel, reusable per-thread scratch, and the bias + activation epilogue.
 #![allow(unsafe_code)]
+
+use std::cell::RefCell;
+use std::ops::Range;
 
 use opsched_graph::Activation;
 use rayon::prelude::*;
@@ -92,31 +96,71 @@ pub fn sgemm_strided(
     if !(rows_apart && (n == 1 || csc > 0) || cols_apart && (m == 1 || rsc > 0)) {
         return fail("C's strides alias");
     }
-    let s = |v: usize| v as isize;
     // SAFETY: every element the call touches lies inside its slice (the reach checks above:
     // the largest index of each view is below its length), C's strides do not alias (checked),
-    // C is borrowed mutably and A, B immutably for the whole call, and beta = 0 means C's old
-    // content is never read.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.data.as_ptr(),
-            s(a.rs),
-            s(a.cs),
-            b.data.as_ptr(),
-            s(b.rs),
-            s(b.cs),
-            0.0,
-            c.as_mut_ptr(),
-            s(rsc),
-            s(csc),
-        );
-    }
+    // C is borrowed mutably and A, B immutably for the whole call.
+    unsafe { raw_product(a, b, c.as_mut_ptr(), rsc, csc) };
     Ok(())
 }
+
+/// `c = a * b` through `gemm` on one thread (callers split the work themselves; the inner
+/// dimension is never split, so an element's bits depend only on the shapes), C's element
+/// `(i, j)` at `c + i * rsc + j * csc`; C's old content is never read.
+///
+/// # Safety
+/// `a` and `b` reach only inside their slices, `c` is valid for writes at every element
+/// `(i, j)` of `a.rows x b.cols`, these do not alias each other, and nothing else reads or
+/// writes them during the call.
+unsafe fn raw_product(a: Mat<'_>, b: Mat<'_>, c: *mut f32, rsc: usize, csc: usize) {
+    let s = |v: usize| v as isize;
+    // SAFETY: the caller's contract; read_dst = false, so C is only written.
+    unsafe {
+        gemm::gemm(
+            a.rows,
+            b.cols,
+            a.cols,
+            c,
+            s(csc),
+            s(rsc),
+            false,
+            a.data.as_ptr(),
+            s(a.cs),
+            s(a.rs),
+            b.data.as_ptr(),
+            s(b.cs),
+            s(b.rs),
+            0.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// `act(., a)` as a concrete closure bound to `$f` in `$body`: ReLU and the identity, the
+/// common ones, become straight-line code the compiler vectorises; the others keep the
+/// per-value match of [`act`]. Same bits either way (the same expressions).
+macro_rules! with_act {
+    ($a:expr, |$f:ident| $body:expr) => {
+        match $a {
+            Activation::None => {
+                let $f = |v: f32| v;
+                $body
+            }
+            Activation::Relu => {
+                let $f = |v: f32| v.max(0.0);
+                $body
+            }
+            other => {
+                let $f = move |v: f32| act(v, other);
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_act;
 
 /// `y[i] = act(y[i] + bias[(i / inner) % channels])` over all of `y`, in parallel for large
 /// tensors.
@@ -133,16 +177,138 @@ pub fn apply_bias_act(
     let inner = inner.max(1);
     let channels = channels.max(1);
     let f = |(row, chunk): (usize, &mut [f32])| {
-        let b = bias.map_or(0.0, |b| b[row % channels]);
-        for v in chunk {
-            *v = act(*v + b, a);
-        }
+        bias_act_row(chunk, bias.map(|b| b[row % channels]), a);
     };
     if y.len() >= 1 << 16 {
         y.par_chunks_mut(inner).enumerate().for_each(f);
     } else {
         y.chunks_mut(inner).enumerate().for_each(f);
     }
+}
+
+/// `v = act(v + bias)` over one row that shares its bias.
+pub fn bias_act_row(row: &mut [f32], bias: Option<f32>, a: Activation) {
+    with_act!(a, |f| match bias {
+        Some(b) => row.iter_mut().for_each(|v| *v = f(*v + b)),
+        None => row.iter_mut().for_each(|v| *v = f(*v)),
+    })
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Run `f` with `len` floats of this thread's scratch (kept between calls, so a kernel that
+/// runs every inference does not allocate and fault in fresh pages each time); the content is
+/// whatever the last user left. A nested call gets a fresh buffer.
+pub fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < len {
+                v.resize(len, 0.0);
+            }
+            f(&mut v[..len])
+        }
+        Err(_) => f(&mut vec![0.0; len]),
+    })
+}
+
+/// A raw pointer to C that crosses into rayon's tasks; each task writes its own columns.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: only used by `sgemm_column_tiles`, whose tasks write disjoint elements.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// Where [`sgemm_column_tiles`] gets each tile's block of B (`k x cols.len()`).
+pub enum TilesOfB<'a, F> {
+    /// B itself (`k x n`), read in place.
+    View(Mat<'a>),
+    /// `F(cols, buffer)` writes the block of the columns `cols` into `buffer` (row-major,
+    /// `k x cols.len()`; a buffer of the task's thread, as long as the largest block).
+    Fill(F),
+}
+
+/// `c = a * b` with `c` dense row-major `a.rows x n`, computed in parallel column tiles of
+/// `tile` columns, B's blocks from `b` (`k = a.cols`), and `epilogue(row, part)` run on each
+/// row's part of a tile while it is in cache. Every task packs only its own block of B, where
+/// splitting the rows of C would pack all of B once per task. Each element of C is the same
+/// product whatever the tiling (the product never splits the inner dimension), so the result
+/// does not depend on the thread count.
+pub fn sgemm_column_tiles<F, E>(
+    a: Mat<'_>,
+    n: usize,
+    c: &mut [f32],
+    tile: usize,
+    b: TilesOfB<'_, F>,
+    epilogue: E,
+) -> Result<(), GpuError>
+where
+    F: Fn(Range<usize>, &mut [f32]) + Sync,
+    E: Fn(usize, &mut [f32]) + Sync,
+{
+    let (m, k) = (a.rows, a.cols);
+    let fail = |what: &str| Err(GpuError::Plan(format!("sgemm tiles {m}x{k}x{n}: {what}")));
+    if m.checked_mul(n).is_none_or(|len| len > c.len()) {
+        return fail("C is shorter than its shape");
+    }
+    if a.reach() > a.data.len() {
+        return fail("A reaches past its buffer");
+    }
+    let tile = tile.clamp(1, n.max(1));
+    let scratch = match &b {
+        TilesOfB::View(v) if v.rows != k || v.cols != n || v.reach() > v.data.len() => {
+            return fail("B does not match its shape or reaches past its buffer")
+        }
+        TilesOfB::View(_) => 0,
+        TilesOfB::Fill(_) => k
+            .checked_mul(tile)
+            .ok_or(GpuError::Plan("sgemm tiles: overflow".into()))?,
+    };
+    if k == 0 {
+        // An empty sum: zeros (what the product library would do is its own business).
+        for (r, row) in c[..m * n].chunks_mut(n.max(1)).enumerate() {
+            row.fill(0.0);
+            epilogue(r, row);
+        }
+        return Ok(());
+    }
+    let out = SharedOut(c.as_mut_ptr());
+    (0..n.div_ceil(tile)).into_par_iter().try_for_each(|t| {
+        let cols = t * tile..((t + 1) * tile).min(n);
+        let w = cols.len();
+        with_scratch(scratch, |buf| {
+            let bt = match &b {
+                TilesOfB::View(v) => Mat::strided(&v.data[cols.start * v.cs..], k, w, v.rs, v.cs),
+                TilesOfB::Fill(fill) => {
+                    let block = &mut buf[..k * w];
+                    fill(cols.clone(), block);
+                    Mat::row_major(block, k, w)
+                }
+            };
+            // SAFETY: C holds m x n elements (checked above) and this task writes only the
+            // columns `cols` of each row: elements `r * n + cols`, inside C and disjoint from
+            // every other task's; no task reads C. A and the tile of B are read-only views
+            // inside their slices (A's reach checked above; a view's tile ends where B's
+            // columns end, a filled block is k x w).
+            unsafe { raw_product(a, bt, out.at(cols.start), n, 1) };
+            for r in 0..m {
+                // SAFETY: row r's part of this task's columns, inside C (r < m, cols.end <= n)
+                // and written by this task only; the product above has returned, so no other
+                // reference to these elements is live.
+                let part = unsafe { std::slice::from_raw_parts_mut(out.at(r * n + cols.start), w) };
+                epilogue(r, part);
+            }
+            Ok(())
+        })
+    })
 }
 
 #[cfg(test)]
@@ -234,6 +400,61 @@ mod tests {
             )
             .unwrap();
         }
+    }
+
+    #[test]
+    fn column_tiles_give_the_product_for_any_tile_width() {
+        let (m, k, n) = (6, 9, 23);
+        let a: Vec<f32> = (0..m * k).map(|v| (v % 7) as f32 - 3.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|v| (v % 5) as f32 * 0.25).collect();
+        // Integers and quarters: exact in f32 whatever the order of the sums.
+        let want: Vec<f32> = naive(&a, &b, m, k, n)
+            .chunks(n)
+            .enumerate()
+            .flat_map(|(r, row)| row.iter().map(move |v| (v + r as f32).max(0.0)))
+            .collect();
+        let epilogue =
+            |r: usize, part: &mut [f32]| bias_act_row(part, Some(r as f32), Activation::Relu);
+        for tile in [1, 4, 8, 22, 23, 100] {
+            let mut c = vec![f32::NAN; m * n];
+            let view = TilesOfB::<fn(Range<usize>, &mut [f32])>::View(Mat::row_major(&b, k, n));
+            sgemm_column_tiles(Mat::row_major(&a, m, k), n, &mut c, tile, view, epilogue).unwrap();
+            assert_eq!(c, want, "view, tile {tile}");
+            let mut c = vec![f32::NAN; m * n];
+            let fill = |cols: Range<usize>, block: &mut [f32]| {
+                for (p, row) in block.chunks_mut(cols.len()).enumerate() {
+                    row.copy_from_slice(&b[p * n + cols.start..p * n + cols.end]);
+                }
+            };
+            sgemm_column_tiles(
+                Mat::row_major(&a, m, k),
+                n,
+                &mut c,
+                tile,
+                TilesOfB::Fill(fill),
+                epilogue,
+            )
+            .unwrap();
+            assert_eq!(c, want, "fill, tile {tile}");
+        }
+        let mut short = vec![0.0; m * n - 1];
+        let view = TilesOfB::<fn(Range<usize>, &mut [f32])>::View(Mat::row_major(&b, k, n));
+        let e = sgemm_column_tiles(Mat::row_major(&a, m, k), n, &mut short, 4, view, epilogue);
+        assert!(e.unwrap_err().to_string().contains("shorter"));
+    }
+
+    #[test]
+    fn scratch_is_reused_and_a_nested_user_gets_its_own() {
+        with_scratch(4, |outer| {
+            outer.fill(1.0);
+            with_scratch(3, |inner| {
+                inner.fill(2.0);
+                assert_eq!(inner.len(), 3);
+            });
+            assert_eq!(outer, &[1.0; 4]);
+        });
+        // The same thread's buffer, longer now, keeps what was written.
+        with_scratch(2, |again| assert_eq!(again, &[1.0, 1.0]));
     }
 
     #[test]

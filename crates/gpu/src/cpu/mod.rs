@@ -695,7 +695,7 @@ impl Device for CpuDevice {
             backend: "cpu",
             name: name.clone(),
             driver: String::new(),
-            libraries: "matrixmultiply 0.3, rayon 1".into(),
+            libraries: "gemm 0.19, rayon 1".into(),
             units: 1,
             fingerprint: DeviceFingerprint {
                 name,

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::apply_bias_act;
+use crate::cpu::math::{apply_bias_act, with_act};
 use crate::cpu::CpuIo;
 use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -74,9 +74,13 @@ impl StepKernel for Act {
         let x = &io.read(self.x)?[..self.len];
         let y = &mut io.write(self.y)?[..self.len];
         let a = self.act;
-        y.par_chunks_mut(1 << 14)
+        with_act!(a, |f| y
+            .par_chunks_mut(1 << 14)
             .zip(x.par_chunks(1 << 14))
-            .for_each(|(y, x)| y.iter_mut().zip(x).for_each(|(o, &v)| *o = act(v, a)));
+            .for_each(|(y, x)| y
+                .iter_mut()
+                .zip(x)
+                .for_each(|(o, &v)| *o = f(v))));
         Ok(())
     }
 

@@ -1,8 +1,12 @@
 //! 2-D convolution (NCHW), then `+ bias` per output channel and the activation.
 //!
-//! - CPU: im2col and a matrix product per image and group (`matrixmultiply`), rows of the
-//!   output split across threads (rayon); grouped and depthwise convolutions run the groups in
-//!   parallel instead.
+//! - CPU: im2col and a matrix product per image and group (`gemm`), with bias and
+//!   activation applied to each block of the output while it is in cache. Without groups the
+//!   product is split across threads (rayon) by column tiles (each task writes and packs only
+//!   its own im2col block; a 1x1 stride-1 convolution reads its input in place) or, for deep
+//!   layers with more channels than pixels, by blocks of output rows; grouped and depthwise
+//!   convolutions run the groups in parallel instead. im2col blocks live in per-thread scratch
+//!   kept between runs.
 //! - CUDA: cuDNN's legacy API; every algorithm is timed (median of three
 //!   `cudnnFindConvolutionForwardAlgorithmEx` searches) once per device and shape, the
 //!   measurements kept in the device's [`crate::tuning::Tuning`] (and by the CLI in the cost
@@ -13,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::ops::Range;
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
@@ -22,7 +27,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
-use crate::cpu::math::{apply_bias_act, sgemm, Mat};
+use crate::cpu::math::{bias_act_row, sgemm, sgemm_column_tiles, with_scratch, Mat, TilesOfB};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{tensor4, ActDesc, ConvDesc, FilterDesc, TensorDesc};
 use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -121,63 +126,138 @@ impl Conv {
             && self.padding_end == [0, 0]
     }
 
-    /// Fill `col` (`col_rows x oh*ow`, row-major) with group `g` of image `x` (`[c, h, w]`).
-    fn im2col(&self, x: &[f32], g: usize, col: &mut [f32]) {
+    /// Fill `col` (`col_rows x cols.len()`, row-major) with the columns `cols` of the im2col
+    /// matrix of group `g` of image `x` (`[c, h, w]`); column `j` is output pixel `j`.
+    fn im2col(&self, x: &[f32], g: usize, cols: Range<usize>, col: &mut [f32]) {
         let [_, c, h, w] = self.input;
-        let [oh, ow] = self.out_hw;
+        let ow = self.out_hw[1];
         let cg = c / self.groups;
         let (kh, kw) = (self.kernel[0], self.kernel[1]);
-        let cols = oh * ow;
-        let fill = |(r, row): (usize, &mut [f32])| {
+        let [sh, sw] = self.stride;
+        let width = cols.len();
+        for (r, row) in col.chunks_mut(width).take(self.col_rows()).enumerate() {
             let ci = g * cg + r / (kh * kw);
             let (p, q) = ((r / kw) % kh, r % kw);
             let plane = &x[ci * h * w..(ci + 1) * h * w];
-            for i in 0..oh {
-                let hi =
-                    (i * self.stride[0] + p * self.dilation[0]) as isize - self.padding[0] as isize;
-                let out = &mut row[i * ow..(i + 1) * ow];
+            // Input column of output column 0 (may be negative: padding).
+            let w0 = (q * self.dilation[1]) as isize - self.padding[1] as isize;
+            let mut j = cols.start;
+            while j < cols.end {
+                // One output row's run of columns [j0, j1).
+                let (i, j0) = (j / ow, j % ow);
+                let j1 = ow.min(j0 + (cols.end - j));
+                let out = &mut row[j - cols.start..j - cols.start + (j1 - j0)];
+                j += j1 - j0;
+                let hi = (i * sh + p * self.dilation[0]) as isize - self.padding[0] as isize;
                 if hi < 0 || hi >= h as isize {
                     out.fill(0.0);
                     continue;
                 }
                 let line = &plane[hi as usize * w..(hi as usize + 1) * w];
-                for (j, v) in out.iter_mut().enumerate() {
-                    let wi = (j * self.stride[1] + q * self.dilation[1]) as isize
-                        - self.padding[1] as isize;
-                    *v = if wi < 0 || wi >= w as isize {
-                        0.0
-                    } else {
-                        line[wi as usize]
-                    };
+                if sw == 1 {
+                    // Contiguous: zeros, a copied run, zeros.
+                    let first = (w0 + j0 as isize).clamp(0, w as isize) as usize;
+                    let last = (w0 + j1 as isize).clamp(0, w as isize) as usize;
+                    let lead = first as isize - (w0 + j0 as isize);
+                    let lead = lead.clamp(0, out.len() as isize) as usize;
+                    let run = last.saturating_sub(first).min(out.len() - lead);
+                    out[..lead].fill(0.0);
+                    out[lead..lead + run].copy_from_slice(&line[first..first + run]);
+                    out[lead + run..].fill(0.0);
+                } else {
+                    for (jj, v) in (j0..j1).zip(out.iter_mut()) {
+                        let wi = w0 + (jj * sw) as isize;
+                        *v = if wi < 0 || wi >= w as isize {
+                            0.0
+                        } else {
+                            line[wi as usize]
+                        };
+                    }
                 }
             }
-        };
-        if cols * self.col_rows() >= 1 << 16 {
-            col.par_chunks_mut(cols).enumerate().for_each(fill);
-        } else {
-            col.chunks_mut(cols).enumerate().for_each(fill);
         }
     }
 
-    /// `y_g = w_g * col` for the output rows `rows` of group `g`, into `y` (those rows).
+    /// `y_g = w_g * col` for the output rows `rows` of group `g`, into `y` (those rows), then
+    /// bias and activation on them.
     fn product(
         &self,
         w: &[f32],
+        bias: Option<&[f32]>,
         g: usize,
-        col: &[f32],
-        rows: std::ops::Range<usize>,
+        col: Mat<'_>,
+        rows: Range<usize>,
         y: &mut [f32],
     ) -> Result<(), GpuError> {
         let k = self.col_rows();
         let cols = self.out_hw[0] * self.out_hw[1];
         let og = self.out_channels / self.groups;
-        let w0 = (g * og + rows.start) * k;
+        let r0 = g * og + rows.start;
         let m = rows.len();
-        sgemm(
-            Mat::row_major(&w[w0..w0 + m * k], m, k),
-            Mat::row_major(col, k, cols),
-            y,
-        )
+        sgemm(Mat::row_major(&w[r0 * k..(r0 + m) * k], m, k), col, y)?;
+        for (i, row) in y.chunks_mut(cols).enumerate() {
+            bias_act_row(row, bias.map(|b| b[r0 + i]), self.act);
+        }
+        Ok(())
+    }
+
+    /// Image `xb`'s output `yb` for a convolution without groups: the product split into
+    /// column tiles (each task writes its own im2col block: nothing of B is packed twice) when
+    /// the output has more pixels than channels, else into blocks of output rows over one
+    /// im2col matrix (small: deep layers have few pixels).
+    fn run_image(
+        &self,
+        w: &[f32],
+        bias: Option<&[f32]>,
+        xb: &[f32],
+        yb: &mut [f32],
+    ) -> Result<(), GpuError> {
+        let (m, k, n) = (
+            self.out_channels,
+            self.col_rows(),
+            self.out_hw[0] * self.out_hw[1],
+        );
+        let threads = rayon::current_num_threads();
+        let big = m * k * n >= 1 << 20;
+        if n >= m {
+            // Tiles: at least one per thread when the work is worth splitting, and B's block
+            // within 256 KiB (it is packed and reused while in cache); whole rounds of tasks.
+            let tasks = if big {
+                let by_cache = (k * n * 4).div_ceil(256 << 10);
+                by_cache.max(threads).div_ceil(threads) * threads
+            } else {
+                1
+            };
+            let tile = n.div_ceil(tasks).next_multiple_of(16).min(n);
+            let a = Mat::row_major(&w[..m * k], m, k);
+            let epilogue =
+                |r: usize, part: &mut [f32]| bias_act_row(part, bias.map(|b| b[r]), self.act);
+            return if self.is_pointwise() {
+                let b = TilesOfB::<fn(Range<usize>, &mut [f32])>::View(Mat::row_major(xb, k, n));
+                sgemm_column_tiles(a, n, yb, tile, b, epilogue)
+            } else {
+                let fill = |cols: Range<usize>, block: &mut [f32]| self.im2col(xb, 0, cols, block);
+                sgemm_column_tiles(a, n, yb, tile, TilesOfB::Fill(fill), epilogue)
+            };
+        }
+        let tasks = if big { (2 * threads).min(m) } else { 1 };
+        let rows_per = m.div_ceil(tasks.max(1));
+        let mut blocks = |col: Mat<'_>| {
+            yb.par_chunks_mut(rows_per * n)
+                .enumerate()
+                .try_for_each(|(t, chunk)| {
+                    let r0 = t * rows_per;
+                    self.product(w, bias, 0, col, r0..r0 + chunk.len() / n, chunk)
+                })
+        };
+        if self.is_pointwise() {
+            blocks(Mat::row_major(xb, k, n))
+        } else {
+            with_scratch(k * n, |col| {
+                self.im2col(xb, 0, 0..n, col);
+                blocks(Mat::row_major(col, k, n))
+            })
+        }
     }
 }
 
@@ -214,39 +294,20 @@ impl StepKernel for Conv {
             let xb = &x[b * xlen..(b + 1) * xlen];
             let yb = &mut y[b * ylen..(b + 1) * ylen];
             if self.groups == 1 {
-                let owned;
-                let col: &[f32] = if self.is_pointwise() {
-                    xb
-                } else {
-                    let mut v = vec![0.0f32; self.col_rows() * cols];
-                    self.im2col(xb, 0, &mut v);
-                    owned = v;
-                    &owned
-                };
-                // Blocks of output rows, one task each (one block for small products).
-                let tasks = if og * cols * self.col_rows() >= 1 << 20 {
-                    (2 * rayon::current_num_threads()).min(og)
-                } else {
-                    1
-                };
-                let rows_per = og.div_ceil(tasks.max(1));
-                yb.par_chunks_mut(rows_per * cols)
-                    .enumerate()
-                    .try_for_each(|(t, chunk)| {
-                        let r0 = t * rows_per;
-                        self.product(w, 0, col, r0..r0 + chunk.len() / cols, chunk)
-                    })?;
+                self.run_image(w, bias, xb, yb)?;
             } else {
+                let k = self.col_rows();
                 yb.par_chunks_mut(og * cols)
                     .enumerate()
                     .try_for_each(|(g, chunk)| {
-                        let mut col = vec![0.0f32; self.col_rows() * cols];
-                        self.im2col(xb, g, &mut col);
-                        self.product(w, g, &col, 0..og, chunk)
+                        with_scratch(k * cols, |col| {
+                            self.im2col(xb, g, 0..cols, col);
+                            let col = Mat::row_major(col, k, cols);
+                            self.product(w, bias, g, col, 0..og, chunk)
+                        })
                     })?;
             }
         }
-        apply_bias_act(y, bias, self.out_channels, cols, self.act);
         Ok(())
     }
 
@@ -648,8 +709,145 @@ impl Enqueue for CudaConv {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use dnn_sys::cudnnMathType_t as M;
+    use proptest::prelude::*;
+
+    /// A convolution of `[1, c, h, w]` with its output size.
+    #[allow(clippy::too_many_arguments)]
+    fn conv(
+        c: usize,
+        hw: [usize; 2],
+        oc: usize,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        pad: [usize; 2],
+        pad_end: [usize; 2],
+        dilation: [usize; 2],
+        groups: usize,
+    ) -> Conv {
+        let out = |i: usize| {
+            (hw[i] + pad[i] + pad_end[i] - dilation[i] * (kernel[i] - 1) - 1) / stride[i] + 1
+        };
+        Conv {
+            x: 0,
+            w: 1,
+            bias: Some(2),
+            y: 3,
+            input: [1, c, hw[0], hw[1]],
+            out_channels: oc,
+            kernel,
+            stride,
+            padding: pad,
+            padding_end: pad_end,
+            dilation,
+            groups,
+            out_hw: [out(0), out(1)],
+            act: Activation::Relu,
+        }
+    }
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    /// The CPU kernel of one image against the naive reference convolution.
+    fn check_against_reference(s: &Conv) {
+        let [_, c, h, w] = s.input;
+        let x = values(c * h * w, 1);
+        let wt = values(s.out_channels * s.col_rows(), 2);
+        let bias = values(s.out_channels, 3);
+        let mut y = vec![f32::NAN; s.out_len()];
+        if s.groups == 1 {
+            s.run_image(&wt, Some(&bias), &x, &mut y).unwrap();
+        } else {
+            let og = s.out_channels / s.groups;
+            let cols = s.out_hw[0] * s.out_hw[1];
+            for (g, chunk) in y.chunks_mut(og * cols).enumerate() {
+                let mut col = vec![0.0; s.col_rows() * cols];
+                s.im2col(&x, g, 0..cols, &mut col);
+                let col = Mat::row_major(&col, s.col_rows(), cols);
+                s.product(&wt, Some(&bias), g, col, 0..og, chunk).unwrap();
+            }
+        }
+        let want = crate::reference::conv2d(
+            &x,
+            &wt,
+            Some(&bias),
+            s.input,
+            s.out_channels,
+            s.kernel,
+            s.stride,
+            s.padding,
+            s.dilation,
+            s.groups,
+            s.out_hw,
+            s.act,
+        );
+        let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * scale,
+                "{s:?}: element {i}: {a} vs {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn large_convolutions_match_the_reference_on_both_parallel_paths() {
+        // (channels, [h, w], out channels, kernel, padding); stride and dilation 1. The first
+        // two have more pixels than channels: column tiles (im2col per tile; a 1x1 read in
+        // place); the last two fewer: blocks of output rows.
+        let cases = [
+            (16, [33, 31], 24, 3, 1),
+            (64, [33, 31], 40, 1, 0),
+            (64, [9, 7], 160, 3, 1),
+            (256, [7, 7], 128, 1, 0),
+        ];
+        for (c, hw, oc, k, p) in cases {
+            check_against_reference(&conv(c, hw, oc, [k, k], [1, 1], [p, p], [p, p], [1, 1], 1));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        #[test]
+        fn im2col_of_any_column_range_is_that_part_of_the_whole(
+            c in 1usize..4, h in 1usize..12, w in 1usize..12, k in 1usize..4, s in 1usize..3,
+            p0 in 0usize..3, p1 in 0usize..3, d in 1usize..3, cut in 0.0f64..1.0, len in 0.0f64..1.0,
+        ) {
+            prop_assume!(h + 2 * p0 > d * (k - 1) && w + 2 * p1 > d * (k - 1));
+            let cv = conv(c, [h, w], 2, [k, k], [s, s], [p0, p1], [p0, p1], [d, d], 1);
+            let n = cv.out_hw[0] * cv.out_hw[1];
+            let x = values(c * h * w, 5);
+            let mut whole = vec![f32::NAN; cv.col_rows() * n];
+            cv.im2col(&x, 0, 0..n, &mut whole);
+            let start = ((n as f64 * cut) as usize).min(n - 1);
+            let end = start + 1 + ((n - start - 1) as f64 * len) as usize;
+            let mut part = vec![f32::NAN; cv.col_rows() * (end - start)];
+            cv.im2col(&x, 0, start..end, &mut part);
+            for (r, row) in part.chunks(end - start).enumerate() {
+                prop_assert_eq!(row, &whole[r * n + start..r * n + end]);
+            }
+        }
+
+        #[test]
+        fn convolutions_match_the_reference(
+            c in 1usize..6, oc in 1usize..10, h in 3usize..20, w in 3usize..20,
+            kh in 1usize..4, kw in 1usize..4, sh in 1usize..3, sw in 1usize..3,
+            pad in proptest::array::uniform4(0usize..2), d in 1usize..3, grouped in any::<bool>(),
+        ) {
+            prop_assume!(h + pad[0] + pad[2] > d * (kh - 1) && w + pad[1] + pad[3] > d * (kw - 1));
+            let groups = if grouped { c } else { 1 };
+            let cv = conv(c, [h, w], oc * groups, [kh, kw], [sh, sw], [pad[0], pad[1]],
+                [pad[2], pad[3]], [d, d], groups);
+            check_against_reference(&cv);
+        }
+    }
 
     #[test]
     fn searched_math_type_is_kept_unless_tf32_is_off() {
