@@ -7,40 +7,64 @@ use clap::Parser;
 use opsched::calibrate::{fit, Params};
 use opsched::cost::calibration::{DeviceFile, Provenance};
 use opsched::cost::measurements::Measurements;
+use opsched::runtime::Device;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "cargo xtask calibrate",
-    about = "Fit a device file (fixtures/devices/<preset>.json) to GPU measurements",
-    after_help = "Without --fit, calibrate measures the GPU it runs on (overheads, contention \
-samples, per-operator times, every model x algorithm x batch) into a measurement file; that half \
-needs the GPU runtime and is being built. With --fit it reads such a file (the format is in \
-crates/cost/src/measurements.rs) and writes the device file the h100 preset loads.\n\n\
-Examples:\n  cargo xtask calibrate --fit fixtures/gpu/h100-2026-11-22/measurements.json\n  \
+    about = "Measure a GPU into a measurement file, or fit a device file to one",
+    after_help = "Without --fit, calibrate measures the device it runs on (overheads, contention \
+samples, per-operator times, every model x algorithm x batch as a CUDA graph; \
+crates/opsched/src/measure.rs) into a measurement file. With --fit it reads such a file (the \
+format is in crates/cost/src/measurements.rs) and writes the device file the preset loads. \
+Run the measuring half in several processes and concatenate the runs' `ms` lists to see how \
+processes differ.\n\n\
+Examples:\n  cargo xtask calibrate --out fixtures/gpu/h100-DATE/measurements.json\n  \
+cargo xtask calibrate --backend cpu --preset h100 --models squeezenet --algos sequential,lios \
+--repeats 5 --out /tmp/m.json\n  \
+cargo xtask calibrate --fit fixtures/gpu/h100-2026-11-22/measurements.json\n  \
 cargo xtask calibrate --fit m.json --out /tmp/h100.json --evals 500"
 )]
 pub struct Args {
-    /// The measurement file to fit to.
+    /// The measurement file to fit to (without it: measure).
     #[arg(long, value_name = "MEASUREMENTS")]
     fit: Option<PathBuf>,
-    /// Where to write the device file (default: fixtures/devices/<preset>.json).
+    /// Where to write the device file (--fit; default fixtures/devices/<preset>.json) or the
+    /// measurement file (measuring; required).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-    /// Batches whose CUDA-graph runs the fit uses (the others are left to check it).
+    /// Batches measured, or whose CUDA-graph runs the fit uses (the others are left to check
+    /// it).
     #[arg(long, default_value = "1", value_delimiter = ',')]
     batches: Vec<usize>,
     /// Most evaluations of the loss (each simulates every run).
     #[arg(long, default_value_t = 3000)]
     evals: usize,
+    /// Measuring: the device (cpu only to try the pipeline: its times describe no GPU).
+    #[arg(long, value_name = "cuda|cpu", default_value = "cuda")]
+    backend: String,
+    /// Measuring: the preset the device is [default: matched from the GPU's name].
+    #[arg(long)]
+    preset: Option<String>,
+    /// Measuring: zoo models, comma-separated [default: every zoo model].
+    #[arg(long, value_delimiter = ',')]
+    models: Vec<String>,
+    /// Measuring: algorithms whose schedules run, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "sequential,greedy,ios,lios,opara,nimble,iops,hios-lp"
+    )]
+    algos: Vec<String>,
+    /// Measuring: timed replays per measurement (after a tenth as many warm-up replays).
+    #[arg(long, default_value_t = 100)]
+    repeats: u32,
 }
 
 /// Run with options `a`, given on the command line as `args` (to re-run ourselves with them).
 pub fn run(a: &Args, args: &[String]) -> Result<()> {
     let Some(path) = &a.fit else {
-        bail!(
-            "measuring needs the GPU runtime, which is being built (issue #15); until then fit \
-             committed measurements: cargo xtask calibrate --fit fixtures/gpu/h100-2026-11-22/measurements.json"
-        );
+        return measure(a, args);
     };
     // Hundreds of simulations of every zoo model: worth a release build.
     if crate::rerun_in_release("calibrate", args)? {
@@ -92,4 +116,90 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
     println!("overheads {:?}", fitted.file.overheads);
     println!("wrote {}", out.display());
     Ok(())
+}
+
+/// The measuring half: `opsched::measure` on the chosen device into `--out`.
+fn measure(a: &Args, args: &[String]) -> Result<()> {
+    let Some(out) = &a.out else {
+        bail!("measuring writes a measurement file: give --out FILE");
+    };
+    if crate::rerun_in_release("calibrate", args)? {
+        return Ok(());
+    }
+    let models = if a.models.is_empty() {
+        opsched::zoo::models()
+            .iter()
+            .map(|m| m.name.to_string())
+            .collect()
+    } else {
+        a.models.clone()
+    };
+    let revision = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let today = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let mut o = opsched::measure::MeasureOptions {
+        preset: a.preset.clone().unwrap_or_default(),
+        models,
+        batches: a.batches.clone(),
+        input_size: None,
+        algorithms: a.algos.clone(),
+        streams: 8,
+        warmup: (a.repeats / 10).max(1),
+        repeats: a.repeats,
+        copies: 20,
+        kernels: opsched::runtime::KernelOptions::default(),
+        measured_on: today.get(..10).unwrap_or(&today).to_string(),
+        revision,
+    };
+    let progress = |what: &str| eprintln!("==> {what}");
+    let m = match a.backend.as_str() {
+        "cuda" => {
+            let dev = opsched::runtime::CudaDevice::open(Some(1))?;
+            if o.preset.is_empty() {
+                o.preset = preset_of(&dev.report().name)?;
+            }
+            opsched::measure::measure(&dev, &o, progress)?
+        }
+        "cpu" => {
+            if o.preset.is_empty() {
+                bail!("--backend cpu measures no GPU: name the preset to file it under (--preset)");
+            }
+            opsched::measure::measure(&opsched::runtime::CpuDevice::new(), &o, progress)?
+        }
+        other => bail!("--backend {other}: cuda or cpu"),
+    };
+    let text = serde_json::to_string_pretty(&m)?;
+    // It must read back as a measurement file.
+    Measurements::parse(&text, out).context("the measurements do not check")?;
+    opsched::io::write(out, text.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!(
+        "{} overheads, {} contention samples, {} operators, {} runs -> {}",
+        m.overheads.len(),
+        m.contention.len(),
+        m.ops.len(),
+        m.runs.len(),
+        out.display()
+    );
+    Ok(())
+}
+
+/// The preset whose name the GPU's name contains (letters and digits only, any case).
+fn preset_of(gpu: &str) -> Result<String> {
+    let norm = |s: &str| -> String {
+        s.chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    };
+    let name = norm(gpu);
+    opsched::cost::DevicePreset::all()
+        .iter()
+        .find(|p| name.contains(&norm(p.name)))
+        .map(|p| p.name.to_string())
+        .with_context(|| format!("no preset matches '{gpu}': give --preset"))
 }

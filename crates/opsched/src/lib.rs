@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 pub mod calibrate;
+pub mod measure;
 
 use opsched_cost::cache::CostCache;
 use opsched_cost::measured::MeasuredTable;
