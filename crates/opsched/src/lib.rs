@@ -72,6 +72,9 @@ pub enum Error {
     /// Input or output arrays that do not fit the model, or files that do not read.
     #[error(transparent)]
     Array(#[from] npy::ArrayError),
+    /// Running on a device failed (see [`measure`]).
+    #[error(transparent)]
+    Runtime(#[from] opsched_runtime::RuntimeError),
 }
 
 impl Error {
@@ -86,6 +89,8 @@ impl Error {
             | Error::Unavailable(_)
             | Error::Array(_) => true,
             Error::Schedule(e) => !matches!(e, ScheduleError::Deadlock(_)),
+            Error::Runtime(opsched_runtime::RuntimeError::Gpu(g)) => g.is_user_error(),
+            Error::Runtime(e) => matches!(e, opsched_runtime::RuntimeError::Plan(_)),
             #[cfg(feature = "onnx")]
             Error::Onnx(_) => true,
         }

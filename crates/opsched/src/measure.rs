@@ -65,10 +65,6 @@ const OVERHEAD_STREAMS: [u32; 3] = [2, 4, 8];
 /// Kernels per chain of the overhead samples.
 const CHAIN: usize = 32;
 
-fn gpu(e: opsched_runtime::RuntimeError) -> Error {
-    Error::Unavailable(format!("measuring: {e}"))
-}
-
 /// Measure `dev` (see the module docs); `progress` hears what is being measured.
 pub fn measure<D: Device>(
     dev: &D,
@@ -107,12 +103,10 @@ pub fn measure<D: Device>(
             };
             let g = crate::load_model(model, &cfg)?;
             progress(&format!("{model} b{batch}: {} operators", g.op_count()));
-            let bench = Bench::new(dev, 0, &g, 1, o.kernels).map_err(gpu)?;
+            let bench = Bench::new(dev, 0, &g, 1, o.kernels)?;
             // One operator per distinct signature: the others are the same kernels.
             for (op, signature) in opsched_profiler::distinct_ops(&g) {
-                let t = bench
-                    .time(&[vec![op]], o.copies, o.warmup, o.repeats)
-                    .map_err(gpu)?;
+                let t = bench.time(&[vec![op]], o.copies, o.warmup, o.repeats)?;
                 m.ops.push(OpSample {
                     model: model.clone(),
                     batch,
@@ -132,7 +126,7 @@ pub fn measure<D: Device>(
                     kernels: o.kernels,
                     ..RunOptions::default()
                 };
-                let r = opsched_runtime::run_schedule(dev, &g, &s, &opts).map_err(gpu)?;
+                let r = opsched_runtime::run_schedule(dev, &g, &s, &opts)?;
                 m.runs.push(RunSample {
                     model: model.clone(),
                     algorithm: algo.clone(),
@@ -174,12 +168,12 @@ fn overheads<D: Device>(dev: &D, o: &MeasureOptions) -> Result<Vec<OverheadSampl
     let us = |ms: f64| ms * 1e3;
     let widest = OVERHEAD_STREAMS.iter().copied().max().unwrap_or(1) as usize;
     let (g, chains) = tiny_chains(widest)?;
-    let bench = Bench::new(dev, 0, &g, widest, o.kernels).map_err(gpu)?;
+    let bench = Bench::new(dev, 0, &g, widest, o.kernels)?;
     let time = |groups: &[Vec<NodeId>]| {
         bench
             .time(groups, o.copies, o.warmup, o.repeats)
             .map(|s| s.median_ms)
-            .map_err(gpu)
+            .map_err(Error::from)
     };
     let mut v = vec![OverheadSample {
         what: OverheadKind::GraphKernel,
@@ -201,9 +195,7 @@ fn overheads<D: Device>(dev: &D, o: &MeasureOptions) -> Result<Vec<OverheadSampl
             us: us(time(&chains[..n])? / CHAIN as f64),
         });
     }
-    let eager = bench
-        .time_eager(&[vec![chains[0][0]]], o.warmup, o.repeats)
-        .map_err(gpu)?;
+    let eager = bench.time_eager(&[vec![chains[0][0]]], o.warmup, o.repeats)?;
     v.push(OverheadSample {
         what: OverheadKind::EagerLaunch,
         streams: None,
@@ -232,12 +224,12 @@ fn contention<D: Device>(
         .map(|i| b.conv(&format!("c{i}"), x, conv.clone()))
         .collect();
     let g = b.finish()?;
-    let bench = Bench::new(dev, 0, &g, COPIES, o.kernels).map_err(gpu)?;
+    let bench = Bench::new(dev, 0, &g, COPIES, o.kernels)?;
     let time = |groups: &[Vec<NodeId>]| {
         bench
             .time(groups, o.copies, o.warmup, o.repeats)
             .map(|s| s.median_ms * 1e3)
-            .map_err(gpu)
+            .map_err(Error::from)
     };
     let alone = time(&[vec![ids[0]]])?;
     let together = time(&ids.iter().map(|&i| vec![i]).collect::<Vec<_>>())?;
