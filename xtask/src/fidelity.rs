@@ -138,6 +138,26 @@ pub fn text(r: &Fidelity) -> String {
             if m.best_within { "" } else { " (over 3%)" }
         );
     }
+    if !r.op_sums.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nOperators measured one by one, summed, against the sequential CUDA-graph run:\n\n\
+             | model | batch | sum of operators ms | sequential ms | error | operators without a sample |\n\
+             |---|---:|---:|---:|---:|---:|"
+        );
+        for o in &r.op_sums {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.3} | {:.3} | {} | {} |",
+                o.model,
+                o.batch,
+                o.sum_ms,
+                o.sequential_ms,
+                pct(o.error),
+                o.missing
+            );
+        }
+    }
     let _ = writeln!(
         s,
         "\n| model | algorithm | batch | mode | predicted ms | measured ms | error | processes |"

@@ -562,6 +562,61 @@ pub struct Fidelity {
     pub unfitted_within: (usize, usize),
     /// Models (at a batch with several algorithms) whose predicted best is within 3%.
     pub best_within: (usize, usize),
+    /// The profiler's check: per model and batch with per-operator samples and a sequential
+    /// CUDA-graph run, the operators' times summed against that run.
+    pub op_sums: Vec<OpSum>,
+}
+
+/// Per-operator times summed over a model (each operator by its signature's sample) against
+/// its measured sequential CUDA-graph latency: a profiler that times the GPU, not the host,
+/// makes them agree (within 10% is the goal).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OpSum {
+    pub model: String,
+    pub batch: usize,
+    pub sum_ms: f64,
+    pub sequential_ms: f64,
+    /// sum / sequential - 1.
+    pub error: f64,
+    /// Operators whose signature has no sample (left out of the sum).
+    pub missing: usize,
+}
+
+/// [`OpSum`] of every sequential CUDA-graph run of `work` whose model and batch have samples.
+fn op_sums(m: &Measurements, work: &Workload) -> Vec<OpSum> {
+    let mut by_sig: HashMap<(&str, usize, &str), f64> = HashMap::new();
+    for o in &m.ops {
+        by_sig.insert((o.model.as_str(), o.batch, o.signature.as_str()), o.ms);
+    }
+    work.runs
+        .iter()
+        .filter(|r| r.sample.algorithm == "sequential" && r.sample.mode == RunMode::Graph)
+        .filter(|r| {
+            m.ops
+                .iter()
+                .any(|o| o.model == r.sample.model && o.batch == r.sample.batch)
+        })
+        .map(|r| {
+            let g = &r.graph;
+            let (mut sum, mut missing) = (0.0, 0);
+            for op in g.ops() {
+                let sig = opsched_cost::signature::op_signature(g, op);
+                match by_sig.get(&(r.sample.model.as_str(), r.sample.batch, sig.as_str())) {
+                    Some(ms) => sum += ms,
+                    None => missing += 1,
+                }
+            }
+            let seq = r.sample.best_ms();
+            OpSum {
+                model: r.sample.model.clone(),
+                batch: r.sample.batch,
+                sum_ms: sum,
+                sequential_ms: seq,
+                error: sum / seq - 1.0,
+                missing,
+            }
+        })
+        .collect()
 }
 
 /// Ranks with ties averaged (1-based).
@@ -668,6 +723,7 @@ pub fn fidelity(m: &Measurements, name: &str, cost: &dyn CostModel) -> Result<Fi
         )
     };
     Ok(Fidelity {
+        op_sums: op_sums(m, &work),
         cost_model: cost.name(),
         measurements: name.to_string(),
         fitted_within: count(&|r| r.batch == 1, FITTED_TOLERANCE),

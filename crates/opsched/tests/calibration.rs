@@ -359,6 +359,12 @@ fn the_fit_recovers_known_parameters_from_synthetic_measurements() {
     assert!(fitted.loss < 5e-3, "{why}");
     let fitted_model = AnalyticalModel::calibrated(h100(), nvlink(), fitted.file.clone());
     let report = fidelity(&m, "synthetic", &fitted_model).unwrap();
+    // The profiler's check: the model's operator times summed are its sequential latency.
+    assert_eq!(report.op_sums.len(), 2, "{:?}", report.op_sums);
+    for o in &report.op_sums {
+        assert_eq!(o.missing, 0, "{o:?}");
+        assert!(o.error.abs() < 0.02, "{o:?}");
+    }
     assert!(
         report.rows.iter().all(|r| r.error.abs() < 0.01),
         "{:?}",
