@@ -5,7 +5,9 @@
 //! - [`BufSpec`]s: every device buffer, with its GPU, its length in elements and how it is
 //!   initialised (graph inputs and parameters get deterministic pseudo-random data, keyed by the
 //!   node's name, so a scheduled run, a sequential run and the CPU reference see the same
-//!   numbers);
+//!   numbers), and its place in its GPU's storage ([`crate::memory`]: a producer of a
+//!   concatenation's input may write straight into its slice of the output, and a layout may
+//!   let buffers share storage);
 //! - per operator an [`OpProgram`]: the ordered [`Step`]s that compute its output on its GPU
 //!   (the kinds and how each IR operator lowers to them live in [`crate::step`]).
 //!

@@ -121,8 +121,8 @@ impl Step {
     pub fn nvrtc_kernel(&self) -> Option<&'static str> {
         self.kernel().nvrtc_kernel()
     }
-    /// The part of the buffer it writes that it writes, where known (see
-    /// [`StepKernel::written`]): what the CPU device's race detector tracks.
+    /// The elements of the buffer it writes that it writes, where that is one contiguous part
+    /// (a copy into a slice of a concatenation): what the CPU device's race detector tracks.
     pub fn written(&self) -> Option<std::ops::Range<usize>> {
         self.kernel().written()
     }
