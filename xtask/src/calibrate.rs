@@ -1,4 +1,4 @@
-//! `cargo xtask calibrate`: measure a GPU (not built yet) or fit a device file to measurements.
+//! `cargo xtask calibrate`: measure a device into a measurement file, or fit a device file to one.
 
 use std::path::PathBuf;
 
