@@ -809,6 +809,39 @@ fn run_on_the_cpu_backend_executes_and_checks_the_plan() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("cpu backend"), "{text}");
+    assert!(text.contains("MB of buffers"), "{text}");
+    // Shared storage: less memory than every buffer on its own, which --no-memory-reuse gives.
+    let memory = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "squeezenet",
+            "--backend",
+            "cpu",
+            "--algo",
+            "lios",
+            "--input-size",
+            "32",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v = stdout_json(&opsched(&args));
+        let n = |k: &str| v[k].as_u64().unwrap();
+        (n("peak_memory_bytes"), n("buffer_bytes"), n("weight_bytes"))
+    };
+    let (shared, distinct, weights) = memory(&[]);
+    assert!(
+        weights < shared && shared < distinct,
+        "{shared} {distinct} {weights}"
+    );
+    let (alone, distinct_too, _) = memory(&["--no-memory-reuse"]);
+    assert!(
+        alone <= distinct_too && alone > shared,
+        "{alone} {distinct_too}"
+    );
     // The CPU has one unit.
     let out = opsched(&["profile", "squeezenet", "--backend", "cpu", "--gpu", "1"]);
     assert_eq!(out.status.code(), Some(2));
