@@ -173,7 +173,7 @@ impl HostProgram {
 pub struct OpOrder {
     /// Per node: (flat stream, its launch count on that stream, the stream's vector clock at
     /// the launch).
-    at: Vec<Option<(usize, u64, Vec<u64>)>>,
+    at: Vec<Option<(usize, usize, Vec<usize>)>>,
 }
 
 impl OpOrder {
@@ -198,17 +198,13 @@ impl HostProgram {
             total += n;
         }
         let flat = |gpu: usize, stream: usize| first.get(gpu).map_or(usize::MAX, |f| f + stream);
-        let mut clock = vec![vec![0u64; total]; total];
-        let mut recorded: Vec<Option<Vec<u64>>> = vec![None; self.events as usize];
-        let mut sent: Vec<Option<Vec<u64>>> = vec![None; self.transfers.len()];
+        let mut clock = vec![vec![0usize; total]; total];
+        let mut recorded: Vec<Option<Vec<usize>>> = vec![None; self.events as usize];
+        let mut sent: Vec<Option<Vec<usize>>> = vec![None; self.transfers.len()];
         let mut at = vec![None; nodes];
-        let join = |c: &mut Vec<u64>, o: &Option<Vec<u64>>| {
-            for (a, b) in c.iter_mut().zip(o.iter().flatten()) {
-                *a = (*a).max(*b);
-            }
-        };
         for cmd in &self.cmds {
-            match cmd {
+            // A record or send publishes its stream's clock; a wait or receive joins it.
+            let (gpu, stream, slot, publish) = match cmd {
                 HostCmd::Launch { gpu, stream, ops } => {
                     let s = flat(*gpu, *stream);
                     let Some(c) = clock.get_mut(s) else { continue };
@@ -218,37 +214,28 @@ impl HostProgram {
                             *slot = Some((s, c[s], c.clone()));
                         }
                     }
+                    continue;
                 }
                 HostCmd::Record { gpu, stream, event } => {
-                    if let (Some(c), Some(r)) = (
-                        clock.get(flat(*gpu, *stream)),
-                        recorded.get_mut(*event as usize),
-                    ) {
-                        *r = Some(c.clone());
-                    }
-                }
-                HostCmd::Send { gpu, stream, xfer } => {
-                    if let (Some(c), Some(r)) =
-                        (clock.get(flat(*gpu, *stream)), sent.get_mut(*xfer as usize))
-                    {
-                        *r = Some(c.clone());
-                    }
+                    (gpu, stream, recorded.get_mut(*event as usize), true)
                 }
                 HostCmd::Wait { gpu, stream, event } => {
-                    if let (Some(c), Some(r)) = (
-                        clock.get_mut(flat(*gpu, *stream)),
-                        recorded.get(*event as usize),
-                    ) {
-                        join(c, r);
-                    }
+                    (gpu, stream, recorded.get_mut(*event as usize), false)
+                }
+                HostCmd::Send { gpu, stream, xfer } => {
+                    (gpu, stream, sent.get_mut(*xfer as usize), true)
                 }
                 HostCmd::Recv { gpu, stream, xfer } => {
-                    if let (Some(c), Some(r)) =
-                        (clock.get_mut(flat(*gpu, *stream)), sent.get(*xfer as usize))
-                    {
-                        join(c, r);
-                    }
+                    (gpu, stream, sent.get_mut(*xfer as usize), false)
                 }
+            };
+            let (Some(c), Some(slot)) = (clock.get_mut(flat(*gpu, *stream)), slot) else {
+                continue;
+            };
+            match (publish, slot) {
+                (true, slot) => *slot = Some(c.clone()),
+                (false, Some(seen)) => join(c, seen),
+                (false, None) => {}
             }
         }
         OpOrder { at }
