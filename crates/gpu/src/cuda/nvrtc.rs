@@ -269,6 +269,19 @@ fn act_f(x: f32, (a, p0, p1): (i32, f32, f32)) -> f32 {
     }
 }
 
+/// `v` in a kernel's `Dims6` (six 64-bit slots, the rest `fill`); `None` for more than six
+/// values or one beyond `i64`.
+pub fn dims6(v: &[usize], fill: i64) -> Option<[i64; 6]> {
+    let mut d = [fill; 6];
+    if v.len() > d.len() {
+        return None;
+    }
+    for (slot, &e) in d.iter_mut().zip(v) {
+        *slot = i64::try_from(e).ok()?;
+    }
+    Some(d)
+}
+
 /// Right-aligned NumPy broadcasting as the `broadcast` kernel takes it: per result axis, the
 /// result's extent and each operand's stride (0 where it repeats); `None` beyond
 /// [`MAX_RANK`] axes or when an operand has more axes than the result.
@@ -277,21 +290,9 @@ pub fn broadcast_params(a: &[usize], b: &[usize], out: &[usize]) -> Option<[[i64
     if r > MAX_RANK || a.len() > r || b.len() > r {
         return None;
     }
-    let strides = |s: &[usize]| {
-        let mut st = [0i64; 6];
-        let mut acc = 1i64;
-        for k in (0..s.len()).rev() {
-            let ax = r - s.len() + k;
-            st[ax] = if s[k] == 1 { 0 } else { acc };
-            acc = acc.checked_mul(i64::try_from(s[k]).ok()?)?;
-        }
-        Some(st)
-    };
-    let mut dims = [1i64; 6];
-    for (d, &e) in dims.iter_mut().zip(out) {
-        *d = i64::try_from(e).ok()?;
-    }
-    Some([dims, strides(a)?, strides(b)?])
+    // The CPU step's strides.
+    let strides = |s: &[usize]| dims6(&crate::step::broadcast::strides(s, out), 0);
+    Some([dims6(out, 1)?, strides(a)?, strides(b)?])
 }
 
 /// Threads per block of the element-wise kernels.

@@ -165,7 +165,7 @@ impl From<ElementwiseKind> for BinOp {
 }
 
 /// Strides of `shape` read as if it had the output's rank, 0 along broadcast axes.
-fn strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+pub(crate) fn strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     let skip = out.len() - shape.len();
     let mut st = vec![0; out.len()];
     let mut s = 1;

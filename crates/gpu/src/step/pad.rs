@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
 use crate::cpu::CpuIo;
-use crate::cuda::nvrtc::MAX_RANK;
+use crate::cuda::nvrtc::{dims6, MAX_RANK};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::GpuError;
@@ -170,13 +170,9 @@ impl CudaPad {
         if rank > MAX_RANK || shape.len() != rank || begin.len() != rank {
             return Err(None);
         }
-        let dims = |v: &[usize]| -> Result<[i64; 6], GpuError> {
-            let mut d = [0i64; 6];
-            for (slot, &e) in d.iter_mut().zip(v) {
-                *slot = i64::try_from(e)
-                    .map_err(|_| GpuError::Plan(format!("pad: extent {e} exceeds i64")))?;
-            }
-            Ok(d)
+        let dims = |v: &[usize]| {
+            dims6(v, 0)
+                .ok_or_else(|| GpuError::Plan(format!("pad: an extent of {v:?} exceeds i64")))
         };
         Ok(CudaPad {
             y,
