@@ -85,10 +85,17 @@ pub fn footprint(p: &GraphProgram) -> Footprint {
 
 /// Give each buffer that is not a view its own place, in buffer order.
 pub fn layout_distinct(p: &mut GraphProgram) {
+    let (offsets, storage) = one_after_another(p, |_| true);
+    apply(p, &offsets, &vec![false; p.buffers.len()], storage);
+}
+
+/// Place the buffers that are not views and that `pick` selects one after another in their
+/// GPU's storage, in buffer order: (offset per buffer, storage per GPU).
+fn one_after_another(p: &GraphProgram, pick: impl Fn(BufId) -> bool) -> (Vec<usize>, Vec<usize>) {
     let mut storage = vec![0usize; p.gpus.max(1)];
     let mut offsets = vec![0usize; p.buffers.len()];
     for (i, b) in p.buffers.iter().enumerate() {
-        if b.within.is_none() {
+        if b.within.is_none() && pick(i) {
             if storage.len() <= b.gpu {
                 storage.resize(b.gpu + 1, 0);
             }
@@ -96,7 +103,7 @@ pub fn layout_distinct(p: &mut GraphProgram) {
             storage[b.gpu] = offsets[i] + b.len;
         }
     }
-    apply(p, &offsets, &vec![false; p.buffers.len()], storage);
+    (offsets, storage)
 }
 
 /// Lay `p` out so that buffers share storage where `before` allows (see the module docs).
@@ -140,18 +147,8 @@ pub fn layout_reusing(
         }
     }
     // Pinned buffers first, one after the other; the rest above them, shared.
-    let mut storage = vec![0usize; p.gpus.max(1)];
-    let mut offsets = vec![0usize; n];
+    let (mut offsets, mut storage) = one_after_another(p, |i| pinned[i]);
     let mut reused = vec![false; n];
-    for (i, b) in p.buffers.iter().enumerate() {
-        if b.within.is_none() && pinned[i] {
-            if storage.len() <= b.gpu {
-                storage.resize(b.gpu + 1, 0);
-            }
-            offsets[i] = align(storage[b.gpu], ALIGN);
-            storage[b.gpu] = offsets[i] + b.len;
-        }
-    }
     let base: Vec<usize> = storage.iter().map(|&s| align(s, ALIGN)).collect();
     let mut shared: Vec<BufId> = (0..n)
         .filter(|&i| p.buffers[i].within.is_none() && !pinned[i])

@@ -359,6 +359,16 @@ struct MemInner {
     map: Vec<usize>,
 }
 
+impl MemInner {
+    /// The block (logical GPU) and the range of elements of buffer `id`.
+    fn range(&self, id: BufId) -> Result<(usize, std::ops::Range<usize>), GpuError> {
+        match (self.at.get(id), self.len.get(id)) {
+            (Some(&(l, o)), Some(&n)) => Ok((l, o..o + n)),
+            _ => Err(GpuError::Plan(format!("buffer {id} does not exist"))),
+        }
+    }
+}
+
 /// A prepared operator: its steps with resolved pointers, descriptors and algorithms. It
 /// holds the memory it points into.
 pub struct CudaOp {
@@ -567,14 +577,12 @@ impl Device for CudaDevice {
 
     fn read(&self, m: &CudaMemory, id: BufId) -> Result<Vec<f32>, GpuError> {
         let mem = &m.inner;
-        let (Some(&(l, o)), Some(&n)) = (mem.at.get(id), mem.len.get(id)) else {
-            return Err(GpuError::Plan(format!("buffer {id} does not exist")));
-        };
+        let (l, range) = mem.range(id)?;
         let gpu = self.gpu(mem.home[id])?;
         gpu.synchronize()?;
         let v = gpu
             .alloc_stream
-            .clone_dtoh(&mem.blocks[l].borrow().slice(o..o + n))
+            .clone_dtoh(&mem.blocks[l].borrow().slice(range))
             .map_err(|e| GpuError::driver(format!("reading buffer {id}"), e))?;
         gpu.sync_alloc()?;
         Ok(v)
@@ -582,19 +590,18 @@ impl Device for CudaDevice {
 
     fn write(&self, m: &CudaMemory, id: BufId, data: &[f32]) -> Result<(), GpuError> {
         let mem = &m.inner;
-        let (Some(&(l, o)), Some(&n)) = (mem.at.get(id), mem.len.get(id)) else {
-            return Err(GpuError::Plan(format!("buffer {id} does not exist")));
-        };
-        if data.len() != n {
+        let (l, range) = mem.range(id)?;
+        if data.len() != range.len() {
             return Err(GpuError::Plan(format!(
-                "buffer {id} holds {n} values, {} given",
+                "buffer {id} holds {} values, {} given",
+                range.len(),
                 data.len()
             )));
         }
         let gpu = self.gpu(mem.home[id])?;
         gpu.synchronize()?;
         gpu.alloc_stream
-            .memcpy_htod(data, &mut mem.blocks[l].borrow_mut().slice_mut(o..o + n))
+            .memcpy_htod(data, &mut mem.blocks[l].borrow_mut().slice_mut(range))
             .map_err(|e| GpuError::driver(format!("writing buffer {id}"), e))?;
         gpu.sync_alloc()
     }
@@ -779,15 +786,12 @@ impl Device for CudaDevice {
                     comms.get(src_gpu).ok_or_else(bad)?,
                     comms.get(dst_gpu).ok_or_else(bad)?,
                 );
+                let ((sb, sr), (db, dr)) = (mem.range(src)?, mem.range(dst)?);
                 cudarc::nccl::group_start().map_err(|e| GpuError::nccl("group start", e))?;
-                let ((sl_gpu, so), (dl_gpu, doff)) = (mem.at[src], mem.at[dst]);
-                let r1 = sc.send(
-                    &mem.blocks[sl_gpu].borrow().slice(so..so + sl),
-                    dst_gpu as i32,
-                );
+                let r1 = sc.send(&mem.blocks[sb].borrow().slice(sr), dst_gpu as i32);
                 let r2 = dc
                     .recv(
-                        &mut mem.blocks[dl_gpu].borrow_mut().slice_mut(doff..doff + dl),
+                        &mut mem.blocks[db].borrow_mut().slice_mut(dr),
                         src_gpu as i32,
                     )
                     .map(|_| ());
