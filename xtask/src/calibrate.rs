@@ -160,7 +160,11 @@ fn measure(a: &Args, args: &[String]) -> Result<()> {
         "cuda" => {
             let dev = opsched::runtime::CudaDevice::open(Some(1))?;
             if o.preset.is_empty() {
-                o.preset = preset_of(&dev.report().name)?;
+                let gpu = dev.report().name;
+                o.preset = opsched::cost::DevicePreset::for_device_name(&gpu)
+                    .with_context(|| format!("no preset matches '{gpu}': give --preset"))?
+                    .name
+                    .to_string();
             }
             opsched::measure::measure(&dev, &o, progress)?
         }
@@ -186,20 +190,4 @@ fn measure(a: &Args, args: &[String]) -> Result<()> {
         out.display()
     );
     Ok(())
-}
-
-/// The preset whose name the GPU's name contains (letters and digits only, any case).
-fn preset_of(gpu: &str) -> Result<String> {
-    let norm = |s: &str| -> String {
-        s.chars()
-            .filter(char::is_ascii_alphanumeric)
-            .map(|c| c.to_ascii_lowercase())
-            .collect()
-    };
-    let name = norm(gpu);
-    opsched::cost::DevicePreset::all()
-        .iter()
-        .find(|p| name.contains(&norm(p.name)))
-        .map(|p| p.name.to_string())
-        .with_context(|| format!("no preset matches '{gpu}': give --preset"))
 }

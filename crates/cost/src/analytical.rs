@@ -547,13 +547,14 @@ impl AnalyticalModel {
             }
             other => {
                 let terms = g.input_shapes(op);
+                let n = launches(g, op);
                 // A concat whose producers all write in place launches nothing.
-                let k = if is_view(other, &node.inputs) || launches(g, op) == 0 {
+                let k = if is_view(other, &node.inputs) || n == 0 {
                     Self::ew_kernel(Class::View, 0.0, 0.0, 0)
                 } else {
                     self.kernel(other, &terms, &node.shape, g.stats(op), g.dtype)
                 };
-                self.combine(&[self.eval(k, g.dtype)], launches(g, op))
+                self.combine(&[self.eval(k, g.dtype)], n)
             }
         }
     }

@@ -235,6 +235,22 @@ struct PreparedRun {
     sim: SimOptions,
 }
 
+/// The graph of a contention sample: one input, `copies` identical convolutions of it (what
+/// [`crate::measure`] times and the fit simulates).
+pub fn contention_graph(k: &opsched_cost::measurements::ConvSpec, copies: u32) -> Result<Graph> {
+    let mut b = GraphBuilder::new("contention", DType::F32);
+    let x = b.input("x", vec![k.batch, k.in_channels, k.size, k.size]);
+    for i in 0..copies {
+        let conv = Conv2d {
+            kernel: k.kernel,
+            ..Conv2d::new(k.out_channels, 1)
+        }
+        .padding(k.kernel[0] / 2, k.kernel[1] / 2);
+        b.conv(&format!("conv{i}"), x, conv);
+    }
+    Ok(b.finish()?)
+}
+
 /// A contention sample as a graph: one input, `copies` identical convolutions.
 struct PreparedContention {
     graph: Graph,
@@ -305,19 +321,8 @@ impl Workload {
         }
         let mut contention = Vec::with_capacity(m.contention.len());
         for c in &m.contention {
-            let k = &c.conv;
-            let mut b = GraphBuilder::new("contention", DType::F32);
-            let x = b.input("x", vec![k.batch, k.in_channels, k.size, k.size]);
-            for i in 0..c.copies {
-                let conv = Conv2d {
-                    kernel: k.kernel,
-                    ..Conv2d::new(k.out_channels, 1)
-                }
-                .padding(k.kernel[0] / 2, k.kernel[1] / 2);
-                b.conv(&format!("conv{i}"), x, conv);
-            }
             contention.push(PreparedContention {
-                graph: b.finish()?,
+                graph: contention_graph(&c.conv, c.copies)?,
                 alone_ms: c.alone_us / 1e3,
                 slowdown: c.together_us / c.alone_us,
             });

@@ -21,7 +21,7 @@ use opsched_cost::measurements::{
     RunSample,
 };
 use opsched_cost::{AnalyticalModel, DevicePreset};
-use opsched_graph::{Conv2d, DType, Graph, GraphBuilder, NodeId, Op};
+use opsched_graph::{DType, Graph, GraphBuilder, NodeId, Op};
 use opsched_runtime::bench::Bench;
 use opsched_runtime::{Device, KernelOptions, RunOptions};
 use opsched_schedule::Platform;
@@ -213,17 +213,15 @@ fn contention<D: Device>(
     k: usize,
 ) -> Result<ContentionSample> {
     const COPIES: usize = 4;
-    let mut b = GraphBuilder::new("contention", DType::F32);
-    let x = b.input("x", vec![1, c, size, size]);
-    let conv = Conv2d {
+    let conv = ConvSpec {
+        in_channels: c,
+        size,
+        out_channels: oc,
         kernel: [k, k],
-        ..Conv2d::new(oc, 1)
-    }
-    .padding(k / 2, k / 2);
-    let ids: Vec<NodeId> = (0..COPIES)
-        .map(|i| b.conv(&format!("c{i}"), x, conv.clone()))
-        .collect();
-    let g = b.finish()?;
+        batch: 1,
+    };
+    let g = crate::calibrate::contention_graph(&conv, COPIES as u32)?;
+    let ids: Vec<NodeId> = g.ops().collect();
     let bench = Bench::new(dev, 0, &g, COPIES, o.kernels)?;
     let time = |groups: &[Vec<NodeId>]| {
         bench
@@ -234,13 +232,7 @@ fn contention<D: Device>(
     let alone = time(&[vec![ids[0]]])?;
     let together = time(&ids.iter().map(|&i| vec![i]).collect::<Vec<_>>())?;
     Ok(ContentionSample {
-        conv: ConvSpec {
-            in_channels: c,
-            size,
-            out_channels: oc,
-            kernel: [k, k],
-            batch: 1,
-        },
+        conv,
         copies: COPIES as u32,
         alone_us: alone,
         together_us: together,
