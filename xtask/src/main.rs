@@ -105,6 +105,8 @@ fn cargo(args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(&cargo)
         .args(args)
+        // These builds are one-shot (CI, the GPU tests): incremental caches would only take disk.
+        .env("CARGO_INCREMENTAL", "0")
         .status()
         .with_context(|| format!("running {cargo} {}", args.join(" ")))?;
     if !status.success() {
