@@ -548,7 +548,8 @@ impl AnalyticalModel {
             other => {
                 let terms = g.input_shapes(op);
                 let n = launches(g, op);
-                // A concat whose producers all write in place launches nothing.
+                // Nothing launched: a concat whose producers all write in place, an activation
+                // fused into its producer's kernel.
                 let k = if is_view(other, &node.inputs) || n == 0 {
                     Self::ew_kernel(Class::View, 0.0, 0.0, 0)
                 } else {

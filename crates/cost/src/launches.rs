@@ -11,6 +11,8 @@
 //!   channels are one copy per value; a concat along another axis copies each term (after
 //!   materialising it); a concat copies nothing for a producer that writes its slice in place
 //!   (`opsched_graph::inplace`);
+//! - an activation that runs inside the kernel of the element-wise operator it reads
+//!   (`opsched_graph::fusion`) launches nothing;
 //! - main kernels: convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
 //!   activation kernel when there is a bias or a non-relu activation: 2); linear 1, plus a bias /
 //!   activation kernel when it has either; identity and reshape one copy; every other operator
@@ -38,6 +40,7 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
                 }
             })
             .sum(),
+        Op::Activation { .. } if opsched_graph::fusion::fused_source(g, op).is_some() => 0,
         // Producers that write their slice in place need no copy.
         Op::Concat { .. } => op_launches(&node.op, Input::Terms(&node.inputs, &shapes))
             .saturating_sub(opsched_graph::inplace::in_place_terms(g, op) as u32),

@@ -12,7 +12,10 @@
 //! The parts:
 //! - the operator: its type name and every parameter in a fixed order (flags such as `bias` or
 //!   `ceil` appear only when set, `act=` only when there is an activation); a `sequential`
-//!   operator lists its inner operators in order inside `{..;..}`;
+//!   operator lists its inner operators in order inside `{..;..}`. Fusion with a neighbour
+//!   changes the kernel, so it is part of the key (`opsched_graph::fusion`): an element-wise
+//!   operator that also applies its consumer's activation adds `,act=..`
+//!   (`elementwise(add,act=relu)`), and that activation, which runs no kernel, adds `,fused`;
 //! - the input terms in `[..]`, separated by `,`: each term's shape (after any channel slice,
 //!   batch included) joined with `x`, followed by `(sumN)` when the term sums `N > 1` values
 //!   and `(slice)` when one of its values is a channel slice (a strided read); a term of rank
@@ -31,6 +34,7 @@ pub fn op_signature(g: &Graph, op: NodeId) -> String {
     let node = g.node(op);
     let mut s = String::with_capacity(96);
     write_op(&mut s, &node.op);
+    write_fusion(&mut s, g, op);
     s.push('[');
     let shapes = g.input_shapes(op);
     for (i, term) in node.inputs.iter().enumerate() {
@@ -128,6 +132,27 @@ fn lower<T: std::fmt::Debug>(v: T) -> String {
         }
     }
     out
+}
+
+/// The fusion part of a signature, inside the operator's parentheses (written last, so that
+/// it can reopen them).
+fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
+    use opsched_graph::fusion::fused_source;
+    let mark = match &g.node(op).op {
+        Op::Activation { .. } if fused_source(g, op).is_some() => "fused".to_string(),
+        Op::Elementwise { .. } => match g.succs(op).find(|&a| fused_source(g, a) == Some(op)) {
+            Some(a) => match g.node(a).op {
+                Op::Activation { act } => format!("act={act}"),
+                _ => return,
+            },
+            None => return,
+        },
+        _ => return,
+    };
+    if s.ends_with(')') {
+        s.pop();
+    }
+    let _ = write!(s, ",{mark})");
 }
 
 fn write_op(s: &mut String, op: &Op) {
@@ -346,6 +371,25 @@ mod tests {
             "conv2d(oc=4,k=1x1,s=1x1,p=0x0,d=1x1,g=1)[2x16x8x8(sum2),2x8x8x8(slice)]f16"
         );
         assert_eq!(batch_of(&g, c), 2);
+    }
+
+    #[test]
+    fn a_fused_activation_is_part_of_both_keys() {
+        let mut b = GraphBuilder::new("m", DType::F32);
+        let x = b.input("x", vec![1, 8, 4, 4]);
+        let sum = b.add("sum", &[x, x]);
+        let fused = b.act("fused", sum, opsched_graph::Activation::Relu);
+        let alone = b.act("alone", x, opsched_graph::Activation::Relu);
+        let g = b.finish().unwrap();
+        assert_eq!(
+            op_signature(&g, sum),
+            "elementwise(add,act=relu)[1x8x4x4,1x8x4x4]f32"
+        );
+        assert_eq!(
+            op_signature(&g, fused),
+            "activation(relu,fused)[1x8x4x4]f32"
+        );
+        assert_eq!(op_signature(&g, alone), "activation(relu)[1x8x4x4]f32");
     }
 
     #[test]

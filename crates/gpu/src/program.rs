@@ -25,10 +25,10 @@
 //! dimension. Matrix products are expressed as column-major cuBLAS calls ([`Step::Gemm`]):
 //! see [`crate::step::gemm`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use opsched_graph::{Graph, NodeId, Op, Shape, Value};
+use opsched_graph::{Activation, Graph, NodeId, Op, Shape, Value};
 use serde::Serialize;
 
 use crate::step::{self, copy::Copy, Step};
@@ -137,8 +137,9 @@ pub struct GraphProgram {
     /// Per transfer (in the order given to [`GraphProgram::build`]): (source buffer on the
     /// producer's GPU, replica buffer on the consumer's GPU).
     pub transfers: Vec<(BufId, BufId)>,
-    /// Per node: its output buffer on its own GPU (graph inputs: the copy on the lowest GPU
-    /// that reads it).
+    /// Per node: the buffer that holds its value after a run, on its own GPU (graph inputs: the
+    /// copy on the lowest GPU that reads it). `None` for an element-wise operator whose kernel
+    /// writes its activation's value instead ([`opsched_graph::fusion`]).
     pub outputs: Vec<Option<BufId>>,
     /// Number of GPUs the buffers span.
     pub gpus: usize,
@@ -213,6 +214,10 @@ pub(crate) struct Builder<'g> {
     input_copies: HashMap<(NodeId, usize), BufId>,
     /// (producer, consumer) -> replica buffer.
     replicas: HashMap<(NodeId, NodeId), BufId>,
+    /// Element-wise operator -> the activation its kernel also applies, and the activations
+    /// so applied (which have no steps): see [`Builder::fuse_activations`].
+    epilogues: HashMap<NodeId, Activation>,
+    fused: HashSet<NodeId>,
 }
 
 impl<'g> Builder<'g> {
@@ -573,9 +578,12 @@ impl<'g> Builder<'g> {
             )),
             Op::Conv2d(c) => step::conv::lower(self, steps, at, c, src, out, out_shape),
             Op::Pool2d(p) => step::pool::lower(self, steps, at, p, src, out, out_shape),
+            // Its producer's kernel applies it (see [`Builder::fuse_activations`]).
+            Op::Activation { .. } if self.fused.contains(&at.node) => Ok(()),
             Op::Activation { act } => step::act::lower(self, steps, at, *act, src, out),
             Op::Elementwise { kind } => {
-                step::elementwise::lower(self, steps, at, *kind, src, out, out_shape)
+                let act = self.epilogues.get(&at.node).copied().unwrap_or_default();
+                step::elementwise::lower(self, steps, at, *kind, act, src, out, out_shape)
             }
             Op::Concat { axis } => step::copy::lower_concat(self, steps, at, *axis, src, out),
             Op::Identity | Op::Reshape { .. } => {
@@ -657,6 +665,35 @@ impl Builder<'_> {
     }
 }
 
+impl Builder<'_> {
+    /// Let each element-wise operator apply the activation fused into it
+    /// ([`opsched_graph::fusion::fused_source`]) where both run on one GPU and no transfer
+    /// sends the element-wise output: its buffer becomes a view of the activation's output,
+    /// which its kernel writes, and the activation has no steps.
+    fn fuse_activations(&mut self, transfers: &[TransferSpec]) {
+        let gpu = |n: NodeId| self.placement.get(n.index()).copied().flatten();
+        for (i, src) in opsched_graph::fusion::fused_sources(self.g)
+            .into_iter()
+            .enumerate()
+        {
+            let (Some(e), a) = (src, NodeId(i as u32)) else {
+                continue;
+            };
+            let Op::Activation { act } = self.g.node(a).op else {
+                continue;
+            };
+            let sent = transfers.iter().any(|t| t.src == e);
+            if let (Some(eb), Some(ab)) = (self.outputs[e.index()], self.outputs[i]) {
+                if !sent && gpu(e).is_some() && gpu(e) == gpu(a) {
+                    self.buffers[eb].within = Some((ab, 0));
+                    self.epilogues.insert(e, act);
+                    self.fused.insert(a);
+                }
+            }
+        }
+    }
+}
+
 impl GraphProgram {
     /// The program of `g` with every operator on GPU 0 and no transfers.
     pub fn single_gpu(g: &Graph) -> Result<GraphProgram, GpuError> {
@@ -701,6 +738,8 @@ impl GraphProgram {
             outputs: vec![None; g.len()],
             input_copies: HashMap::new(),
             replicas: HashMap::new(),
+            epilogues: HashMap::new(),
+            fused: HashSet::new(),
         };
         // Outputs first (so that a transfer's source exists), then replicas, then programs.
         for (i, node) in g.nodes().iter().enumerate() {
@@ -748,6 +787,7 @@ impl GraphProgram {
             xfers.push((sb, r));
         }
         b.concat_in_place(transfers);
+        b.fuse_activations(transfers);
         let mut ops: Vec<Option<OpProgram>> = vec![None; g.len()];
         for &id in g.topo_order() {
             let node = g.node(id);
@@ -782,6 +822,10 @@ impl GraphProgram {
         }
         // Graph inputs read by nobody still get a buffer on GPU 0 (their outputs are reported).
         let mut outputs = b.outputs.clone();
+        // A fused element-wise operator's own value is never written.
+        for e in b.epilogues.keys() {
+            outputs[e.index()] = None;
+        }
         for n in g.inputs() {
             let copy = (0..gpus).find_map(|gpu| b.input_copies.get(&(n, gpu)).copied());
             outputs[n.index()] = copy;

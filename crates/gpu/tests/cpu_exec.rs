@@ -180,6 +180,8 @@ fn every_op_graph() -> Graph {
         ],
     );
     let mul = b.mul("mul", &[add, a1]);
+    // Fused into mul's kernel (its only reader), with the activation's parameter.
+    let leaky = b.act("leaky", mul, Activation::LeakyRelu { alpha: 0.2 });
     let seq = b.sequential(
         "sep",
         ident,
@@ -202,7 +204,7 @@ fn every_op_graph() -> Graph {
         &[flat],
     );
     let sm = b.op("sm", Op::Softmax { axis: -1 }, &[fc]);
-    let sm1 = b.op("sm1", Op::Softmax { axis: 1 }, &[mul]);
+    let sm1 = b.op("sm1", Op::Softmax { axis: 1 }, &[leaky]);
     let tr = b.op(
         "tr",
         Op::Transpose {
@@ -381,10 +383,11 @@ fn execute<D: Device>(
         }
     }
     dev.synchronize()?;
+    // What holds each operator's value (not a sum's whose kernel wrote its activation's).
     let mut out = vec![None; g.len()];
     for id in g.ops() {
-        if let Some(Some(op)) = p.ops.get(id.index()) {
-            out[id.index()] = Some(dev.read(&mem, op.output)?);
+        if let Some(&Some(b)) = p.outputs.get(id.index()) {
+            out[id.index()] = Some(dev.read(&mem, b)?);
         }
     }
     // Transfer replicas hold their producer's output.

@@ -43,6 +43,7 @@ pub mod analysis;
 pub mod builder;
 pub mod error;
 pub mod formats;
+pub mod fusion;
 pub mod graph;
 pub mod inplace;
 pub mod limits;

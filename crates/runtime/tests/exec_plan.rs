@@ -186,7 +186,11 @@ fn every_scheduler_equals_sequential(model: &str) {
         assert_same(&g, &got, &want, &format!("{algo} on {model}"));
         if i % 6 == 0 {
             let all = outputs(&g, &plan, i % 2 == 0, false);
-            assert!(g.ops().all(|id| all[id.index()].is_some()));
+            // Every value but a sum's whose kernel wrote its activation's instead.
+            let fused = opsched::graph::fusion::fused_sources(&g);
+            assert!(g
+                .ops()
+                .all(|id| all[id.index()].is_some() || fused.contains(&Some(id))));
             assert_same(&g, &all, &want, &format!("{algo} on {model}, no reuse"));
         }
     }

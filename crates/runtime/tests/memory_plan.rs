@@ -1,4 +1,5 @@
-//! The memory plan on the CPU device: concatenation inputs written in place, buffers shared
+//! The memory plan on the CPU device: concatenation inputs written in place, activations
+//! fused into the sums they read, buffers shared
 //! only where the schedule orders their uses apart (checked independently of the planner, and
 //! by the CPU device's race detector on the shared storage), and outputs unchanged.
 #![allow(clippy::unwrap_used)]
@@ -9,7 +10,8 @@ use opsched::graph::{Activation, Conv2d, DType, GraphBuilder, NodeId};
 use opsched::schedule::{lower, HostProgram, Platform, Schedule};
 use opsched::Graph;
 use opsched_gpu::memory::{check_layout, footprint, layout_reusing, root_of};
-use opsched_gpu::program::{BufRole, GraphProgram};
+use opsched_gpu::program::{BufRole, GraphProgram, TransferSpec};
+use opsched_gpu::step::Step;
 use opsched_runtime::{CpuDevice, RunOptions, Session};
 
 fn h100() -> AnalyticalModel {
@@ -91,6 +93,84 @@ fn concatenated_operators_write_their_slices_in_place_at_batch_1() {
             assert!(got[id("out").index()].is_some());
         }
     }
+}
+
+/// A residual sum and its relu (ResNet's), the relu written into a concatenation at batch 1.
+fn residual() -> Graph {
+    let mut b = GraphBuilder::new("residual", DType::F32);
+    let x = b.input("x", vec![1, 8, 8, 8]);
+    let c = b.conv("c", x, Conv2d::new(8, 3).bias(true));
+    let add = b.add("add", &[c, x]);
+    let relu = b.act("relu", add, Activation::Relu);
+    let side = b.conv("side", x, Conv2d::new(4, 1).relu());
+    let cat = b.concat("cat", &[relu, side]);
+    b.conv("out", cat, Conv2d::new(4, 1));
+    b.finish().unwrap()
+}
+
+#[test]
+fn an_activation_runs_in_the_kernel_of_the_sum_it_reads() {
+    let g = residual();
+    let id = |n: &str| g.find(n).unwrap();
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    let op = |n: &str| p.ops[id(n).index()].as_ref().unwrap();
+    // The sum's kernel applies the relu and writes into the relu's output, itself the first
+    // slice of the concatenation; the relu has nothing left to do.
+    assert!(op("relu").steps.is_empty());
+    let [Step::Elementwise(e)] = op("add").steps.as_slice() else {
+        panic!("add: {:?}", op("add").steps);
+    };
+    assert_eq!(e.act, Activation::Relu);
+    assert_eq!(
+        p.buffers[op("add").output].within,
+        Some((op("relu").output, 0))
+    );
+    assert_eq!(root_of(&p, op("add").output), root_of(&p, op("cat").output));
+    assert_eq!(p.outputs[id("add").index()], None);
+    check_layout(&p).unwrap();
+    let want = opsched_gpu::reference::reference_with(&g, &Default::default()).unwrap();
+    for (algo, streams) in [("sequential", 1), ("opara", 2), ("greedy", 3)] {
+        let s = schedule(&g, algo, streams);
+        for reuse in [false, true] {
+            let (got, _) = run(&g, &s, reuse);
+            assert!(got[id("add").index()].is_none());
+            for n in ["relu", "cat", "out"] {
+                if let Some(v) = &got[id(n).index()] {
+                    let e = opsched_gpu::reference::scaled_error(
+                        v,
+                        want[id(n).index()].as_ref().unwrap(),
+                    );
+                    assert!(e < 1e-5, "{algo}, reuse {reuse}: '{n}' off by {e}");
+                }
+            }
+        }
+    }
+    // On two GPUs the relu reads a transferred copy of the sum: both keep their kernels.
+    let placement: Vec<Option<usize>> = g
+        .nodes()
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (!n.op.is_input()).then_some(usize::from(i == id("relu").index())))
+        .collect();
+    let transfers = [
+        TransferSpec {
+            src: id("add"),
+            dst: id("relu"),
+            dst_gpu: 1,
+        },
+        TransferSpec {
+            src: id("relu"),
+            dst: id("cat"),
+            dst_gpu: 0,
+        },
+    ];
+    let p = GraphProgram::build(&g, &placement, &transfers).unwrap();
+    let op = |n: &str| p.ops[id(n).index()].as_ref().unwrap();
+    assert!(matches!(op("relu").steps.as_slice(), [Step::Act(_)]));
+    assert!(
+        matches!(op("add").steps.as_slice(), [Step::Elementwise(e)] if e.act == Activation::None)
+    );
+    assert!(p.outputs[id("add").index()].is_some());
 }
 
 #[test]

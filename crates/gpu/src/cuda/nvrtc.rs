@@ -102,15 +102,16 @@ extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int h, int w
     }
 }
 
+// The activation (act_f's code and parameters) is fused in: ResNet's add + relu is one kernel.
 extern "C" __global__ void elementwise(float* y, const float* const* srcs, int nsrc, i64 n,
-                                       int is_mul) {
+                                       int is_mul, int act, float p0, float p1) {
     GRID_STRIDE(t, n) {
         float acc = is_mul ? 1.0f : 0.0f;
         for (int k = 0; k < nsrc; ++k) {
             float v = srcs[k][t];
             acc = is_mul ? acc * v : acc + v;
         }
-        y[t] = acc;
+        y[t] = act_f(acc, act, p0, p1);
     }
 }
 

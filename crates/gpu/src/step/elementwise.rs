@@ -1,33 +1,40 @@
-//! N-input element-wise add or multiply of same-sized buffers.
+//! N-input element-wise add or multiply of same-sized buffers, with an activation fused in
+//! (`opsched_graph::fusion`).
 #![allow(unsafe_code)]
 
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
-use opsched_graph::ElementwiseKind;
+use opsched_graph::{Activation, ElementwiseKind};
 use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
+use crate::cpu::math::with_act;
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::c_int;
+use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
+use crate::reference::act;
 use crate::GpuError;
 
-/// `y = srcs[0] op srcs[1] op ...` element by element over `len` elements.
+/// `y = act(srcs[0] op srcs[1] op ...)` element by element over `len` elements.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Elementwise {
     pub srcs: Vec<BufId>,
     pub y: BufId,
     pub len: usize,
     pub kind: ElementwiseKind,
+    pub act: Activation,
 }
 
-/// Lower an `elementwise` operator (its terms are its operands).
+/// Lower an `elementwise` operator (its terms are its operands), applying `act` to the result.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn lower(
     b: &mut Builder<'_>,
     steps: &mut Vec<Step>,
     at: At,
     kind: ElementwiseKind,
+    act: Activation,
     src: Src<'_>,
     out: BufId,
     out_shape: &[usize],
@@ -39,6 +46,7 @@ pub(crate) fn lower(
             y: out,
             len: out_shape.iter().product(),
             kind,
+            act,
         }
         .into(),
     );
@@ -69,17 +77,21 @@ impl StepKernel for Elementwise {
         let y = &mut io.write(self.y)?[..self.len];
         let mul = self.kind == ElementwiseKind::Mul;
         const CHUNK: usize = 1 << 14;
-        y.par_chunks_mut(CHUNK).enumerate().for_each(|(c, yc)| {
-            yc.fill(if mul { 1.0 } else { 0.0 });
-            for s in &srcs {
-                let sc = &s[c * CHUNK..c * CHUNK + yc.len()];
-                if mul {
-                    yc.iter_mut().zip(sc).for_each(|(a, v)| *a *= v);
-                } else {
-                    yc.iter_mut().zip(sc).for_each(|(a, v)| *a += v);
+        let a = self.act;
+        with_act!(a, |f| y.par_chunks_mut(CHUNK).enumerate().for_each(
+            |(c, yc)| {
+                yc.fill(if mul { 1.0 } else { 0.0 });
+                for s in &srcs {
+                    let sc = &s[c * CHUNK..c * CHUNK + yc.len()];
+                    if mul {
+                        yc.iter_mut().zip(sc).for_each(|(a, v)| *a *= v);
+                    } else {
+                        yc.iter_mut().zip(sc).for_each(|(a, v)| *a += v);
+                    }
                 }
+                yc.iter_mut().for_each(|v| *v = f(*v));
             }
-        });
+        ));
         Ok(())
     }
 
@@ -98,6 +110,7 @@ impl StepKernel for Elementwise {
             nsrc: c_int(ptrs.len(), "inputs")?,
             n: self.len as i64,
             is_mul: i32::from(self.kind == ElementwiseKind::Mul),
+            act: act_params(self.act),
         }))
     }
 
@@ -114,16 +127,21 @@ struct CudaElementwise {
     nsrc: i32,
     n: i64,
     is_mul: i32,
+    act: (i32, f32, f32),
 }
 
 impl Enqueue for CudaElementwise {
     fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
         let mut b = sc.launch_builder(gpu.function("elementwise")?);
+        let (code, p0, p1) = &self.act;
         b.arg(&self.y)
             .arg(&self.srcs_ptr)
             .arg(&self.nsrc)
             .arg(&self.n)
-            .arg(&self.is_mul);
+            .arg(&self.is_mul)
+            .arg(code)
+            .arg(p0)
+            .arg(p1);
         // SAFETY: matches `elementwise`; the pointer array (nsrc entries, each a buffer of at
         // least n elements, checked at preparation) lives in this operator.
         launched(unsafe { b.launch(grid(self.n as usize)) }, "elementwise")

@@ -1,0 +1,103 @@
+//! Fused activations: which standalone activations run inside the kernel of the element-wise
+//! operator they read, so that they launch nothing and move no memory of their own (ResNet's
+//! `add` + `relu`: one kernel computes `relu(a + b)`).
+//!
+//! The one rule that the lowering (`opsched_gpu::program`, which also requires both operators
+//! on one GPU with no transfer between them) and the launch count of the cost model
+//! (`opsched_cost::launches`) share. An `activation` operator `a` is fused into its producer
+//! `e` when
+//! - `a` reads one term, the whole output of `e` (not a channel slice, not a sum);
+//! - `e` is an `elementwise` operator whose terms all have its output shape (no broadcasting,
+//!   which is another kernel);
+//! - `a` is `e`'s only consumer, and `e` is not an output of the graph: nobody but `a` ever
+//!   sees `e`'s own value, which the fused kernel never writes.
+//!
+//! Both stay operators of the graph (a schedule may put them on different streams): `e`'s
+//! kernel writes `act(e)` into `a`'s output, and `a` waits for `e` as before, with no work of
+//! its own.
+
+use crate::{Graph, NodeId, Op};
+
+/// The element-wise operator whose kernel also applies activation `a`, when the rules of the
+/// module hold.
+pub fn fused_source(g: &Graph, a: NodeId) -> Option<NodeId> {
+    let node = g.node(a);
+    let Op::Activation { .. } = node.op else {
+        return None;
+    };
+    let [term] = node.inputs.as_slice() else {
+        return None;
+    };
+    let [v] = term.as_slice() else {
+        return None;
+    };
+    let e = v.node;
+    let producer = g.node(e);
+    if v.channels.is_some() || !matches!(producer.op, Op::Elementwise { .. }) {
+        return None;
+    }
+    let same_shapes = g
+        .input_shapes(e)
+        .iter()
+        .all(|s| s.as_slice() == producer.shape.as_slice());
+    let only_consumer = g.succs(e).all(|s| s == a);
+    let is_output = g.outputs().iter().any(|o| o.value.node == e);
+    (same_shapes && only_consumer && !is_output).then_some(e)
+}
+
+/// [`fused_source`] for every node.
+pub fn fused_sources(g: &Graph) -> Vec<Option<NodeId>> {
+    (0..g.len())
+        .map(|i| fused_source(g, NodeId(i as u32)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::{Activation, Conv2d, DType, GraphBuilder, GraphOutput, Value};
+
+    #[test]
+    fn fuses_a_sole_consumer_without_broadcast() {
+        let mut b = GraphBuilder::new("fuse", DType::F32);
+        let x = b.input("x", vec![1, 4, 4, 4]);
+        let c = b.conv("c", x, Conv2d::new(4, 1));
+        let add = b.add("add", &[c, x]);
+        let relu = b.act("relu", add, Activation::Relu);
+        // Read by two activations: its value is needed twice, nothing fuses.
+        let mul = b.mul("mul", &[relu, x]);
+        let s1 = b.act("s1", mul, Activation::Sigmoid);
+        let s2 = b.act("s2", mul, Activation::Tanh);
+        // An activation of a convolution is the convolution's business, not this rule's.
+        let t = b.act("t", c, Activation::Tanh);
+        let out = b.add("out", &[s1, s2, t]);
+        let g = b.finish().unwrap();
+        let f = fused_sources(&g);
+        assert_eq!(f[relu.index()], Some(add));
+        for n in [x, c, add, mul, s1, s2, t, out] {
+            assert_eq!(f[n.index()], None, "{}", g.node(n).name);
+        }
+    }
+
+    #[test]
+    fn an_output_or_a_broadcast_keeps_its_own_kernel() {
+        let mut b = GraphBuilder::new("fuse", DType::F32);
+        let x = b.input("x", vec![1, 4, 2, 2]);
+        let bias = b.input("bias", vec![1, 4, 1, 1]);
+        let wide = b.add("wide", &[x, bias]);
+        let r1 = b.act("r1", wide, Activation::Relu);
+        let kept = b.add("kept", &[x, x]);
+        let r2 = b.act("r2", kept, Activation::Relu);
+        let outputs = [kept, r1, r2]
+            .iter()
+            .map(|&n| GraphOutput {
+                name: format!("o{}", n.0),
+                value: Value::whole(n),
+            })
+            .collect();
+        let g = b.finish().unwrap().with_outputs(outputs).unwrap();
+        assert_eq!(fused_source(&g, r1), None);
+        assert_eq!(fused_source(&g, r2), None);
+    }
+}
