@@ -14,7 +14,9 @@
 //! - an activation that runs inside the kernel of the element-wise operator it reads
 //!   (`opsched_graph::fusion`) launches nothing;
 //! - main kernels: convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
-//!   activation kernel when there is a bias or a non-relu activation: 2); linear 1, plus a bias /
+//!   activation kernel when there is a bias or a non-relu activation: 2; the CUDA device also
+//!   splits a relu convolution in two where it measured the fused call slower, which this
+//!   count, made without a GPU, does not know); linear 1, plus a bias /
 //!   activation kernel when it has either; identity and reshape one copy; every other operator
 //!   one kernel; a `sequential` operator the sum of its inner operators (only the first reads
 //!   the node's terms).

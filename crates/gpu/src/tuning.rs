@@ -1,5 +1,7 @@
 //! Kernel choices made by measurement that every process must repeat exactly: which cuDNN
-//! algorithm runs each convolution.
+//! algorithm runs each convolution, and whether its bias + relu run inside cuDNN's fused call
+//! or in our kernel after the convolution ([`epilogue_key`]: the fused call is not faster
+//! everywhere).
 //!
 //! Letting `cudnnFindConvolutionForwardAlgorithmEx` pick afresh in every process made the same
 //! plan run 2.86 to 4.54 ms on an H100: candidates a few percent apart swap places with timing
@@ -23,6 +25,19 @@ pub const TIE: f64 = 0.03;
 
 /// The prefix of a convolution candidate's signature in the cost cache.
 pub const CONV_PREFIX: &str = "kernel.cudnn_conv_fwd|";
+
+/// The candidate "cuDNN's fused conv + bias + relu call" of an [`epilogue_key`].
+pub const EPILOGUE_FUSED: u32 = 0;
+/// The candidate "convolution, then our bias + activation kernel" of an [`epilogue_key`].
+pub const EPILOGUE_SEPARATE: u32 = 1;
+
+/// The key of the epilogue choice of convolution `conv_key` run with cuDNN algorithm `algo` and
+/// math type `math`: its candidates are [`EPILOGUE_FUSED`] and [`EPILOGUE_SEPARATE`] (as
+/// `algo`, with math 0 and the convolution's workspace), so that [`choose`] gives a tie to the
+/// fused call, which launches less.
+pub fn epilogue_key(conv_key: &str, algo: u32, math: u32) -> String {
+    format!("{conv_key}|epilogue=relu|conv={algo}.{math}")
+}
 
 /// One measured candidate kernel of one convolution.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -195,6 +210,43 @@ mod tests {
         assert_eq!(choose(&r, usize::MAX), choose(&c, usize::MAX));
         assert_eq!(choose(&[], 0), None);
         assert_eq!(choose(&[cand(0, f64::NAN, 0)], 0), None);
+    }
+
+    #[test]
+    fn an_epilogue_choice_is_a_convolution_key_of_its_own() {
+        let dev = DeviceFingerprint {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            sms: 132,
+            driver: "13.0".into(),
+            cudnn: "91400".into(),
+        };
+        let conv = "x=[1, 64, 56, 56]|oc=64|k=[3, 3]|s=[1, 1]|p=[1, 1]|d=[1, 1]|g=1|nchw|tf32";
+        let key = epilogue_key(conv, 1, 0);
+        let t = Tuning::default();
+        t.insert(conv, vec![cand(1, 0.02, 0)]);
+        t.insert(
+            &key,
+            vec![
+                cand(EPILOGUE_FUSED, 0.0102, 0),
+                cand(EPILOGUE_SEPARATE, 0.0100, 0),
+            ],
+        );
+        // Within the tie band the fused call wins; out of it the faster pair does.
+        assert_eq!(
+            choose(&t.get(&key).unwrap(), usize::MAX).unwrap().algo,
+            EPILOGUE_FUSED
+        );
+        let u = Tuning::default();
+        assert_eq!(u.load(&dev, t.fresh(&dev).iter().map(|(k, m)| (k, m))), 2);
+        assert_eq!(u.get(conv).unwrap(), [cand(1, 0.02, 0)]);
+        let mut e = u.get(&key).unwrap();
+        e.sort_by_key(|c| c.algo);
+        assert_eq!(e, t.get(&key).unwrap());
+        let slower = [
+            cand(EPILOGUE_FUSED, 0.02, 0),
+            cand(EPILOGUE_SEPARATE, 0.01, 0),
+        ];
+        assert_eq!(choose(&slower, usize::MAX).unwrap().algo, EPILOGUE_SEPARATE);
     }
 
     #[test]

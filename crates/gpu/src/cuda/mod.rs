@@ -333,6 +333,40 @@ impl StreamCtx {
             .synchronize()
             .map_err(|e| GpuError::driver("synchronising a stream", e))
     }
+
+    /// GPU time of one `run`, ms: after a warm-up, the median of three rounds of `reps`
+    /// back-to-back runs between two events on this stream. Eager launches: kernels shorter
+    /// than their launch show the host's issue rate, as they would a CUDA graph's per-launch
+    /// floor (fewer launches still win).
+    pub(crate) fn time_ms(
+        &self,
+        gpu: &Gpu,
+        reps: usize,
+        run: &dyn Fn() -> Result<(), GpuError>,
+    ) -> Result<f64, GpuError> {
+        let event = || {
+            gpu.ctx
+                .new_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| GpuError::driver("creating a timing event", e))
+        };
+        let timing = |e| GpuError::driver("timing a kernel choice", e);
+        run()?;
+        self.synchronize()?;
+        let reps = reps.max(1);
+        let mut t = Vec::with_capacity(3);
+        for _ in 0..3 {
+            let (start, end) = (event()?, event()?);
+            start.record(&self.stream).map_err(timing)?;
+            for _ in 0..reps {
+                run()?;
+            }
+            end.record(&self.stream).map_err(timing)?;
+            end.synchronize().map_err(timing)?;
+            t.push(f64::from(start.elapsed_ms(&end).map_err(timing)?) / reps as f64);
+        }
+        t.sort_by(f64::total_cmp);
+        Ok(t[1])
+    }
 }
 
 /// An event of a [`CudaDevice`].

@@ -12,7 +12,8 @@
 //!   measurements kept in the device's [`crate::tuning::Tuning`] (and by the CLI in the cost
 //!   cache, so later processes run the same kernel), and the choice made from them
 //!   deterministically; conv + bias + relu runs as cuDNN's fused call where it works with that
-//!   algorithm, else the convolution is followed by the `bias_act` kernel.
+//!   algorithm and measured no slower than the convolution followed by the `bias_act` kernel
+//!   (also kept in the tuning table), else as those two.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -480,7 +481,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
             m.insert(key, choice);
         }
     }
-    if !plan.fused && (s.bias.is_some() || s.act != Activation::None) {
+    if s.bias.is_some() || s.act != Activation::None {
         let inner = s.out_hw[0] * s.out_hw[1];
         let step = super::act::BiasAct {
             y: s.y,
@@ -492,7 +493,49 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         };
         plan.epilogue = Some(super::act::CudaBiasAct::new(cx, &step)?);
     }
+    if plan.fused {
+        plan.fused = fused_is_faster(&mut plan, &tuning_key, cx)?;
+    }
+    if plan.fused {
+        plan.epilogue = None;
+    }
     Ok(plan)
+}
+
+/// Whether cuDNN's fused conv + bias + relu call runs `plan` at least as fast as the
+/// convolution followed by our bias + activation kernel (cuDNN fuses only some algorithms
+/// itself and runs others as separate kernels inside the call). Measured once per
+/// convolution, algorithm and device; the timings are kept in the tuning table, so every later
+/// process decides alike ([`crate::tuning::epilogue_key`]).
+fn fused_is_faster(
+    plan: &mut CudaConv,
+    conv_key: &str,
+    cx: &mut PrepareCx<'_>,
+) -> Result<bool, GpuError> {
+    use crate::tuning::{choose, epilogue_key, Candidate, EPILOGUE_FUSED, EPILOGUE_SEPARATE};
+    let key = epilogue_key(conv_key, plan.choice.algo as u32, plan.choice.math as u32);
+    let candidates = match cx.tuning.get(&key) {
+        Some(c) => c,
+        None => {
+            let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
+            let mut c = Vec::with_capacity(2);
+            for (variant, fused) in [(EPILOGUE_FUSED, true), (EPILOGUE_SEPARATE, false)] {
+                plan.fused = fused;
+                let run: &CudaConv = plan;
+                let ms = sc.time_ms(gpu, 10, &|| run.enqueue(gpu, sc))?;
+                c.push(Candidate {
+                    algo: variant,
+                    math: 0,
+                    ms,
+                    workspace: plan.choice.workspace,
+                });
+            }
+            tracing::debug!("conv epilogue measured for {key}: {c:?}");
+            cx.tuning.insert(&key, c.clone());
+            c
+        }
+    };
+    Ok(choose(&candidates, usize::MAX).is_none_or(|c| c.algo == EPILOGUE_FUSED))
 }
 
 /// Every algorithm cuDNN can run the convolution with, timed on the GPU: the median of three
