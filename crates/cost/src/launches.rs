@@ -6,8 +6,9 @@
 //! kernels (input copies, a matrix product and its bias epilogue, a concat's copies) costs
 //! several floors. The count mirrors `opsched_gpu::program`'s lowering to steps, one launch per
 //! step:
-//! - input terms: a term that is one whole value is read in place; any other term (a channel
-//!   slice, a sum of values) is one copy per value; several terms read concatenated along
+//! - input terms: a term that is one whole value is read in place; a sum of whole values is
+//!   one add kernel (and one with the activation of an `activation` reading it); a term with a
+//!   channel slice is one copy per value; several terms read concatenated along
 //!   channels are one copy per value; a concat along another axis copies each term (after
 //!   materialising it); a concat copies nothing for a producer that writes its slice in place
 //!   (`opsched_graph::inplace`);
@@ -58,12 +59,19 @@ enum Input<'a> {
     Buffer,
 }
 
-/// Copies that materialise one term: none for one whole value.
+/// Kernels that materialise one term: none for one whole value, one add for a sum of whole
+/// values, one copy per value otherwise.
 fn term_copies(t: &Term) -> u32 {
     match t.as_slice() {
         [v] if v.channels.is_none() => 0,
+        vs if is_whole_sum(vs) => 1,
         vs => vs.len() as u32,
     }
+}
+
+/// Several values, none a channel slice (summed by one add kernel).
+fn is_whole_sum(t: &[opsched_graph::Value]) -> bool {
+    t.len() > 1 && t.iter().all(|v| v.channels.is_none())
 }
 
 /// Copies that write the terms side by side along `axis`.
@@ -125,6 +133,8 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
         Op::Abstract { .. } | Op::Opaque { .. } => 1,
         // A scale broadcast, then a shift broadcast.
         Op::Affine => single_copies(input) + 2,
+        // The sum and the activation are one kernel.
+        Op::Activation { .. } if matches!(input, Input::Terms([t], _) if is_whole_sum(t)) => 1,
         Op::Pool2d(_)
         | Op::Activation { .. }
         | Op::Softmax { .. }

@@ -351,7 +351,7 @@ impl<'g> Builder<'g> {
         }
     }
 
-    fn value_shape(&self, v: &Value) -> Shape {
+    pub(crate) fn value_shape(&self, v: &Value) -> Shape {
         let mut s = self.g.node(v.node).shape.clone();
         if let (Some((b, e)), Some(c)) = (v.channels, s.get_mut(1)) {
             *c = e - b;
@@ -421,7 +421,24 @@ impl<'g> Builder<'g> {
         }
     }
 
-    /// A buffer holding one term (in place when it is one whole value).
+    /// The buffers of a term that sums several whole values, which one element-wise add reads
+    /// in place (`None` for one value, or a sum with a channel slice: copied value by value).
+    pub(crate) fn whole_sum(
+        &mut self,
+        at: At,
+        term: &[Value],
+    ) -> Result<Option<Vec<BufId>>, GpuError> {
+        if term.len() < 2 || term.iter().any(|v| v.channels.is_some()) {
+            return Ok(None);
+        }
+        term.iter()
+            .map(|v| self.source(v.node, at.node, at.gpu))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// A buffer holding one term (in place when it is one whole value, summed by one add when
+    /// it is several).
     fn term(
         &mut self,
         steps: &mut Vec<Step>,
@@ -436,6 +453,19 @@ impl<'g> Builder<'g> {
             return Ok((self.source(first.node, at.node, at.gpu)?, shape));
         }
         let dst = self.scratch(at, numel(&shape));
+        if let Some(srcs) = self.whole_sum(at, term)? {
+            steps.push(
+                step::elementwise::Elementwise {
+                    srcs,
+                    y: dst,
+                    len: numel(&shape),
+                    kind: opsched_graph::ElementwiseKind::Add,
+                    act: Activation::None,
+                }
+                .into(),
+            );
+            return Ok((dst, shape));
+        }
         let axis = shape.get(1).copied().unwrap_or(0);
         for (j, v) in term.iter().enumerate() {
             self.copy_value(steps, at, v, dst, axis, 0, j > 0)?;

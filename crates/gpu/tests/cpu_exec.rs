@@ -180,6 +180,22 @@ fn every_op_graph() -> Graph {
         ],
     );
     let mul = b.mul("mul", &[add, a1]);
+    // An activation of a summed term: one add kernel with the activation.
+    let sum_act = b.node(
+        "sum_act",
+        Op::Activation {
+            act: Activation::HardSigmoid {
+                alpha: 0.2,
+                beta: 0.5,
+            },
+        },
+        vec![vec![Value::whole(c4), Value::whole(a1), Value::whole(c4)]],
+    );
+    let conv_sum = b.node(
+        "conv_sum",
+        Op::Conv2d(Conv2d::new(3, 1)),
+        vec![vec![Value::whole(c4), Value::whole(a1)]],
+    );
     // Fused into mul's kernel (its only reader), with the activation's parameter.
     let leaky = b.act("leaky", mul, Activation::LeakyRelu { alpha: 0.2 });
     let seq = b.sequential(
@@ -212,7 +228,7 @@ fn every_op_graph() -> Graph {
         },
         &[seq],
     );
-    let _ = (p1, sm, sm1, tr, cat0, cat3);
+    let _ = (p1, sm, sm1, tr, cat0, cat3, sum_act, conv_sum);
     b.finish().unwrap()
 }
 
@@ -546,6 +562,31 @@ fn buffer_plan_sizes_and_roles() {
     let q = GraphProgram::single_gpu(&g).unwrap();
     let wi = p.buffers.iter().position(|b| b == w).unwrap();
     assert_eq!(p.initial_data(wi), q.initial_data(wi));
+}
+
+#[test]
+fn a_sum_of_whole_values_is_one_add_kernel() {
+    let g = every_op_graph();
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    let steps = |n: &str| &p.ops[g.find(n).unwrap().index()].as_ref().unwrap().steps;
+    // The activation of a three-value sum: one kernel doing both.
+    let [Step::Elementwise(e)] = steps("sum_act").as_slice() else {
+        panic!("{:?}", steps("sum_act"));
+    };
+    assert_eq!(e.srcs.len(), 3);
+    assert!(matches!(e.act, Activation::HardSigmoid { .. }));
+    // A convolution of a sum reads one add's output; a sum with a channel slice is copied
+    // value by value.
+    assert!(matches!(
+        steps("conv_sum").as_slice(),
+        [Step::Elementwise(_), Step::Conv(_)]
+    ));
+    assert!(matches!(steps("add")[0], Step::Copy(_)));
+    for name in ["sum_act", "conv_sum", "add"] {
+        let s = steps(name);
+        let n = opsched_cost::launches::launches(&g, g.find(name).unwrap());
+        assert_eq!(n as usize, s.len(), "{name}");
+    }
 }
 
 #[test]

@@ -45,6 +45,23 @@ pub(crate) fn lower(
     src: Src<'_>,
     out: BufId,
 ) -> Result<(), GpuError> {
+    // A sum of whole values and its activation are one kernel.
+    if let Src::Terms([term]) = src {
+        if let Some(srcs) = b.whole_sum(at, term)? {
+            let len = b.value_shape(&term[0]).iter().product();
+            steps.push(
+                super::elementwise::Elementwise {
+                    srcs,
+                    y: out,
+                    len,
+                    kind: opsched_graph::ElementwiseKind::Add,
+                    act: a,
+                }
+                .into(),
+            );
+            return Ok(());
+        }
+    }
     let (x, xs) = b.single(steps, at, src)?;
     steps.push(
         Act {
