@@ -14,13 +14,15 @@
 //!   (`opsched_graph::inplace`);
 //! - an activation that runs inside the kernel of the element-wise operator it reads
 //!   (`opsched_graph::fusion`) launches nothing;
-//! - main kernels: convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
+//! - main kernels: a depthwise convolution 1 (our kernel: bias and activations included); any
+//!   other convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
 //!   activation kernel when there is a bias or a non-relu activation: 2; the CUDA device also
 //!   splits a relu convolution in two where it measured the fused call slower, which this
 //!   count, made without a GPU, does not know); linear 1, plus a bias /
 //!   activation kernel when it has either; identity and reshape one copy; every other operator
 //!   one kernel; a `sequential` operator the sum of its inner operators (only the first reads
-//!   the node's terms).
+//!   the node's terms), but for an activation that the depthwise convolution after it applies
+//!   (`opsched_graph::fusion::pre_activations`), which launches nothing.
 //!
 //! A test in the facade checks the count against the GPU program's steps on every zoo model, so
 //! whoever changes the kernels changes this function in the same commit.
@@ -32,17 +34,32 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
     let node = g.node(op);
     let shapes = g.input_shapes(op);
     match &node.op {
-        Op::Sequential { ops } => ops
-            .iter()
-            .enumerate()
-            .map(|(i, inner)| {
-                if i == 0 {
-                    op_launches(inner, Input::Terms(&node.inputs, &shapes))
-                } else {
-                    op_launches(inner, Input::Buffer)
+        Op::Sequential { ops } => {
+            // An activation that the depthwise convolution after it applies launches nothing;
+            // the first operator that launches reads the node's terms.
+            let fused = match shapes.as_slice() {
+                [one] => opsched_graph::fusion::pre_activations(ops, one),
+                _ => vec![false; ops.len()],
+            };
+            let mut cur = shapes.clone();
+            let mut reads_terms = true;
+            let mut n = 0;
+            for (inner, &fused) in ops.iter().zip(&fused) {
+                if !fused {
+                    n += if reads_terms {
+                        op_launches(inner, Input::Terms(&node.inputs, &shapes))
+                    } else {
+                        op_launches(inner, Input::Buffer(channels(&cur)))
+                    };
+                    reads_terms = false;
                 }
-            })
-            .sum(),
+                match inner.infer_shape(&cur) {
+                    Ok(s) => cur = vec![s],
+                    Err(_) => break,
+                }
+            }
+            n
+        }
         Op::Activation { .. } if opsched_graph::fusion::fused_source(g, op).is_some() => 0,
         // Producers that write their slice in place need no copy.
         Op::Concat { .. } => op_launches(&node.op, Input::Terms(&node.inputs, &shapes))
@@ -52,11 +69,16 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
 }
 
 /// Where an operator's input comes from: the node's terms (with their shapes), or the previous
-/// result of a `sequential` chain (one buffer, read in place).
+/// result of a `sequential` chain (one buffer of so many channels, read in place).
 #[derive(Clone, Copy)]
 enum Input<'a> {
     Terms(&'a [Term], &'a [Shape]),
-    Buffer,
+    Buffer(usize),
+}
+
+/// Channels (axis 1) of terms read concatenated along channels.
+fn channels(shapes: &[Shape]) -> usize {
+    shapes.iter().filter_map(|s| s.get(1)).sum()
 }
 
 /// Kernels that materialise one term: none for one whole value, one add for a sum of whole
@@ -93,7 +115,7 @@ fn concat_copies(terms: &[Term], shapes: &[Shape], axis: usize) -> u32 {
 /// Copies that give an operator its single (channel-concatenated) input.
 fn single_copies(input: Input<'_>) -> u32 {
     match input {
-        Input::Buffer => 0,
+        Input::Buffer(_) => 0,
         Input::Terms([t], _) => term_copies(t),
         Input::Terms(terms, shapes) => concat_copies(terms, shapes, 1),
     }
@@ -103,7 +125,14 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
     match op {
         Op::Input { .. } | Op::Constant { .. } => 0,
         Op::Conv2d(c) => {
-            let epilogue = c.act != Activation::Relu && (c.bias || c.act != Activation::None);
+            let in_channels = match input {
+                Input::Terms(_, shapes) => channels(shapes),
+                Input::Buffer(c) => c,
+            };
+            // A depthwise convolution is one kernel of ours, bias and activation included.
+            let epilogue = !opsched_graph::fusion::is_depthwise(c, in_channels)
+                && c.act != Activation::Relu
+                && (c.bias || c.act != Activation::None);
             single_copies(input) + 1 + u32::from(epilogue)
         }
         Op::Linear { bias, act, .. } => {
@@ -111,24 +140,25 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
         }
         Op::Elementwise { .. } | Op::Binary { .. } | Op::BatchMatmul { .. } => {
             let copies = match input {
-                Input::Buffer => 0,
+                Input::Buffer(_) => 0,
                 Input::Terms(terms, _) => terms.iter().map(term_copies).sum(),
             };
             copies + 1
         }
         Op::Concat { axis } => match input {
-            Input::Buffer => 1,
+            Input::Buffer(_) => 1,
             Input::Terms(terms, shapes) => concat_copies(terms, shapes, *axis),
         },
         // Joined along channels like a concat (a summed term is accumulated in place).
         Op::Identity | Op::Reshape { .. } => match input {
             Input::Terms(terms, shapes) => concat_copies(terms, shapes, 1),
-            Input::Buffer => 1,
+            Input::Buffer(_) => 1,
         },
+        // Nested chains (the graph builds none): the plain sum of their operators.
         Op::Sequential { ops } => ops
             .iter()
             .enumerate()
-            .map(|(i, inner)| op_launches(inner, if i == 0 { input } else { Input::Buffer }))
+            .map(|(i, inner)| op_launches(inner, if i == 0 { input } else { Input::Buffer(0) }))
             .sum(),
         Op::Abstract { .. } | Op::Opaque { .. } => 1,
         // A scale broadcast, then a shift broadcast.

@@ -606,7 +606,9 @@ impl<'g> Builder<'g> {
                      no kernel"
                 ),
             )),
-            Op::Conv2d(c) => step::conv::lower(self, steps, at, c, src, out, out_shape),
+            Op::Conv2d(c) => {
+                step::conv::lower(self, steps, at, c, Activation::None, src, out, out_shape)
+            }
             Op::Pool2d(p) => step::pool::lower(self, steps, at, p, src, out, out_shape),
             // Its producer's kernel applies it (see [`Builder::fuse_activations`]).
             Op::Activation { .. } if self.fused.contains(&at.node) => Ok(()),
@@ -651,10 +653,23 @@ impl<'g> Builder<'g> {
             Src::Terms(_) => self.g.input_shapes(at.node),
             Src::Buf(_, s) => vec![s.to_vec()],
         };
+        // An activation the next (depthwise) convolution applies to what it reads: lowered
+        // with that convolution, reading the activation's input (in a node's own chain, not in
+        // a nested one: the launch count knows no shapes there).
+        let mut pre_act = Activation::None;
+        let fused = match (src, shapes.as_slice()) {
+            (Src::Terms(_), [one]) => opsched_graph::fusion::pre_activations(ops, one),
+            _ => vec![false; ops.len()],
+        };
         for (i, inner_op) in ops.iter().enumerate() {
             let shape = inner_op
                 .infer_shape(&shapes)
                 .map_err(|m| self.unsupported(at, m))?;
+            if let (true, Op::Activation { act }) = (fused[i], inner_op) {
+                pre_act = *act;
+                shapes = vec![shape];
+                continue;
+            }
             let dst = if i + 1 == ops.len() {
                 out
             } else {
@@ -664,7 +679,14 @@ impl<'g> Builder<'g> {
                 None => src,
                 Some((b, s)) => Src::Buf(*b, s),
             };
-            self.lower_op(steps, At { inner: i, ..at }, inner_op, s, dst, &shape)?;
+            let inner = At { inner: i, ..at };
+            match inner_op {
+                Op::Conv2d(c) if pre_act != Activation::None => {
+                    step::conv::lower(self, steps, inner, c, pre_act, s, dst, &shape)?;
+                    pre_act = Activation::None;
+                }
+                _ => self.lower_op(steps, inner, inner_op, s, dst, &shape)?,
+            }
             shapes = vec![shape.clone()];
             cur = Some((dst, shape));
         }

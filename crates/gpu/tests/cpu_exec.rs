@@ -590,6 +590,22 @@ fn a_sum_of_whole_values_is_one_add_kernel() {
 }
 
 #[test]
+fn a_depthwise_convolution_applies_the_activation_before_it() {
+    let g = every_op_graph();
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    let sep = g.find("sep").unwrap();
+    // relu, depthwise, pointwise: the relu runs inside the depthwise convolution's kernel.
+    let steps = &p.ops[sep.index()].as_ref().unwrap().steps;
+    let [Step::Conv(dw), Step::Conv(pw)] = steps.as_slice() else {
+        panic!("{steps:?}");
+    };
+    assert_eq!((dw.pre_act, dw.groups), (Activation::Relu, 8));
+    assert_eq!((pw.pre_act, pw.groups), (Activation::None, 1));
+    // On a GPU: the depthwise kernel, then cuDNN's pointwise convolution and its bias.
+    assert_eq!(opsched_cost::launches::launches(&g, sep), 3);
+}
+
+#[test]
 fn inputs_are_copied_to_every_gpu_that_reads_them() {
     let g = every_op_graph();
     let (placement, xfers) = two_gpu_placement(&g);

@@ -15,8 +15,38 @@
 //! Both stay operators of the graph (a schedule may put them on different streams): `e`'s
 //! kernel writes `act(e)` into `a`'s output, and `a` waits for `e` as before, with no work of
 //! its own.
+//!
+//! Inside a `sequential` operator, an activation followed by a depthwise convolution
+//! ([`is_depthwise`]: NASNet's and RandWire's relu + separable convolution) is applied by the
+//! convolution's kernel to every input it reads ([`pre_activations`]); a depthwise
+//! convolution's kernel also adds its bias and applies its own activation.
 
-use crate::{Graph, NodeId, Op};
+use crate::{Conv2d, Graph, NodeId, Op, Shape};
+
+/// A depthwise convolution of `in_channels` channels: one group per channel, one output
+/// channel per group (the GPU runs it as one kernel of ours, bias and activations included).
+pub fn is_depthwise(c: &Conv2d, in_channels: usize) -> bool {
+    c.groups > 1 && c.groups == in_channels && c.out_channels == in_channels
+}
+
+/// Per inner operator of a `sequential` operator whose first operator reads `input` (the
+/// shape of its single input): whether it is an activation that the depthwise convolution
+/// after it applies to its inputs (and so runs no kernel of its own). Stops at the first
+/// shape that does not infer (the graph reports that error).
+pub fn pre_activations(ops: &[Op], input: &Shape) -> Vec<bool> {
+    let mut fused = vec![false; ops.len()];
+    let mut shape = input.clone();
+    for (i, op) in ops.iter().enumerate() {
+        if let (Op::Activation { .. }, Some(Op::Conv2d(c))) = (op, ops.get(i + 1)) {
+            fused[i] = shape.len() == 4 && is_depthwise(c, shape[1]);
+        }
+        match op.infer_shape(std::slice::from_ref(&shape)) {
+            Ok(s) => shape = s,
+            Err(_) => break,
+        }
+    }
+    fused
+}
 
 /// The element-wise operator whose kernel also applies activation `a`, when the rules of the
 /// module hold.
@@ -78,6 +108,35 @@ mod tests {
         for n in [x, c, add, mul, s1, s2, t, out] {
             assert_eq!(f[n.index()], None, "{}", g.node(n).name);
         }
+    }
+
+    #[test]
+    fn a_depthwise_convolution_takes_the_activation_before_it() {
+        let relu = Op::Activation {
+            act: Activation::Relu,
+        };
+        let dw = |c: usize| Op::Conv2d(Conv2d::new(c, 3).groups(c).bias(true));
+        let pw = Op::Conv2d(Conv2d::new(16, 1));
+        let x = vec![1, 8, 6, 6];
+        assert_eq!(
+            pre_activations(&[relu.clone(), dw(8), pw.clone()], &x),
+            [true, false, false]
+        );
+        // Not before a pointwise or a grouped (not depthwise) convolution, nor at the end.
+        let grouped = Op::Conv2d(Conv2d::new(8, 3).groups(4));
+        assert_eq!(
+            pre_activations(
+                &[relu.clone(), pw.clone(), relu.clone(), dw(16), relu.clone()],
+                &x
+            ),
+            [false, false, true, false, false]
+        );
+        assert_eq!(
+            pre_activations(&[relu.clone(), grouped], &x),
+            [false, false]
+        );
+        // A depthwise convolution of the wrong width is not depthwise here.
+        assert_eq!(pre_activations(&[relu, dw(4)], &x), [false, false]);
     }
 
     #[test]

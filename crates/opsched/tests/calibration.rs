@@ -45,13 +45,16 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
-/// Kernels one step of the GPU program launches (a conv with an unfused epilogue is two: the
-/// rule of `opsched_gpu::cuda`'s convolution plan).
+/// Kernels one step of the GPU program launches (a conv with an unfused epilogue is two, a
+/// depthwise one, our kernel, is one: the rule of `opsched_gpu::step::conv`'s CUDA plan).
 fn kernels(step: &Step) -> u32 {
     match step {
         Step::Conv(c) => {
+            let depthwise = c.groups > 1 && c.groups == c.input[1] && c.out_channels == c.input[1];
             1 + u32::from(
-                c.act != Activation::Relu && (c.bias.is_some() || c.act != Activation::None),
+                !depthwise
+                    && c.act != Activation::Relu
+                    && (c.bias.is_some() || c.act != Activation::None),
             )
         }
         _ => 1,

@@ -198,6 +198,39 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
     }
 }
 
+// Depthwise convolution, NCHW (one group per channel, one output channel per group): one thread
+// per output element. `pre` (act_f code and parameters) applies to every input element read
+// (padding stays zero), then the bias (when not null) and `act`. g: h, w, oh, ow, kh, kw, sh, sw,
+// ph, pw (padding before), dh, dw.
+struct Geo12 { int v[12]; };
+extern "C" __global__ void depthwise_conv(float* y, const float* x, const float* wt,
+                                          const float* bias, i64 nc, int c, Geo12 g, int pre,
+                                          float q0, float q1, int act, float p0, float p1) {
+    int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4], kw = g.v[5];
+    int sh = g.v[6], sw = g.v[7], ph = g.v[8], pw = g.v[9], dh = g.v[10], dw = g.v[11];
+    i64 total = nc * oh * ow;
+    GRID_STRIDE(t, total) {
+        int j = (int)(t % ow);
+        int i = (int)((t / ow) % oh);
+        i64 plane = t / ((i64)oh * ow);
+        int ch = (int)(plane % c);
+        const float* xp = x + plane * h * w;
+        const float* wp = wt + (i64)ch * kh * kw;
+        float acc = 0.0f;
+        for (int p = 0; p < kh; ++p) {
+            int r = i * sh - ph + p * dh;
+            if (r < 0 || r >= h) continue;
+            for (int q = 0; q < kw; ++q) {
+                int s = j * sw - pw + q * dw;
+                if (s < 0 || s >= w) continue;
+                acc += act_f(xp[(i64)r * w + s], pre, q0, q1) * wp[p * kw + q];
+            }
+        }
+        if (bias) acc += bias[ch];
+        y[t] = act_f(acc, act, p0, p1);
+    }
+}
+
 // Abstract operators: every block waits until `ns` nanoseconds have passed.
 extern "C" __global__ void spin(unsigned long long ns) {
     unsigned long long t0, t;
@@ -219,6 +252,7 @@ pub const NAMES: &[&str] = &[
     "permute",
     "broadcast",
     "pad",
+    "depthwise_conv",
     "spin",
 ];
 
@@ -249,7 +283,7 @@ pub fn act_params(a: Activation) -> (i32, f32, f32) {
 /// `act_params(a)`.
 #[cfg(test)]
 #[allow(clippy::manual_clamp)] // fmaxf/fminf, as the kernel: NaN-ignoring, unlike clamp
-fn act_f(x: f32, (a, p0, p1): (i32, f32, f32)) -> f32 {
+pub(crate) fn act_f_host(x: f32, (a, p0, p1): (i32, f32, f32)) -> f32 {
     match a {
         1 => x.max(0.0),
         2 => 1.0 / (1.0 + (-x).exp()),
@@ -369,7 +403,7 @@ mod tests {
         for a in all {
             for i in -40..=40 {
                 let x = i as f32 * 0.25;
-                let (got, want) = (act_f(x, act_params(a)), crate::reference::act(x, a));
+                let (got, want) = (act_f_host(x, act_params(a)), crate::reference::act(x, a));
                 assert!(
                     (got - want).abs() <= 1e-6 * want.abs().max(1.0),
                     "{a:?} at {x}"

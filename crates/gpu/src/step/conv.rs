@@ -22,17 +22,21 @@ use std::ops::Range;
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use opsched_graph::{Activation, Conv2d};
 use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
-use crate::cpu::math::{bias_act_row, sgemm, sgemm_column_tiles, with_scratch, Mat, TilesOfB};
+use crate::cpu::math::{
+    bias_act_row, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat, TilesOfB,
+};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{tensor4, ActDesc, ConvDesc, FilterDesc, TensorDesc};
-use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::cuda::nvrtc::act_params;
+use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{weight_half_width, At, BufId, Builder, Src};
+use crate::reference::act;
 use crate::GpuError;
 
 /// A convolution step; `w` is `[oc, c / groups, kh, kw]`.
@@ -55,14 +59,20 @@ pub struct Conv {
     /// Output `[oh, ow]`.
     pub out_hw: [usize; 2],
     pub act: Activation,
+    /// Applied to every input element the convolution reads (padding stays zero): the
+    /// activation before a depthwise convolution in a `sequential` operator
+    /// (`opsched_graph::fusion::pre_activations`).
+    pub pre_act: Activation,
 }
 
-/// Lower a `conv2d` operator reading `src` into `out`.
+/// Lower a `conv2d` operator reading `pre_act` of `src` into `out`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn lower(
     b: &mut Builder<'_>,
     steps: &mut Vec<Step>,
     at: At,
     c: &Conv2d,
+    pre_act: Activation,
     src: Src<'_>,
     out: BufId,
     out_shape: &[usize],
@@ -103,6 +113,7 @@ pub(crate) fn lower(
             groups,
             out_hw: [oh, ow],
             act: c.act,
+            pre_act,
         }
         .into(),
     );
@@ -119,9 +130,17 @@ impl Conv {
         self.input[1] / self.groups * self.kernel[0] * self.kernel[1]
     }
 
+    /// One group per input channel, one output channel per group: on CUDA our
+    /// `depthwise_conv` kernel rather than cuDNN.
+    fn is_depthwise(&self) -> bool {
+        let c = self.input[1];
+        self.groups > 1 && self.groups == c && self.out_channels == c
+    }
+
     /// A 1x1, stride-1, unpadded convolution reads its input as the im2col matrix.
     fn is_pointwise(&self) -> bool {
-        self.kernel == [1, 1]
+        self.pre_act == Activation::None
+            && self.kernel == [1, 1]
             && self.stride == [1, 1]
             && self.padding == [0, 0]
             && self.padding_end == [0, 0]
@@ -165,13 +184,18 @@ impl Conv {
                     out[..lead].fill(0.0);
                     out[lead..lead + run].copy_from_slice(&line[first..first + run]);
                     out[lead + run..].fill(0.0);
+                    if self.pre_act != Activation::None {
+                        let a = self.pre_act;
+                        let run = &mut out[lead..lead + run];
+                        with_act!(a, |f| run.iter_mut().for_each(|v| *v = f(*v)));
+                    }
                 } else {
                     for (jj, v) in (j0..j1).zip(out.iter_mut()) {
                         let wi = w0 + (jj * sw) as isize;
                         *v = if wi < 0 || wi >= w as isize {
                             0.0
                         } else {
-                            line[wi as usize]
+                            act(line[wi as usize], self.pre_act)
                         };
                     }
                 }
@@ -267,6 +291,10 @@ impl StepKernel for Conv {
         "conv"
     }
 
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        self.is_depthwise().then_some("depthwise_conv")
+    }
+
     fn access(&self) -> Access {
         let mut reads = vec![
             (self.x, self.input.iter().product()),
@@ -314,6 +342,12 @@ impl StepKernel for Conv {
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
         let x = cx.ptr(self.x)?;
+        if self.is_depthwise() {
+            return Ok(Box::new(CudaDepthwise::new(self, x, cx)?));
+        }
+        if self.pre_act != Activation::None {
+            return Err(cx.no_kernel("an input activation of a convolution that is not depthwise"));
+        }
         if self.padding == self.padding_end {
             return Ok(Box::new(prepare(self, x, cx)?));
         }
@@ -344,6 +378,85 @@ impl StepKernel for Conv {
 }
 
 // --- CUDA --------------------------------------------------------------------------------
+
+/// A depthwise convolution as our `depthwise_conv` kernel: the input activation, the bias and
+/// the activation in one launch (cuDNN would take a kernel before it for the first and one
+/// after it for the others; PyTorch runs depthwise convolutions as such a kernel too).
+struct CudaDepthwise {
+    y: u64,
+    x: u64,
+    w: u64,
+    bias: u64,
+    /// Images times channels.
+    nc: i64,
+    c: i32,
+    /// h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw (the kernel's `Geo12`).
+    geo: [i32; 12],
+    pre: (i32, f32, f32),
+    act: (i32, f32, f32),
+    total: usize,
+}
+
+impl CudaDepthwise {
+    fn new(s: &Conv, x: u64, cx: &PrepareCx<'_>) -> Result<CudaDepthwise, GpuError> {
+        use crate::cuda::cudnn::c_int;
+        let [n, c, h, w] = s.input;
+        let [oh, ow] = s.out_hw;
+        let dims = [
+            h,
+            w,
+            oh,
+            ow,
+            s.kernel[0],
+            s.kernel[1],
+            s.stride[0],
+            s.stride[1],
+            s.padding[0],
+            s.padding[1],
+            s.dilation[0],
+            s.dilation[1],
+        ];
+        let mut geo = [0i32; 12];
+        for (slot, &v) in geo.iter_mut().zip(&dims) {
+            *slot = c_int(v, "depthwise convolution geometry")?;
+        }
+        Ok(CudaDepthwise {
+            y: cx.ptr(s.y)?,
+            x,
+            w: cx.ptr(s.w)?,
+            bias: s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
+            nc: i64::try_from(n * c).map_err(|_| GpuError::Plan("images x channels".into()))?,
+            c: c_int(c, "channels")?,
+            geo,
+            pre: act_params(s.pre_act),
+            act: act_params(s.act),
+            total: s.out_len(),
+        })
+    }
+}
+
+impl Enqueue for CudaDepthwise {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let mut b = sc.launch_builder(gpu.function("depthwise_conv")?);
+        b.arg(&self.y)
+            .arg(&self.x)
+            .arg(&self.w)
+            .arg(&self.bias)
+            .arg(&self.nc)
+            .arg(&self.c)
+            .arg(&self.geo)
+            .arg(&self.pre.0)
+            .arg(&self.pre.1)
+            .arg(&self.pre.2)
+            .arg(&self.act.0)
+            .arg(&self.act.1)
+            .arg(&self.act.2);
+        // SAFETY: matches `depthwise_conv` (Geo12: twelve ints by value); the step's access
+        // (checked at preparation) covers the input, `c * kh * kw` weights, `c` biases (or a
+        // null bias) and the output, and every read index is clipped to the input plane.
+        launched(unsafe { b.launch(grid(self.total)) }, "depthwise_conv")
+    }
+}
 
 /// What the convolution algorithm search found, cached per device and convolution.
 #[derive(Clone, Copy, Debug)]
@@ -788,6 +901,7 @@ mod tests {
             groups,
             out_hw: [out(0), out(1)],
             act: Activation::Relu,
+            pre_act: Activation::None,
         }
     }
 
@@ -816,8 +930,10 @@ mod tests {
                 s.product(&wt, Some(&bias), g, col, 0..og, chunk).unwrap();
             }
         }
+        // The input activation is the reference's input.
+        let xa: Vec<f32> = x.iter().map(|&v| act(v, s.pre_act)).collect();
         let want = crate::reference::conv2d(
-            &x,
+            &xa,
             &wt,
             Some(&bias),
             s.input,
@@ -830,13 +946,58 @@ mod tests {
             s.out_hw,
             s.act,
         );
+        assert_close(s, &y, &want);
+        if s.is_depthwise() {
+            assert_close(s, &depthwise_like_the_kernel(s, &x, &wt, &bias), &want);
+        }
+    }
+
+    fn assert_close(s: &Conv, got: &[f32], want: &[f32]) {
         let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-        for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5 * scale,
                 "{s:?}: element {i}: {a} vs {b}"
             );
         }
+    }
+
+    /// The NVRTC `depthwise_conv` kernel's loop, line by line on the host (with the kernels'
+    /// activation formula): its indexing, padding and fusions against the reference.
+    fn depthwise_like_the_kernel(s: &Conv, x: &[f32], wt: &[f32], bias: &[f32]) -> Vec<f32> {
+        let [n, c, h, w] = s.input.map(|v| v as i64);
+        let [oh, ow] = s.out_hw.map(|v| v as i64);
+        let [kh, kw] = s.kernel.map(|v| v as i64);
+        let ([sh, sw], [ph, pw], [dh, dw]) = (
+            s.stride.map(|v| v as i64),
+            s.padding.map(|v| v as i64),
+            s.dilation.map(|v| v as i64),
+        );
+        let (pre, post) = (act_params(s.pre_act), act_params(s.act));
+        let f = crate::cuda::nvrtc::act_f_host;
+        let total = n * c * oh * ow;
+        (0..total)
+            .map(|t| {
+                let (j, i, plane) = (t % ow, (t / ow) % oh, t / (oh * ow));
+                let ch = plane % c;
+                let mut acc = 0.0f32;
+                for p in 0..kh {
+                    let r = i * sh - ph + p * dh;
+                    if r < 0 || r >= h {
+                        continue;
+                    }
+                    for q in 0..kw {
+                        let col = j * sw - pw + q * dw;
+                        if col < 0 || col >= w {
+                            continue;
+                        }
+                        let v = x[(plane * h * w + r * w + col) as usize];
+                        acc += f(v, pre) * wt[(ch * kh * kw + p * kw + q) as usize];
+                    }
+                }
+                f(acc + bias[ch as usize], post)
+            })
+            .collect()
     }
 
     #[test]
@@ -857,6 +1018,21 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Depthwise convolutions with an input activation, on the CPU kernel and as the CUDA
+        /// kernel computes them: any stride, dilation and (asymmetric) padding.
+        #[test]
+        fn depthwise_convolutions_with_an_input_activation_match_the_reference(
+            c in 2usize..5, h in 1usize..10, w in 1usize..10, k in 1usize..6, s in 1usize..3,
+            d in 1usize..3, p in 0usize..3, pe in 0usize..3, leaky in proptest::bool::ANY,
+        ) {
+            prop_assume!(h + p + pe > d * (k - 1) && w + p + pe > d * (k - 1));
+            let mut cv = conv(c, [h, w], c, [k, k], [s, s], [p, p], [pe, pe], [d, d], c);
+            cv.pre_act = if leaky { Activation::LeakyRelu { alpha: 0.1 } } else { Activation::Relu };
+            cv.act = Activation::Sigmoid;
+            prop_assert!(cv.is_depthwise());
+            check_against_reference(&cv);
+        }
 
         #[test]
         fn im2col_of_any_column_range_is_that_part_of_the_whole(
