@@ -17,8 +17,9 @@
 //! - main kernels: a depthwise convolution 1 (our kernel: bias and activations included); any
 //!   other convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
 //!   activation kernel when there is a bias or a non-relu activation: 2; the CUDA device also
-//!   splits a relu convolution in two where it measured the fused call slower, which this
-//!   count, made without a GPU, does not know); linear 1, plus a bias /
+//!   splits a relu convolution in two where it measured the fused call slower, and runs a
+//!   bias-only one as one fused call where that measured no slower, which this count, made
+//!   without a GPU, does not know); linear 1, plus a bias /
 //!   activation kernel when it has either; identity and reshape one copy; every other operator
 //!   one kernel; a `sequential` operator the sum of its inner operators (only the first reads
 //!   the node's terms), but for an activation that the depthwise convolution after it applies

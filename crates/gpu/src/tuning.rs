@@ -1,7 +1,7 @@
 //! Kernel choices made by measurement that every process must repeat exactly: which cuDNN
-//! algorithm runs each convolution, and whether its bias + relu run inside cuDNN's fused call
-//! or in our kernel after the convolution ([`epilogue_key`]: the fused call is not faster
-//! everywhere).
+//! algorithm runs each convolution, and whether its bias (+ relu) run inside cuDNN's fused
+//! call or in our kernel after the convolution ([`epilogue_key`]: the fused call is not faster
+//! everywhere, and for a bias alone cuDNN runs it only with one algorithm).
 //!
 //! Letting `cudnnFindConvolutionForwardAlgorithmEx` pick afresh in every process made the same
 //! plan run 2.86 to 4.54 ms on an H100: candidates a few percent apart swap places with timing
@@ -31,12 +31,12 @@ pub const EPILOGUE_FUSED: u32 = 0;
 /// The candidate "convolution, then our bias + activation kernel" of an [`epilogue_key`].
 pub const EPILOGUE_SEPARATE: u32 = 1;
 
-/// The key of the epilogue choice of convolution `conv_key` run with cuDNN algorithm `algo` and
-/// math type `math`: its candidates are [`EPILOGUE_FUSED`] and [`EPILOGUE_SEPARATE`] (as
-/// `algo`, with math 0 and the convolution's workspace), so that [`choose`] gives a tie to the
-/// fused call, which launches less.
-pub fn epilogue_key(conv_key: &str, algo: u32, math: u32) -> String {
-    format!("{conv_key}|epilogue=relu|conv={algo}.{math}")
+/// The key of the epilogue choice (`act`: "relu", or "identity" for a bias alone) of
+/// convolution `conv_key` run with cuDNN algorithm `algo` and math type `math` when separate:
+/// its candidates are [`EPILOGUE_FUSED`] and [`EPILOGUE_SEPARATE`] (as `algo`, with math and
+/// workspace 0), so that [`choose`] gives a tie to the fused call, which launches less.
+pub fn epilogue_key(conv_key: &str, act: &str, algo: u32, math: u32) -> String {
+    format!("{conv_key}|epilogue={act}|conv={algo}.{math}")
 }
 
 /// One measured candidate kernel of one convolution.
@@ -221,7 +221,7 @@ mod tests {
             cudnn: "91400".into(),
         };
         let conv = "x=[1, 64, 56, 56]|oc=64|k=[3, 3]|s=[1, 1]|p=[1, 1]|d=[1, 1]|g=1|nchw|tf32";
-        let key = epilogue_key(conv, 1, 0);
+        let key = epilogue_key(conv, "relu", 1, 0);
         let t = Tuning::default();
         t.insert(conv, vec![cand(1, 0.02, 0)]);
         t.insert(

@@ -144,6 +144,15 @@ impl ConvDesc {
 impl ActDesc {
     /// ReLU (for the fused convolution).
     pub(crate) fn relu() -> Result<ActDesc, GpuError> {
+        Self::new(dnn_sys::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU)
+    }
+
+    /// No activation (the fused convolution adding a bias alone).
+    pub(crate) fn identity() -> Result<ActDesc, GpuError> {
+        Self::new(dnn_sys::cudnnActivationMode_t::CUDNN_ACTIVATION_IDENTITY)
+    }
+
+    fn new(mode: dnn_sys::cudnnActivationMode_t) -> Result<ActDesc, GpuError> {
         let a = dnn::create_activation_descriptor()
             .map_err(|e| GpuError::cudnn("creating an activation descriptor", e))?;
         let d = ActDesc(a);
@@ -151,12 +160,12 @@ impl ActDesc {
         unsafe {
             dnn::set_activation_descriptor(
                 d.0,
-                dnn_sys::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU,
+                mode,
                 dnn_sys::cudnnNanPropagation_t::CUDNN_NOT_PROPAGATE_NAN,
                 0.0,
             )
         }
-        .map_err(|e| GpuError::cudnn("describing relu", e))?;
+        .map_err(|e| GpuError::cudnn("describing an activation", e))?;
         Ok(d)
     }
 }

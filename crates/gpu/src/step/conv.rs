@@ -13,7 +13,9 @@
 //!   cache, so later processes run the same kernel), and the choice made from them
 //!   deterministically; conv + bias + relu runs as cuDNN's fused call where it works with that
 //!   algorithm and measured no slower than the convolution followed by the `bias_act` kernel
-//!   (also kept in the tuning table), else as those two.
+//!   (also kept in the tuning table), else as those two; conv + bias alone likewise, with the
+//!   fused call's identity activation (which cuDNN runs only with the implicit precomputed GEMM
+//!   algorithm). Depthwise convolutions run as our NVRTC kernel.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -487,9 +489,10 @@ struct CudaConv {
     bias_desc: TensorDesc,
     w_desc: FilterDesc,
     conv: ConvDesc,
-    relu: ActDesc,
+    /// The fused call's activation: relu, or identity for a bias alone.
+    fused_act: ActDesc,
     choice: ConvChoice,
-    /// Run the fused conv + bias + relu call (else conv, then the bias_act kernel).
+    /// Run the fused conv + bias (+ relu) call (else conv, then the bias_act kernel).
     fused: bool,
     /// The unfused epilogue: bias and activation (None: nothing to do).
     epilogue: Option<super::act::CudaBiasAct>,
@@ -516,7 +519,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     } else {
         dnn_sys::cudnnMathType_t::CUDNN_FMA_MATH
     })?;
-    let relu = ActDesc::relu()?;
+    let fused_act = ActDesc::relu()?;
     let (wp, yp) = (cx.ptr(s.w)?, cx.ptr(s.y)?);
     // What the tuning table keys by (the device is the cache entry's fingerprint).
     let tuning_key = format!(
@@ -573,7 +576,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         bias_desc,
         w_desc,
         conv,
-        relu,
+        fused_act,
         choice,
         fused: want_fused && choice.fused_ok,
         epilogue: None,
@@ -607,7 +610,21 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         plan.epilogue = Some(super::act::CudaBiasAct::new(cx, &step)?);
     }
     if plan.fused {
-        plan.fused = fused_is_faster(&mut plan, &tuning_key, cx)?;
+        // cuDNN fuses only some algorithms itself and runs others as separate kernels inside
+        // the call: keep the call only where it is no slower.
+        let fused = Variant {
+            choice: plan.choice,
+            fused: true,
+        };
+        let separate = Variant {
+            fused: false,
+            ..fused
+        };
+        let (algo, math) = (plan.choice.algo as u32, plan.choice.math as u32);
+        let key = crate::tuning::epilogue_key(&tuning_key, "relu", algo, math);
+        faster_variant(&mut plan, &key, fused, separate, cx)?;
+    } else if s.bias.is_some() && s.act == Activation::None {
+        identity_fused(&mut plan, &tuning_key, cx)?;
     }
     if plan.fused {
         plan.epilogue = None;
@@ -615,40 +632,102 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     Ok(plan)
 }
 
-/// Whether cuDNN's fused conv + bias + relu call runs `plan` at least as fast as the
-/// convolution followed by our bias + activation kernel (cuDNN fuses only some algorithms
-/// itself and runs others as separate kernels inside the call). Measured once per
-/// convolution, algorithm and device; the timings are kept in the tuning table, so every later
-/// process decides alike ([`crate::tuning::epilogue_key`]).
-fn fused_is_faster(
+/// One way to run a convolution with its bias (and relu): an algorithm, and whether cuDNN's
+/// fused call adds the bias (and applies the relu) or our kernel does after the convolution.
+#[derive(Clone, Copy)]
+struct Variant {
+    choice: ConvChoice,
+    fused: bool,
+}
+
+impl CudaConv {
+    /// Run as `v` from now on (the descriptor's math type follows the algorithm's).
+    fn set_variant(&mut self, v: Variant) -> Result<(), GpuError> {
+        self.conv.set_math(v.choice.math)?;
+        self.choice = v.choice;
+        self.fused = v.fused;
+        Ok(())
+    }
+}
+
+/// Set `plan` to the faster of `fused` and `separate`, both timed on the GPU between events
+/// (a tie goes to the fused call, which launches less). Measured once per `key` and device;
+/// the timings are kept in the tuning table, so every later process decides alike
+/// ([`crate::tuning::epilogue_key`]).
+fn faster_variant(
     plan: &mut CudaConv,
-    conv_key: &str,
+    key: &str,
+    fused: Variant,
+    separate: Variant,
     cx: &mut PrepareCx<'_>,
-) -> Result<bool, GpuError> {
-    use crate::tuning::{choose, epilogue_key, Candidate, EPILOGUE_FUSED, EPILOGUE_SEPARATE};
-    let key = epilogue_key(conv_key, plan.choice.algo as u32, plan.choice.math as u32);
-    let candidates = match cx.tuning.get(&key) {
+) -> Result<(), GpuError> {
+    use crate::tuning::{choose, Candidate, EPILOGUE_FUSED, EPILOGUE_SEPARATE};
+    let candidates = match cx.tuning.get(key) {
         Some(c) => c,
         None => {
+            let ws = fused.choice.workspace.max(separate.choice.workspace);
+            cx.sc.ensure_workspace(ws)?;
             let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
             let mut c = Vec::with_capacity(2);
-            for (variant, fused) in [(EPILOGUE_FUSED, true), (EPILOGUE_SEPARATE, false)] {
-                plan.fused = fused;
+            for (code, v) in [(EPILOGUE_FUSED, fused), (EPILOGUE_SEPARATE, separate)] {
+                plan.set_variant(v)?;
                 let run: &CudaConv = plan;
-                let ms = sc.time_ms(gpu, 10, &|| run.enqueue(gpu, sc))?;
                 c.push(Candidate {
-                    algo: variant,
+                    algo: code,
                     math: 0,
-                    ms,
-                    workspace: plan.choice.workspace,
+                    ms: sc.time_ms(gpu, 10, &|| run.enqueue(gpu, sc))?,
+                    workspace: 0,
                 });
             }
             tracing::debug!("conv epilogue measured for {key}: {c:?}");
-            cx.tuning.insert(&key, c.clone());
+            cx.tuning.insert(key, c.clone());
             c
         }
     };
-    Ok(choose(&candidates, usize::MAX).is_none_or(|c| c.algo == EPILOGUE_FUSED))
+    let fused_wins = choose(&candidates, usize::MAX).is_none_or(|c| c.algo == EPILOGUE_FUSED);
+    plan.set_variant(if fused_wins { fused } else { separate })
+}
+
+/// A convolution with a bias and no activation: cuDNN's fused call with an identity activation
+/// adds the bias in the same launch, but runs only with the implicit precomputed GEMM
+/// algorithm. Where that algorithm was measured, the call works for this shape, and it is no
+/// slower than the chosen algorithm followed by our bias kernel, `plan` switches to it.
+fn identity_fused(
+    plan: &mut CudaConv,
+    conv_key: &str,
+    cx: &mut PrepareCx<'_>,
+) -> Result<(), GpuError> {
+    use dnn_sys::cudnnConvolutionFwdAlgo_t as A;
+    let precomp = A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
+    let candidates: Vec<_> = cx
+        .tuning
+        .get(conv_key)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.algo == precomp)
+        .collect();
+    let Ok(alt) = choice_of(&candidates, cx.opts) else {
+        return Ok(());
+    };
+    let separate = Variant {
+        choice: plan.choice,
+        fused: false,
+    };
+    let fused = Variant {
+        choice: alt,
+        fused: true,
+    };
+    plan.fused_act = ActDesc::identity()?;
+    cx.sc.ensure_workspace(alt.workspace)?;
+    plan.set_variant(fused)?;
+    // cuDNN may still refuse the call for this shape: try it once.
+    if !(plan.run_conv(cx.sc).is_ok() && cx.sc.synchronize().is_ok()) {
+        tracing::debug!("fused conv + bias not supported for {conv_key}; using conv + kernel");
+        return plan.set_variant(separate);
+    }
+    let (algo, math) = (separate.choice.algo as u32, separate.choice.math as u32);
+    let key = crate::tuning::epilogue_key(conv_key, "identity", algo, math);
+    faster_variant(plan, &key, fused, separate, cx)
 }
 
 /// Every algorithm cuDNN can run the convolution with, timed on the GPU: the median of three
@@ -809,7 +888,7 @@ impl CudaConv {
                     self.y as *const c_void,
                     self.bias_desc.0,
                     self.bias as *const c_void,
-                    self.relu.0,
+                    self.fused_act.0,
                     self.y_desc.0,
                     self.y as *mut c_void,
                 )
@@ -852,10 +931,10 @@ impl Enqueue for CudaConv {
             pad.enqueue(gpu, sc)?;
         }
         self.run_conv(sc)?;
-        if let Some(e) = &self.epilogue {
-            e.enqueue(gpu, sc)?;
+        match &self.epilogue {
+            Some(e) if !self.fused => e.enqueue(gpu, sc),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     fn workspace(&self) -> usize {
