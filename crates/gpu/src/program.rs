@@ -695,50 +695,54 @@ impl<'g> Builder<'g> {
 }
 
 impl Builder<'_> {
-    /// Make the producers that write their slice of a concatenation in place
-    /// ([`opsched_graph::inplace::concat_slices`]) do so where they run on the concatenation's
-    /// GPU and no transfer sends their output: each one's output buffer becomes a view of the
-    /// concatenation's, and [`Builder::push_copy`] then leaves out its copy.
-    fn concat_in_place(&mut self, transfers: &[TransferSpec]) {
+    /// Make `p`'s output buffer a view of `into`'s output from element `at` on, where both run
+    /// on one GPU and no transfer sends `p`'s output (a transfer reads a buffer of its own).
+    /// Returns whether it did.
+    fn view_into(
+        &mut self,
+        p: NodeId,
+        into: NodeId,
+        at: usize,
+        transfers: &[TransferSpec],
+    ) -> bool {
         let gpu = |n: NodeId| self.placement.get(n.index()).copied().flatten();
+        let sent = transfers.iter().any(|t| t.src == p);
+        match (self.outputs[p.index()], self.outputs[into.index()]) {
+            (Some(pb), Some(out)) if !sent && gpu(p).is_some() && gpu(p) == gpu(into) => {
+                self.buffers[pb].within = Some((out, at));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Make the producers that write their slice of a concatenation in place
+    /// ([`opsched_graph::inplace::concat_slices`]) do so where they can ([`Builder::view_into`]):
+    /// [`Builder::push_copy`] then leaves out their copies.
+    fn concat_in_place(&mut self, transfers: &[TransferSpec]) {
         for (i, slot) in opsched_graph::inplace::concat_slices(self.g)
             .into_iter()
             .enumerate()
         {
-            let Some((c, at)) = slot else { continue };
-            let p = NodeId(i as u32);
-            let sent = transfers.iter().any(|t| t.src == p);
-            if let (Some(pb), Some(out)) = (self.outputs[i], self.outputs[c.index()]) {
-                if !sent && gpu(p).is_some() && gpu(p) == gpu(c) {
-                    self.buffers[pb].within = Some((out, at));
-                }
+            if let Some((c, at)) = slot {
+                self.view_into(NodeId(i as u32), c, at, transfers);
             }
         }
     }
-}
 
-impl Builder<'_> {
     /// Let each element-wise operator apply the activation fused into it
-    /// ([`opsched_graph::fusion::fused_source`]) where both run on one GPU and no transfer
-    /// sends the element-wise output: its buffer becomes a view of the activation's output,
-    /// which its kernel writes, and the activation has no steps.
+    /// ([`opsched_graph::fusion::fused_source`]) where it can write the activation's output
+    /// ([`Builder::view_into`]): its kernel applies the activation, and the activation has no
+    /// steps.
     fn fuse_activations(&mut self, transfers: &[TransferSpec]) {
-        let gpu = |n: NodeId| self.placement.get(n.index()).copied().flatten();
         for (i, src) in opsched_graph::fusion::fused_sources(self.g)
             .into_iter()
             .enumerate()
         {
-            let (Some(e), a) = (src, NodeId(i as u32)) else {
-                continue;
-            };
-            let Op::Activation { act } = self.g.node(a).op else {
-                continue;
-            };
-            let sent = transfers.iter().any(|t| t.src == e);
-            if let (Some(eb), Some(ab)) = (self.outputs[e.index()], self.outputs[i]) {
-                if !sent && gpu(e).is_some() && gpu(e) == gpu(a) {
-                    self.buffers[eb].within = Some((ab, 0));
-                    self.epilogues.insert(e, act);
+            let a = NodeId(i as u32);
+            if let (Some(e), Op::Activation { act }) = (src, &self.g.node(a).op) {
+                if self.view_into(e, a, 0, transfers) {
+                    self.epilogues.insert(e, *act);
                     self.fused.insert(a);
                 }
             }

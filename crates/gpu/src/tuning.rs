@@ -187,6 +187,15 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    fn h100() -> DeviceFingerprint {
+        DeviceFingerprint {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            sms: 132,
+            driver: "13.0".into(),
+            cudnn: "91400".into(),
+        }
+    }
+
     fn cand(algo: u32, ms: f64, workspace: usize) -> Candidate {
         Candidate {
             algo,
@@ -214,12 +223,7 @@ mod tests {
 
     #[test]
     fn an_epilogue_choice_is_a_convolution_key_of_its_own() {
-        let dev = DeviceFingerprint {
-            name: "NVIDIA H100 80GB HBM3".into(),
-            sms: 132,
-            driver: "13.0".into(),
-            cudnn: "91400".into(),
-        };
+        let dev = h100();
         let conv = "x=[1, 64, 56, 56]|oc=64|k=[3, 3]|s=[1, 1]|p=[1, 1]|d=[1, 1]|g=1|nchw|tf32";
         let key = epilogue_key(conv, "relu", 1, 0);
         let t = Tuning::default();
@@ -251,12 +255,7 @@ mod tests {
 
     #[test]
     fn cache_entries_round_trip_and_stay_on_their_device() {
-        let dev = DeviceFingerprint {
-            name: "NVIDIA H100 80GB HBM3".into(),
-            sms: 132,
-            driver: "13.0".into(),
-            cudnn: "91400".into(),
-        };
+        let dev = h100();
         let key = "x=[1, 64, 56, 56]|oc=64|k=[3, 3]|s=[1, 1]|p=[1, 1]|d=[1, 1]|g=1|nchw|tf32";
         let t = Tuning::default();
         t.insert(key, vec![cand(1, 0.0123, 0), cand(6, 0.011, 1 << 20)]);
