@@ -12,8 +12,8 @@
 //!   channels are one copy per value; a concat along another axis copies each term (after
 //!   materialising it); a concat copies nothing for a producer that writes its slice in place
 //!   (`opsched_graph::inplace`);
-//! - an activation that runs inside the kernel of the element-wise operator it reads
-//!   (`opsched_graph::fusion`) launches nothing;
+//! - an activation that runs inside the kernel of the element-wise operator it reads, and a sum
+//!   that the convolution feeding it computes (`opsched_graph::fusion`), launch nothing;
 //! - main kernels: a depthwise convolution 1 (our kernel: bias and activations included); any
 //!   other convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
 //!   activation kernel when there is a bias or a non-relu activation: 2; the CUDA device also
@@ -62,6 +62,15 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
             n
         }
         Op::Activation { .. } if opsched_graph::fusion::fused_source(g, op).is_some() => 0,
+        Op::Elementwise { .. } if opsched_graph::fusion::residual_conv(g, op).is_some() => 0,
+        // cuDNN's fused call with the residual as `z` (relu with any algorithm; a bias or
+        // residual alone only with one, else the bias + residual kernel after it).
+        Op::Conv2d(_) if opsched_graph::fusion::residual_of(g, op).is_some() => {
+            let act = opsched_graph::fusion::residual_of(g, op).map(|r| r.1);
+            single_copies(Input::Terms(&node.inputs, &shapes))
+                + 1
+                + u32::from(act != Some(Activation::Relu))
+        }
         // Producers that write their slice in place need no copy.
         Op::Concat { .. } => op_launches(&node.op, Input::Terms(&node.inputs, &shapes))
             .saturating_sub(opsched_graph::inplace::in_place_terms(g, op) as u32),

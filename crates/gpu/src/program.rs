@@ -218,6 +218,9 @@ pub(crate) struct Builder<'g> {
     /// so applied (which have no steps): see [`Builder::fuse_activations`].
     epilogues: HashMap<NodeId, Activation>,
     fused: HashSet<NodeId>,
+    /// Convolution -> the residual it adds and the activation it then applies, for the sums
+    /// it computes (which join `fused`): see [`Builder::fuse_residuals`].
+    residuals: HashMap<NodeId, (NodeId, Activation)>,
 }
 
 impl<'g> Builder<'g> {
@@ -283,7 +286,7 @@ impl<'g> Builder<'g> {
     }
 
     /// The buffer holding `producer`'s whole output as seen by `consumer` on `gpu`.
-    fn source(
+    pub(crate) fn source(
         &mut self,
         producer: NodeId,
         consumer: NodeId,
@@ -607,11 +610,15 @@ impl<'g> Builder<'g> {
                 ),
             )),
             Op::Conv2d(c) => {
-                step::conv::lower(self, steps, at, c, Activation::None, src, out, out_shape)
+                let residual = self.residuals.get(&at.node).copied();
+                let conv = step::conv::Fusion {
+                    pre_act: Activation::None,
+                    residual,
+                };
+                step::conv::lower(self, steps, at, c, conv, src, out, out_shape)
             }
             Op::Pool2d(p) => step::pool::lower(self, steps, at, p, src, out, out_shape),
             // Its producer's kernel applies it (see [`Builder::fuse_activations`]).
-            Op::Activation { .. } if self.fused.contains(&at.node) => Ok(()),
             Op::Activation { act } => step::act::lower(self, steps, at, *act, src, out),
             Op::Elementwise { kind } => {
                 let act = self.epilogues.get(&at.node).copied().unwrap_or_default();
@@ -682,7 +689,11 @@ impl<'g> Builder<'g> {
             let inner = At { inner: i, ..at };
             match inner_op {
                 Op::Conv2d(c) if pre_act != Activation::None => {
-                    step::conv::lower(self, steps, inner, c, pre_act, s, dst, &shape)?;
+                    let conv = step::conv::Fusion {
+                        pre_act,
+                        residual: None,
+                    };
+                    step::conv::lower(self, steps, inner, c, conv, s, dst, &shape)?;
                     pre_act = Activation::None;
                 }
                 _ => self.lower_op(steps, inner, inner_op, s, dst, &shape)?,
@@ -748,6 +759,28 @@ impl Builder<'_> {
             }
         }
     }
+
+    /// Let each convolution compute the residual sum it feeds
+    /// ([`opsched_graph::fusion::residual_conv`]) where it can write the sum's output
+    /// ([`Builder::view_into`]) and read the residual on its GPU: its kernel adds the residual
+    /// and applies the activation fused into the sum, and the sum has no steps. After
+    /// [`Builder::fuse_activations`].
+    fn fuse_residuals(&mut self, transfers: &[TransferSpec]) {
+        let gpu = |n: NodeId| self.placement.get(n.index()).copied().flatten();
+        for (i, found) in opsched_graph::fusion::residual_convs(self.g)
+            .into_iter()
+            .enumerate()
+        {
+            let Some((c, z)) = found else { continue };
+            let e = NodeId(i as u32);
+            let reachable = self.g.node(z).op.is_input() || gpu(z) == gpu(c);
+            if reachable && self.view_into(c, e, 0, transfers) {
+                let act = self.epilogues.get(&e).copied().unwrap_or_default();
+                self.residuals.insert(c, (z, act));
+                self.fused.insert(e);
+            }
+        }
+    }
 }
 
 impl GraphProgram {
@@ -796,6 +829,7 @@ impl GraphProgram {
             replicas: HashMap::new(),
             epilogues: HashMap::new(),
             fused: HashSet::new(),
+            residuals: HashMap::new(),
         };
         // Outputs first (so that a transfer's source exists), then replicas, then programs.
         for (i, node) in g.nodes().iter().enumerate() {
@@ -844,6 +878,7 @@ impl GraphProgram {
         }
         b.concat_in_place(transfers);
         b.fuse_activations(transfers);
+        b.fuse_residuals(transfers);
         let mut ops: Vec<Option<OpProgram>> = vec![None; g.len()];
         for &id in g.topo_order() {
             let node = g.node(id);
@@ -861,14 +896,17 @@ impl GraphProgram {
                 gpu,
                 inner: 0,
             };
-            b.lower_op(
-                &mut steps,
-                at,
-                &node.op,
-                Src::Terms(&node.inputs),
-                out,
-                &node.shape,
-            )?;
+            // An operator another one's kernel computes (see `fuse_*`) has no steps.
+            if !b.fused.contains(&id) {
+                b.lower_op(
+                    &mut steps,
+                    at,
+                    &node.op,
+                    Src::Terms(&node.inputs),
+                    out,
+                    &node.shape,
+                )?;
+            }
             ops[id.index()] = Some(OpProgram {
                 name: node.name.clone(),
                 gpu,
@@ -878,9 +916,10 @@ impl GraphProgram {
         }
         // Graph inputs read by nobody still get a buffer on GPU 0 (their outputs are reported).
         let mut outputs = b.outputs.clone();
-        // A fused element-wise operator's own value is never written.
-        for e in b.epilogues.keys() {
-            outputs[e.index()] = None;
+        // The own values of a sum that applies an activation, and of a convolution that adds
+        // a residual, are never written.
+        for n in b.epilogues.keys().chain(b.residuals.keys()) {
+            outputs[n.index()] = None;
         }
         for n in g.inputs() {
             let copy = (0..gpus).find_map(|gpu| b.input_copies.get(&(n, gpu)).copied());

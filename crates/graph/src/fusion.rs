@@ -16,6 +16,9 @@
 //! kernel writes `act(e)` into `a`'s output, and `a` waits for `e` as before, with no work of
 //! its own.
 //!
+//! A convolution also computes the residual sum it alone feeds ([`residual_conv`], ResNet's
+//! `conv + identity`), with the activation fused into that sum ([`residual_of`]).
+//!
 //! Inside a `sequential` operator, an activation followed by a depthwise convolution
 //! ([`is_depthwise`]: NASNet's and RandWire's relu + separable convolution) is applied by the
 //! convolution's kernel to every input it reads ([`pre_activations`]); a depthwise
@@ -73,6 +76,99 @@ pub fn fused_source(g: &Graph, a: NodeId) -> Option<NodeId> {
     let only_consumer = g.succs(e).all(|s| s == a);
     let is_output = g.outputs().iter().any(|o| o.value.node == e);
     (same_shapes && only_consumer && !is_output).then_some(e)
+}
+
+/// The convolution whose kernel also computes element-wise add `e` (ResNet's residual sum:
+/// cuDNN's fused call computes `act(conv(x) + z + bias)`), with the other term `z`, when
+/// - `e` adds exactly two terms, each one whole value of `e`'s shape;
+/// - one is a convolution (not depthwise) without an activation, whose only consumer is `e`
+///   and which is not an output of the graph;
+/// - the other, `z`, is a graph input or constant, or an ancestor of the convolution, so every
+///   schedule has it ready when the convolution runs (ResNet's identity branch; a downsampling
+///   branch beside the convolution is not).
+///
+/// `e` then runs no kernel of its own; an activation fused into `e` ([`fused_source`]) is the
+/// convolution's activation.
+pub fn residual_conv(g: &Graph, e: NodeId) -> Option<(NodeId, NodeId)> {
+    let node = g.node(e);
+    if !matches!(
+        node.op,
+        Op::Elementwise {
+            kind: crate::ElementwiseKind::Add
+        }
+    ) {
+        return None;
+    }
+    let whole: Vec<NodeId> = node
+        .inputs
+        .iter()
+        .filter_map(|t| match t.as_slice() {
+            [v] if v.channels.is_none() && g.node(v.node).shape == node.shape => Some(v.node),
+            _ => None,
+        })
+        .collect();
+    let [a, b] = whole.as_slice() else {
+        return None;
+    };
+    if node.inputs.len() != 2 || a == b {
+        return None;
+    }
+    let is_output = |n: NodeId| g.outputs().iter().any(|o| o.value.node == n);
+    let conv_of = |c: NodeId, z: NodeId| {
+        let Op::Conv2d(conv) = &g.node(c).op else {
+            return None;
+        };
+        let in_channels = g.input_shapes(c).iter().filter_map(|s| s.get(1)).sum();
+        let usable = conv.act == crate::Activation::None
+            && !is_depthwise(conv, in_channels)
+            && g.succs(c).all(|s| s == e)
+            && !is_output(c)
+            && (g.node(z).op.is_input() || is_ancestor(g, z, c));
+        usable.then_some((c, z))
+    };
+    conv_of(*a, *b).or_else(|| conv_of(*b, *a))
+}
+
+/// The sum that convolution `c` computes ([`residual_conv`]) and the activation it then
+/// applies: the one fused into the sum ([`fused_source`]), else none.
+pub fn residual_of(g: &Graph, c: NodeId) -> Option<(NodeId, crate::Activation)> {
+    let e = g.succs(c).next()?;
+    if residual_conv(g, e)?.0 != c {
+        return None;
+    }
+    let act = g
+        .succs(e)
+        .find(|&a| fused_source(g, a) == Some(e))
+        .and_then(|a| match g.node(a).op {
+            Op::Activation { act } => Some(act),
+            _ => None,
+        })
+        .unwrap_or_default();
+    Some((e, act))
+}
+
+/// [`residual_conv`] for every node.
+pub fn residual_convs(g: &Graph) -> Vec<Option<(NodeId, NodeId)>> {
+    (0..g.len())
+        .map(|i| residual_conv(g, NodeId(i as u32)))
+        .collect()
+}
+
+/// Whether `anc` reaches `node` along the graph's edges.
+fn is_ancestor(g: &Graph, anc: NodeId, node: NodeId) -> bool {
+    let mut seen = vec![false; g.len()];
+    let mut stack = vec![node];
+    while let Some(n) = stack.pop() {
+        for p in g.preds(n) {
+            if p == anc {
+                return true;
+            }
+            if !std::mem::replace(&mut seen[p.index()], true) {
+                stack.push(p);
+            }
+        }
+    }
+    false
 }
 
 /// [`fused_source`] for every node.
@@ -137,6 +233,34 @@ mod tests {
         );
         // A depthwise convolution of the wrong width is not depthwise here.
         assert_eq!(pre_activations(&[relu, dw(4)], &x), [false, false]);
+    }
+
+    #[test]
+    fn a_convolution_takes_a_residual_sum_of_an_ancestor_only() {
+        let mut b = GraphBuilder::new("res", DType::F32);
+        let x = b.input("x", vec![1, 8, 4, 4]);
+        let c1 = b.conv("c1", x, Conv2d::new(8, 3).relu());
+        let c2 = b.conv("c2", c1, Conv2d::new(8, 3).bias(true));
+        let sum = b.add("sum", &[c2, x]);
+        let relu = b.act("relu", sum, Activation::Relu);
+        // A branch beside the convolution is not ready for it in every schedule.
+        let down = b.conv("down", relu, Conv2d::new(8, 1));
+        let c3 = b.conv("c3", relu, Conv2d::new(8, 3));
+        let side = b.add("side", &[c3, down]);
+        // A convolution with an activation, or read twice, keeps its own output.
+        let c4 = b.conv("c4", side, Conv2d::new(8, 3).relu());
+        let s4 = b.add("s4", &[c4, side]);
+        let c5 = b.conv("c5", s4, Conv2d::new(8, 3));
+        let s5 = b.add("s5", &[c5, s4]);
+        let _ = b.act("t", c5, Activation::Tanh);
+        let g = b.finish().unwrap();
+        assert_eq!(residual_conv(&g, sum), Some((c2, x)));
+        assert_eq!(fused_source(&g, relu), Some(sum));
+        assert_eq!(residual_of(&g, c2), Some((sum, Activation::Relu)));
+        assert_eq!(residual_of(&g, c3), None);
+        for n in [side, s4, s5, relu, c2] {
+            assert_eq!(residual_conv(&g, n), None, "{}", g.node(n).name);
+        }
     }
 
     #[test]

@@ -54,7 +54,7 @@ fn kernels(step: &Step) -> u32 {
             1 + u32::from(
                 !depthwise
                     && c.act != Activation::Relu
-                    && (c.bias.is_some() || c.act != Activation::None),
+                    && (c.bias.is_some() || c.act != Activation::None || c.residual.is_some()),
             )
         }
         _ => 1,

@@ -95,46 +95,63 @@ fn concatenated_operators_write_their_slices_in_place_at_batch_1() {
     }
 }
 
-/// A residual sum and its relu (ResNet's), the relu written into a concatenation at batch 1.
+/// A residual sum and its relu (ResNet's), then a sum of two branches beside each other and
+/// its relu, written into a concatenation at batch 1.
 fn residual() -> Graph {
     let mut b = GraphBuilder::new("residual", DType::F32);
     let x = b.input("x", vec![1, 8, 8, 8]);
     let c = b.conv("c", x, Conv2d::new(8, 3).bias(true));
     let add = b.add("add", &[c, x]);
     let relu = b.act("relu", add, Activation::Relu);
+    let l = b.conv("l", relu, Conv2d::new(8, 1));
+    let r = b.conv("r", relu, Conv2d::new(8, 3));
+    let both = b.add("both", &[l, r]);
+    let brelu = b.act("brelu", both, Activation::Relu);
     let side = b.conv("side", x, Conv2d::new(4, 1).relu());
-    let cat = b.concat("cat", &[relu, side]);
+    let cat = b.concat("cat", &[brelu, side]);
     b.conv("out", cat, Conv2d::new(4, 1));
     b.finish().unwrap()
 }
 
 #[test]
-fn an_activation_runs_in_the_kernel_of_the_sum_it_reads() {
+fn sums_and_activations_run_in_the_kernels_that_feed_them() {
     let g = residual();
     let id = |n: &str| g.find(n).unwrap();
     let p = GraphProgram::single_gpu(&g).unwrap();
     let op = |n: &str| p.ops[id(n).index()].as_ref().unwrap();
-    // The sum's kernel applies the relu and writes into the relu's output, itself the first
-    // slice of the concatenation; the relu has nothing left to do.
-    assert!(op("relu").steps.is_empty());
-    let [Step::Elementwise(e)] = op("add").steps.as_slice() else {
-        panic!("add: {:?}", op("add").steps);
+    let within = |n: &str| p.buffers[op(n).output].within;
+    // The convolution adds the identity and applies the relu, writing the relu's output
+    // through the sum's: neither has anything left to do.
+    let [Step::Conv(c)] = op("c").steps.as_slice() else {
+        panic!("c: {:?}", op("c").steps);
+    };
+    assert_eq!((c.act, c.residual.is_some()), (Activation::Relu, true));
+    assert!(op("add").steps.is_empty() && op("relu").steps.is_empty());
+    assert_eq!(within("c"), Some((op("add").output, 0)));
+    assert_eq!(within("add"), Some((op("relu").output, 0)));
+    // A sum of two branches (neither runs before the other) applies its relu and writes the
+    // relu's output, itself the first slice of the concatenation.
+    let [Step::Elementwise(e)] = op("both").steps.as_slice() else {
+        panic!("both: {:?}", op("both").steps);
     };
     assert_eq!(e.act, Activation::Relu);
+    assert!(op("brelu").steps.is_empty());
+    assert_eq!(within("both"), Some((op("brelu").output, 0)));
     assert_eq!(
-        p.buffers[op("add").output].within,
-        Some((op("relu").output, 0))
+        root_of(&p, op("both").output),
+        root_of(&p, op("cat").output)
     );
-    assert_eq!(root_of(&p, op("add").output), root_of(&p, op("cat").output));
-    assert_eq!(p.outputs[id("add").index()], None);
+    for n in ["c", "add", "both"] {
+        assert_eq!(p.outputs[id(n).index()], None, "{n}");
+    }
     check_layout(&p).unwrap();
     let want = opsched_gpu::reference::reference_with(&g, &Default::default()).unwrap();
     for (algo, streams) in [("sequential", 1), ("opara", 2), ("greedy", 3)] {
         let s = schedule(&g, algo, streams);
         for reuse in [false, true] {
             let (got, _) = run(&g, &s, reuse);
-            assert!(got[id("add").index()].is_none());
-            for n in ["relu", "cat", "out"] {
+            assert!(got[id("both").index()].is_none());
+            for n in ["relu", "brelu", "cat", "out"] {
                 if let Some(v) = &got[id(n).index()] {
                     let e = opsched_gpu::reference::scaled_error(
                         v,
@@ -145,32 +162,32 @@ fn an_activation_runs_in_the_kernel_of_the_sum_it_reads() {
             }
         }
     }
-    // On two GPUs the relu reads a transferred copy of the sum: both keep their kernels.
+    // On two GPUs brelu reads a transferred copy of the sum: both keep their kernels.
     let placement: Vec<Option<usize>> = g
         .nodes()
         .iter()
         .enumerate()
-        .map(|(i, n)| (!n.op.is_input()).then_some(usize::from(i == id("relu").index())))
+        .map(|(i, n)| (!n.op.is_input()).then_some(usize::from(i == id("brelu").index())))
         .collect();
     let transfers = [
         TransferSpec {
-            src: id("add"),
-            dst: id("relu"),
+            src: id("both"),
+            dst: id("brelu"),
             dst_gpu: 1,
         },
         TransferSpec {
-            src: id("relu"),
+            src: id("brelu"),
             dst: id("cat"),
             dst_gpu: 0,
         },
     ];
     let p = GraphProgram::build(&g, &placement, &transfers).unwrap();
     let op = |n: &str| p.ops[id(n).index()].as_ref().unwrap();
-    assert!(matches!(op("relu").steps.as_slice(), [Step::Act(_)]));
+    assert!(matches!(op("brelu").steps.as_slice(), [Step::Act(_)]));
     assert!(
-        matches!(op("add").steps.as_slice(), [Step::Elementwise(e)] if e.act == Activation::None)
+        matches!(op("both").steps.as_slice(), [Step::Elementwise(e)] if e.act == Activation::None)
     );
-    assert!(p.outputs[id("add").index()].is_some());
+    assert!(p.outputs[id("both").index()].is_some());
 }
 
 #[test]

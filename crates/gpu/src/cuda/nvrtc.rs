@@ -60,11 +60,13 @@ extern "C" __global__ void slab_copy(float* dst, const float* src, i64 outer, i6
     }
 }
 
-extern "C" __global__ void bias_act(float* y, const float* bias, i64 total, i64 channels,
-                                    i64 inner, int act, float p0, float p1) {
+extern "C" __global__ void bias_act(float* y, const float* bias, const float* residual,
+                                    i64 total, i64 channels, i64 inner, int act, float p0,
+                                    float p1) {
     GRID_STRIDE(t, total) {
         float v = y[t];
         if (bias) v += bias[(t / inner) % channels];
+        if (residual) v += residual[t];
         y[t] = act_f(v, act, p0, p1);
     }
 }

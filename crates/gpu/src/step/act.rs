@@ -25,7 +25,8 @@ pub struct Act {
     pub act: Activation,
 }
 
-/// In place: `y[i] = act(y[i] + bias[(i / inner) % channels])` over `total` elements.
+/// In place: `y[i] = act(y[i] + bias[(i / inner) % channels] + residual[i])` over `total`
+/// elements.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BiasAct {
     pub y: BufId,
@@ -34,6 +35,7 @@ pub struct BiasAct {
     pub channels: usize,
     pub inner: usize,
     pub act: Activation,
+    pub residual: Option<BufId>,
 }
 
 /// Lower an `activation` operator.
@@ -143,15 +145,21 @@ impl StepKernel for BiasAct {
     }
 
     fn access(&self) -> Access {
+        let bias = self.bias.map(|b| (b, self.channels));
+        let residual = self.residual.map(|z| (z, self.total));
         Access {
-            reads: self.bias.map(|b| (b, self.channels)).into_iter().collect(),
+            reads: bias.into_iter().chain(residual).collect(),
             writes: vec![(self.y, self.total)],
         }
     }
 
     fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
         let bias = self.bias.map(|b| io.read(b)).transpose()?;
+        let residual = self.residual.map(|z| io.read(z)).transpose()?;
         let y = &mut io.write(self.y)?[..self.total];
+        if let Some(z) = residual {
+            y.iter_mut().zip(z).for_each(|(v, &r)| *v += r);
+        }
         apply_bias_act(y, bias, self.channels, self.inner, self.act);
         Ok(())
     }
@@ -169,6 +177,7 @@ impl StepKernel for BiasAct {
 pub(crate) struct CudaBiasAct {
     y: u64,
     bias: u64,
+    residual: u64,
     total: i64,
     channels: i64,
     inner: i64,
@@ -180,6 +189,7 @@ impl CudaBiasAct {
         Ok(CudaBiasAct {
             y: cx.ptr(s.y)?,
             bias: s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
+            residual: s.residual.map(|z| cx.ptr(z)).transpose()?.unwrap_or(0),
             total: s.total as i64,
             channels: s.channels.max(1) as i64,
             inner: s.inner.max(1) as i64,
@@ -193,13 +203,15 @@ impl Enqueue for CudaBiasAct {
         let mut b = sc.launch_builder(gpu.function("bias_act")?);
         b.arg(&self.y)
             .arg(&self.bias)
+            .arg(&self.residual)
             .arg(&self.total)
             .arg(&self.channels)
             .arg(&self.inner)
             .arg(&self.act.0)
             .arg(&self.act.1)
             .arg(&self.act.2);
-        // SAFETY: matches `bias_act`; bias has `channels` elements or is null.
+        // SAFETY: matches `bias_act`; bias has `channels` elements or is null, the residual
+        // `total` or is null.
         launched(unsafe { b.launch(grid(self.total as usize)) }, "bias_act")
     }
 }

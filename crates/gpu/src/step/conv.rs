@@ -65,16 +65,29 @@ pub struct Conv {
     /// activation before a depthwise convolution in a `sequential` operator
     /// (`opsched_graph::fusion::pre_activations`).
     pub pre_act: Activation,
+    /// Added to the output (with the bias) before `act`: the residual sum the convolution
+    /// computes (`opsched_graph::fusion::residual_conv`).
+    pub residual: Option<BufId>,
 }
 
-/// Lower a `conv2d` operator reading `pre_act` of `src` into `out`.
+/// What a convolution's kernel does beyond its operator (`opsched_graph::fusion`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Fusion {
+    /// The activation before it, applied to what it reads.
+    pub pre_act: Activation,
+    /// The residual it adds (a node whose output it reads) and the activation it then applies
+    /// instead of its own (which is none).
+    pub residual: Option<(opsched_graph::NodeId, Activation)>,
+}
+
+/// Lower a `conv2d` operator reading `src` into `out`, with what `fusion` adds.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn lower(
     b: &mut Builder<'_>,
     steps: &mut Vec<Step>,
     at: At,
     c: &Conv2d,
-    pre_act: Activation,
+    fusion: Fusion,
     src: Src<'_>,
     out: BufId,
     out_shape: &[usize],
@@ -99,6 +112,10 @@ pub(crate) fn lower(
         .bias
         .then(|| b.param(at, "bias", oc, 0.0, 0.1))
         .transpose()?;
+    let (residual, act) = match fusion.residual {
+        Some((z, act)) => (Some(b.source(z, at.node, at.gpu)?), act),
+        None => (None, c.act),
+    };
     steps.push(
         Conv {
             x,
@@ -114,8 +131,9 @@ pub(crate) fn lower(
             dilation: c.dilation,
             groups,
             out_hw: [oh, ow],
-            act: c.act,
-            pre_act,
+            act,
+            pre_act: fusion.pre_act,
+            residual,
         }
         .into(),
     );
@@ -294,7 +312,7 @@ impl StepKernel for Conv {
     }
 
     fn nvrtc_kernel(&self) -> Option<&'static str> {
-        self.is_depthwise().then_some("depthwise_conv")
+        (self.is_depthwise() && self.residual.is_none()).then_some("depthwise_conv")
     }
 
     fn access(&self) -> Access {
@@ -303,6 +321,7 @@ impl StepKernel for Conv {
             (self.w, self.out_channels * self.col_rows()),
         ];
         reads.extend(self.bias.map(|b| (b, self.out_channels)));
+        reads.extend(self.residual.map(|z| (z, self.out_len())));
         Access {
             reads,
             writes: vec![(self.y, self.out_len())],
@@ -310,6 +329,27 @@ impl StepKernel for Conv {
     }
 
     fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
+        if let Some(z) = self.residual {
+            // The convolution and its bias, then `act(y + z)` in one more pass.
+            let plain = Conv {
+                act: Activation::None,
+                residual: None,
+                ..self.clone()
+            };
+            plain.run_cpu(io)?;
+            let n = self.out_len();
+            let z = &io.read(z)?[..n];
+            let y = &mut io.write(self.y)?[..n];
+            let a = self.act;
+            with_act!(a, |f| y
+                .par_chunks_mut(1 << 14)
+                .zip(z.par_chunks(1 << 14))
+                .for_each(|(y, z)| y
+                    .iter_mut()
+                    .zip(z)
+                    .for_each(|(v, &r)| *v = f(*v + r))));
+            return Ok(());
+        }
         let x = io.read(self.x)?;
         let w = io.read(self.w)?;
         let bias = self.bias.map(|b| io.read(b)).transpose()?;
@@ -344,7 +384,7 @@ impl StepKernel for Conv {
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
         let x = cx.ptr(self.x)?;
-        if self.is_depthwise() {
+        if self.is_depthwise() && self.residual.is_none() {
             return Ok(Box::new(CudaDepthwise::new(self, x, cx)?));
         }
         if self.pre_act != Activation::None {
@@ -491,6 +531,9 @@ struct CudaConv {
     conv: ConvDesc,
     /// The fused call's activation: relu, or identity for a bias alone.
     fused_act: ActDesc,
+    /// The fused call's `z` and its scale: the residual and 1, or the output and 0.
+    z: u64,
+    alpha2: f32,
     choice: ConvChoice,
     /// Run the fused conv + bias (+ relu) call (else conv, then the bias_act kernel).
     fused: bool,
@@ -557,9 +600,11 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     conv.set_math(choice.math)?;
     cx.sc.ensure_workspace(choice.workspace)?;
     let want_fused = s.act == Activation::Relu;
+    // cuDNN's fused call always adds a bias: a zero one where the convolution has none.
+    let identity = s.act == Activation::None && (s.bias.is_some() || s.residual.is_some());
     let (zero_bias, bias_ptr) = match s.bias {
         Some(b) => (None, cx.ptr(b)?),
-        None if want_fused => {
+        None if want_fused || identity => {
             let z = cx.gpu.zeros(oc)?;
             let (p, _) = z.device_ptr(&cx.gpu.alloc_stream);
             (Some(z), p)
@@ -577,6 +622,8 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         w_desc,
         conv,
         fused_act,
+        z: s.residual.map(|r| cx.ptr(r)).transpose()?.unwrap_or(yp),
+        alpha2: if s.residual.is_some() { 1.0 } else { 0.0 },
         choice,
         fused: want_fused && choice.fused_ok,
         epilogue: None,
@@ -597,7 +644,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
             m.insert(key, choice);
         }
     }
-    if s.bias.is_some() || s.act != Activation::None {
+    if s.bias.is_some() || s.act != Activation::None || s.residual.is_some() {
         let inner = s.out_hw[0] * s.out_hw[1];
         let step = super::act::BiasAct {
             y: s.y,
@@ -606,6 +653,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
             channels: oc,
             inner,
             act: s.act,
+            residual: s.residual,
         };
         plan.epilogue = Some(super::act::CudaBiasAct::new(cx, &step)?);
     }
@@ -623,7 +671,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         let (algo, math) = (plan.choice.algo as u32, plan.choice.math as u32);
         let key = crate::tuning::epilogue_key(&tuning_key, "relu", algo, math);
         faster_variant(&mut plan, &key, fused, separate, cx)?;
-    } else if s.bias.is_some() && s.act == Activation::None {
+    } else if identity {
         identity_fused(&mut plan, &tuning_key, cx)?;
     }
     if plan.fused {
@@ -688,9 +736,9 @@ fn faster_variant(
     plan.set_variant(if fused_wins { fused } else { separate })
 }
 
-/// A convolution with a bias and no activation: cuDNN's fused call with an identity activation
-/// adds the bias in the same launch, but runs only with the implicit precomputed GEMM
-/// algorithm. Where that algorithm was measured, the call works for this shape, and it is no
+/// A convolution with a bias or a residual and no activation: cuDNN's fused call with an
+/// identity activation adds them in the same launch, but runs only with the implicit
+/// precomputed GEMM algorithm. Where that algorithm was measured, the call works for this shape, and it is no
 /// slower than the chosen algorithm followed by our bias kernel, `plan` switches to it.
 fn identity_fused(
     plan: &mut CudaConv,
@@ -868,9 +916,10 @@ impl CudaConv {
             (std::ptr::null_mut(), 0)
         };
         if self.fused {
-            // SAFETY: descriptors match the buffers; z aliases y with alpha2 = 0 (allowed);
-            // the stream's workspace holds at least `choice.workspace` bytes (fitted before
-            // any launch).
+            // SAFETY: descriptors match the buffers; z is the residual (of y's shape: the
+            // step's access reads it whole) with alpha2 = 1, or aliases y with alpha2 = 0
+            // (allowed); the stream's workspace holds at least `choice.workspace` bytes
+            // (fitted before any launch).
             unsafe {
                 dnn::convolution_bias_activation_forward(
                     sc.cudnn(),
@@ -883,9 +932,9 @@ impl CudaConv {
                     self.choice.algo,
                     ws_ptr,
                     ws_bytes,
-                    (&zero) as *const f32 as *const c_void,
+                    (&self.alpha2) as *const f32 as *const c_void,
                     self.y_desc.0,
-                    self.y as *const c_void,
+                    self.z as *const c_void,
                     self.bias_desc.0,
                     self.bias as *const c_void,
                     self.fused_act.0,
@@ -981,6 +1030,7 @@ mod tests {
             out_hw: [out(0), out(1)],
             act: Activation::Relu,
             pre_act: Activation::None,
+            residual: None,
         }
     }
 

@@ -90,6 +90,7 @@ pub(crate) fn lower_linear(
                 channels: nf,
                 inner: 1,
                 act,
+                residual: None,
             }
             .into(),
         );
