@@ -191,6 +191,12 @@ fn every_op_graph() -> Graph {
         },
         vec![vec![Value::whole(c4), Value::whole(a1), Value::whole(c4)]],
     );
+    // Residual sums the convolutions compute: with a bias alone, then with the relu after it.
+    let rc = b.conv("rc", c1, Conv2d::new(8, 3).bias(true));
+    let radd = b.add("radd", &[rc, c1]);
+    let rc2 = b.conv("rc2", radd, Conv2d::new(8, 1));
+    let radd2 = b.add("radd2", &[radd, rc2]);
+    let rrelu = b.act("rrelu", radd2, Activation::Relu);
     let conv_sum = b.node(
         "conv_sum",
         Op::Conv2d(Conv2d::new(3, 1)),
@@ -228,7 +234,7 @@ fn every_op_graph() -> Graph {
         },
         &[seq],
     );
-    let _ = (p1, sm, sm1, tr, cat0, cat3, sum_act, conv_sum);
+    let _ = (p1, sm, sm1, tr, cat0, cat3, sum_act, conv_sum, rrelu);
     b.finish().unwrap()
 }
 
@@ -603,6 +609,29 @@ fn a_depthwise_convolution_applies_the_activation_before_it() {
     assert_eq!((pw.pre_act, pw.groups), (Activation::None, 1));
     // On a GPU: the depthwise kernel, then cuDNN's pointwise convolution and its bias.
     assert_eq!(opsched_cost::launches::launches(&g, sep), 3);
+}
+
+#[test]
+fn convolutions_compute_the_residual_sums_they_feed() {
+    let g = every_op_graph();
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    let steps = |n: &str| &p.ops[g.find(n).unwrap().index()].as_ref().unwrap().steps;
+    for (conv, sum, act) in [
+        ("rc", "radd", Activation::None),
+        ("rc2", "radd2", Activation::Relu),
+    ] {
+        let [Step::Conv(c)] = steps(conv).as_slice() else {
+            panic!("{conv}: {:?}", steps(conv));
+        };
+        assert!(c.residual.is_some() && c.act == act, "{conv}: {c:?}");
+        assert!(steps(sum).is_empty(), "{sum}");
+        let n = opsched_cost::launches::launches(&g, g.find(sum).unwrap());
+        assert_eq!(n, 0, "{sum}");
+    }
+    assert!(steps("rrelu").is_empty());
+    // The sum read by a convolution and a sum keeps its value; the convolutions' are not kept.
+    assert!(p.outputs[g.find("radd").unwrap().index()].is_some());
+    assert!(p.outputs[g.find("rc").unwrap().index()].is_none());
 }
 
 #[test]
