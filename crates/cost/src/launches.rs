@@ -62,9 +62,13 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
             n
         }
         Op::Activation { .. } if opsched_graph::fusion::fused_source(g, op).is_some() => 0,
-        Op::Elementwise { .. } if opsched_graph::fusion::residual_conv(g, op).is_some() => 0,
+        Op::Elementwise { .. } if opsched_graph::fusion::residual_source(g, op).is_some() => 0,
         // cuDNN's fused call with the residual as `z` (relu with any algorithm; a bias or
         // residual alone only with one, else the bias + residual kernel after it).
+        // The bias kernel after the product adds the residual too.
+        Op::Linear { .. } if opsched_graph::fusion::residual_of(g, op).is_some() => {
+            single_copies(Input::Terms(&node.inputs, &shapes)) + 2
+        }
         Op::Conv2d(_) if opsched_graph::fusion::residual_of(g, op).is_some() => {
             let act = opsched_graph::fusion::residual_of(g, op).map(|r| r.1);
             single_copies(Input::Terms(&node.inputs, &shapes))

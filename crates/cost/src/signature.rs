@@ -16,8 +16,8 @@
 //!   changes the kernel, so it is part of the key (`opsched_graph::fusion`): an element-wise
 //!   operator that also applies its consumer's activation adds `,act=..`
 //!   (`elementwise(add,act=relu)`), and that activation, which runs no kernel, adds `,fused`;
-//!   a convolution that computes the residual sum it feeds adds `,residual` (and the sum's
-//!   activation), and that sum adds `,fused`;
+//!   a convolution or linear layer that computes the residual sum it feeds adds `,residual`
+//!   (and the sum's activation), and that sum adds `,fused`;
 //! - the input terms in `[..]`, separated by `,`: each term's shape (after any channel slice,
 //!   batch included) joined with `x`, followed by `(sumN)` when the term sums `N > 1` values
 //!   and `(slice)` when one of its values is a channel slice (a strided read); a term of rank
@@ -139,11 +139,11 @@ fn lower<T: std::fmt::Debug>(v: T) -> String {
 /// The fusion part of a signature, inside the operator's parentheses (written last, so that
 /// it can reopen them).
 fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
-    use opsched_graph::fusion::{fused_source, residual_conv, residual_of};
+    use opsched_graph::fusion::{fused_source, residual_of, residual_source};
     let mark = match &g.node(op).op {
         Op::Activation { .. } if fused_source(g, op).is_some() => "fused".to_string(),
-        Op::Elementwise { .. } if residual_conv(g, op).is_some() => "fused".to_string(),
-        Op::Conv2d(_) => match residual_of(g, op) {
+        Op::Elementwise { .. } if residual_source(g, op).is_some() => "fused".to_string(),
+        Op::Conv2d(_) | Op::Linear { .. } => match residual_of(g, op) {
             Some((_, opsched_graph::Activation::None)) => "residual".to_string(),
             Some((_, act)) => format!("residual,act={act}"),
             None => return,

@@ -218,8 +218,8 @@ pub(crate) struct Builder<'g> {
     /// so applied (which have no steps): see [`Builder::fuse_activations`].
     epilogues: HashMap<NodeId, Activation>,
     fused: HashSet<NodeId>,
-    /// Convolution -> the residual it adds and the activation it then applies, for the sums
-    /// it computes (which join `fused`): see [`Builder::fuse_residuals`].
+    /// Convolution or linear layer -> the residual it adds and the activation it then applies,
+    /// for the sums it computes (which join `fused`): see [`Builder::fuse_residuals`].
     residuals: HashMap<NodeId, (NodeId, Activation)>,
 }
 
@@ -632,7 +632,11 @@ impl<'g> Builder<'g> {
                 out_features,
                 bias,
                 act,
-            } => step::gemm::lower_linear(self, steps, at, *out_features, *bias, *act, src, out),
+            } => {
+                let residual = self.residuals.get(&at.node).copied();
+                let linear = (*out_features, *bias, *act, residual);
+                step::gemm::lower_linear(self, steps, at, linear, src, out)
+            }
             Op::BatchMatmul { transpose_b } => {
                 step::gemm::lower_batch_matmul(self, steps, at, *transpose_b, src, out, out_shape)
             }
@@ -760,14 +764,14 @@ impl Builder<'_> {
         }
     }
 
-    /// Let each convolution compute the residual sum it feeds
-    /// ([`opsched_graph::fusion::residual_conv`]) where it can write the sum's output
+    /// Let each convolution or linear layer compute the residual sum it feeds
+    /// ([`opsched_graph::fusion::residual_source`]) where it can write the sum's output
     /// ([`Builder::view_into`]) and read the residual on its GPU: its kernel adds the residual
     /// and applies the activation fused into the sum, and the sum has no steps. After
     /// [`Builder::fuse_activations`].
     fn fuse_residuals(&mut self, transfers: &[TransferSpec]) {
         let gpu = |n: NodeId| self.placement.get(n.index()).copied().flatten();
-        for (i, found) in opsched_graph::fusion::residual_convs(self.g)
+        for (i, found) in opsched_graph::fusion::residual_sources(self.g)
             .into_iter()
             .enumerate()
         {

@@ -16,8 +16,9 @@
 //! kernel writes `act(e)` into `a`'s output, and `a` waits for `e` as before, with no work of
 //! its own.
 //!
-//! A convolution also computes the residual sum it alone feeds ([`residual_conv`], ResNet's
-//! `conv + identity`), with the activation fused into that sum ([`residual_of`]).
+//! A convolution or a linear layer also computes the residual sum it alone feeds
+//! ([`residual_source`], ResNet's `conv + identity`, a Transformer's `linear + x`), with the
+//! activation fused into that sum ([`residual_of`]).
 //!
 //! Inside a `sequential` operator, an activation followed by a depthwise convolution
 //! ([`is_depthwise`]: NASNet's and RandWire's relu + separable convolution) is applied by the
@@ -78,18 +79,19 @@ pub fn fused_source(g: &Graph, a: NodeId) -> Option<NodeId> {
     (same_shapes && only_consumer && !is_output).then_some(e)
 }
 
-/// The convolution whose kernel also computes element-wise add `e` (ResNet's residual sum:
-/// cuDNN's fused call computes `act(conv(x) + z + bias)`), with the other term `z`, when
+/// The convolution or linear layer whose kernels also compute element-wise add `e` (ResNet's
+/// residual sum: cuDNN's fused call computes `act(conv(x) + z + bias)`; a Transformer's: the
+/// linear layer's bias kernel adds `z` too), with the other term `z`, when
 /// - `e` adds exactly two terms, each one whole value of `e`'s shape;
-/// - one is a convolution (not depthwise) without an activation, whose only consumer is `e`
-///   and which is not an output of the graph;
+/// - one is a convolution (not depthwise) or a linear layer without an activation, whose only
+///   consumer is `e` and which is not an output of the graph;
 /// - the other, `z`, is a graph input or constant, or an ancestor of the convolution, so every
 ///   schedule has it ready when the convolution runs (ResNet's identity branch; a downsampling
 ///   branch beside the convolution is not).
 ///
 /// `e` then runs no kernel of its own; an activation fused into `e` ([`fused_source`]) is the
-/// convolution's activation.
-pub fn residual_conv(g: &Graph, e: NodeId) -> Option<(NodeId, NodeId)> {
+/// producer's activation.
+pub fn residual_source(g: &Graph, e: NodeId) -> Option<(NodeId, NodeId)> {
     let node = g.node(e);
     if !matches!(
         node.op,
@@ -115,12 +117,15 @@ pub fn residual_conv(g: &Graph, e: NodeId) -> Option<(NodeId, NodeId)> {
     }
     let is_output = |n: NodeId| g.outputs().iter().any(|o| o.value.node == n);
     let conv_of = |c: NodeId, z: NodeId| {
-        let Op::Conv2d(conv) = &g.node(c).op else {
-            return None;
+        let kernel_takes_it = match &g.node(c).op {
+            Op::Conv2d(conv) => {
+                let in_channels = g.input_shapes(c).iter().filter_map(|s| s.get(1)).sum();
+                conv.act == crate::Activation::None && !is_depthwise(conv, in_channels)
+            }
+            Op::Linear { act, .. } => *act == crate::Activation::None,
+            _ => false,
         };
-        let in_channels = g.input_shapes(c).iter().filter_map(|s| s.get(1)).sum();
-        let usable = conv.act == crate::Activation::None
-            && !is_depthwise(conv, in_channels)
+        let usable = kernel_takes_it
             && g.succs(c).all(|s| s == e)
             && !is_output(c)
             && (g.node(z).op.is_input() || is_ancestor(g, z, c));
@@ -129,11 +134,12 @@ pub fn residual_conv(g: &Graph, e: NodeId) -> Option<(NodeId, NodeId)> {
     conv_of(*a, *b).or_else(|| conv_of(*b, *a))
 }
 
-/// The sum that convolution `c` computes ([`residual_conv`]) and the activation it then
+/// The sum that convolution or linear layer `c` computes ([`residual_source`]) and the
+/// activation it then
 /// applies: the one fused into the sum ([`fused_source`]), else none.
 pub fn residual_of(g: &Graph, c: NodeId) -> Option<(NodeId, crate::Activation)> {
     let e = g.succs(c).next()?;
-    if residual_conv(g, e)?.0 != c {
+    if residual_source(g, e)?.0 != c {
         return None;
     }
     let act = g
@@ -147,10 +153,10 @@ pub fn residual_of(g: &Graph, c: NodeId) -> Option<(NodeId, crate::Activation)> 
     Some((e, act))
 }
 
-/// [`residual_conv`] for every node.
-pub fn residual_convs(g: &Graph) -> Vec<Option<(NodeId, NodeId)>> {
+/// [`residual_source`] for every node.
+pub fn residual_sources(g: &Graph) -> Vec<Option<(NodeId, NodeId)>> {
     (0..g.len())
-        .map(|i| residual_conv(g, NodeId(i as u32)))
+        .map(|i| residual_source(g, NodeId(i as u32)))
         .collect()
 }
 
@@ -254,12 +260,12 @@ mod tests {
         let s5 = b.add("s5", &[c5, s4]);
         let _ = b.act("t", c5, Activation::Tanh);
         let g = b.finish().unwrap();
-        assert_eq!(residual_conv(&g, sum), Some((c2, x)));
+        assert_eq!(residual_source(&g, sum), Some((c2, x)));
         assert_eq!(fused_source(&g, relu), Some(sum));
         assert_eq!(residual_of(&g, c2), Some((sum, Activation::Relu)));
         assert_eq!(residual_of(&g, c3), None);
         for n in [side, s4, s5, relu, c2] {
-            assert_eq!(residual_conv(&g, n), None, "{}", g.node(n).name);
+            assert_eq!(residual_source(&g, n), None, "{}", g.node(n).name);
         }
     }
 

@@ -157,10 +157,19 @@ impl StepKernel for BiasAct {
         let bias = self.bias.map(|b| io.read(b)).transpose()?;
         let residual = self.residual.map(|z| io.read(z)).transpose()?;
         let y = &mut io.write(self.y)?[..self.total];
-        if let Some(z) = residual {
-            y.iter_mut().zip(z).for_each(|(v, &r)| *v += r);
+        match residual {
+            // `(y + bias) + z`, then the activation: the unfused order (the bias kernel, then
+            // the sum), so fused and unfused runs agree bit for bit.
+            Some(z) => {
+                apply_bias_act(y, bias, self.channels, self.inner, Activation::None);
+                let a = self.act;
+                with_act!(a, |f| y
+                    .iter_mut()
+                    .zip(z)
+                    .for_each(|(v, &r)| *v = f(*v + r)));
+            }
+            None => apply_bias_act(y, bias, self.channels, self.inner, self.act),
         }
-        apply_bias_act(y, bias, self.channels, self.inner, self.act);
         Ok(())
     }
 

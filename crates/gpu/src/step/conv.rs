@@ -66,7 +66,7 @@ pub struct Conv {
     /// (`opsched_graph::fusion::pre_activations`).
     pub pre_act: Activation,
     /// Added to the output (with the bias) before `act`: the residual sum the convolution
-    /// computes (`opsched_graph::fusion::residual_conv`).
+    /// computes (`opsched_graph::fusion::residual_source`).
     pub residual: Option<BufId>,
 }
 

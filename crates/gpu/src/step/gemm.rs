@@ -41,18 +41,29 @@ pub struct Gemm {
     pub batch: usize,
 }
 
-/// Lower a `linear` operator: a product with the weight, then bias and activation.
-#[allow(clippy::too_many_arguments)]
+/// A `linear` operator: out features, bias, activation, and the residual sum it computes
+/// (`opsched_graph::fusion::residual_source`: the node it adds, and the activation it then
+/// applies instead of its own, which is none).
+pub(crate) type Linear = (
+    usize,
+    bool,
+    Activation,
+    Option<(opsched_graph::NodeId, Activation)>,
+);
+
+/// Lower a `linear` operator: a product with the weight, then bias, residual and activation.
 pub(crate) fn lower_linear(
     b: &mut Builder<'_>,
     steps: &mut Vec<Step>,
     at: At,
-    out_features: usize,
-    bias: bool,
-    act: Activation,
+    (out_features, bias, act, residual): Linear,
     src: Src<'_>,
     out: BufId,
 ) -> Result<(), GpuError> {
+    let (residual, act) = match residual {
+        Some((z, act)) => (Some(b.source(z, at.node, at.gpu)?), act),
+        None => (None, act),
+    };
     let (x, xs) = b.single(steps, at, src)?;
     let k = xs.last().copied().unwrap_or(1);
     let rows = xs.iter().product::<usize>() / k.max(1);
@@ -81,7 +92,7 @@ pub(crate) fn lower_linear(
         }
         .into(),
     );
-    if bias.is_some() || act != Activation::None {
+    if bias.is_some() || act != Activation::None || residual.is_some() {
         steps.push(
             BiasAct {
                 y: out,
@@ -90,7 +101,7 @@ pub(crate) fn lower_linear(
                 channels: nf,
                 inner: 1,
                 act,
-                residual: None,
+                residual,
             }
             .into(),
         );
