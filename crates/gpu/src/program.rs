@@ -139,7 +139,8 @@ pub struct GraphProgram {
     pub transfers: Vec<(BufId, BufId)>,
     /// Per node: the buffer that holds its value after a run, on its own GPU (graph inputs: the
     /// copy on the lowest GPU that reads it). `None` for an element-wise operator whose kernel
-    /// writes its activation's value instead ([`opsched_graph::fusion`]).
+    /// writes its activation's value instead, and for a convolution or linear layer that writes
+    /// the residual sum it feeds ([`opsched_graph::fusion`]).
     pub outputs: Vec<Option<BufId>>,
     /// Number of GPUs the buffers span.
     pub gpus: usize,
@@ -618,7 +619,6 @@ impl<'g> Builder<'g> {
                 step::conv::lower(self, steps, at, c, conv, src, out, out_shape)
             }
             Op::Pool2d(p) => step::pool::lower(self, steps, at, p, src, out, out_shape),
-            // Its producer's kernel applies it (see [`Builder::fuse_activations`]).
             Op::Activation { act } => step::act::lower(self, steps, at, *act, src, out),
             Op::Elementwise { kind } => {
                 let act = self.epilogues.get(&at.node).copied().unwrap_or_default();

@@ -15,7 +15,11 @@
 //!   algorithm and measured no slower than the convolution followed by the `bias_act` kernel
 //!   (also kept in the tuning table), else as those two; conv + bias alone likewise, with the
 //!   fused call's identity activation (which cuDNN runs only with the implicit precomputed GEMM
-//!   algorithm). Depthwise convolutions run as our NVRTC kernel.
+//!   algorithm). A residual the convolution adds is the fused call's `z` (or the `bias_act`
+//!   kernel's residual). Depthwise convolutions run as our NVRTC kernel, with the input
+//!   activation, bias and activation in it.
+//! - Both: an input activation (`pre_act`) applies to what the convolution reads, and a
+//!   residual is added with the bias before the activation (`opsched_graph::fusion`).
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
