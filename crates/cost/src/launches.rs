@@ -9,7 +9,8 @@
 //! - input terms: a term that is one whole value is read in place; a sum of whole values is
 //!   one add kernel (and one with the activation of an `activation` reading it); a term with a
 //!   channel slice is one copy per value; several terms read concatenated along
-//!   channels are one copy per value; a concat along another axis copies each term (after
+//!   channels are one copy per value, but a sum of whole values at batch 1 (a contiguous
+//!   slice) one add kernel writing its slice; a concat along another axis copies each term (after
 //!   materialising it); a concat copies nothing for a producer that writes its slice in place
 //!   (`opsched_graph::inplace`);
 //! - an activation that runs inside the kernel of the element-wise operator it reads, and a sum
@@ -117,7 +118,11 @@ fn concat_copies(terms: &[Term], shapes: &[Shape], axis: usize) -> u32 {
         .zip(shapes.iter().map(Some).chain(std::iter::repeat(None)))
         .map(|(t, shape)| {
             let rank = shape.map_or(0, Vec::len);
-            if axis == 1 && rank >= 2 {
+            let batch_1 = shape.and_then(|s| s.first()) == Some(&1);
+            if axis == 1 && rank >= 2 && batch_1 && is_whole_sum(t) {
+                // One add kernel writes the slice.
+                1
+            } else if axis == 1 && rank >= 2 {
                 t.len() as u32
             } else {
                 term_copies(t) + 1

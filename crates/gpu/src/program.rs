@@ -497,7 +497,30 @@ impl<'g> Builder<'g> {
         };
         let mut off = 0;
         for (t, shape) in terms.iter().zip(&shapes) {
-            if axis == 1 && shape.len() >= 2 {
+            let contiguous = axis == 1 && shape.len() >= 2 && shape[0] == 1;
+            let sum = if contiguous {
+                self.whole_sum(at, t)?
+            } else {
+                None
+            };
+            if let Some(srcs) = sum {
+                // A sum of whole values into a contiguous slice (batch 1): one add kernel
+                // writing a view of that slice, not a copy per value (NASNet's cell outputs).
+                let inner = numel(&shape[2..]);
+                let len = numel(shape);
+                let y = self.alloc(at.gpu, len, BufRole::Scratch(at.node), Init::Uninit);
+                self.buffers[y].within = Some((dst, off * inner));
+                steps.push(
+                    step::elementwise::Elementwise {
+                        srcs,
+                        y,
+                        len,
+                        kind: opsched_graph::ElementwiseKind::Add,
+                        act: Activation::None,
+                    }
+                    .into(),
+                );
+            } else if axis == 1 && shape.len() >= 2 {
                 for (j, v) in t.iter().enumerate() {
                     self.copy_value(steps, at, v, dst, out[1], off, j > 0)?;
                 }

@@ -6,7 +6,7 @@
 
 use opsched::cost::{AnalyticalModel, DevicePreset, LinkPreset};
 use opsched::graph::rng::SplitMix64;
-use opsched::graph::{Activation, Conv2d, DType, GraphBuilder, NodeId};
+use opsched::graph::{Activation, Conv2d, DType, GraphBuilder, NodeId, Op, Value};
 use opsched::schedule::{lower, HostProgram, Platform, Schedule};
 use opsched::Graph;
 use opsched_gpu::memory::{check_layout, footprint, layout_reusing, root_of};
@@ -188,6 +188,55 @@ fn sums_and_activations_run_in_the_kernels_that_feed_them() {
         matches!(op("both").steps.as_slice(), [Step::Elementwise(e)] if e.act == Activation::None)
     );
     assert!(p.outputs[id("both").index()].is_some());
+}
+
+#[test]
+fn a_summed_term_of_a_concatenation_is_one_add_into_its_slice_at_batch_1() {
+    for batch in [1, 2] {
+        let mut b = GraphBuilder::new("cell", DType::F32);
+        let x = b.input("x", vec![batch, 8, 6, 6]);
+        let l = b.conv("l", x, Conv2d::new(8, 3));
+        let r = b.conv("r", x, Conv2d::new(8, 1));
+        // IOS's input model: a cell output concatenates sums of branches.
+        let sum = |a: NodeId, c: NodeId| vec![Value::whole(a), Value::whole(c)];
+        let terms = vec![sum(l, r), vec![Value::whole(x)], sum(r, x)];
+        let cell = b.node("cell", Op::Identity, terms);
+        b.conv("out", cell, Conv2d::new(4, 1));
+        let g = b.finish().unwrap();
+        let p = GraphProgram::single_gpu(&g).unwrap();
+        let op = p.ops[cell.index()].as_ref().unwrap();
+        let adds: Vec<_> = op
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Elementwise(e) => Some(e),
+                _ => None,
+            })
+            .collect();
+        if batch == 1 {
+            // Each sum writes its slice (channels 0..8 and 16..24) through a view.
+            let at: Vec<_> = adds.iter().map(|e| p.buffers[e.y].within).collect();
+            assert_eq!(at, [Some((op.output, 0)), Some((op.output, 16 * 36))]);
+            assert_eq!(op.steps.len(), 3);
+        } else {
+            assert!(adds.is_empty());
+            assert_eq!(op.steps.len(), 5);
+        }
+        let launches = opsched::cost::launches::launches(&g, cell);
+        assert_eq!(launches as usize, op.steps.len());
+        check_layout(&p).unwrap();
+        let want = opsched_gpu::reference::reference_with(&g, &Default::default()).unwrap();
+        for reuse in [false, true] {
+            let (got, _) = run(&g, &schedule(&g, "greedy", 2), reuse);
+            for n in [cell, g.find("out").unwrap()] {
+                if let Some(v) = &got[n.index()] {
+                    let e =
+                        opsched_gpu::reference::scaled_error(v, want[n.index()].as_ref().unwrap());
+                    assert!(e < 1e-5, "batch {batch}: '{}' off by {e}", g.node(n).name);
+                }
+            }
+        }
+    }
 }
 
 #[test]
