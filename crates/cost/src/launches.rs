@@ -64,17 +64,18 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
         }
         Op::Activation { .. } if opsched_graph::fusion::fused_source(g, op).is_some() => 0,
         Op::Elementwise { .. } if opsched_graph::fusion::residual_source(g, op).is_some() => 0,
-        // cuDNN's fused call with the residual as `z` (relu with any algorithm; a bias or
-        // residual alone only with one, else the bias + residual kernel after it).
-        // The bias kernel after the product adds the residual too.
-        Op::Linear { .. } if opsched_graph::fusion::residual_of(g, op).is_some() => {
-            single_copies(Input::Terms(&node.inputs, &shapes)) + 2
-        }
-        Op::Conv2d(_) if opsched_graph::fusion::residual_of(g, op).is_some() => {
-            let act = opsched_graph::fusion::residual_of(g, op).map(|r| r.1);
-            single_copies(Input::Terms(&node.inputs, &shapes))
-                + 1
-                + u32::from(act != Some(Activation::Relu))
+        Op::Conv2d(_) | Op::Linear { .. } => {
+            let input = Input::Terms(&node.inputs, &shapes);
+            match (&node.op, opsched_graph::fusion::residual_of(g, op)) {
+                (_, None) => op_launches(&node.op, input),
+                // The bias kernel after the product adds the residual too.
+                (Op::Linear { .. }, Some(_)) => single_copies(input) + 2,
+                // cuDNN's fused call with the residual as `z` (relu with any algorithm; a
+                // residual alone only with one, else the bias + residual kernel after it).
+                (_, Some((_, act))) => {
+                    single_copies(input) + 1 + u32::from(act != Activation::Relu)
+                }
+            }
         }
         // Producers that write their slice in place need no copy.
         Op::Concat { .. } => op_launches(&node.op, Input::Terms(&node.inputs, &shapes))
