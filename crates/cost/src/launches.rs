@@ -78,8 +78,10 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
             }
         }
         // Producers that write their slice in place need no copy.
-        Op::Concat { .. } => op_launches(&node.op, Input::Terms(&node.inputs, &shapes))
-            .saturating_sub(opsched_graph::inplace::in_place_terms(g, op) as u32),
+        Op::Concat { .. } | Op::Identity => {
+            op_launches(&node.op, Input::Terms(&node.inputs, &shapes))
+                .saturating_sub(opsched_graph::inplace::in_place_terms(g, op) as u32)
+        }
         other => op_launches(other, Input::Terms(&node.inputs, &shapes)),
     }
 }

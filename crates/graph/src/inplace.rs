@@ -4,8 +4,9 @@
 //! The one rule that the lowering (`opsched_gpu::program`, which also requires the producer to
 //! run on the concatenation's GPU with no transfer of its output) and the launch count of the
 //! cost model (`opsched_cost::launches`) share. A producer writes in place when
-//! - the consumer is a `concat` whose slices are contiguous: every axis before the
-//!   concatenation axis has extent 1 (channels at batch 1);
+//! - the consumer is a `concat` (or an `identity`, which concatenates its terms along
+//!   channels) whose slices are contiguous: every axis before the concatenation axis has
+//!   extent 1 (channels at batch 1);
 //! - its whole output is one term of the concatenation (not a channel slice, not a sum);
 //! - it is an operator (graph inputs and constants keep their own buffers);
 //! - its slice starts at a multiple of [`VIEW_ALIGN`] elements;
@@ -24,8 +25,11 @@ pub const VIEW_ALIGN: usize = 4;
 /// slice, when the rules of the module (but the one on several concatenations) hold.
 fn slot_in(g: &Graph, c: NodeId, p: NodeId) -> Option<usize> {
     let node = g.node(c);
-    let Op::Concat { axis } = node.op else {
-        return None;
+    let axis = match node.op {
+        Op::Concat { axis } => axis,
+        // IOS's concatenation: its terms side by side along channels.
+        Op::Identity => 1,
+        _ => return None,
     };
     if p == c || g.node(p).op.is_input() || axis >= node.shape.len() {
         return None;
@@ -111,6 +115,25 @@ mod tests {
                 assert_eq!(in_place_terms(&g, cat), 0);
             }
             assert_eq!(in_place_terms(&g, again), 0);
+            // IOS's concatenation, an identity of several terms, takes its producers too.
+            let mut b = GraphBuilder::new("ios-cat", DType::F32);
+            let x = b.input("x", vec![batch, 4, 4, 4]);
+            let p = b.conv("p", x, Conv2d::new(8, 1));
+            let q = b.conv("q", x, Conv2d::new(4, 1));
+            let terms = vec![
+                vec![crate::Value::whole(p)],
+                vec![crate::Value::whole(q), crate::Value::whole(x)],
+            ];
+            let ident = b.node("ident", Op::Identity, terms);
+            let h = b.finish().unwrap();
+            let want = (batch == 1).then_some((ident, 0));
+            assert_eq!(slice_of(&h, p), want);
+            assert_eq!(
+                slice_of(&h, q),
+                None,
+                "a summed term is not one whole value"
+            );
+            assert_eq!(in_place_terms(&h, ident), usize::from(batch == 1));
             assert_eq!(in_place_terms(&g, l), 0);
             // The graph input keeps its buffer; a producer has one slice; concatenations
             // themselves are not sliced into anything here.
