@@ -140,14 +140,7 @@ pub fn run(a: &Args, flags: &[String]) -> Result<()> {
     } else {
         (a.devices.clone(), a.batches.clone())
     };
-    let models: Vec<String> = if a.models.is_empty() {
-        opsched::zoo::models()
-            .iter()
-            .map(|m| m.name.to_string())
-            .collect()
-    } else {
-        a.models.clone()
-    };
+    let models = crate::models_or_zoo(&a.models);
     let algos: Vec<String> = if a.algos.is_empty() {
         opsched::scheduler_names()
             .iter()

@@ -126,14 +126,7 @@ fn measure(a: &Args, args: &[String]) -> Result<()> {
     if crate::rerun_in_release("calibrate", args)? {
         return Ok(());
     }
-    let models = if a.models.is_empty() {
-        opsched::zoo::models()
-            .iter()
-            .map(|m| m.name.to_string())
-            .collect()
-    } else {
-        a.models.clone()
-    };
+    let models = crate::models_or_zoo(&a.models);
     let revision = std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
         .output()

@@ -87,17 +87,12 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         out,
         repeats,
     } = a;
-    let (mut models, batch, repeats) = (models.clone(), *batch, *repeats);
+    let (batch, repeats) = (*batch, *repeats);
     if stages_from != "none" {
         // A misspelt scheduler fails before any GPU work.
         opsched::scheduler_info(stages_from)?;
     }
-    if models.is_empty() {
-        models = opsched::zoo::models()
-            .iter()
-            .map(|m| m.name.to_string())
-            .collect();
-    }
+    let models = crate::models_or_zoo(models);
     require_gpu("profile")?;
     let cache = match cache {
         Some(p) => p.clone(),

@@ -101,6 +101,18 @@ pub fn rerun_in_release(command: &str, args: &[String]) -> Result<bool> {
     Ok(true)
 }
 
+/// The models a command was given, or every zoo model when none.
+pub fn models_or_zoo(given: &[String]) -> Vec<String> {
+    if given.is_empty() {
+        opsched::zoo::models()
+            .iter()
+            .map(|m| m.name.to_string())
+            .collect()
+    } else {
+        given.to_vec()
+    }
+}
+
 fn cargo(args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(&cargo)

@@ -791,27 +791,8 @@ fn run_on_the_cpu_backend_executes_and_checks_the_plan() {
     assert_eq!(v["check"]["vs_sequential"], 0.0);
     assert!(v["check"]["vs_reference"].as_f64().unwrap() < 1e-4);
     assert_eq!(v["latency"]["samples"], 2);
-    // The text report says which backend ran.
-    let out = opsched(&[
-        "run",
-        "squeezenet",
-        "--backend",
-        "cpu",
-        "--algo",
-        "lios",
-        "--input-size",
-        "32",
-        "--warmup",
-        "0",
-        "--repeats",
-        "1",
-    ]);
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("cpu backend"), "{text}");
-    assert!(text.contains("MB of buffers"), "{text}");
-    // Shared storage: less memory than every buffer on its own, which --no-memory-reuse gives.
-    let memory = |extra: &[&str]| {
+    // One small run, with `extra` flags.
+    let run = |extra: &[&str]| {
         let mut args = vec![
             "run",
             "squeezenet",
@@ -825,10 +806,19 @@ fn run_on_the_cpu_backend_executes_and_checks_the_plan() {
             "0",
             "--repeats",
             "1",
-            "--json",
         ];
         args.extend_from_slice(extra);
-        let v = stdout_json(&opsched(&args));
+        opsched(&args)
+    };
+    // The text report says which backend ran.
+    let out = run(&[]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("cpu backend"), "{text}");
+    assert!(text.contains("MB of buffers"), "{text}");
+    // Shared storage: less memory than every buffer on its own, which --no-memory-reuse gives.
+    let memory = |extra: &[&str]| {
+        let v = stdout_json(&run(&[&["--json"], extra].concat()));
         let n = |k: &str| v[k].as_u64().unwrap();
         (n("peak_memory_bytes"), n("buffer_bytes"), n("weight_bytes"))
     };

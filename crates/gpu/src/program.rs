@@ -458,16 +458,9 @@ impl<'g> Builder<'g> {
         }
         let dst = self.scratch(at, numel(&shape));
         if let Some(srcs) = self.whole_sum(at, term)? {
-            steps.push(
-                step::elementwise::Elementwise {
-                    srcs,
-                    y: dst,
-                    len: numel(&shape),
-                    kind: opsched_graph::ElementwiseKind::Add,
-                    act: Activation::None,
-                }
-                .into(),
-            );
+            let len = numel(&shape);
+            steps
+                .push(step::elementwise::Elementwise::sum(srcs, dst, len, Activation::None).into());
             return Ok((dst, shape));
         }
         let axis = shape.get(1).copied().unwrap_or(0);
@@ -511,14 +504,7 @@ impl<'g> Builder<'g> {
                 let y = self.alloc(at.gpu, len, BufRole::Scratch(at.node), Init::Uninit);
                 self.buffers[y].within = Some((dst, off * inner));
                 steps.push(
-                    step::elementwise::Elementwise {
-                        srcs,
-                        y,
-                        len,
-                        kind: opsched_graph::ElementwiseKind::Add,
-                        act: Activation::None,
-                    }
-                    .into(),
+                    step::elementwise::Elementwise::sum(srcs, y, len, Activation::None).into(),
                 );
             } else if axis == 1 && shape.len() >= 2 {
                 for (j, v) in t.iter().enumerate() {

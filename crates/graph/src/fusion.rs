@@ -30,7 +30,12 @@ use crate::{Conv2d, Graph, NodeId, Op, Shape};
 /// A depthwise convolution of `in_channels` channels: one group per channel, one output
 /// channel per group (the GPU runs it as one kernel of ours, bias and activations included).
 pub fn is_depthwise(c: &Conv2d, in_channels: usize) -> bool {
-    c.groups > 1 && c.groups == in_channels && c.out_channels == in_channels
+    depthwise(c.groups, c.out_channels, in_channels)
+}
+
+/// [`is_depthwise`] for a convolution known by its groups and channels (a GPU step).
+pub fn depthwise(groups: usize, out_channels: usize, in_channels: usize) -> bool {
+    groups > 1 && groups == in_channels && out_channels == in_channels
 }
 
 /// Per inner operator of a `sequential` operator whose first operator reads `input` (the

@@ -50,7 +50,7 @@ fn tmp(name: &str) -> PathBuf {
 fn kernels(step: &Step) -> u32 {
     match step {
         Step::Conv(c) => {
-            let depthwise = c.groups > 1 && c.groups == c.input[1] && c.out_channels == c.input[1];
+            let depthwise = opsched::graph::fusion::depthwise(c.groups, c.out_channels, c.input[1]);
             1 + u32::from(
                 !depthwise
                     && c.act != Activation::Relu

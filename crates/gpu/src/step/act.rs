@@ -51,16 +51,7 @@ pub(crate) fn lower(
     if let Src::Terms([term]) = src {
         if let Some(srcs) = b.whole_sum(at, term)? {
             let len = b.value_shape(&term[0]).iter().product();
-            steps.push(
-                super::elementwise::Elementwise {
-                    srcs,
-                    y: out,
-                    len,
-                    kind: opsched_graph::ElementwiseKind::Add,
-                    act: a,
-                }
-                .into(),
-            );
+            steps.push(super::elementwise::Elementwise::sum(srcs, out, len, a).into());
             return Ok(());
         }
     }

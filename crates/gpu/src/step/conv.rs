@@ -157,8 +157,7 @@ impl Conv {
     /// One group per input channel, one output channel per group: on CUDA our
     /// `depthwise_conv` kernel rather than cuDNN.
     fn is_depthwise(&self) -> bool {
-        let c = self.input[1];
-        self.groups > 1 && self.groups == c && self.out_channels == c
+        opsched_graph::fusion::depthwise(self.groups, self.out_channels, self.input[1])
     }
 
     /// A 1x1, stride-1, unpadded convolution reads its input as the im2col matrix.

@@ -27,6 +27,19 @@ pub struct Elementwise {
     pub act: Activation,
 }
 
+impl Elementwise {
+    /// `y = act(srcs[0] + srcs[1] + ...)`: the one kernel of a summed term.
+    pub(crate) fn sum(srcs: Vec<BufId>, y: BufId, len: usize, act: Activation) -> Elementwise {
+        Elementwise {
+            srcs,
+            y,
+            len,
+            kind: ElementwiseKind::Add,
+            act,
+        }
+    }
+}
+
 /// Lower an `elementwise` operator (its terms are its operands), applying `act` to the result.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn lower(
