@@ -40,6 +40,21 @@ pub struct KernelOptions {
     pub tf32: bool,
     /// The most workspace one convolution algorithm may use, bytes.
     pub conv_workspace_limit: usize,
+    /// Which cuDNN kernels a convolution may run.
+    pub conv_api: ConvApi,
+}
+
+/// The cuDNN kernels a convolution chooses among (by measurement, `crate::tuning`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvApi {
+    /// The legacy API's algorithms and the backend API's engines.
+    #[default]
+    Both,
+    /// The legacy API's algorithms only (`cudnnConvolutionForward`).
+    Legacy,
+    /// The backend API's engines only (heuristic mode A's top configurations).
+    Backend,
 }
 
 impl Default for KernelOptions {
@@ -47,6 +62,7 @@ impl Default for KernelOptions {
         KernelOptions {
             tf32: true,
             conv_workspace_limit: 256 << 20,
+            conv_api: ConvApi::default(),
         }
     }
 }

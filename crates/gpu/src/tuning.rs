@@ -1,17 +1,18 @@
 //! Kernel choices made by measurement that every process must repeat exactly: which cuDNN
-//! algorithm runs each convolution, and whether its bias (+ relu) run inside cuDNN's fused
+//! kernel runs each convolution (a legacy-API algorithm, or an engine configuration of the
+//! backend API: see [`Candidate::engine`]), and whether its bias (+ relu) run inside cuDNN's fused
 //! call or in our kernel after the convolution ([`epilogue_key`]: the fused call is not faster
 //! everywhere, and for a bias alone cuDNN runs it only with one algorithm).
 //!
 //! Letting `cudnnFindConvolutionForwardAlgorithmEx` pick afresh in every process made the same
 //! plan run 2.86 to 4.54 ms on an H100: candidates a few percent apart swap places with timing
 //! noise. So the measurements, not the choice, are what a device keeps ([`Tuning`]): every
-//! candidate's time, workspace and math type per convolution, stored in the cost cache (one
+//! candidate's time (GPU time in a CUDA graph replay), workspace and math type per convolution, stored in the cost cache (one
 //! entry per candidate, keyed by the device's fingerprint with its cuDNN version, the
 //! convolution's shape, the element type and the layout; see [`to_cache`]). The choice is a
 //! function of those measurements alone ([`choose`]): the fastest, where candidates within
 //! [`TIE`] of it count as equally fast and the one with less workspace, then the lower
-//! algorithm number, wins. A process that finds the measurements in the cache therefore runs
+//! algorithm number (legacy algorithms before engines), wins. A process that finds the measurements in the cache therefore runs
 //! the same kernels as the process that made them; `--retune` measures again.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,17 +40,42 @@ pub fn epilogue_key(conv_key: &str, act: &str, algo: u32, math: u32) -> String {
     format!("{conv_key}|epilogue={act}|conv={algo}.{math}")
 }
 
+/// Candidate numbers from this one on are engine configurations of cuDNN's backend API
+/// ([`Candidate::engine`]); below it, legacy algorithms.
+pub const ENGINE_BASE: u32 = 1 << 24;
+
 /// One measured candidate kernel of one convolution.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Candidate {
-    /// cuDNN's algorithm number (`cudnnConvolutionFwdAlgo_t`).
+    /// cuDNN's algorithm number (`cudnnConvolutionFwdAlgo_t`), or [`ENGINE_BASE`] plus a
+    /// backend engine's global index.
     pub algo: u32,
-    /// The math type it was measured with (`cudnnMathType_t`).
+    /// The math type it was measured with (`cudnnMathType_t`); for an engine, its
+    /// configuration's rank in the heuristics' list (which fixes the knobs).
     pub math: u32,
     /// Median time, ms.
     pub ms: f64,
     /// Workspace bytes.
     pub workspace: usize,
+}
+
+impl Candidate {
+    /// The backend engine configuration it is, as (engine global index, heuristic rank).
+    pub fn engine(&self) -> Option<(u32, u32)> {
+        self.algo
+            .checked_sub(ENGINE_BASE)
+            .map(|global| (global, self.math))
+    }
+
+    /// The candidate of engine `global` at `rank` in the heuristics' list.
+    pub fn of_engine(global: u32, rank: u32, ms: f64, workspace: usize) -> Candidate {
+        Candidate {
+            algo: ENGINE_BASE.saturating_add(global),
+            math: rank,
+            ms,
+            workspace,
+        }
+    }
 }
 
 /// The candidate to run among `c` that fit `limit` bytes of workspace (see the module docs).
@@ -251,6 +277,30 @@ mod tests {
             cand(EPILOGUE_SEPARATE, 0.01, 0),
         ];
         assert_eq!(choose(&slower, usize::MAX).unwrap().algo, EPILOGUE_SEPARATE);
+    }
+
+    #[test]
+    fn engines_are_candidates_after_the_legacy_algorithms() {
+        let e = Candidate::of_engine(58, 3, 0.01, 0);
+        assert_eq!(e.engine(), Some((58, 3)));
+        assert_eq!(cand(7, 0.01, 0).engine(), None);
+        // Equally fast and without workspace, the legacy algorithm wins a tie.
+        assert_eq!(
+            choose(&[e, cand(7, 0.0101, 0)], usize::MAX).unwrap().algo,
+            7
+        );
+        // Through the cache and back, an engine is the same engine at the same rank.
+        let dev = h100();
+        let key =
+            "x=[1, 64, 56, 56]|oc=64|k=[3, 3]|s=[1, 1]|p=[1, 1]|d=[1, 1]|g=1|nchw|tf32|engines";
+        let t = Tuning::default();
+        let other_rank = Candidate::of_engine(58, 4, 0.02, 512);
+        t.insert(key, vec![e, other_rank, cand(1, 0.03, 0)]);
+        let u = Tuning::default();
+        assert_eq!(u.load(&dev, t.fresh(&dev).iter().map(|(k, m)| (k, m))), 1);
+        let mut got = u.get(key).unwrap();
+        got.sort_by_key(|c| (c.algo, c.math));
+        assert_eq!(got, [cand(1, 0.03, 0), e, other_rank]);
     }
 
     #[test]

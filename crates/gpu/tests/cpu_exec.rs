@@ -8,7 +8,7 @@
 use opsched_gpu::program::{BufRole, GraphProgram, Init, TransferSpec};
 use opsched_gpu::reference::{self, scaled_error};
 use opsched_gpu::step::copy::Copy;
-use opsched_gpu::{CpuDevice, Device, GpuError, KernelOptions, Step, TransferMode};
+use opsched_gpu::{ConvApi, CpuDevice, Device, GpuError, KernelOptions, Step, TransferMode};
 use opsched_graph::zoo::{self, ZooConfig};
 use opsched_graph::{
     Activation, Conv2d, DType, ElementwiseKind, Graph, GraphBuilder, NodeId, Op, Pool2d, Value,
@@ -934,21 +934,26 @@ fn kernels_run_concurrently_on_separate_streams() {
     assert_eq!(&got, want[g.find("sum").unwrap().index()].as_ref().unwrap());
 }
 
-/// On a GPU: every operator kind and the zoo models, each op's output against the reference
-/// (TF32 off so the tolerance can be tight), through the same helper as the CPU tests.
+/// On a GPU: every operator kind, each op's output against the reference
+/// (TF32 off so the tolerance can be tight), through the same helper as the CPU tests; the
+/// convolutions choose among all cuDNN kernels, then among the legacy API's algorithms alone,
+/// then among the backend API's engines alone.
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn gpu_every_op_matches_the_reference() {
     let dev = opsched_gpu::CudaDevice::open(Some(1)).unwrap();
-    let precise = KernelOptions {
-        tf32: false,
-        ..Default::default()
-    };
-    for g in [every_op_graph(), attention_graph(), onnx_semantics_graph()] {
-        let p = GraphProgram::single_gpu(&g).unwrap();
-        check_program(&dev, &g, &p, &precise, 1e-3);
-        let (placement, xfers) = two_gpu_placement(&g);
-        let p = GraphProgram::build(&g, &placement, &xfers).unwrap();
-        check_program(&dev, &g, &p, &precise, 1e-3);
+    for conv_api in [ConvApi::Both, ConvApi::Legacy, ConvApi::Backend] {
+        let precise = KernelOptions {
+            tf32: false,
+            conv_api,
+            ..Default::default()
+        };
+        for g in [every_op_graph(), attention_graph(), onnx_semantics_graph()] {
+            let p = GraphProgram::single_gpu(&g).unwrap();
+            check_program(&dev, &g, &p, &precise, 1e-3);
+            let (placement, xfers) = two_gpu_placement(&g);
+            let p = GraphProgram::build(&g, &placement, &xfers).unwrap();
+            check_program(&dev, &g, &p, &precise, 1e-3);
+        }
     }
 }

@@ -31,7 +31,8 @@ use std::sync::Arc;
 use opsched_graph::{NodeId, Tensor};
 
 pub use opsched_gpu::{
-    CpuDevice, CudaDevice, Device, DeviceReport, GpuError, KernelOptions, Summary, TransferMode,
+    ConvApi, CpuDevice, CudaDevice, Device, DeviceReport, GpuError, KernelOptions, Summary,
+    TransferMode,
 };
 pub use run::{map_gpus, run_plan, run_schedule, CheckReport, RunReport, Session};
 

@@ -223,6 +223,9 @@ pub struct Header {
     pub algos: Vec<String>,
     /// How schedules were searched (cost model, preset, streams).
     pub search: String,
+    /// The cuDNN kernels our convolutions chose among: `both` (legacy algorithms and backend
+    /// engines), `legacy` or `backend`.
+    pub conv_api: String,
     pub opsched_version: String,
     /// Runs whose rows `--merge` kept, oldest first.
     pub earlier: Vec<EarlierRun>,
@@ -270,6 +273,7 @@ impl Scoreboard {
             ("warmup", a.warmup == b.warmup),
             ("algos", a.algos == b.algos),
             ("search", a.search == b.search),
+            ("conv_api", a.conv_api == b.conv_api),
             (
                 "torch",
                 a.torch.is_none() || b.torch.is_none() || a.torch == b.torch,
@@ -351,12 +355,17 @@ impl Scoreboard {
              (a tie goes to the earlier in that list); each was searched once ({s}) and every \
              process ran the same schedule file. Eager latency is not used: it measures the \
              host's launches, not the schedule. f32 inputs, TF32 math on both sides, random \
-             weights, one GPU.\n",
+             weights, one GPU; our convolutions chose among cuDNN's {k} by measured time.\n",
             p = h.processes,
             r = h.repeats,
             w = h.warmup,
             a = h.algos.join(", "),
             s = h.search,
+            k = match h.conv_api.as_str() {
+                "legacy" => "legacy-API algorithms",
+                "backend" => "backend-API engines",
+                _ => "legacy-API algorithms and backend-API engines",
+            },
         );
         md.push_str(
             "| model | batch | ours sequential + graph | ours best + graph | best | spread | \
@@ -523,6 +532,7 @@ mod tests {
             warmup: 20,
             algos: vec!["ios".into(), "lios".into()],
             search: "analytical cost model, h100 preset, 8 streams".into(),
+            conv_api: "both".into(),
             opsched_version: "0.1.0".into(),
             earlier: Vec::new(),
         }
@@ -790,12 +800,20 @@ mod tests {
             m.header.earlier[0].command,
             "cargo xtask bench-gpu --models a,b"
         );
-        let mut other = older;
+        let mut other = older.clone();
         other.header.driver = "12.8".into();
-        let err = now.merge(other, "f.json").expect_err("driver differs");
+        let err = now
+            .clone()
+            .merge(other, "f.json")
+            .expect_err("driver differs");
         assert_eq!(
             err.to_string(),
             "f.json: cannot merge, its header.driver differs from this run's"
         );
+        // Convolutions that chose among other cuDNN kernels are another configuration.
+        let mut legacy = older;
+        legacy.header.conv_api = "legacy".into();
+        let err = now.merge(legacy, "f.json").expect_err("conv_api differs");
+        assert!(err.to_string().contains("header.conv_api"), "{err}");
     }
 }

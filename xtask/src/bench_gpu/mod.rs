@@ -100,6 +100,9 @@ pub struct Args {
     /// is then skipped).
     #[arg(long, value_enum, default_value_t = BackendArg::Cuda)]
     backend: BackendArg,
+    /// The cuDNN kernels our convolutions choose among (`opsched run --conv-api`).
+    #[arg(long, value_enum, default_value_t = ConvApiArg::Both)]
+    conv_api: ConvApiArg,
     /// Skip the PyTorch columns.
     #[arg(long = "no-torch", action = clap::ArgAction::SetFalse)]
     torch: bool,
@@ -129,6 +132,23 @@ impl BackendArg {
         match self {
             BackendArg::Cuda => "cuda",
             BackendArg::Cpu => "cpu",
+        }
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ConvApiArg {
+    Both,
+    Legacy,
+    Backend,
+}
+
+impl ConvApiArg {
+    fn name(self) -> &'static str {
+        match self {
+            ConvApiArg::Both => "both",
+            ConvApiArg::Legacy => "legacy",
+            ConvApiArg::Backend => "backend",
         }
     }
 }
@@ -412,6 +432,7 @@ fn run_process(bin: &Path, model: &str, batch: u32, file: &Path, args: &Args) ->
         .args(["run", model, "--batch", &batch.to_string(), "--schedule"])
         .arg(file)
         .args(["--backend", args.backend.name(), "--graph-capture"])
+        .args(["--conv-api", args.conv_api.name()])
         .args(["--streams", &STREAMS.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--repeats", &args.repeats.to_string(), "--json"])
@@ -579,6 +600,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
                 .as_ref()
                 .map_or(String::new(), |n| format!(" ({n})"))
         ),
+        conv_api: args.conv_api.name().into(),
         opsched_version: env!("CARGO_PKG_VERSION").into(),
         earlier: Vec::new(),
     };

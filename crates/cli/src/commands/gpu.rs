@@ -11,8 +11,8 @@ use clap::{Args, ValueEnum};
 use opsched::graph::{NodeId, Tensor};
 use opsched::profiler::{ProfileError, ProfileOptions};
 use opsched::runtime::{
-    Backend, CheckMode, CpuDevice, CudaDevice, Device, KernelOptions, RunOptions, RuntimeError,
-    TransferMode,
+    Backend, CheckMode, ConvApi, CpuDevice, CudaDevice, Device, KernelOptions, RunOptions,
+    RuntimeError, TransferMode,
 };
 use opsched::schedule::io as schedule_io;
 
@@ -76,6 +76,17 @@ pub struct DeviceArgs {
     /// the cost cache (which make every process run the same kernels).
     #[arg(long)]
     retune: bool,
+    /// Which cuDNN kernels convolutions choose among: the legacy API's algorithms, the
+    /// backend API's engines (its heuristics' top configurations), or both.
+    #[arg(long, value_enum, default_value_t = ConvApiArg::Both)]
+    conv_api: ConvApiArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ConvApiArg {
+    Both,
+    Legacy,
+    Backend,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -98,6 +109,11 @@ impl DeviceArgs {
     fn kernels(&self) -> KernelOptions {
         KernelOptions {
             tf32: !self.precise,
+            conv_api: match self.conv_api {
+                ConvApiArg::Both => ConvApi::Both,
+                ConvApiArg::Legacy => ConvApi::Legacy,
+                ConvApiArg::Backend => ConvApi::Backend,
+            },
             ..KernelOptions::default()
         }
     }

@@ -18,6 +18,7 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod cudnn;
+pub(crate) mod engine;
 pub mod nvrtc;
 
 use std::cell::RefCell;
@@ -334,10 +335,12 @@ impl StreamCtx {
             .map_err(|e| GpuError::driver("synchronising a stream", e))
     }
 
-    /// GPU time of one `run`, ms: after a warm-up, the median of three rounds of `reps`
-    /// back-to-back runs between two events on this stream. Eager launches: kernels shorter
-    /// than their launch show the host's issue rate, as they would a CUDA graph's per-launch
-    /// floor (fewer launches still win).
+    /// GPU time of one `run`, ms, as a CUDA graph runs it: after an eager warm-up, `reps`
+    /// runs are captured into one graph, and the median of three replays between two events,
+    /// divided by `reps`, is the time. Eager launches would time the host's issue rate for
+    /// kernels shorter than their launch (~12 us on an H100); a replay pays what the graphs
+    /// opsched runs pay (~1.2 us per kernel), so fewer launches still win. A `run` that cannot
+    /// be captured fails here, as it would in the plan's graph.
     pub(crate) fn time_ms(
         &self,
         gpu: &Gpu,
@@ -353,13 +356,25 @@ impl StreamCtx {
         run()?;
         self.synchronize()?;
         let reps = reps.max(1);
+        self.stream
+            .begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| GpuError::driver("beginning a timing capture", e))?;
+        let captured = (0..reps).try_for_each(|_| run());
+        // End the capture whatever happened, so the stream is usable again.
+        let graph = self
+            .stream
+            .end_capture(drv_sys::CUgraphInstantiate_flags(0));
+        captured?;
+        let graph = graph
+            .map_err(|e| GpuError::driver("capturing a kernel choice", e))?
+            .ok_or_else(|| GpuError::Plan("timing captured nothing".into()))?;
+        graph.launch().map_err(timing)?;
+        self.synchronize()?;
         let mut t = Vec::with_capacity(3);
         for _ in 0..3 {
             let (start, end) = (event()?, event()?);
             start.record(&self.stream).map_err(timing)?;
-            for _ in 0..reps {
-                run()?;
-            }
+            graph.launch().map_err(timing)?;
             end.record(&self.stream).map_err(timing)?;
             end.synchronize().map_err(timing)?;
             t.push(f64::from(start.elapsed_ms(&end).map_err(timing)?) / reps as f64);

@@ -7,25 +7,26 @@
 //!   layers with more channels than pixels, by blocks of output rows; grouped and depthwise
 //!   convolutions run the groups in parallel instead. im2col blocks live in per-thread scratch
 //!   kept between runs.
-//! - CUDA: cuDNN's legacy API; every algorithm is timed (median of three
-//!   `cudnnFindConvolutionForwardAlgorithmEx` searches) once per device and shape, the
-//!   measurements kept in the device's [`crate::tuning::Tuning`] (and by the CLI in the cost
-//!   cache, so later processes run the same kernel), and the choice made from them
-//!   deterministically; conv + bias + relu runs as cuDNN's fused call where it works with that
-//!   algorithm and measured no slower than the convolution followed by the `bias_act` kernel
-//!   (also kept in the tuning table), else as those two; conv + bias alone likewise, with the
-//!   fused call's identity activation (which cuDNN runs only with the implicit precomputed GEMM
-//!   algorithm). A residual the convolution adds is the fused call's `z` (or the `bias_act`
-//!   kernel's residual). Depthwise convolutions run as our NVRTC kernel, with the input
-//!   activation, bias and activation in it.
+//! - CUDA: cuDNN. The candidates are the legacy API's algorithms that work for the shape and
+//!   the engine configurations the backend API's heuristics rank highest
+//!   ([`crate::cuda::engine`]; `KernelOptions::conv_api` picks either alone). Each is timed
+//!   once per device and shape, as GPU time in a CUDA graph replay; the measurements are kept
+//!   in the device's [`crate::tuning::Tuning`] (and by the CLI in the cost cache, so later
+//!   processes run the same kernel), and the choice is made from them deterministically.
+//!   conv + bias + relu runs as cuDNN's fused call (legacy algorithms only: the chosen one,
+//!   or the fastest legacy one when an engine won) where the call works and measured no slower
+//!   than the chosen kernel followed by the `bias_act` kernel (also kept in the tuning
+//!   table), else as those two; conv + bias alone likewise, with the fused call's identity
+//!   activation (which cuDNN runs only with the implicit precomputed GEMM algorithm). A
+//!   residual the convolution adds is the fused call's `z` (or the `bias_act` kernel's
+//!   residual). Depthwise convolutions run as our NVRTC kernel, with the input activation,
+//!   bias and activation in it.
 //! - Both: an input activation (`pre_act`) applies to what the convolution reads, and a
 //!   residual is added with the bias before the activation (`opsched_graph::fusion`).
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ops::Range;
-use std::sync::{Mutex, OnceLock};
 
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
@@ -39,11 +40,12 @@ use crate::cpu::math::{
 };
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{tensor4, ActDesc, ConvDesc, FilterDesc, TensorDesc};
+use crate::cuda::engine::{ConvGraph, ConvShape, EngineRef, Plan as EnginePlan};
 use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{weight_half_width, At, BufId, Builder, Src};
 use crate::reference::act;
-use crate::GpuError;
+use crate::{ConvApi, GpuError};
 
 /// A convolution step; `w` is `[oc, c / groups, kh, kw]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -503,23 +505,35 @@ impl Enqueue for CudaDepthwise {
     }
 }
 
-/// What the convolution algorithm search found, cached per device and convolution.
-#[derive(Clone, Copy, Debug)]
+/// The kernel a convolution runs and the workspace it needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct ConvChoice {
-    algo: dnn_sys::cudnnConvolutionFwdAlgo_t,
+    kernel: Kernel,
     workspace: usize,
-    /// The math type the search ran `algo` with (cuDNN needs both on the descriptor).
-    math: dnn_sys::cudnnMathType_t,
-    /// The fused conv + bias + relu call works with `algo` (meaningful once `fused_tested`).
-    fused_ok: bool,
-    /// Whether the fused call was tried: a cache entry made by a convolution without relu
-    /// has not, and a later convolution of the same shape with relu must still try it.
-    fused_tested: bool,
 }
 
-fn conv_cache() -> &'static Mutex<HashMap<String, ConvChoice>> {
-    static C: OnceLock<Mutex<HashMap<String, ConvChoice>>> = OnceLock::new();
-    C.get_or_init(|| Mutex::new(HashMap::new()))
+/// A legacy-API algorithm with the math type it was measured with (cuDNN needs both on the
+/// descriptor), or a backend engine configuration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kernel {
+    Legacy {
+        algo: dnn_sys::cudnnConvolutionFwdAlgo_t,
+        math: dnn_sys::cudnnMathType_t,
+    },
+    Engine(EngineRef),
+}
+
+impl ConvChoice {
+    /// Its candidate numbers in the tuning table ([`crate::tuning::Candidate`]).
+    fn code(&self) -> (u32, u32) {
+        match self.kernel {
+            Kernel::Legacy { algo, math } => (algo as u32, math as u32),
+            Kernel::Engine(e) => {
+                let c = crate::tuning::Candidate::of_engine(e.global, e.rank, 0.0, 0);
+                (c.algo, c.math)
+            }
+        }
+    }
 }
 
 struct CudaConv {
@@ -532,6 +546,12 @@ struct CudaConv {
     bias_desc: TensorDesc,
     w_desc: FilterDesc,
     conv: ConvDesc,
+    /// The convolution as a backend operation graph (built when an engine is first needed).
+    graph: Option<ConvGraph>,
+    /// The shape the graph describes.
+    shape: ConvShape,
+    /// The execution plan of the engine last chosen (run only while `choice` is that engine).
+    engine: Option<EnginePlan>,
     /// The fused call's activation: relu, or identity for a bias alone.
     fused_act: ActDesc,
     /// The fused call's `z` and its scale: the residual and 1, or the output and 0.
@@ -548,62 +568,38 @@ struct CudaConv {
     pre_pad: Option<(super::pad::CudaPad, CudaSlice<f32>)>,
 }
 
+/// GPU runs per captured graph when timing a candidate.
+const TIMING_REPS: usize = 10;
+
 /// Prepare `s` reading its input at `xp`.
 fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuError> {
     let [n, c, _, _] = s.input;
     let oc = s.out_channels;
-    let x_desc = tensor4(s.input)?;
-    let y_desc = tensor4([n, oc, s.out_hw[0], s.out_hw[1]])?;
-    let bias_desc = tensor4([1, oc, 1, 1])?;
-    let w_desc = FilterDesc::new(
-        [oc, c / s.groups, s.kernel[0], s.kernel[1]],
-        dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-    )?;
+    let y_dims = [n, oc, s.out_hw[0], s.out_hw[1]];
+    let w_dims = [oc, c / s.groups, s.kernel[0], s.kernel[1]];
+    let w_desc = FilterDesc::new(w_dims, dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW)?;
     let conv = ConvDesc::new(s.padding, s.stride, s.dilation, s.groups)?;
-    conv.set_math(if cx.opts.tf32 {
-        dnn_sys::cudnnMathType_t::CUDNN_DEFAULT_MATH
-    } else {
-        dnn_sys::cudnnMathType_t::CUDNN_FMA_MATH
-    })?;
-    let fused_act = ActDesc::relu()?;
     let (wp, yp) = (cx.ptr(s.w)?, cx.ptr(s.y)?);
-    // What the tuning table keys by (the device is the cache entry's fingerprint).
+    // What the tuning table keys by (the device is the cache entry's fingerprint). Engines
+    // are candidates of their own key, so measurements made without them are not reused.
+    let api = cx.opts.conv_api;
     let tuning_key = format!(
-        "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw|{}",
+        "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw|{}{}",
         s.input,
         s.kernel,
         s.stride,
         s.padding,
         s.dilation,
         s.groups,
-        if cx.opts.tf32 { "tf32" } else { "fp32" }
-    );
-    let key = format!("{}|{tuning_key}", cx.gpu.info.name);
-    let cached = conv_cache().lock().ok().and_then(|m| m.get(&key).copied());
-    let mut choice = match cached {
-        Some(c) => c,
-        None => {
-            let candidates = match cx.tuning.get(&tuning_key) {
-                Some(c) => c,
-                None => {
-                    let c = find_algos(cx, &x_desc, xp, &w_desc, wp, &conv, &y_desc, yp)?;
-                    cx.tuning.insert(&tuning_key, c.clone());
-                    c
-                }
-            };
-            let c = choice_of(&candidates, cx.opts)?;
-            if let Ok(mut m) = conv_cache().lock() {
-                m.insert(key.clone(), c);
-            }
-            c
+        if cx.opts.tf32 { "tf32" } else { "fp32" },
+        if api == ConvApi::Legacy {
+            ""
+        } else {
+            "|engines"
         }
-    };
-    // cuDNN picks the kernel from the algorithm *and* the math type: run with the math type
-    // the search measured (PyTorch does the same).
-    conv.set_math(choice.math)?;
-    cx.sc.ensure_workspace(choice.workspace)?;
-    let want_fused = s.act == Activation::Relu;
+    );
     // cuDNN's fused call always adds a bias: a zero one where the convolution has none.
+    let want_fused = s.act == Activation::Relu;
     let identity = s.act == Activation::None && (s.bias.is_some() || s.residual.is_some());
     let (zero_bias, bias_ptr) = match s.bias {
         Some(b) => (None, cx.ptr(b)?),
@@ -619,34 +615,57 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         w: wp,
         y: yp,
         bias: bias_ptr,
-        x_desc,
-        y_desc,
-        bias_desc,
+        x_desc: tensor4(s.input)?,
+        y_desc: tensor4(y_dims)?,
+        bias_desc: tensor4([1, oc, 1, 1])?,
         w_desc,
         conv,
-        fused_act,
+        graph: None,
+        shape: ConvShape {
+            x: s.input,
+            w: w_dims,
+            y: y_dims,
+            padding: s.padding,
+            stride: s.stride,
+            dilation: s.dilation,
+        },
+        engine: None,
+        fused_act: ActDesc::relu()?,
         z: s.residual.map(|r| cx.ptr(r)).transpose()?.unwrap_or(yp),
         alpha2: if s.residual.is_some() { 1.0 } else { 0.0 },
-        choice,
-        fused: want_fused && choice.fused_ok,
+        // Replaced by the measured choice below.
+        choice: ConvChoice {
+            kernel: Kernel::Legacy {
+                algo: dnn_sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                math: search_math(cx.opts.tf32, dnn_sys::cudnnMathType_t::CUDNN_DEFAULT_MATH),
+            },
+            workspace: 0,
+        },
+        fused: false,
         epilogue: None,
         _zero_bias: zero_bias,
         pre_pad: None,
     };
-    if plan.fused && !choice.fused_tested {
-        // The fused call does not support every algorithm everywhere: try it once now.
-        let ok = plan.run_conv(cx.sc).is_ok() && cx.sc.synchronize().is_ok();
-        if !ok {
-            tracing::debug!("fused conv+bias+relu not supported for {key}; using conv + kernel");
+    let candidates = match cx.tuning.get(&tuning_key) {
+        Some(c) => c,
+        None => {
+            let c = measure_candidates(&mut plan, cx)?;
+            cx.tuning.insert(&tuning_key, c.clone());
+            c
         }
-        choice.fused_ok = ok;
-        choice.fused_tested = true;
-        plan.choice = choice;
-        plan.fused = ok;
-        if let Ok(mut m) = conv_cache().lock() {
-            m.insert(key, choice);
+    };
+    let handle = cx.sc.cudnn();
+    let mut choice = choice_of(&candidates, cx.opts, api)?;
+    if let Err(e) = plan.set_variant(Variant::of(choice), handle) {
+        if api == ConvApi::Backend {
+            return Err(e);
         }
+        // An engine the heuristics no longer propose as measured: a legacy algorithm instead.
+        tracing::warn!("{e}; convolution {tuning_key} falls back to the legacy API");
+        choice = choice_of(&candidates, cx.opts, ConvApi::Legacy)?;
+        plan.set_variant(Variant::of(choice), handle)?;
     }
+    cx.sc.ensure_workspace(choice.workspace)?;
     if s.bias.is_some() || s.act != Activation::None || s.residual.is_some() {
         let inner = s.out_hw[0] * s.out_hw[1];
         let step = super::act::BiasAct {
@@ -660,22 +679,34 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         };
         plan.epilogue = Some(super::act::CudaBiasAct::new(cx, &step)?);
     }
-    if plan.fused {
-        // cuDNN fuses only some algorithms itself and runs others as separate kernels inside
-        // the call: keep the call only where it is no slower.
-        let fused = Variant {
-            choice: plan.choice,
-            fused: true,
+    // cuDNN's fused conv + bias (+ relu) call runs legacy algorithms only: with relu, the one
+    // chosen (or the fastest legacy one when an engine was chosen); for a bias alone, only the
+    // implicit precomputed GEMM. Backend engines alone leave the epilogue to our kernel.
+    let legacy = |only_precomp: bool| {
+        use dnn_sys::cudnnConvolutionFwdAlgo_t as Algo;
+        let precomp = Algo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
+        let c: Vec<_> = candidates
+            .iter()
+            .filter(|c| !only_precomp || c.algo == precomp)
+            .copied()
+            .collect();
+        choice_of(&c, cx.opts, ConvApi::Legacy).ok()
+    };
+    let fused_alt = match choice.kernel {
+        _ if api == ConvApi::Backend => None,
+        Kernel::Legacy { .. } if want_fused => Some(choice),
+        _ if want_fused => legacy(false),
+        _ if identity => legacy(true),
+        _ => None,
+    };
+    if let Some(alt) = fused_alt {
+        let (act, name) = if want_fused {
+            (ActDesc::relu()?, "relu")
+        } else {
+            (ActDesc::identity()?, "identity")
         };
-        let separate = Variant {
-            fused: false,
-            ..fused
-        };
-        let (algo, math) = (plan.choice.algo as u32, plan.choice.math as u32);
-        let key = crate::tuning::epilogue_key(&tuning_key, "relu", algo, math);
-        faster_variant(&mut plan, &key, fused, separate, cx)?;
-    } else if identity {
-        identity_fused(&mut plan, &tuning_key, cx)?;
+        plan.fused_act = act;
+        fused_epilogue(&mut plan, &tuning_key, name, alt, cx)?;
     }
     if plan.fused {
         plan.epilogue = None;
@@ -683,22 +714,132 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     Ok(plan)
 }
 
-/// One way to run a convolution with its bias (and relu): an algorithm, and whether cuDNN's
-/// fused call adds the bias (and applies the relu) or our kernel does after the convolution.
+/// One way to run a convolution with its bias (and relu): a kernel, and whether cuDNN's fused
+/// call adds the bias (and applies the relu) or our kernel does after the convolution.
 #[derive(Clone, Copy)]
 struct Variant {
     choice: ConvChoice,
     fused: bool,
 }
 
+impl Variant {
+    /// The convolution alone, by `choice`.
+    fn of(choice: ConvChoice) -> Variant {
+        Variant {
+            choice,
+            fused: false,
+        }
+    }
+}
+
 impl CudaConv {
-    /// Run as `v` from now on (the descriptor's math type follows the algorithm's).
-    fn set_variant(&mut self, v: Variant) -> Result<(), GpuError> {
-        self.conv.set_math(v.choice.math)?;
+    /// Run as `v` from now on: the descriptor's math type follows a legacy algorithm's; an
+    /// engine gets its execution plan (built with `handle`).
+    fn set_variant(&mut self, v: Variant, handle: dnn_sys::cudnnHandle_t) -> Result<(), GpuError> {
+        match v.choice.kernel {
+            // The engine's plan stays built: measurements switch back and forth.
+            Kernel::Legacy { math, .. } => self.conv.set_math(math)?,
+            Kernel::Engine(e) => {
+                if v.fused {
+                    return Err(GpuError::Plan(
+                        "cuDNN's fused call runs legacy algorithms only".into(),
+                    ));
+                }
+                if self.engine.as_ref().map(|p| p.engine) != Some(e) {
+                    let graph = match &mut self.graph {
+                        Some(g) => g,
+                        None => self.graph.insert(ConvGraph::new(handle, &self.shape)?),
+                    };
+                    let p = graph.plan(handle, e)?;
+                    if p.workspace > v.choice.workspace {
+                        return Err(GpuError::Plan(format!(
+                            "engine {} now needs {} bytes of workspace, measured with {}",
+                            e.global, p.workspace, v.choice.workspace
+                        )));
+                    }
+                    self.engine = Some(p);
+                }
+            }
+        }
         self.choice = v.choice;
         self.fused = v.fused;
         Ok(())
     }
+}
+
+/// Every kernel the convolution may run, each timed on the GPU in a CUDA graph replay
+/// ([`StreamCtx::time_ms`], the convolution alone): the legacy algorithms that
+/// `cudnnFindConvolutionForwardAlgorithmEx` finds working within the workspace limit, and
+/// (unless the options ask for the legacy API alone) the admissible engine configurations
+/// among the top of the backend heuristics' list ([`crate::cuda::engine`]). A kernel that fails to build, run or be captured is left out; the
+/// backend failing as a whole leaves the legacy algorithms.
+fn measure_candidates(
+    plan: &mut CudaConv,
+    cx: &mut PrepareCx<'_>,
+) -> Result<Vec<crate::tuning::Candidate>, GpuError> {
+    let api = cx.opts.conv_api;
+    let handle = cx.sc.cudnn();
+    // Both and backend-only choices share the measurements (one tuning key): both measure
+    // every kernel.
+    let mut kernels: Vec<ConvChoice> = Vec::new();
+    for c in find_algos(cx, plan)? {
+        kernels.extend(choice_of(&[c], cx.opts, ConvApi::Legacy));
+    }
+    if api != ConvApi::Legacy {
+        let engines = match &mut plan.graph {
+            Some(g) => g.candidates(cx.opts.tf32),
+            None => ConvGraph::new(handle, &plan.shape)
+                .and_then(|g| plan.graph.insert(g).candidates(cx.opts.tf32)),
+        };
+        match engines {
+            Ok(e) => {
+                for e in e {
+                    // The workspace is the plan's: build it to learn it.
+                    let p = plan.graph.as_mut().map(|g| g.plan(handle, e));
+                    match p {
+                        Some(Ok(p)) if p.workspace <= cx.opts.conv_workspace_limit => {
+                            kernels.push(ConvChoice {
+                                kernel: Kernel::Engine(e),
+                                workspace: p.workspace,
+                            });
+                        }
+                        Some(Ok(p)) => tracing::debug!(
+                            "engine {} needs {} bytes of workspace, over the limit",
+                            e.global,
+                            p.workspace
+                        ),
+                        Some(Err(err)) => tracing::debug!("engine {}: {err}", e.global),
+                        None => {}
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("cuDNN's backend API offers no engines here: {e}"),
+        }
+    }
+    let mut out = Vec::with_capacity(kernels.len());
+    for k in kernels {
+        let timed = cx.sc.ensure_workspace(k.workspace).and_then(|()| {
+            plan.set_variant(Variant::of(k), handle)?;
+            let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
+            let run: &CudaConv = plan;
+            sc.time_ms(gpu, TIMING_REPS, &|| run.run_conv(sc))
+        });
+        match timed {
+            Ok(ms) => {
+                let (algo, math) = k.code();
+                out.push(crate::tuning::Candidate {
+                    algo,
+                    math,
+                    ms,
+                    workspace: k.workspace,
+                });
+            }
+            Err(e) => tracing::debug!("convolution kernel {k:?} left out: {e}"),
+        }
+    }
+    out.sort_by_key(|c| (c.algo, c.math));
+    tracing::debug!("convolution kernels measured: {out:?}");
+    Ok(out)
 }
 
 /// Set `plan` to the faster of `fused` and `separate`, both timed on the GPU between events
@@ -713,6 +854,7 @@ fn faster_variant(
     cx: &mut PrepareCx<'_>,
 ) -> Result<(), GpuError> {
     use crate::tuning::{choose, Candidate, EPILOGUE_FUSED, EPILOGUE_SEPARATE};
+    let handle = cx.sc.cudnn();
     let candidates = match cx.tuning.get(key) {
         Some(c) => c,
         None => {
@@ -721,12 +863,12 @@ fn faster_variant(
             let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
             let mut c = Vec::with_capacity(2);
             for (code, v) in [(EPILOGUE_FUSED, fused), (EPILOGUE_SEPARATE, separate)] {
-                plan.set_variant(v)?;
+                plan.set_variant(v, handle)?;
                 let run: &CudaConv = plan;
                 c.push(Candidate {
                     algo: code,
                     math: 0,
-                    ms: sc.time_ms(gpu, 10, &|| run.enqueue(gpu, sc))?,
+                    ms: sc.time_ms(gpu, TIMING_REPS, &|| run.enqueue(gpu, sc))?,
                     workspace: 0,
                 });
             }
@@ -736,137 +878,126 @@ fn faster_variant(
         }
     };
     let fused_wins = choose(&candidates, usize::MAX).is_none_or(|c| c.algo == EPILOGUE_FUSED);
-    plan.set_variant(if fused_wins { fused } else { separate })
+    plan.set_variant(if fused_wins { fused } else { separate }, handle)
 }
 
-/// A convolution with a bias or a residual and no activation: cuDNN's fused call with an
-/// identity activation adds them in the same launch, but runs only with the implicit
-/// precomputed GEMM algorithm. Where that algorithm was measured, the call works for this shape, and it is no
-/// slower than the chosen algorithm followed by our bias kernel, `plan` switches to it.
-fn identity_fused(
+/// Where cuDNN's fused call (with `plan.fused_act`, named `act`) by legacy kernel `alt` works
+/// for this shape and is no slower than `plan`'s chosen kernel followed by our bias kernel,
+/// switch `plan` to it ([`faster_variant`]).
+fn fused_epilogue(
     plan: &mut CudaConv,
     conv_key: &str,
+    act: &str,
+    alt: ConvChoice,
     cx: &mut PrepareCx<'_>,
 ) -> Result<(), GpuError> {
-    use dnn_sys::cudnnConvolutionFwdAlgo_t as A;
-    let precomp = A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
-    let candidates: Vec<_> = cx
-        .tuning
-        .get(conv_key)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c.algo == precomp)
-        .collect();
-    let Ok(alt) = choice_of(&candidates, cx.opts) else {
-        return Ok(());
-    };
-    let separate = Variant {
-        choice: plan.choice,
-        fused: false,
-    };
+    let handle = cx.sc.cudnn();
+    let separate = Variant::of(plan.choice);
     let fused = Variant {
         choice: alt,
         fused: true,
     };
-    plan.fused_act = ActDesc::identity()?;
     cx.sc.ensure_workspace(alt.workspace)?;
-    plan.set_variant(fused)?;
-    // cuDNN may still refuse the call for this shape: try it once.
+    plan.set_variant(fused, handle)?;
+    // cuDNN does not run the fused call with every algorithm for every shape: try it once.
     if !(plan.run_conv(cx.sc).is_ok() && cx.sc.synchronize().is_ok()) {
-        tracing::debug!("fused conv + bias not supported for {conv_key}; using conv + kernel");
-        return plan.set_variant(separate);
+        tracing::debug!("fused conv ({act}) not supported for {conv_key}; using conv + kernel");
+        return plan.set_variant(separate, handle);
     }
-    let (algo, math) = (separate.choice.algo as u32, separate.choice.math as u32);
-    let key = crate::tuning::epilogue_key(conv_key, "identity", algo, math);
+    let (algo, math) = separate.choice.code();
+    let key = crate::tuning::epilogue_key(conv_key, act, algo, math);
     faster_variant(plan, &key, fused, separate, cx)
 }
 
-/// Every algorithm cuDNN can run the convolution with, timed on the GPU: the median of three
-/// `cudnnFindConvolutionForwardAlgorithmEx` searches (each times every algorithm once), so one
-/// noisy search does not decide.
-#[allow(clippy::too_many_arguments)]
+/// The legacy algorithms that run the convolution within the workspace limit, with their
+/// workspace and math type (times are `cudnnFindConvolutionForwardAlgorithmEx`'s; the caller
+/// times them again as the other candidates).
 fn find_algos(
     cx: &mut PrepareCx<'_>,
-    x_desc: &TensorDesc,
-    x: u64,
-    w_desc: &FilterDesc,
-    w: u64,
-    conv: &ConvDesc,
-    y_desc: &TensorDesc,
-    y: u64,
+    plan: &CudaConv,
 ) -> Result<Vec<crate::tuning::Candidate>, GpuError> {
     const N: usize = 8;
-    const SEARCHES: usize = 3;
     let limit = cx.opts.conv_workspace_limit;
     let ws = cx.gpu.zeros_bytes(limit.max(1))?;
     let (wsp, _) = ws.device_ptr(&cx.gpu.alloc_stream);
-    // (algo, math) -> (workspace, times)
-    let mut seen: HashMap<(u32, u32), (usize, Vec<f64>)> = HashMap::new();
-    for _ in 0..SEARCHES {
-        let mut count = 0i32;
-        // SAFETY: zeroed plain-old-data structs the call fills in.
-        let mut perf: [dnn_sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
-        // SAFETY: descriptors match the buffers (sizes from the same program, checked at
-        // preparation); the workspace is `limit` bytes; the handle's stream belongs to the bound
-        // context. The search writes `y` (an output nobody has read yet).
-        unsafe {
-            dnn_sys::cudnnFindConvolutionForwardAlgorithmEx(
-                cx.sc.cudnn(),
-                x_desc.0,
-                x as *const c_void,
-                w_desc.0,
-                w as *const c_void,
-                conv.0,
-                y_desc.0,
-                y as *mut c_void,
-                N as i32,
-                &mut count,
-                perf.as_mut_ptr(),
-                wsp as *mut c_void,
-                limit,
-            )
-        }
-        .result()
-        .map_err(|e| GpuError::cudnn("searching a convolution algorithm", e))?;
-        for p in perf.iter().take(count.max(0) as usize) {
-            if p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= limit {
-                let e = seen
-                    .entry((p.algo as u32, p.mathType as u32))
-                    .or_insert((p.memory, Vec::new()));
-                e.1.push(f64::from(p.time));
-            }
-        }
+    // The search runs with the descriptor's math type; cuDNN reports per algorithm the one
+    // it used.
+    plan.conv.set_math(if cx.opts.tf32 {
+        dnn_sys::cudnnMathType_t::CUDNN_DEFAULT_MATH
+    } else {
+        dnn_sys::cudnnMathType_t::CUDNN_FMA_MATH
+    })?;
+    let mut count = 0i32;
+    // SAFETY: zeroed plain-old-data structs the call fills in.
+    let mut perf: [dnn_sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
+    // SAFETY: descriptors match the buffers (sizes from the same program, checked at
+    // preparation); the workspace is `limit` bytes; the handle's stream belongs to the bound
+    // context. The search writes `y` (an output nobody has read yet).
+    unsafe {
+        dnn_sys::cudnnFindConvolutionForwardAlgorithmEx(
+            cx.sc.cudnn(),
+            plan.x_desc.0,
+            plan.x as *const c_void,
+            plan.w_desc.0,
+            plan.w as *const c_void,
+            plan.conv.0,
+            plan.y_desc.0,
+            plan.y as *mut c_void,
+            N as i32,
+            &mut count,
+            perf.as_mut_ptr(),
+            wsp as *mut c_void,
+            limit,
+        )
     }
-    let mut out: Vec<crate::tuning::Candidate> = seen
-        .into_iter()
-        .map(|((algo, math), (workspace, mut t))| {
-            t.sort_by(f64::total_cmp);
-            crate::tuning::Candidate {
-                algo,
-                math,
-                ms: t[t.len() / 2],
-                workspace,
-            }
+    .result()
+    .map_err(|e| GpuError::cudnn("searching a convolution algorithm", e))?;
+    let mut out: Vec<_> = perf
+        .iter()
+        .take(count.max(0) as usize)
+        .filter(|p| p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= limit)
+        .map(|p| crate::tuning::Candidate {
+            algo: p.algo as u32,
+            math: p.mathType as u32,
+            ms: f64::from(p.time),
+            workspace: p.memory,
         })
         .collect();
     out.sort_by_key(|c| (c.algo, c.math));
-    tracing::debug!("conv algorithms measured: {out:?}");
+    out.dedup_by_key(|c| (c.algo, c.math));
     Ok(out)
 }
 
-/// The algorithm to run among measured `candidates` ([`crate::tuning::choose`]).
+/// The kernel to run among measured `candidates` that `api` allows
+/// ([`crate::tuning::choose`]).
 fn choice_of(
     candidates: &[crate::tuning::Candidate],
     opts: &crate::KernelOptions,
+    api: ConvApi,
 ) -> Result<ConvChoice, GpuError> {
     use dnn_sys::cudnnConvolutionFwdAlgo_t as A;
     use dnn_sys::cudnnMathType_t as M;
     let none = |m: &str| GpuError::Cudnn {
-        during: "choosing a convolution algorithm".into(),
+        during: "choosing a convolution kernel".into(),
         message: m.into(),
     };
-    let best = crate::tuning::choose(candidates, opts.conv_workspace_limit)
-        .ok_or_else(|| none("no algorithm succeeded"))?;
+    let allowed: Vec<_> = candidates
+        .iter()
+        .filter(|c| match api {
+            ConvApi::Both => true,
+            ConvApi::Legacy => c.engine().is_none(),
+            ConvApi::Backend => c.engine().is_some(),
+        })
+        .copied()
+        .collect();
+    let best = crate::tuning::choose(&allowed, opts.conv_workspace_limit)
+        .ok_or_else(|| none("no kernel succeeded"))?;
+    if let Some((global, rank)) = best.engine() {
+        return Ok(ConvChoice {
+            kernel: Kernel::Engine(EngineRef { global, rank }),
+            workspace: best.workspace,
+        });
+    }
     let algo = [
         A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
         A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
@@ -890,11 +1021,11 @@ fn choice_of(
     .find(|m| *m as u32 == best.math)
     .ok_or_else(|| none("a cached math type this cuDNN does not have"))?;
     Ok(ConvChoice {
-        algo,
+        kernel: Kernel::Legacy {
+            algo,
+            math: search_math(opts.tf32, math),
+        },
         workspace: best.workspace,
-        math: search_math(opts.tf32, math),
-        fused_ok: true,
-        fused_tested: false,
     })
 }
 
@@ -918,6 +1049,15 @@ impl CudaConv {
         } else {
             (std::ptr::null_mut(), 0)
         };
+        let algo = match (self.choice.kernel, &self.engine) {
+            (Kernel::Legacy { algo, .. }, _) => algo,
+            (Kernel::Engine(e), Some(p)) if p.engine == e => {
+                return p.execute(sc.cudnn(), self.x, self.w, self.y, sc.workspace_ptr())
+            }
+            (Kernel::Engine(e), _) => {
+                return Err(GpuError::Plan(format!("engine {} has no plan", e.global)))
+            }
+        };
         if self.fused {
             // SAFETY: descriptors match the buffers; z is the residual (of y's shape: the
             // step's access reads it whole) with alpha2 = 1, or aliases y with alpha2 = 0
@@ -932,7 +1072,7 @@ impl CudaConv {
                     self.w_desc.0,
                     self.w as *const c_void,
                     self.conv.0,
-                    self.choice.algo,
+                    algo,
                     ws_ptr,
                     ws_bytes,
                     (&self.alpha2) as *const f32 as *const c_void,
@@ -957,7 +1097,7 @@ impl CudaConv {
                     self.w_desc.0,
                     self.w as *const c_void,
                     self.conv.0,
-                    self.choice.algo,
+                    algo,
                     ws_ptr,
                     ws_bytes,
                     (&zero) as *const f32 as *const c_void,
@@ -1198,6 +1338,72 @@ mod tests {
                 [pad[2], pad[3]], [d, d], groups);
             check_against_reference(&cv);
         }
+    }
+
+    #[test]
+    fn the_kernel_is_chosen_among_those_the_api_allows() {
+        use crate::tuning::Candidate;
+        let precomp =
+            dnn_sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+        let legacy = Candidate {
+            algo: precomp as u32,
+            math: M::CUDNN_TENSOR_OP_MATH as u32,
+            ms: 0.020,
+            workspace: 1024,
+        };
+        let engine = Candidate::of_engine(58, 2, 0.012, 4096);
+        let opts = crate::KernelOptions::default();
+        let pick = |c: &[Candidate], api| choice_of(c, &opts, api).unwrap();
+        let want_engine = ConvChoice {
+            kernel: Kernel::Engine(EngineRef {
+                global: 58,
+                rank: 2,
+            }),
+            workspace: 4096,
+        };
+        let want_legacy = ConvChoice {
+            kernel: Kernel::Legacy {
+                algo: precomp,
+                math: M::CUDNN_TENSOR_OP_MATH,
+            },
+            workspace: 1024,
+        };
+        assert_eq!(pick(&[legacy, engine], ConvApi::Both), want_engine);
+        assert_eq!(pick(&[legacy, engine], ConvApi::Backend), want_engine);
+        assert_eq!(pick(&[legacy, engine], ConvApi::Legacy), want_legacy);
+        // Its tuning numbers are the candidate's, so an epilogue key names it.
+        assert_eq!(want_engine.code(), (engine.algo, engine.math));
+        assert_eq!(want_legacy.code(), (legacy.algo, legacy.math));
+        // Within the tie band the legacy algorithm (less workspace, lower number) wins.
+        let close = Candidate {
+            ms: 0.0199,
+            ..engine
+        };
+        assert_eq!(pick(&[close, legacy], ConvApi::Both), want_legacy);
+        // None allowed, or an engine over the workspace limit: no choice.
+        assert!(choice_of(&[legacy], &opts, ConvApi::Backend).is_err());
+        let tight = crate::KernelOptions {
+            conv_workspace_limit: 2048,
+            ..opts
+        };
+        assert_eq!(
+            choice_of(&[legacy, engine], &tight, ConvApi::Both).unwrap(),
+            want_legacy
+        );
+        // Without TF32 a legacy algorithm runs in FMA math whatever it was measured with.
+        let precise = crate::KernelOptions {
+            tf32: false,
+            ..opts
+        };
+        assert_eq!(
+            choice_of(&[legacy], &precise, ConvApi::Both)
+                .unwrap()
+                .kernel,
+            Kernel::Legacy {
+                algo: precomp,
+                math: M::CUDNN_FMA_MATH
+            }
+        );
     }
 
     #[test]
