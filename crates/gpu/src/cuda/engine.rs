@@ -16,6 +16,7 @@
 //! not the recorded one) rather than run blindly.
 #![allow(unsafe_code)]
 
+use std::cell::RefCell;
 use std::ffi::c_void;
 
 use cudarc::cudnn::sys as dnn_sys;
@@ -378,6 +379,7 @@ impl ConvGraph {
             plan,
             workspace: usize::try_from(ws).unwrap_or(usize::MAX),
             engine: e,
+            pack: RefCell::new(None),
         })
     }
 }
@@ -402,6 +404,9 @@ pub(crate) struct Plan {
     plan: Desc,
     pub workspace: usize,
     pub engine: EngineRef,
+    /// The variant pack of the last launch and the pointers it holds (x, w, y, workspace):
+    /// built once, not per launch, since eager runs pay every host microsecond.
+    pack: RefCell<Option<([u64; 4], Desc)>>,
 }
 
 impl Plan {
@@ -415,29 +420,14 @@ impl Plan {
         y: u64,
         ws: u64,
     ) -> Result<(), GpuError> {
-        let pack = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-        pack.set(
-            A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-            T::CUDNN_TYPE_INT64,
-            &[X_ID, W_ID, Y_ID],
-        )?;
-        let ptrs = [x, w, y].map(|p| p as *mut c_void);
-        pack.set(
-            A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-            T::CUDNN_TYPE_VOID_PTR,
-            &ptrs,
-        )?;
-        let ws = if self.workspace > 0 {
-            ws as *mut c_void
-        } else {
-            std::ptr::null_mut()
+        let key = [x, w, y, ws];
+        let mut cached = self.pack.borrow_mut();
+        if cached.as_ref().is_none_or(|(k, _)| *k != key) {
+            *cached = Some((key, variant_pack(x, w, y, ws, self.workspace)?));
+        }
+        let Some((_, pack)) = cached.as_ref() else {
+            return Err(GpuError::Plan("no variant pack".into()));
         };
-        pack.set(
-            A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
-            T::CUDNN_TYPE_VOID_PTR,
-            &[ws],
-        )?;
-        let pack = pack.finalize("a variant pack")?;
         // SAFETY: a finalized plan and variant pack; the pointers are live buffers of the
         // shapes the plan's graph describes (the caller's invariant) and the workspace is
         // large enough.
@@ -446,6 +436,34 @@ impl Plan {
             "running a convolution engine",
         )
     }
+}
+
+/// The variant pack binding the graph's tensors to `x`, `w`, `y`, with workspace `ws` (unused
+/// when `workspace` is 0).
+fn variant_pack(x: u64, w: u64, y: u64, ws: u64, workspace: usize) -> Result<Desc, GpuError> {
+    let pack = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
+    pack.set(
+        A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+        T::CUDNN_TYPE_INT64,
+        &[X_ID, W_ID, Y_ID],
+    )?;
+    let ptrs = [x, w, y].map(|p| p as *mut c_void);
+    pack.set(
+        A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+        T::CUDNN_TYPE_VOID_PTR,
+        &ptrs,
+    )?;
+    let ws = if workspace > 0 {
+        ws as *mut c_void
+    } else {
+        std::ptr::null_mut()
+    };
+    pack.set(
+        A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+        T::CUDNN_TYPE_VOID_PTR,
+        &[ws],
+    )?;
+    pack.finalize("a variant pack")
 }
 
 #[cfg(test)]
