@@ -165,16 +165,19 @@ pub fn residual_sources(g: &Graph) -> Vec<Option<(NodeId, NodeId)>> {
         .collect()
 }
 
-/// Whether `anc` reaches `node` along the graph's edges.
+/// Whether `anc` reaches `node` along the graph's edges. The search walks back from `node` only
+/// through nodes after `anc` in topological order, so a residual a few operators back costs a
+/// few steps, not the graph.
 fn is_ancestor(g: &Graph, anc: NodeId, node: NodeId) -> bool {
-    let mut seen = vec![false; g.len()];
+    let floor = g.topo_position(anc);
+    let mut seen = std::collections::HashSet::new();
     let mut stack = vec![node];
     while let Some(n) = stack.pop() {
         for p in g.preds(n) {
             if p == anc {
                 return true;
             }
-            if !std::mem::replace(&mut seen[p.index()], true) {
+            if g.topo_position(p) > floor && seen.insert(p) {
                 stack.push(p);
             }
         }
@@ -194,6 +197,33 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::{Activation, Conv2d, DType, GraphBuilder, GraphOutput, Value};
+
+    #[test]
+    fn ancestry_agrees_with_a_path_search_on_random_graphs() {
+        for seed in 0..6 {
+            let g = crate::random::layered_dag(&crate::random::LayeredDagParams {
+                ops: 40,
+                layers: 6,
+                edges: 70,
+                seed,
+                ..Default::default()
+            })
+            .unwrap();
+            let ids = || (0..g.len() as u32).map(NodeId);
+            for a in ids() {
+                for n in ids() {
+                    let path = a != n
+                        && petgraph::algo::has_path_connecting(
+                            g.dag(),
+                            petgraph::graph::NodeIndex::new(a.index()),
+                            petgraph::graph::NodeIndex::new(n.index()),
+                            None,
+                        );
+                    assert_eq!(is_ancestor(&g, a, n), path, "seed {seed}: {a:?} -> {n:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn fuses_a_sole_consumer_without_broadcast() {

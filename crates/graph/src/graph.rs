@@ -108,6 +108,8 @@ pub struct Graph {
     nodes: Vec<Node>,
     dag: DiGraph<(), Edge, u32>,
     topo: Vec<NodeId>,
+    /// Each node's position in `topo`.
+    topo_pos: Vec<u32>,
     blocks: Vec<Block>,
     by_name: HashMap<String, NodeId>,
     outputs: Vec<GraphOutput>,
@@ -240,12 +242,17 @@ impl Graph {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let mut topo_pos = vec![0u32; nodes.len()];
+        for (i, n) in topo.iter().enumerate() {
+            topo_pos[n.index()] = i as u32;
+        }
         let mut g = Graph {
             name,
             dtype,
             nodes,
             dag,
             topo,
+            topo_pos,
             blocks: Vec::new(),
             by_name,
             outputs: Vec::new(),
@@ -450,6 +457,10 @@ impl Graph {
     /// All nodes in a topological order.
     pub fn topo_order(&self) -> &[NodeId] {
         &self.topo
+    }
+    /// `n`'s position in [`Graph::topo_order`]: every ancestor of `n` comes before it.
+    pub fn topo_position(&self, n: NodeId) -> usize {
+        self.topo_pos[n.index()] as usize
     }
     /// Ids of all operators (inputs excluded), in topological order.
     pub fn ops(&self) -> impl Iterator<Item = NodeId> + '_ {
