@@ -20,8 +20,8 @@
 //!   activation kernel when there is a bias or a non-relu activation: 2; the CUDA device also
 //!   splits a relu convolution in two where it measured the fused call slower, and runs a
 //!   bias-only one as one fused call where that measured no slower, which this count, made
-//!   without a GPU, does not know); linear 1, plus a bias /
-//!   activation kernel when it has either; identity and reshape one copy; every other operator
+//!   without a GPU, does not know); linear 1 (bias, residual and relu in cuBLASLt's
+//!   epilogue), plus a bias / activation kernel for any other activation; identity and reshape one copy; every other operator
 //!   one kernel; a `sequential` operator the sum of its inner operators (only the first reads
 //!   the node's terms), but for an activation that the depthwise convolution after it applies
 //!   (`opsched_graph::fusion::pre_activations`), which launches nothing.
@@ -68,8 +68,11 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
             let input = Input::Terms(&node.inputs, &shapes);
             match (&node.op, opsched_graph::fusion::residual_of(g, op)) {
                 (_, None) => op_launches(&node.op, input),
-                // The bias kernel after the product adds the residual too.
-                (Op::Linear { .. }, Some(_)) => single_copies(input) + 2,
+                // The product's epilogue adds the residual too (or the bias kernel after it,
+                // for an activation the epilogue does not have).
+                (Op::Linear { .. }, Some((_, act))) => {
+                    single_copies(input) + 1 + u32::from(!opsched_graph::fusion::gemm_epilogue(act))
+                }
                 // cuDNN's fused call with the residual as `z` (relu with any algorithm; a
                 // residual alone only with one, else the bias + residual kernel after it).
                 (_, Some((_, act))) => {
@@ -158,7 +161,9 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
             single_copies(input) + 1 + u32::from(epilogue)
         }
         Op::Linear { bias, act, .. } => {
-            single_copies(input) + 1 + u32::from(*bias || *act != Activation::None)
+            let after =
+                (*bias || *act != Activation::None) && !opsched_graph::fusion::gemm_epilogue(*act);
+            single_copies(input) + 1 + u32::from(after)
         }
         Op::Elementwise { .. } | Op::Binary { .. } | Op::BatchMatmul { .. } => {
             let copies = match input {

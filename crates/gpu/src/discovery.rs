@@ -19,6 +19,8 @@ pub enum Lib {
     Nvrtc,
     /// `libcublas.so.13`.
     Cublas,
+    /// `libcublasLt.so.13` (matrix products with a fused epilogue; shipped with cuBLAS).
+    CublasLt,
     /// `libcudnn.so.9`.
     Cudnn,
     /// `libnccl.so` (only for transfers between physical GPUs with NCCL).
@@ -26,7 +28,13 @@ pub enum Lib {
 }
 
 /// What the backend needs to run any graph on one GPU.
-pub const REQUIRED: &[Lib] = &[Lib::Driver, Lib::Nvrtc, Lib::Cublas, Lib::Cudnn];
+pub const REQUIRED: &[Lib] = &[
+    Lib::Driver,
+    Lib::Nvrtc,
+    Lib::Cublas,
+    Lib::CublasLt,
+    Lib::Cudnn,
+];
 
 impl Lib {
     /// The library's file name as cudarc looks for it (first candidate).
@@ -35,6 +43,7 @@ impl Lib {
             Lib::Driver => "libcuda.so",
             Lib::Nvrtc => "libnvrtc.so.13",
             Lib::Cublas => "libcublas.so.13",
+            Lib::CublasLt => "libcublasLt.so.13",
             Lib::Cudnn => "libcudnn.so.9",
             Lib::Nccl => "libnccl.so",
         }
@@ -60,7 +69,7 @@ impl Lib {
                 self.file(),
                 pip("nvidia-cuda-nvrtc", "cuda_nvrtc")
             ),
-            Lib::Cublas => format!(
+            Lib::Cublas | Lib::CublasLt => format!(
                 "{} not found; {}",
                 self.file(),
                 pip("nvidia-cublas", "cublas")
@@ -89,6 +98,7 @@ impl Lib {
                 Lib::Driver => cudarc::driver::sys::is_culib_present(),
                 Lib::Nvrtc => cudarc::nvrtc::sys::is_culib_present(),
                 Lib::Cublas => cudarc::cublas::sys::is_culib_present(),
+                Lib::CublasLt => cudarc::cublaslt::sys::is_culib_present(),
                 Lib::Cudnn => cudarc::cudnn::sys::is_culib_present(),
                 Lib::Nccl => cudarc::nccl::sys::is_culib_present(),
             }

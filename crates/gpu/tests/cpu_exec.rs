@@ -354,7 +354,13 @@ fn attention_graph() -> Graph {
         &[ot],
     );
     let res = b.add("res", &[or, x]);
-    let _ = b.op("ln2", Op::LayerNorm { eps: 1e-5 }, &[res]);
+    let ln2 = b.op("ln2", Op::LayerNorm { eps: 1e-5 }, &[res]);
+    // A feed-forward block: an exact GELU keeps its kernel after the product; the second
+    // layer computes the residual sum and its relu in its epilogue.
+    let f1 = b.linear("f1", ln2, 16, Activation::Gelu);
+    let f2 = b.linear("f2", f1, 12, Activation::None);
+    let res2 = b.add("res2", &[f2, ln2]);
+    let _ = b.act("res2.relu", res2, Activation::Relu);
     b.finish().unwrap()
 }
 
@@ -632,6 +638,35 @@ fn convolutions_compute_the_residual_sums_they_feed() {
     // The sum read by a convolution and a sum keeps its value; the convolutions' are not kept.
     assert!(p.outputs[g.find("radd").unwrap().index()].is_some());
     assert!(p.outputs[g.find("rc").unwrap().index()].is_none());
+}
+
+#[test]
+fn a_linear_layer_adds_bias_residual_and_relu_in_its_product() {
+    let g = attention_graph();
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    let steps = |n: &str| &p.ops[g.find(n).unwrap().index()].as_ref().unwrap().steps;
+    let epilogue = |n: &str| match steps(n).as_slice() {
+        [Step::Gemm(m)] => m.epilogue.clone(),
+        other => panic!("{n}: {other:?}"),
+    };
+    let q = epilogue("q").unwrap();
+    assert!(q.bias.is_some() && q.residual.is_none() && q.act == Activation::None);
+    assert_eq!(
+        epilogue("k"),
+        None,
+        "no bias, no activation: a plain product"
+    );
+    assert_eq!(epilogue("v").unwrap().act, Activation::Relu);
+    let f2 = epilogue("f2").unwrap();
+    assert!(f2.bias.is_some() && f2.residual.is_some() && f2.act == Activation::Relu);
+    assert!(matches!(
+        steps("f1").as_slice(),
+        [Step::Gemm(m), Step::BiasAct(a)] if m.epilogue.is_none() && a.act == Activation::Gelu
+    ));
+    for name in ["q", "k", "v", "f1", "f2", "res2", "res2.relu"] {
+        let n = opsched_cost::launches::launches(&g, g.find(name).unwrap());
+        assert_eq!(n as usize, steps(name).len(), "{name}");
+    }
 }
 
 #[test]

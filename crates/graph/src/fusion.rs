@@ -20,12 +20,22 @@
 //! ([`residual_source`], ResNet's `conv + identity`, a Transformer's `linear + x`), with the
 //! activation fused into that sum ([`residual_of`]).
 //!
+//! A linear layer's bias, residual and activation run inside its matrix product (cuBLASLt's
+//! epilogue) where the activation is none or relu ([`gemm_epilogue`]).
+//!
 //! Inside a `sequential` operator, an activation followed by a depthwise convolution
 //! ([`is_depthwise`]: NASNet's and RandWire's relu + separable convolution) is applied by the
 //! convolution's kernel to every input it reads ([`pre_activations`]); a depthwise
 //! convolution's kernel also adds its bias and applies its own activation.
 
 use crate::{Conv2d, Graph, NodeId, Op, Shape};
+
+/// Whether a matrix product's own epilogue (cuBLASLt's) adds its bias and residual and then
+/// applies `act`: none or relu. Other activations (GELU among them: cuBLASLt's approximates
+/// it) run in a kernel after the product.
+pub fn gemm_epilogue(act: crate::Activation) -> bool {
+    matches!(act, crate::Activation::None | crate::Activation::Relu)
+}
 
 /// A depthwise convolution of `in_channels` channels: one group per channel, one output
 /// channel per group (the GPU runs it as one kernel of ours, bias and activations included).

@@ -42,7 +42,7 @@ use nvrtc::{blocks_for, BLOCK};
 
 /// cuBLAS workspace per stream (NVIDIA recommends 32 MiB on Hopper; needed for CUDA graph
 /// capture, where cuBLAS must not allocate).
-const CUBLAS_WORKSPACE: usize = 32 << 20;
+pub(crate) const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 /// One physical GPU: its context and the compiled NVRTC kernels.
 pub struct Gpu {
@@ -236,6 +236,8 @@ pub struct StreamCtx {
     cudnn: CudnnHandle,
     cublas: CublasHandle,
     _cublas_ws: CudaSlice<u8>,
+    /// Its address: cuBLASLt calls on this stream use the same workspace.
+    cublas_ws_ptr: u64,
     workspace: Option<CudaSlice<u8>>,
     ws_ptr: u64,
     ws_bytes: usize,
@@ -282,6 +284,7 @@ impl StreamCtx {
             cudnn,
             cublas,
             _cublas_ws: ws,
+            cublas_ws_ptr: ws_ptr,
             workspace: None,
             ws_ptr: 0,
             ws_bytes: 0,
@@ -318,6 +321,12 @@ impl StreamCtx {
 
     pub(crate) fn cublas(&self) -> blas_sys::cublasHandle_t {
         self.cublas.0
+    }
+
+    /// The cuBLAS workspace ([`CUBLAS_WORKSPACE`] bytes), for cuBLASLt calls on this stream
+    /// (stream order keeps them from overlapping cuBLAS's own use).
+    pub(crate) fn cublas_workspace(&self) -> u64 {
+        self.cublas_ws_ptr
     }
 
     pub(crate) fn cu_stream(&self) -> drv_sys::CUstream {

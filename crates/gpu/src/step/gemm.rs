@@ -1,5 +1,9 @@
 //! Matrix products: column-major, strided-batched `C = op(A) op(B)` with cuBLAS semantics
-//! (alpha 1, beta 0), and the lowering of `linear` and `batch_matmul` to it.
+//! (alpha 1, beta 0), and the lowering of `linear` and `batch_matmul` to it. A linear layer's
+//! bias, residual and relu are the product's epilogue ([`GemmEpilogue`]): on the GPU inside
+//! cuBLASLt's kernel, on the CPU the bias kernel's code right after the product (so both
+//! orders of evaluation match the separate kernels'); another activation keeps the bias
+//! kernel after the product ([`opsched_graph::fusion::gemm_epilogue`]).
 //!
 //! A row-major `[r, c]` buffer is the column-major `c x r` matrix (its transpose), so
 //! `Y = X W^T` (row-major, PyTorch's linear layer with `W: [out, in]`) is `Y^T = W X^T`,
@@ -8,6 +12,7 @@
 #![allow(unsafe_code)]
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use opsched_graph::Activation;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -39,6 +44,17 @@ pub struct Gemm {
     pub stride_b: usize,
     pub stride_c: usize,
     pub batch: usize,
+    /// What the same kernel does to `C` after the product (a single, dense product only).
+    pub epilogue: Option<GemmEpilogue>,
+}
+
+/// `C := act((C + bias) + residual)`, with `bias` per row of the column-major `C` (per output
+/// feature of a linear layer) and `residual` of `C`'s shape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GemmEpilogue {
+    pub bias: Option<BufId>,
+    pub residual: Option<BufId>,
+    pub act: Activation,
 }
 
 /// A `linear` operator: out features, bias, activation, and the residual sum it computes
@@ -72,6 +88,8 @@ pub(crate) fn lower_linear(
     let bias = bias
         .then(|| b.param(at, "bias", nf, 0.0, 0.1))
         .transpose()?;
+    let after = bias.is_some() || act != Activation::None || residual.is_some();
+    let in_product = after && opsched_graph::fusion::gemm_epilogue(act);
     steps.push(
         Gemm {
             a: w,
@@ -89,10 +107,15 @@ pub(crate) fn lower_linear(
             stride_b: 0,
             stride_c: 0,
             batch: 1,
+            epilogue: in_product.then_some(GemmEpilogue {
+                bias,
+                residual,
+                act,
+            }),
         }
         .into(),
     );
-    if bias.is_some() || act != Activation::None || residual.is_some() {
+    if after && !in_product {
         steps.push(
             BiasAct {
                 y: out,
@@ -148,6 +171,7 @@ pub(crate) fn lower_batch_matmul(
             stride_b: m * k,
             stride_c: m * n,
             batch,
+            epilogue: None,
         }
         .into(),
     );
@@ -155,6 +179,19 @@ pub(crate) fn lower_batch_matmul(
 }
 
 impl Gemm {
+    /// The separate bias kernel that does what epilogue `e` does.
+    fn bias_act(&self, e: &GemmEpilogue) -> BiasAct {
+        BiasAct {
+            y: self.c,
+            bias: e.bias,
+            total: self.m * self.n,
+            channels: self.m,
+            inner: 1,
+            act: e.act,
+            residual: e.residual,
+        }
+    }
+
     /// Elements of a column-major `rows x cols` operand with leading dimension `ld`, over the
     /// batch.
     fn reach(&self, rows: usize, cols: usize, ld: usize, stride: usize) -> usize {
@@ -204,16 +241,50 @@ impl StepKernel for Gemm {
 
     fn access(&self) -> Access {
         let ((ar, ac), (br, bc)) = self.stored();
+        let mut reads = vec![
+            (self.a, self.reach(ar, ac, self.lda, self.stride_a)),
+            (self.b, self.reach(br, bc, self.ldb, self.stride_b)),
+        ];
+        if let Some(e) = &self.epilogue {
+            reads.extend(e.bias.map(|b| (b, self.m)));
+            reads.extend(e.residual.map(|r| (r, self.m * self.n)));
+        }
         Access {
-            reads: vec![
-                (self.a, self.reach(ar, ac, self.lda, self.stride_a)),
-                (self.b, self.reach(br, bc, self.ldb, self.stride_b)),
-            ],
+            reads,
             writes: vec![(self.c, self.reach(self.m, self.n, self.ldc, self.stride_c))],
         }
     }
 
     fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
+        self.product_cpu(io)?;
+        match &self.epilogue {
+            Some(e) => self.bias_act(e).run_cpu(io),
+            None => Ok(()),
+        }
+    }
+
+    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        let gemm = CudaGemm::new(self, cx)?;
+        let Some(e) = &self.epilogue else {
+            return Ok(Box::new(gemm));
+        };
+        if self.batch != 1 || self.ldc != self.m {
+            return Err(cx.no_kernel("an epilogue of a batched or strided product"));
+        }
+        match CudaLtGemm::new(self, e, cx) {
+            Ok(lt) => Ok(Box::new(lt)),
+            Err(err) => {
+                tracing::debug!("cuBLASLt has no kernel for this product ({err}): bias kernel");
+                let after = super::act::CudaBiasAct::new(cx, &self.bias_act(e))?;
+                Ok(Box::new(GemmThen { gemm, after }))
+            }
+        }
+    }
+}
+
+impl Gemm {
+    /// The product alone, on the CPU.
+    fn product_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
         let a = io.read(self.a)?;
         let b = io.read(self.b)?;
         let c = io.write(self.c)?;
@@ -250,32 +321,26 @@ impl StepKernel for Gemm {
             (0..self.batch).try_for_each(|bi| one(bi, &mut c[bi * self.stride_c..]))
         }
     }
+}
 
-    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        Ok(Box::new(CudaGemm {
-            a: cx.ptr(self.a)?,
-            b: cx.ptr(self.b)?,
-            c: cx.ptr(self.c)?,
-            ta: self.trans_a,
-            tb: self.trans_b,
-            mnk: [
-                c_int(self.m, "m")?,
-                c_int(self.n, "n")?,
-                c_int(self.k, "k")?,
-            ],
+impl CudaGemm {
+    fn new(s: &Gemm, cx: &PrepareCx<'_>) -> Result<CudaGemm, GpuError> {
+        Ok(CudaGemm {
+            a: cx.ptr(s.a)?,
+            b: cx.ptr(s.b)?,
+            c: cx.ptr(s.c)?,
+            ta: s.trans_a,
+            tb: s.trans_b,
+            mnk: [c_int(s.m, "m")?, c_int(s.n, "n")?, c_int(s.k, "k")?],
             ld: [
-                c_int(self.lda, "lda")?,
-                c_int(self.ldb, "ldb")?,
-                c_int(self.ldc, "ldc")?,
+                c_int(s.lda, "lda")?,
+                c_int(s.ldb, "ldb")?,
+                c_int(s.ldc, "ldc")?,
             ],
-            strides: [
-                self.stride_a as i64,
-                self.stride_b as i64,
-                self.stride_c as i64,
-            ],
-            batch: c_int(self.batch, "batch")?,
+            strides: [s.stride_a as i64, s.stride_b as i64, s.stride_c as i64],
+            batch: c_int(s.batch, "batch")?,
             tf32: cx.opts.tf32,
-        }))
+        })
     }
 }
 
@@ -357,5 +422,220 @@ impl Enqueue for CudaGemm {
             }
         }
         .map_err(|e| GpuError::cublas("running a gemm", e))
+    }
+}
+
+/// A product with the bias kernel after it (where cuBLASLt has no kernel for the epilogue).
+struct GemmThen {
+    gemm: CudaGemm,
+    after: super::act::CudaBiasAct,
+}
+
+impl Enqueue for GemmThen {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        self.gemm.enqueue(gpu, sc)?;
+        self.after.enqueue(gpu, sc)
+    }
+}
+
+/// cuBLASLt objects, each destroyed once.
+struct LtHandle(lt_sys::cublasLtHandle_t);
+struct LtDesc(lt_sys::cublasLtMatmulDesc_t);
+struct LtLayout(lt_sys::cublasLtMatrixLayout_t);
+struct LtPref(lt_sys::cublasLtMatmulPreference_t);
+
+impl Drop for LtHandle {
+    fn drop(&mut self) {
+        // SAFETY: created once by `create_handle`, destroyed once here.
+        let _ = unsafe { lt::destroy_handle(self.0) };
+    }
+}
+impl Drop for LtDesc {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once here.
+        let _ = unsafe { lt::destroy_matmul_desc(self.0) };
+    }
+}
+impl Drop for LtLayout {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once here.
+        let _ = unsafe { lt::destroy_matrix_layout(self.0) };
+    }
+}
+impl Drop for LtPref {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once here.
+        let _ = unsafe { lt::destroy_matmul_pref(self.0) };
+    }
+}
+
+/// A single product with its epilogue in one cuBLASLt kernel: `C = act(op(A) op(B) + bias +
+/// beta Z)`, where `Z` is the residual (beta 1) or none (beta 0).
+struct CudaLtGemm {
+    handle: LtHandle,
+    desc: LtDesc,
+    /// Layouts of A, B, and of C and D (the residual and the output share one).
+    layouts: [LtLayout; 3],
+    algo: lt_sys::cublasLtMatmulAlgo_t,
+    a: u64,
+    b: u64,
+    c: u64,
+    z: u64,
+    beta: f32,
+}
+
+impl CudaLtGemm {
+    fn new(s: &Gemm, e: &GemmEpilogue, cx: &PrepareCx<'_>) -> Result<CudaLtGemm, GpuError> {
+        use lt_sys::cublasLtEpilogue_t as Ep;
+        use lt_sys::cublasLtMatmulDescAttributes_t as DescAttr;
+        let err = |what: &'static str| move |e| GpuError::cublas(what, e);
+        let handle = LtHandle(lt::create_handle().map_err(err("creating a cuBLASLt handle"))?);
+        let compute = if cx.opts.tf32 {
+            lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        let f32_type = lt_sys::cudaDataType_t::CUDA_R_32F;
+        let desc = LtDesc(
+            lt::create_matmul_desc(compute, f32_type)
+                .map_err(err("creating a cuBLASLt matmul descriptor"))?,
+        );
+        let set = |attr: DescAttr, value: *const std::ffi::c_void, size: usize| {
+            // SAFETY: a live descriptor; `value` points to `size` bytes of the attribute's
+            // type (each call below passes a local of that type).
+            unsafe { lt::set_matmul_desc_attribute(desc.0, attr, value, size) }
+                .map_err(err("setting a cuBLASLt matmul attribute"))
+        };
+        let op = |t: bool| {
+            if t {
+                blas_sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas_sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (ta, tb) = (op(s.trans_a), op(s.trans_b));
+        set(
+            DescAttr::CUBLASLT_MATMUL_DESC_TRANSA,
+            (&ta as *const blas_sys::cublasOperation_t).cast(),
+            std::mem::size_of_val(&ta),
+        )?;
+        set(
+            DescAttr::CUBLASLT_MATMUL_DESC_TRANSB,
+            (&tb as *const blas_sys::cublasOperation_t).cast(),
+            std::mem::size_of_val(&tb),
+        )?;
+        let relu = match e.act {
+            Activation::None => false,
+            Activation::Relu => true,
+            other => {
+                return Err(GpuError::Plan(format!(
+                    "cuBLASLt's epilogue has no {other:?}"
+                )))
+            }
+        };
+        let epilogue = match (e.bias, relu) {
+            (Some(_), false) => Ep::CUBLASLT_EPILOGUE_BIAS,
+            (Some(_), true) => Ep::CUBLASLT_EPILOGUE_RELU_BIAS,
+            (None, false) => Ep::CUBLASLT_EPILOGUE_DEFAULT,
+            (None, true) => Ep::CUBLASLT_EPILOGUE_RELU,
+        };
+        set(
+            DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE,
+            (&epilogue as *const Ep).cast(),
+            std::mem::size_of_val(&epilogue),
+        )?;
+        if let Some(bias) = e.bias {
+            let p = cx.ptr(bias)?;
+            set(
+                DescAttr::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                (&p as *const u64).cast(),
+                std::mem::size_of_val(&p),
+            )?;
+        }
+        let layout = |rows: usize, cols: usize, ld: usize| -> Result<LtLayout, GpuError> {
+            Ok(LtLayout(
+                lt::create_matrix_layout(f32_type, rows as u64, cols as u64, ld as i64)
+                    .map_err(err("creating a cuBLASLt matrix layout"))?,
+            ))
+        };
+        let ((ar, ac), (br, bc)) = s.stored();
+        let layouts = [
+            layout(ar, ac, s.lda)?,
+            layout(br, bc, s.ldb)?,
+            layout(s.m, s.n, s.ldc)?,
+        ];
+        let pref = LtPref(lt::create_matmul_pref().map_err(err("creating a cuBLASLt preference"))?);
+        let ws = crate::cuda::CUBLAS_WORKSPACE;
+        // SAFETY: a live preference; the attribute is a size_t.
+        unsafe {
+            lt::set_matmul_pref_attribute(
+                pref.0,
+                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws as *const usize).cast(),
+                std::mem::size_of_val(&ws),
+            )
+        }
+        .map_err(err("setting the cuBLASLt workspace limit"))?;
+        // SAFETY: live descriptors of this product.
+        let heuristic = unsafe {
+            lt::get_matmul_algo_heuristic(
+                handle.0,
+                desc.0,
+                layouts[0].0,
+                layouts[1].0,
+                layouts[2].0,
+                layouts[2].0,
+                pref.0,
+            )
+        }
+        .map_err(err("choosing a cuBLASLt kernel"))?;
+        let c = cx.ptr(s.c)?;
+        let (z, beta) = match e.residual {
+            Some(r) => (cx.ptr(r)?, 1.0),
+            None => (c, 0.0),
+        };
+        Ok(CudaLtGemm {
+            handle,
+            desc,
+            layouts,
+            algo: heuristic.algo,
+            a: cx.ptr(s.a)?,
+            b: cx.ptr(s.b)?,
+            c,
+            z,
+            beta,
+        })
+    }
+}
+
+impl Enqueue for CudaLtGemm {
+    fn enqueue(&self, _gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let one = 1.0f32;
+        // SAFETY: descriptors and layouts describe the buffers (their reach was checked at
+        // preparation, the bias pointer is set on the descriptor); the algorithm came from the
+        // heuristic for these descriptors with at most the stream's cuBLAS workspace, which
+        // stream order keeps from overlapping cuBLAS's own use. Z is the residual (beta 1) or
+        // aliases the output with beta 0, where it is not read.
+        unsafe {
+            lt::matmul(
+                self.handle.0,
+                self.desc.0,
+                (&one as *const f32).cast(),
+                (&self.beta as *const f32).cast(),
+                self.a as *const std::ffi::c_void,
+                self.layouts[0].0,
+                self.b as *const std::ffi::c_void,
+                self.layouts[1].0,
+                self.z as *const std::ffi::c_void,
+                self.layouts[2].0,
+                self.c as *mut std::ffi::c_void,
+                self.layouts[2].0,
+                &self.algo,
+                sc.cublas_workspace() as *mut std::ffi::c_void,
+                crate::cuda::CUBLAS_WORKSPACE,
+                sc.cu_stream() as _,
+            )
+        }
+        .map_err(|e| GpuError::cublas("running a cuBLASLt product", e))
     }
 }
