@@ -12,7 +12,8 @@
 //!   channels are one copy per value, but a sum of whole values at batch 1 (a contiguous
 //!   slice) one add kernel writing its slice; a concat along another axis copies each term (after
 //!   materialising it); a concat copies nothing for a producer that writes its slice in place
-//!   (`opsched_graph::inplace`);
+//!   (`opsched_graph::inplace`), and a reshape that its producer writes in place
+//!   (`opsched_graph::inplace::reshape_source`) launches nothing;
 //! - an activation that runs inside the kernel of the element-wise operator it reads, and a sum
 //!   that the convolution feeding it computes (`opsched_graph::fusion`), launch nothing;
 //! - main kernels: a depthwise convolution 1 (our kernel: bias and activations included); any
@@ -63,6 +64,11 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
             n
         }
         Op::Activation { .. } if opsched_graph::fusion::fused_source(g, op).is_some() => 0,
+        Op::Reshape { .. } | Op::Identity
+            if opsched_graph::inplace::reshape_source(g, op).is_some() =>
+        {
+            0
+        }
         Op::Elementwise { .. } if opsched_graph::fusion::residual_source(g, op).is_some() => 0,
         Op::Conv2d(_) | Op::Linear { .. } => {
             let input = Input::Terms(&node.inputs, &shapes);

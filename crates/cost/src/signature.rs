@@ -17,7 +17,8 @@
 //!   operator that also applies its consumer's activation adds `,act=..`
 //!   (`elementwise(add,act=relu)`), and that activation, which runs no kernel, adds `,fused`;
 //!   a convolution or linear layer that computes the residual sum it feeds adds `,residual`
-//!   (and the sum's activation), and that sum adds `,fused`;
+//!   (and the sum's activation), and that sum adds `,fused`; a reshape that is a view of its
+//!   input (`opsched_graph::inplace::reshape_source`) adds `,view` (`identity(view)`);
 //! - the input terms in `[..]`, separated by `,`: each term's shape (after any channel slice,
 //!   batch included) joined with `x`, followed by `(sumN)` when the term sums `N > 1` values
 //!   and `(slice)` when one of its values is a channel slice (a strided read); a term of rank
@@ -143,6 +144,11 @@ fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
     let mark = match &g.node(op).op {
         Op::Activation { .. } if fused_source(g, op).is_some() => "fused".to_string(),
         Op::Elementwise { .. } if residual_source(g, op).is_some() => "fused".to_string(),
+        Op::Reshape { .. } | Op::Identity
+            if opsched_graph::inplace::reshape_source(g, op).is_some() =>
+        {
+            "view".to_string()
+        }
         Op::Conv2d(_) | Op::Linear { .. } => match residual_of(g, op) {
             Some((_, opsched_graph::Activation::None)) => "residual".to_string(),
             Some((_, act)) => format!("residual,act={act}"),
@@ -159,8 +165,10 @@ fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
     };
     if s.ends_with(')') {
         s.pop();
+        let _ = write!(s, ",{mark})");
+    } else {
+        let _ = write!(s, "({mark})");
     }
-    let _ = write!(s, ",{mark})");
 }
 
 fn write_op(s: &mut String, op: &Op) {
@@ -379,6 +387,30 @@ mod tests {
             "conv2d(oc=4,k=1x1,s=1x1,p=0x0,d=1x1,g=1)[2x16x8x8(sum2),2x8x8x8(slice)]f16"
         );
         assert_eq!(batch_of(&g, c), 2);
+    }
+
+    #[test]
+    fn a_reshape_that_is_a_view_says_so() {
+        let mut b = GraphBuilder::new("m", DType::F32);
+        let x = b.input("x", vec![2, 8, 4, 4]);
+        let s = b.add("s", &[x, x]);
+        let flat = b.op("flat", Op::Reshape { shape: vec![2, -1] }, &[s]);
+        let same = b.op("same", Op::Identity, &[s]);
+        let copied = b.op("copied", Op::Identity, &[x]);
+        let g = b.finish().unwrap();
+        assert_eq!(
+            op_signature(&g, flat),
+            "reshape(shape=[2,-1],view)[2x8x4x4]f32"
+        );
+        // The second reshape of `s` copies it, as does one of a graph input.
+        assert_eq!(op_signature(&g, same), "identity[2x8x4x4]f32");
+        assert_eq!(op_signature(&g, copied), "identity[2x8x4x4]f32");
+        let mut b = GraphBuilder::new("m", DType::F32);
+        let x = b.input("x", vec![2, 8, 4, 4]);
+        let s = b.add("s", &[x, x]);
+        let only = b.op("only", Op::Identity, &[s]);
+        let g = b.finish().unwrap();
+        assert_eq!(op_signature(&g, only), "identity(view)[2x8x4x4]f32");
     }
 
     #[test]

@@ -796,6 +796,26 @@ impl Builder<'_> {
     }
 }
 
+impl Builder<'_> {
+    /// Let each operator that a reshape views ([`opsched_graph::inplace::reshape_source`])
+    /// write its output straight into the reshape's buffer ([`Builder::view_into`]), where it
+    /// writes nowhere else already: the reshape has no steps. After the other fusions, whose
+    /// views come first.
+    fn reshape_in_place(&mut self, transfers: &[TransferSpec]) {
+        for (i, src) in opsched_graph::inplace::reshape_sources(self.g)
+            .into_iter()
+            .enumerate()
+        {
+            let r = NodeId(i as u32);
+            let Some(p) = src else { continue };
+            let free = self.outputs[p.index()].is_some_and(|b| self.buffers[b].within.is_none());
+            if free && self.view_into(p, r, 0, transfers) {
+                self.fused.insert(r);
+            }
+        }
+    }
+}
+
 impl GraphProgram {
     /// The program of `g` with every operator on GPU 0 and no transfers.
     pub fn single_gpu(g: &Graph) -> Result<GraphProgram, GpuError> {
@@ -892,6 +912,7 @@ impl GraphProgram {
         b.concat_in_place(transfers);
         b.fuse_activations(transfers);
         b.fuse_residuals(transfers);
+        b.reshape_in_place(transfers);
         let mut ops: Vec<Option<OpProgram>> = vec![None; g.len()];
         for &id in g.topo_order() {
             let node = g.node(id);

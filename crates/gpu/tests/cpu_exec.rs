@@ -670,6 +670,28 @@ fn a_linear_layer_adds_bias_residual_and_relu_in_its_product() {
 }
 
 #[test]
+fn a_reshape_is_a_view_its_producer_writes() {
+    let g = attention_graph();
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    let op = |n: &str| p.ops[g.find(n).unwrap().index()].as_ref().unwrap();
+    // The head split's reshape of `q` and the merge's reshape of the transposed context.
+    for (producer, reshape) in [("q", "q.r"), ("ctx.t", "ctx.r")] {
+        assert!(op(reshape).steps.is_empty(), "{reshape}");
+        assert_eq!(
+            p.buffers[op(producer).output].within,
+            Some((op(reshape).output, 0)),
+            "{producer} writes {reshape}'s buffer"
+        );
+        let n = opsched_cost::launches::launches(&g, g.find(reshape).unwrap());
+        assert_eq!(n, 0, "{reshape}");
+        // Both values stay readable after a run.
+        for n in [producer, reshape] {
+            assert!(p.outputs[g.find(n).unwrap().index()].is_some(), "{n}");
+        }
+    }
+}
+
+#[test]
 fn inputs_are_copied_to_every_gpu_that_reads_them() {
     let g = every_op_graph();
     let (placement, xfers) = two_gpu_placement(&g);

@@ -14,6 +14,14 @@
 //!   concatenations writes into the one with the lowest node id (a local rule, so the cost
 //!   model can apply it per operator), and a value that appears twice in one concatenation
 //!   writes its first slice.
+//!
+//! A reshape is a view ([`reshape_source`]): a `reshape` (or an `identity` of one term) that
+//! reads one whole value of an operator is the same elements in the same order, so that
+//! operator writes its output straight into the reshape's buffer and the reshape copies
+//! nothing (a Transformer's head split and merge, the flatten before a classifier). The
+//! producer must not write elsewhere already (its slice of a concatenation, the output of the
+//! activation fused into it, the sum it computes: `crate::fusion`), and of several such
+//! reshapes of one value, the one with the lowest node id takes it.
 
 use crate::{Graph, NodeId, Op};
 
@@ -88,11 +96,85 @@ pub fn in_place_terms(g: &Graph, c: NodeId) -> usize {
         .count()
 }
 
+/// The operator whose output reshape `r` is a view of (see the module docs), or `None`.
+pub fn reshape_source(g: &Graph, r: NodeId) -> Option<NodeId> {
+    let p = whole_reshape_of(g, r)?;
+    let writes_elsewhere = slice_of(g, p).is_some()
+        || crate::fusion::residual_of(g, p).is_some()
+        || g.succs(p)
+            .any(|a| crate::fusion::fused_source(g, a) == Some(p));
+    let first = g
+        .succs(p)
+        .filter(|&q| whole_reshape_of(g, q) == Some(p))
+        .min();
+    (!writes_elsewhere && first == Some(r)).then_some(p)
+}
+
+/// The operator `r` reshapes, when `r` is a reshape (or an identity of one term) of one whole
+/// value of it.
+fn whole_reshape_of(g: &Graph, r: NodeId) -> Option<NodeId> {
+    let node = g.node(r);
+    match (&node.op, node.inputs.as_slice()) {
+        (Op::Reshape { .. } | Op::Identity, [term]) => match term.as_slice() {
+            [v] if v.channels.is_none() && !g.node(v.node).op.is_input() => Some(v.node),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// [`reshape_source`] for every node.
+pub fn reshape_sources(g: &Graph) -> Vec<Option<NodeId>> {
+    (0..g.len())
+        .map(|i| reshape_source(g, NodeId(i as u32)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::{Conv2d, DType, GraphBuilder};
+
+    #[test]
+    fn a_reshape_of_a_whole_value_is_a_view_of_it_once() {
+        for batch in [1usize, 2] {
+            let whole = |n| vec![vec![crate::Value::whole(n)]];
+            let flat = || Op::Reshape { shape: vec![-1] };
+            let mut b = GraphBuilder::new("reshapes", DType::F32);
+            let x = b.input("x", vec![batch, 4, 4, 4]);
+            let c = b.conv("c", x, Conv2d::new(8, 1));
+            let r1 = b.node("r1", flat(), whole(c));
+            let r2 = b.node("r2", flat(), whole(c));
+            // An identity of one term at batch 1 is a concatenation its producer writes in
+            // place; at other batches, a reshape.
+            let f = b.conv("f", x, Conv2d::new(4, 1));
+            let rf = b.node("rf", Op::Identity, whole(f));
+            // Of the input, of a sum, of a slice: copies.
+            let rx = b.node("rx", flat(), whole(x));
+            let d = b.conv("d", x, Conv2d::new(8, 1));
+            let sum = vec![vec![crate::Value::whole(c), crate::Value::whole(d)]];
+            let rs = b.node("rs", flat(), sum);
+            let sliced = vec![vec![crate::Value::slice(d, 0, 4)]];
+            let rsl = b.node("rsl", Op::Identity, sliced);
+            // A producer that writes its slice of a concatenation (at batch 1) keeps writing
+            // there.
+            let e = b.conv("e", x, Conv2d::new(4, 1));
+            let cat = b.concat("cat", &[e, d]);
+            let re = b.node("re", flat(), whole(e));
+            let g = b.finish().unwrap();
+            let s = reshape_sources(&g);
+            assert_eq!(s[r1.index()], Some(c));
+            assert_eq!(s[r2.index()], None, "c is r1's already");
+            for n in [rx, rs, rsl, cat, x, c] {
+                assert_eq!(s[n.index()], None, "{}", g.node(n).name);
+            }
+            assert_eq!(slice_of(&g, e).is_some(), batch == 1);
+            assert_eq!(s[re.index()], (batch == 2).then_some(e));
+            assert_eq!(slice_of(&g, f), (batch == 1).then_some((rf, 0)));
+            assert_eq!(s[rf.index()], (batch == 2).then_some(f));
+        }
+    }
 
     #[test]
     fn slices_at_batch_1_only_and_once() {
