@@ -13,7 +13,8 @@
 //!   slice) one add kernel writing its slice; a concat along another axis copies each term (after
 //!   materialising it); a concat copies nothing for a producer that writes its slice in place
 //!   (`opsched_graph::inplace`), and a reshape that its producer writes in place
-//!   (`opsched_graph::inplace::reshape_source`) launches nothing;
+//!   (`opsched_graph::inplace::reshape_source`) launches nothing, nor does a head transpose
+//!   that a batch matmul reads or writes with strides (`opsched_graph::fusion`);
 //! - an activation that runs inside the kernel of the element-wise operator it reads, and a sum
 //!   that the convolution feeding it computes (`opsched_graph::fusion`), launch nothing;
 //! - main kernels: a depthwise convolution 1 (our kernel: bias and activations included); any
@@ -69,6 +70,7 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
         {
             0
         }
+        Op::Transpose { .. } if opsched_graph::fusion::transpose_fused(g, op) => 0,
         Op::Elementwise { .. } if opsched_graph::fusion::residual_source(g, op).is_some() => 0,
         Op::Conv2d(_) | Op::Linear { .. } => {
             let input = Input::Terms(&node.inputs, &shapes);

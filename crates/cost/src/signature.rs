@@ -18,7 +18,9 @@
 //!   (`elementwise(add,act=relu)`), and that activation, which runs no kernel, adds `,fused`;
 //!   a convolution or linear layer that computes the residual sum it feeds adds `,residual`
 //!   (and the sum's activation), and that sum adds `,fused`; a reshape that is a view of its
-//!   input (`opsched_graph::inplace::reshape_source`) adds `,view` (`identity(view)`);
+//!   input (`opsched_graph::inplace::reshape_source`) adds `,view` (`identity(view)`); a batch
+//!   matmul that reads or writes through a head transpose adds `,strided=in`, `=out` or
+//!   `=in+out`, and that transpose `,fused`;
 //! - the input terms in `[..]`, separated by `,`: each term's shape (after any channel slice,
 //!   batch included) joined with `x`, followed by `(sumN)` when the term sums `N > 1` values
 //!   and `(slice)` when one of its values is a channel slice (a strided read); a term of rank
@@ -148,6 +150,20 @@ fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
             if opsched_graph::inplace::reshape_source(g, op).is_some() =>
         {
             "view".to_string()
+        }
+        Op::Transpose { .. } if opsched_graph::fusion::transpose_fused(g, op) => {
+            "fused".to_string()
+        }
+        Op::BatchMatmul { .. } => {
+            use opsched_graph::fusion::{transposed_operand, transposed_output};
+            let reads = g.preds(op).any(|t| transposed_operand(g, t).is_some());
+            let writes = transposed_output(g, op).is_some();
+            match (reads, writes) {
+                (false, false) => return,
+                (true, false) => "strided=in".to_string(),
+                (false, true) => "strided=out".to_string(),
+                (true, true) => "strided=in+out".to_string(),
+            }
         }
         Op::Conv2d(_) | Op::Linear { .. } => match residual_of(g, op) {
             Some((_, opsched_graph::Activation::None)) => "residual".to_string(),
@@ -411,6 +427,25 @@ mod tests {
         let only = b.op("only", Op::Identity, &[s]);
         let g = b.finish().unwrap();
         assert_eq!(op_signature(&g, only), "identity(view)[2x8x4x4]f32");
+    }
+
+    #[test]
+    fn products_through_head_transposes_say_so() {
+        let heads = || Op::Transpose {
+            perm: vec![0, 2, 1, 3],
+        };
+        let mut b = GraphBuilder::new("m", DType::F32);
+        let q = b.input("q", vec![1, 5, 3, 4]);
+        let qt = b.op("qt", heads(), &[q]);
+        let s = b.op("s", Op::BatchMatmul { transpose_b: true }, &[qt, qt]);
+        let c = b.op("c", Op::BatchMatmul { transpose_b: false }, &[s, qt]);
+        let ct = b.op("ct", heads(), &[c]);
+        let g = b.finish().unwrap();
+        let sig = |n| op_signature(&g, n);
+        assert_eq!(sig(s), "batch_matmul(tb,strided=in)[1x3x5x4,1x3x5x4]f32");
+        assert_eq!(sig(c), "batch_matmul(strided=in+out)[1x3x5x5,1x3x5x4]f32");
+        assert_eq!(sig(qt), "transpose(perm=[0,2,1,3],fused)[1x5x3x4]f32");
+        assert_eq!(sig(ct), "transpose(perm=[0,2,1,3],fused)[1x3x5x4]f32");
     }
 
     #[test]

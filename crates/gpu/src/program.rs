@@ -222,6 +222,10 @@ pub(crate) struct Builder<'g> {
     /// Convolution or linear layer -> the residual it adds and the activation it then applies,
     /// for the sums it computes (which join `fused`): see [`Builder::fuse_residuals`].
     residuals: HashMap<NodeId, (NodeId, Activation)>,
+    /// Head transpose -> the value batch matmuls read through it with strides, and batch
+    /// matmul -> the head transpose it writes: see [`Builder::fold_transposes`].
+    transposed_reads: HashMap<NodeId, NodeId>,
+    transposed_writes: HashMap<NodeId, NodeId>,
 }
 
 impl<'g> Builder<'g> {
@@ -816,6 +820,87 @@ impl Builder<'_> {
     }
 }
 
+/// A batch matmul's operand: its buffer, its shape, and, when it is read in place through a
+/// head transpose ([`Builder::fold_transposes`]), its row and matrix strides (else it is
+/// dense).
+pub(crate) struct Operand {
+    pub buf: BufId,
+    pub shape: Shape,
+    pub strides: Option<(usize, usize)>,
+}
+
+impl Builder<'_> {
+    /// Let batch matmuls read through the head transposes before them and write through the
+    /// one after them ([`opsched_graph::fusion::transposed_operand`],
+    /// [`opsched_graph::fusion::transposed_output`]) where everything involved runs on one GPU
+    /// and no transfer sends the transpose's or the product's output: the transposes have no
+    /// steps. A product writing a transpose's output has its own buffer within it; neither its
+    /// own value nor that of a transpose read through is ever written (nor kept), and the
+    /// latter's unused buffer lies within the value read through (no storage of its own).
+    fn fold_transposes(&mut self, transfers: &[TransferSpec]) {
+        let gpu = |n: NodeId| self.placement.get(n.index()).copied().flatten();
+        let sent = |n: NodeId| transfers.iter().any(|t| t.src == n);
+        for i in 0..self.g.len() {
+            let n = NodeId(i as u32);
+            if let Some(s) = opsched_graph::fusion::transposed_operand(self.g, n) {
+                let here = gpu(n);
+                let local = (self.g.node(s).op.is_input() || gpu(s) == here)
+                    && self.g.succs(n).all(|c| gpu(c) == here);
+                if here.is_some() && local && !sent(n) {
+                    self.transposed_reads.insert(n, s);
+                    self.fused.insert(n);
+                    // Its own buffer is never used: let it take no storage of its own.
+                    self.view_into(n, s, 0, transfers);
+                }
+            }
+            if let Some(t) = opsched_graph::fusion::transposed_output(self.g, n) {
+                if !sent(t) && self.view_into(n, t, 0, transfers) {
+                    self.transposed_writes.insert(n, t);
+                    self.fused.insert(t);
+                }
+            }
+        }
+    }
+
+    /// A batch matmul's operand `term` ([`Operand`]).
+    pub(crate) fn operand(
+        &mut self,
+        steps: &mut Vec<Step>,
+        at: At,
+        term: &[Value],
+    ) -> Result<Operand, GpuError> {
+        if let [v] = term {
+            if let Some(&s) = self.transposed_reads.get(&v.node) {
+                let shape = self.value_shape(v);
+                let [_, b, _, d] = self.four(at, &shape)?;
+                let buf = self.source(s, at.node, at.gpu)?;
+                return Ok(Operand {
+                    buf,
+                    shape,
+                    strides: Some((b * d, d)),
+                });
+            }
+        }
+        let (buf, shape) = self.term(steps, at, term)?;
+        Ok(Operand {
+            buf,
+            shape,
+            strides: None,
+        })
+    }
+
+    /// Where the batch matmul at `at` writes, when it writes the head transpose after it: that
+    /// buffer and the row and matrix strides of its result there.
+    pub(crate) fn transposed_out(&self, at: At) -> Option<(BufId, usize, usize)> {
+        let t = *self.transposed_writes.get(&at.node)?;
+        let buf = self.outputs[t.index()]?;
+        match self.g.node(at.node).shape.as_slice() {
+            [_, b, _, d] => Some((buf, b * d, *d)),
+            _ => None,
+        }
+    }
+}
+
 impl GraphProgram {
     /// The program of `g` with every operator on GPU 0 and no transfers.
     pub fn single_gpu(g: &Graph) -> Result<GraphProgram, GpuError> {
@@ -863,6 +948,8 @@ impl GraphProgram {
             epilogues: HashMap::new(),
             fused: HashSet::new(),
             residuals: HashMap::new(),
+            transposed_reads: HashMap::new(),
+            transposed_writes: HashMap::new(),
         };
         // Outputs first (so that a transfer's source exists), then replicas, then programs.
         for (i, node) in g.nodes().iter().enumerate() {
@@ -913,6 +1000,7 @@ impl GraphProgram {
         b.fuse_activations(transfers);
         b.fuse_residuals(transfers);
         b.reshape_in_place(transfers);
+        b.fold_transposes(transfers);
         let mut ops: Vec<Option<OpProgram>> = vec![None; g.len()];
         for &id in g.topo_order() {
             let node = g.node(id);
@@ -950,9 +1038,16 @@ impl GraphProgram {
         }
         // Graph inputs read by nobody still get a buffer on GPU 0 (their outputs are reported).
         let mut outputs = b.outputs.clone();
-        // The own values of a sum that applies an activation, and of a convolution that adds
-        // a residual, are never written.
-        for n in b.epilogues.keys().chain(b.residuals.keys()) {
+        // The own values of a sum that applies an activation, of a convolution that adds a
+        // residual, of a product that writes a transpose and of a transpose read through are
+        // never written.
+        for n in b
+            .epilogues
+            .keys()
+            .chain(b.residuals.keys())
+            .chain(b.transposed_writes.keys())
+            .chain(b.transposed_reads.keys())
+        {
             outputs[n.index()] = None;
         }
         for n in g.inputs() {

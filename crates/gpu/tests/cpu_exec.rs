@@ -293,8 +293,15 @@ fn onnx_semantics_graph() -> Graph {
 
 /// Linear, batch matmul (plain and transposed), softmax, layer norm, reshape and transpose.
 fn attention_graph() -> Graph {
+    attention_graph_of(2)
+}
+
+/// [`attention_graph`] for `batch` sequences (at 1, the products read and write through the
+/// head transposes).
+fn attention_graph_of(batch: usize) -> Graph {
     let mut b = GraphBuilder::new("attn", DType::F32);
-    let x = b.input("x", vec![2, 5, 12]);
+    let x = b.input("x", vec![batch, 5, 12]);
+    let bt = batch as i64;
     let ln = b.op("ln", Op::LayerNorm { eps: 1e-5 }, &[x]);
     let q = b.op(
         "q",
@@ -319,7 +326,7 @@ fn attention_graph() -> Graph {
         let r = b.op(
             &format!("{name}.r"),
             Op::Reshape {
-                shape: vec![2, 5, 3, 4],
+                shape: vec![bt, 5, 3, 4],
             },
             &[t],
         );
@@ -349,7 +356,7 @@ fn attention_graph() -> Graph {
     let or = b.op(
         "ctx.r",
         Op::Reshape {
-            shape: vec![2, 5, 12],
+            shape: vec![bt, 5, 12],
         },
         &[ot],
     );
@@ -450,7 +457,12 @@ fn cpu() -> CpuDevice {
 
 #[test]
 fn every_op_lowered_matches_the_reference() {
-    for g in [every_op_graph(), attention_graph(), onnx_semantics_graph()] {
+    for g in [
+        every_op_graph(),
+        attention_graph(),
+        attention_graph_of(1),
+        onnx_semantics_graph(),
+    ] {
         let p = GraphProgram::single_gpu(&g).unwrap();
         check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
     }
@@ -687,6 +699,39 @@ fn a_reshape_is_a_view_its_producer_writes() {
         // Both values stay readable after a run.
         for n in [producer, reshape] {
             assert!(p.outputs[g.find(n).unwrap().index()].is_some(), "{n}");
+        }
+    }
+}
+
+#[test]
+fn batch_1_products_read_and_write_through_the_head_transposes() {
+    for batch in [1, 2] {
+        let g = attention_graph_of(batch);
+        let p = GraphProgram::single_gpu(&g).unwrap();
+        let op = |n: &str| p.ops[g.find(n).unwrap().index()].as_ref().unwrap();
+        let gemm = |n: &str| match op(n).steps.as_slice() {
+            [Step::Gemm(m)] => m.clone(),
+            other => panic!("{n}: {other:?}"),
+        };
+        let folded = batch == 1;
+        for t in ["q.t", "k.t", "v.t", "ctx.t"] {
+            assert_eq!(op(t).steps.is_empty(), folded, "{t}");
+            let n = opsched_cost::launches::launches(&g, g.find(t).unwrap());
+            assert_eq!(n as usize, op(t).steps.len(), "{t}");
+        }
+        // 3 heads of 4: a head's rows are 12 apart, heads 4 apart, in the untransposed tensor.
+        let scores = gemm("scores");
+        let ctx = gemm("ctx");
+        if folded {
+            assert_eq!((scores.lda, scores.stride_a), (12, 4), "k read in place");
+            assert_eq!((scores.ldb, scores.stride_b), (12, 4), "q read in place");
+            assert_eq!((ctx.lda, ctx.stride_a), (12, 4), "v read in place");
+            assert_eq!((ctx.ldc, ctx.stride_c), (12, 4), "written transposed");
+            assert_eq!(ctx.c, op("ctx.t").output);
+            assert!(p.outputs[g.find("ctx").unwrap().index()].is_none());
+        } else {
+            assert_eq!((scores.ldb, scores.stride_b), (4, 20));
+            assert_eq!((ctx.ldc, ctx.stride_c), (4, 20));
         }
     }
 }
@@ -1005,7 +1050,12 @@ fn gpu_every_op_matches_the_reference() {
             conv_api,
             ..Default::default()
         };
-        for g in [every_op_graph(), attention_graph(), onnx_semantics_graph()] {
+        for g in [
+            every_op_graph(),
+            attention_graph(),
+            attention_graph_of(1),
+            onnx_semantics_graph(),
+        ] {
             let p = GraphProgram::single_gpu(&g).unwrap();
             check_program(&dev, &g, &p, &precise, 1e-3);
             let (placement, xfers) = two_gpu_placement(&g);

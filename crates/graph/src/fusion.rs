@@ -23,6 +23,11 @@
 //! A linear layer's bias, residual and activation run inside its matrix product (cuBLASLt's
 //! epilogue) where the activation is none or relu ([`gemm_epilogue`]).
 //!
+//! A batch-1 head transpose (`[1, a, b, d] -> [1, b, a, d]`) next to a batched matrix product
+//! runs nothing: the product reads the untransposed tensor with strides
+//! ([`transposed_operand`]), or writes its result transposed ([`transposed_output`]) — a
+//! Transformer's head split before the attention products and its merge after them.
+//!
 //! Inside a `sequential` operator, an activation followed by a depthwise convolution
 //! ([`is_depthwise`]: NASNet's and RandWire's relu + separable convolution) is applied by the
 //! convolution's kernel to every input it reads ([`pre_activations`]); a depthwise
@@ -35,6 +40,72 @@ use crate::{Conv2d, Graph, NodeId, Op, Shape};
 /// it) run in a kernel after the product.
 pub fn gemm_epilogue(act: crate::Activation) -> bool {
     matches!(act, crate::Activation::None | crate::Activation::Relu)
+}
+
+/// The value a head transpose `t` reads: a `transpose` with permutation `[0, 2, 1, 3]` of a
+/// 4-D tensor with a batch of 1, reading one whole value. For each of its `b` matrices
+/// `[a, d]`, the untransposed tensor `[1, a, b, d]` is that matrix with a row stride of
+/// `b * d` elements, the matrices `d` elements apart: what a strided batched product reads
+/// and writes.
+fn head_transpose_of(g: &Graph, t: NodeId) -> Option<NodeId> {
+    let node = g.node(t);
+    let Op::Transpose { perm } = &node.op else {
+        return None;
+    };
+    let [term] = node.inputs.as_slice() else {
+        return None;
+    };
+    match (term.as_slice(), node.shape.as_slice()) {
+        ([v], [1, _, _, _]) if perm.as_slice() == [0, 2, 1, 3] && v.channels.is_none() => {
+            Some(v.node)
+        }
+        _ => None,
+    }
+}
+
+fn is_output(g: &Graph, n: NodeId) -> bool {
+    g.outputs().iter().any(|o| o.value.node == n)
+}
+
+/// The head transpose ([`head_transpose_of`]) into which batch matmul `m` writes its result
+/// directly: `m`'s only consumer, where `m` is not an output of the graph (its own value is
+/// never written).
+pub fn transposed_output(g: &Graph, m: NodeId) -> Option<NodeId> {
+    if !matches!(g.node(m).op, Op::BatchMatmul { .. }) || is_output(g, m) {
+        return None;
+    }
+    let mut succs = g.succs(m);
+    let t = succs.next()?;
+    let only = succs.all(|s| s == t);
+    (only && head_transpose_of(g, t) == Some(m)).then_some(t)
+}
+
+/// The value head transpose `t` ([`head_transpose_of`]) reads, when every consumer of `t` is a
+/// batch matmul reading it whole (they then read that value in place, with strides, and `t`
+/// runs nothing), `t` is not an output of the graph, and no product writes `t` already
+/// ([`transposed_output`]).
+pub fn transposed_operand(g: &Graph, t: NodeId) -> Option<NodeId> {
+    let s = head_transpose_of(g, t)?;
+    if transposed_output(g, s) == Some(t) || is_output(g, t) {
+        return None;
+    }
+    let mut consumers = g.succs(t).peekable();
+    consumers.peek()?;
+    let all_products = consumers.all(|c| {
+        let node = g.node(c);
+        matches!(node.op, Op::BatchMatmul { .. })
+            && node.inputs.iter().all(|term| {
+                !term.iter().any(|v| v.node == t)
+                    || matches!(term.as_slice(), [v] if v.channels.is_none())
+            })
+    });
+    all_products.then_some(s)
+}
+
+/// Whether head transpose `t` runs nothing: a product reads through it or writes it.
+pub fn transpose_fused(g: &Graph, t: NodeId) -> bool {
+    transposed_operand(g, t).is_some()
+        || head_transpose_of(g, t).is_some_and(|m| transposed_output(g, m) == Some(t))
 }
 
 /// A depthwise convolution of `in_channels` channels: one group per channel, one output
@@ -90,8 +161,7 @@ pub fn fused_source(g: &Graph, a: NodeId) -> Option<NodeId> {
         .iter()
         .all(|s| s.as_slice() == producer.shape.as_slice());
     let only_consumer = g.succs(e).all(|s| s == a);
-    let is_output = g.outputs().iter().any(|o| o.value.node == e);
-    (same_shapes && only_consumer && !is_output).then_some(e)
+    (same_shapes && only_consumer && !is_output(g, e)).then_some(e)
 }
 
 /// The convolution or linear layer whose kernels also compute element-wise add `e` (ResNet's
@@ -130,7 +200,6 @@ pub fn residual_source(g: &Graph, e: NodeId) -> Option<(NodeId, NodeId)> {
     if node.inputs.len() != 2 || a == b {
         return None;
     }
-    let is_output = |n: NodeId| g.outputs().iter().any(|o| o.value.node == n);
     let conv_of = |c: NodeId, z: NodeId| {
         let kernel_takes_it = match &g.node(c).op {
             Op::Conv2d(conv) => {
@@ -142,7 +211,7 @@ pub fn residual_source(g: &Graph, e: NodeId) -> Option<(NodeId, NodeId)> {
         };
         let usable = kernel_takes_it
             && g.succs(c).all(|s| s == e)
-            && !is_output(c)
+            && !is_output(g, c)
             && (g.node(z).op.is_input() || is_ancestor(g, z, c));
         usable.then_some((c, z))
     };
@@ -207,6 +276,64 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::{Activation, Conv2d, DType, GraphBuilder, GraphOutput, Value};
+
+    #[test]
+    fn batch_1_products_take_the_head_transposes_next_to_them() {
+        for batch in [1usize, 2] {
+            let heads = || Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            };
+            let mut b = GraphBuilder::new("heads", DType::F32);
+            let q = b.input("q", vec![batch, 5, 3, 4]);
+            let k = b.input("k", vec![batch, 5, 3, 4]);
+            let qt = b.op("qt", heads(), &[q]);
+            let kt = b.op("kt", heads(), &[k]);
+            let s = b.op("s", Op::BatchMatmul { transpose_b: true }, &[qt, kt]);
+            let c = b.op("c", Op::BatchMatmul { transpose_b: false }, &[s, qt]);
+            let ct = b.op("ct", heads(), &[c]);
+            // A transpose something else reads too runs; so does one of another permutation.
+            let kept = b.op("kept", heads(), &[k]);
+            let _relu = b.act("relu", kept, Activation::Relu);
+            let s2 = b.op("s2", Op::BatchMatmul { transpose_b: true }, &[kept, kept]);
+            let other = b.op(
+                "other",
+                Op::Transpose {
+                    perm: vec![0, 1, 3, 2],
+                },
+                &[s2],
+            );
+            let g = b.finish().unwrap();
+            let one = batch == 1;
+            assert_eq!(transposed_operand(&g, qt), one.then_some(q));
+            assert_eq!(transposed_operand(&g, kt), one.then_some(k));
+            assert_eq!(transposed_output(&g, c), one.then_some(ct));
+            assert_eq!(
+                transposed_operand(&g, ct),
+                None,
+                "written by c, not read through"
+            );
+            assert!(transpose_fused(&g, ct) == one && transpose_fused(&g, qt) == one);
+            assert_eq!(transposed_operand(&g, kept), None);
+            assert_eq!(transposed_output(&g, s2), None);
+            assert!(!transpose_fused(&g, other) && !transpose_fused(&g, kept));
+            assert_eq!(
+                transposed_output(&g, s),
+                None,
+                "s feeds a product, not a transpose"
+            );
+            // A product whose value is an output keeps it.
+            let outputs = [c, ct]
+                .iter()
+                .map(|&n| GraphOutput {
+                    name: format!("o{}", n.0),
+                    value: Value::whole(n),
+                })
+                .collect();
+            let g = g.with_outputs(outputs).unwrap();
+            assert_eq!(transposed_output(&g, c), None);
+            assert!(!transpose_fused(&g, ct));
+        }
+    }
 
     #[test]
     fn ancestry_agrees_with_a_path_search_on_random_graphs() {

@@ -23,7 +23,7 @@ use crate::cpu::math::{sgemm_strided, Mat};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::c_int;
 use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
-use crate::program::{weight_half_width, At, BufId, Builder, Src};
+use crate::program::{weight_half_width, At, BufId, Builder, Operand, Src};
 use crate::GpuError;
 
 /// A (batched) matrix product.
@@ -132,7 +132,9 @@ pub(crate) fn lower_linear(
     Ok(())
 }
 
-/// Lower a `batch_matmul` operator: `[.., M, K] x [.., K, N]` (`[.., N, K]` transposed).
+/// Lower a `batch_matmul` operator: `[.., M, K] x [.., K, N]` (`[.., N, K]` transposed). An
+/// operand read through a head transpose, and a result written into the head transpose after
+/// it ([`Builder::operand`], [`Builder::transposed_out`]), take their row and matrix strides.
 pub(crate) fn lower_batch_matmul(
     b: &mut Builder<'_>,
     steps: &mut Vec<Step>,
@@ -142,10 +144,26 @@ pub(crate) fn lower_batch_matmul(
     out: BufId,
     out_shape: &[usize],
 ) -> Result<(), GpuError> {
-    let ts = b.terms(steps, at, src)?;
-    let [(a, sa), (bb, _)] = ts.as_slice() else {
+    let ops = match src {
+        Src::Terms(terms) => terms
+            .iter()
+            .map(|t| b.operand(steps, at, t))
+            .collect::<Result<Vec<_>, _>>()?,
+        Src::Buf(..) => b
+            .terms(steps, at, src)?
+            .into_iter()
+            .map(|(buf, shape)| Operand {
+                buf,
+                shape,
+                strides: None,
+            })
+            .collect(),
+    };
+    let [lhs, rhs] = ops.as_slice() else {
         return Err(b.unsupported(at, "batch_matmul needs two inputs"));
     };
+    let (a, sa, a_strides) = (&lhs.buf, &lhs.shape, lhs.strides);
+    let (bb, b_strides) = (&rhs.buf, rhs.strides);
     let r = sa.len();
     if r < 2 {
         return Err(b.unsupported(at, "batch_matmul needs rank >= 2"));
@@ -153,23 +171,31 @@ pub(crate) fn lower_batch_matmul(
     let (m, k) = (sa[r - 2], sa[r - 1]);
     let n = out_shape.last().copied().unwrap_or(1);
     let batch = sa[..r - 2].iter().product();
-    // Row-major C[M,N] = A[M,K] B[K,N]  <=>  column-major C^T = B^T A^T.
+    let (c, c_strides) = match b.transposed_out(at) {
+        Some((buf, row, mat)) => (buf, Some((row, mat))),
+        None => (out, None),
+    };
+    // Row-major C[M,N] = A[M,K] B[K,N]  <=>  column-major C^T = B^T A^T; a row-major matrix's
+    // row stride is the column-major one's leading dimension.
+    let (lda, stride_a) = b_strides.unwrap_or((if transpose_b { k } else { n }, k * n));
+    let (ldb, stride_b) = a_strides.unwrap_or((k, m * k));
+    let (ldc, stride_c) = c_strides.unwrap_or((n, m * n));
     steps.push(
         Gemm {
             a: *bb,
             b: *a,
-            c: out,
+            c,
             trans_a: transpose_b,
             trans_b: false,
             m: n,
             n: m,
             k,
-            lda: if transpose_b { k } else { n },
-            ldb: k,
-            ldc: n,
-            stride_a: k * n,
-            stride_b: m * k,
-            stride_c: m * n,
+            lda,
+            ldb,
+            ldc,
+            stride_a,
+            stride_b,
+            stride_c,
             batch,
             epilogue: None,
         }
