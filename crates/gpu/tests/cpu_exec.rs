@@ -455,14 +455,19 @@ fn cpu() -> CpuDevice {
     CpuDevice::new()
 }
 
-#[test]
-fn every_op_lowered_matches_the_reference() {
-    for g in [
+/// The graphs that hold every operator kind and fusion between them.
+fn op_graphs() -> [Graph; 4] {
+    [
         every_op_graph(),
         attention_graph(),
         attention_graph_of(1),
         onnx_semantics_graph(),
-    ] {
+    ]
+}
+
+#[test]
+fn every_op_lowered_matches_the_reference() {
+    for g in op_graphs() {
         let p = GraphProgram::single_gpu(&g).unwrap();
         check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
     }
@@ -1050,12 +1055,7 @@ fn gpu_every_op_matches_the_reference() {
             conv_api,
             ..Default::default()
         };
-        for g in [
-            every_op_graph(),
-            attention_graph(),
-            attention_graph_of(1),
-            onnx_semantics_graph(),
-        ] {
+        for g in op_graphs() {
             let p = GraphProgram::single_gpu(&g).unwrap();
             check_program(&dev, &g, &p, &precise, 1e-3);
             let (placement, xfers) = two_gpu_placement(&g);

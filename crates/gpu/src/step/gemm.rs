@@ -464,35 +464,26 @@ impl Enqueue for GemmThen {
     }
 }
 
-/// cuBLASLt objects, each destroyed once.
-struct LtHandle(lt_sys::cublasLtHandle_t);
-struct LtDesc(lt_sys::cublasLtMatmulDesc_t);
-struct LtLayout(lt_sys::cublasLtMatrixLayout_t);
-struct LtPref(lt_sys::cublasLtMatmulPreference_t);
+/// An owned cuBLASLt object: `$raw` made by the matching create call, destroyed once by
+/// `$destroy` when dropped.
+macro_rules! lt_owned {
+    ($($name:ident($raw:ty) by $destroy:path;)*) => {$(
+        struct $name($raw);
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: created once (the only constructor wraps a fresh object), destroyed
+                // once here.
+                let _ = unsafe { $destroy(self.0) };
+            }
+        }
+    )*};
+}
 
-impl Drop for LtHandle {
-    fn drop(&mut self) {
-        // SAFETY: created once by `create_handle`, destroyed once here.
-        let _ = unsafe { lt::destroy_handle(self.0) };
-    }
-}
-impl Drop for LtDesc {
-    fn drop(&mut self) {
-        // SAFETY: created once, destroyed once here.
-        let _ = unsafe { lt::destroy_matmul_desc(self.0) };
-    }
-}
-impl Drop for LtLayout {
-    fn drop(&mut self) {
-        // SAFETY: created once, destroyed once here.
-        let _ = unsafe { lt::destroy_matrix_layout(self.0) };
-    }
-}
-impl Drop for LtPref {
-    fn drop(&mut self) {
-        // SAFETY: created once, destroyed once here.
-        let _ = unsafe { lt::destroy_matmul_pref(self.0) };
-    }
+lt_owned! {
+    LtHandle(lt_sys::cublasLtHandle_t) by lt::destroy_handle;
+    LtDesc(lt_sys::cublasLtMatmulDesc_t) by lt::destroy_matmul_desc;
+    LtLayout(lt_sys::cublasLtMatrixLayout_t) by lt::destroy_matrix_layout;
+    LtPref(lt_sys::cublasLtMatmulPreference_t) by lt::destroy_matmul_pref;
 }
 
 /// A single product with its epilogue in one cuBLASLt kernel: `C = act(op(A) op(B) + bias +
