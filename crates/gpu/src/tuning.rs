@@ -96,9 +96,21 @@ pub struct Tuning {
     state: Mutex<State>,
 }
 
+/// How many distinct convolutions (tuning keys) this process runs with each kind of cuDNN
+/// kernel ([`Tuning::chosen`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ConvKernels {
+    /// A legacy-API algorithm.
+    pub legacy: usize,
+    /// A backend-API engine configuration.
+    pub engines: usize,
+}
+
 #[derive(Debug, Default)]
 struct State {
     known: BTreeMap<String, Vec<Candidate>>,
+    /// Per convolution key, whether the kernel chosen is an engine.
+    chosen: BTreeMap<String, bool>,
     /// Keys measured by this process (what [`Tuning::fresh`] returns).
     fresh: BTreeSet<String>,
     /// Measure again what was loaded.
@@ -132,6 +144,21 @@ impl Tuning {
         let mut s = self.lock();
         s.known.insert(key.to_string(), c);
         s.fresh.insert(key.to_string());
+    }
+
+    /// Record the kernel chosen for convolution `key` (the last choice per key counts).
+    pub fn chose(&self, key: &str, engine: bool) {
+        self.lock().chosen.insert(key.to_string(), engine);
+    }
+
+    /// The kernels chosen so far, per distinct convolution.
+    pub fn chosen(&self) -> ConvKernels {
+        let s = self.lock();
+        let engines = s.chosen.values().filter(|&&e| e).count();
+        ConvKernels {
+            legacy: s.chosen.len() - engines,
+            engines,
+        }
     }
 
     /// Load the candidates among cache `entries` that belong to `device` (others are ignored).
@@ -277,6 +304,32 @@ mod tests {
             cand(EPILOGUE_SEPARATE, 0.01, 0),
         ];
         assert_eq!(choose(&slower, usize::MAX).unwrap().algo, EPILOGUE_SEPARATE);
+    }
+
+    #[test]
+    fn choices_are_counted_per_distinct_convolution() {
+        let t = Tuning::default();
+        assert_eq!(t.chosen(), ConvKernels::default());
+        t.chose("a", true);
+        t.chose("a", true);
+        t.chose("b", false);
+        t.chose("c", true);
+        assert_eq!(
+            t.chosen(),
+            ConvKernels {
+                legacy: 1,
+                engines: 2
+            }
+        );
+        // A key chosen again (retuned) counts once, as its last choice.
+        t.chose("c", false);
+        assert_eq!(
+            t.chosen(),
+            ConvKernels {
+                legacy: 2,
+                engines: 1
+            }
+        );
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub struct RunReport {
     pub buffer_bytes: u64,
     /// Of `peak_memory_bytes`: weights, constants and inputs.
     pub weight_bytes: u64,
+    /// The cuDNN kernels its distinct convolutions run (CUDA only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conv_kernels: Option<opsched_gpu::tuning::ConvKernels>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check: Option<CheckReport>,
     /// The graph's outputs by name, when [`RunOptions::keep_outputs`] asked for them.
@@ -423,6 +426,10 @@ pub fn run_plan<D: Device>(
         peak_memory_bytes: footprint.storage_bytes,
         buffer_bytes: footprint.distinct_bytes,
         weight_bytes: footprint.data_bytes,
+        conv_kernels: dev
+            .tuning()
+            .map(|t| t.chosen())
+            .filter(|k| k.legacy + k.engines > 0),
         check,
         outputs,
     })

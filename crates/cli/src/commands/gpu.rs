@@ -506,6 +506,15 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
         report.peak_memory_bytes.saturating_sub(report.weight_bytes) as f64 / 1e6,
         report.buffer_bytes.saturating_sub(report.weight_bytes) as f64 / 1e6
     )?;
+    if let Some(k) = &report.conv_kernels {
+        writeln!(
+            out,
+            "convolutions   {} distinct: {} on cuDNN backend engines, {} on legacy algorithms",
+            k.legacy + k.engines,
+            k.engines,
+            k.legacy
+        )?;
+    }
     if let Some(c) = &report.check {
         writeln!(
             out,

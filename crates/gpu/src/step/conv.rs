@@ -666,6 +666,8 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         plan.set_variant(Variant::of(choice), handle)?;
     }
     cx.sc.ensure_workspace(choice.workspace)?;
+    cx.tuning
+        .chose(&tuning_key, matches!(choice.kernel, Kernel::Engine(_)));
     if s.bias.is_some() || s.act != Activation::None || s.residual.is_some() {
         let inner = s.out_hw[0] * s.out_hw[1];
         let step = super::act::BiasAct {
