@@ -67,9 +67,9 @@ fn is_output(g: &Graph, n: NodeId) -> bool {
     g.outputs().iter().any(|o| o.value.node == n)
 }
 
-/// The head transpose ([`head_transpose_of`]) into which batch matmul `m` writes its result
-/// directly: `m`'s only consumer, where `m` is not an output of the graph (its own value is
-/// never written).
+/// The head transpose (a `transpose` `[1, a, b, d] -> [1, b, a, d]` of one whole value) into
+/// which batch matmul `m` writes its result directly: `m`'s only consumer, where `m` is not an
+/// output of the graph (its own value is never written).
 pub fn transposed_output(g: &Graph, m: NodeId) -> Option<NodeId> {
     if !matches!(g.node(m).op, Op::BatchMatmul { .. }) || is_output(g, m) {
         return None;
@@ -80,10 +80,10 @@ pub fn transposed_output(g: &Graph, m: NodeId) -> Option<NodeId> {
     (only && head_transpose_of(g, t) == Some(m)).then_some(t)
 }
 
-/// The value head transpose `t` ([`head_transpose_of`]) reads, when every consumer of `t` is a
-/// batch matmul reading it whole (they then read that value in place, with strides, and `t`
-/// runs nothing), `t` is not an output of the graph, and no product writes `t` already
-/// ([`transposed_output`]).
+/// The value head transpose `t` (a `transpose` `[1, a, b, d] -> [1, b, a, d]` of one whole
+/// value) reads, when every consumer of `t` is a batch matmul reading it whole (they then read
+/// that value in place, with strides, and `t` runs nothing), `t` is not an output of the
+/// graph, and no product writes `t` already ([`transposed_output`]).
 pub fn transposed_operand(g: &Graph, t: NodeId) -> Option<NodeId> {
     let s = head_transpose_of(g, t)?;
     if transposed_output(g, s) == Some(t) || is_output(g, t) {
