@@ -821,12 +821,22 @@ impl Builder<'_> {
 }
 
 /// A batch matmul's operand: its buffer, its shape, and, when it is read in place through a
-/// head transpose ([`Builder::fold_transposes`]), its row and matrix strides (else it is
-/// dense).
+/// head transpose ([`Builder::fold_transposes`]), its row, matrix (head) and sequence strides
+/// (else it is dense).
 pub(crate) struct Operand {
     pub buf: BufId,
     pub shape: Shape,
-    pub strides: Option<(usize, usize)>,
+    pub strides: Option<(usize, usize, usize)>,
+}
+
+/// The strides of the matrices `[a, d]` of a head transpose's output `[n, b, a, d]` in the
+/// untransposed tensor `[n, a, b, d]`: rows `b * d` apart, heads `d` apart, sequences
+/// `a * b * d` apart.
+fn head_strides(shape: &[usize]) -> Option<(usize, usize, usize)> {
+    match shape {
+        [_, b, a, d] => Some((b * d, *d, a * b * d)),
+        _ => None,
+    }
 }
 
 impl Builder<'_> {
@@ -872,12 +882,13 @@ impl Builder<'_> {
         if let [v] = term {
             if let Some(&s) = self.transposed_reads.get(&v.node) {
                 let shape = self.value_shape(v);
-                let [_, b, _, d] = self.four(at, &shape)?;
+                let strides = head_strides(&shape)
+                    .ok_or_else(|| self.unsupported(at, "a head transpose that is not 4-D"))?;
                 let buf = self.source(s, at.node, at.gpu)?;
                 return Ok(Operand {
                     buf,
                     shape,
-                    strides: Some((b * d, d)),
+                    strides: Some(strides),
                 });
             }
         }
@@ -890,14 +901,11 @@ impl Builder<'_> {
     }
 
     /// Where the batch matmul at `at` writes, when it writes the head transpose after it: that
-    /// buffer and the row and matrix strides of its result there.
-    pub(crate) fn transposed_out(&self, at: At) -> Option<(BufId, usize, usize)> {
+    /// buffer and the strides of its result there ([`head_strides`]).
+    pub(crate) fn transposed_out(&self, at: At) -> Option<(BufId, (usize, usize, usize))> {
         let t = *self.transposed_writes.get(&at.node)?;
         let buf = self.outputs[t.index()]?;
-        match self.g.node(at.node).shape.as_slice() {
-            [_, b, _, d] => Some((buf, b * d, *d)),
-            _ => None,
-        }
+        Some((buf, head_strides(&self.g.node(at.node).shape)?))
     }
 }
 

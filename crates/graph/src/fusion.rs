@@ -23,7 +23,7 @@
 //! A linear layer's bias, residual and activation run inside its matrix product (cuBLASLt's
 //! epilogue) where the activation is none or relu ([`gemm_epilogue`]).
 //!
-//! A batch-1 head transpose (`[1, a, b, d] -> [1, b, a, d]`) next to a batched matrix product
+//! A head transpose (`[n, a, b, d] -> [n, b, a, d]`) next to a batched matrix product
 //! runs nothing: the product reads the untransposed tensor with strides
 //! ([`transposed_operand`]), or writes its result transposed ([`transposed_output`]) — a
 //! Transformer's head split before the attention products and its merge after them.
@@ -43,10 +43,10 @@ pub fn gemm_epilogue(act: crate::Activation) -> bool {
 }
 
 /// The value a head transpose `t` reads: a `transpose` with permutation `[0, 2, 1, 3]` of a
-/// 4-D tensor with a batch of 1, reading one whole value. For each of its `b` matrices
-/// `[a, d]`, the untransposed tensor `[1, a, b, d]` is that matrix with a row stride of
-/// `b * d` elements, the matrices `d` elements apart: what a strided batched product reads
-/// and writes.
+/// 4-D tensor, reading one whole value. For each of its `n * b` matrices `[a, d]`, the
+/// untransposed tensor `[n, a, b, d]` is that matrix with a row stride of `b * d` elements,
+/// the `b` heads of a sequence `d` elements apart and sequences `a * b * d` apart: what a
+/// batched product reads and writes with strides.
 fn head_transpose_of(g: &Graph, t: NodeId) -> Option<NodeId> {
     let node = g.node(t);
     let Op::Transpose { perm } = &node.op else {
@@ -56,7 +56,7 @@ fn head_transpose_of(g: &Graph, t: NodeId) -> Option<NodeId> {
         return None;
     };
     match (term.as_slice(), node.shape.as_slice()) {
-        ([v], [1, _, _, _]) if perm.as_slice() == [0, 2, 1, 3] && v.channels.is_none() => {
+        ([v], [_, _, _, _]) if perm.as_slice() == [0, 2, 1, 3] && v.channels.is_none() => {
             Some(v.node)
         }
         _ => None,
@@ -67,7 +67,7 @@ fn is_output(g: &Graph, n: NodeId) -> bool {
     g.outputs().iter().any(|o| o.value.node == n)
 }
 
-/// The head transpose (a `transpose` `[1, a, b, d] -> [1, b, a, d]` of one whole value) into
+/// The head transpose (a `transpose` `[n, a, b, d] -> [n, b, a, d]` of one whole value) into
 /// which batch matmul `m` writes its result directly: `m`'s only consumer, where `m` is not an
 /// output of the graph (its own value is never written).
 pub fn transposed_output(g: &Graph, m: NodeId) -> Option<NodeId> {
@@ -80,7 +80,7 @@ pub fn transposed_output(g: &Graph, m: NodeId) -> Option<NodeId> {
     (only && head_transpose_of(g, t) == Some(m)).then_some(t)
 }
 
-/// The value head transpose `t` (a `transpose` `[1, a, b, d] -> [1, b, a, d]` of one whole
+/// The value head transpose `t` (a `transpose` `[n, a, b, d] -> [n, b, a, d]` of one whole
 /// value) reads, when every consumer of `t` is a batch matmul reading it whole (they then read
 /// that value in place, with strides, and `t` runs nothing), `t` is not an output of the
 /// graph, and no product writes `t` already ([`transposed_output`]).
@@ -278,7 +278,7 @@ mod tests {
     use crate::{Activation, Conv2d, DType, GraphBuilder, GraphOutput, Value};
 
     #[test]
-    fn batch_1_products_take_the_head_transposes_next_to_them() {
+    fn products_take_the_head_transposes_next_to_them() {
         for batch in [1usize, 2] {
             let heads = || Op::Transpose {
                 perm: vec![0, 2, 1, 3],
@@ -303,16 +303,15 @@ mod tests {
                 &[s2],
             );
             let g = b.finish().unwrap();
-            let one = batch == 1;
-            assert_eq!(transposed_operand(&g, qt), one.then_some(q));
-            assert_eq!(transposed_operand(&g, kt), one.then_some(k));
-            assert_eq!(transposed_output(&g, c), one.then_some(ct));
+            assert_eq!(transposed_operand(&g, qt), Some(q));
+            assert_eq!(transposed_operand(&g, kt), Some(k));
+            assert_eq!(transposed_output(&g, c), Some(ct));
             assert_eq!(
                 transposed_operand(&g, ct),
                 None,
                 "written by c, not read through"
             );
-            assert!(transpose_fused(&g, ct) == one && transpose_fused(&g, qt) == one);
+            assert!(transpose_fused(&g, ct) && transpose_fused(&g, qt));
             assert_eq!(transposed_operand(&g, kept), None);
             assert_eq!(transposed_output(&g, s2), None);
             assert!(!transpose_fused(&g, other) && !transpose_fused(&g, kept));

@@ -13,6 +13,7 @@
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
+use cudarc::driver::{CudaSlice, DevicePtr};
 use opsched_graph::Activation;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -44,6 +45,10 @@ pub struct Gemm {
     pub stride_b: usize,
     pub stride_c: usize,
     pub batch: usize,
+    /// Groups of `batch` products, `outer_stride` elements apart in A, B and C: products read
+    /// or written through head transposes, with heads inside sequences (1 otherwise).
+    pub outer: usize,
+    pub outer_stride: [usize; 3],
     /// What the same kernel does to `C` after the product (a single, dense product only).
     pub epilogue: Option<GemmEpilogue>,
 }
@@ -107,6 +112,8 @@ pub(crate) fn lower_linear(
             stride_b: 0,
             stride_c: 0,
             batch: 1,
+            outer: 1,
+            outer_stride: [0; 3],
             epilogue: in_product.then_some(GemmEpilogue {
                 bias,
                 residual,
@@ -134,7 +141,8 @@ pub(crate) fn lower_linear(
 
 /// Lower a `batch_matmul` operator: `[.., M, K] x [.., K, N]` (`[.., N, K]` transposed). An
 /// operand read through a head transpose, and a result written into the head transpose after
-/// it ([`Builder::operand`], [`Builder::transposed_out`]), take their row and matrix strides.
+/// it ([`Builder::operand`], [`Builder::transposed_out`]), take their row, head and sequence
+/// strides; the batch `[sequences, heads]` is then `outer` groups of `batch` products.
 pub(crate) fn lower_batch_matmul(
     b: &mut Builder<'_>,
     steps: &mut Vec<Step>,
@@ -170,16 +178,25 @@ pub(crate) fn lower_batch_matmul(
     }
     let (m, k) = (sa[r - 2], sa[r - 1]);
     let n = out_shape.last().copied().unwrap_or(1);
-    let batch = sa[..r - 2].iter().product();
     let (c, c_strides) = match b.transposed_out(at) {
-        Some((buf, row, mat)) => (buf, Some((row, mat))),
+        Some((buf, strides)) => (buf, Some(strides)),
         None => (out, None),
     };
+    // Through a head transpose the batch is [sequences, heads]: sequences are the outer
+    // groups. Otherwise one flat batch.
+    let through = a_strides.is_some() || b_strides.is_some() || c_strides.is_some();
+    let (outer, batch) = match &sa[..r - 2] {
+        [seqs, heads] if through => (*seqs, *heads),
+        dims => (1, dims.iter().product()),
+    };
     // Row-major C[M,N] = A[M,K] B[K,N]  <=>  column-major C^T = B^T A^T; a row-major matrix's
-    // row stride is the column-major one's leading dimension.
-    let (lda, stride_a) = b_strides.unwrap_or((if transpose_b { k } else { n }, k * n));
-    let (ldb, stride_b) = a_strides.unwrap_or((k, m * k));
-    let (ldc, stride_c) = c_strides.unwrap_or((n, m * n));
+    // row stride is the column-major one's leading dimension. Dense matrices follow one
+    // another, `batch` of them per outer group.
+    let dense = |ld: usize, len: usize| (ld, len, batch * len);
+    let (lda, stride_a, outer_a) =
+        b_strides.unwrap_or(dense(if transpose_b { k } else { n }, k * n));
+    let (ldb, stride_b, outer_b) = a_strides.unwrap_or(dense(k, m * k));
+    let (ldc, stride_c, outer_c) = c_strides.unwrap_or(dense(n, m * n));
     steps.push(
         Gemm {
             a: *bb,
@@ -197,6 +214,8 @@ pub(crate) fn lower_batch_matmul(
             stride_b,
             stride_c,
             batch,
+            outer,
+            outer_stride: [outer_a, outer_b, outer_c],
             epilogue: None,
         }
         .into(),
@@ -219,12 +238,12 @@ impl Gemm {
     }
 
     /// Elements of a column-major `rows x cols` operand with leading dimension `ld`, over the
-    /// batch.
-    fn reach(&self, rows: usize, cols: usize, ld: usize, stride: usize) -> usize {
-        if rows == 0 || cols == 0 || self.batch == 0 {
+    /// batch (matrices `stride` apart) and the outer groups (`outer_stride` apart).
+    fn reach(&self, rows: usize, cols: usize, ld: usize, stride: usize, outer: usize) -> usize {
+        if rows == 0 || cols == 0 || self.batch == 0 || self.outer == 0 {
             return 0;
         }
-        (self.batch - 1) * stride + (cols - 1) * ld + rows
+        (self.outer - 1) * outer + (self.batch - 1) * stride + (cols - 1) * ld + rows
     }
 
     /// Stored shapes (rows, cols) of A and B.
@@ -267,9 +286,10 @@ impl StepKernel for Gemm {
 
     fn access(&self) -> Access {
         let ((ar, ac), (br, bc)) = self.stored();
+        let [oa, ob, oc] = self.outer_stride;
         let mut reads = vec![
-            (self.a, self.reach(ar, ac, self.lda, self.stride_a)),
-            (self.b, self.reach(br, bc, self.ldb, self.stride_b)),
+            (self.a, self.reach(ar, ac, self.lda, self.stride_a, oa)),
+            (self.b, self.reach(br, bc, self.ldb, self.stride_b, ob)),
         ];
         if let Some(e) = &self.epilogue {
             reads.extend(e.bias.map(|b| (b, self.m)));
@@ -277,7 +297,10 @@ impl StepKernel for Gemm {
         }
         Access {
             reads,
-            writes: vec![(self.c, self.reach(self.m, self.n, self.ldc, self.stride_c))],
+            writes: vec![(
+                self.c,
+                self.reach(self.m, self.n, self.ldc, self.stride_c, oc),
+            )],
         }
     }
 
@@ -294,7 +317,7 @@ impl StepKernel for Gemm {
         let Some(e) = &self.epilogue else {
             return Ok(Box::new(gemm));
         };
-        if self.batch != 1 || self.ldc != self.m {
+        if self.batch != 1 || self.outer != 1 || self.ldc != self.m {
             return Err(cx.no_kernel("an epilogue of a batched or strided product"));
         }
         match CudaLtGemm::new(self, e, cx) {
@@ -309,14 +332,33 @@ impl StepKernel for Gemm {
 }
 
 impl Gemm {
-    /// The product alone, on the CPU.
+    /// The product alone, on the CPU: the outer groups in parallel where their parts of C
+    /// do not interleave.
     fn product_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
         let a = io.read(self.a)?;
         let b = io.read(self.b)?;
         let c = io.write(self.c)?;
-        if self.batch == 0 || self.m == 0 || self.n == 0 {
+        if self.outer == 0 || self.batch == 0 || self.m == 0 || self.n == 0 {
             return Ok(());
         }
+        let [oa, ob, oc] = self.outer_stride;
+        if self.outer == 1 {
+            return self.group_cpu(a, b, c);
+        }
+        let group_c = self.reach(self.m, self.n, self.ldc, self.stride_c, 0);
+        let group = |o: usize, c: &mut [f32]| self.group_cpu(&a[o * oa..], &b[o * ob..], c);
+        if oc >= group_c {
+            c[..(self.outer - 1) * oc + group_c]
+                .par_chunks_mut(oc)
+                .enumerate()
+                .try_for_each(|(o, cg)| group(o, cg))
+        } else {
+            (0..self.outer).try_for_each(|o| group(o, &mut c[o * oc..]))
+        }
+    }
+
+    /// One outer group of `batch` products, from the start of `a`, `b` and `c`.
+    fn group_cpu(&self, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), GpuError> {
         let one = |bi: usize, c: &mut [f32]| {
             let (va, vb) = self.views(&a[bi * self.stride_a..], &b[bi * self.stride_b..]);
             sgemm_strided(va, vb, c, 1, self.ldc)
@@ -351,10 +393,40 @@ impl Gemm {
 
 impl CudaGemm {
     fn new(s: &Gemm, cx: &PrepareCx<'_>) -> Result<CudaGemm, GpuError> {
+        let (a, b, c) = (cx.ptr(s.a)?, cx.ptr(s.b)?, cx.ptr(s.c)?);
+        // Groups of products: one batched call over every matrix's address (on the device,
+        // where cuBLAS reads them), since no single stride reaches them all.
+        let pointers = match s.outer {
+            1 => None,
+            outer => {
+                let mut p = [Vec::new(), Vec::new(), Vec::new()];
+                for o in 0..outer {
+                    for i in 0..s.batch {
+                        let at =
+                            |base: u64, os: usize, st: usize| base + 4 * (o * os + i * st) as u64;
+                        p[0].push(at(a, s.outer_stride[0], s.stride_a));
+                        p[1].push(at(b, s.outer_stride[1], s.stride_b));
+                        p[2].push(at(c, s.outer_stride[2], s.stride_c));
+                    }
+                }
+                let [pa, pb, pc] = p;
+                let held = [
+                    cx.gpu.upload(&pa)?,
+                    cx.gpu.upload(&pb)?,
+                    cx.gpu.upload(&pc)?,
+                ];
+                let at = held
+                    .each_ref()
+                    .map(|h| h.device_ptr(&cx.gpu.alloc_stream).0);
+                Some((held, at))
+            }
+        };
         Ok(CudaGemm {
-            a: cx.ptr(s.a)?,
-            b: cx.ptr(s.b)?,
-            c: cx.ptr(s.c)?,
+            a,
+            b,
+            c,
+            pointers,
+            groups: c_int(s.outer * s.batch, "products")?,
             ta: s.trans_a,
             tb: s.trans_b,
             mnk: [c_int(s.m, "m")?, c_int(s.n, "n")?, c_int(s.k, "k")?],
@@ -374,6 +446,11 @@ struct CudaGemm {
     a: u64,
     b: u64,
     c: u64,
+    /// The addresses of every matrix of A, B and C, for products in outer groups: the device
+    /// arrays holding them, and where those are.
+    pointers: Option<([CudaSlice<u64>; 3], [u64; 3])>,
+    /// How many products that is.
+    groups: i32,
     ta: bool,
     tb: bool,
     mnk: [i32; 3],
@@ -404,6 +481,32 @@ impl Enqueue for CudaGemm {
             .result()
             .map_err(|e| GpuError::cublas("setting the math mode", e))?;
         let [m, n, k] = self.mnk;
+        if let Some((_, [pa, pb, pc])) = self.pointers {
+            // SAFETY: the arrays hold `groups` addresses each, of matrices inside A, B and C
+            // with the leading dimensions given (their reach was checked at preparation), and
+            // live as long as this operator; the handle is bound to this stream.
+            return unsafe {
+                blas_sys::cublasSgemmBatched(
+                    h,
+                    op(self.ta),
+                    op(self.tb),
+                    m,
+                    n,
+                    k,
+                    &one,
+                    pa as *const *const f32,
+                    self.ld[0],
+                    pb as *const *const f32,
+                    self.ld[1],
+                    &zero,
+                    pc as *const *mut f32,
+                    self.ld[2],
+                    self.groups,
+                )
+            }
+            .result()
+            .map_err(|e| GpuError::cublas("running a batched gemm", e));
+        }
         // SAFETY: dimensions, leading dimensions and strides describe the buffers (their reach
         // was checked at preparation); the handle is bound to this stream.
         unsafe {
