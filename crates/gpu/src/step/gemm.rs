@@ -397,7 +397,7 @@ impl CudaGemm {
         // Groups of products: one batched call over every matrix's address (on the device,
         // where cuBLAS reads them), since no single stride reaches them all.
         let pointers = match s.outer {
-            1 => None,
+            0 | 1 => None,
             outer => {
                 let mut p = [Vec::new(), Vec::new(), Vec::new()];
                 for o in 0..outer {
@@ -481,6 +481,9 @@ impl Enqueue for CudaGemm {
             .result()
             .map_err(|e| GpuError::cublas("setting the math mode", e))?;
         let [m, n, k] = self.mnk;
+        if self.groups == 0 {
+            return Ok(());
+        }
         if let Some((_, [pa, pb, pc])) = self.pointers {
             // SAFETY: the arrays hold `groups` addresses each, of matrices inside A, B and C
             // with the leading dimensions given (their reach was checked at preparation), and
