@@ -170,11 +170,8 @@ fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
             Some((_, act)) => format!("residual,act={act}"),
             None => return,
         },
-        Op::Elementwise { .. } => match g.succs(op).find(|&a| fused_source(g, a) == Some(op)) {
-            Some(a) => match g.node(a).op {
-                Op::Activation { act } => format!("act={act}"),
-                _ => return,
-            },
+        Op::Elementwise { .. } => match opsched_graph::fusion::fused_activation(g, op) {
+            Some(act) => format!("act={act}"),
             None => return,
         },
         _ => return,

@@ -226,15 +226,17 @@ pub fn residual_of(g: &Graph, c: NodeId) -> Option<(NodeId, crate::Activation)> 
     if residual_source(g, e)?.0 != c {
         return None;
     }
-    let act = g
-        .succs(e)
+    Some((e, fused_activation(g, e).unwrap_or_default()))
+}
+
+/// The activation whose kernel element-wise operator `e` runs ([`fused_source`]).
+pub fn fused_activation(g: &Graph, e: NodeId) -> Option<crate::Activation> {
+    g.succs(e)
         .find(|&a| fused_source(g, a) == Some(e))
         .and_then(|a| match g.node(a).op {
             Op::Activation { act } => Some(act),
             _ => None,
         })
-        .unwrap_or_default();
-    Some((e, act))
 }
 
 /// [`residual_source`] for every node.

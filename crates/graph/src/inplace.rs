@@ -101,8 +101,7 @@ pub fn reshape_source(g: &Graph, r: NodeId) -> Option<NodeId> {
     let p = whole_reshape_of(g, r)?;
     let writes_elsewhere = slice_of(g, p).is_some()
         || crate::fusion::residual_of(g, p).is_some()
-        || g.succs(p)
-            .any(|a| crate::fusion::fused_source(g, a) == Some(p));
+        || crate::fusion::fused_activation(g, p).is_some();
     let first = g
         .succs(p)
         .filter(|&q| whole_reshape_of(g, q) == Some(p))
