@@ -23,8 +23,8 @@
 //!   splits a relu convolution in two where it measured the fused call slower, and runs a
 //!   bias-only one as one fused call where that measured no slower, which this count, made
 //!   without a GPU, does not know); linear 1 (bias, residual and relu in cuBLASLt's
-//!   epilogue), plus a bias / activation kernel for any other activation; identity and reshape one copy; every other operator
-//!   one kernel; a `sequential` operator the sum of its inner operators (only the first reads
+//!   epilogue), plus a bias / activation kernel for any other activation; identity and
+//!   reshape one copy (unless a view); every other operator one kernel; a `sequential` operator the sum of its inner operators (only the first reads
 //!   the node's terms), but for an activation that the depthwise convolution after it applies
 //!   (`opsched_graph::fusion::pre_activations`), which launches nothing.
 //!

@@ -203,6 +203,30 @@ pub(crate) struct At {
     pub inner: usize,
 }
 
+/// A batch matmul's operand: its buffer, its shape, and, when it is read in place through a
+/// head transpose ([`Builder::fold_transposes`]), its row, matrix (head) and sequence strides
+/// (else it is dense).
+pub(crate) struct Operand {
+    pub buf: BufId,
+    pub shape: Shape,
+    pub strides: Option<(usize, usize, usize)>,
+}
+
+/// The strides of the matrices `[a, d]` of a head transpose's output `[n, b, a, d]` in the
+/// untransposed tensor `[n, a, b, d]`: rows `b * d` apart, heads `d` apart, sequences
+/// `a * b * d` apart.
+fn head_strides(shape: &[usize]) -> Option<(usize, usize, usize)> {
+    match shape {
+        [_, b, a, d] => Some((b * d, *d, a * b * d)),
+        _ => None,
+    }
+}
+
+/// Whether a transfer sends `n`'s output (from a buffer of its own).
+fn sent(transfers: &[TransferSpec], n: NodeId) -> bool {
+    transfers.iter().any(|t| t.src == n)
+}
+
 /// Builds a [`GraphProgram`]: buffers, input gathering, and the lowering of each operator
 /// (delegated to [`crate::step`]).
 pub(crate) struct Builder<'g> {
@@ -232,6 +256,11 @@ impl<'g> Builder<'g> {
     fn alloc(&mut self, gpu: usize, len: usize, role: BufRole, init: Init) -> BufId {
         self.buffers.push(BufSpec::new(gpu, len.max(1), role, init));
         self.buffers.len() - 1
+    }
+
+    /// The GPU `n` runs on (`None`: a graph input, or not placed).
+    fn gpu_of(&self, n: NodeId) -> Option<usize> {
+        self.placement.get(n.index()).copied().flatten()
     }
 
     /// Temporary storage of the operator at `at`.
@@ -329,7 +358,7 @@ impl<'g> Builder<'g> {
             self.input_copies.insert((producer, gpu), b);
             return Ok(b);
         }
-        match self.placement.get(producer.index()).copied().flatten() {
+        match self.gpu_of(producer) {
             Some(pg) if pg == gpu => self.outputs[producer.index()].ok_or_else(|| {
                 unsupported(
                     self.g,
@@ -575,6 +604,42 @@ impl<'g> Builder<'g> {
         }
     }
 
+    /// A batch matmul's operand `term` ([`Operand`]).
+    pub(crate) fn operand(
+        &mut self,
+        steps: &mut Vec<Step>,
+        at: At,
+        term: &[Value],
+    ) -> Result<Operand, GpuError> {
+        if let [v] = term {
+            if let Some(&s) = self.transposed_reads.get(&v.node) {
+                let shape = self.value_shape(v);
+                let strides = head_strides(&shape)
+                    .ok_or_else(|| self.unsupported(at, "a head transpose that is not 4-D"))?;
+                let buf = self.source(s, at.node, at.gpu)?;
+                return Ok(Operand {
+                    buf,
+                    shape,
+                    strides: Some(strides),
+                });
+            }
+        }
+        let (buf, shape) = self.term(steps, at, term)?;
+        Ok(Operand {
+            buf,
+            shape,
+            strides: None,
+        })
+    }
+
+    /// Where the batch matmul at `at` writes, when it writes the head transpose after it: that
+    /// buffer and the strides of its result there ([`head_strides`]).
+    pub(crate) fn transposed_out(&self, at: At) -> Option<(BufId, (usize, usize, usize))> {
+        let t = *self.transposed_writes.get(&at.node)?;
+        let buf = self.outputs[t.index()]?;
+        Some((buf, head_strides(&self.g.node(at.node).shape)?))
+    }
+
     /// Lower `op` reading `src` into `out` (of shape `out_shape`): one line per operator kind,
     /// the work is in its step module.
     #[allow(clippy::too_many_arguments)]
@@ -733,10 +798,12 @@ impl Builder<'_> {
         at: usize,
         transfers: &[TransferSpec],
     ) -> bool {
-        let gpu = |n: NodeId| self.placement.get(n.index()).copied().flatten();
-        let sent = transfers.iter().any(|t| t.src == p);
         match (self.outputs[p.index()], self.outputs[into.index()]) {
-            (Some(pb), Some(out)) if !sent && gpu(p).is_some() && gpu(p) == gpu(into) => {
+            (Some(pb), Some(out))
+                if !sent(transfers, p)
+                    && self.gpu_of(p).is_some()
+                    && self.gpu_of(p) == self.gpu_of(into) =>
+            {
                 self.buffers[pb].within = Some((out, at));
                 true
             }
@@ -783,14 +850,13 @@ impl Builder<'_> {
     /// and applies the activation fused into the sum, and the sum has no steps. After
     /// [`Builder::fuse_activations`].
     fn fuse_residuals(&mut self, transfers: &[TransferSpec]) {
-        let gpu = |n: NodeId| self.placement.get(n.index()).copied().flatten();
         for (i, found) in opsched_graph::fusion::residual_sources(self.g)
             .into_iter()
             .enumerate()
         {
             let Some((c, z)) = found else { continue };
             let e = NodeId(i as u32);
-            let reachable = self.g.node(z).op.is_input() || gpu(z) == gpu(c);
+            let reachable = self.g.node(z).op.is_input() || self.gpu_of(z) == self.gpu_of(c);
             if reachable && self.view_into(c, e, 0, transfers) {
                 let act = self.epilogues.get(&e).copied().unwrap_or_default();
                 self.residuals.insert(c, (z, act));
@@ -798,9 +864,7 @@ impl Builder<'_> {
             }
         }
     }
-}
 
-impl Builder<'_> {
     /// Let each operator that a reshape views ([`opsched_graph::inplace::reshape_source`])
     /// write its output straight into the reshape's buffer ([`Builder::view_into`]), where it
     /// writes nowhere else already: the reshape has no steps. After the other fusions, whose
@@ -818,28 +882,7 @@ impl Builder<'_> {
             }
         }
     }
-}
 
-/// A batch matmul's operand: its buffer, its shape, and, when it is read in place through a
-/// head transpose ([`Builder::fold_transposes`]), its row, matrix (head) and sequence strides
-/// (else it is dense).
-pub(crate) struct Operand {
-    pub buf: BufId,
-    pub shape: Shape,
-    pub strides: Option<(usize, usize, usize)>,
-}
-
-/// The strides of the matrices `[a, d]` of a head transpose's output `[n, b, a, d]` in the
-/// untransposed tensor `[n, a, b, d]`: rows `b * d` apart, heads `d` apart, sequences
-/// `a * b * d` apart.
-fn head_strides(shape: &[usize]) -> Option<(usize, usize, usize)> {
-    match shape {
-        [_, b, a, d] => Some((b * d, *d, a * b * d)),
-        _ => None,
-    }
-}
-
-impl Builder<'_> {
     /// Let batch matmuls read through the head transposes before them and write through the
     /// one after them ([`opsched_graph::fusion::transposed_operand`],
     /// [`opsched_graph::fusion::transposed_output`]) where everything involved runs on one GPU
@@ -848,15 +891,13 @@ impl Builder<'_> {
     /// own value nor that of a transpose read through is ever written (nor kept), and the
     /// latter's unused buffer lies within the value read through (no storage of its own).
     fn fold_transposes(&mut self, transfers: &[TransferSpec]) {
-        let gpu = |n: NodeId| self.placement.get(n.index()).copied().flatten();
-        let sent = |n: NodeId| transfers.iter().any(|t| t.src == n);
         for i in 0..self.g.len() {
             let n = NodeId(i as u32);
             if let Some(s) = opsched_graph::fusion::transposed_operand(self.g, n) {
-                let here = gpu(n);
-                let local = (self.g.node(s).op.is_input() || gpu(s) == here)
-                    && self.g.succs(n).all(|c| gpu(c) == here);
-                if here.is_some() && local && !sent(n) {
+                let here = self.gpu_of(n);
+                let local = (self.g.node(s).op.is_input() || self.gpu_of(s) == here)
+                    && self.g.succs(n).all(|c| self.gpu_of(c) == here);
+                if here.is_some() && local && !sent(transfers, n) {
                     self.transposed_reads.insert(n, s);
                     self.fused.insert(n);
                     // Its own buffer is never used: let it take no storage of its own.
@@ -864,48 +905,12 @@ impl Builder<'_> {
                 }
             }
             if let Some(t) = opsched_graph::fusion::transposed_output(self.g, n) {
-                if !sent(t) && self.view_into(n, t, 0, transfers) {
+                if !sent(transfers, t) && self.view_into(n, t, 0, transfers) {
                     self.transposed_writes.insert(n, t);
                     self.fused.insert(t);
                 }
             }
         }
-    }
-
-    /// A batch matmul's operand `term` ([`Operand`]).
-    pub(crate) fn operand(
-        &mut self,
-        steps: &mut Vec<Step>,
-        at: At,
-        term: &[Value],
-    ) -> Result<Operand, GpuError> {
-        if let [v] = term {
-            if let Some(&s) = self.transposed_reads.get(&v.node) {
-                let shape = self.value_shape(v);
-                let strides = head_strides(&shape)
-                    .ok_or_else(|| self.unsupported(at, "a head transpose that is not 4-D"))?;
-                let buf = self.source(s, at.node, at.gpu)?;
-                return Ok(Operand {
-                    buf,
-                    shape,
-                    strides: Some(strides),
-                });
-            }
-        }
-        let (buf, shape) = self.term(steps, at, term)?;
-        Ok(Operand {
-            buf,
-            shape,
-            strides: None,
-        })
-    }
-
-    /// Where the batch matmul at `at` writes, when it writes the head transpose after it: that
-    /// buffer and the strides of its result there ([`head_strides`]).
-    pub(crate) fn transposed_out(&self, at: At) -> Option<(BufId, (usize, usize, usize))> {
-        let t = *self.transposed_writes.get(&at.node)?;
-        let buf = self.outputs[t.index()]?;
-        Some((buf, head_strides(&self.g.node(at.node).shape)?))
     }
 }
 

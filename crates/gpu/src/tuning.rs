@@ -1,19 +1,20 @@
 //! Kernel choices made by measurement that every process must repeat exactly: which cuDNN
 //! kernel runs each convolution (a legacy-API algorithm, or an engine configuration of the
-//! backend API: see [`Candidate::engine`]), and whether its bias (+ relu) run inside cuDNN's fused
-//! call or in our kernel after the convolution ([`epilogue_key`]: the fused call is not faster
-//! everywhere, and for a bias alone cuDNN runs it only with one algorithm).
+//! backend API: see [`Candidate::engine`]), and whether its bias (+ relu) run inside cuDNN's
+//! fused call or in our kernel after the convolution ([`epilogue_key`]: the fused call is not
+//! faster everywhere, and for a bias alone cuDNN runs it only with one algorithm).
 //!
 //! Letting `cudnnFindConvolutionForwardAlgorithmEx` pick afresh in every process made the same
 //! plan run 2.86 to 4.54 ms on an H100: candidates a few percent apart swap places with timing
 //! noise. So the measurements, not the choice, are what a device keeps ([`Tuning`]): every
-//! candidate's time (GPU time in a CUDA graph replay), workspace and math type per convolution, stored in the cost cache (one
-//! entry per candidate, keyed by the device's fingerprint with its cuDNN version, the
-//! convolution's shape, the element type and the layout; see [`to_cache`]). The choice is a
-//! function of those measurements alone ([`choose`]): the fastest, where candidates within
-//! [`TIE`] of it count as equally fast and the one with less workspace, then the lower
-//! algorithm number (legacy algorithms before engines), wins. A process that finds the measurements in the cache therefore runs
-//! the same kernels as the process that made them; `--retune` measures again.
+//! candidate's time (GPU time in a CUDA graph replay), workspace and math type per
+//! convolution, stored in the cost cache (one entry per candidate, keyed by the device's
+//! fingerprint with its cuDNN version, the convolution's shape, the element type and the
+//! layout; see [`to_cache`]). The choice is a function of those measurements alone
+//! ([`choose`]): the fastest, where candidates within [`TIE`] of it count as equally fast and
+//! the one with less workspace, then the lower algorithm number (legacy algorithms before
+//! engines), wins. A process that finds the measurements in the cache therefore runs the same
+//! kernels as the process that made them; `--retune` measures again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;

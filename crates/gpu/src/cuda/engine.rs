@@ -285,7 +285,7 @@ impl ConvGraph {
                 T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
                 &mut none,
             )?;
-            let configs = (0..count)
+            let mut configs = (0..count)
                 .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
                 .collect::<Result<Vec<_>, _>>()?;
             let mut raw: Vec<_> = configs.iter().map(|d| d.0).collect();
@@ -294,7 +294,6 @@ impl ConvGraph {
                 T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
                 &mut raw,
             )?;
-            let mut configs = configs;
             configs.truncate(got);
             self.configs = Some(configs);
         }

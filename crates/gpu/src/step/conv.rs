@@ -735,6 +735,15 @@ impl Variant {
 }
 
 impl CudaConv {
+    /// The convolution as a backend operation graph, built on first use.
+    fn engine_graph(&mut self, handle: dnn_sys::cudnnHandle_t) -> Result<&mut ConvGraph, GpuError> {
+        let graph = match self.graph.take() {
+            Some(g) => g,
+            None => ConvGraph::new(handle, &self.shape)?,
+        };
+        Ok(self.graph.insert(graph))
+    }
+
     /// Run as `v` from now on: the descriptor's math type follows a legacy algorithm's; an
     /// engine gets its execution plan (built with `handle`).
     fn set_variant(&mut self, v: Variant, handle: dnn_sys::cudnnHandle_t) -> Result<(), GpuError> {
@@ -748,11 +757,7 @@ impl CudaConv {
                     ));
                 }
                 if self.engine.as_ref().map(|p| p.engine) != Some(e) {
-                    let graph = match &mut self.graph {
-                        Some(g) => g,
-                        None => self.graph.insert(ConvGraph::new(handle, &self.shape)?),
-                    };
-                    let p = graph.plan(handle, e)?;
+                    let p = self.engine_graph(handle)?.plan(handle, e)?;
                     if p.workspace > v.choice.workspace {
                         return Err(GpuError::Plan(format!(
                             "engine {} now needs {} bytes of workspace, measured with {}",
@@ -773,8 +778,9 @@ impl CudaConv {
 /// ([`StreamCtx::time_ms`], the convolution alone): the legacy algorithms that
 /// `cudnnFindConvolutionForwardAlgorithmEx` finds working within the workspace limit, and
 /// (unless the options ask for the legacy API alone) the admissible engine configurations
-/// among the top of the backend heuristics' list ([`crate::cuda::engine`]). A kernel that fails to build, run or be captured is left out; the
-/// backend failing as a whole leaves the legacy algorithms.
+/// among the top of the backend heuristics' list ([`crate::cuda::engine`]). A kernel that
+/// fails to build, run or be captured is left out; the backend failing as a whole leaves the
+/// legacy algorithms.
 fn measure_candidates(
     plan: &mut CudaConv,
     cx: &mut PrepareCx<'_>,
@@ -782,44 +788,22 @@ fn measure_candidates(
     let api = cx.opts.conv_api;
     let handle = cx.sc.cudnn();
     // Both and backend-only choices share the measurements (one tuning key): both measure
-    // every kernel.
-    let mut kernels: Vec<ConvChoice> = Vec::new();
+    // every kernel. An engine's plan is built to learn its workspace, and kept to be timed.
+    let mut kernels: Vec<(ConvChoice, Option<EnginePlan>)> = Vec::new();
     for c in find_algos(cx, plan)? {
-        kernels.extend(choice_of(&[c], cx.opts, ConvApi::Legacy));
+        kernels.extend(kernel_of(&c, cx.opts).ok().map(|k| (k, None)));
     }
     if api != ConvApi::Legacy {
-        let engines = match &mut plan.graph {
-            Some(g) => g.candidates(cx.opts.tf32),
-            None => ConvGraph::new(handle, &plan.shape)
-                .and_then(|g| plan.graph.insert(g).candidates(cx.opts.tf32)),
-        };
-        match engines {
-            Ok(e) => {
-                for e in e {
-                    // The workspace is the plan's: build it to learn it.
-                    let p = plan.graph.as_mut().map(|g| g.plan(handle, e));
-                    match p {
-                        Some(Ok(p)) if p.workspace <= cx.opts.conv_workspace_limit => {
-                            kernels.push(ConvChoice {
-                                kernel: Kernel::Engine(e),
-                                workspace: p.workspace,
-                            });
-                        }
-                        Some(Ok(p)) => tracing::debug!(
-                            "engine {} needs {} bytes of workspace, over the limit",
-                            e.global,
-                            p.workspace
-                        ),
-                        Some(Err(err)) => tracing::debug!("engine {}: {err}", e.global),
-                        None => {}
-                    }
-                }
-            }
+        match engine_kernels(plan, cx.opts, handle) {
+            Ok(engines) => kernels.extend(engines),
             Err(e) => tracing::warn!("cuDNN's backend API offers no engines here: {e}"),
         }
     }
     let mut out = Vec::with_capacity(kernels.len());
-    for k in kernels {
+    for (k, built) in kernels {
+        if built.is_some() {
+            plan.engine = built;
+        }
         let timed = cx.sc.ensure_workspace(k.workspace).and_then(|()| {
             plan.set_variant(Variant::of(k), handle)?;
             let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
@@ -841,6 +825,36 @@ fn measure_candidates(
     }
     out.sort_by_key(|c| (c.algo, c.math));
     tracing::debug!("convolution kernels measured: {out:?}");
+    Ok(out)
+}
+
+/// The admissible engine configurations among the top of the backend heuristics' list that
+/// build within the workspace limit, each with its plan (built to learn its workspace, kept to
+/// be timed).
+fn engine_kernels(
+    plan: &mut CudaConv,
+    opts: &crate::KernelOptions,
+    handle: dnn_sys::cudnnHandle_t,
+) -> Result<Vec<(ConvChoice, Option<EnginePlan>)>, GpuError> {
+    let graph = plan.engine_graph(handle)?;
+    let mut out = Vec::new();
+    for e in graph.candidates(opts.tf32)? {
+        match graph.plan(handle, e) {
+            Ok(p) if p.workspace <= opts.conv_workspace_limit => {
+                let k = ConvChoice {
+                    kernel: Kernel::Engine(e),
+                    workspace: p.workspace,
+                };
+                out.push((k, Some(p)));
+            }
+            Ok(p) => tracing::debug!(
+                "engine {} needs {} bytes of workspace, over the limit",
+                e.global,
+                p.workspace
+            ),
+            Err(err) => tracing::debug!("engine {}: {err}", e.global),
+        }
+    }
     Ok(out)
 }
 
@@ -924,11 +938,10 @@ fn find_algos(
     let (wsp, _) = ws.device_ptr(&cx.gpu.alloc_stream);
     // The search runs with the descriptor's math type; cuDNN reports per algorithm the one
     // it used.
-    plan.conv.set_math(if cx.opts.tf32 {
-        dnn_sys::cudnnMathType_t::CUDNN_DEFAULT_MATH
-    } else {
-        dnn_sys::cudnnMathType_t::CUDNN_FMA_MATH
-    })?;
+    plan.conv.set_math(search_math(
+        cx.opts.tf32,
+        dnn_sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+    ))?;
     let mut count = 0i32;
     // SAFETY: zeroed plain-old-data structs the call fills in.
     let mut perf: [dnn_sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
@@ -977,8 +990,6 @@ fn choice_of(
     opts: &crate::KernelOptions,
     api: ConvApi,
 ) -> Result<ConvChoice, GpuError> {
-    use dnn_sys::cudnnConvolutionFwdAlgo_t as A;
-    use dnn_sys::cudnnMathType_t as M;
     let none = |m: &str| GpuError::Cudnn {
         during: "choosing a convolution kernel".into(),
         message: m.into(),
@@ -994,6 +1005,20 @@ fn choice_of(
         .collect();
     let best = crate::tuning::choose(&allowed, opts.conv_workspace_limit)
         .ok_or_else(|| none("no kernel succeeded"))?;
+    kernel_of(&best, opts)
+}
+
+/// The kernel candidate `best` names, to run with `opts`.
+fn kernel_of(
+    best: &crate::tuning::Candidate,
+    opts: &crate::KernelOptions,
+) -> Result<ConvChoice, GpuError> {
+    use dnn_sys::cudnnConvolutionFwdAlgo_t as A;
+    use dnn_sys::cudnnMathType_t as M;
+    let none = |m: &str| GpuError::Cudnn {
+        during: "choosing a convolution kernel".into(),
+        message: m.into(),
+    };
     if let Some((global, rank)) = best.engine() {
         return Ok(ConvChoice {
             kernel: Kernel::Engine(EngineRef { global, rank }),

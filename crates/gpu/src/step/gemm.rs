@@ -442,6 +442,15 @@ impl CudaGemm {
     }
 }
 
+/// cuBLAS's operation on an operand: transposed or not.
+fn blas_op(transposed: bool) -> blas_sys::cublasOperation_t {
+    if transposed {
+        blas_sys::cublasOperation_t::CUBLAS_OP_T
+    } else {
+        blas_sys::cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
 struct CudaGemm {
     a: u64,
     b: u64,
@@ -462,13 +471,6 @@ struct CudaGemm {
 
 impl Enqueue for CudaGemm {
     fn enqueue(&self, _gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
-        let op = |t: bool| {
-            if t {
-                blas_sys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                blas_sys::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
         let (one, zero) = (1.0f32, 0.0f32);
         let h = sc.cublas();
         let math = if self.tf32 {
@@ -491,8 +493,8 @@ impl Enqueue for CudaGemm {
             return unsafe {
                 blas_sys::cublasSgemmBatched(
                     h,
-                    op(self.ta),
-                    op(self.tb),
+                    blas_op(self.ta),
+                    blas_op(self.tb),
                     m,
                     n,
                     k,
@@ -516,8 +518,8 @@ impl Enqueue for CudaGemm {
             if self.batch == 1 {
                 blas::sgemm(
                     h,
-                    op(self.ta),
-                    op(self.tb),
+                    blas_op(self.ta),
+                    blas_op(self.tb),
                     m,
                     n,
                     k,
@@ -533,8 +535,8 @@ impl Enqueue for CudaGemm {
             } else {
                 blas::sgemm_strided_batched(
                     h,
-                    op(self.ta),
-                    op(self.tb),
+                    blas_op(self.ta),
+                    blas_op(self.tb),
                     m,
                     n,
                     k,
@@ -629,14 +631,7 @@ impl CudaLtGemm {
             unsafe { lt::set_matmul_desc_attribute(desc.0, attr, value, size) }
                 .map_err(err("setting a cuBLASLt matmul attribute"))
         };
-        let op = |t: bool| {
-            if t {
-                blas_sys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                blas_sys::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        let (ta, tb) = (op(s.trans_a), op(s.trans_b));
+        let (ta, tb) = (blas_op(s.trans_a), blas_op(s.trans_b));
         set(
             DescAttr::CUBLASLT_MATMUL_DESC_TRANSA,
             (&ta as *const blas_sys::cublasOperation_t).cast(),
