@@ -346,7 +346,7 @@ mod tests {
         // Through the cache and back, an engine is the same engine at the same rank.
         let dev = h100();
         let key =
-            "x=[1, 64, 56, 56]|oc=64|k=[3, 3]|s=[1, 1]|p=[1, 1]|d=[1, 1]|g=1|nchw|tf32|engines";
+            "x=[1, 64, 56, 56]|oc=64|k=[3, 3]|s=[1, 1]|p=[1, 1]|d=[1, 1]|g=1|nchw|tf32|engines.2";
         let t = Tuning::default();
         let other_rank = Candidate::of_engine(58, 4, 0.02, 512);
         t.insert(key, vec![e, other_rank, cand(1, 0.03, 0)]);

@@ -108,7 +108,28 @@ impl Desc {
         Ok(self)
     }
 
-    /// Up to `out.len()` values of attribute `name`; returns how many there are.
+    /// How many values attribute `name` has. The array pointer must be null: cuDNN counts
+    /// only what it could write when given one, so a zero-length array counts nothing.
+    fn count(&self, name: A, ty: T) -> Result<usize, GpuError> {
+        let mut count = 0i64;
+        // SAFETY: a live, finalized descriptor; no values are written (null array).
+        check(
+            unsafe {
+                dnn_sys::cudnnBackendGetAttribute(
+                    self.0,
+                    name,
+                    ty,
+                    0,
+                    &mut count,
+                    std::ptr::null_mut(),
+                )
+            },
+            "counting a backend attribute's values",
+        )?;
+        Ok(usize::try_from(count).unwrap_or(0))
+    }
+
+    /// Up to `out.len()` values of attribute `name`; returns how many were written.
     fn get<V>(&self, name: A, ty: T, out: &mut [V]) -> Result<usize, GpuError> {
         let mut count = 0i64;
         let n = i64::try_from(out.len()).unwrap_or(i64::MAX);
@@ -127,7 +148,7 @@ impl Desc {
             },
             "reading a backend attribute",
         )?;
-        Ok(usize::try_from(count).unwrap_or(0))
+        Ok(usize::try_from(count).unwrap_or(0).min(out.len()))
     }
 
     fn get_i64(&self, name: A) -> Result<i64, GpuError> {
@@ -180,7 +201,7 @@ pub(crate) struct ConvShape {
 /// A one-convolution operation graph and its heuristics' configurations.
 pub(crate) struct ConvGraph {
     graph: Desc,
-    /// Heuristic mode A's configurations, best first (read once).
+    /// The first [`TOP`] of heuristic mode A's configurations, best first (read once).
     configs: Option<Vec<Desc>>,
     // The graph's parts, kept alive as long as the graph.
     _parts: Vec<Desc>,
@@ -268,7 +289,7 @@ impl ConvGraph {
         })
     }
 
-    /// Heuristic mode A's configurations for the graph, best first.
+    /// The first [`TOP`] of heuristic mode A's configurations for the graph, best first.
     fn configs(&mut self) -> Result<&[Desc], GpuError> {
         if self.configs.is_none() {
             let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
@@ -279,12 +300,13 @@ impl ConvGraph {
                 &[dnn_sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
             )?;
             let heur = heur.finalize("the engine heuristics")?;
-            let mut none: [dnn_sys::cudnnBackendDescriptor_t; 0] = [];
-            let count = heur.get(
+            let ranked = heur.count(
                 A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
                 T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                &mut none,
             )?;
+            tracing::debug!("cuDNN's heuristics (mode A) rank {ranked} engine configurations");
+            // Only the top of the list is ever tried: read no more of it.
+            let count = ranked.min(TOP);
             let mut configs = (0..count)
                 .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
                 .collect::<Result<Vec<_>, _>>()?;
@@ -314,10 +336,11 @@ impl ConvGraph {
         let global = u32::try_from(global)
             .map_err(|_| GpuError::Plan(format!("engine index {global} out of range")))?;
         let notes = |name: A, ty: T| -> Result<Vec<u32>, GpuError> {
-            // The note enums are C enums (32-bit).
-            let mut v = [0u32; 16];
+            // The note enums are C enums (32-bit); an engine has a handful of notes.
+            let mut v = vec![0u32; engine.count(name, ty)?.min(64)];
             let n = engine.get(name, ty, &mut v)?;
-            Ok(v[..n.min(v.len())].to_vec())
+            v.truncate(n);
+            Ok(v)
         };
         Ok((
             global,
@@ -337,7 +360,13 @@ impl ConvGraph {
         let mut out = Vec::new();
         for (rank, cfg) in self.configs()?.iter().enumerate().take(TOP) {
             let (global, numerical, behaviour) = Self::engine_of(cfg)?;
-            if admissible(&numerical, &behaviour, tf32) {
+            let ok = admissible(&numerical, &behaviour, tf32);
+            tracing::debug!(
+                "engine {global} at rank {rank}: numerical notes {numerical:?}, behaviour notes \
+                 {behaviour:?}: {}",
+                if ok { "a candidate" } else { "not admissible" }
+            );
+            if ok {
                 out.push(EngineRef {
                     global,
                     rank: u32::try_from(rank).unwrap_or(u32::MAX),

@@ -581,7 +581,8 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     let conv = ConvDesc::new(s.padding, s.stride, s.dilation, s.groups)?;
     let (wp, yp) = (cx.ptr(s.w)?, cx.ptr(s.y)?);
     // What the tuning table keys by (the device is the cache entry's fingerprint). Engines
-    // are candidates of their own key, so measurements made without them are not reused.
+    // are candidates of their own key, so measurements made without them are not reused;
+    // ".2" because the first version miscounted cuDNN's heuristics and measured no engine.
     let api = cx.opts.conv_api;
     let tuning_key = format!(
         "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw|{}{}",
@@ -595,7 +596,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         if api == ConvApi::Legacy {
             ""
         } else {
-            "|engines"
+            "|engines.2"
         }
     );
     // cuDNN's fused call always adds a bias: a zero one where the convolution has none.
@@ -1003,8 +1004,16 @@ fn choice_of(
         })
         .copied()
         .collect();
-    let best = crate::tuning::choose(&allowed, opts.conv_workspace_limit)
-        .ok_or_else(|| none("no kernel succeeded"))?;
+    let best = crate::tuning::choose(&allowed, opts.conv_workspace_limit).ok_or_else(|| {
+        none(match api {
+            ConvApi::Both => "no kernel ran within the workspace limit",
+            ConvApi::Legacy => "no legacy algorithm ran within the workspace limit",
+            ConvApi::Backend => {
+                "no backend engine ran within the workspace limit \
+                 (RUST_LOG=opsched_gpu=debug lists the heuristics' engines)"
+            }
+        })
+    })?;
     kernel_of(&best, opts)
 }
 
