@@ -75,6 +75,7 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("fixtures/devices/{}.json", m.preset)));
+    opsched::io::check_writable(&out)?;
     let provenance = Provenance {
         measurements: vec![path.display().to_string()],
         measured_on: m.measured_on.clone(),
@@ -111,7 +112,7 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+    opsched::io::write(&out, text.as_bytes())?;
     println!("loss {:.4}; parameters {:?}", fitted.loss, fitted.params);
     println!("overheads {:?}", fitted.file.overheads);
     println!("wrote {}", out.display());
@@ -123,6 +124,8 @@ fn measure(a: &Args, args: &[String]) -> Result<()> {
     let Some(out) = &a.out else {
         bail!("measuring writes a measurement file: give --out FILE");
     };
+    // Refused now, not after minutes of measuring.
+    opsched::io::check_writable(out)?;
     if crate::rerun_in_release("calibrate", args)? {
         return Ok(());
     }

@@ -22,7 +22,8 @@
 //! writer created a moment ago and has not locked yet). Files of other names are never touched.
 //!
 //! [`resolve`] is the symlink resolution alone, for writers that keep files beside their target
-//! (the cost cache's lock file).
+//! (the cost cache's lock file); [`check_writable`] says before long work whether [`write`]
+//! would refuse its path.
 //!
 //! This is the bottom crate of the workspace: it imports nothing of opsched, so every crate
 //! that writes can use it.
@@ -218,25 +219,44 @@ pub fn write(path: impl AsRef<Path>, bytes: &[u8]) -> Result<Written, OutputErro
             .map_err(|e| OutputError::io(Path::new("stdout"), &e))?;
         return Ok(written(Destination::Stdout));
     }
+    match destination(path)? {
+        (target, Kind::Stream) => {
+            write_in_place(&target, bytes).map_err(|e| OutputError::io(path, &e))?;
+            Ok(written(Destination::Stream))
+        }
+        (target, _) => {
+            replace(path, &target, |f| f.write_all(bytes))?;
+            Ok(written(Destination::File))
+        }
+    }
+}
+
+/// Whether [`write`] would refuse `path` for what it names (a read-only file, a directory, a
+/// link loop, an empty path), checked before long work whose result goes there; nothing is
+/// written or created. A folder that cannot be written is still found only by the write.
+pub fn check_writable(path: impl AsRef<Path>) -> Result<(), OutputError> {
+    let path = path.as_ref();
+    if path.as_os_str() == STDOUT {
+        return Ok(());
+    }
+    destination(path).map(|_| ())
+}
+
+/// The file a write to `path` (not stdout) replaces or streams into, and what it is now; a
+/// path [`write`] refuses is an error naming it.
+fn destination(path: &Path) -> Result<(PathBuf, Kind), OutputError> {
     if path.as_os_str().is_empty() {
         return Err(OutputError::new(path, io::ErrorKind::Other, "empty path"));
     }
     let target = resolve(path)?;
     match kind_of(&target).map_err(|e| OutputError::io(path, &e))? {
         Kind::Refused(why) => Err(OutputError::new(path, io::ErrorKind::Other, why)),
-        Kind::Stream => {
-            write_in_place(&target, bytes).map_err(|e| OutputError::io(path, &e))?;
-            Ok(written(Destination::Stream))
-        }
         Kind::Regular { readonly: true } => Err(OutputError::new(
             path,
             io::ErrorKind::PermissionDenied,
             "the file is read-only",
         )),
-        Kind::Regular { readonly: false } | Kind::Missing => {
-            replace(path, &target, |f| f.write_all(bytes))?;
-            Ok(written(Destination::File))
-        }
+        kind => Ok((target, kind)),
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use opsched_io::{write, Destination};
+use opsched_io::{check_writable, write, Destination};
 
 static N: AtomicUsize = AtomicUsize::new(0);
 
@@ -74,6 +74,9 @@ fn refuses_read_only_files_and_leaves_them() {
     fs::set_permissions(&out, p).unwrap();
     let e = write(&out, b"new").unwrap_err().to_string();
     assert!(e.contains("keep.md") && e.contains("read-only"), "{e}");
+    // The same refusal before any work, and no other file there.
+    assert_eq!(check_writable(&out).unwrap_err().to_string(), e);
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
     assert_eq!(fs::read_to_string(&out).unwrap(), "keep");
     let mut p = fs::metadata(&out).unwrap().permissions();
     #[allow(clippy::permissions_set_readonly_false)]
@@ -89,6 +92,11 @@ fn refuses_directories_and_missing_folders_creating_nothing() {
     fs::create_dir(&sub).unwrap();
     let e = write(&sub, b"x").unwrap_err().to_string();
     assert!(e.contains("sub") && e.contains("is a directory"), "{e}");
+    assert_eq!(check_writable(&sub).unwrap_err().to_string(), e);
+    // A file not there yet, or stdout, may be written; checking creates nothing.
+    check_writable(dir.join("new.json")).unwrap();
+    check_writable("-").unwrap();
+    assert!(!dir.join("new.json").exists());
     let missing = dir.join("nope").join("x.csv");
     let e = write(&missing, b"x").unwrap_err();
     assert_eq!(e.kind, std::io::ErrorKind::NotFound);

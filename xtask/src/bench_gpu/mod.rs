@@ -567,6 +567,9 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     let json_path = args.out.join(format!("{slug}.json"));
     let md_path = args.out.join(format!("{slug}.md"));
+    // Refused now, not after minutes of measuring.
+    opsched::io::check_writable(&json_path)?;
+    opsched::io::check_writable(&md_path)?;
     let older = match args.merge && json_path.exists() {
         true => {
             let what = json_path.display().to_string();
