@@ -322,10 +322,12 @@ impl Scoreboard {
         let mut md = String::new();
         let _ = writeln!(md, "# GPU scoreboard: {}\n", h.device);
         let machine = if h.backend == "cuda" {
-            format!(
-                "{} (driver API {}, cuDNN {}, {})",
-                h.device, h.driver, h.cudnn, h.libraries
-            )
+            // The device's own report names cuDNN's version already.
+            let libraries = match h.libraries.is_empty() {
+                true => format!("cuDNN {}", h.cudnn),
+                false => h.libraries.clone(),
+            };
+            format!("{} (driver API {}, {libraries})", h.device, h.driver)
         } else {
             format!(
                 "{} ({} backend, {}): a rehearsal of the pipeline, not a GPU measurement",
@@ -702,6 +704,8 @@ mod tests {
         let md = b.markdown();
         assert!(md.starts_with("# GPU scoreboard: NVIDIA H100 80GB HBM3\n"));
         assert!(md.contains("PyTorch: not measured (--no-torch)"), "{md}");
+        // cuDNN named once, by the device's own report.
+        assert_eq!(md.matches("cuDNN 9.14").count(), 1, "{md}");
         let table: Vec<&str> = md
             .lines()
             .filter(|l| l.starts_with("| inception_v3"))
