@@ -695,6 +695,32 @@ mod tests {
         assert!(err.to_string().starts_with("gpu.json: format"), "{err}");
     }
 
+    /// The committed H100 table reads back, and each row's headline figures and ratios are
+    /// what its own per-schedule and PyTorch results give.
+    #[test]
+    fn the_committed_h100_table_is_consistent() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/gpu/nvidia-h100-80gb-hbm3.json"
+        );
+        let text = std::fs::read_to_string(path).expect("the committed table");
+        let b = Scoreboard::from_json(&text, path).expect("it parses");
+        assert!(!b.rows.is_empty());
+        for r in &b.rows {
+            let again = Row::new(
+                &r.model,
+                r.batch,
+                r.processes,
+                r.schedules.clone(),
+                r.torch.clone(),
+                r.torch_model.clone(),
+                &r.date,
+            );
+            assert_eq!(&again, r, "{} b{}", r.model, r.batch);
+            assert!(r.processes >= 3, "{} b{}", r.model, r.batch);
+        }
+    }
+
     #[test]
     fn markdown_states_every_ratio_and_every_schedule() {
         let b = Scoreboard {
