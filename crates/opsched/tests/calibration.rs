@@ -409,6 +409,27 @@ fn spearman_handles_ties_and_order() {
     assert_eq!(spearman(&[1.0, 1.0], &[1.0, 2.0]), 0.0);
 }
 
+/// The runs of the current kernels (2026-11-26) carry the schedules that ran: each rebuilds on
+/// its zoo model and the fidelity report covers every one, each measured in 3 processes.
+#[test]
+fn the_2026_11_26_runs_rebuild_with_their_schedules() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/gpu/h100-2026-11-26/measurements.json");
+    let m = Measurements::load(&path).unwrap();
+    assert!(m
+        .runs
+        .iter()
+        .all(|r| r.schedule.is_some() && r.ms.len() == 3));
+    let cost = AnalyticalModel::new(h100(), nvlink());
+    let f = fidelity(&m, "formulas", &cost).unwrap();
+    assert_eq!(f.rows.len(), m.runs.len());
+    assert_eq!(f.fitted_within.1, m.runs.len());
+    assert!(f
+        .rows
+        .iter()
+        .all(|r| r.predicted_ms > 0.0 && r.measured_ms > 0.0));
+}
+
 #[test]
 fn the_committed_measurements_parse_and_every_run_rebuilds() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
