@@ -7,13 +7,15 @@
 //! convolution becomes a one-operation graph ([`ConvGraph`]); heuristic mode A ranks the
 //! engine configurations for it ([`ConvGraph::configs`]); those allowed by the kernel options
 //! ([`admissible`]) become execution plans ([`Plan`]) that the convolution step times like its
-//! legacy algorithms.
+//! legacy algorithms. Where none of mode A's top is allowed, the fallback list's top is tried
+//! (as PyTorch adds it): engines that support the graph, with no promise of speed.
 //!
 //! A configuration is remembered as ([`EngineRef`]) its engine's global index and its rank in
-//! the heuristics' list: the list is a function of the graph, the device and the cuDNN version
-//! (all in the tuning key and the cache's device fingerprint), so a later process rebuilds the
-//! same configuration, and a list that changed anyway is detected (the engine at that rank is
-//! not the recorded one) rather than run blindly.
+//! the heuristics' lists (mode A's from 0, the fallback list's from [`TOP`]): the lists are a
+//! function of the graph, the device and the cuDNN version (all in the tuning key and the
+//! cache's device fingerprint), so a later process rebuilds the same configuration, and a list
+//! that changed anyway is detected (the engine at that rank is not the recorded one) rather
+//! than run blindly.
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
@@ -27,8 +29,44 @@ use dnn_sys::cudnnBackendNumericalNote_t as N;
 
 use crate::GpuError;
 
-/// Engine configurations tried per convolution, from the top of the heuristics' list.
+/// Engine configurations tried per convolution, from the top of a heuristics' list.
 pub(crate) const TOP: usize = 8;
+
+/// A list of engine configurations the heuristics give for a graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum List {
+    /// Heuristic mode A's ranking, best first.
+    ModeA,
+    /// The fallback list: engines that support the graph, with no promise of speed.
+    Fallback,
+}
+
+impl List {
+    fn mode(self) -> dnn_sys::cudnnBackendHeurMode_t {
+        match self {
+            List::ModeA => dnn_sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
+            List::Fallback => dnn_sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
+        }
+    }
+
+    /// The rank that names position `i` of this list.
+    fn rank(self, i: usize) -> u32 {
+        let base = match self {
+            List::ModeA => 0,
+            List::Fallback => TOP,
+        };
+        u32::try_from(base + i).unwrap_or(u32::MAX)
+    }
+
+    /// The list and position a rank names.
+    fn of_rank(rank: u32) -> (List, usize) {
+        let r = rank as usize;
+        match r.checked_sub(TOP) {
+            None => (List::ModeA, r),
+            Some(i) => (List::Fallback, i),
+        }
+    }
+}
 
 /// The alignment declared for every tensor, bytes: views into a concatenation start at
 /// multiples of 16 bytes and every other buffer at 256 (`crate::memory`). Constant, so the
@@ -201,8 +239,9 @@ pub(crate) struct ConvShape {
 /// A one-convolution operation graph and its heuristics' configurations.
 pub(crate) struct ConvGraph {
     graph: Desc,
-    /// The first [`TOP`] of heuristic mode A's configurations, best first (read once).
-    configs: Option<Vec<Desc>>,
+    /// The first [`TOP`] configurations of each [`List`] (mode A's, the fallback list's),
+    /// each read once when first needed.
+    lists: [Option<Vec<Desc>>; 2],
     // The graph's parts, kept alive as long as the graph.
     _parts: Vec<Desc>,
 }
@@ -284,27 +323,28 @@ impl ConvGraph {
         let graph = graph.finalize("an operation graph")?;
         Ok(ConvGraph {
             graph,
-            configs: None,
+            lists: [None, None],
             _parts: vec![x, w, y, conv, op],
         })
     }
 
-    /// The first [`TOP`] of heuristic mode A's configurations for the graph, best first.
-    fn configs(&mut self) -> Result<&[Desc], GpuError> {
-        if self.configs.is_none() {
+    /// The first [`TOP`] configurations of `list` for the graph, in the list's order.
+    fn configs(&mut self, list: List) -> Result<&[Desc], GpuError> {
+        let slot = &mut self.lists[list as usize];
+        if slot.is_none() {
             let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
             heur.set_desc(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&self.graph])?;
             heur.set(
                 A::CUDNN_ATTR_ENGINEHEUR_MODE,
                 T::CUDNN_TYPE_HEUR_MODE,
-                &[dnn_sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
+                &[list.mode()],
             )?;
             let heur = heur.finalize("the engine heuristics")?;
             let ranked = heur.count(
                 A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
                 T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
             )?;
-            tracing::debug!("cuDNN's heuristics (mode A) rank {ranked} engine configurations");
+            tracing::debug!("cuDNN's heuristics ({list:?}) list {ranked} engine configurations");
             // Only the top of the list is ever tried: read no more of it.
             let count = ranked.min(TOP);
             let mut configs = (0..count)
@@ -317,9 +357,9 @@ impl ConvGraph {
                 &mut raw,
             )?;
             configs.truncate(got);
-            self.configs = Some(configs);
+            *slot = Some(configs);
         }
-        Ok(self.configs.as_deref().unwrap_or_default())
+        Ok(slot.as_deref().unwrap_or_default())
     }
 
     /// The engine of configuration `cfg`: its global index and its numerical and behaviour
@@ -355,22 +395,26 @@ impl ConvGraph {
         ))
     }
 
-    /// The admissible configurations among the first [`TOP`] of the heuristics' list.
+    /// The admissible configurations among the first [`TOP`] of mode A's list, else (none
+    /// being admissible) among the first [`TOP`] of the fallback list.
     pub(crate) fn candidates(&mut self, tf32: bool) -> Result<Vec<EngineRef>, GpuError> {
         let mut out = Vec::new();
-        for (rank, cfg) in self.configs()?.iter().enumerate().take(TOP) {
-            let (global, numerical, behaviour) = Self::engine_of(cfg)?;
-            let ok = admissible(&numerical, &behaviour, tf32);
-            tracing::debug!(
-                "engine {global} at rank {rank}: numerical notes {numerical:?}, behaviour notes \
-                 {behaviour:?}: {}",
-                if ok { "a candidate" } else { "not admissible" }
-            );
-            if ok {
-                out.push(EngineRef {
-                    global,
-                    rank: u32::try_from(rank).unwrap_or(u32::MAX),
-                });
+        for list in [List::ModeA, List::Fallback] {
+            for (i, cfg) in self.configs(list)?.iter().enumerate() {
+                let (global, numerical, behaviour) = Self::engine_of(cfg)?;
+                let ok = admissible(&numerical, &behaviour, tf32);
+                let rank = list.rank(i);
+                tracing::debug!(
+                    "engine {global} at rank {rank} ({list:?}): numerical notes {numerical:?}, \
+                     behaviour notes {behaviour:?}: {}",
+                    if ok { "a candidate" } else { "not admissible" }
+                );
+                if ok {
+                    out.push(EngineRef { global, rank });
+                }
+            }
+            if !out.is_empty() {
+                break;
             }
         }
         Ok(out)
@@ -383,9 +427,10 @@ impl ConvGraph {
         handle: dnn_sys::cudnnHandle_t,
         e: EngineRef,
     ) -> Result<Plan, GpuError> {
+        let (list, i) = List::of_rank(e.rank);
         let cfg = self
-            .configs()?
-            .get(e.rank as usize)
+            .configs(list)?
+            .get(i)
             .ok_or_else(|| GpuError::Plan(format!("no engine configuration at rank {}", e.rank)))?;
         let (global, _, _) = Self::engine_of(cfg)?;
         if global != e.global {
@@ -497,6 +542,17 @@ fn variant_pack(x: u64, w: u64, y: u64, ws: u64, workspace: usize) -> Result<Des
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_name_a_list_and_a_position() {
+        for list in [List::ModeA, List::Fallback] {
+            for i in 0..TOP {
+                assert_eq!(List::of_rank(list.rank(i)), (list, i));
+            }
+        }
+        assert_eq!(List::of_rank(0), (List::ModeA, 0));
+        assert_eq!(List::of_rank(TOP as u32), (List::Fallback, 0));
+    }
 
     #[test]
     fn engines_are_filtered_by_their_notes() {

@@ -8,8 +8,8 @@
 //!   convolutions run the groups in parallel instead. im2col blocks live in per-thread scratch
 //!   kept between runs.
 //! - CUDA: cuDNN. The candidates are the legacy API's algorithms that work for the shape and
-//!   the engine configurations the backend API's heuristics rank highest
-//!   ([`crate::cuda::engine`]; `KernelOptions::conv_api` picks either alone). Each is timed
+//!   the engine configurations the backend API's heuristics rank highest (or list as a
+//!   fallback where none of those is allowed) ([`crate::cuda::engine`]; `KernelOptions::conv_api` picks either alone). Each is timed
 //!   once per device and shape, as GPU time in a CUDA graph replay; the measurements are kept
 //!   in the device's [`crate::tuning::Tuning`] (and by the CLI in the cost cache, so later
 //!   processes run the same kernel), and the choice is made from them deterministically.
