@@ -149,44 +149,32 @@ impl Desc {
     /// How many values attribute `name` has. The array pointer must be null: cuDNN counts
     /// only what it could write when given one, so a zero-length array counts nothing.
     fn count(&self, name: A, ty: T) -> Result<usize, GpuError> {
-        let mut count = 0i64;
-        // SAFETY: a live, finalized descriptor; no values are written (null array).
-        check(
-            unsafe {
-                dnn_sys::cudnnBackendGetAttribute(
-                    self.0,
-                    name,
-                    ty,
-                    0,
-                    &mut count,
-                    std::ptr::null_mut(),
-                )
-            },
-            "counting a backend attribute's values",
-        )?;
-        Ok(usize::try_from(count).unwrap_or(0))
+        // SAFETY: a null array: nothing is written.
+        let n = unsafe { self.get_raw(name, ty, 0, std::ptr::null_mut()) }?;
+        Ok(usize::try_from(n).unwrap_or(0))
     }
 
     /// Up to `out.len()` values of attribute `name`; returns how many were written.
     fn get<V>(&self, name: A, ty: T, out: &mut [V]) -> Result<usize, GpuError> {
-        let mut count = 0i64;
         let n = i64::try_from(out.len()).unwrap_or(i64::MAX);
-        // SAFETY: a live, finalized descriptor; `out` has room for `n` elements of the type
-        // `ty` names.
+        // SAFETY: `out` has room for `n` elements of the type `ty` names (every caller passes
+        // the Rust type of that C type).
+        let count = unsafe { self.get_raw(name, ty, n, out.as_mut_ptr() as *mut c_void) }?;
+        Ok(usize::try_from(count).unwrap_or(0).min(out.len()))
+    }
+
+    /// `cudnnBackendGetAttribute`: at most `n` values into `out`; cuDNN's count.
+    ///
+    /// # Safety
+    /// `out` is null or has room for `n` elements of the type `ty` names.
+    unsafe fn get_raw(&self, name: A, ty: T, n: i64, out: *mut c_void) -> Result<i64, GpuError> {
+        let mut count = 0i64;
+        // SAFETY: a live, finalized descriptor; `out` as the caller promises.
         check(
-            unsafe {
-                dnn_sys::cudnnBackendGetAttribute(
-                    self.0,
-                    name,
-                    ty,
-                    n,
-                    &mut count,
-                    out.as_mut_ptr() as *mut c_void,
-                )
-            },
+            unsafe { dnn_sys::cudnnBackendGetAttribute(self.0, name, ty, n, &mut count, out) },
             "reading a backend attribute",
         )?;
-        Ok(usize::try_from(count).unwrap_or(0).min(out.len()))
+        Ok(count)
     }
 
     fn get_i64(&self, name: A) -> Result<i64, GpuError> {
