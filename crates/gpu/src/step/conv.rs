@@ -8,11 +8,12 @@
 //!   convolutions run the groups in parallel instead. im2col blocks live in per-thread scratch
 //!   kept between runs.
 //! - CUDA: cuDNN. The candidates are the legacy API's algorithms that work for the shape and
-//!   the engine configurations the backend API's heuristics rank highest (or list as a
-//!   fallback where none of those is allowed) ([`crate::cuda::engine`]; `KernelOptions::conv_api` picks either alone). Each is timed
-//!   once per device and shape, as GPU time in a CUDA graph replay; the measurements are kept
-//!   in the device's [`crate::tuning::Tuning`] (and by the CLI in the cost cache, so later
-//!   processes run the same kernel), and the choice is made from them deterministically.
+//!   the engine configurations the backend API's heuristics rank highest, or list as a
+//!   fallback where none of those is allowed ([`crate::cuda::engine`];
+//!   `KernelOptions::conv_api` picks either alone). Each is timed once per device and shape,
+//!   as GPU time in a CUDA graph replay; the measurements are kept in the device's
+//!   [`crate::tuning::Tuning`] (and by the CLI in the cost cache, so later processes run the
+//!   same kernel), and the choice is made from them deterministically.
 //!   conv + bias + relu runs as cuDNN's fused call (legacy algorithms only: the chosen one,
 //!   or the fastest legacy one when an engine won) where the call works and measured no slower
 //!   than the chosen kernel followed by the `bias_act` kernel (also kept in the tuning
@@ -582,7 +583,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     let (wp, yp) = (cx.ptr(s.w)?, cx.ptr(s.y)?);
     // What the tuning table keys by (the device is the cache entry's fingerprint). Engines
     // are candidates of their own key, so measurements made without them are not reused;
-    // ".2" because the first version miscounted cuDNN's heuristics and measured no engine.
+    // ".2": the first version's measurements (on an H100 it found no engine) hold none.
     let api = cx.opts.conv_api;
     let tuning_key = format!(
         "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw|{}{}",
