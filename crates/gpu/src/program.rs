@@ -915,6 +915,13 @@ impl Builder<'_> {
 }
 
 impl GraphProgram {
+    /// Kernels its operators launch on a GPU ([`Step::kernels`]): fewer than the operators
+    /// where views, in-place concatenations and fused activations launch nothing.
+    pub fn kernels(&self) -> usize {
+        let steps = self.ops.iter().flatten().flat_map(|o| &o.steps);
+        steps.map(|s| s.kernels() as usize).sum()
+    }
+
     /// The program of `g` with every operator on GPU 0 and no transfers.
     pub fn single_gpu(g: &Graph) -> Result<GraphProgram, GpuError> {
         let placement: Vec<Option<usize>> = g

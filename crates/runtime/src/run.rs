@@ -19,7 +19,10 @@ pub struct RunReport {
     pub transfer_mode: String,
     pub warmup: u32,
     pub latency: Summary,
+    /// Operators the host launched (one per operator of the plan).
     pub launches: usize,
+    /// Kernels they run on a GPU ([`opsched_gpu::GraphProgram::kernels`]).
+    pub kernels: usize,
     pub waits: usize,
     pub waits_dropped: usize,
     pub transfers: usize,
@@ -420,6 +423,7 @@ pub fn run_plan<D: Device>(
         warmup: opts.warmup,
         latency,
         launches: counts.launches,
+        kernels: session.program.kernels(),
         waits: counts.waits,
         waits_dropped: session.host.waits_dropped,
         transfers: counts.sends,

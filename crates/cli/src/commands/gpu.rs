@@ -494,8 +494,14 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
     )?;
     writeln!(
         out,
-        "launches       {} ({} waits, {} implied waits dropped, {} transfers via {})",
-        report.launches, report.waits, report.waits_dropped, report.transfers, report.transfer_mode
+        "launches       {} operators as {} kernels ({} waits, {} implied waits dropped, {} \
+         transfers via {})",
+        report.launches,
+        report.kernels,
+        report.waits,
+        report.waits_dropped,
+        report.transfers,
+        report.transfer_mode
     )?;
     writeln!(
         out,

@@ -321,6 +321,19 @@ impl StepKernel for Conv {
         (self.is_depthwise() && self.residual.is_none()).then_some("depthwise_conv")
     }
 
+    /// Our depthwise kernel does everything; cuDNN's convolution runs its bias + relu (and
+    /// residual) in its fused call, any other epilogue in our kernel after it. (Where the fused
+    /// call measured slower than the two, one more; where a bias alone measured faster fused,
+    /// one less.)
+    fn kernels(&self) -> u32 {
+        if self.nvrtc_kernel().is_some() {
+            return 1;
+        }
+        let epilogue =
+            self.bias.is_some() || self.act != Activation::None || self.residual.is_some();
+        1 + u32::from(epilogue && self.act != Activation::Relu)
+    }
+
     fn access(&self) -> Access {
         let mut reads = vec![
             (self.x, self.input.iter().product()),

@@ -58,6 +58,10 @@ pub(crate) trait StepKernel {
     fn nvrtc_kernel(&self) -> Option<&'static str> {
         None
     }
+    /// Kernels it launches on a GPU (helper kernels inside cuDNN and cuBLAS not counted).
+    fn kernels(&self) -> u32 {
+        1
+    }
     /// The elements of the buffer it writes that it writes, where that is one contiguous part
     /// (a copy into a slice of a concatenation); `None`: anything up to the access' extent.
     fn written(&self) -> Option<std::ops::Range<usize>> {
@@ -120,6 +124,11 @@ impl Step {
     /// The NVRTC kernel it launches, when it is one of ours (for resource tables).
     pub fn nvrtc_kernel(&self) -> Option<&'static str> {
         self.kernel().nvrtc_kernel()
+    }
+    /// Kernels it launches on a GPU, as the CUDA device plans them (helper kernels inside
+    /// cuDNN and cuBLAS not counted); the cost model's `opsched_cost::launches` agrees.
+    pub fn kernels(&self) -> u32 {
+        self.kernel().kernels()
     }
     /// The elements of the buffer it writes that it writes, where that is one contiguous part
     /// (a copy into a slice of a concatenation): what the CPU device's race detector tracks.
