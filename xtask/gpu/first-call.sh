@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first device call of a GPU session (docs/gpu-session.md, step 1), about two minutes on an
-# H100: what the backend engines offer, every GPU test, --check runs, the cuDNN kernel sets
-# compared in three processes each, LIOS in three processes, PyTorch eager and CUDA graph, and
+# H100: what the backend engines offer, every GPU test, --check runs, the convolution kernel
+# sets compared in three processes each, LIOS in three processes, PyTorch eager and CUDA graph, and
 # compute-sanitizer on one model. Run on the device in the repository root, gpu-carry/ carried:
 #   bash xtask/gpu/first-call.sh
 # Each step has its own time limit and the next runs whatever happened, so one failure costs
@@ -49,13 +49,18 @@ for m in transformer inception_v3; do
     result "check $m: rc=$?"
 done
 
-# Step 1b: the same sequential plan with each set of cuDNN kernels, a fresh cache per set.
-for api in both legacy backend; do
+# Step 1b: the same sequential plan with each set of convolution kernels, a fresh cache per
+# set: cuDNN's legacy algorithms and engines together and alone, and with cuBLAS's product
+# as a candidate for 1x1 convolutions.
+for set in "both:--conv-api both" "legacy:--conv-api legacy" "backend:--conv-api backend" \
+    "gemm:--conv-api both --conv-gemm timed"; do
+    name=${set%%:*} flags=${set#*:}
     for m in inception_v3 resnet50; do
         for i in 1 2 3; do
-            step "1b $api $m $i"
-            result "1b $api $m sequential process $i: $(OPSCHED_CACHE=$C/$api.bin timeout 90 \
-                opsched run $m --backend cuda --algo sequential --graph-capture --conv-api $api \
+            step "1b $name $m $i"
+            # shellcheck disable=SC2086 # the flags are words
+            result "1b $name $m sequential process $i: $(OPSCHED_CACHE=$C/$name.bin timeout 90 \
+                opsched run $m --backend cuda --algo sequential --graph-capture $flags \
                 --repeats 100 --json 2>>"$L" | lat)"
         done
     done

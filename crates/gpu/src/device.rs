@@ -42,6 +42,24 @@ pub struct KernelOptions {
     pub conv_workspace_limit: usize,
     /// Which cuDNN kernels a convolution may run.
     pub conv_api: ConvApi,
+    /// Whether 1x1 convolutions (stride 1, unpadded, one group) may run as cuBLAS's matrix
+    /// product.
+    pub conv_gemm: ConvGemm,
+}
+
+/// Whether a 1x1 convolution may run as cuBLAS's matrix product. Off by default until a GPU
+/// run has checked it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvGemm {
+    /// cuDNN's kernels only.
+    #[default]
+    Off,
+    /// The product is one more candidate, chosen where it measures fastest (with
+    /// `ConvApi::Both`).
+    Timed,
+    /// Every 1x1 convolution runs as the product (to check it, or to compare).
+    Always,
 }
 
 /// The cuDNN kernels a convolution chooses among (by measurement, `crate::tuning`).
@@ -63,6 +81,7 @@ impl Default for KernelOptions {
             tf32: true,
             conv_workspace_limit: 256 << 20,
             conv_api: ConvApi::default(),
+            conv_gemm: ConvGemm::Off,
         }
     }
 }

@@ -42,14 +42,18 @@ pub fn epilogue_key(conv_key: &str, act: &str, algo: u32, math: u32) -> String {
 }
 
 /// Candidate numbers from this one on are engine configurations of cuDNN's backend API
-/// ([`Candidate::engine`]); below it, legacy algorithms.
+/// ([`Candidate::engine`]); below it, legacy algorithms and [`GEMM`].
 pub const ENGINE_BASE: u32 = 1 << 24;
+
+/// The candidate number of a 1x1 convolution run as cuBLAS's matrix product
+/// (`KernelOptions::conv_gemm`): after the legacy algorithms, before the engines.
+pub const GEMM: u32 = 1 << 23;
 
 /// One measured candidate kernel of one convolution.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Candidate {
-    /// cuDNN's algorithm number (`cudnnConvolutionFwdAlgo_t`), or [`ENGINE_BASE`] plus a
-    /// backend engine's global index.
+    /// cuDNN's algorithm number (`cudnnConvolutionFwdAlgo_t`), [`GEMM`], or [`ENGINE_BASE`]
+    /// plus a backend engine's global index.
     pub algo: u32,
     /// The math type it was measured with (`cudnnMathType_t`); for an engine, its
     /// configuration's rank in the heuristics' list (which fixes the knobs).
@@ -97,21 +101,41 @@ pub struct Tuning {
     state: Mutex<State>,
 }
 
-/// How many distinct convolutions (tuning keys) this process runs with each kind of cuDNN
-/// kernel ([`Tuning::chosen`]).
+/// The kind of kernel a convolution runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvFamily {
+    /// A legacy-API algorithm of cuDNN.
+    Legacy,
+    /// A backend-API engine configuration of cuDNN.
+    Engine,
+    /// cuBLAS's matrix product (a 1x1 convolution).
+    Gemm,
+}
+
+/// How many distinct convolutions (tuning keys) this process runs with each kind of kernel
+/// ([`Tuning::chosen`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ConvKernels {
     /// A legacy-API algorithm.
     pub legacy: usize,
     /// A backend-API engine configuration.
     pub engines: usize,
+    /// cuBLAS's matrix product.
+    pub gemm: usize,
+}
+
+impl ConvKernels {
+    /// Every distinct convolution.
+    pub fn total(&self) -> usize {
+        self.legacy + self.engines + self.gemm
+    }
 }
 
 #[derive(Debug, Default)]
 struct State {
     known: BTreeMap<String, Vec<Candidate>>,
-    /// Per convolution key, whether the kernel chosen is an engine.
-    chosen: BTreeMap<String, bool>,
+    /// Per convolution key, the kind of kernel chosen.
+    chosen: BTreeMap<String, ConvFamily>,
     /// Keys measured by this process (what [`Tuning::fresh`] returns).
     fresh: BTreeSet<String>,
     /// Measure again what was loaded.
@@ -147,18 +171,20 @@ impl Tuning {
         s.fresh.insert(key.to_string());
     }
 
-    /// Record the kernel chosen for convolution `key` (the last choice per key counts).
-    pub fn chose(&self, key: &str, engine: bool) {
-        self.lock().chosen.insert(key.to_string(), engine);
+    /// Record the kind of kernel chosen for convolution `key` (the last choice per key
+    /// counts).
+    pub fn chose(&self, key: &str, family: ConvFamily) {
+        self.lock().chosen.insert(key.to_string(), family);
     }
 
     /// The kernels chosen so far, per distinct convolution.
     pub fn chosen(&self) -> ConvKernels {
         let s = self.lock();
-        let engines = s.chosen.values().filter(|&&e| e).count();
+        let count = |f: ConvFamily| s.chosen.values().filter(|&&c| c == f).count();
         ConvKernels {
-            legacy: s.chosen.len() - engines,
-            engines,
+            legacy: count(ConvFamily::Legacy),
+            engines: count(ConvFamily::Engine),
+            gemm: count(ConvFamily::Gemm),
         }
     }
 
@@ -311,26 +337,21 @@ mod tests {
     fn choices_are_counted_per_distinct_convolution() {
         let t = Tuning::default();
         assert_eq!(t.chosen(), ConvKernels::default());
-        t.chose("a", true);
-        t.chose("a", true);
-        t.chose("b", false);
-        t.chose("c", true);
-        assert_eq!(
-            t.chosen(),
-            ConvKernels {
-                legacy: 1,
-                engines: 2
-            }
-        );
+        t.chose("a", ConvFamily::Engine);
+        t.chose("a", ConvFamily::Engine);
+        t.chose("b", ConvFamily::Legacy);
+        t.chose("c", ConvFamily::Engine);
+        t.chose("d", ConvFamily::Gemm);
+        let k = |legacy, engines, gemm| ConvKernels {
+            legacy,
+            engines,
+            gemm,
+        };
+        assert_eq!(t.chosen(), k(1, 2, 1));
+        assert_eq!(t.chosen().total(), 4);
         // A key chosen again (retuned) counts once, as its last choice.
-        t.chose("c", false);
-        assert_eq!(
-            t.chosen(),
-            ConvKernels {
-                legacy: 2,
-                engines: 1
-            }
-        );
+        t.chose("c", ConvFamily::Legacy);
+        assert_eq!(t.chosen(), k(2, 1, 1));
     }
 
     #[test]
@@ -338,9 +359,19 @@ mod tests {
         let e = Candidate::of_engine(58, 3, 0.01, 0);
         assert_eq!(e.engine(), Some((58, 3)));
         assert_eq!(cand(7, 0.01, 0).engine(), None);
-        // Equally fast and without workspace, the legacy algorithm wins a tie.
+        // Equally fast and without workspace, the legacy algorithm wins a tie, and cuBLAS's
+        // product (no engine either) wins one against an engine.
         assert_eq!(
             choose(&[e, cand(7, 0.0101, 0)], usize::MAX).unwrap().algo,
+            7
+        );
+        let gemm = cand(GEMM, 0.0101, 0);
+        assert_eq!(gemm.engine(), None);
+        assert_eq!(choose(&[e, gemm], usize::MAX).unwrap().algo, GEMM);
+        assert_eq!(
+            choose(&[gemm, cand(7, 0.0101, 0)], usize::MAX)
+                .unwrap()
+                .algo,
             7
         );
         // Through the cache and back, an engine is the same engine at the same rank.

@@ -8,7 +8,9 @@
 use opsched_gpu::program::{BufRole, GraphProgram, Init, TransferSpec};
 use opsched_gpu::reference::{self, scaled_error};
 use opsched_gpu::step::copy::Copy;
-use opsched_gpu::{ConvApi, CpuDevice, Device, GpuError, KernelOptions, Step, TransferMode};
+use opsched_gpu::{
+    ConvApi, ConvGemm, CpuDevice, Device, GpuError, KernelOptions, Step, TransferMode,
+};
 use opsched_graph::zoo::{self, ZooConfig};
 use opsched_graph::{
     Activation, Conv2d, DType, ElementwiseKind, Graph, GraphBuilder, NodeId, Op, Pool2d, Value,
@@ -1041,15 +1043,23 @@ fn kernels_run_concurrently_on_separate_streams() {
 /// On a GPU: every operator kind, each op's output against the reference
 /// (TF32 off so the tolerance can be tight), through the same helper as the CPU tests; the
 /// convolutions choose among all cuDNN kernels, then among the legacy API's algorithms alone,
-/// then among the backend API's engines alone.
+/// then with cuBLAS's product for every 1x1 convolution, then among the backend API's engines
+/// alone.
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn gpu_every_op_matches_the_reference() {
     let dev = opsched_gpu::CudaDevice::open(Some(1)).unwrap();
-    for conv_api in [ConvApi::Both, ConvApi::Legacy, ConvApi::Backend] {
+    let apis = [
+        (ConvApi::Both, ConvGemm::Off),
+        (ConvApi::Legacy, ConvGemm::Off),
+        (ConvApi::Both, ConvGemm::Always),
+        (ConvApi::Backend, ConvGemm::Off),
+    ];
+    for (conv_api, conv_gemm) in apis {
         let precise = KernelOptions {
             tf32: false,
             conv_api,
+            conv_gemm,
             ..Default::default()
         };
         for g in op_graphs() {

@@ -430,10 +430,7 @@ pub fn run_plan<D: Device>(
         peak_memory_bytes: footprint.storage_bytes,
         buffer_bytes: footprint.distinct_bytes,
         weight_bytes: footprint.data_bytes,
-        conv_kernels: dev
-            .tuning()
-            .map(|t| t.chosen())
-            .filter(|k| k.legacy + k.engines > 0),
+        conv_kernels: dev.tuning().map(|t| t.chosen()).filter(|k| k.total() > 0),
         check,
         outputs,
     })

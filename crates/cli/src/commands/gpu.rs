@@ -11,8 +11,8 @@ use clap::{Args, ValueEnum};
 use opsched::graph::{NodeId, Tensor};
 use opsched::profiler::{ProfileError, ProfileOptions};
 use opsched::runtime::{
-    Backend, CheckMode, ConvApi, CpuDevice, CudaDevice, Device, KernelOptions, RunOptions,
-    RuntimeError, TransferMode,
+    Backend, CheckMode, ConvApi, ConvGemm, CpuDevice, CudaDevice, Device, KernelOptions,
+    RunOptions, RuntimeError, TransferMode,
 };
 use opsched::schedule::io as schedule_io;
 
@@ -80,6 +80,18 @@ pub struct DeviceArgs {
     /// backend API's engines (its heuristics' top configurations), or both.
     #[arg(long, value_enum, default_value_t = ConvApiArg::Both)]
     conv_api: ConvApiArg,
+    /// Whether 1x1 convolutions may run as cuBLAS's matrix product: `timed` adds it to the
+    /// candidates of `--conv-api both` (the fastest is chosen), `always` runs it for every one.
+    /// Not yet checked on a GPU, hence off by default.
+    #[arg(long, value_enum, default_value_t = ConvGemmArg::Off)]
+    conv_gemm: ConvGemmArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ConvGemmArg {
+    Off,
+    Timed,
+    Always,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -113,6 +125,11 @@ impl DeviceArgs {
                 ConvApiArg::Both => ConvApi::Both,
                 ConvApiArg::Legacy => ConvApi::Legacy,
                 ConvApiArg::Backend => ConvApi::Backend,
+            },
+            conv_gemm: match self.conv_gemm {
+                ConvGemmArg::Off => ConvGemm::Off,
+                ConvGemmArg::Timed => ConvGemm::Timed,
+                ConvGemmArg::Always => ConvGemm::Always,
             },
             ..KernelOptions::default()
         }
@@ -513,13 +530,17 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
         report.buffer_bytes.saturating_sub(report.weight_bytes) as f64 / 1e6
     )?;
     if let Some(k) = &report.conv_kernels {
-        writeln!(
+        write!(
             out,
             "convolutions   {} distinct: {} on cuDNN backend engines, {} on legacy algorithms",
-            k.legacy + k.engines,
+            k.total(),
             k.engines,
             k.legacy
         )?;
+        match k.gemm {
+            0 => writeln!(out)?,
+            g => writeln!(out, ", {g} as cuBLAS products")?,
+        }
     }
     if let Some(c) = &report.check {
         writeln!(

@@ -46,7 +46,7 @@ use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{weight_half_width, At, BufId, Builder, Src};
 use crate::reference::act;
-use crate::{ConvApi, GpuError};
+use crate::{ConvApi, ConvGemm, GpuError};
 
 /// A convolution step; `w` is `[oc, c / groups, kh, kw]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -170,6 +170,36 @@ impl Conv {
             && self.stride == [1, 1]
             && self.padding == [0, 0]
             && self.padding_end == [0, 0]
+    }
+
+    /// A pointwise convolution of one group as a matrix product per image: `Y = W X` with
+    /// `X: [c, h*w]`, `W: [oc, c]` and `Y: [oc, h*w]` row-major, i.e. the column-major
+    /// `Y^T = X^T W^T` (`m = h*w`, `n = oc`, `k = c`), the weights shared by every image
+    /// (stride 0).
+    fn as_gemm(&self) -> super::gemm::Gemm {
+        let [n, c, h, w] = self.input;
+        let hw = h * w;
+        let oc = self.out_channels;
+        super::gemm::Gemm {
+            a: self.x,
+            b: self.w,
+            c: self.y,
+            trans_a: false,
+            trans_b: false,
+            m: hw,
+            n: oc,
+            k: c,
+            lda: hw,
+            ldb: c,
+            ldc: hw,
+            stride_a: c * hw,
+            stride_b: 0,
+            stride_c: oc * hw,
+            batch: n,
+            outer: 1,
+            outer_stride: [0; 3],
+            epilogue: None,
+        }
     }
 
     /// Fill `col` (`col_rows x cols.len()`, row-major) with the columns `cols` of the im2col
@@ -527,7 +557,7 @@ struct ConvChoice {
 }
 
 /// A legacy-API algorithm with the math type it was measured with (cuDNN needs both on the
-/// descriptor), or a backend engine configuration.
+/// descriptor), a backend engine configuration, or (a 1x1 convolution) cuBLAS's product.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kernel {
     Legacy {
@@ -535,6 +565,7 @@ enum Kernel {
         math: dnn_sys::cudnnMathType_t,
     },
     Engine(EngineRef),
+    Gemm,
 }
 
 impl ConvChoice {
@@ -546,6 +577,17 @@ impl ConvChoice {
                 let c = crate::tuning::Candidate::of_engine(e.global, e.rank, 0.0, 0);
                 (c.algo, c.math)
             }
+            Kernel::Gemm => (crate::tuning::GEMM, 0),
+        }
+    }
+
+    /// The kind of kernel it is (for the run report).
+    fn family(&self) -> crate::tuning::ConvFamily {
+        use crate::tuning::ConvFamily;
+        match self.kernel {
+            Kernel::Legacy { .. } => ConvFamily::Legacy,
+            Kernel::Engine(_) => ConvFamily::Engine,
+            Kernel::Gemm => ConvFamily::Gemm,
         }
     }
 }
@@ -566,6 +608,8 @@ struct CudaConv {
     shape: ConvShape,
     /// The execution plan of the engine last chosen (run only while `choice` is that engine).
     engine: Option<EnginePlan>,
+    /// The convolution as cuBLAS's product, where it is one and the options ask for it.
+    gemm: Option<super::gemm::CudaGemm>,
     /// The fused call's activation: relu, or identity for a bias alone.
     fused_act: ActDesc,
     /// The fused call's `z` and its scale: the residual and 1, or the output and 0.
@@ -598,8 +642,18 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     // are candidates of their own key, so measurements made without them are not reused;
     // ".2": the first version's measurements (on an H100 it found no engine) hold none.
     let api = cx.opts.conv_api;
+    let gemm_wanted = match cx.opts.conv_gemm {
+        ConvGemm::Off => false,
+        ConvGemm::Timed => api == ConvApi::Both,
+        ConvGemm::Always => true,
+    };
+    let gemm = match gemm_wanted && s.groups == 1 && s.is_pointwise() {
+        true => Some(super::gemm::CudaGemm::new(&s.as_gemm(), cx)?),
+        false => None,
+    };
+    let gemm_always = gemm.is_some() && cx.opts.conv_gemm == ConvGemm::Always;
     let tuning_key = format!(
-        "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw|{}{}",
+        "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw|{}{}{}",
         s.input,
         s.kernel,
         s.stride,
@@ -611,7 +665,8 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
             ""
         } else {
             "|engines.2"
-        }
+        },
+        if gemm.is_some() { "|gemm" } else { "" }
     );
     // cuDNN's fused call always adds a bias: a zero one where the convolution has none.
     let want_fused = s.act == Activation::Relu;
@@ -645,6 +700,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
             dilation: s.dilation,
         },
         engine: None,
+        gemm,
         fused_act: ActDesc::relu()?,
         z: s.residual.map(|r| cx.ptr(r)).transpose()?.unwrap_or(yp),
         alpha2: if s.residual.is_some() { 1.0 } else { 0.0 },
@@ -670,7 +726,13 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         }
     };
     let handle = cx.sc.cudnn();
-    let mut choice = choice_of(&candidates, cx.opts, api)?;
+    let mut choice = match gemm_always {
+        true => ConvChoice {
+            kernel: Kernel::Gemm,
+            workspace: 0,
+        },
+        false => choice_of(&candidates, cx.opts, api)?,
+    };
     if let Err(e) = plan.set_variant(Variant::of(choice), handle) {
         if api == ConvApi::Backend {
             return Err(e);
@@ -681,8 +743,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         plan.set_variant(Variant::of(choice), handle)?;
     }
     cx.sc.ensure_workspace(choice.workspace)?;
-    cx.tuning
-        .chose(&tuning_key, matches!(choice.kernel, Kernel::Engine(_)));
+    cx.tuning.chose(&tuning_key, choice.family());
     if s.bias.is_some() || s.act != Activation::None || s.residual.is_some() {
         let inner = s.out_hw[0] * s.out_hw[1];
         let step = super::act::BiasAct {
@@ -698,7 +759,8 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     }
     // cuDNN's fused conv + bias (+ relu) call runs legacy algorithms only: with relu, the one
     // chosen (or the fastest legacy one when an engine was chosen); for a bias alone, only the
-    // implicit precomputed GEMM. Backend engines alone leave the epilogue to our kernel.
+    // implicit precomputed GEMM. Backend engines alone, and the product where it must run,
+    // leave the epilogue to our kernel.
     let legacy = |only_precomp: bool| {
         use dnn_sys::cudnnConvolutionFwdAlgo_t as Algo;
         let precomp = Algo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
@@ -710,7 +772,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         choice_of(&c, cx.opts, ConvApi::Legacy).ok()
     };
     let fused_alt = match choice.kernel {
-        _ if api == ConvApi::Backend => None,
+        _ if api == ConvApi::Backend || gemm_always => None,
         Kernel::Legacy { .. } if want_fused => Some(choice),
         _ if want_fused => legacy(false),
         _ if identity => legacy(true),
@@ -765,6 +827,12 @@ impl CudaConv {
         match v.choice.kernel {
             // The engine's plan stays built: measurements switch back and forth.
             Kernel::Legacy { math, .. } => self.conv.set_math(math)?,
+            Kernel::Gemm if v.fused || self.gemm.is_none() => {
+                return Err(GpuError::Plan(
+                    "cuBLAS's product runs a 1x1 convolution alone".into(),
+                ))
+            }
+            Kernel::Gemm => {}
             Kernel::Engine(e) => {
                 if v.fused {
                     return Err(GpuError::Plan(
@@ -813,6 +881,13 @@ fn measure_candidates(
             Ok(engines) => kernels.extend(engines),
             Err(e) => tracing::warn!("cuDNN's backend API offers no engines here: {e}"),
         }
+    }
+    if plan.gemm.is_some() {
+        let k = ConvChoice {
+            kernel: Kernel::Gemm,
+            workspace: 0,
+        };
+        kernels.push((k, None));
     }
     let mut out = Vec::with_capacity(kernels.len());
     for (k, built) in kernels {
@@ -1013,7 +1088,7 @@ fn choice_of(
         .iter()
         .filter(|c| match api {
             ConvApi::Both => true,
-            ConvApi::Legacy => c.engine().is_none(),
+            ConvApi::Legacy => c.engine().is_none() && c.algo != crate::tuning::GEMM,
             ConvApi::Backend => c.engine().is_some(),
         })
         .copied()
@@ -1046,6 +1121,12 @@ fn kernel_of(
         return Ok(ConvChoice {
             kernel: Kernel::Engine(EngineRef { global, rank }),
             workspace: best.workspace,
+        });
+    }
+    if best.algo == crate::tuning::GEMM {
+        return Ok(ConvChoice {
+            kernel: Kernel::Gemm,
+            workspace: 0,
         });
     }
     let algo = [
@@ -1106,6 +1187,12 @@ impl CudaConv {
             }
             (Kernel::Engine(e), _) => {
                 return Err(GpuError::Plan(format!("engine {} has no plan", e.global)))
+            }
+            (Kernel::Gemm, _) => {
+                return match &self.gemm {
+                    Some(g) => g.run(sc),
+                    None => Err(GpuError::Plan("a convolution with no product".into())),
+                }
             }
         };
         if self.fused {
@@ -1322,6 +1409,48 @@ mod tests {
             .collect()
     }
 
+    /// cuBLAS's column-major `C = A B` (no transposes), strided over a batch: the
+    /// definition the CUDA product of a 1x1 convolution is handed.
+    fn cublas_gemm(g: &super::super::gemm::Gemm, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut c = vec![f32::NAN; (g.batch - 1) * g.stride_c + (g.n - 1) * g.ldc + g.m];
+        for t in 0..g.batch {
+            for j in 0..g.n {
+                for i in 0..g.m {
+                    let dot = (0..g.k)
+                        .map(|p| {
+                            a[t * g.stride_a + i + p * g.lda] * b[t * g.stride_b + p + j * g.ldb]
+                        })
+                        .sum();
+                    c[t * g.stride_c + i + j * g.ldc] = dot;
+                }
+            }
+        }
+        c
+    }
+
+    proptest! {
+        /// A 1x1 convolution handed to cuBLAS as a product per image computes the
+        /// convolution (its bias and activation run after it).
+        #[test]
+        fn pointwise_convolutions_as_products_match_the_reference(
+            n in 1usize..4, c in 1usize..9, oc in 1usize..9, h in 1usize..6, w in 1usize..6,
+        ) {
+            let mut s = conv(c, [h, w], oc, [1, 1], [1, 1], [0, 0], [0, 0], [1, 1], 1);
+            s.input[0] = n;
+            prop_assume!(s.is_pointwise());
+            let (x, wt) = (values(n * c * h * w, 1), values(oc * c, 2));
+            let g = s.as_gemm();
+            prop_assert_eq!((g.a, g.b, g.c), (s.x, s.w, s.y));
+            let got = cublas_gemm(&g, &x, &wt);
+            let want = crate::reference::conv2d(
+                &x, &wt, None, s.input, oc, [1, 1], [1, 1], [0, 0], [1, 1], 1, [h, w],
+                Activation::None,
+            );
+            prop_assert_eq!(got.len(), want.len());
+            assert_close(&s, &got, &want);
+        }
+    }
+
     #[test]
     fn large_convolutions_match_the_reference_on_both_parallel_paths() {
         // (channels, [h, w], out channels, kernel, padding); stride and dilation 1. The first
@@ -1440,6 +1569,21 @@ mod tests {
             choice_of(&[legacy, engine], &tight, ConvApi::Both).unwrap(),
             want_legacy
         );
+        // cuBLAS's product (no workspace) competes under Both alone.
+        let gemm = Candidate {
+            algo: crate::tuning::GEMM,
+            math: 0,
+            ms: 0.010,
+            workspace: 0,
+        };
+        let want_gemm = ConvChoice {
+            kernel: Kernel::Gemm,
+            workspace: 0,
+        };
+        assert_eq!(pick(&[legacy, engine, gemm], ConvApi::Both), want_gemm);
+        assert_eq!(want_gemm.code(), (gemm.algo, gemm.math));
+        assert_eq!(pick(&[legacy, engine, gemm], ConvApi::Legacy), want_legacy);
+        assert_eq!(pick(&[legacy, engine, gemm], ConvApi::Backend), want_engine);
         // Without TF32 a legacy algorithm runs in FMA math whatever it was measured with.
         let precise = crate::KernelOptions {
             tf32: false,

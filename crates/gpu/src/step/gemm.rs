@@ -392,7 +392,8 @@ impl Gemm {
 }
 
 impl CudaGemm {
-    fn new(s: &Gemm, cx: &PrepareCx<'_>) -> Result<CudaGemm, GpuError> {
+    /// The product `s` describes (its epilogue aside), on the buffers of `cx`.
+    pub(crate) fn new(s: &Gemm, cx: &PrepareCx<'_>) -> Result<CudaGemm, GpuError> {
         let (a, b, c) = (cx.ptr(s.a)?, cx.ptr(s.b)?, cx.ptr(s.c)?);
         // Groups of products: one batched call over every matrix's address (on the device,
         // where cuBLAS reads them), since no single stride reaches them all.
@@ -451,7 +452,7 @@ fn blas_op(transposed: bool) -> blas_sys::cublasOperation_t {
     }
 }
 
-struct CudaGemm {
+pub(crate) struct CudaGemm {
     a: u64,
     b: u64,
     c: u64,
@@ -471,6 +472,13 @@ struct CudaGemm {
 
 impl Enqueue for CudaGemm {
     fn enqueue(&self, _gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        self.run(sc)
+    }
+}
+
+impl CudaGemm {
+    /// Enqueue the product on `sc`'s stream.
+    pub(crate) fn run(&self, sc: &StreamCtx) -> Result<(), GpuError> {
         let (one, zero) = (1.0f32, 0.0f32);
         let h = sc.cublas();
         let math = if self.tf32 {
