@@ -196,6 +196,31 @@ pub struct EarlierRun {
     pub command: String,
 }
 
+/// How our convolutions chose their kernels, in words.
+fn convolution_method(h: &Header) -> String {
+    let cudnn = match h.conv_api.as_str() {
+        "legacy" => "cuDNN's legacy-API algorithms",
+        "backend" => "cuDNN's backend-API engines",
+        _ => "cuDNN's legacy-API algorithms and backend-API engines",
+    };
+    match h.conv_gemm.as_str() {
+        "always" => format!(
+            "our 1x1 convolutions ran as cuBLAS's product, the others chose among {cudnn} by \
+             measured time"
+        ),
+        "timed" => format!(
+            "our convolutions chose among {cudnn} (1x1 ones also cuBLAS's product) by measured \
+             time"
+        ),
+        _ => format!("our convolutions chose among {cudnn} by measured time"),
+    }
+}
+
+/// `conv_gemm` of a table written before the option existed.
+fn off() -> String {
+    "off".into()
+}
+
 /// What every row of one file shares: the machine, the software and the method.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Header {
@@ -226,6 +251,10 @@ pub struct Header {
     /// The cuDNN kernels our convolutions chose among: `both` (legacy algorithms and backend
     /// engines), `legacy` or `backend`.
     pub conv_api: String,
+    /// Whether 1x1 convolutions could run as cuBLAS's product: `off`, `timed` (a candidate)
+    /// or `always` (tables before the option have none: off).
+    #[serde(default = "off")]
+    pub conv_gemm: String,
     pub opsched_version: String,
     /// Runs whose rows `--merge` kept, oldest first.
     pub earlier: Vec<EarlierRun>,
@@ -274,6 +303,7 @@ impl Scoreboard {
             ("algos", a.algos == b.algos),
             ("search", a.search == b.search),
             ("conv_api", a.conv_api == b.conv_api),
+            ("conv_gemm", a.conv_gemm == b.conv_gemm),
             (
                 "torch",
                 a.torch.is_none() || b.torch.is_none() || a.torch == b.torch,
@@ -357,17 +387,13 @@ impl Scoreboard {
              (a tie goes to the earlier in that list); each was searched once ({s}) and every \
              process ran the same schedule file. Eager latency is not used: it measures the \
              host's launches, not the schedule. f32 inputs, TF32 math on both sides, random \
-             weights, one GPU; our convolutions chose among cuDNN's {k} by measured time.\n",
+             weights, one GPU; {k}.\n",
             p = h.processes,
             r = h.repeats,
             w = h.warmup,
             a = h.algos.join(", "),
             s = h.search,
-            k = match h.conv_api.as_str() {
-                "legacy" => "legacy-API algorithms",
-                "backend" => "backend-API engines",
-                _ => "legacy-API algorithms and backend-API engines",
-            },
+            k = convolution_method(h),
         );
         md.push_str(
             "| model | batch | ours sequential + graph | ours best + graph | best | spread | \
@@ -535,6 +561,7 @@ mod tests {
             algos: vec!["ios".into(), "lios".into()],
             search: "analytical cost model, h100 preset, 8 streams".into(),
             conv_api: "both".into(),
+            conv_gemm: "off".into(),
             opsched_version: "0.1.0".into(),
             earlier: Vec::new(),
         }
@@ -706,6 +733,8 @@ mod tests {
         let text = std::fs::read_to_string(path).expect("the committed table");
         let b = Scoreboard::from_json(&text, path).expect("it parses");
         assert!(!b.rows.is_empty());
+        // Written before --conv-gemm: the product was off.
+        assert_eq!(b.header.conv_gemm, "off");
         for r in &b.rows {
             let again = Row::new(
                 &r.model,
@@ -841,9 +870,20 @@ mod tests {
             "f.json: cannot merge, its header.driver differs from this run's"
         );
         // Convolutions that chose among other cuDNN kernels are another configuration.
-        let mut legacy = older;
+        let mut legacy = older.clone();
         legacy.header.conv_api = "legacy".into();
-        let err = now.merge(legacy, "f.json").expect_err("conv_api differs");
+        let err = now
+            .clone()
+            .merge(legacy, "f.json")
+            .expect_err("conv_api differs");
         assert!(err.to_string().contains("header.conv_api"), "{err}");
+        // So are 1x1 convolutions that could run as cuBLAS's product.
+        let mut gemm = older;
+        gemm.header.conv_gemm = "timed".into();
+        let err = now
+            .merge(gemm.clone(), "f.json")
+            .expect_err("conv_gemm differs");
+        assert!(err.to_string().contains("header.conv_gemm"), "{err}");
+        assert!(gemm.markdown().contains("(1x1 ones also cuBLAS's product)"));
     }
 }

@@ -103,6 +103,9 @@ pub struct Args {
     /// The cuDNN kernels our convolutions choose among (`opsched run --conv-api`).
     #[arg(long, value_enum, default_value_t = ConvApiArg::Both)]
     conv_api: ConvApiArg,
+    /// Whether 1x1 convolutions may run as cuBLAS's product (`opsched run --conv-gemm`).
+    #[arg(long, value_enum, default_value_t = ConvGemmArg::Off)]
+    conv_gemm: ConvGemmArg,
     /// Skip the PyTorch columns.
     #[arg(long = "no-torch", action = clap::ArgAction::SetFalse)]
     torch: bool,
@@ -149,6 +152,23 @@ impl ConvApiArg {
             ConvApiArg::Both => "both",
             ConvApiArg::Legacy => "legacy",
             ConvApiArg::Backend => "backend",
+        }
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ConvGemmArg {
+    Off,
+    Timed,
+    Always,
+}
+
+impl ConvGemmArg {
+    fn name(self) -> &'static str {
+        match self {
+            ConvGemmArg::Off => "off",
+            ConvGemmArg::Timed => "timed",
+            ConvGemmArg::Always => "always",
         }
     }
 }
@@ -433,6 +453,7 @@ fn run_process(bin: &Path, model: &str, batch: u32, file: &Path, args: &Args) ->
         .arg(file)
         .args(["--backend", args.backend.name(), "--graph-capture"])
         .args(["--conv-api", args.conv_api.name()])
+        .args(["--conv-gemm", args.conv_gemm.name()])
         .args(["--streams", &STREAMS.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--repeats", &args.repeats.to_string(), "--json"])
@@ -604,6 +625,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
                 .map_or(String::new(), |n| format!(" ({n})"))
         ),
         conv_api: args.conv_api.name().into(),
+        conv_gemm: args.conv_gemm.name().into(),
         opsched_version: env!("CARGO_PKG_VERSION").into(),
         earlier: Vec::new(),
     };
