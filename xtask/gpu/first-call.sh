@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The first device call of a GPU session (docs/gpu-session.md, step 1), about two minutes on an
+# The first device call of a GPU session (docs/gpu-session.md, step 1), about three minutes on an
 # H100: what the backend engines offer, every GPU test, --check runs, the convolution kernel
-# sets compared in three processes each, LIOS in three processes, PyTorch eager and CUDA graph, and
-# compute-sanitizer on one model. Run on the device in the repository root, gpu-carry/ carried:
+# sets compared in three processes each, LIOS in three processes, batch 16 in one, PyTorch eager
+# and CUDA graph at batch 1 and 16, and compute-sanitizer on one model. Run on the device in the
+# repository root, gpu-carry/ carried:
 #   bash xtask/gpu/first-call.sh
 # Each step has its own time limit and the next runs whatever happened, so one failure costs
 # one step. What comes back ($OUT, at most 8 files): log.txt (everything), results.txt (one
@@ -72,10 +73,18 @@ for m in inception_v3 googlenet transformer resnet50; do
             --graph-capture --repeats 100 --json 2>>"$L" | lat)"
     done
 done
+# Batch 16, one process each: where the kernels, not the launches, decide.
+for m in inception_v3 resnet50 transformer; do
+    for a in sequential lios; do
+        step "b16 $a $m"
+        result "b16 $a $m: $(timeout 90 opsched run $m --batch 16 --backend cuda --algo $a \
+            --graph-capture --repeats 50 --json 2>>"$L" | lat)"
+    done
+done
 
 step torch
-timeout 150 python3 xtask/gpu/torch_bench.py --models inception_v3,resnet50,googlenet,transformer \
-    --batches 1 --modes eager,cuda_graph --out $C/torch.json >>"$L" 2>&1
+timeout 180 python3 xtask/gpu/torch_bench.py --models inception_v3,resnet50,googlenet,transformer \
+    --batches 1,16 --modes eager,cuda_graph --out $C/torch.json >>"$L" 2>&1
 python3 -c 'import json,sys
 for r in json.load(open(sys.argv[1]))["results"]:
     print("torch", r["model"], "b%d" % r["batch"], r["mode"], r["median_ms"], r["error"] or "")' \
