@@ -861,9 +861,9 @@ impl CudaConv {
 /// ([`StreamCtx::time_ms`], the convolution alone): the legacy algorithms that
 /// `cudnnFindConvolutionForwardAlgorithmEx` finds working within the workspace limit, and
 /// (unless the options ask for the legacy API alone) the admissible engine configurations
-/// among the top of the backend heuristics' list ([`crate::cuda::engine`]). A kernel that
-/// fails to build, run or be captured is left out; the backend failing as a whole leaves the
-/// legacy algorithms.
+/// among the top of the backend heuristics' lists ([`crate::cuda::engine`]), and cuBLAS's
+/// product where the plan has one ([`Conv::as_gemm`]). A kernel that fails to build, run or
+/// be captured is left out; the backend failing as a whole leaves the legacy algorithms.
 fn measure_candidates(
     plan: &mut CudaConv,
     cx: &mut PrepareCx<'_>,
