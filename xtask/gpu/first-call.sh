@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first device call of a GPU session (docs/gpu-session.md, step 1), about three minutes on an
+# The first device call of a GPU session (docs/gpu-session.md, step 1), about four minutes on an
 # H100: what the backend engines offer, every GPU test, --check runs, the convolution kernel
 # sets compared in three processes each, LIOS in three processes, batch 16 in one, PyTorch eager
 # and CUDA graph at batch 1 and 16, and compute-sanitizer on one model. Run on the device in the
