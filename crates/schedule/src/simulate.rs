@@ -29,7 +29,9 @@
 //!   `scale = T / L` (1 if `L = 0`); each stream then runs its stage-`s` launches one after
 //!   another as fixed-duration jobs of `scale * op_time` each (a merged launch: `T`), so the
 //!   longest group ends exactly `T` after the stage started. `Send`s between the launches fire
-//!   when the preceding operator ends. Stage jobs do not take part in the fluid law.
+//!   when the preceding operator ends. Stage jobs do not take part in the fluid law. A launch
+//!   that starts after its place in the stage (eager mode: the host issued it late) still takes
+//!   its whole `scale * op_time` (a merged launch: `T`) from then.
 //! - `LaunchMerged { ops, stage: None }`: a fixed-duration job of `cost.merged_time(g, ops)`.
 //!
 //! **Execution mode** ([`ExecMode`], [`SimOptions`]). Under CUDA-graph replay (the default) the
@@ -904,7 +906,9 @@ impl<'a> Sim<'a> {
                             a.start + a.scale * a.prefix
                         };
                         self.streams[s].active = Some(a);
-                        self.start_job(s, end.max(now));
+                        // Started late (eager mode: issued after its place in the stage), it
+                        // still takes its whole scaled time.
+                        self.start_job(s, end.max(now + a.scale * w));
                     }
                     _ => self.ready(s, *stage)?,
                 },
@@ -912,7 +916,7 @@ impl<'a> Sim<'a> {
                     stage: Some(stage), ..
                 } => match self.streams[s].active {
                     Some(a) if a.stage == *stage => {
-                        self.start_job(s, (a.start + a.total).max(now));
+                        self.start_job(s, (a.start + a.total).max(now + a.total));
                     }
                     _ => self.ready(s, *stage)?,
                 },
