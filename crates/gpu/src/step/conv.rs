@@ -569,6 +569,12 @@ enum Kernel {
 }
 
 impl ConvChoice {
+    /// cuBLAS's product: no workspace of cuDNN's.
+    const GEMM: ConvChoice = ConvChoice {
+        kernel: Kernel::Gemm,
+        workspace: 0,
+    };
+
     /// Its candidate numbers in the tuning table ([`crate::tuning::Candidate`]).
     fn code(&self) -> (u32, u32) {
         match self.kernel {
@@ -727,10 +733,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     };
     let handle = cx.sc.cudnn();
     let mut choice = match gemm_always {
-        true => ConvChoice {
-            kernel: Kernel::Gemm,
-            workspace: 0,
-        },
+        true => ConvChoice::GEMM,
         false => choice_of(&candidates, cx.opts, api)?,
     };
     if let Err(e) = plan.set_variant(Variant::of(choice), handle) {
@@ -883,11 +886,7 @@ fn measure_candidates(
         }
     }
     if plan.gemm.is_some() {
-        let k = ConvChoice {
-            kernel: Kernel::Gemm,
-            workspace: 0,
-        };
-        kernels.push((k, None));
+        kernels.push((ConvChoice::GEMM, None));
     }
     let mut out = Vec::with_capacity(kernels.len());
     for (k, built) in kernels {
@@ -1124,10 +1123,7 @@ fn kernel_of(
         });
     }
     if best.algo == crate::tuning::GEMM {
-        return Ok(ConvChoice {
-            kernel: Kernel::Gemm,
-            workspace: 0,
-        });
+        return Ok(ConvChoice::GEMM);
     }
     let algo = [
         A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
