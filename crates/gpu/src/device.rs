@@ -52,7 +52,8 @@ pub struct KernelOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConvGemm {
-    /// cuDNN's kernels only.
+    /// cuDNN's kernels only: the default, since the product made no model faster on an H100
+    /// (2026-11-26, `fixtures/gpu/h100-2026-11-26/README.md`).
     #[default]
     Off,
     /// The product is one more candidate, chosen where it measures fastest (with

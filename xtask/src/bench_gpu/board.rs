@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use super::torch::TorchVersions;
 
+/// bench-gpu's models, in the order of its tables (`--models`' default).
+pub const MODELS: &str = "inception_v3,googlenet,squeezenet,resnet50,nasnet,transformer,randwire";
+
 /// `header.format` of the JSON file.
 pub const FORMAT: &str = "opsched-gpu-scoreboard";
 /// `header.version`: bumped when a field changes meaning or goes away.
@@ -286,7 +289,8 @@ impl Scoreboard {
     }
 
     /// This run's rows with those of `older` that it did not measure again, ordered by model
-    /// (this run's order, then older ones) and batch. Refuses a file from another machine,
+    /// ([`MODELS`]' order, then others as they come, this run's first) and batch, so a table
+    /// merged from several runs reads the same whatever their order. Refuses a file from another machine,
     /// other software or another method, naming the field: one table, one configuration
     /// (`libraries` is not compared: a run learns it from its first process, and the driver and
     /// cuDNN versions already pin it).
@@ -332,7 +336,11 @@ impl Scoreboard {
             .filter(|r| !self.has(&r.model, r.batch))
             .collect();
         self.rows.extend(kept);
-        let order: Vec<String> = self.rows.iter().map(|r| r.model.clone()).collect();
+        let order: Vec<String> = MODELS
+            .split(',')
+            .map(String::from)
+            .chain(self.rows.iter().map(|r| r.model.clone()))
+            .collect();
         let rank = |m: &str| order.iter().position(|o| o == m).unwrap_or(order.len());
         self.rows.sort_by_key(|r| (rank(&r.model), r.batch));
         self.header.earlier = earlier;
@@ -733,8 +741,14 @@ mod tests {
         let text = std::fs::read_to_string(path).expect("the committed table");
         let b = Scoreboard::from_json(&text, path).expect("it parses");
         assert!(!b.rows.is_empty());
-        // Written before --conv-gemm: the product was off.
+        // Measured with the default kernels: no cuBLAS product for 1x1 convolutions.
         assert_eq!(b.header.conv_gemm, "off");
+        // The people's copy is this file's rendering, rows in the merge's order.
+        let md = std::fs::read_to_string(path.replace(".json", ".md")).expect("the table's .md");
+        assert!(md == b.markdown(), "the .md is not the .json's markdown");
+        let rank = |m: &str| MODELS.split(',').position(|o| o == m);
+        let keys: Vec<_> = b.rows.iter().map(|r| (rank(&r.model), r.batch)).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
         for r in &b.rows {
             let again = Row::new(
                 &r.model,
@@ -834,7 +848,11 @@ mod tests {
         };
         let now = Scoreboard {
             header: header(),
-            rows: vec![row("b", 1, "new"), row("c", 1, "new")],
+            rows: vec![
+                row("b", 1, "new"),
+                row("c", 1, "new"),
+                row("googlenet", 1, "new"),
+            ],
         };
         let m = now
             .clone()
@@ -848,6 +866,7 @@ mod tests {
         assert_eq!(
             keys,
             [
+                ("googlenet", 1, "new"),
                 ("b", 1, "new"),
                 ("b", 16, "old"),
                 ("c", 1, "new"),

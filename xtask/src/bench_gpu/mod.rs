@@ -61,7 +61,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "inception_v3,googlenet,squeezenet,resnet50,nasnet,transformer,randwire"
+        default_value = board::MODELS
     )]
     models: Vec<String>,
     /// Batch sizes, comma-separated.
