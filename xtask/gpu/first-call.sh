@@ -24,8 +24,9 @@ try:
 except ValueError:
     print("failed (log.txt)"); sys.exit()
 l = r["latency"]
-print("%.4f ms (p10 %.4f p90 %.4f) launches %s peak %s conv %s" % (l["median_ms"], l["p10_ms"],
-      l["p90_ms"], r.get("launches"), r.get("peak_memory_bytes"), r.get("conv_kernels")))'
+print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s peak %s conv %s" % (
+      l["median_ms"], l["p10_ms"], l["p90_ms"], r.get("launches"), r.get("kernels"),
+      r.get("merged_convolutions"), r.get("peak_memory_bytes"), r.get("conv_kernels")))'
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$L"
 
@@ -56,6 +57,16 @@ for m in inception_v3 resnet50 nasnet; do
             result "$a $m process $i: $(timeout 90 opsched run $m --backend cuda --algo $a \
                 --graph-capture --repeats 100 --json 2>>"$L" | lat)"
         done
+    done
+done
+# IOS with its merged stages run as one convolution each (since 2026-11-26; the scoreboard's
+# ios column ran them one after another): squeezenet 0.308, googlenet 0.459, inception_v3
+# 0.975 ms then.
+for m in squeezenet googlenet inception_v3; do
+    for i in 1 2 3; do
+        step "ios $m $i"
+        result "ios $m process $i: $(timeout 90 opsched run $m --backend cuda --algo ios \
+            --graph-capture --repeats 100 --json 2>>"$L" | lat)"
     done
 done
 # Batch 16, one process each: the rows the scoreboard lacks.

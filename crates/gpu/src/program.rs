@@ -28,7 +28,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use opsched_graph::{Activation, Graph, NodeId, Op, Shape, Value};
+use opsched_graph::{Activation, Conv2d, Graph, NodeId, Op, Shape, Value};
 use serde::Serialize;
 
 use crate::step::{self, copy::Copy, Step};
@@ -147,6 +147,9 @@ pub struct GraphProgram {
     /// Per logical GPU: the elements of storage its buffers are laid out in (see
     /// [`crate::memory`]).
     pub storage: Vec<usize>,
+    /// The merged groups of convolutions that run as one convolution, each in its order
+    /// (see [`GraphProgram::build_merged`]).
+    pub merged: Vec<Vec<NodeId>>,
 }
 
 /// FNV-1a 64 of a string: the seed of a named buffer.
@@ -250,6 +253,21 @@ pub(crate) struct Builder<'g> {
     /// matmul -> the head transpose it writes: see [`Builder::fold_transposes`].
     transposed_reads: HashMap<NodeId, NodeId>,
     transposed_writes: HashMap<NodeId, NodeId>,
+    /// First convolution of a group a plan merges -> the one convolution the group runs as:
+    /// see [`Builder::merge_convs`].
+    merged: HashMap<NodeId, MergedConv>,
+}
+
+/// Convolutions of a merged stage that run as one convolution (IOS's operator merge,
+/// [`opsched_graph::merge`]): `conv` writes `out`, whose channel slices are the members'
+/// outputs, in the members' order.
+#[derive(Clone, Debug)]
+pub(crate) struct MergedConv {
+    pub conv: Conv2d,
+    pub members: Vec<(NodeId, Conv2d)>,
+    pub out: BufId,
+    /// Output `[oh, ow]`.
+    pub out_hw: [usize; 2],
 }
 
 impl<'g> Builder<'g> {
@@ -279,7 +297,56 @@ impl<'g> Builder<'g> {
         center: f32,
         half_width: f32,
     ) -> Result<BufId, GpuError> {
-        let init = match self.g.weights().get(at.node, at.inner, what) {
+        let init = self.param_init(at, what, len, center, half_width)?;
+        Ok(self.param_buffer(at, what, len, init))
+    }
+
+    /// The values [`Builder::param`] would give the parameter, without a buffer: the parts
+    /// of a parameter built from several operators' (a merged convolution's weights).
+    pub(crate) fn param_values(
+        &self,
+        at: At,
+        what: &'static str,
+        len: usize,
+        center: f32,
+        half_width: f32,
+    ) -> Result<Vec<f32>, GpuError> {
+        Ok(match self.param_init(at, what, len, center, half_width)? {
+            Init::Data(d) => d.to_vec(),
+            Init::Uniform {
+                seed,
+                center,
+                half_width,
+            } => uniform(seed, len, center, half_width),
+            Init::Uninit => vec![0.0; len],
+        })
+    }
+
+    /// A parameter buffer of `len` elements of the operator at `at` that starts as `init`.
+    pub(crate) fn param_buffer(
+        &mut self,
+        at: At,
+        what: &'static str,
+        len: usize,
+        init: Init,
+    ) -> BufId {
+        let role = BufRole::Param {
+            node: at.node,
+            inner: at.inner,
+            what,
+        };
+        self.alloc(at.gpu, len, role, init)
+    }
+
+    fn param_init(
+        &self,
+        at: At,
+        what: &'static str,
+        len: usize,
+        center: f32,
+        half_width: f32,
+    ) -> Result<Init, GpuError> {
+        Ok(match self.g.weights().get(at.node, at.inner, what) {
             // `Graph::with_weights` checked the shape against the operator; a length that still
             // differs would be a lowering that disagrees with the weights' layout.
             Some(t) if t.numel() != len => {
@@ -297,13 +364,7 @@ impl<'g> Builder<'g> {
                 center,
                 half_width,
             },
-        };
-        let role = BufRole::Param {
-            node: at.node,
-            inner: at.inner,
-            what,
-        };
-        Ok(self.alloc(at.gpu, len, role, init))
+        })
     }
 
     /// The error for an operator this lowering cannot run.
@@ -452,10 +513,24 @@ impl<'g> Builder<'g> {
             && c.outer == 1
             && c.src_off == 0
             && c.len == c.src_axis
-            && self.buffers.get(c.src).and_then(|b| b.within) == Some((c.dst, c.dst_off * c.inner));
+            && self.offset_within(c.src, c.dst) == Some(c.dst_off * c.inner);
         if !in_place {
             steps.push(c.into());
         }
+    }
+
+    /// Where buffer `b` starts within buffer `outer`, following views (a merged convolution's
+    /// member lies within the merged output, which may lie within a concatenation).
+    fn offset_within(&self, mut b: BufId, outer: BufId) -> Option<usize> {
+        let mut off = 0;
+        while let Some((parent, at)) = self.buffers.get(b)?.within {
+            off += at;
+            if parent == outer {
+                return Some(off);
+            }
+            b = parent;
+        }
+        None
     }
 
     /// The buffers of a term that sums several whole values, which one element-wise add reads
@@ -788,6 +863,96 @@ impl<'g> Builder<'g> {
 }
 
 impl Builder<'_> {
+    /// Let each group of `merges` run as one convolution where it can (see
+    /// [`GraphProgram::build_merged`]): the members' output buffers become views of their
+    /// slices of the merged output, and the members after the first join `fused`. Where the
+    /// members are, in order, consecutive terms of one concatenation that its producers may
+    /// write in place ([`opsched_graph::inplace::slice_of`]), the merged output is itself a
+    /// view of its slice there. Before the other in-place rules, which leave these views be.
+    fn merge_convs(&mut self, merges: &[Vec<NodeId>], transfers: &[TransferSpec]) {
+        let adds_residual: HashSet<NodeId> = opsched_graph::fusion::residual_sources(self.g)
+            .into_iter()
+            .flatten()
+            .map(|(c, _)| c)
+            .collect();
+        for group in merges {
+            let Some(&head) = group.first() else { continue };
+            let gpu = self.gpu_of(head);
+            let free = |b: &Self, c: NodeId| {
+                b.gpu_of(c) == gpu
+                    && !sent(transfers, c)
+                    && !adds_residual.contains(&c)
+                    && b.outputs[c.index()].is_some_and(|o| b.buffers[o].within.is_none())
+            };
+            if gpu.is_none() || !group.iter().all(|&c| free(self, c)) {
+                continue;
+            }
+            let Some((conv, _)) = opsched_graph::merge::merged_conv(self.g, group) else {
+                continue;
+            };
+            let &[1, _, oh, ow] = self.g.node(head).shape.as_slice() else {
+                continue;
+            };
+            let inner = oh * ow;
+            let mut members = Vec::with_capacity(group.len());
+            let mut offsets = Vec::with_capacity(group.len());
+            let mut channels = Some(0usize);
+            for &c in group {
+                let Op::Conv2d(cc) = &self.g.node(c).op else {
+                    continue;
+                };
+                members.push((c, cc.clone()));
+                offsets.push(channels.and_then(|ch| ch.checked_mul(inner)));
+                channels = channels.and_then(|ch| ch.checked_add(cc.out_channels));
+            }
+            let offsets: Option<Vec<usize>> = offsets.into_iter().collect();
+            let len = channels.and_then(|ch| ch.checked_mul(inner));
+            let (Some(offsets), Some(len)) = (offsets, len) else {
+                continue;
+            };
+            let aligned = offsets
+                .iter()
+                .all(|o| o % opsched_graph::inplace::VIEW_ALIGN == 0);
+            if members.len() != group.len() || !aligned {
+                continue;
+            }
+            let gpu = gpu.unwrap_or(0);
+            let out = self.alloc(gpu, len, BufRole::Scratch(head), Init::Uninit);
+            for (&c, &off) in group.iter().zip(&offsets) {
+                if let Some(o) = self.outputs[c.index()] {
+                    self.buffers[o].within = Some((out, off));
+                }
+                if c != head {
+                    self.fused.insert(c);
+                }
+            }
+            // Consecutive slices of one concatenation, in order: write there in place.
+            let slots: Vec<_> = group
+                .iter()
+                .map(|&c| opsched_graph::inplace::slice_of(self.g, c))
+                .collect();
+            if let Some(Some((cat, first))) = slots.first().copied() {
+                let consecutive = slots
+                    .iter()
+                    .zip(&offsets)
+                    .all(|(s, &off)| *s == Some((cat, first + off)));
+                let local = self.gpu_of(cat) == Some(gpu);
+                if let (true, true, Some(dst)) = (consecutive, local, self.outputs[cat.index()]) {
+                    self.buffers[out].within = Some((dst, first));
+                }
+            }
+            self.merged.insert(
+                head,
+                MergedConv {
+                    conv,
+                    members,
+                    out,
+                    out_hw: [oh, ow],
+                },
+            );
+        }
+    }
+
     /// Make `p`'s output buffer a view of `into`'s output from element `at` on, where both run
     /// on one GPU and no transfer sends `p`'s output (a transfer reads a buffer of its own).
     /// Returns whether it did.
@@ -819,8 +984,11 @@ impl Builder<'_> {
             .into_iter()
             .enumerate()
         {
-            if let Some((c, at)) = slot {
-                self.view_into(NodeId(i as u32), c, at, transfers);
+            let p = NodeId(i as u32);
+            // A merged convolution's member is a view of the merged output already.
+            let free = self.outputs[i].is_some_and(|b| self.buffers[b].within.is_none());
+            if let (Some((c, at)), true) = (slot, free) {
+                self.view_into(p, c, at, transfers);
             }
         }
     }
@@ -942,6 +1110,23 @@ impl GraphProgram {
         placement: &[Option<usize>],
         transfers: &[TransferSpec],
     ) -> Result<GraphProgram, GpuError> {
+        Self::build_merged(g, placement, transfers, &[])
+    }
+
+    /// [`GraphProgram::build`], where each group of `merges` (the operators of a merged
+    /// stage, in the order the stage runs them) runs as one convolution when it can: the
+    /// group is mergeable ([`opsched_graph::merge::merged_conv`]), on one GPU, no transfer
+    /// sends a member's output, no member adds a residual, and each member's output is a
+    /// contiguous, aligned slice of the merged output (batch 1), which its buffer then is a
+    /// view of. The first member runs the convolution (weights: the members' side by side,
+    /// smaller kernels zero-padded around their centre), the others run nothing. A group that
+    /// cannot merge runs its operators one after another, as [`GraphProgram::build`] has them.
+    pub fn build_merged(
+        g: &Graph,
+        placement: &[Option<usize>],
+        transfers: &[TransferSpec],
+        merges: &[Vec<NodeId>],
+    ) -> Result<GraphProgram, GpuError> {
         if g.dtype != opsched_graph::DType::F32 {
             return Err(GpuError::UnsupportedDType(g.dtype.to_string()));
         }
@@ -970,6 +1155,7 @@ impl GraphProgram {
             residuals: HashMap::new(),
             transposed_reads: HashMap::new(),
             transposed_writes: HashMap::new(),
+            merged: HashMap::new(),
         };
         // Outputs first (so that a transfer's source exists), then replicas, then programs.
         for (i, node) in g.nodes().iter().enumerate() {
@@ -1016,6 +1202,7 @@ impl GraphProgram {
             b.replicas.insert((t.src, t.dst), r);
             xfers.push((sb, r));
         }
+        b.merge_convs(merges, transfers);
         b.concat_in_place(transfers);
         b.fuse_activations(transfers);
         b.fuse_residuals(transfers);
@@ -1038,8 +1225,11 @@ impl GraphProgram {
                 gpu,
                 inner: 0,
             };
-            // An operator another one's kernel computes (see `fuse_*`) has no steps.
-            if !b.fused.contains(&id) {
+            // An operator another one's kernel computes (see `fuse_*`, `merge_convs`) has no
+            // steps; the first of a merged group runs the group's convolution.
+            if let Some(m) = b.merged.get(&id).cloned() {
+                step::conv::lower_merged(&mut b, &mut steps, at, &m, Src::Terms(&node.inputs))?;
+            } else if !b.fused.contains(&id) {
                 b.lower_op(
                     &mut steps,
                     at,
@@ -1074,6 +1264,12 @@ impl GraphProgram {
             let copy = (0..gpus).find_map(|gpu| b.input_copies.get(&(n, gpu)).copied());
             outputs[n.index()] = copy;
         }
+        let mut merged: Vec<Vec<NodeId>> = b
+            .merged
+            .into_values()
+            .map(|m| m.members.into_iter().map(|(n, _)| n).collect())
+            .collect();
+        merged.sort();
         let mut p = GraphProgram {
             buffers: b.buffers,
             ops,
@@ -1081,6 +1277,7 @@ impl GraphProgram {
             outputs,
             gpus,
             storage: Vec::new(),
+            merged,
         };
         crate::memory::layout_distinct(&mut p);
         Ok(p)

@@ -19,8 +19,9 @@
 //! may share one (each keeps its own streams; transfers become device-to-device copies), so a
 //! multi-GPU schedule runs on one GPU, or on the CPU.
 //!
-//! A merged stage (`LaunchMerged`) runs its operators one after another on its stream: no
-//! device has a merged-convolution kernel yet.
+//! A merged stage (`LaunchMerged`) runs as one convolution where
+//! [`opsched_gpu::GraphProgram::build_merged`] can merge it (batch 1), else its operators one
+//! after another on its stream.
 
 pub mod bench;
 pub mod run;

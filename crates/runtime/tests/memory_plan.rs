@@ -11,6 +11,7 @@ use opsched::schedule::{lower, HostProgram, Platform, Schedule};
 use opsched::Graph;
 use opsched_gpu::memory::{check_layout, footprint, layout_reusing, root_of};
 use opsched_gpu::program::{BufRole, GraphProgram, TransferSpec};
+use opsched_gpu::reference::scaled_error;
 use opsched_gpu::step::Step;
 use opsched_runtime::{CpuDevice, RunOptions, Session};
 
@@ -327,14 +328,24 @@ fn assert_overlaps_are_ordered(p: &GraphProgram, host: &HostProgram, nodes: usiz
 
 #[test]
 fn random_graphs_share_storage_only_between_ordered_uses() {
+    let mut merged = 0;
     for seed in 0..6 {
         let g = random_graph(seed, 30);
         let (want, _) = run(&g, &Schedule::sequential(&g), false);
-        for (algo, streams) in [("opara", 4), ("greedy", 3), ("lios", 2), ("sequential", 1)] {
+        let algos = [
+            ("opara", 4),
+            ("greedy", 3),
+            ("lios", 2),
+            ("ios-merge", 1),
+            ("sequential", 1),
+        ];
+        for (algo, streams) in algos {
             let s = schedule(&g, algo, streams);
             let plan = lower(&g, &s).unwrap();
             let host = HostProgram::new(&g, &plan).unwrap();
-            let mut p = GraphProgram::build(&g, &host.gpu_of(), &[]).unwrap();
+            let merges = host.merged_launches();
+            let mut p = GraphProgram::build_merged(&g, &host.gpu_of(), &[], &merges).unwrap();
+            merged += p.merged.len();
             let keep: Vec<NodeId> = g.outputs().iter().map(|o| o.value.node).collect();
             let order = host.op_order(g.len());
             layout_reusing(&mut p, &keep, |a, b| order.before(a, b));
@@ -346,12 +357,18 @@ fn random_graphs_share_storage_only_between_ordered_uses() {
                 "{algo} seed {seed}: {fp:?}"
             );
             // Run it: the race detector watches the shared storage; the outputs are the
-            // sequential run's, bit for bit.
+            // sequential run's, bit for bit (within rounding where convolutions merged).
             let (got, _) = run(&g, &s, true);
             for o in g.outputs() {
                 let n = o.value.node.index();
-                assert_eq!(got[n], want[n], "{algo} seed {seed}: output '{}'", o.name);
+                let (a, b) = (got[n].as_deref().unwrap(), want[n].as_deref().unwrap());
+                assert!(
+                    a == b || !p.merged.is_empty() && scaled_error(a, b) <= 1e-5,
+                    "{algo} seed {seed}: output '{}'",
+                    o.name
+                );
             }
         }
     }
+    assert!(merged > 0, "no merged stage of IOS ran as one convolution");
 }

@@ -150,6 +150,17 @@ impl HostProgram {
         self.placement.iter().map(|p| p.map(|(g, _)| g)).collect()
     }
 
+    /// The operators of each merged launch (a merged stage's), in launch order.
+    pub fn merged_launches(&self) -> Vec<Vec<NodeId>> {
+        self.cmds
+            .iter()
+            .filter_map(|c| match c {
+                HostCmd::Launch { ops, .. } if ops.len() > 1 => Some(ops.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Counts by kind.
     pub fn counts(&self) -> HostCounts {
         let mut c = HostCounts::default();

@@ -520,6 +520,13 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
         report.transfers,
         report.transfer_mode
     )?;
+    if report.merged_convolutions > 0 {
+        writeln!(
+            out,
+            "merged         {} merged stages ran as one convolution each",
+            report.merged_convolutions
+        )?;
+    }
     writeln!(
         out,
         "memory         {:.1} MB of buffers: {:.1} MB weights and inputs, {:.1} MB activations \

@@ -44,7 +44,7 @@ use crate::cuda::cudnn::{tensor4, ActDesc, ConvDesc, FilterDesc, TensorDesc};
 use crate::cuda::engine::{ConvGraph, ConvShape, EngineRef, Plan as EnginePlan};
 use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
-use crate::program::{weight_half_width, At, BufId, Builder, Src};
+use crate::program::{weight_half_width, At, BufId, Builder, Init, MergedConv, Src};
 use crate::reference::act;
 use crate::{ConvApi, ConvGemm, GpuError};
 
@@ -145,6 +145,81 @@ pub(crate) fn lower(
         .into(),
     );
     Ok(())
+}
+
+/// Lower a merged group of convolutions ([`crate::program::MergedConv`]) as one convolution
+/// reading the members' common input `src` into the merged output: its weights are the
+/// members' (as [`lower`] would make them) side by side, each kernel zero-padded around its
+/// centre to the merged kernel, and its bias theirs likewise.
+pub(crate) fn lower_merged(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    m: &MergedConv,
+    src: Src<'_>,
+) -> Result<(), GpuError> {
+    let (x, xs) = b.single(steps, at, src)?;
+    let [n, ch, h, w] = b.four(at, &xs)?;
+    let c = &m.conv;
+    let wlen = product(
+        &[c.out_channels, ch, c.kernel[0], c.kernel[1]],
+        "merged convolution weights",
+    )?;
+    let mut weight = Vec::with_capacity(wlen);
+    let mut bias = Vec::with_capacity(if c.bias { c.out_channels } else { 0 });
+    for (node, part) in &m.members {
+        let at = At { node: *node, ..at };
+        let fan_in = product(&[ch, part.kernel[0], part.kernel[1]], "convolution fan-in")?;
+        let len = product(&[part.out_channels, fan_in], "convolution weights")?;
+        let values = b.param_values(at, "weight", len, 0.0, weight_half_width(fan_in))?;
+        pad_kernels(&values, part.kernel, c.kernel, &mut weight);
+        if c.bias {
+            bias.extend(b.param_values(at, "bias", part.out_channels, 0.0, 0.1)?);
+        }
+    }
+    if weight.len() != wlen || bias.len() != if c.bias { c.out_channels } else { 0 } {
+        return Err(b.unsupported(at, "the merged convolution's members do not add up"));
+    }
+    let w_buf = b.param_buffer(at, "merged weight", wlen, Init::Data(weight.into()));
+    let bias = c
+        .bias
+        .then(|| b.param_buffer(at, "merged bias", c.out_channels, Init::Data(bias.into())));
+    steps.push(
+        Conv {
+            x,
+            w: w_buf,
+            bias,
+            y: m.out,
+            input: [n, ch, h, w],
+            out_channels: c.out_channels,
+            kernel: c.kernel,
+            stride: c.stride,
+            padding: c.pads().0,
+            padding_end: c.pads().1,
+            dilation: c.dilation,
+            groups: 1,
+            out_hw: m.out_hw,
+            act: c.act,
+            pre_act: Activation::None,
+            residual: None,
+        }
+        .into(),
+    );
+    Ok(())
+}
+
+/// Append `w` (`[.., kh, kw]` kernels, `k = [kh, kw]`) to `out` with every kernel zero-padded
+/// to `to`, centred (`to - k` is even in both axes: `opsched_graph::merge`).
+fn pad_kernels(w: &[f32], k: [usize; 2], to: [usize; 2], out: &mut Vec<f32>) {
+    let (top, left) = ((to[0] - k[0]) / 2, (to[1] - k[1]) / 2);
+    for kernel in w.chunks_exact(k[0] * k[1]) {
+        let start = out.len();
+        out.resize(start + to[0] * to[1], 0.0);
+        for (r, row) in kernel.chunks_exact(k[1]).enumerate() {
+            let at = start + (top + r) * to[1] + left;
+            out[at..at + k[1]].copy_from_slice(row);
+        }
+    }
 }
 
 impl Conv {
@@ -1273,6 +1348,39 @@ mod tests {
     use super::*;
     use dnn_sys::cudnnMathType_t as M;
     use proptest::prelude::*;
+
+    proptest! {
+        /// Padding keeps every kernel's taps at their place around the centre and adds
+        /// zeros only.
+        #[test]
+        fn padded_kernels_keep_their_taps_centred(
+            kernels in 1usize..4,
+            k in (0usize..3, 0usize..3),
+            extra in (0usize..3, 0usize..3),
+        ) {
+            let k = [2 * k.0 + 1, 2 * k.1 + 1];
+            let to = [k[0] + 2 * extra.0, k[1] + 2 * extra.1];
+            let w: Vec<f32> = (0..kernels * k[0] * k[1]).map(|i| i as f32 + 1.0).collect();
+            let mut out = vec![-1.0];
+            pad_kernels(&w, k, to, &mut out);
+            prop_assert_eq!(out.len(), 1 + kernels * to[0] * to[1]);
+            for n in 0..kernels {
+                for r in 0..to[0] {
+                    for c in 0..to[1] {
+                        let got = out[1 + (n * to[0] + r) * to[1] + c];
+                        let (rr, cc) = (r.checked_sub(extra.0), c.checked_sub(extra.1));
+                        let want = match (rr, cc) {
+                            (Some(rr), Some(cc)) if rr < k[0] && cc < k[1] => {
+                                w[(n * k[0] + rr) * k[1] + cc]
+                            }
+                            _ => 0.0,
+                        };
+                        prop_assert_eq!(got, want);
+                    }
+                }
+            }
+        }
+    }
 
     /// A convolution of `[1, c, h, w]` with its output size.
     #[allow(clippy::too_many_arguments)]
