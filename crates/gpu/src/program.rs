@@ -76,6 +76,21 @@ pub enum Init {
     },
 }
 
+impl Init {
+    /// The values of a buffer of `len` elements that starts as this (`None`: uninitialised).
+    pub fn values(&self, len: usize) -> Option<Vec<f32>> {
+        match *self {
+            Init::Uninit => None,
+            Init::Data(ref d) => Some(d.to_vec()),
+            Init::Uniform {
+                seed,
+                center,
+                half_width,
+            } => Some(uniform(seed, len, center, half_width)),
+        }
+    }
+}
+
 /// A device buffer of `f32` elements.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BufSpec {
@@ -301,27 +316,6 @@ impl<'g> Builder<'g> {
         Ok(self.param_buffer(at, what, len, init))
     }
 
-    /// The values [`Builder::param`] would give the parameter, without a buffer: the parts
-    /// of a parameter built from several operators' (a merged convolution's weights).
-    pub(crate) fn param_values(
-        &self,
-        at: At,
-        what: &'static str,
-        len: usize,
-        center: f32,
-        half_width: f32,
-    ) -> Result<Vec<f32>, GpuError> {
-        Ok(match self.param_init(at, what, len, center, half_width)? {
-            Init::Data(d) => d.to_vec(),
-            Init::Uniform {
-                seed,
-                center,
-                half_width,
-            } => uniform(seed, len, center, half_width),
-            Init::Uninit => vec![0.0; len],
-        })
-    }
-
     /// A parameter buffer of `len` elements of the operator at `at` that starts as `init`.
     pub(crate) fn param_buffer(
         &mut self,
@@ -338,7 +332,9 @@ impl<'g> Builder<'g> {
         self.alloc(at.gpu, len, role, init)
     }
 
-    fn param_init(
+    /// How [`Builder::param`] fills the parameter (also what a merged convolution's weights
+    /// are made of, [`Init::values`]).
+    pub(crate) fn param_init(
         &self,
         at: At,
         what: &'static str,
@@ -1295,15 +1291,7 @@ impl GraphProgram {
     /// The host data a buffer starts with (`None` for buffers written before they are read).
     pub fn initial_data(&self, id: BufId) -> Option<Vec<f32>> {
         let spec = self.buffers.get(id)?;
-        match spec.init {
-            Init::Uninit => None,
-            Init::Data(ref d) => Some(d.to_vec()),
-            Init::Uniform {
-                seed,
-                center,
-                half_width,
-            } => Some(uniform(seed, spec.len, center, half_width)),
-        }
+        spec.init.values(spec.len)
     }
 }
 

@@ -171,10 +171,16 @@ pub(crate) fn lower_merged(
         let at = At { node: *node, ..at };
         let fan_in = product(&[ch, part.kernel[0], part.kernel[1]], "convolution fan-in")?;
         let len = product(&[part.out_channels, fan_in], "convolution weights")?;
-        let values = b.param_values(at, "weight", len, 0.0, weight_half_width(fan_in))?;
-        pad_kernels(&values, part.kernel, c.kernel, &mut weight);
+        let init = b.param_init(at, "weight", len, 0.0, weight_half_width(fan_in))?;
+        pad_kernels(
+            &init.values(len).unwrap_or_default(),
+            part.kernel,
+            c.kernel,
+            &mut weight,
+        );
         if c.bias {
-            bias.extend(b.param_values(at, "bias", part.out_channels, 0.0, 0.1)?);
+            let init = b.param_init(at, "bias", part.out_channels, 0.0, 0.1)?;
+            bias.extend(init.values(part.out_channels).unwrap_or_default());
         }
     }
     if weight.len() != wlen || bias.len() != if c.bias { c.out_channels } else { 0 } {
