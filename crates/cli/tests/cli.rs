@@ -838,6 +838,74 @@ fn run_on_the_cpu_backend_executes_and_checks_the_plan() {
     assert!(one_line_error(&out).contains("--gpu 1"));
 }
 
+/// Several `--schedule` files run one after another in one process: one report each, in
+/// order (a JSON array), each its own schedule's; `--output` takes one.
+#[test]
+fn run_takes_several_schedule_files() {
+    let dir = scratch("several");
+    let files: Vec<String> = ["sequential", "lios"]
+        .iter()
+        .map(|algo| {
+            let path = dir.join(format!("{algo}.json"));
+            let p = path.to_str().unwrap();
+            let out = opsched(&[
+                "schedule",
+                "squeezenet",
+                "--algo",
+                algo,
+                "--input-size",
+                "32",
+                "--out",
+                p,
+            ]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            p.to_string()
+        })
+        .collect();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "squeezenet",
+            "--backend",
+            "cpu",
+            "--input-size",
+            "32",
+        ];
+        args.extend_from_slice(&["--warmup", "0", "--repeats", "1"]);
+        for f in &files {
+            args.extend_from_slice(&["--schedule", f.as_str()]);
+        }
+        args.extend_from_slice(extra);
+        opsched(&args)
+    };
+    let out = run(&["--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = stdout_json(&out);
+    let reports = v.as_array().expect("an array of reports");
+    assert_eq!(reports.len(), 2);
+    // The sequential plan waits for nothing; LIOS's streams do.
+    assert_eq!(reports[0]["waits"], 0);
+    assert!(reports[1]["waits"].as_u64().unwrap() > 0, "{}", reports[1]);
+    let text = String::from_utf8_lossy(&run(&[]).stdout).to_string();
+    assert_eq!(text.matches("latency ").count(), 2, "{text}");
+    assert!(
+        text.find(&files[0]).unwrap() < text.find(&files[1]).unwrap(),
+        "{text}"
+    );
+    let out = run(&["--output", dir.join("y.npy").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(one_line_error(&out).contains("give one --schedule"));
+    assert!(!dir.join("y.npy").exists());
+}
+
 #[test]
 fn piped_output_has_no_progress_bar() {
     let out = opsched(&["compare", "squeezenet", "--algos", "ios,lios"]);
@@ -866,12 +934,17 @@ fn a_file_error_is_said_once() {
 }
 
 /// Real inference: an ONNX model with its weights, inputs from .npy files, outputs to an
-/// .npz, on the CPU device under a multi-stream schedule, equals onnxruntime's outputs.
+/// .npz, on the CPU device under a multi-stream schedule (and under IOS's merge, whose merged
+/// convolution is built from the real weights), equals onnxruntime's outputs.
 #[test]
 fn run_an_onnx_model_with_inputs_and_outputs_on_the_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity");
     let dir = scratch("infer");
-    for model in ["inception", "squeeze_excite"] {
+    for (model, algo) in [
+        ("inception", "lios"),
+        ("squeeze_excite", "lios"),
+        ("inception", "ios-merge"),
+    ] {
         let inputs = opsched::npy::read_npz(&fixtures.join(format!("{model}.inputs.npz"))).unwrap();
         let mut args: Vec<String> = [
             "run",
@@ -879,7 +952,7 @@ fn run_an_onnx_model_with_inputs_and_outputs_on_the_cpu() {
             "--backend",
             "cpu",
             "--algo",
-            "lios",
+            algo,
             "--check",
             "--warmup",
             "0",
@@ -907,7 +980,11 @@ fn run_an_onnx_model_with_inputs_and_outputs_on_the_cpu() {
             "{model}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(String::from_utf8_lossy(&out.stdout).contains("PASSED"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("PASSED"), "{stdout}");
+        if algo == "ios-merge" {
+            assert!(stdout.contains("ran as one convolution"), "{stdout}");
+        }
         let got = opsched::npy::read_npz(&out_path).unwrap();
         let want = opsched::npy::read_npz(&fixtures.join(format!("{model}.outputs.npz"))).unwrap();
         assert_eq!(got.len(), want.len(), "{model}");

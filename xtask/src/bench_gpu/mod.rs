@@ -411,9 +411,21 @@ struct Measured {
     libraries: String,
 }
 
-/// Parse one process's `--json` output, checking it is what was asked for.
-fn parse_run(stdout: &[u8], repeats: u32) -> Result<Measured> {
-    let r: RunJson = serde_json::from_slice(stdout).context("its output is not a run report")?;
+/// Parse one process's `--json` output of `runs` schedules (one report, or an array of them
+/// for several), checking it is what was asked for.
+fn parse_runs(stdout: &[u8], runs: usize, repeats: u32) -> Result<Vec<Measured>> {
+    let reports: Vec<RunJson> = match runs {
+        1 => vec![serde_json::from_slice(stdout).context("its output is not a run report")?],
+        _ => serde_json::from_slice(stdout).context("its output is not an array of reports")?,
+    };
+    if reports.len() != runs {
+        bail!("it reported {} runs, expected {runs}", reports.len());
+    }
+    reports.into_iter().map(|r| measured(r, repeats)).collect()
+}
+
+/// One report's figures, checked.
+fn measured(r: RunJson, repeats: u32) -> Result<Measured> {
     if !r.graph_capture || r.latency.samples != u64::from(repeats) {
         bail!(
             "it reported graph_capture {} and {} samples, expected true and {repeats}",
@@ -446,11 +458,20 @@ fn last_line(stderr: &[u8]) -> String {
     )
 }
 
-/// One `opsched run` process of a saved schedule.
-fn run_process(bin: &Path, model: &str, batch: u32, file: &Path, args: &Args) -> Result<Measured> {
-    let out = Command::new(bin)
-        .args(["run", model, "--batch", &batch.to_string(), "--schedule"])
-        .arg(file)
+/// One `opsched run` process of saved schedules, run one after another in it.
+fn run_process(
+    bin: &Path,
+    model: &str,
+    batch: u32,
+    files: &[&Path],
+    args: &Args,
+) -> Result<Vec<Measured>> {
+    let mut cmd = Command::new(bin);
+    cmd.args(["run", model, "--batch", &batch.to_string()]);
+    for f in files {
+        cmd.arg("--schedule").arg(f);
+    }
+    let out = cmd
         .args(["--backend", args.backend.name(), "--graph-capture"])
         .args(["--conv-api", args.conv_api.name()])
         .args(["--conv-gemm", args.conv_gemm.name()])
@@ -462,7 +483,7 @@ fn run_process(bin: &Path, model: &str, batch: u32, file: &Path, args: &Args) ->
     if !out.status.success() {
         bail!("{} ({})", last_line(&out.stderr), out.status);
     }
-    parse_run(&out.stdout, args.repeats)
+    parse_runs(&out.stdout, files.len(), args.repeats)
 }
 
 /// What the PyTorch script gave for one model.
@@ -526,8 +547,11 @@ fn torch_runs(args: &Args, model: &str, dir: &Path, bar: &indicatif::ProgressBar
 
 /// Every saved schedule of `model` (per batch) in `--processes` processes each, in rounds:
 /// process p of every configuration before process p + 1 of any, so a drift of the machine
-/// over time spreads over all of them alike. A failed process ends its configuration (the
-/// error is kept); the header learns the device's libraries from the first report.
+/// over time spreads over all of them alike. One process runs all of a batch's schedules of a
+/// round one after another (a process's start, the model's weights and the cuDNN handles cost
+/// more than a schedule's replays); if it fails, each runs in a process of its own, and a
+/// failed process ends its configuration (the error is kept). The header learns the device's
+/// libraries from the first report.
 fn run_rounds(
     bin: &Path,
     model: &str,
@@ -539,16 +563,35 @@ fn run_rounds(
 ) -> Result<()> {
     for p in 1..=args.processes {
         for (batch, cands) in per_batch.iter_mut() {
-            for c in cands.iter_mut() {
-                bar.inc(1);
-                let Some(file) = c.file.clone().filter(|_| c.error.is_none()) else {
-                    continue;
-                };
-                bar.set_message(format!(
-                    "{model} b{batch} {} (process {p}/{})",
-                    c.algo, args.processes
-                ));
-                match run_process(bin, model, *batch, &file, args) {
+            let live: Vec<usize> = (0..cands.len())
+                .filter(|&i| cands[i].file.is_some() && cands[i].error.is_none())
+                .collect();
+            bar.set_message(format!(
+                "{model} b{batch}: {} schedules (process {p}/{})",
+                live.len(),
+                args.processes
+            ));
+            let files: Vec<&Path> = live
+                .iter()
+                .filter_map(|&i| cands[i].file.as_deref())
+                .collect();
+            let together = match files.len() {
+                0 | 1 => None,
+                _ => run_process(bin, model, *batch, &files, args)
+                    .map_err(|e| say(bar, format!("{model} b{batch}: {e:#}; one process each")))
+                    .ok(),
+            };
+            let results: Vec<Result<Measured>> = match together {
+                Some(all) => all.into_iter().map(Ok).collect(),
+                None => files
+                    .iter()
+                    .map(|&f| run_process(bin, model, *batch, &[f], args).map(|mut v| v.remove(0)))
+                    .collect(),
+            };
+            bar.inc(cands.len() as u64);
+            for (&i, r) in live.iter().zip(results) {
+                let c = &mut cands[i];
+                match r {
                     Ok(r) => {
                         if r.device != m.name {
                             bail!("opsched ran on '{}', not on '{}'", r.device, m.name);
@@ -796,6 +839,11 @@ mod tests {
             .to_string()
     }
 
+    /// One report of one schedule.
+    fn parse_run(stdout: &[u8], repeats: u32) -> Result<Measured> {
+        Ok(parse_runs(stdout, 1, repeats)?.remove(0))
+    }
+
     #[test]
     fn a_process_report_is_checked_before_it_counts() {
         let m = parse_run(report().as_bytes(), 100).expect("valid");
@@ -819,6 +867,24 @@ mod tests {
         let eager = report().replace("\"graph_capture\": true", "\"graph_capture\": false");
         assert!(parse_run(eager.as_bytes(), 100).is_err());
         assert!(parse_run(b"error: no GPU", 100).is_err());
+    }
+
+    #[test]
+    fn a_process_of_several_schedules_reports_each_in_order() {
+        let two = format!("[{}, {}]", report(), report().replace("1.25", "0.5"));
+        let m = parse_runs(two.as_bytes(), 2, 100).expect("valid");
+        assert_eq!(
+            m.iter().map(|m| m.median_ms).collect::<Vec<_>>(),
+            [1.25, 0.5]
+        );
+        let err = parse_runs(two.as_bytes(), 3, 100).expect_err("count");
+        assert!(err.to_string().contains("2 runs, expected 3"), "{err}");
+        assert!(
+            parse_runs(report().as_bytes(), 2, 100).is_err(),
+            "one object for two"
+        );
+        let eager = two.replacen("\"graph_capture\": true", "\"graph_capture\": false", 1);
+        assert!(parse_runs(eager.as_bytes(), 2, 100).is_err());
     }
 
     #[test]

@@ -208,6 +208,7 @@ share the physical ones. ONNX models run with their weights; --input gives their
 --output writes their outputs (zoo models have pseudo-random weights).\n\nExamples:\n  \
 opsched run inception_v3 --algo ios\n  opsched run resnet50 --algo opara --graph-capture --json\n  \
 opsched run nasnet --algo hios-lp --gpus 2 --check\n  opsched run googlenet --schedule s.json\n  \
+opsched run googlenet --schedule a.json --schedule b.json --graph-capture --json\n  \
 opsched run model.onnx --algo lios --backend cpu --input x.npy --output y.npz"
 )]
 pub struct RunArgs {
@@ -223,8 +224,10 @@ pub struct RunArgs {
     )]
     algo: Option<String>,
     /// Run this schedule file (from `opsched schedule --out`) instead of searching one.
+    /// Repeat it to run several, one after another on the same device in this process (one
+    /// report each; with --json, an array of them).
     #[arg(long, value_name = "FILE", conflicts_with = "algo")]
-    schedule: Option<PathBuf>,
+    schedule: Vec<PathBuf>,
     #[command(flatten)]
     device: DeviceArgs,
     /// Capture the whole plan as one graph (a CUDA graph on a GPU) and replay it.
@@ -378,14 +381,18 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
 
 struct Run<'a> {
     g: &'a opsched::Graph,
-    schedule: &'a opsched::schedule::Schedule,
+    schedules: &'a [opsched::schedule::Schedule],
     opts: RunOptions,
 }
 
 impl OnDevice for Run<'_> {
-    type Out = opsched::runtime::RunReport;
+    type Out = Vec<opsched::runtime::RunReport>;
     fn on<D: Device>(self, dev: &D) -> Result<Self::Out> {
-        opsched::runtime::run_schedule(dev, self.g, self.schedule, &self.opts).map_err(gpu_error)
+        let run = |s| opsched::runtime::run_schedule(dev, self.g, s, &self.opts);
+        self.schedules
+            .iter()
+            .map(|s| run(s).map_err(gpu_error))
+            .collect()
     }
 }
 
@@ -415,22 +422,33 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let gpus = a.target.gpus as usize;
     let su = setup(&g, &a.platform)?;
     let platform = su.platform(gpus, a.target.streams as usize);
-    let (label, schedule) = match (&a.algo, &a.schedule) {
-        (_, Some(path)) => {
-            let s = schedule_io::load(&g, path).map_err(user)?;
-            opsched::schedule::validate(&g, &s, &platform)
-                .map_err(|e| user(anyhow::anyhow!("{}: {e}", path.display())))?;
-            (path.display().to_string(), s)
+    let mut labels = Vec::new();
+    let mut schedules = Vec::new();
+    match (&a.algo, a.schedule.as_slice()) {
+        (_, [_, ..]) => {
+            if a.schedule.len() > 1 && a.output.is_some() {
+                return Err(user(anyhow::anyhow!(
+                    "--output writes one run's outputs: give one --schedule"
+                )));
+            }
+            for path in &a.schedule {
+                let s = schedule_io::load(&g, path).map_err(user)?;
+                opsched::schedule::validate(&g, &s, &platform)
+                    .map_err(|e| user(anyhow::anyhow!("{}: {e}", path.display())))?;
+                labels.push(path.display().to_string());
+                schedules.push(s);
+            }
         }
-        (Some(algo), None) => {
+        (Some(algo), []) => {
             let sched = opsched::scheduler_with(algo, &a.sched.options()).map_err(facade)?;
             let (s, _) = sched
                 .schedule(&g, &platform, su.cost.as_ref())
                 .with_context(|| format!("scheduler '{algo}' on {}", g.name))?;
-            (sched.name().to_string(), s)
+            labels.push(sched.name().to_string());
+            schedules.push(s);
         }
-        (None, None) => return Err(user(anyhow::anyhow!("give --algo NAME or --schedule FILE"))),
-    };
+        (None, []) => return Err(user(anyhow::anyhow!("give --algo NAME or --schedule FILE"))),
+    }
     let opts = RunOptions {
         graph_capture: a.graph_capture,
         warmup: a.warmup,
@@ -453,17 +471,26 @@ pub fn run(a: &RunArgs) -> Result<()> {
     };
     let job = Run {
         g: &g,
-        schedule: &schedule,
+        schedules: &schedules,
         opts,
     };
-    let report = on_device(a.device.backend(), gpus, a.device.retune, job)?;
-    let failed = report.check.as_ref().is_some_and(|c| !c.passed);
-    if a.json {
-        print_json(&report)?;
-    } else {
-        print_run(&g, &label, &report)?;
+    let reports = on_device(a.device.backend(), gpus, a.device.retune, job)?;
+    let failed = reports
+        .iter()
+        .any(|r| r.check.as_ref().is_some_and(|c| !c.passed));
+    match (a.json, reports.as_slice()) {
+        (true, [report]) => print_json(report)?,
+        (true, _) => print_json(&reports)?,
+        (false, _) => {
+            for (i, (label, report)) in labels.iter().zip(&reports).enumerate() {
+                if i > 0 {
+                    println!();
+                }
+                print_run(&g, label, report)?;
+            }
+        }
     }
-    if let Some(path) = &a.output {
+    if let (Some(path), [report]) = (&a.output, reports.as_slice()) {
         let mut outputs = crate::output::Outputs::default();
         let bytes = opsched::npy::encode_outputs(path, &report.outputs).map_err(user)?;
         outputs.add(path, bytes);
