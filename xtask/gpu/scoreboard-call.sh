@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# A scoreboard call of a GPU session (docs/gpu-session.md, step 2): bench-gpu for some models
+# at some batches, merged into the committed table, which comes back in $OUT. Run on the device
+# in the repository root, gpu-carry/ carried (with the cost cache of the first call as
+# gpu-carry/cost-cache.bin):
+#   bash xtask/gpu/scoreboard-call.sh MODELS BATCHES SECONDS
+# e.g. `bash xtask/gpu/scoreboard-call.sh nasnet 1 330`. SECONDS bounds bench-gpu (give the
+# call 20 more); the table is rewritten after every model, so what finished comes back.
+set -u
+models=${1:?models, comma-separated} batches=${2:?batches, comma-separated} limit=${3:-330}
+source xtask/gpu/env.sh
+export OPSCHED_CACHE=$PWD/gpu-carry/cost-cache.bin
+cp fixtures/gpu/nvidia-h100-80gb-hbm3.* "$OUT/" && chmod u+w "$OUT"/*
+start=$(date +%s)
+timeout "$limit" xtask bench-gpu --models "$models" --batches "$batches" --merge --out "$OUT" \
+    2>&1 | tail -n 40
+echo "bench-gpu: $(($(date +%s) - start)) s"
