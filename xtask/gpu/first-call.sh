@@ -100,6 +100,10 @@ for mb in resnet50:1 transformer:16; do
         result "kernels torch $mode $m b$b: rc=$?"
     done
 done
+# PyTorch's CNN in NHWC, eager: what channels-last activations would change in cuDNN's kernels.
+timeout 60 python3 xtask/gpu/kernels.py torch resnet50 --channels-last \
+    --json $C/kernels/torch-eager-nhwc-resnet50-b1.json >>"$K" 2>>"$L"
+result "kernels torch eager channels-last resnet50 b1: rc=$?"
 tar -C $C -czf "$OUT/kernels.tar.gz" kernels 2>>"$L"
 
 step torch

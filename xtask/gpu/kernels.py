@@ -8,11 +8,13 @@ Usage:
       Summarise `ncu --csv --page raw --print-units base --metrics gpu__time_duration.sum` of a
       program that ran the model N times (ours: `opsched run MODEL --warmup 0 --repeats 1` after
       a run that filled the cost cache, so no tuning kernel is in it: N = 1).
-  kernels.py torch MODEL [--batch B] [--mode eager|compile] [--runs N] [--top K] [--json OUT]
+  kernels.py torch MODEL [--batch B] [--mode eager|compile] [--channels-last] [--runs N] [--top K]
+                   [--json OUT]
       PyTorch's model of `torch_bench.py` (the same settings: TF32 on, cudnn.benchmark, inductor
       freezing; compile is mode "default", the kernels of "reduce-overhead" without its CUDA
       graphs, which hide their kernels from the profiler), warmed up, then N runs under
-      torch.profiler.
+      torch.profiler. --channels-last runs a CNN in NHWC (model and input in
+      torch.channels_last): what channels-last activations would buy our convolutions.
 
 Prints one line per kernel name: GPU microseconds per run, launches per run, name (the longest
 first, the first K), then the totals; --json writes {"format": "opsched-kernels", "version": 1,
@@ -116,6 +118,9 @@ def torch_kernels(args):
         model, shape = torch_bench.build(args.model, torch, torchvision, timm)
         model = model.to("cuda").eval()
         x = torch.randn(args.batch, *shape, device="cuda")
+        if args.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            x = x.to(memory_format=torch.channels_last)
         fn = torch.compile(model) if args.mode == "compile" else model
         for _ in range(5):
             fn(x)
@@ -126,9 +131,10 @@ def torch_kernels(args):
             torch.cuda.synchronize()
     out = {}
     for e in prof.key_averages():
-        us = getattr(e, "device_time_total", None)
-        if us is None:
-            us = e.cuda_time_total
+        # A kernel's time is its own (self) device time; the names changed across versions.
+        times = [getattr(e, a, 0) or 0 for a in ("self_device_time_total", "device_time_total",
+                                                 "self_cuda_time_total", "cuda_time_total")]
+        us = max(times)
         if us <= 0:
             continue
         total, n = out.get(e.key, (0.0, 0))
@@ -145,6 +151,7 @@ def main(argv):
     t.add_argument("model")
     t.add_argument("--batch", type=int, default=1)
     t.add_argument("--mode", choices=("eager", "compile"), default="eager")
+    t.add_argument("--channels-last", action="store_true")
     for p in (n, t):
         p.add_argument("--runs", type=int, default=None)
         p.add_argument("--top", type=int, default=25)
@@ -168,7 +175,8 @@ def main(argv):
         kernels = torch_kernels(args)
         if kernels is None:
             return 3
-        source = f"PyTorch {args.model} batch {args.batch} {args.mode}"
+        layout = ", channels-last" if args.channels_last else ""
+        source = f"PyTorch {args.model} batch {args.batch} {args.mode}{layout}"
     report(table(kernels, args.runs), source, args.runs, args.top, args.json)
     return 0
 
