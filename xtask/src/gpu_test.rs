@@ -112,8 +112,8 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
                 dtype: DType::F32,
             },
         )?;
-        let stages = if stages_from == "none" {
-            Vec::new()
+        let (stages, merges) = if stages_from == "none" {
+            (Vec::new(), Vec::new())
         } else {
             // Stages as a schedule for this GPU would have them.
             let dev = opsched::cost::DevicePreset::for_device_name(&info.name)
@@ -128,11 +128,15 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
             };
             let s = opsched::scheduler(stages_from)?;
             let (sched, _) = s.schedule(&g, &p, &cost)?;
-            opsched_profiler::stages_of(&sched)
+            (
+                opsched_profiler::stages_of(&sched),
+                opsched_profiler::merges_of(&sched),
+            )
         };
         let opts = opsched_profiler::ProfileOptions {
             repeats,
             stages,
+            merges,
             cache: Some(cache.clone()),
             export_dir: Some(out.join(info.slug()).join(format!("{model}-b{batch}"))),
             ..Default::default()

@@ -12,7 +12,9 @@
 //!   "repeats": 100}]
 //! ```
 //!
-//! Rows whose signature starts with `stage[` are stages ([`stage_signature`]). `batch` and
+//! Rows whose signature starts with `stage[` are stages ([`stage_signature`]). A merged
+//! group's convolution is an operator row under [`merged_signature`] (the signature of that one
+//! convolution), which [`CostModel::merged_time`] reads. `batch` and
 //! `dtype` may be left out (the signature already fixes them); when present, an operator only
 //! matches a row whose batch ([`batch_of`]) and dtype agree.
 
@@ -23,7 +25,9 @@ use opsched_graph::{Graph, NodeId};
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{CostCache, Measurement};
-use crate::signature::{batch_of, is_stage_signature, op_signature, stage_signature};
+use crate::signature::{
+    batch_of, is_stage_signature, merged_signature, op_signature, stage_signature,
+};
 use crate::{fluid, CostModel, CostStats, ResourceDemand};
 
 /// One row of a measured table (also the JSON table's row).
@@ -246,6 +250,16 @@ impl<M: CostModel> MeasuredTable<M> {
             .then_some(row.median_ms)
     }
 
+    /// The measured time of the one convolution a merged group runs as, if the table has it.
+    pub fn measured_merged(&self, g: &Graph, ops: &[NodeId]) -> Option<f64> {
+        if self.ops.is_empty() {
+            return None;
+        }
+        let row = self.ops.get(&merged_signature(g, ops)?)?;
+        row.matches(batch_of(g, *ops.first()?), &g.dtype.to_string())
+            .then_some(row.median_ms)
+    }
+
     /// The measured time of a stage, if the table has it.
     pub fn measured_stage(&self, g: &Graph, groups: &[Vec<NodeId>]) -> Option<f64> {
         if self.stages.is_empty() {
@@ -304,10 +318,14 @@ impl<M: CostModel> CostModel for MeasuredTable<M> {
         }
     }
 
-    /// The fallback's merged time, raised to the largest of this table's times of `ops` (the
-    /// trait's floor: a merged operator is never faster than its slowest part alone).
+    /// The measured merged convolution where the table has it, else the fallback's merged
+    /// time, raised to the largest of this table's times of `ops` (the trait's floor: a
+    /// merged operator is never faster than its slowest part alone).
     fn merged_time(&self, g: &Graph, ops: &[NodeId]) -> Option<f64> {
-        let merged = self.fallback.merged_time(g, ops)?;
+        let merged = match self.measured_merged(g, ops) {
+            Some(t) => t,
+            None => self.fallback.merged_time(g, ops)?,
+        };
         Some(
             ops.iter()
                 .map(|&o| self.time(g, o).0)

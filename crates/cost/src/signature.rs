@@ -82,6 +82,21 @@ pub fn stage_signature(g: &Graph, groups: &[Vec<NodeId>]) -> String {
     format!("stage[{}]", parts.join(" | "))
 }
 
+/// The key of the one convolution a merged group `ops` runs as
+/// ([`opsched_graph::merge::merged_conv`]), or `None` if they cannot merge: exactly the
+/// [`op_signature`] of that convolution alone on the group's input, so a measurement of it is
+/// an operator row like any other (what the profiler writes for a merged stage).
+pub fn merged_signature(g: &Graph, ops: &[NodeId]) -> Option<String> {
+    let (conv, input) = opsched_graph::merge::merged_conv(g, ops)?;
+    let mut s = String::with_capacity(96);
+    write_op(&mut s, &Op::Conv2d(conv));
+    s.push('[');
+    write_shape(&mut s, &input);
+    s.push(']');
+    let _ = write!(s, "{}", g.dtype);
+    Some(s)
+}
+
 /// Whether a signature is a stage's (from [`stage_signature`]) rather than an operator's.
 pub fn is_stage_signature(signature: &str) -> bool {
     signature.starts_with("stage[")
@@ -338,6 +353,27 @@ mod tests {
             Conv2d::new(64, 3).stride(stride).bias(true).relu(),
         );
         (b.finish().unwrap(), c)
+    }
+
+    /// A merged group's key is the signature of its convolution alone on the same input.
+    #[test]
+    fn a_merged_group_is_keyed_as_its_one_convolution() {
+        let mut b = GraphBuilder::new("m", DType::F32);
+        let x = b.input("data", vec![2, 16, 28, 28]);
+        let c1 = b.conv("c1", x, Conv2d::new(8, 1).bias(true).relu());
+        let c3 = b.conv("c3", x, Conv2d::new(24, 3).bias(true).relu());
+        b.concat("cat", &[c1, c3]);
+        let g = b.finish().unwrap();
+        let merged = merged_signature(&g, &[c1, c3]).unwrap();
+        let mut b = GraphBuilder::new("alone", DType::F32);
+        let x = b.input("x", vec![2, 16, 28, 28]);
+        let one = b.conv("one", x, Conv2d::new(32, 3).bias(true).relu());
+        let alone = b.finish().unwrap();
+        assert_eq!(merged, op_signature(&alone, one));
+        assert!(
+            merged_signature(&g, &[c1]).is_none(),
+            "one operator merges nothing"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use opsched_cost::cache::{CacheKey, CostCache, DeviceFingerprint, Measurement};
 use opsched_cost::measured::{MeasuredTable, TableRow};
-use opsched_cost::signature::{op_signature, stage_signature};
+use opsched_cost::signature::{merged_signature, op_signature, stage_signature};
 use opsched_cost::{CostModel, CostStats, ResourceDemand};
 use opsched_graph::{Conv2d, DType, Graph, GraphBuilder, NodeId, Pool2d};
 
@@ -121,6 +121,40 @@ fn hits_misses_and_fallback() {
     assert_eq!(table.merged_time(&m.g, &[m.conv, m.pool]), Some(1.0));
     assert_eq!(table.merged_time(&m.g, &[m.conv, m.convs[0]]), Some(1.0));
     assert_eq!(table.merged_time(&m.g, &[m.conv]), Some(0.5));
+}
+
+/// A measured merged convolution (its row: the one convolution's signature) answers
+/// `merged_time` for every group that merges into it, floored at its slowest member.
+#[test]
+fn merged_groups_read_their_measured_convolution() {
+    let m = model("a", 1, false);
+    let (k0, k1, k2) = (m.convs[0], m.convs[1], m.convs[2]);
+    let sig = merged_signature(&m.g, &[k0, k1]).unwrap();
+    let table = MeasuredTable::from_maps(
+        Fixed,
+        [
+            (sig, 0.75),
+            (op_signature(&m.g, k0), 0.5),
+            (op_signature(&m.g, k1), 0.9),
+        ],
+        std::iter::empty(),
+    );
+    assert_eq!(
+        table.measured_merged(&m.g, &[k1, k0]),
+        Some(0.75),
+        "in any order"
+    );
+    assert_eq!(
+        table.merged_time(&m.g, &[k0, k1]),
+        Some(0.9),
+        "floored at k1"
+    );
+    // Another group (other channels) falls back: 0.5 per op (floored at k2's 1.0).
+    assert_eq!(table.measured_merged(&m.g, &[k0, k2]), None);
+    assert_eq!(table.merged_time(&m.g, &[k0, k1, k2]), Some(1.5));
+    // At another batch the row does not apply.
+    let big = model("a", 2, false);
+    assert_eq!(table.measured_merged(&big.g, &big.convs[..2]), None);
 }
 
 #[test]

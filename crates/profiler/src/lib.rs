@@ -7,6 +7,11 @@
 //!   once);
 //! - the time of each concurrent stage asked for ([`stages_of`] takes them from stage plans,
 //!   e.g. the schedules IOS finds under the analytical model);
+//! - the time of the one convolution each merged group asked for runs as ([`merges_of`]: the
+//!   merged stages of stage plans), under
+//!   [`merged_signature`](opsched_cost::signature::merged_signature): the signature of that
+//!   convolution alone, which is how the runtime runs it and where measured tables look for
+//!   a merged group's time;
 //! - transfer time between GPUs by size (a device-to-device copy when there is one GPU);
 //! - per-kernel resource demand: registers, static shared memory and threads of the NVRTC
 //!   kernels, read from the compiled functions. cuDNN and cuBLAS kernels are opaque without
@@ -67,6 +72,8 @@ pub struct ProfileOptions {
     pub copies: u32,
     /// Concurrent stages to time (groups of operators), e.g. from [`stages_of`].
     pub stages: Vec<Vec<Vec<NodeId>>>,
+    /// Merged groups whose one convolution to time, e.g. from [`merges_of`].
+    pub merges: Vec<Vec<NodeId>>,
     /// Transfer sizes in bytes (empty: none).
     pub transfer_sizes: Vec<usize>,
     /// The cost cache to fill (`None`: do not write one).
@@ -84,6 +91,7 @@ impl Default for ProfileOptions {
             repeats: 50,
             copies: 20,
             stages: Vec::new(),
+            merges: Vec::new(),
             transfer_sizes: default_transfer_sizes(),
             cache: None,
             export_dir: None,
@@ -100,7 +108,7 @@ pub fn default_transfer_sizes() -> Vec<usize> {
 /// One measured operator or stage.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
-    /// Node names (one for an operator; all operators of a stage).
+    /// Node names (one for an operator; all operators of a stage or of a merged group).
     pub nodes: Vec<String>,
     pub signature: String,
     pub batch: u32,
@@ -194,6 +202,32 @@ pub fn stages_of(s: &Schedule) -> Vec<Vec<Vec<NodeId>>> {
         }
     }
     out
+}
+
+/// The merged groups (merged stages that can run as one convolution) of a stage plan, in order;
+/// stream plans have none.
+pub fn merges_of(s: &Schedule) -> Vec<Vec<NodeId>> {
+    let Schedule::Stages(p) = s else {
+        return Vec::new();
+    };
+    p.gpus
+        .iter()
+        .flatten()
+        .filter(|st| st.strategy == StageStrategy::Merge)
+        .map(|st| st.ops().collect::<Vec<_>>())
+        .filter(|ops| ops.len() > 1)
+        .collect()
+}
+
+/// The one convolution a mergeable group runs as, alone on an input of the group's input
+/// shape: the graph the profiler times for it (its operator's signature is the group's
+/// [`merged_signature`]).
+pub fn merged_graph(g: &Graph, ops: &[NodeId]) -> Option<(Graph, NodeId)> {
+    let (conv, input) = opsched_graph::merge::merged_conv(g, ops)?;
+    let mut b = opsched_graph::GraphBuilder::new("merged", g.dtype);
+    let x = b.input("x", input);
+    let c = b.conv("merged", x, conv);
+    Some((b.finish().ok()?, c))
 }
 
 /// One operator per distinct signature (the first in topological order).
@@ -325,6 +359,27 @@ pub fn profile<D: Device>(
                 demand.push(demand_row(dev, opts.unit, &sig, step));
             }
         }
+    }
+    let mut seen: Vec<String> = ops.iter().map(|t| t.signature.clone()).collect();
+    for group in &opts.merges {
+        let Some((mg, conv)) = merged_graph(g, group) else {
+            continue;
+        };
+        let sig = op_signature(&mg, conv);
+        if seen.contains(&sig) {
+            continue;
+        }
+        let one = Bench::new(dev, opts.unit, &mg, 1, opts.kernels)?;
+        let summary = one.time(&[vec![conv]], opts.copies, opts.warmup, opts.repeats)?;
+        tracing::debug!("{sig} (merged): {:.4} ms", summary.median_ms);
+        ops.push(Timing {
+            nodes: group.iter().map(|&o| g.node(o).name.clone()).collect(),
+            signature: sig.clone(),
+            batch: batch_of(&mg, conv) as u32,
+            dtype: dtype.clone(),
+            summary,
+        });
+        seen.push(sig);
     }
     let mut stages = Vec::new();
     for groups in &opts.stages {
@@ -675,6 +730,52 @@ mod tests {
         assert!(e.to_string().contains("GPU 3"), "{e}");
     }
 
+    /// A merged group's convolution is timed once, as an operator row under the group's
+    /// merged signature, which a measured table then reads; a group that cannot merge is
+    /// skipped.
+    #[test]
+    fn merged_groups_are_timed_as_their_one_convolution() {
+        let g = zoo::build(
+            "squeezenet",
+            &ZooConfig {
+                batch: 1,
+                input_size: Some(32),
+                dtype: opsched_graph::DType::F32,
+            },
+        )
+        .unwrap();
+        let id = |n: &str| g.find(n).unwrap();
+        let pair = vec![id("fire2.expand1x1"), id("fire2.expand3x3")];
+        let opts = ProfileOptions {
+            warmup: 1,
+            repeats: 3,
+            copies: 2,
+            merges: vec![
+                pair.clone(),
+                pair.iter().rev().copied().collect(),
+                vec![id("fire2.squeeze"), id("fire2.concat")],
+            ],
+            transfer_sizes: vec![],
+            ..Default::default()
+        };
+        let r = profile(&opsched_gpu::CpuDevice::new(), &g, &opts).unwrap();
+        let merged: Vec<&Timing> = r.ops.iter().filter(|t| t.nodes.len() > 1).collect();
+        assert_eq!(merged.len(), 1, "measured once, in either order");
+        let sig = opsched_cost::signature::merged_signature(&g, &pair).unwrap();
+        assert_eq!(merged[0].signature, sig);
+        assert_eq!(r.ops.len(), distinct_ops(&g).len() + 1);
+        let rows: Vec<TableRow> = r.ops.iter().map(row).collect();
+        let json = serde_json::to_string(&rows).unwrap();
+        let fallback = AnalyticalModel::new(
+            DevicePreset::by_name("h100").unwrap(),
+            LinkPreset::by_name("nvlink4").unwrap(),
+        );
+        let table = MeasuredTable::from_json_table(&json, fallback).unwrap();
+        let got = table.measured_merged(&g, &pair).unwrap();
+        let want = merged[0].summary.median_ms;
+        assert!((got - want).abs() <= 1e-9 * want, "{got} {want}");
+    }
+
     #[test]
     #[ignore = "needs a GPU: cargo xtask gpu-test"]
     fn gpu_profile_squeezenet() {
@@ -693,6 +794,10 @@ mod tests {
             warmup: 2,
             repeats: 5,
             stages: vec![vec![vec![ops[2]], vec![ops[3]]]],
+            merges: vec![vec![
+                g.find("fire2.expand1x1").unwrap(),
+                g.find("fire2.expand3x3").unwrap(),
+            ]],
             transfer_sizes: vec![4096, 1 << 20],
             cache: Some(dir.join("costs.bin")),
             export_dir: Some(dir.join("export")),
@@ -700,7 +805,11 @@ mod tests {
         };
         let dev = opsched_gpu::CudaDevice::open(Some(1)).unwrap();
         let r = profile(&dev, &g, &opts).unwrap();
-        assert_eq!(r.ops.len(), distinct_ops(&g).len());
+        assert_eq!(
+            r.ops.len(),
+            distinct_ops(&g).len() + 1,
+            "and the merged convolution"
+        );
         assert!(r.ops.iter().all(|t| t.summary.median_ms > 0.0));
         assert_eq!(r.stages.len(), 1);
         assert_eq!(r.cache_entries_written, r.ops.len() + 1 + 2);

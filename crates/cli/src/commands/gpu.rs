@@ -35,7 +35,8 @@ pub struct ProfileArgs {
     model: String,
     #[command(flatten)]
     model_args: ModelArgs,
-    /// Time the concurrent stages of this algorithm's schedule (`none`: operators only).
+    /// Time the concurrent stages and merged convolutions of this algorithm's schedule (`none`:
+    /// operators only).
     #[arg(long, default_value = "ios", value_name = "ALGO")]
     stages_from: String,
     /// Which GPU of this machine (CUDA).
@@ -313,8 +314,8 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
             a.gpu
         )));
     }
-    let stages = if a.stages_from == "none" {
-        Vec::new()
+    let (stages, merges) = if a.stages_from == "none" {
+        (Vec::new(), Vec::new())
     } else {
         let su = setup(&g, &a.platform)?;
         let platform = su.platform(1, 8);
@@ -322,7 +323,10 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         let (s, _) = sched
             .schedule(&g, &platform, su.cost.as_ref())
             .with_context(|| format!("scheduler '{}' on {}", a.stages_from, g.name))?;
-        opsched::profiler::stages_of(&s)
+        (
+            opsched::profiler::stages_of(&s),
+            opsched::profiler::merges_of(&s),
+        )
     };
     let cache = match &a.platform.cache {
         Some(p) => p.clone(),
@@ -333,6 +337,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         warmup: a.warmup,
         repeats: a.repeats,
         stages,
+        merges,
         cache: Some(cache.clone()),
         export_dir: a.export.clone(),
         kernels: a.device.kernels(),
@@ -346,11 +351,13 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{} on {} ({}): {} operators, {} stages, {} transfer sizes measured",
+        "{} on {} ({}): {} operators ({} merged convolutions), {} stages, {} transfer sizes \
+         measured",
         g.name,
         report.device,
         report.backend,
         report.ops.len(),
+        report.ops.iter().filter(|t| t.nodes.len() > 1).count(),
         report.stages.len(),
         report.transfers.len()
     )?;
@@ -360,7 +367,11 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         "operator", "median ms", "p10 ms", "p90 ms"
     )?;
     for t in &report.ops {
-        let name = t.nodes.first().map_or("?", String::as_str);
+        // A merged group's convolution lists its members.
+        let name = match t.nodes.as_slice() {
+            [one] => one.clone(),
+            many => format!("merged {}", many.join("+")),
+        };
         writeln!(
             out,
             "{:<40} {:>10.4} {:>10.4} {:>10.4}",
