@@ -692,17 +692,19 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// SqueezeNet at batch 1 on `size` x `size` images.
+    fn squeezenet(size: usize) -> Graph {
+        let cfg = ZooConfig {
+            batch: 1,
+            input_size: Some(size),
+            dtype: opsched_graph::DType::F32,
+        };
+        zoo::build("squeezenet", &cfg).unwrap()
+    }
+
     #[test]
     fn profiling_on_the_cpu_device_measures_every_operator_and_stage() {
-        let g = zoo::build(
-            "squeezenet",
-            &ZooConfig {
-                batch: 1,
-                input_size: Some(32),
-                dtype: opsched_graph::DType::F32,
-            },
-        )
-        .unwrap();
+        let g = squeezenet(32);
         let ops: Vec<NodeId> = g.ops().collect();
         let opts = ProfileOptions {
             warmup: 1,
@@ -735,15 +737,7 @@ mod tests {
     /// skipped.
     #[test]
     fn merged_groups_are_timed_as_their_one_convolution() {
-        let g = zoo::build(
-            "squeezenet",
-            &ZooConfig {
-                batch: 1,
-                input_size: Some(32),
-                dtype: opsched_graph::DType::F32,
-            },
-        )
-        .unwrap();
+        let g = squeezenet(32);
         let id = |n: &str| g.find(n).unwrap();
         let pair = vec![id("fire2.expand1x1"), id("fire2.expand3x3")];
         let opts = ProfileOptions {
@@ -779,15 +773,7 @@ mod tests {
     #[test]
     #[ignore = "needs a GPU: cargo xtask gpu-test"]
     fn gpu_profile_squeezenet() {
-        let g = zoo::build(
-            "squeezenet",
-            &ZooConfig {
-                batch: 1,
-                input_size: Some(64),
-                dtype: opsched_graph::DType::F32,
-            },
-        )
-        .unwrap();
+        let g = squeezenet(64);
         let ops: Vec<NodeId> = g.ops().collect();
         let dir = std::env::temp_dir().join(format!("opsched-profile-gpu-{}", std::process::id()));
         let opts = ProfileOptions {
