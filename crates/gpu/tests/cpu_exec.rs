@@ -456,13 +456,28 @@ fn cpu() -> CpuDevice {
     CpuDevice::new()
 }
 
+/// Layer norms over rows the CUDA kernel holds in registers in one warp, in several warps
+/// (a BERT row), and longer than its largest block holds (read twice).
+fn layer_norm_graph() -> Graph {
+    let mut b = GraphBuilder::new("layer_norms", DType::F32);
+    for (i, shape) in [vec![3, 7], vec![2, 3, 768], vec![2, 5000]]
+        .into_iter()
+        .enumerate()
+    {
+        let x = b.input(&format!("x{i}"), shape);
+        b.op(&format!("ln{i}"), Op::LayerNorm { eps: 1e-5 }, &[x]);
+    }
+    b.finish().unwrap()
+}
+
 /// The graphs that hold every operator kind and fusion between them.
-fn op_graphs() -> [Graph; 4] {
+fn op_graphs() -> [Graph; 5] {
     [
         every_op_graph(),
         attention_graph(),
         attention_graph_of(1),
         onnx_semantics_graph(),
+        layer_norm_graph(),
     ]
 }
 

@@ -1,7 +1,9 @@
 //! NVRTC kernel sources (compiled once per device when a program is prepared).
 //!
 //! Every kernel is a grid-stride loop over 64-bit indices, so any launch size covers any
-//! tensor. Activations are a code and two parameters ([`act_params`]): 0 none, 1 relu,
+//! tensor; the ones that divide indices per element (copies, bias + activation, pooling,
+//! depthwise convolution) switch to 32-bit indices where every index of the launch fits, since
+//! a GPU emulates 64-bit division (`FITS32`). Activations are a code and two parameters ([`act_params`]): 0 none, 1 relu,
 //! 2 sigmoid, 3 tanh, 4 gelu (erf form), 5 gelu (tanh form), 6 clip(p0, p1), 7 leaky relu(p0),
 //! 8 hard sigmoid(p0, p1), 9 hard swish; each is the CPU kernel's formula
 //! ([`crate::reference::act`]).
@@ -41,34 +43,63 @@ __device__ __forceinline__ float bin_f(float x, float y, int op) {
     }
 }
 
-#define GRID_STRIDE(t, total) \
-    for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < (total); \
-         t += (i64)blockDim.x * gridDim.x)
+#define GRID_STRIDE(t, total) GRID_STRIDE_T(i64, t, total)
+#define GRID_STRIDE_T(I, t, total) \
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < (total); \
+         t += (I)blockDim.x * gridDim.x)
+
+// Whether every index a launch computes fits 32 bits (then the kernel divides on 32 bits:
+// a 64-bit division is emulated, several times slower, and these kernels divide per element).
+// A grid-stride step is below 2^28, so t + step stays below 2^32.
+#define FITS32(n) ((n) <= 0x7fffffffLL)
+
+template <typename I>
+__device__ __forceinline__ void slab_copy_t(float* dst, const float* src, I outer, I src_axis,
+                                            I src_off, I dst_axis, I dst_off, I len, I inner,
+                                            int accumulate) {
+    I total = outer * len * inner;
+    GRID_STRIDE_T(I, t, total) {
+        I i = t % inner;
+        I r = t / inner;
+        I a = r % len;
+        I o = r / len;
+        float v = src[(o * src_axis + src_off + a) * inner + i];
+        I d = (o * dst_axis + dst_off + a) * inner + i;
+        if (accumulate) dst[d] += v; else dst[d] = v;
+    }
+}
 
 extern "C" __global__ void slab_copy(float* dst, const float* src, i64 outer, i64 src_axis,
                                      i64 src_off, i64 dst_axis, i64 dst_off, i64 len,
                                      i64 inner, int accumulate) {
-    i64 total = outer * len * inner;
-    GRID_STRIDE(t, total) {
-        i64 i = t % inner;
-        i64 r = t / inner;
-        i64 a = r % len;
-        i64 o = r / len;
-        float v = src[(o * src_axis + src_off + a) * inner + i];
-        i64 d = (o * dst_axis + dst_off + a) * inner + i;
-        if (accumulate) dst[d] += v; else dst[d] = v;
+    if (FITS32(outer * len * inner) && FITS32(outer * src_axis * inner) &&
+        FITS32(outer * dst_axis * inner))
+        slab_copy_t<unsigned>(dst, src, outer, src_axis, src_off, dst_axis, dst_off, len,
+                              inner, accumulate);
+    else
+        slab_copy_t<i64>(dst, src, outer, src_axis, src_off, dst_axis, dst_off, len, inner,
+                         accumulate);
+}
+
+template <typename I>
+__device__ __forceinline__ void bias_act_t(float* y, const float* bias, const float* residual,
+                                           I total, I channels, I inner, int act, float p0,
+                                           float p1) {
+    GRID_STRIDE_T(I, t, total) {
+        float v = y[t];
+        if (bias) v += bias[(t / inner) % channels];
+        if (residual) v += residual[t];
+        y[t] = act_f(v, act, p0, p1);
     }
 }
 
 extern "C" __global__ void bias_act(float* y, const float* bias, const float* residual,
                                     i64 total, i64 channels, i64 inner, int act, float p0,
                                     float p1) {
-    GRID_STRIDE(t, total) {
-        float v = y[t];
-        if (bias) v += bias[(t / inner) % channels];
-        if (residual) v += residual[t];
-        y[t] = act_f(v, act, p0, p1);
-    }
+    if (FITS32(total))
+        bias_act_t<unsigned>(y, bias, residual, total, channels, inner, act, p0, p1);
+    else
+        bias_act_t<i64>(y, bias, residual, total, channels, inner, act, p0, p1);
 }
 
 extern "C" __global__ void act_kernel(float* y, const float* x, i64 n, int act, float p0,
@@ -78,14 +109,15 @@ extern "C" __global__ void act_kernel(float* y, const float* x, i64 n, int act, 
 
 // ph/pw pad before, eh/ew after; the average divides by the window clipped to the padded
 // input (count_include_pad) or to the input.
-extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int h, int w, int oh,
-                                  int ow, int kh, int kw, int sh, int sw, int ph, int pw,
-                                  int eh, int ew, int count_pad, int is_max) {
-    i64 total = nc * oh * ow;
-    GRID_STRIDE(t, total) {
+template <typename I>
+__device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int h, int w, int oh,
+                                         int ow, int kh, int kw, int sh, int sw, int ph, int pw,
+                                         int eh, int ew, int count_pad, int is_max) {
+    I total = nc * oh * ow;
+    GRID_STRIDE_T(I, t, total) {
         int j = (int)(t % ow);
         int i = (int)((t / ow) % oh);
-        i64 bc = t / ((i64)oh * ow);
+        I bc = t / ((I)oh * ow);
         int hs = i * sh - ph, ws = j * sw - pw;
         int he = min(hs + kh, h + eh), we = min(ws + kw, w + ew);
         int padded = (he - hs) * (we - ws);
@@ -104,6 +136,17 @@ extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int h, int w
     }
 }
 
+extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int h, int w, int oh,
+                                  int ow, int kh, int kw, int sh, int sw, int ph, int pw,
+                                  int eh, int ew, int count_pad, int is_max) {
+    if (FITS32(nc * oh * ow) && FITS32(nc * h * w))
+        pool2d_t<unsigned>(y, x, nc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad,
+                           is_max);
+    else
+        pool2d_t<i64>(y, x, nc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad,
+                      is_max);
+}
+
 // The activation (act_f's code and parameters) is fused in: ResNet's add + relu is one kernel.
 extern "C" __global__ void elementwise(float* y, const float* const* srcs, int nsrc, i64 n,
                                        int is_mul, int act, float p0, float p1) {
@@ -117,37 +160,58 @@ extern "C" __global__ void elementwise(float* y, const float* const* srcs, int n
     }
 }
 
-// One block per row; blockDim.x must be a power of two <= 1024.
+// The sum of `v` over the block (every thread gets it): warp shuffles, then one value per warp
+// through `red` (32 floats). blockDim.x must be a multiple of 32; every thread must call it.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();  // every warp has read `red` of the previous sum
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
+// One block per row (grid-stride over rows); blockDim.x a multiple of 32, <= 1024. Each
+// thread keeps LN_VPT of the row's values in registers (layer_norm_block sizes the block so
+// that the row fits: one read of x), the rest of a longer row is read again. Mean, then the
+// mean of squared deviations (two passes, as the CPU kernel).
+#define LN_VPT 4
 extern "C" __global__ void layer_norm(float* y, const float* x, const float* gamma,
                                       const float* beta, i64 rows, int dim, float eps) {
-    __shared__ float red[1024];
+    __shared__ float red[32];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* xr = x + r * dim;
+        float* yr = y + r * dim;
+        float v[LN_VPT];
         float s = 0.0f;
-        for (int d = threadIdx.x; d < dim; d += blockDim.x) s += xr[d];
-        red[threadIdx.x] = s;
-        __syncthreads();
-        for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-            if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-            __syncthreads();
+#pragma unroll
+        for (int k = 0; k < LN_VPT; ++k) {
+            int d = threadIdx.x + k * blockDim.x;
+            v[k] = d < dim ? xr[d] : 0.0f;
+            s += v[k];
         }
-        float mean = red[0] / dim;
-        __syncthreads();
-        float v = 0.0f;
-        for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        for (int d = threadIdx.x + LN_VPT * blockDim.x; d < dim; d += blockDim.x) s += xr[d];
+        float mean = block_sum(s, red) / dim;
+        float q = 0.0f;
+#pragma unroll
+        for (int k = 0; k < LN_VPT; ++k) {
+            float c = v[k] - mean;
+            if (threadIdx.x + k * blockDim.x < dim) q += c * c;
+        }
+        for (int d = threadIdx.x + LN_VPT * blockDim.x; d < dim; d += blockDim.x) {
             float c = xr[d] - mean;
-            v += c * c;
+            q += c * c;
         }
-        red[threadIdx.x] = v;
-        __syncthreads();
-        for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-            if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
-            __syncthreads();
+        float inv = rsqrtf(block_sum(q, red) / dim + eps);
+#pragma unroll
+        for (int k = 0; k < LN_VPT; ++k) {
+            int d = threadIdx.x + k * blockDim.x;
+            if (d < dim) yr[d] = (v[k] - mean) * inv * gamma[d] + beta[d];
         }
-        float inv = rsqrtf(red[0] / dim + eps);
-        __syncthreads();
-        for (int d = threadIdx.x; d < dim; d += blockDim.x)
-            y[r * dim + d] = (xr[d] - mean) * inv * gamma[d] + beta[d];
+        for (int d = threadIdx.x + LN_VPT * blockDim.x; d < dim; d += blockDim.x)
+            yr[d] = (xr[d] - mean) * inv * gamma[d] + beta[d];
     }
 }
 
@@ -205,16 +269,18 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
 // (padding stays zero), then the bias (when not null) and `act`. g: h, w, oh, ow, kh, kw, sh, sw,
 // ph, pw (padding before), dh, dw.
 struct Geo12 { int v[12]; };
-extern "C" __global__ void depthwise_conv(float* y, const float* x, const float* wt,
-                                          const float* bias, i64 nc, int c, Geo12 g, int pre,
-                                          float q0, float q1, int act, float p0, float p1) {
+template <typename I>
+__device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const float* wt,
+                                                 const float* bias, I nc, int c, Geo12 g,
+                                                 int pre, float q0, float q1, int act,
+                                                 float p0, float p1) {
     int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4], kw = g.v[5];
     int sh = g.v[6], sw = g.v[7], ph = g.v[8], pw = g.v[9], dh = g.v[10], dw = g.v[11];
-    i64 total = nc * oh * ow;
-    GRID_STRIDE(t, total) {
+    I total = nc * oh * ow;
+    GRID_STRIDE_T(I, t, total) {
         int j = (int)(t % ow);
         int i = (int)((t / ow) % oh);
-        i64 plane = t / ((i64)oh * ow);
+        I plane = t / ((I)oh * ow);
         int ch = (int)(plane % c);
         const float* xp = x + plane * h * w;
         const float* wp = wt + (i64)ch * kh * kw;
@@ -231,6 +297,16 @@ extern "C" __global__ void depthwise_conv(float* y, const float* x, const float*
         if (bias) acc += bias[ch];
         y[t] = act_f(acc, act, p0, p1);
     }
+}
+
+extern "C" __global__ void depthwise_conv(float* y, const float* x, const float* wt,
+                                          const float* bias, i64 nc, int c, Geo12 g, int pre,
+                                          float q0, float q1, int act, float p0, float p1) {
+    i64 oh = g.v[2], ow = g.v[3], h = g.v[0], w = g.v[1];
+    if (FITS32(nc * oh * ow) && FITS32(nc * h * w))
+        depthwise_conv_t<unsigned>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
+    else
+        depthwise_conv_t<i64>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
 }
 
 // Abstract operators: every block waits until `ns` nanoseconds have passed.
@@ -341,9 +417,13 @@ pub fn blocks_for(n: usize) -> u32 {
     b.min(65_535 * 16) as u32
 }
 
-/// Block size for the layer-norm kernel: the smallest power of two >= `dim`, in [32, 1024].
+/// Values of a row each thread of the layer-norm kernel keeps in registers (`LN_VPT`).
+const LN_VPT: usize = 4;
+
+/// Block size for the layer-norm kernel: enough threads for `LN_VPT` values each to hold the
+/// row (one read of it), a multiple of 32 (its warp reductions), in [32, 1024].
 pub fn layer_norm_block(dim: usize) -> u32 {
-    (dim.next_power_of_two().clamp(32, 1024)) as u32
+    (dim.div_ceil(LN_VPT).next_multiple_of(32).clamp(32, 1024)) as u32
 }
 
 /// For `permute`: output dims and, per output axis, the input stride it reads with; `None`
@@ -458,9 +538,12 @@ mod tests {
         assert_eq!(blocks_for(256), 1);
         assert_eq!(blocks_for(257), 2);
         assert_eq!(blocks_for(usize::MAX / 2), 65_535 * 16);
+        // A multiple of 32 holding the row in LN_VPT values per thread, at most 1024.
         assert_eq!(layer_norm_block(1), 32);
-        assert_eq!(layer_norm_block(768), 1024);
+        assert_eq!(layer_norm_block(768), 192);
+        assert_eq!(layer_norm_block(1000), 256);
         assert_eq!(layer_norm_block(4096), 1024);
+        assert_eq!(layer_norm_block(100_000), 1024);
     }
 
     #[test]

@@ -130,8 +130,8 @@ impl Enqueue for CudaLayerNorm {
             block_dim: (layer_norm_block(self.dim as usize), 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches `layer_norm`; the block is a power of two <= 1024 (the kernel's
-        // shared array); buffer sizes checked at preparation.
+        // SAFETY: matches `layer_norm`; the block is a multiple of 32 and at most 1024 (the
+        // kernel's warp reductions and shared array); buffer sizes checked at preparation.
         launched(unsafe { b.launch(cfg) }, "layer_norm")
     }
 }
