@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first device call of a GPU session (docs/gpu-session.md, step 1), about six minutes on an
+# The first device call of a GPU session (docs/gpu-session.md, step 1), about seven minutes on an
 # H100: every GPU test, --check runs, compute-sanitizer on two models, the same plan in three
 # processes, where the kernel time goes (ours under ncu, PyTorch's under its profiler, on the
 # rows where torch.compile wins), and what the scoreboard lacks in one process each (NASNet,
