@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The first device call of a GPU session (docs/gpu-session.md, step 1), about seven minutes on an
-# H100: every GPU test, --check runs, compute-sanitizer on two models, the same plan in three
-# processes, where the kernel time goes (ours under ncu, PyTorch's under its profiler, on the
-# rows where torch.compile wins), and what the scoreboard lacks in one process each (NASNet,
-# batch 16). Run on the device in the repository root, gpu-carry/ carried:
+# H100: every GPU test, the changed NVRTC kernels against their last checked versions, --check
+# runs, compute-sanitizer on two models, the same plan in three processes, where the kernel
+# time goes (ours under ncu, PyTorch's under its profiler, on the rows where torch.compile
+# wins), and what the scoreboard lacks in one process each (NASNet, batch 16). Run on the device in the repository root, gpu-carry/ carried:
 #   bash xtask/gpu/first-call.sh
 # Each step has its own time limit and the next runs whatever happened, so one failure costs
 # one step. What comes back ($OUT, at most 8 files): log.txt (everything), results.txt (one
@@ -39,6 +39,11 @@ for t in gpu-carry/tests/*; do
     timeout 150 "$t" --ignored --test-threads 1 >>"$L" 2>&1
     result "test ${t##*/}: rc=$?"
 done
+# The NVRTC kernels changed since the last GPU checked them, side by side with those versions
+# (outputs compared, GPU times and ratios: crates/gpu/src/cuda/nvrtc_ab.rs).
+step "kernel A/B"
+timeout 60 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_side 2>&1 |
+    tee -a "$L" | grep "kernel A/B" | tee -a "$R"
 for m in transformer inception_v3; do
     step "check $m"
     timeout 90 opsched run $m --backend cuda --algo lios --graph-capture --check >>"$L" 2>&1

@@ -20,6 +20,8 @@
 pub(crate) mod cudnn;
 pub(crate) mod engine;
 pub mod nvrtc;
+#[cfg(test)]
+mod nvrtc_ab;
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -1,0 +1,290 @@
+//! Side by side on a GPU (an ignored test, `cargo xtask gpu-test`): the NVRTC kernels as a GPU
+//! last checked them (2026-11-26: 64-bit index division, layer norm as a 1024-thread
+//! shared-memory tree) against [`super::nvrtc::SOURCE`]'s, on the shapes where the change
+//! should show (BERT-base at batch 16, GoogLeNet's concatenations at batch 16). The same inputs
+//! go to both; the outputs must agree; each kernel's GPU time (events around back-to-back
+//! launches, which the GPU runs slower than the host issues them) is printed with the ratio.
+#![allow(unsafe_code, clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+
+use super::nvrtc::{act_params, blocks_for, layer_norm_block, BLOCK, SOURCE};
+
+/// The kernels of 2026-11-26, renamed, compiled after `SOURCE` (whose `act_f` and 64-bit
+/// `GRID_STRIDE` they use).
+const BEFORE: &str = r#"
+extern "C" __global__ void before_slab_copy(float* dst, const float* src, i64 outer,
+        i64 src_axis, i64 src_off, i64 dst_axis, i64 dst_off, i64 len, i64 inner,
+        int accumulate) {
+    i64 total = outer * len * inner;
+    GRID_STRIDE(t, total) {
+        i64 i = t % inner;
+        i64 r = t / inner;
+        i64 a = r % len;
+        i64 o = r / len;
+        float v = src[(o * src_axis + src_off + a) * inner + i];
+        i64 d = (o * dst_axis + dst_off + a) * inner + i;
+        if (accumulate) dst[d] += v; else dst[d] = v;
+    }
+}
+
+extern "C" __global__ void before_bias_act(float* y, const float* bias, const float* residual,
+        i64 total, i64 channels, i64 inner, int act, float p0, float p1) {
+    GRID_STRIDE(t, total) {
+        float v = y[t];
+        if (bias) v += bias[(t / inner) % channels];
+        if (residual) v += residual[t];
+        y[t] = act_f(v, act, p0, p1);
+    }
+}
+
+extern "C" __global__ void before_layer_norm(float* y, const float* x, const float* gamma,
+        const float* beta, i64 rows, int dim, float eps) {
+    __shared__ float red[1024];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * dim;
+        float s = 0.0f;
+        for (int d = threadIdx.x; d < dim; d += blockDim.x) s += xr[d];
+        red[threadIdx.x] = s;
+        __syncthreads();
+        for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+            if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
+            __syncthreads();
+        }
+        float mean = red[0] / dim;
+        __syncthreads();
+        float v = 0.0f;
+        for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+            float c = xr[d] - mean;
+            v += c * c;
+        }
+        red[threadIdx.x] = v;
+        __syncthreads();
+        for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+            if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
+            __syncthreads();
+        }
+        float inv = rsqrtf(red[0] / dim + eps);
+        __syncthreads();
+        for (int d = threadIdx.x; d < dim; d += blockDim.x)
+            y[r * dim + d] = (xr[d] - mean) * inv * gamma[d] + beta[d];
+    }
+}
+"#;
+
+const REPS: usize = 200;
+
+/// Values in [-2, 2) from a seed.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    crate::program::uniform(seed, n, 0.0, 2.0)
+}
+
+/// A kernel's GPU time per launch, ms, after a warm-up launch.
+fn time(ctx: &Arc<CudaContext>, stream: &CudaStream, launch: &dyn Fn()) -> f64 {
+    launch();
+    stream.synchronize().unwrap();
+    let start = ctx.new_event(None).unwrap();
+    let end = ctx.new_event(None).unwrap();
+    start.record(stream).unwrap();
+    for _ in 0..REPS {
+        launch();
+    }
+    end.record(stream).unwrap();
+    end.synchronize().unwrap();
+    f64::from(start.elapsed_ms(&end).unwrap()) / REPS as f64
+}
+
+/// Largest difference relative to the largest magnitude of `want` (at least 1).
+fn scaled(got: &[f32], want: &[f32]) -> f64 {
+    crate::reference::scaled_error(got, want)
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn kernels_side_by_side_with_their_2026_11_26_versions() {
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.default_stream();
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some("compute_90"),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(format!("{SOURCE}{BEFORE}"), opts).unwrap();
+    let module = ctx.load_module(ptx).unwrap();
+    let f = |name: &str| -> CudaFunction { module.load_function(name).unwrap() };
+    let up = |v: &[f32]| stream.clone_htod(v).unwrap();
+    let mut rows = Vec::new();
+    let mut report = |what: &str, before: f64, after: f64, err: f64| {
+        rows.push(format!(
+            "kernel A/B {what}: before {:.2} us, after {:.2} us, after/before {:.2}x, \
+             outputs differ by {err:.1e}",
+            before * 1e3,
+            after * 1e3,
+            after / before
+        ));
+    };
+
+    // Bias + GELU (erf) of BERT-base's first FFN product at batch 16, and bias + relu of a
+    // 256-channel convolution at batch 16: y += bias, then the activation, in place.
+    for (what, total, channels, inner, act) in [
+        (
+            "bias+gelu [2048, 3072]",
+            2048 * 3072,
+            3072,
+            1,
+            opsched_graph::Activation::Gelu,
+        ),
+        (
+            "bias+relu [16, 256, 28, 28]",
+            16 * 256 * 784,
+            256,
+            784,
+            opsched_graph::Activation::Relu,
+        ),
+    ] {
+        let y0 = values(total, 1);
+        let bias = up(&values(channels, 2));
+        let (code, p0, p1) = act_params(act);
+        let run = |name: &str, y: &cudarc::driver::CudaSlice<f32>| {
+            let func = f(name);
+            let stream = stream.clone();
+            let (yp, _) = y.device_ptr(&stream);
+            let (bp, _) = bias.device_ptr(&stream);
+            let args = (yp, bp, 0u64, total as i64, channels as i64, inner as i64);
+            move || {
+                let mut b = stream.launch_builder(&func);
+                b.arg(&args.0)
+                    .arg(&args.1)
+                    .arg(&args.2)
+                    .arg(&args.3)
+                    .arg(&args.4);
+                b.arg(&args.5).arg(&code).arg(&p0).arg(&p1);
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks_for(total), 1, 1),
+                    block_dim: (BLOCK, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: y holds `total` values, bias `channels`, no residual.
+                unsafe { b.launch(cfg) }.unwrap();
+            }
+        };
+        let (ya, yb) = (up(&y0), up(&y0));
+        // One application each on the same input, compared; then timed (in place, repeated).
+        let (before, after) = (run("before_bias_act", &ya), run("bias_act", &yb));
+        before();
+        after();
+        let err = scaled(
+            &stream.clone_dtoh(&yb).unwrap(),
+            &stream.clone_dtoh(&ya).unwrap(),
+        );
+        assert!(err <= 1e-6, "{what}: {err}");
+        report(
+            what,
+            time(&ctx, &stream, &before),
+            time(&ctx, &stream, &after),
+            err,
+        );
+    }
+
+    // Layer norm of BERT-base's rows at batch 16.
+    {
+        let (rows_n, dim) = (2048usize, 768usize);
+        let x = up(&values(rows_n * dim, 3));
+        let gamma = up(&values(dim, 4));
+        let beta = up(&values(dim, 5));
+        let (ya, yb) = (up(&vec![0.0; rows_n * dim]), up(&vec![0.0; rows_n * dim]));
+        let run = |name: &str, y: &cudarc::driver::CudaSlice<f32>, block: u32| {
+            let func = f(name);
+            let stream = stream.clone();
+            let ptrs = [
+                y.device_ptr(&stream).0,
+                x.device_ptr(&stream).0,
+                gamma.device_ptr(&stream).0,
+                beta.device_ptr(&stream).0,
+            ];
+            move || {
+                let mut b = stream.launch_builder(&func);
+                let (rows, width, eps) = (rows_n as i64, dim as i32, 1e-12f32);
+                b.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]).arg(&ptrs[3]);
+                b.arg(&rows).arg(&width).arg(&eps);
+                let cfg = LaunchConfig {
+                    grid_dim: (rows_n as u32, 1, 1),
+                    block_dim: (block, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: x and y hold rows x dim values, gamma and beta dim; the block is
+                // what each kernel requires (a power of two, a multiple of 32).
+                unsafe { b.launch(cfg) }.unwrap();
+            }
+        };
+        let before = run(
+            "before_layer_norm",
+            &ya,
+            dim.next_power_of_two().clamp(32, 1024) as u32,
+        );
+        let after = run("layer_norm", &yb, layer_norm_block(dim));
+        before();
+        after();
+        let err = scaled(
+            &stream.clone_dtoh(&yb).unwrap(),
+            &stream.clone_dtoh(&ya).unwrap(),
+        );
+        assert!(err <= 1e-5, "layer norm: {err}");
+        report(
+            "layer norm [2048, 768]",
+            time(&ctx, &stream, &before),
+            time(&ctx, &stream, &after),
+            err,
+        );
+    }
+
+    // One term of a GoogLeNet concatenation at batch 16: [16, 128, 28, 28] into channels
+    // 192..320 of [16, 480, 28, 28].
+    {
+        let (n, c, total_c, off, hw) = (16usize, 128usize, 480usize, 192usize, 784usize);
+        let src = up(&values(n * c * hw, 6));
+        let (da, db) = (
+            up(&vec![0.0; n * total_c * hw]),
+            up(&vec![0.0; n * total_c * hw]),
+        );
+        let run = |name: &str, dst: &cudarc::driver::CudaSlice<f32>| {
+            let func = f(name);
+            let stream = stream.clone();
+            let (dp, sp) = (dst.device_ptr(&stream).0, src.device_ptr(&stream).0);
+            move || {
+                let sizes = [n, c, 0, total_c, off, c, hw].map(|v| v as i64);
+                let mut b = stream.launch_builder(&func);
+                b.arg(&dp).arg(&sp);
+                for v in &sizes {
+                    b.arg(v);
+                }
+                b.arg(&0i32);
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks_for(n * c * hw), 1, 1),
+                    block_dim: (BLOCK, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: src holds n x c x hw values, dst n x total_c x hw, and the slice
+                // off..off + c lies within total_c.
+                unsafe { b.launch(cfg) }.unwrap();
+            }
+        };
+        let (before, after) = (run("before_slab_copy", &da), run("slab_copy", &db));
+        before();
+        after();
+        let got = stream.clone_dtoh(&db).unwrap();
+        assert_eq!(got, stream.clone_dtoh(&da).unwrap(), "the copies differ");
+        report(
+            "concat copy [16, 128, 28, 28] -> [16, 480, 28, 28]",
+            time(&ctx, &stream, &before),
+            time(&ctx, &stream, &after),
+            0.0,
+        );
+    }
+    for r in &rows {
+        println!("{r}");
+    }
+}
