@@ -99,6 +99,11 @@ for mb in resnet50:1 transformer:16; do
     timeout 30 python3 xtask/gpu/kernels.py ncu $C/kernels/ours-$m-b$b.csv \
         --json $C/kernels/ours-$m-b$b.json >>"$K" 2>>"$L"
     result "kernels ours $m b$b: rc=$?"
+    # The same by operator (our profiler: each distinct operator alone, graph replays).
+    echo "# opsched profile $m --batch $b (ms per operator, distinct operators)" >>"$K"
+    timeout 60 opsched profile $m --batch $b --backend cuda --stages-from none --repeats 20 \
+        --cache $C/profile.bin >>"$K" 2>>"$L"
+    result "profile ours $m b$b: rc=$?"
     for mode in eager compile; do
         timeout 120 python3 xtask/gpu/kernels.py torch $m --batch $b --mode $mode \
             --json $C/kernels/torch-$mode-$m-b$b.json >>"$K" 2>>"$L"
