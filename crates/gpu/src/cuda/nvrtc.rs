@@ -3,10 +3,10 @@
 //! Every kernel is a grid-stride loop over 64-bit indices, so any launch size covers any
 //! tensor; the ones that divide indices per element (copies, bias + activation, pooling,
 //! depthwise convolution) switch to 32-bit indices where every index of the launch fits, since
-//! a GPU emulates 64-bit division (`FITS32`). Activations are a code and two parameters ([`act_params`]): 0 none, 1 relu,
-//! 2 sigmoid, 3 tanh, 4 gelu (erf form), 5 gelu (tanh form), 6 clip(p0, p1), 7 leaky relu(p0),
-//! 8 hard sigmoid(p0, p1), 9 hard swish; each is the CPU kernel's formula
-//! ([`crate::reference::act`]).
+//! a GPU emulates 64-bit division (`FITS32`). Activations are a code and two parameters
+//! ([`act_params`]): 0 none, 1 relu, 2 sigmoid, 3 tanh, 4 gelu (erf form), 5 gelu (tanh
+//! form), 6 clip(p0, p1), 7 leaky relu(p0), 8 hard sigmoid(p0, p1), 9 hard swish; each is the
+//! CPU kernel's formula ([`crate::reference::act`]).
 
 use opsched_graph::Activation;
 

@@ -12,34 +12,23 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 
-use super::nvrtc::{act_params, blocks_for, layer_norm_block, BLOCK, SOURCE};
+use super::grid;
+use super::nvrtc::{act_params, layer_norm_block, SOURCE};
 
-/// The kernels of 2026-11-26, renamed, compiled after `SOURCE` (whose `act_f` and 64-bit
-/// `GRID_STRIDE` they use).
+/// The kernels of 2026-11-26, renamed, compiled after `SOURCE`: the old copy and bias +
+/// activation are `SOURCE`'s templates on 64-bit indices (their bodies are the old kernels'),
+/// the old layer norm, another algorithm, is kept whole.
 const BEFORE: &str = r#"
 extern "C" __global__ void before_slab_copy(float* dst, const float* src, i64 outer,
         i64 src_axis, i64 src_off, i64 dst_axis, i64 dst_off, i64 len, i64 inner,
         int accumulate) {
-    i64 total = outer * len * inner;
-    GRID_STRIDE(t, total) {
-        i64 i = t % inner;
-        i64 r = t / inner;
-        i64 a = r % len;
-        i64 o = r / len;
-        float v = src[(o * src_axis + src_off + a) * inner + i];
-        i64 d = (o * dst_axis + dst_off + a) * inner + i;
-        if (accumulate) dst[d] += v; else dst[d] = v;
-    }
+    slab_copy_t<i64>(dst, src, outer, src_axis, src_off, dst_axis, dst_off, len, inner,
+                     accumulate);
 }
 
 extern "C" __global__ void before_bias_act(float* y, const float* bias, const float* residual,
         i64 total, i64 channels, i64 inner, int act, float p0, float p1) {
-    GRID_STRIDE(t, total) {
-        float v = y[t];
-        if (bias) v += bias[(t / inner) % channels];
-        if (residual) v += residual[t];
-        y[t] = act_f(v, act, p0, p1);
-    }
+    bias_act_t<i64>(y, bias, residual, total, channels, inner, act, p0, p1);
 }
 
 extern "C" __global__ void before_layer_norm(float* y, const float* x, const float* gamma,
@@ -162,11 +151,7 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
                     .arg(&args.3)
                     .arg(&args.4);
                 b.arg(&args.5).arg(&code).arg(&p0).arg(&p1);
-                let cfg = LaunchConfig {
-                    grid_dim: (blocks_for(total), 1, 1),
-                    block_dim: (BLOCK, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let cfg = grid(total);
                 // SAFETY: y holds `total` values, bias `channels`, no residual.
                 unsafe { b.launch(cfg) }.unwrap();
             }
@@ -262,11 +247,7 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
                     b.arg(v);
                 }
                 b.arg(&0i32);
-                let cfg = LaunchConfig {
-                    grid_dim: (blocks_for(n * c * hw), 1, 1),
-                    block_dim: (BLOCK, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let cfg = grid(n * c * hw);
                 // SAFETY: src holds n x c x hw values, dst n x total_c x hw, and the slice
                 // off..off + c lies within total_c.
                 unsafe { b.launch(cfg) }.unwrap();
