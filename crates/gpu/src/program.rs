@@ -872,51 +872,13 @@ impl Builder<'_> {
             .map(|(c, _)| c)
             .collect();
         for group in merges {
-            let Some(&head) = group.first() else { continue };
-            let gpu = self.gpu_of(head);
-            let free = |b: &Self, c: NodeId| {
-                b.gpu_of(c) == gpu
-                    && !sent(transfers, c)
-                    && !adds_residual.contains(&c)
-                    && b.outputs[c.index()].is_some_and(|o| b.buffers[o].within.is_none())
-            };
-            if gpu.is_none() || !group.iter().all(|&c| free(self, c)) {
-                continue;
-            }
-            let Some((conv, _)) = opsched_graph::merge::merged_conv(self.g, group) else {
+            let Some((m, offsets)) = self.merged_output(group, transfers, &adds_residual) else {
                 continue;
             };
-            let &[1, _, oh, ow] = self.g.node(head).shape.as_slice() else {
-                continue;
-            };
-            let inner = oh * ow;
-            let mut members = Vec::with_capacity(group.len());
-            let mut offsets = Vec::with_capacity(group.len());
-            let mut channels = Some(0usize);
-            for &c in group {
-                let Op::Conv2d(cc) = &self.g.node(c).op else {
-                    continue;
-                };
-                members.push((c, cc.clone()));
-                offsets.push(channels.and_then(|ch| ch.checked_mul(inner)));
-                channels = channels.and_then(|ch| ch.checked_add(cc.out_channels));
-            }
-            let offsets: Option<Vec<usize>> = offsets.into_iter().collect();
-            let len = channels.and_then(|ch| ch.checked_mul(inner));
-            let (Some(offsets), Some(len)) = (offsets, len) else {
-                continue;
-            };
-            let aligned = offsets
-                .iter()
-                .all(|o| o % opsched_graph::inplace::VIEW_ALIGN == 0);
-            if members.len() != group.len() || !aligned {
-                continue;
-            }
-            let gpu = gpu.unwrap_or(0);
-            let out = self.alloc(gpu, len, BufRole::Scratch(head), Init::Uninit);
+            let head = group[0];
             for (&c, &off) in group.iter().zip(&offsets) {
                 if let Some(o) = self.outputs[c.index()] {
-                    self.buffers[o].within = Some((out, off));
+                    self.buffers[o].within = Some((m.out, off));
                 }
                 if c != head {
                     self.fused.insert(c);
@@ -932,21 +894,63 @@ impl Builder<'_> {
                     .iter()
                     .zip(&offsets)
                     .all(|(s, &off)| *s == Some((cat, first + off)));
-                let local = self.gpu_of(cat) == Some(gpu);
+                let local = self.gpu_of(cat) == self.gpu_of(head);
                 if let (true, true, Some(dst)) = (consecutive, local, self.outputs[cat.index()]) {
-                    self.buffers[out].within = Some((dst, first));
+                    self.buffers[m.out].within = Some((dst, first));
                 }
             }
-            self.merged.insert(
-                head,
-                MergedConv {
-                    conv,
-                    members,
-                    out,
-                    out_hw: [oh, ow],
-                },
-            );
+            self.merged.insert(head, m);
         }
+    }
+
+    /// The merged output of `group` (allocated here) and each member's first element in it,
+    /// where the group can run as one convolution (see [`GraphProgram::build_merged`]).
+    fn merged_output(
+        &mut self,
+        group: &[NodeId],
+        transfers: &[TransferSpec],
+        adds_residual: &HashSet<NodeId>,
+    ) -> Option<(MergedConv, Vec<usize>)> {
+        let &head = group.first()?;
+        let gpu = self.gpu_of(head)?;
+        let free = |c: &NodeId| {
+            self.gpu_of(*c) == Some(gpu)
+                && !sent(transfers, *c)
+                && !adds_residual.contains(c)
+                && self.outputs[c.index()].is_some_and(|o| self.buffers[o].within.is_none())
+        };
+        if !group.iter().all(free) {
+            return None;
+        }
+        let (conv, _) = opsched_graph::merge::merged_conv(self.g, group)?;
+        let &[1, _, oh, ow] = self.g.node(head).shape.as_slice() else {
+            return None;
+        };
+        let mut members = Vec::with_capacity(group.len());
+        let mut offsets = Vec::with_capacity(group.len());
+        let mut len = 0usize;
+        for &c in group {
+            let Op::Conv2d(cc) = &self.g.node(c).op else {
+                return None;
+            };
+            offsets.push(len);
+            len = len.checked_add(cc.out_channels.checked_mul(oh * ow)?)?;
+            members.push((c, cc.clone()));
+        }
+        let aligned = offsets
+            .iter()
+            .all(|o| o % opsched_graph::inplace::VIEW_ALIGN == 0);
+        if !aligned {
+            return None;
+        }
+        let out = self.alloc(gpu, len, BufRole::Scratch(head), Init::Uninit);
+        let m = MergedConv {
+            conv,
+            members,
+            out,
+            out_hw: [oh, ow],
+        };
+        Some((m, offsets))
     }
 
     /// Make `p`'s output buffer a view of `into`'s output from element `at` on, where both run
