@@ -19,7 +19,7 @@ pub struct RunReport {
     pub transfer_mode: String,
     pub warmup: u32,
     pub latency: Summary,
-    /// Operators the host launched (one per operator of the plan).
+    /// Launches the host issued: one per operator of the plan, one per merged stage.
     pub launches: usize,
     /// Kernels they run on a GPU ([`opsched_gpu::GraphProgram::kernels`]).
     pub kernels: usize,

@@ -551,7 +551,7 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
         out,
         "launches       {} operators as {} kernels ({} waits, {} implied waits dropped, {} \
          transfers via {})",
-        report.launches,
+        g.op_count(),
         report.kernels,
         report.waits,
         report.waits_dropped,
