@@ -204,8 +204,9 @@ pub fn stages_of(s: &Schedule) -> Vec<Vec<Vec<NodeId>>> {
     out
 }
 
-/// The merged groups (merged stages that can run as one convolution) of a stage plan, in order;
-/// stream plans have none.
+/// The merged stages of a stage plan (their operators), in order; stream plans have none.
+/// [`profile`] times those that can run as one convolution ([`merged_graph`]) and skips the
+/// rest.
 pub fn merges_of(s: &Schedule) -> Vec<Vec<NodeId>> {
     let Schedule::Stages(p) = s else {
         return Vec::new();
