@@ -9,8 +9,8 @@
 //! - input terms: a term that is one whole value is read in place; a sum of whole values is
 //!   one add kernel (and one with the activation of an `activation` reading it); a term with a
 //!   channel slice is one copy per value; several terms read concatenated along
-//!   channels are one copy per value, but a sum of whole values at batch 1 (a contiguous
-//!   slice) one add kernel writing its slice; a concat along another axis copies each term (after
+//!   channels are one copy per value, but a sum of whole values one add kernel writing its
+//!   slice (strided at batch > 1); a concat along another axis copies each term (after
 //!   materialising it); a concat copies nothing for a producer that writes its slice in place
 //!   (`opsched_graph::inplace`), and a reshape that its producer writes in place
 //!   (`opsched_graph::inplace::reshape_source`) launches nothing, nor does a head transpose
@@ -132,8 +132,7 @@ fn concat_copies(terms: &[Term], shapes: &[Shape], axis: usize) -> u32 {
         .zip(shapes.iter().map(Some).chain(std::iter::repeat(None)))
         .map(|(t, shape)| {
             let rank = shape.map_or(0, Vec::len);
-            let batch_1 = shape.and_then(|s| s.first()) == Some(&1);
-            if axis == 1 && rank >= 2 && batch_1 && is_whole_sum(t) {
+            if axis == 1 && rank >= 2 && is_whole_sum(t) {
                 // One add kernel writes the slice.
                 1
             } else if axis == 1 && rank >= 2 {
@@ -224,17 +223,26 @@ mod tests {
                 ..ZooConfig::default()
             };
             let g = build("inception_v3", &cfg).unwrap();
-            // Every operator but a concat launches at least one kernel; a concat of four
-            // branches copies four at batch 16 and nothing at batch 1, where the branches
-            // write their slices in place.
+            // Every operator but a concat launches at least one kernel. A concat of four
+            // convolution branches copies nothing: the branches write their slices in place
+            // (strided at batch 16). One with a max-pool branch copies that branch at batch 16
+            // (a pooling kernel writes no strided slice).
             assert!(g
                 .ops()
                 .all(|o| launches(&g, o) >= 1 || matches!(g.node(o).op, Op::Concat { .. })));
-            let concat = g
-                .ops()
-                .find(|&o| matches!(g.node(o).op, Op::Concat { .. }) && g.node(o).inputs.len() == 4)
-                .unwrap();
-            assert_eq!(launches(&g, concat), if batch == 1 { 0 } else { 4 });
+            let concat_of = |terms: usize| {
+                g.ops()
+                    .find(|&o| {
+                        matches!(g.node(o).op, Op::Concat { .. }) && g.node(o).inputs.len() == terms
+                    })
+                    .unwrap()
+            };
+            assert_eq!(launches(&g, concat_of(4)), 0);
+            let with_pool = concat_of(3);
+            assert!(g
+                .preds(with_pool)
+                .any(|p| matches!(g.node(p).op, Op::Pool2d(_))));
+            assert_eq!(launches(&g, with_pool), u32::from(batch == 16));
         }
     }
 }

@@ -4,10 +4,11 @@
 //! Two things let buffers share storage:
 //! - **In-place concatenation.** [`crate::program::GraphProgram::build`] makes an operator whose
 //!   whole output is one input of a concatenation on its GPU write straight into its slice of
-//!   the concatenation's output, when that slice is contiguous (everything before the
-//!   concatenation axis has extent 1, e.g. channels at batch 1) and starts at a multiple of
-//!   [`VIEW_ALIGN`] elements (the rule: [`opsched_graph::inplace`]): its buffer is then
-//!   *within* the other one ([`BufSpec::within`]) and the concatenation copies nothing for it.
+//!   the concatenation's output, when that slice starts at a multiple of [`VIEW_ALIGN`]
+//!   elements and, where it is not contiguous (one run per image at batch > 1), the operator is
+//!   a convolution that can write it (the rule: [`opsched_graph::inplace`]): its buffer is
+//!   then *within* the other one ([`BufSpec::within`]; strided: [`BufSpec::runs`]) and the
+//!   concatenation copies nothing for it.
 //! - **Reuse** ([`layout_reusing`]): a buffer written and read only by operators that the
 //!   schedule orders entirely before, or entirely after, every operator touching another buffer
 //!   can take that buffer's place. The order is the execution's (streams, events, transfers),
@@ -200,18 +201,31 @@ fn apply(p: &mut GraphProgram, offsets: &[usize], reused: &[bool], storage: Vec<
 }
 
 /// Every buffer lies inside its GPU's storage, and two buffers overlap only where a layout
-/// allows it: one is within the other, or both may be reused. A device checks this before it
+/// allows it: one is within the other, or both may be reused. A strided view's runs fit its
+/// parent and do not overlap, and nothing is a view of it. A device checks this before it
 /// allocates, so no kernel can reach storage its buffer does not own.
 pub fn check_layout(p: &GraphProgram) -> Result<(), crate::GpuError> {
     let err = |m: String| Err(crate::GpuError::Plan(m));
     for (i, b) in p.buffers.iter().enumerate() {
-        let end = b.offset.checked_add(b.len);
+        if let Some(r) = b.runs {
+            if b.within.is_none() || r.run == 0 || r.run > r.stride || b.len % r.run != 0 {
+                return err(format!(
+                    "buffer {i} is not a view of {} runs of {} elements {} apart",
+                    b.len / r.run.max(1),
+                    r.run,
+                    r.stride
+                ));
+            }
+        }
+        let end = b.offset.checked_add(b.span());
         match (p.storage.get(b.gpu), end) {
             (Some(&s), Some(e)) if e <= s => {}
             _ => {
                 return err(format!(
                     "buffer {i} (elements {}..+{}) lies outside the storage of GPU {}",
-                    b.offset, b.len, b.gpu
+                    b.offset,
+                    b.span(),
+                    b.gpu
                 ))
             }
         }
@@ -221,8 +235,13 @@ pub fn check_layout(p: &GraphProgram) -> Result<(), crate::GpuError> {
                     "buffer {i} lies within buffer {parent}, which does not exist"
                 ));
             };
-            if pb.gpu != b.gpu || o.checked_add(b.len).is_none_or(|e| e > pb.len) {
+            if pb.gpu != b.gpu || o.checked_add(b.span()).is_none_or(|e| e > pb.len) {
                 return err(format!("buffer {i} does not fit within buffer {parent}"));
+            }
+            if pb.runs.is_some() {
+                return err(format!(
+                    "buffer {i} lies within buffer {parent}, a strided view"
+                ));
             }
         }
     }
@@ -260,6 +279,43 @@ mod tests {
         assert_eq!(p.storage, [100]);
         check_layout(&p).unwrap();
         p.buffers[2].within = Some((1, 33));
+        assert!(check_layout(&p).is_err());
+    }
+
+    #[test]
+    fn strided_views_fit_their_parent() {
+        // Two runs of 6 elements, 16 apart, from element 4 of a 24-element buffer: 4..10 and
+        // 20..26 would pass its end; from element 2, 2..8 and 18..24 fit.
+        let mut p = GraphProgram {
+            buffers: vec![
+                buf(24, BufRole::Output(NodeId(0))),
+                buf(12, BufRole::Output(NodeId(1))),
+                buf(4, BufRole::Output(NodeId(2))),
+            ],
+            gpus: 1,
+            ..GraphProgram::default()
+        };
+        let runs = crate::program::Runs { run: 6, stride: 16 };
+        assert_eq!(runs.span(12), 22);
+        assert_eq!(
+            runs.ranges(3..10).collect::<Vec<_>>(),
+            [3..6, 16..20],
+            "elements 3..6 of the first run, 0..4 of the second"
+        );
+        p.buffers[1].within = Some((0, 4));
+        p.buffers[1].runs = Some(runs);
+        layout_distinct(&mut p);
+        assert!(check_layout(&p).is_err());
+        p.buffers[1].within = Some((0, 2));
+        layout_distinct(&mut p);
+        check_layout(&p).unwrap();
+        assert_eq!(p.buffers[1].offset, 2);
+        // Runs longer than their stride overlap; a view of a strided view is refused.
+        p.buffers[1].runs = Some(crate::program::Runs { run: 6, stride: 4 });
+        assert!(check_layout(&p).is_err());
+        p.buffers[1].runs = Some(runs);
+        p.buffers[2].within = Some((1, 0));
+        layout_distinct(&mut p);
         assert!(check_layout(&p).is_err());
     }
 }

@@ -104,6 +104,9 @@ pub struct BufSpec {
     /// It is a part of another buffer, from the given element on: an operator writing its slice
     /// of a concatenation in place (see [`crate::memory`]).
     pub within: Option<(BufId, usize)>,
+    /// A view whose elements are not contiguous in its parent ([`Runs`]): a convolution's
+    /// slice of a concatenation at batch > 1. Nothing is a view of such a buffer.
+    pub runs: Option<Runs>,
     /// Its storage holds other buffers while it is dead, so its value is gone after a run.
     pub reused: bool,
 }
@@ -118,8 +121,68 @@ impl BufSpec {
             init,
             offset: 0,
             within: None,
+            runs: None,
             reused: false,
         }
+    }
+
+    /// Elements from its first to its last in its parent, both included (its length, unless
+    /// it is strided).
+    pub fn span(&self) -> usize {
+        match self.runs {
+            Some(r) => r.span(self.len),
+            None => self.len,
+        }
+    }
+}
+
+/// Where a strided view's elements lie in its parent: runs of `run` elements, `stride`
+/// elements apart, the first at the view's offset (element `i` at `(i / run) * stride + i %
+/// run`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Runs {
+    pub run: usize,
+    pub stride: usize,
+}
+
+impl Runs {
+    /// Elements from the first to the last of a view of `len` elements, both included.
+    pub fn span(&self, len: usize) -> usize {
+        match len.div_ceil(self.run.max(1)) {
+            0 => 0,
+            rows => (rows - 1) * self.stride + (len - (rows - 1) * self.run),
+        }
+    }
+
+    /// The storage ranges that hold elements `part` of a buffer of `len` elements whose first
+    /// is element `first` of its storage, in order: one range, or one per run it touches
+    /// where `runs` makes it a strided view.
+    pub fn storage(
+        first: usize,
+        len: usize,
+        runs: Option<Runs>,
+        part: std::ops::Range<usize>,
+    ) -> Vec<std::ops::Range<usize>> {
+        let part = part.start.min(len)..part.end.min(len);
+        let shift = |r: std::ops::Range<usize>| first + r.start..first + r.end;
+        match runs {
+            Some(runs) => runs.ranges(part).map(shift).collect(),
+            None => std::iter::once(shift(part)).collect(),
+        }
+    }
+
+    /// The ranges of its parent (from the view's first element) that hold the view's
+    /// elements `part`, in order.
+    pub fn ranges(
+        &self,
+        part: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let run = self.run.max(1);
+        let rows = part.start / run..part.end.div_ceil(run);
+        rows.filter_map(move |r| {
+            let (lo, hi) = (part.start.max(r * run), part.end.min((r + 1) * run));
+            (lo < hi).then(|| r * self.stride + lo - r * run..r * self.stride + hi - r * run)
+        })
     }
 }
 
@@ -503,10 +566,16 @@ impl<'g> Builder<'g> {
     }
 
     /// Append `c`, unless its source already is the part of `dst` it would write (a producer
-    /// that wrote its slice of a concatenation in place, see [`crate::memory`]).
+    /// that wrote its slice of a concatenation in place, see [`crate::memory`]): the copy
+    /// takes its `outer` runs of `len * inner` elements to runs `dst_axis * inner` apart.
     fn push_copy(&self, steps: &mut Vec<Step>, c: Copy) {
+        let run = c.len * c.inner;
+        let same_runs = match self.buffers.get(c.src).and_then(|b| b.runs) {
+            Some(r) => r.run == run && r.stride == c.dst_axis * c.inner,
+            None => c.outer == 1 || c.dst_axis == c.len,
+        };
         let in_place = !c.accumulate
-            && c.outer == 1
+            && same_runs
             && c.src_off == 0
             && c.len == c.src_axis
             && self.offset_within(c.src, c.dst) == Some(c.dst_off * c.inner);
@@ -594,19 +663,24 @@ impl<'g> Builder<'g> {
         };
         let mut off = 0;
         for (t, shape) in terms.iter().zip(&shapes) {
-            let contiguous = axis == 1 && shape.len() >= 2 && shape[0] == 1;
-            let sum = if contiguous {
+            let channels = axis == 1 && shape.len() >= 2;
+            let sum = if channels {
                 self.whole_sum(at, t)?
             } else {
                 None
             };
             if let Some(srcs) = sum {
-                // A sum of whole values into a contiguous slice (batch 1): one add kernel
-                // writing a view of that slice, not a copy per value (NASNet's cell outputs).
+                // A sum of whole values: one add kernel writing a view of its slice (strided,
+                // one run per image, at batch > 1), not a copy per value (NASNet's cell
+                // outputs).
                 let inner = numel(&shape[2..]);
                 let len = numel(shape);
                 let y = self.alloc(at.gpu, len, BufRole::Scratch(at.node), Init::Uninit);
                 self.buffers[y].within = Some((dst, off * inner));
+                let (run, stride) = (shape[1] * inner, out[1] * inner);
+                if shape[0] > 1 && run < stride {
+                    self.buffers[y].runs = Some(Runs { run, stride });
+                }
                 steps.push(
                     step::elementwise::Elementwise::sum(srcs, y, len, Activation::None).into(),
                 );
@@ -889,11 +963,14 @@ impl Builder<'_> {
                 .iter()
                 .map(|&c| opsched_graph::inplace::slice_of(self.g, c))
                 .collect();
-            if let Some(Some((cat, first))) = slots.first().copied() {
+            let contiguous_at = |s: &Option<opsched_graph::inplace::Slice>| {
+                s.filter(|s| s.rows == 1).map(|s| (s.into, s.at))
+            };
+            if let Some((cat, first)) = slots.first().and_then(contiguous_at) {
                 let consecutive = slots
                     .iter()
                     .zip(&offsets)
-                    .all(|(s, &off)| *s == Some((cat, first + off)));
+                    .all(|(s, &off)| contiguous_at(s) == Some((cat, first + off)));
                 let local = self.gpu_of(cat) == self.gpu_of(head);
                 if let (true, true, Some(dst)) = (consecutive, local, self.outputs[cat.index()]) {
                     self.buffers[m.out].within = Some((dst, first));
@@ -954,8 +1031,9 @@ impl Builder<'_> {
     }
 
     /// Make `p`'s output buffer a view of `into`'s output from element `at` on, where both run
-    /// on one GPU and no transfer sends `p`'s output (a transfer reads a buffer of its own).
-    /// Returns whether it did.
+    /// on one GPU, no transfer sends `p`'s output (a transfer reads a buffer of its own) and
+    /// `into`'s output is not strided (nothing is a view of a strided view). Returns whether
+    /// it did.
     fn view_into(
         &mut self,
         p: NodeId,
@@ -966,6 +1044,7 @@ impl Builder<'_> {
         match (self.outputs[p.index()], self.outputs[into.index()]) {
             (Some(pb), Some(out))
                 if !sent(transfers, p)
+                    && self.buffers[out].runs.is_none()
                     && self.gpu_of(p).is_some()
                     && self.gpu_of(p) == self.gpu_of(into) =>
             {
@@ -977,8 +1056,9 @@ impl Builder<'_> {
     }
 
     /// Make the producers that write their slice of a concatenation in place
-    /// ([`opsched_graph::inplace::concat_slices`]) do so where they can ([`Builder::view_into`]):
-    /// [`Builder::push_copy`] then leaves out their copies.
+    /// ([`opsched_graph::inplace::concat_slices`]) do so where they can ([`Builder::view_into`]),
+    /// a strided slice as a strided view ([`Runs`]): [`Builder::push_copy`] then leaves out
+    /// their copies.
     fn concat_in_place(&mut self, transfers: &[TransferSpec]) {
         for (i, slot) in opsched_graph::inplace::concat_slices(self.g)
             .into_iter()
@@ -986,9 +1066,16 @@ impl Builder<'_> {
         {
             let p = NodeId(i as u32);
             // A merged convolution's member is a view of the merged output already.
-            let free = self.outputs[i].is_some_and(|b| self.buffers[b].within.is_none());
-            if let (Some((c, at)), true) = (slot, free) {
-                self.view_into(p, c, at, transfers);
+            let Some(pb) = self.outputs[i].filter(|&b| self.buffers[b].within.is_none()) else {
+                continue;
+            };
+            if let Some(s) = slot {
+                if self.view_into(p, s.into, s.at, transfers) && s.rows > 1 {
+                    self.buffers[pb].runs = Some(Runs {
+                        run: s.run,
+                        stride: s.stride,
+                    });
+                }
             }
         }
     }

@@ -63,7 +63,7 @@ fn head_transpose_of(g: &Graph, t: NodeId) -> Option<NodeId> {
     }
 }
 
-fn is_output(g: &Graph, n: NodeId) -> bool {
+pub(crate) fn is_output(g: &Graph, n: NodeId) -> bool {
     g.outputs().iter().any(|o| o.value.node == n)
 }
 

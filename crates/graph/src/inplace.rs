@@ -5,8 +5,7 @@
 //! run on the concatenation's GPU with no transfer of its output) and the launch count of the
 //! cost model (`opsched_cost::launches`) share. A producer writes in place when
 //! - the consumer is a `concat` (or an `identity`, which concatenates its terms along
-//!   channels) whose slices are contiguous: every axis before the concatenation axis has
-//!   extent 1 (channels at batch 1);
+//!   channels);
 //! - its whole output is one term of the concatenation (not a channel slice, not a sum);
 //! - it is an operator (graph inputs and constants keep their own buffers);
 //! - its slice starts at a multiple of [`VIEW_ALIGN`] elements;
@@ -14,6 +13,15 @@
 //!   concatenations writes into the one with the lowest node id (a local rule, so the cost
 //!   model can apply it per operator), and a value that appears twice in one concatenation
 //!   writes its first slice.
+//!
+//! Where every axis before the concatenation axis has extent 1 (channels at batch 1), the
+//! slice is contiguous and any operator may write it. Otherwise it is [`Slice::rows`] runs,
+//! one per image ([`Slice`]): a strided view, which only a kernel that takes an output stride
+//! writes, and which other kernels could not read. So there the producer must also be a
+//! convolution that is not depthwise (cuDNN writes a strided output tensor; the depthwise
+//! kernel, the residual sum and a pooling kernel do not), add no residual, be read by the
+//! concatenation alone, once, and not be an output of the graph; the run stride must be a
+//! multiple of [`VIEW_ALIGN`] too.
 //!
 //! A reshape is a view ([`reshape_source`]): a `reshape` (or an `identity` of one term) that
 //! reads one whole value of an operator is the same elements in the same order, so that
@@ -29,9 +37,21 @@ use crate::{Graph, NodeId, Op};
 /// tensor-core kernels need no more).
 pub const VIEW_ALIGN: usize = 4;
 
-/// Where concatenation `c` would take producer `p` in place: the first element of `p`'s first
-/// slice, when the rules of the module (but the one on several concatenations) hold.
-fn slot_in(g: &Graph, c: NodeId, p: NodeId) -> Option<usize> {
+/// Where a producer writes its output in place: `rows` runs of `run` elements, `stride`
+/// elements apart in concatenation `into`'s output, the first at element `at`. A contiguous
+/// slice (batch 1) is one run (`stride` is then the concatenation's whole image).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slice {
+    pub into: NodeId,
+    pub at: usize,
+    pub rows: usize,
+    pub run: usize,
+    pub stride: usize,
+}
+
+/// Where concatenation `c` would take producer `p` in place: `p`'s first slice, when the rules
+/// of the module (but the one on several concatenations) hold.
+fn slot_in(g: &Graph, c: NodeId, p: NodeId) -> Option<Slice> {
     let node = g.node(c);
     let axis = match node.op {
         Op::Concat { axis } => axis,
@@ -42,39 +62,66 @@ fn slot_in(g: &Graph, c: NodeId, p: NodeId) -> Option<usize> {
     if p == c || g.node(p).op.is_input() || axis >= node.shape.len() {
         return None;
     }
-    if node.shape[..axis].iter().product::<usize>() != 1 {
-        return None;
-    }
+    let rows: usize = node.shape[..axis].iter().product();
     let inner: usize = node.shape[axis + 1..].iter().product();
+    let stride = node.shape[axis].checked_mul(inner)?;
     let mut off = 0;
+    let mut found = None;
+    let mut terms_of_p = 0;
     for term in &node.inputs {
         let width = term
             .first()
             .and_then(|v| g.value_shape(v).ok())
             .and_then(|s| s.get(axis).copied())?;
-        if let [v] = term.as_slice() {
+        terms_of_p += term.iter().filter(|v| v.node == p).count();
+        if let ([v], None) = (term.as_slice(), found) {
             if v.node == p {
                 let whole = v.channels.is_none()
-                    && g.node(p).shape.iter().product::<usize>() == width * inner;
-                let at = off * inner;
-                return (whole && at.is_multiple_of(VIEW_ALIGN)).then_some(at);
+                    && g.node(p).shape.iter().product::<usize>() == rows * width * inner;
+                let slice = Slice {
+                    into: c,
+                    at: off * inner,
+                    rows,
+                    run: width * inner,
+                    stride,
+                };
+                found = Some(whole.then_some(slice));
             }
         }
         off += width;
     }
-    None
+    let slice = found??;
+    // Several runs that follow one another (a concatenation of one term at batch > 1) are
+    // left to the reshape rule.
+    let strided = slice.rows > 1 && slice.run < slice.stride;
+    let aligned = slice.at.is_multiple_of(VIEW_ALIGN)
+        && (slice.rows == 1 || slice.stride.is_multiple_of(VIEW_ALIGN));
+    let writable = slice.rows == 1 || (strided && terms_of_p == 1 && writes_strided(g, p, c));
+    (aligned && writable).then_some(slice)
 }
 
-/// The concatenation `p` writes its output into in place, and the first element of its slice
-/// there.
-pub fn slice_of(g: &Graph, p: NodeId) -> Option<(NodeId, usize)> {
+/// Whether `p`, read by concatenation `c`, may write a strided slice of it (see the module
+/// docs).
+fn writes_strided(g: &Graph, p: NodeId, c: NodeId) -> bool {
+    let Op::Conv2d(conv) = &g.node(p).op else {
+        return false;
+    };
+    let channels = g.input_shapes(p).first().and_then(|s| s.get(1).copied());
+    channels.is_some_and(|ch| !crate::fusion::is_depthwise(conv, ch))
+        && crate::fusion::residual_of(g, p).is_none()
+        && g.succs(p).all(|s| s == c)
+        && !crate::fusion::is_output(g, p)
+}
+
+/// The concatenation `p` writes its output into in place, and where ([`Slice`]).
+pub fn slice_of(g: &Graph, p: NodeId) -> Option<Slice> {
     g.succs(p)
-        .filter_map(|c| slot_in(g, c, p).map(|at| (c, at)))
-        .min_by_key(|&(c, _)| c)
+        .filter_map(|c| slot_in(g, c, p))
+        .min_by_key(|s| s.into)
 }
 
 /// [`slice_of`] for every node.
-pub fn concat_slices(g: &Graph) -> Vec<Option<(NodeId, usize)>> {
+pub fn concat_slices(g: &Graph) -> Vec<Option<Slice>> {
     (0..g.len())
         .map(|i| slice_of(g, NodeId(i as u32)))
         .collect()
@@ -89,7 +136,7 @@ pub fn in_place_terms(g: &Graph, c: NodeId) -> usize {
         .filter(|t| match t.as_slice() {
             [v] if !seen.contains(&v.node) => {
                 seen.push(v.node);
-                slice_of(g, v.node).is_some_and(|(into, _)| into == c)
+                slice_of(g, v.node).is_some_and(|s| s.into == c)
             }
             _ => false,
         })
@@ -170,13 +217,27 @@ mod tests {
             }
             assert_eq!(slice_of(&g, e).is_some(), batch == 1);
             assert_eq!(s[re.index()], (batch == 2).then_some(e));
-            assert_eq!(slice_of(&g, f), (batch == 1).then_some((rf, 0)));
+            assert_eq!(
+                slice_of(&g, f).map(|s| (s.into, s.at)),
+                (batch == 1).then_some((rf, 0))
+            );
             assert_eq!(s[rf.index()], (batch == 2).then_some(f));
         }
     }
 
+    /// A slice of one run (batch 1) of `into`'s output, whose images are `stride` elements.
+    fn part(into: NodeId, at: usize, run: usize, stride: usize) -> Option<Slice> {
+        Some(Slice {
+            into,
+            at,
+            rows: 1,
+            run,
+            stride,
+        })
+    }
+
     #[test]
-    fn slices_at_batch_1_only_and_once() {
+    fn producers_take_their_first_slice_once() {
         for batch in [1, 2] {
             let mut b = GraphBuilder::new("cat", DType::F32);
             let x = b.input("x", vec![batch, 4, 4, 4]);
@@ -186,9 +247,11 @@ mod tests {
             let again = b.concat("again", &[r, l]);
             let g = b.finish().unwrap();
             let s = concat_slices(&g);
+            // Read by two concatenations: l and r write the first's slice, at batch 1 only
+            // (a strided slice needs the concatenation to be their only reader).
             if batch == 1 {
-                assert_eq!(s[l.index()], Some((cat, 0)));
-                assert_eq!(s[r.index()], Some((cat, 8 * 16)));
+                assert_eq!(s[l.index()], part(cat, 0, 8 * 16, 16 * 16));
+                assert_eq!(s[r.index()], part(cat, 8 * 16, 4 * 16, 16 * 16));
                 assert_eq!(in_place_terms(&g, cat), 2);
             } else {
                 assert_eq!(s[l.index()], None);
@@ -207,20 +270,91 @@ mod tests {
             ];
             let ident = b.node("ident", Op::Identity, terms);
             let h = b.finish().unwrap();
-            let want = (batch == 1).then_some((ident, 0));
+            let want = match batch {
+                1 => part(ident, 0, 8 * 16, 12 * 16),
+                _ => Some(Slice {
+                    into: ident,
+                    at: 0,
+                    rows: batch,
+                    run: 8 * 16,
+                    stride: 12 * 16,
+                }),
+            };
             assert_eq!(slice_of(&h, p), want);
             assert_eq!(
                 slice_of(&h, q),
                 None,
                 "a summed term is not one whole value"
             );
-            assert_eq!(in_place_terms(&h, ident), usize::from(batch == 1));
+            assert_eq!(in_place_terms(&h, ident), 1);
             assert_eq!(in_place_terms(&g, l), 0);
             // The graph input keeps its buffer; a producer has one slice; concatenations
             // themselves are not sliced into anything here.
             for n in [x, cat, again] {
                 assert_eq!(s[n.index()], None);
             }
+        }
+    }
+
+    #[test]
+    fn strided_slices_are_for_convolutions_the_concatenation_alone_reads() {
+        for batch in [1, 2] {
+            let mut b = GraphBuilder::new("strided", DType::F32);
+            let x = b.input("x", vec![batch, 4, 4, 4]);
+            let a = b.conv("a", x, Conv2d::new(8, 3).padding(1, 1));
+            let dw = b.conv("dw", x, Conv2d::new(4, 3).padding(1, 1).groups(4));
+            let pl = b.pool("pl", x, crate::Pool2d::max(3, 1, 1));
+            let o = b.conv("o", x, Conv2d::new(4, 1));
+            let _o2 = b.conv("o2", o, Conv2d::new(4, 1));
+            let t = b.conv("t", x, Conv2d::new(4, 1));
+            let odd = b.conv("odd", x, Conv2d::new(4, 1));
+            let terms: Vec<Vec<crate::Value>> = [a, dw, pl, o, t, t, odd]
+                .iter()
+                .map(|&n| vec![crate::Value::whole(n)])
+                .collect();
+            let cat = b.node("cat", Op::Concat { axis: 1 }, terms);
+            let g = b.finish().unwrap();
+            let s = concat_slices(&g);
+            let stride = 32 * 16;
+            let at = |c: usize| c * 16;
+            if batch == 1 {
+                assert_eq!(s[a.index()], part(cat, 0, 8 * 16, stride));
+                for (n, c) in [(dw, 8), (pl, 12), (o, 16), (t, 20), (odd, 28)] {
+                    assert_eq!(s[n.index()], part(cat, at(c), 4 * 16, stride));
+                }
+                assert_eq!(in_place_terms(&g, cat), 6);
+            } else {
+                let want = Slice {
+                    into: cat,
+                    at: 0,
+                    rows: 2,
+                    run: 8 * 16,
+                    stride,
+                };
+                assert_eq!(s[a.index()], Some(want));
+                // Depthwise, a pool, read elsewhere too, read twice: their own buffers.
+                for n in [dw, pl, o, t] {
+                    assert_eq!(s[n.index()], None, "{}", g.node(n).name);
+                }
+                assert_eq!(
+                    s[odd.index()].map(|s| (s.at, s.rows)),
+                    Some((at(28), 2)),
+                    "an aligned slice of an aligned stride"
+                );
+                assert_eq!(in_place_terms(&g, cat), 2);
+            }
+            // A stride that is not a multiple of the alignment: 33 channels of a 3x3 plane.
+            let mut b = GraphBuilder::new("unaligned", DType::F32);
+            let x = b.input("x", vec![batch, 4, 3, 3]);
+            let a = b.conv("a", x, Conv2d::new(8, 1));
+            let y = b.input("y", vec![batch, 25, 3, 3]);
+            let cat = b.concat("cat", &[a, y]);
+            let g = b.finish().unwrap();
+            assert_eq!(
+                slice_of(&g, a).map(|s| s.into),
+                (batch == 1).then_some(cat),
+                "a stride of 297 elements"
+            );
         }
     }
 }

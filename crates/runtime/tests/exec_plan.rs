@@ -187,6 +187,11 @@ fn unkept(g: &Graph, id: NodeId) -> bool {
 
 /// Small inputs so the CPU kernels stay fast in debug builds.
 fn small(model: &str) -> Graph {
+    small_batch(model, 1)
+}
+
+/// [`small`] at batch `batch`.
+fn small_batch(model: &str, batch: usize) -> Graph {
     let size = match model {
         "inception_v3" => 75,
         "transformer" => 16,
@@ -195,7 +200,7 @@ fn small(model: &str) -> Graph {
     opsched::load_model(
         model,
         &ZooConfig {
-            batch: 1,
+            batch,
             input_size: Some(size),
             dtype: DType::F32,
         },
@@ -325,6 +330,50 @@ fn run_schedule_checks_against_sequential_and_reference() {
         if algo == "hios-lp" {
             assert!(r.transfers > 0);
             assert_eq!(r.transfer_mode, "copy");
+        }
+    }
+}
+
+/// At batch 2 the convolutions that end Inception's and GoogLeNet's branches write their
+/// slices of the concatenations through strided views (one run per image): concurrent
+/// branches interleave their runs of one buffer, and the outputs still match the sequential
+/// run and the CPU reference.
+#[test]
+fn strided_concatenation_slices_match_the_reference() {
+    let cost = h100();
+    // Every branch but a bare max pool ends in a convolution: GoogLeNet's 9 modules of 4;
+    // Inception-v3's 3 A of 4, 4 C of 4, 2 E of 6 and the B and D modules' 2 each.
+    // NASNet's cell outputs concatenate sums of two branches, each one add kernel into its
+    // strided slice: 5 in each of the 18 normal cells, 14 in the stem and reduction cells.
+    for (model, branches) in [("googlenet", 36), ("inception_v3", 44), ("nasnet", 104)] {
+        let g = small_batch(model, 2);
+        let p = opsched_gpu::program::GraphProgram::single_gpu(&g).unwrap();
+        let strided = p.buffers.iter().filter(|b| b.runs.is_some()).count();
+        assert_eq!(strided, branches, "{model}");
+        // (NASNet, the slowest on the CPU, with one schedule.)
+        let algos = [("opara", false), ("lios", true), ("sequential", false)];
+        let algos = if model == "nasnet" {
+            &algos[..1]
+        } else {
+            &algos[..]
+        };
+        for &(algo, capture) in algos {
+            let s = schedule(&g, algo, 1, &cost);
+            let opts = RunOptions {
+                graph_capture: capture,
+                warmup: 0,
+                repeats: 1,
+                check: CheckMode::Full,
+                ..Default::default()
+            };
+            let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
+            let c = r.check.unwrap();
+            assert!(c.passed, "{model}/{algo}: {c:?}");
+            assert_eq!(c.vs_sequential, 0.0, "{model}/{algo}");
+            assert!(
+                c.vs_reference.unwrap() <= c.tolerance_reference,
+                "{model}/{algo}"
+            );
         }
     }
 }
@@ -687,11 +736,23 @@ fn the_cuda_device_without_a_gpu_is_a_clear_error() {
 // --- GPU tests ---------------------------------------------------------------------------------
 
 fn gpu_run(model: &str, algo: &str, logical: usize, capture: bool) -> opsched_runtime::RunReport {
+    gpu_run_at(model, algo, logical, capture, 1)
+}
+
+/// [`gpu_run`] at batch `batch`.
+fn gpu_run_at(
+    model: &str,
+    algo: &str,
+    logical: usize,
+    capture: bool,
+    batch: usize,
+) -> opsched_runtime::RunReport {
     let g = opsched::load_model(
         model,
         &ZooConfig {
-            batch: 1,
-            input_size: Some(64),
+            batch,
+            // Inception-v3's reductions need at least 75 pixels.
+            input_size: Some(if model == "inception_v3" { 75 } else { 64 }),
             dtype: DType::F32,
         },
     )
@@ -724,6 +785,20 @@ fn gpu_squeezenet_sequential_and_ios_match_the_reference() {
         );
         gpu_run("googlenet", "opara", 1, capture);
         gpu_run("googlenet", "lios", 1, capture);
+    }
+}
+
+/// cuDNN writes the branches' strided slices of the concatenations (images a concatenated
+/// image apart), in its fused call and with the bias kernel after it, and NASNet's sums write
+/// theirs, eagerly and captured.
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn gpu_strided_concatenation_slices_match_the_reference() {
+    for capture in [false, true] {
+        gpu_run_at("googlenet", "lios", 1, capture, 2);
+        gpu_run_at("inception_v3", "opara", 1, capture, 2);
+        gpu_run_at("squeezenet", "sequential", 1, capture, 3);
+        gpu_run_at("nasnet", "opara", 1, capture, 2);
     }
 }
 

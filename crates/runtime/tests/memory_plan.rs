@@ -53,36 +53,55 @@ fn branches(batch: usize) -> Graph {
     let l = b.conv("l", x, Conv2d::new(8, 3).bias(true).relu());
     let r = b.conv("r", x, Conv2d::new(4, 1));
     let r2 = b.act("r2", r, Activation::Sigmoid);
-    let cat = b.concat("cat", &[l, r2, x]);
+    let m = b.conv("m", x, Conv2d::new(4, 1).bias(true));
+    let cat = b.concat("cat", &[l, r2, m, x]);
     b.conv("out", cat, Conv2d::new(4, 1));
     b.finish().unwrap()
 }
 
 #[test]
-fn concatenated_operators_write_their_slices_in_place_at_batch_1() {
+fn concatenated_operators_write_their_slices_in_place() {
     for batch in [1, 2] {
         let g = branches(batch);
         let p = GraphProgram::single_gpu(&g).unwrap();
         let id = |n: &str| g.find(n).unwrap();
         let out = |n: &str| p.ops[id(n).index()].as_ref().unwrap().output;
         let cat_steps = p.ops[id("cat").index()].as_ref().unwrap().steps.len();
+        let image = 24 * 64;
         if batch == 1 {
-            // l and r2 write channels 0..8 and 8..12 of cat; only the graph input is copied.
+            // l, r2 and m write channels 0..8, 8..12 and 12..16 of cat; only the graph input
+            // is copied.
             assert_eq!(p.buffers[out("l")].within, Some((out("cat"), 0)));
             assert_eq!(p.buffers[out("r2")].within, Some((out("cat"), 8 * 64)));
-            assert_eq!(p.buffers[out("r")].within, None);
+            assert_eq!(p.buffers[out("m")].within, Some((out("cat"), 12 * 64)));
+            assert!(p.buffers.iter().all(|b| b.runs.is_none()));
             assert_eq!(cat_steps, 1);
         } else {
-            // At batch 2 a branch's channels are not contiguous in cat: copies as before.
-            assert!(p.buffers.iter().all(|b| b.within.is_none()));
-            assert_eq!(cat_steps, 3);
+            // At batch 2 a branch's channels are one run per image in cat: the convolutions
+            // write them through strided views, the activation's output and the input are
+            // copied.
+            let runs = |c: usize| {
+                Some(opsched_gpu::program::Runs {
+                    run: c * 64,
+                    stride: image,
+                })
+            };
+            assert_eq!(p.buffers[out("l")].within, Some((out("cat"), 0)));
+            assert_eq!(p.buffers[out("l")].runs, runs(8));
+            assert_eq!(p.buffers[out("m")].within, Some((out("cat"), 12 * 64)));
+            assert_eq!(p.buffers[out("m")].runs, runs(4));
+            assert_eq!(p.buffers[out("r2")].within, None);
+            assert_eq!(cat_steps, 2);
         }
+        assert_eq!(p.buffers[out("r")].within, None);
         check_layout(&p).unwrap();
-        let s = schedule(&g, "opara", 2);
+        // The branches run at once on three streams: the race detector checks that their
+        // interleaved runs of cat are told apart.
+        let s = schedule(&g, "opara", 3);
         let want = opsched_gpu::reference::reference_with(&g, &Default::default()).unwrap();
         for reuse in [false, true] {
             let (got, _) = run(&g, &s, reuse);
-            for n in ["cat", "out"] {
+            for n in ["l", "m", "cat", "out"] {
                 if let Some(v) = &got[id(n).index()] {
                     let e = opsched_gpu::reference::scaled_error(
                         v,
@@ -192,7 +211,7 @@ fn sums_and_activations_run_in_the_kernels_that_feed_them() {
 }
 
 #[test]
-fn a_summed_term_of_a_concatenation_is_one_add_into_its_slice_at_batch_1() {
+fn a_summed_term_of_a_concatenation_is_one_add_into_its_slice() {
     for batch in [1, 2] {
         let mut b = GraphBuilder::new("cell", DType::F32);
         let x = b.input("x", vec![batch, 8, 6, 6]);
@@ -214,15 +233,16 @@ fn a_summed_term_of_a_concatenation_is_one_add_into_its_slice_at_batch_1() {
                 _ => None,
             })
             .collect();
-        if batch == 1 {
-            // Each sum writes its slice (channels 0..8 and 16..24) through a view.
-            let at: Vec<_> = adds.iter().map(|e| p.buffers[e.y].within).collect();
-            assert_eq!(at, [Some((op.output, 0)), Some((op.output, 16 * 36))]);
-            assert_eq!(op.steps.len(), 3);
-        } else {
-            assert!(adds.is_empty());
-            assert_eq!(op.steps.len(), 5);
-        }
+        // Each sum writes its slice (channels 0..8 and 16..24) through a view, strided at
+        // batch 2 (one run of 8 channels per image of 24); the input is copied.
+        let at: Vec<_> = adds.iter().map(|e| p.buffers[e.y].within).collect();
+        assert_eq!(at, [Some((op.output, 0)), Some((op.output, 16 * 36))]);
+        let runs = (batch > 1).then_some(opsched_gpu::program::Runs {
+            run: 8 * 36,
+            stride: 24 * 36,
+        });
+        assert!(adds.iter().all(|e| p.buffers[e.y].runs == runs));
+        assert_eq!(op.steps.len(), 3);
         let launches = opsched::cost::launches::launches(&g, cell);
         assert_eq!(launches as usize, op.steps.len());
         check_layout(&p).unwrap();
@@ -258,12 +278,13 @@ fn a_chain_runs_in_two_shared_buffers() {
 }
 
 /// A random DAG of small real operators: activations, sums, 1x1 and 3x3 convolutions and
-/// concatenations (whose inputs are written in place), all of shape `[1, 4, 6, 6]`.
-fn random_graph(seed: u64, ops: usize) -> Graph {
+/// concatenations (whose inputs are written in place, through strided views at batch > 1),
+/// all of shape `[batch, 4, 6, 6]`.
+fn random_graph(seed: u64, ops: usize, batch: usize) -> Graph {
     let mut rng = SplitMix64::new(seed);
     let mut pick = |n: usize| (rng.next_f64() * n as f64) as usize % n;
     let mut b = GraphBuilder::new("random", DType::F32);
-    let mut nodes = vec![b.input("x", vec![1, 4, 6, 6])];
+    let mut nodes = vec![b.input("x", vec![batch, 4, 6, 6])];
     for i in 0..ops {
         let (a, c) = (nodes[pick(nodes.len())], nodes[pick(nodes.len())]);
         let name = format!("n{i}");
@@ -328,9 +349,9 @@ fn assert_overlaps_are_ordered(p: &GraphProgram, host: &HostProgram, nodes: usiz
 
 #[test]
 fn random_graphs_share_storage_only_between_ordered_uses() {
-    let mut merged = 0;
+    let (mut merged, mut strided) = (0, 0);
     for seed in 0..6 {
-        let g = random_graph(seed, 30);
+        let g = random_graph(seed, 30, 1 + seed as usize % 2);
         let (want, _) = run(&g, &Schedule::sequential(&g), false);
         let algos = [
             ("opara", 4),
@@ -346,6 +367,7 @@ fn random_graphs_share_storage_only_between_ordered_uses() {
             let merges = host.merged_launches();
             let mut p = GraphProgram::build_merged(&g, &host.gpu_of(), &[], &merges).unwrap();
             merged += p.merged.len();
+            strided += p.buffers.iter().filter(|b| b.runs.is_some()).count();
             let keep: Vec<NodeId> = g.outputs().iter().map(|o| o.value.node).collect();
             let order = host.op_order(g.len());
             layout_reusing(&mut p, &keep, |a, b| order.before(a, b));
@@ -371,4 +393,5 @@ fn random_graphs_share_storage_only_between_ordered_uses() {
         }
     }
     assert!(merged > 0, "no merged stage of IOS ran as one convolution");
+    assert!(strided > 0, "no convolution wrote a strided slice");
 }

@@ -100,15 +100,32 @@ struct BufMeta {
     reads: Vec<Touch>,
 }
 
-/// A program's storage on the host: one block per logical GPU, each buffer a range of one
-/// (buffers overlap where the layout lets them, see [`crate::memory`]).
+/// Where a buffer's elements are: `len` of them from element `first` of storage block
+/// `block`, contiguous or in runs (a strided view, see [`crate::program::Runs`]).
+#[derive(Clone, Copy)]
+struct Place {
+    block: usize,
+    first: usize,
+    len: usize,
+    runs: Option<crate::program::Runs>,
+}
+
+impl Place {
+    /// The block's ranges that hold the buffer's elements `part`, in order.
+    fn ranges(&self, part: Range<usize>) -> Vec<Range<usize>> {
+        crate::program::Runs::storage(self.first, self.len, self.runs, part)
+    }
+}
+
+/// A program's storage on the host: one block per logical GPU, each buffer a range of one or
+/// runs of one (buffers overlap where the layout lets them, see [`crate::memory`]).
 struct MemInner {
     /// Per logical GPU. Cells, because steps on different streams write disjoint ranges of one
     /// block at the same time: every access goes through [`with_io`], which holds its ranges
     /// exclusively (writes) or shared (reads) while the step runs.
     blocks: Vec<Box<[UnsafeCell<f32>]>>,
-    /// Per buffer: (block, first element, length).
-    place: Vec<(usize, usize, usize)>,
+    /// Per buffer: where its elements are.
+    place: Vec<Place>,
     /// Ranges held by running steps: (block, start, end, written).
     held: Mutex<Vec<(usize, usize, usize, bool)>>,
     released: Condvar,
@@ -133,12 +150,28 @@ impl MemInner {
             .iter()
             .map(|&n| (0..n).map(|_| UnsafeCell::new(0.0)).collect())
             .collect();
-        let place: Vec<(usize, usize, usize)> =
-            p.buffers.iter().map(|b| (b.gpu, b.offset, b.len)).collect();
-        // Atom boundaries per block: every buffer's start and end.
+        let place: Vec<Place> = p
+            .buffers
+            .iter()
+            .map(|b| Place {
+                block: b.gpu,
+                first: b.offset,
+                len: b.len,
+                runs: b.runs,
+            })
+            .collect();
+        // Atom boundaries per block: where every buffer's ranges start and end.
         let mut cuts: Vec<Vec<usize>> = vec![Vec::new(); p.storage.len()];
-        for &(g, o, n) in &place {
-            cuts[g].extend([o, o + n]);
+        for pl in &place {
+            let Some(c) = cuts.get_mut(pl.block) else {
+                return Err(GpuError::Plan(format!(
+                    "a buffer lives on GPU {}, which has no storage",
+                    pl.block
+                )));
+            };
+            for r in pl.ranges(0..pl.len) {
+                c.extend([r.start, r.end]);
+            }
         }
         let mut atoms_total = 0;
         let cuts = cuts
@@ -165,23 +198,31 @@ impl MemInner {
 
     /// The race detector's records of the elements `part` of buffer `b` (all of it for
     /// `None`): every atom the part overlaps.
-    fn atoms(&self, b: BufId, part: Option<Range<usize>>) -> Result<&[Mutex<BufMeta>], GpuError> {
-        let (g, o, n) = self.place(b)?;
-        let part = part.unwrap_or(0..n);
-        let (lo, hi) = (o + part.start.min(n), o + part.end.min(n));
+    fn atoms(
+        &self,
+        b: BufId,
+        part: Option<Range<usize>>,
+    ) -> Result<Vec<&Mutex<BufMeta>>, GpuError> {
+        let pl = self.place(b)?;
         let (cuts, first) = self
             .cuts
-            .get(g)
+            .get(pl.block)
             .ok_or_else(|| GpuError::Plan(format!("buffer {b} has no storage")))?;
-        // Atom k spans cuts[k]..cuts[k + 1].
-        let from = cuts.partition_point(|&c| c <= lo).saturating_sub(1);
-        let to = cuts.partition_point(|&c| c < hi).max(from);
-        self.meta
-            .get(first + from..first + to)
-            .ok_or_else(|| GpuError::Plan(format!("buffer {b} lies outside its storage")))
+        let mut out = Vec::new();
+        for r in pl.ranges(part.unwrap_or(0..pl.len)) {
+            // Atom k spans cuts[k]..cuts[k + 1].
+            let from = cuts.partition_point(|&c| c <= r.start).saturating_sub(1);
+            let to = cuts.partition_point(|&c| c < r.end).max(from);
+            out.extend(
+                self.meta.get(first + from..first + to).ok_or_else(|| {
+                    GpuError::Plan(format!("buffer {b} lies outside its storage"))
+                })?,
+            );
+        }
+        Ok(out)
     }
 
-    fn place(&self, b: BufId) -> Result<(usize, usize, usize), GpuError> {
+    fn place(&self, b: BufId) -> Result<Place, GpuError> {
         self.place
             .get(b)
             .copied()
@@ -626,9 +667,15 @@ fn with_io<T>(
     ids.sort_unstable();
     ids.dedup();
     let mut ranges = Vec::with_capacity(ids.len());
+    let mut places = Vec::with_capacity(ids.len());
     for &(b, w) in &ids {
-        let (g, o, n) = mem.place(b)?;
-        ranges.push((g, o, o + n, w));
+        let pl = mem.place(b)?;
+        ranges.extend(
+            pl.ranges(0..pl.len)
+                .into_iter()
+                .map(|r| (pl.block, r.start, r.end, w)),
+        );
+        places.push(pl);
     }
     for (i, a) in ranges.iter().enumerate() {
         if ranges[..i].iter().any(|b| (a.3 || b.3) && overlap(a, b)) {
@@ -651,16 +698,40 @@ fn with_io<T>(
         held.extend(ranges.iter().copied());
         Held { mem, ranges }
     };
+    let cells = |b: BufId, pl: &Place, r: Range<usize>| {
+        mem.blocks
+            .get(pl.block)
+            .and_then(|blk| blk.get(r))
+            .ok_or_else(|| GpuError::Plan(format!("buffer {b} lies outside its storage")))
+    };
+    // A strided view is gathered into a vector of its own for the step (and written back
+    // after it), so every kernel sees one slice.
+    let mut gathered: Vec<Vec<f32>> = Vec::with_capacity(ids.len());
+    for (&(b, _), pl) in ids.iter().zip(&places) {
+        let mut v = Vec::new();
+        if pl.runs.is_some() {
+            v.reserve(pl.len);
+            for r in pl.ranges(0..pl.len) {
+                // SAFETY: `guard` holds the range (for reading at least): nobody writes it.
+                v.extend(cells(b, pl, r)?.iter().map(|c| unsafe { *c.get() }));
+            }
+        }
+        gathered.push(v);
+    }
     let mut io = CpuIo {
         reads: Vec::new(),
         writes: Vec::new(),
     };
-    for (&(b, w), &(g, o, end, _)) in ids.iter().zip(&guard.ranges) {
-        let cells = mem
-            .blocks
-            .get(g)
-            .and_then(|blk| blk.get(o..end))
-            .ok_or_else(|| GpuError::Plan(format!("buffer {b} lies outside its storage")))?;
+    for ((&(b, w), pl), own) in ids.iter().zip(&places).zip(gathered.iter_mut()) {
+        if pl.runs.is_some() {
+            if w {
+                io.writes.push((b, own.as_mut_slice()));
+            } else {
+                io.reads.push((b, own.as_slice()));
+            }
+            continue;
+        }
+        let cells = cells(b, pl, pl.first..pl.first + pl.len)?;
         let ptr = UnsafeCell::raw_get(cells.as_ptr());
         if w {
             // SAFETY: `cells` is in bounds, `UnsafeCell<f32>` has the layout of `f32`, and
@@ -677,6 +748,18 @@ fn with_io<T>(
     }
     let r = f(&mut io);
     drop(io);
+    for ((&(b, w), pl), own) in ids.iter().zip(&places).zip(&gathered) {
+        if !(w && pl.runs.is_some()) {
+            continue;
+        }
+        let mut from = own.iter();
+        for range in pl.ranges(0..pl.len) {
+            for (c, v) in cells(b, pl, range)?.iter().zip(&mut from) {
+                // SAFETY: `guard` still holds the range for writing.
+                unsafe { *c.get() = *v };
+            }
+        }
+    }
     drop(guard);
     r
 }

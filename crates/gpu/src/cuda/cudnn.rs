@@ -71,6 +71,47 @@ pub(crate) fn tensor4(dims: [usize; 4]) -> Result<TensorDesc, GpuError> {
     Ok(d)
 }
 
+/// An NCHW f32 tensor descriptor whose images are `image` elements apart, each dense (a
+/// convolution's slice of a concatenation at batch > 1: its images are a whole concatenated
+/// image apart); [`tensor4`] where that is dense.
+pub(crate) fn tensor4_images(dims: [usize; 4], image: usize) -> Result<TensorDesc, GpuError> {
+    if image == dims[1] * dims[2] * dims[3] {
+        return tensor4(dims);
+    }
+    let d = TensorDesc(
+        dnn::create_tensor_descriptor()
+            .map_err(|e| GpuError::cudnn("creating a tensor descriptor", e))?,
+    );
+    let strides = [
+        c_int(image, "image stride")?,
+        c_int(dims[2] * dims[3], "channel stride")?,
+        c_int(dims[3], "row stride")?,
+        1,
+    ];
+    let dims = [
+        c_int(dims[0], "n")?,
+        c_int(dims[1], "c")?,
+        c_int(dims[2], "h")?,
+        c_int(dims[3], "w")?,
+    ];
+    // SAFETY: a fresh descriptor; dims and strides fit a C int.
+    unsafe {
+        dnn::set_tensor4d_descriptor_ex(
+            d.0,
+            dnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            dims,
+            strides,
+        )
+    }
+    .map_err(|e| {
+        GpuError::cudnn(
+            format!("describing tensor {dims:?} with strides {strides:?}"),
+            e,
+        )
+    })?;
+    Ok(d)
+}
+
 impl FilterDesc {
     /// An f32 filter `[k, c, h, w]` in `format`.
     pub(crate) fn new(

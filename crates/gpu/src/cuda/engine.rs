@@ -189,12 +189,12 @@ fn as_i64(v: usize, what: &str) -> Result<i64, GpuError> {
 }
 
 /// A dense NCHW (or KCRS) f32 tensor of the graph.
-fn tensor(id: i64, dims: [usize; 4]) -> Result<Desc, GpuError> {
+fn tensor(id: i64, dims: [usize; 4], image: usize) -> Result<Desc, GpuError> {
     let d = dims
         .iter()
         .map(|&v| as_i64(v, "a tensor dimension"))
         .collect::<Result<Vec<_>, _>>()?;
-    let strides = [d[1] * d[2] * d[3], d[2] * d[3], d[3], 1];
+    let strides = [as_i64(image, "an image stride")?, d[2] * d[3], d[3], 1];
     let t = Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
     t.set(
         A::CUDNN_ATTR_TENSOR_DATA_TYPE,
@@ -219,6 +219,8 @@ pub(crate) struct ConvShape {
     pub x: [usize; 4],
     pub w: [usize; 4],
     pub y: [usize; 4],
+    /// Elements between images of `y` (a strided output's, else `c * h * w`).
+    pub y_image: usize,
     pub padding: [usize; 2],
     pub stride: [usize; 2],
     pub dilation: [usize; 2],
@@ -239,7 +241,12 @@ impl ConvGraph {
         handle: dnn_sys::cudnnHandle_t,
         s: &ConvShape,
     ) -> Result<ConvGraph, GpuError> {
-        let (x, w, y) = (tensor(X_ID, s.x)?, tensor(W_ID, s.w)?, tensor(Y_ID, s.y)?);
+        let dense = |d: [usize; 4]| d[1] * d[2] * d[3];
+        let (x, w, y) = (
+            tensor(X_ID, s.x, dense(s.x))?,
+            tensor(W_ID, s.w, dense(s.w))?,
+            tensor(Y_ID, s.y, s.y_image)?,
+        );
         let two = |v: [usize; 2], what: &str| -> Result<[i64; 2], GpuError> {
             Ok([as_i64(v[0], what)?, as_i64(v[1], what)?])
         };

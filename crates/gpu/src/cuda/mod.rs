@@ -413,6 +413,8 @@ struct MemInner {
     at: Vec<(usize, usize)>,
     ptr: Vec<u64>,
     len: Vec<usize>,
+    /// A strided view's runs (see [`crate::program::Runs`]).
+    runs: Vec<Option<crate::program::Runs>>,
     /// Physical GPU (index into the device's GPUs) of each buffer.
     home: Vec<usize>,
     /// Physical GPU of each logical GPU.
@@ -420,10 +422,25 @@ struct MemInner {
 }
 
 impl MemInner {
-    /// The block (logical GPU) and the range of elements of buffer `id`.
+    /// The block (logical GPU) and the range of elements of buffer `id`, which must be
+    /// contiguous.
     fn range(&self, id: BufId) -> Result<(usize, std::ops::Range<usize>), GpuError> {
-        match (self.at.get(id), self.len.get(id)) {
-            (Some(&(l, o)), Some(&n)) => Ok((l, o..o + n)),
+        match (self.at.get(id), self.len.get(id), self.runs.get(id)) {
+            (Some(&(l, o)), Some(&n), Some(None)) => Ok((l, o..o + n)),
+            (Some(_), Some(_), Some(Some(_))) => Err(GpuError::Plan(format!(
+                "buffer {id} is a strided view, not one range"
+            ))),
+            _ => Err(GpuError::Plan(format!("buffer {id} does not exist"))),
+        }
+    }
+
+    /// The block (logical GPU) of buffer `id`, and the ranges of it that hold its elements, in
+    /// order.
+    fn ranges(&self, id: BufId) -> Result<(usize, Vec<std::ops::Range<usize>>), GpuError> {
+        match (self.at.get(id), self.len.get(id), self.runs.get(id)) {
+            (Some(&(l, o)), Some(&n), Some(&runs)) => {
+                Ok((l, crate::program::Runs::storage(o, n, runs, 0..n)))
+            }
             _ => Err(GpuError::Plan(format!("buffer {id} does not exist"))),
         }
     }
@@ -480,10 +497,27 @@ impl PrepareCx<'_> {
         }
     }
 
-    /// The device pointer of buffer `id`, which must live on this GPU.
+    /// The device pointer of buffer `id`, which must live on this GPU and be contiguous (a
+    /// kernel that writes a strided view asks [`PrepareCx::strided`]).
     pub(crate) fn ptr(&self, id: BufId) -> Result<u64, GpuError> {
+        match self.strided(id)? {
+            (p, None) => Ok(p),
+            (_, Some(_)) => Err(GpuError::Plan(format!(
+                "buffer {id} is a strided view, which only a convolution writes (operator '{}')",
+                self.op
+            ))),
+        }
+    }
+
+    /// The device pointer of buffer `id` (its first element), which must live on this GPU,
+    /// and its runs where it is a strided view.
+    pub(crate) fn strided(
+        &self,
+        id: BufId,
+    ) -> Result<(u64, Option<crate::program::Runs>), GpuError> {
+        let runs = self.mem.runs.get(id).copied().flatten();
         match (self.mem.ptr.get(id), self.mem.home.get(id)) {
-            (Some(&p), Some(&h)) if h == self.unit => Ok(p),
+            (Some(&p), Some(&h)) if h == self.unit => Ok((p, runs)),
             (Some(_), Some(&h)) => Err(GpuError::Plan(format!(
                 "buffer {id} lives on GPU {h}, the operator runs on GPU {}",
                 self.unit
@@ -606,8 +640,13 @@ impl Device for CudaDevice {
             let phys = unit(b.gpu)?;
             let s = &self.gpu(phys)?.alloc_stream;
             let mut block = blocks[b.gpu].borrow_mut();
-            let range = b.offset..b.offset + b.len;
+            let range = b.offset..b.offset + b.span();
             if let Some(data) = p.initial_data(i) {
+                if b.runs.is_some() {
+                    return Err(GpuError::Plan(format!(
+                        "buffer {i} is a strided view that starts with data"
+                    )));
+                }
                 s.memcpy_htod(&data, &mut block.slice_mut(range.clone()))
                     .map_err(|e| {
                         GpuError::driver(format!("initialising buffer {i} ({} floats)", b.len), e)
@@ -628,6 +667,7 @@ impl Device for CudaDevice {
                 at,
                 ptr,
                 len,
+                runs: p.buffers.iter().map(|b| b.runs).collect(),
                 home,
                 map: map.to_vec(),
             }),
@@ -637,32 +677,41 @@ impl Device for CudaDevice {
 
     fn read(&self, m: &CudaMemory, id: BufId) -> Result<Vec<f32>, GpuError> {
         let mem = &m.inner;
-        let (l, range) = mem.range(id)?;
+        let (l, ranges) = mem.ranges(id)?;
         let gpu = self.gpu(mem.home[id])?;
         gpu.synchronize()?;
-        let v = gpu
-            .alloc_stream
-            .clone_dtoh(&mem.blocks[l].borrow().slice(range))
-            .map_err(|e| GpuError::driver(format!("reading buffer {id}"), e))?;
+        let mut v = Vec::new();
+        for r in ranges {
+            let part = gpu
+                .alloc_stream
+                .clone_dtoh(&mem.blocks[l].borrow().slice(r))
+                .map_err(|e| GpuError::driver(format!("reading buffer {id}"), e))?;
+            v.extend(part);
+        }
         gpu.sync_alloc()?;
         Ok(v)
     }
 
     fn write(&self, m: &CudaMemory, id: BufId, data: &[f32]) -> Result<(), GpuError> {
         let mem = &m.inner;
-        let (l, range) = mem.range(id)?;
-        if data.len() != range.len() {
+        let (l, ranges) = mem.ranges(id)?;
+        let n: usize = ranges.iter().map(|r| r.len()).sum();
+        if data.len() != n {
             return Err(GpuError::Plan(format!(
-                "buffer {id} holds {} values, {} given",
-                range.len(),
+                "buffer {id} holds {n} values, {} given",
                 data.len()
             )));
         }
         let gpu = self.gpu(mem.home[id])?;
         gpu.synchronize()?;
-        gpu.alloc_stream
-            .memcpy_htod(data, &mut mem.blocks[l].borrow_mut().slice_mut(range))
-            .map_err(|e| GpuError::driver(format!("writing buffer {id}"), e))?;
+        let mut from = 0;
+        for r in ranges {
+            let part = &data[from..from + r.len()];
+            from += r.len();
+            gpu.alloc_stream
+                .memcpy_htod(part, &mut mem.blocks[l].borrow_mut().slice_mut(r))
+                .map_err(|e| GpuError::driver(format!("writing buffer {id}"), e))?;
+        }
         gpu.sync_alloc()
     }
 

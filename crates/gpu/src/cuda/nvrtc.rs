@@ -81,15 +81,26 @@ extern "C" __global__ void slab_copy(float* dst, const float* src, i64 outer, i6
                          accumulate);
 }
 
-template <typename I>
+// Where element t of a tensor is: dense, or in runs of `run` elements `stride` apart (a
+// strided view: a convolution's slice of a concatenation at batch > 1).
+template <typename I> struct Dense {
+    __device__ __forceinline__ I operator()(I t) const { return t; }
+};
+template <typename I> struct Runs {
+    I run, stride;
+    __device__ __forceinline__ I operator()(I t) const { return (t / run) * stride + t % run; }
+};
+
+template <typename I, typename At = Dense<I> >
 __device__ __forceinline__ void bias_act_t(float* y, const float* bias, const float* residual,
                                            I total, I channels, I inner, int act, float p0,
-                                           float p1) {
+                                           float p1, At at = At()) {
     GRID_STRIDE_T(I, t, total) {
-        float v = y[t];
+        I yt = at(t);
+        float v = y[yt];
         if (bias) v += bias[(t / inner) % channels];
         if (residual) v += residual[t];
-        y[t] = act_f(v, act, p0, p1);
+        y[yt] = act_f(v, act, p0, p1);
     }
 }
 
@@ -100,6 +111,19 @@ extern "C" __global__ void bias_act(float* y, const float* bias, const float* re
         bias_act_t<unsigned>(y, bias, residual, total, channels, inner, act, p0, p1);
     else
         bias_act_t<i64>(y, bias, residual, total, channels, inner, act, p0, p1);
+}
+
+// bias_act on a strided y (the residual, if any, is dense).
+extern "C" __global__ void bias_act_runs(float* y, const float* bias, const float* residual,
+                                         i64 total, i64 channels, i64 inner, i64 run,
+                                         i64 stride, int act, float p0, float p1) {
+    if (FITS32(total) && FITS32((total / run + 1) * stride)) {
+        Runs<unsigned> at = {(unsigned)run, (unsigned)stride};
+        bias_act_t<unsigned>(y, bias, residual, total, channels, inner, act, p0, p1, at);
+    } else {
+        Runs<i64> at = {run, stride};
+        bias_act_t<i64>(y, bias, residual, total, channels, inner, act, p0, p1, at);
+    }
 }
 
 extern "C" __global__ void act_kernel(float* y, const float* x, i64 n, int act, float p0,
@@ -148,15 +172,35 @@ extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int h, int w
 }
 
 // The activation (act_f's code and parameters) is fused in: ResNet's add + relu is one kernel.
-extern "C" __global__ void elementwise(float* y, const float* const* srcs, int nsrc, i64 n,
-                                       int is_mul, int act, float p0, float p1) {
-    GRID_STRIDE(t, n) {
+template <typename I, typename At>
+__device__ __forceinline__ void elementwise_t(float* y, const float* const* srcs, int nsrc,
+                                              I n, int is_mul, int act, float p0, float p1,
+                                              At at) {
+    GRID_STRIDE_T(I, t, n) {
         float acc = is_mul ? 1.0f : 0.0f;
         for (int k = 0; k < nsrc; ++k) {
             float v = srcs[k][t];
             acc = is_mul ? acc * v : acc + v;
         }
-        y[t] = act_f(acc, act, p0, p1);
+        y[at(t)] = act_f(acc, act, p0, p1);
+    }
+}
+
+extern "C" __global__ void elementwise(float* y, const float* const* srcs, int nsrc, i64 n,
+                                       int is_mul, int act, float p0, float p1) {
+    elementwise_t<i64>(y, srcs, nsrc, n, is_mul, act, p0, p1, Dense<i64>());
+}
+
+// elementwise into a strided y (a sum's slice of a concatenation at batch > 1).
+extern "C" __global__ void elementwise_runs(float* y, const float* const* srcs, int nsrc,
+                                            i64 n, i64 run, i64 stride, int is_mul, int act,
+                                            float p0, float p1) {
+    if (FITS32(n) && FITS32((n / run + 1) * stride)) {
+        Runs<unsigned> at = {(unsigned)run, (unsigned)stride};
+        elementwise_t<unsigned>(y, srcs, nsrc, n, is_mul, act, p0, p1, at);
+    } else {
+        Runs<i64> at = {run, stride};
+        elementwise_t<i64>(y, srcs, nsrc, n, is_mul, act, p0, p1, at);
     }
 }
 
@@ -323,9 +367,11 @@ extern "C" __global__ void spin(unsigned long long ns) {
 pub const NAMES: &[&str] = &[
     "slab_copy",
     "bias_act",
+    "bias_act_runs",
     "act_kernel",
     "pool2d",
     "elementwise",
+    "elementwise_runs",
     "layer_norm",
     "permute",
     "broadcast",

@@ -173,7 +173,9 @@ impl StepKernel for BiasAct {
     }
 }
 
-/// `bias_act` on the GPU (also a convolution's epilogue when cuDNN's fused call is not used).
+/// `bias_act` on the GPU (also a convolution's epilogue when cuDNN's fused call is not used);
+/// `bias_act_runs` where `y` is a strided view (a convolution's slice of a concatenation at
+/// batch > 1).
 pub(crate) struct CudaBiasAct {
     y: u64,
     bias: u64,
@@ -181,18 +183,27 @@ pub(crate) struct CudaBiasAct {
     total: i64,
     channels: i64,
     inner: i64,
+    /// `y`'s runs and their stride, for a strided `y`.
+    runs: Option<(i64, i64)>,
     act: (i32, f32, f32),
 }
 
 impl CudaBiasAct {
     pub(crate) fn new(cx: &PrepareCx<'_>, s: &BiasAct) -> Result<CudaBiasAct, GpuError> {
+        let (y, runs) = cx.strided(s.y)?;
+        let i64_of = |v: usize| {
+            i64::try_from(v).map_err(|_| GpuError::Plan(format!("{v} elements in a bias kernel")))
+        };
         Ok(CudaBiasAct {
-            y: cx.ptr(s.y)?,
+            y,
             bias: s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
             residual: s.residual.map(|z| cx.ptr(z)).transpose()?.unwrap_or(0),
-            total: s.total as i64,
-            channels: s.channels.max(1) as i64,
-            inner: s.inner.max(1) as i64,
+            total: i64_of(s.total)?,
+            channels: i64_of(s.channels.max(1))?,
+            inner: i64_of(s.inner.max(1))?,
+            runs: runs
+                .map(|r| Ok::<_, GpuError>((i64_of(r.run.max(1))?, i64_of(r.stride)?)))
+                .transpose()?,
             act: act_params(s.act),
         })
     }
@@ -200,18 +211,24 @@ impl CudaBiasAct {
 
 impl Enqueue for CudaBiasAct {
     fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
-        let mut b = sc.launch_builder(gpu.function("bias_act")?);
+        let name = match self.runs {
+            Some(_) => "bias_act_runs",
+            None => "bias_act",
+        };
+        let mut b = sc.launch_builder(gpu.function(name)?);
         b.arg(&self.y)
             .arg(&self.bias)
             .arg(&self.residual)
             .arg(&self.total)
             .arg(&self.channels)
-            .arg(&self.inner)
-            .arg(&self.act.0)
-            .arg(&self.act.1)
-            .arg(&self.act.2);
-        // SAFETY: matches `bias_act`; bias has `channels` elements or is null, the residual
-        // `total` or is null.
-        launched(unsafe { b.launch(grid(self.total as usize)) }, "bias_act")
+            .arg(&self.inner);
+        if let Some((run, stride)) = &self.runs {
+            b.arg(run).arg(stride);
+        }
+        b.arg(&self.act.0).arg(&self.act.1).arg(&self.act.2);
+        // SAFETY: matches `bias_act` (`bias_act_runs`: with the run and stride after `inner`);
+        // bias has `channels` elements or is null, the residual `total` or is null, and y
+        // `total` (in runs of its view: the layout checked that they fit its parent).
+        launched(unsafe { b.launch(grid(self.total as usize)) }, name)
     }
 }

@@ -40,7 +40,7 @@ use crate::cpu::math::{
     bias_act_row, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat, TilesOfB,
 };
 use crate::cpu::CpuIo;
-use crate::cuda::cudnn::{tensor4, ActDesc, ConvDesc, FilterDesc, TensorDesc};
+use crate::cuda::cudnn::{tensor4, tensor4_images, ActDesc, ConvDesc, FilterDesc, TensorDesc};
 use crate::cuda::engine::{ConvGraph, ConvShape, EngineRef, Plan as EnginePlan};
 use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -724,7 +724,21 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     let w_dims = [oc, c / s.groups, s.kernel[0], s.kernel[1]];
     let w_desc = FilterDesc::new(w_dims, dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW)?;
     let conv = ConvDesc::new(s.padding, s.stride, s.dilation, s.groups)?;
-    let (wp, yp) = (cx.ptr(s.w)?, cx.ptr(s.y)?);
+    let wp = cx.ptr(s.w)?;
+    // A strided output (the convolution's slice of a concatenation at batch > 1) has its
+    // images `y_image` elements apart, each dense.
+    let (yp, y_runs) = cx.strided(s.y)?;
+    let y_dense = oc * s.out_hw[0] * s.out_hw[1];
+    let y_image = match y_runs {
+        None => y_dense,
+        Some(r) if r.run == y_dense => r.stride,
+        Some(r) => {
+            return Err(GpuError::Plan(format!(
+                "a convolution's output in runs of {} elements, not its images of {y_dense}",
+                r.run
+            )))
+        }
+    };
     // What the tuning table keys by (the device is the cache entry's fingerprint). Engines
     // are candidates of their own key, so measurements made without them are not reused;
     // ".2": the first version's measurements (on an H100 it found no engine) hold none.
@@ -734,19 +748,23 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         ConvGemm::Timed => api == ConvApi::Both,
         ConvGemm::Always => true,
     };
-    let gemm = match gemm_wanted && s.groups == 1 && s.is_pointwise() {
+    let gemm = match gemm_wanted && s.groups == 1 && s.is_pointwise() && y_runs.is_none() {
         true => Some(super::gemm::CudaGemm::new(&s.as_gemm(), cx)?),
         false => None,
     };
     let gemm_always = gemm.is_some() && cx.opts.conv_gemm == ConvGemm::Always;
     let tuning_key = format!(
-        "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw|{}{}{}",
+        "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw{}|{}{}{}",
         s.input,
         s.kernel,
         s.stride,
         s.padding,
         s.dilation,
         s.groups,
+        match y_runs {
+            Some(_) => format!("|yimage={y_image}"),
+            None => String::new(),
+        },
         if cx.opts.tf32 { "tf32" } else { "fp32" },
         if api == ConvApi::Legacy {
             ""
@@ -773,7 +791,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         y: yp,
         bias: bias_ptr,
         x_desc: tensor4(s.input)?,
-        y_desc: tensor4(y_dims)?,
+        y_desc: tensor4_images(y_dims, y_image)?,
         bias_desc: tensor4([1, oc, 1, 1])?,
         w_desc,
         conv,
@@ -782,6 +800,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
             x: s.input,
             w: w_dims,
             y: y_dims,
+            y_image,
             padding: s.padding,
             stride: s.stride,
             dilation: s.dilation,

@@ -116,12 +116,19 @@ impl StepKernel for Elementwise {
             .collect::<Result<Vec<u64>, _>>()?;
         let dev = cx.gpu.upload(&ptrs)?;
         let (srcs_ptr, _) = dev.device_ptr(&cx.gpu.alloc_stream);
+        let (y, runs) = cx.strided(self.y)?;
+        let i64_of = |v: usize| {
+            i64::try_from(v).map_err(|_| GpuError::Plan(format!("{v} elements in a sum")))
+        };
         Ok(Box::new(CudaElementwise {
-            y: cx.ptr(self.y)?,
+            y,
             _srcs: dev,
             srcs_ptr,
             nsrc: c_int(ptrs.len(), "inputs")?,
-            n: self.len as i64,
+            n: i64_of(self.len)?,
+            runs: runs
+                .map(|r| Ok::<_, GpuError>((i64_of(r.run.max(1))?, i64_of(r.stride)?)))
+                .transpose()?,
             is_mul: i32::from(self.kind == ElementwiseKind::Mul),
             act: act_params(self.act),
         }))
@@ -139,24 +146,32 @@ struct CudaElementwise {
     srcs_ptr: u64,
     nsrc: i32,
     n: i64,
+    /// `y`'s runs and their stride, for a strided `y` (`elementwise_runs`).
+    runs: Option<(i64, i64)>,
     is_mul: i32,
     act: (i32, f32, f32),
 }
 
 impl Enqueue for CudaElementwise {
     fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
-        let mut b = sc.launch_builder(gpu.function("elementwise")?);
+        let name = match self.runs {
+            Some(_) => "elementwise_runs",
+            None => "elementwise",
+        };
+        let mut b = sc.launch_builder(gpu.function(name)?);
         let (code, p0, p1) = &self.act;
         b.arg(&self.y)
             .arg(&self.srcs_ptr)
             .arg(&self.nsrc)
-            .arg(&self.n)
-            .arg(&self.is_mul)
-            .arg(code)
-            .arg(p0)
-            .arg(p1);
-        // SAFETY: matches `elementwise`; the pointer array (nsrc entries, each a buffer of at
-        // least n elements, checked at preparation) lives in this operator.
-        launched(unsafe { b.launch(grid(self.n as usize)) }, "elementwise")
+            .arg(&self.n);
+        if let Some((run, stride)) = &self.runs {
+            b.arg(run).arg(stride);
+        }
+        b.arg(&self.is_mul).arg(code).arg(p0).arg(p1);
+        // SAFETY: matches `elementwise` (`elementwise_runs`: with the run and stride after
+        // `n`); the pointer array (nsrc entries, each a buffer of at least n elements, checked
+        // at preparation) lives in this operator, and y holds n (in runs of its view: the
+        // layout checked that they fit its parent).
+        launched(unsafe { b.launch(grid(self.n as usize)) }, name)
     }
 }
