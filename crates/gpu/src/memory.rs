@@ -5,8 +5,8 @@
 //! - **In-place concatenation.** [`crate::program::GraphProgram::build`] makes an operator whose
 //!   whole output is one input of a concatenation on its GPU write straight into its slice of
 //!   the concatenation's output, when that slice starts at a multiple of [`VIEW_ALIGN`]
-//!   elements and, where it is not contiguous (one run per image at batch > 1), the operator is
-//!   a convolution that can write it (the rule: [`opsched_graph::inplace`]): its buffer is
+//!   elements and, where it is not contiguous (one run per image at batch > 1), the operator's
+//!   kernel takes an output stride (the rule: [`opsched_graph::inplace`]): its buffer is
 //!   then *within* the other one ([`BufSpec::within`]; strided: [`BufSpec::runs`]) and the
 //!   concatenation copies nothing for it.
 //! - **Reuse** ([`layout_reusing`]): a buffer written and read only by operators that the

@@ -104,8 +104,9 @@ pub struct BufSpec {
     /// It is a part of another buffer, from the given element on: an operator writing its slice
     /// of a concatenation in place (see [`crate::memory`]).
     pub within: Option<(BufId, usize)>,
-    /// A view whose elements are not contiguous in its parent ([`Runs`]): a convolution's
-    /// slice of a concatenation at batch > 1. Nothing is a view of such a buffer.
+    /// A view whose elements are not contiguous in its parent ([`Runs`]): a convolution's,
+    /// pooling's or sum's slice of a concatenation at batch > 1. Nothing is a view of such a
+    /// buffer.
     pub runs: Option<Runs>,
     /// Its storage holds other buffers while it is dead, so its value is gone after a run.
     pub reused: bool,

@@ -18,9 +18,9 @@
 //! slice is contiguous and any operator may write it. Otherwise it is [`Slice::rows`] runs,
 //! one per image ([`Slice`]): a strided view, which only a kernel that takes an output stride
 //! writes, and which other kernels could not read. So there the producer must also be a
-//! convolution that is not depthwise (cuDNN writes a strided output tensor; the depthwise
-//! kernel, the residual sum and a pooling kernel do not), add no residual, be read by the
-//! concatenation alone, once, and not be an output of the graph; the run stride must be a
+//! convolution that is not depthwise (cuDNN writes a strided output tensor; our depthwise
+//! kernel does not) or a pooling (our kernel takes the stride), add no residual, be read by
+//! the concatenation alone, once, and not be an output of the graph; the run stride must be a
 //! multiple of [`VIEW_ALIGN`] too.
 //!
 //! A reshape is a view ([`reshape_source`]): a `reshape` (or an `identity` of one term) that
@@ -103,11 +103,15 @@ fn slot_in(g: &Graph, c: NodeId, p: NodeId) -> Option<Slice> {
 /// Whether `p`, read by concatenation `c`, may write a strided slice of it (see the module
 /// docs).
 fn writes_strided(g: &Graph, p: NodeId, c: NodeId) -> bool {
-    let Op::Conv2d(conv) = &g.node(p).op else {
-        return false;
+    let kernel_takes_stride = match &g.node(p).op {
+        Op::Conv2d(conv) => {
+            let channels = g.input_shapes(p).first().and_then(|s| s.get(1).copied());
+            channels.is_some_and(|ch| !crate::fusion::is_depthwise(conv, ch))
+        }
+        Op::Pool2d(_) => true,
+        _ => false,
     };
-    let channels = g.input_shapes(p).first().and_then(|s| s.get(1).copied());
-    channels.is_some_and(|ch| !crate::fusion::is_depthwise(conv, ch))
+    kernel_takes_stride
         && crate::fusion::residual_of(g, p).is_none()
         && g.succs(p).all(|s| s == c)
         && !crate::fusion::is_output(g, p)
@@ -297,7 +301,7 @@ mod tests {
     }
 
     #[test]
-    fn strided_slices_are_for_convolutions_the_concatenation_alone_reads() {
+    fn strided_slices_are_for_convolutions_and_pools_the_concatenation_alone_reads() {
         for batch in [1, 2] {
             let mut b = GraphBuilder::new("strided", DType::F32);
             let x = b.input("x", vec![batch, 4, 4, 4]);
@@ -332,16 +336,21 @@ mod tests {
                     stride,
                 };
                 assert_eq!(s[a.index()], Some(want));
-                // Depthwise, a pool, read elsewhere too, read twice: their own buffers.
-                for n in [dw, pl, o, t] {
+                // Depthwise, read elsewhere too, read twice: their own buffers.
+                for n in [dw, o, t] {
                     assert_eq!(s[n.index()], None, "{}", g.node(n).name);
                 }
+                assert_eq!(
+                    s[pl.index()].map(|s| (s.at, s.rows)),
+                    Some((at(12), 2)),
+                    "a pooling kernel takes the stride"
+                );
                 assert_eq!(
                     s[odd.index()].map(|s| (s.at, s.rows)),
                     Some((at(28), 2)),
                     "an aligned slice of an aligned stride"
                 );
-                assert_eq!(in_place_terms(&g, cat), 2);
+                assert_eq!(in_place_terms(&g, cat), 3);
             }
             // A stride that is not a multiple of the alignment: 33 channels of a 3x3 plane.
             let mut b = GraphBuilder::new("unaligned", DType::F32);

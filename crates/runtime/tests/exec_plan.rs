@@ -334,18 +334,18 @@ fn run_schedule_checks_against_sequential_and_reference() {
     }
 }
 
-/// At batch 2 the convolutions that end Inception's and GoogLeNet's branches write their
-/// slices of the concatenations through strided views (one run per image): concurrent
+/// At batch 2 the convolutions and pools that end Inception's and GoogLeNet's branches write
+/// their slices of the concatenations through strided views (one run per image): concurrent
 /// branches interleave their runs of one buffer, and the outputs still match the sequential
 /// run and the CPU reference.
 #[test]
 fn strided_concatenation_slices_match_the_reference() {
     let cost = h100();
-    // Every branch but a bare max pool ends in a convolution: GoogLeNet's 9 modules of 4;
-    // Inception-v3's 3 A of 4, 4 C of 4, 2 E of 6 and the B and D modules' 2 each.
+    // Every branch, a convolution or a max pool: GoogLeNet's 9 modules of 4; Inception-v3's
+    // 3 A of 4, 2 B and D of 3, 4 C of 4 and 2 E of 6.
     // NASNet's cell outputs concatenate sums of two branches, each one add kernel into its
     // strided slice: 5 in each of the 18 normal cells, 14 in the stem and reduction cells.
-    for (model, branches) in [("googlenet", 36), ("inception_v3", 44), ("nasnet", 104)] {
+    for (model, branches) in [("googlenet", 36), ("inception_v3", 46), ("nasnet", 104)] {
         let g = small_batch(model, 2);
         let p = opsched_gpu::program::GraphProgram::single_gpu(&g).unwrap();
         let strided = p.buffers.iter().filter(|b| b.runs.is_some()).count();
@@ -789,8 +789,8 @@ fn gpu_squeezenet_sequential_and_ios_match_the_reference() {
 }
 
 /// cuDNN writes the branches' strided slices of the concatenations (images a concatenated
-/// image apart), in its fused call and with the bias kernel after it, and NASNet's sums write
-/// theirs, eagerly and captured.
+/// image apart), in its fused call and with the bias kernel after it, as do Inception's max
+/// pools and NASNet's sums, eagerly and captured.
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn gpu_strided_concatenation_slices_match_the_reference() {

@@ -503,7 +503,7 @@ impl PrepareCx<'_> {
         match self.strided(id)? {
             (p, None) => Ok(p),
             (_, Some(_)) => Err(GpuError::Plan(format!(
-                "buffer {id} is a strided view, which only a convolution writes (operator '{}')",
+                "buffer {id} is a strided view, which this kernel cannot take (operator '{}')",
                 self.op
             ))),
         }

@@ -82,7 +82,7 @@ extern "C" __global__ void slab_copy(float* dst, const float* src, i64 outer, i6
 }
 
 // Where element t of a tensor is: dense, or in runs of `run` elements `stride` apart (a
-// strided view: a convolution's slice of a concatenation at batch > 1).
+// strided view: an operator's slice of a concatenation at batch > 1).
 template <typename I> struct Dense {
     __device__ __forceinline__ I operator()(I t) const { return t; }
 };
@@ -133,10 +133,11 @@ extern "C" __global__ void act_kernel(float* y, const float* x, i64 n, int act, 
 
 // ph/pw pad before, eh/ew after; the average divides by the window clipped to the padded
 // input (count_include_pad) or to the input.
-template <typename I>
+template <typename I, typename At = Dense<I> >
 __device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int h, int w, int oh,
                                          int ow, int kh, int kw, int sh, int sw, int ph, int pw,
-                                         int eh, int ew, int count_pad, int is_max) {
+                                         int eh, int ew, int count_pad, int is_max,
+                                         At at = At()) {
     I total = nc * oh * ow;
     GRID_STRIDE_T(I, t, total) {
         int j = (int)(t % ow);
@@ -156,7 +157,7 @@ __device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int h, 
                 m = fmaxf(m, v);
                 s += v;
             }
-        y[t] = is_max ? m : s / (float)size;
+        y[at(t)] = is_max ? m : s / (float)size;
     }
 }
 
@@ -169,6 +170,23 @@ extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int h, int w
     else
         pool2d_t<i64>(y, x, nc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad,
                       is_max);
+}
+
+// pool2d into a strided y (a pooling branch's slice of a concatenation at batch > 1).
+extern "C" __global__ void pool2d_runs(float* y, const float* x, i64 nc, int h, int w, int oh,
+                                       int ow, int kh, int kw, int sh, int sw, int ph, int pw,
+                                       int eh, int ew, int count_pad, int is_max, i64 run,
+                                       i64 stride) {
+    i64 total = nc * oh * ow;
+    if (FITS32(total) && FITS32(nc * h * w) && FITS32((total / run + 1) * stride)) {
+        Runs<unsigned> at = {(unsigned)run, (unsigned)stride};
+        pool2d_t<unsigned>(y, x, nc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad,
+                           is_max, at);
+    } else {
+        Runs<i64> at = {run, stride};
+        pool2d_t<i64>(y, x, nc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad, is_max,
+                      at);
+    }
 }
 
 // The activation (act_f's code and parameters) is fused in: ResNet's add + relu is one kernel.
@@ -370,6 +388,7 @@ pub const NAMES: &[&str] = &[
     "bias_act_runs",
     "act_kernel",
     "pool2d",
+    "pool2d_runs",
     "elementwise",
     "elementwise_runs",
     "layer_norm",

@@ -136,8 +136,15 @@ impl StepKernel for Pool {
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
         let [n, c, h, w] = self.input;
+        let (y, runs) = cx.strided(self.y)?;
+        let i64_of = |v: usize| {
+            i64::try_from(v).map_err(|_| GpuError::Plan(format!("{v} elements in a pool")))
+        };
         Ok(Box::new(CudaPool {
-            y: cx.ptr(self.y)?,
+            y,
+            runs: runs
+                .map(|r| Ok::<_, GpuError>((i64_of(r.run.max(1))?, i64_of(r.stride)?)))
+                .transpose()?,
             x: cx.ptr(self.x)?,
             nc: (n * c) as i64,
             p: [
@@ -165,8 +172,12 @@ impl StepKernel for Pool {
     }
 }
 
+/// `pool2d`, or `pool2d_runs` where `y` is a strided view (a pooling branch's slice of a
+/// concatenation at batch > 1).
 struct CudaPool {
     y: u64,
+    /// `y`'s runs and their stride, for a strided `y`.
+    runs: Option<(i64, i64)>,
     x: u64,
     nc: i64,
     p: [i32; 13],
@@ -176,14 +187,21 @@ struct CudaPool {
 
 impl Enqueue for CudaPool {
     fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
-        let mut b = sc.launch_builder(gpu.function("pool2d")?);
+        let name = match self.runs {
+            Some(_) => "pool2d_runs",
+            None => "pool2d",
+        };
+        let mut b = sc.launch_builder(gpu.function(name)?);
         b.arg(&self.y).arg(&self.x).arg(&self.nc);
         for v in &self.p {
             b.arg(v);
         }
         b.arg(&self.is_max);
-        // SAFETY: matches `pool2d` (13 ints after nc, then is_max); buffer sizes checked at
-        // preparation.
-        launched(unsafe { b.launch(grid(self.total)) }, "pool2d")
+        if let Some((run, stride)) = &self.runs {
+            b.arg(run).arg(stride);
+        }
+        // SAFETY: matches `pool2d` (13 ints after nc, then is_max; `pool2d_runs`: then the run
+        // and stride); buffer sizes checked at preparation, a strided y's runs by the layout.
+        launched(unsafe { b.launch(grid(self.total)) }, name)
     }
 }
