@@ -1,8 +1,9 @@
 //! Kernel choices made by measurement that every process must repeat exactly: which cuDNN
 //! kernel runs each convolution (a legacy-API algorithm, or an engine configuration of the
-//! backend API: see [`Candidate::engine`]), and whether its bias (+ relu) run inside cuDNN's
+//! backend API: see [`Candidate::engine`]), whether its bias (+ relu) run inside cuDNN's
 //! fused call or in our kernel after the convolution ([`epilogue_key`]: the fused call is not
-//! faster everywhere, and for a bias alone cuDNN runs it only with one algorithm).
+//! faster everywhere, and for a bias alone cuDNN runs it only with one algorithm), and whether
+//! a softmax over contiguous rows runs cuDNN's kernel or ours ([`SOFTMAX_KEY`]).
 //!
 //! Letting `cudnnFindConvolutionForwardAlgorithmEx` pick afresh in every process made the same
 //! plan run 2.86 to 4.54 ms on an H100: candidates a few percent apart swap places with timing
@@ -19,14 +20,22 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
-use opsched_cost::cache::{CacheKey, DeviceFingerprint, Measurement};
+use opsched_cost::cache::{CacheKey, DeviceFingerprint, Measurement, KERNEL_PREFIX};
 
 /// Candidates within this fraction of the fastest are ties (run-to-run noise on an H100 is a
 /// few percent).
 pub const TIE: f64 = 0.03;
 
-/// The prefix of a convolution candidate's signature in the cost cache.
-pub const CONV_PREFIX: &str = "kernel.cudnn_conv_fwd|";
+/// The prefix of a convolution's key (a candidate's signature in the cost cache is
+/// [`KERNEL_PREFIX`], the key, then the candidate: `kernel.cudnn_conv_fwd|x=...|algo=1|...`).
+pub const CONV_KEY: &str = "cudnn_conv_fwd|";
+
+/// The prefix of a softmax's key: its candidates are [`SOFTMAX_CUDNN`] and [`SOFTMAX_ROWS`].
+pub const SOFTMAX_KEY: &str = "softmax|";
+/// The candidate "cuDNN's channel softmax" of a [`SOFTMAX_KEY`] (it wins a tie).
+pub const SOFTMAX_CUDNN: u32 = 0;
+/// The candidate "our `softmax_rows` kernel, a warp per row" of a [`SOFTMAX_KEY`].
+pub const SOFTMAX_ROWS: u32 = 1;
 
 /// The candidate "cuDNN's fused conv + bias + relu call" of an [`epilogue_key`].
 pub const EPILOGUE_FUSED: u32 = 0;
@@ -94,8 +103,8 @@ pub fn choose(c: &[Candidate], limit: usize) -> Option<Candidate> {
         .copied()
 }
 
-/// Measured candidates by convolution (the key says everything but the device), shared by
-/// every preparation on one device.
+/// Measured candidates by choice (a convolution, its epilogue, a softmax: the key says
+/// everything but the device), shared by every preparation on one device.
 #[derive(Debug, Default)]
 pub struct Tuning {
     state: Mutex<State>,
@@ -143,7 +152,7 @@ struct State {
 }
 
 impl Tuning {
-    /// Measure every convolution again instead of trusting loaded measurements.
+    /// Measure every choice again instead of trusting loaded measurements.
     pub fn set_retune(&self, retune: bool) {
         self.lock().retune = retune;
     }
@@ -189,7 +198,7 @@ impl Tuning {
     }
 
     /// Load the candidates among cache `entries` that belong to `device` (others are ignored).
-    /// Returns how many convolutions they cover.
+    /// Returns how many choices they cover.
     pub fn load<'a>(
         &self,
         device: &DeviceFingerprint,
@@ -224,13 +233,13 @@ impl Tuning {
     }
 }
 
-/// The cost-cache entry of candidate `c` of convolution `key` on `device`.
+/// The cost-cache entry of candidate `c` of choice `key` on `device`.
 pub fn to_cache(device: &DeviceFingerprint, key: &str, c: &Candidate) -> (CacheKey, Measurement) {
     (
         CacheKey {
             device: device.clone(),
             signature: format!(
-                "{CONV_PREFIX}{key}|algo={}|math={}|workspace={}",
+                "{KERNEL_PREFIX}{key}|algo={}|math={}|workspace={}",
                 c.algo, c.math, c.workspace
             ),
             batch: 0,
@@ -240,9 +249,9 @@ pub fn to_cache(device: &DeviceFingerprint, key: &str, c: &Candidate) -> (CacheK
     )
 }
 
-/// The convolution key and candidate of a cost-cache entry (`None`: not a candidate).
+/// The choice's key and candidate of a cost-cache entry (`None`: not a candidate).
 pub fn from_cache(k: &CacheKey, m: &Measurement) -> Option<(String, Candidate)> {
-    let rest = k.signature.strip_prefix(CONV_PREFIX)?;
+    let rest = k.signature.strip_prefix(KERNEL_PREFIX)?;
     let mut fields = rest.rsplitn(4, '|');
     let field = |f: Option<&str>, name: &str| -> Option<u64> {
         f?.strip_prefix(name)?.strip_prefix('=')?.parse().ok()
@@ -331,6 +340,47 @@ mod tests {
             cand(EPILOGUE_SEPARATE, 0.01, 0),
         ];
         assert_eq!(choose(&slower, usize::MAX).unwrap().algo, EPILOGUE_SEPARATE);
+    }
+
+    #[test]
+    fn convolution_and_softmax_choices_share_the_cache_under_their_own_keys() {
+        let dev = h100();
+        // A convolution's entry as every cache since 2026-11-22 holds it.
+        let conv = "x=[1, 64, 56, 56]|oc=64|k=[3, 3]|s=[1, 1]|p=[1, 1]|d=[1, 1]|g=1|nchw|tf32";
+        let written = CacheKey {
+            device: dev.clone(),
+            signature: format!("kernel.cudnn_conv_fwd|{conv}|algo=1|math=0|workspace=0"),
+            batch: 0,
+            dtype: "f32".into(),
+        };
+        let t = Tuning::default();
+        assert_eq!(t.load(&dev, [(&written, &Measurement::exact(0.02))]), 1);
+        assert_eq!(
+            t.get(&format!("{CONV_KEY}{conv}")).unwrap(),
+            [cand(1, 0.02, 0)]
+        );
+        // A softmax's candidates go there and back beside it.
+        let softmax = format!("{SOFTMAX_KEY}rows=24576|dim=128|accurate");
+        t.insert(
+            &softmax,
+            vec![
+                cand(SOFTMAX_CUDNN, 0.0112, 0),
+                cand(SOFTMAX_ROWS, 0.0110, 0),
+            ],
+        );
+        let entries = t.fresh(&dev);
+        assert!(entries.iter().all(|(k, _)| k
+            .signature
+            .starts_with("kernel.softmax|rows=24576|dim=128|")));
+        let u = Tuning::default();
+        assert_eq!(u.load(&dev, entries.iter().map(|(k, m)| (k, m))), 1);
+        // Within the tie band cuDNN's kernel keeps the softmax.
+        assert_eq!(
+            choose(&u.get(&softmax).unwrap(), usize::MAX).unwrap().algo,
+            SOFTMAX_CUDNN
+        );
+        let faster = [cand(SOFTMAX_CUDNN, 0.02, 0), cand(SOFTMAX_ROWS, 0.01, 0)];
+        assert_eq!(choose(&faster, usize::MAX).unwrap().algo, SOFTMAX_ROWS);
     }
 
     #[test]

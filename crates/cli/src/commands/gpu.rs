@@ -73,8 +73,9 @@ pub struct DeviceArgs {
     /// Strict f32 arithmetic in convolutions and matrix products (no TF32 tensor cores).
     #[arg(long)]
     precise: bool,
-    /// Time every cuDNN convolution algorithm again instead of using the measurements kept in
-    /// the cost cache (which make every process run the same kernels).
+    /// Time every kernel choice again (cuDNN's convolution algorithms, softmax kernels) instead
+    /// of using the measurements kept in the cost cache (which make every process run the same
+    /// kernels).
     #[arg(long)]
     retune: bool,
     /// Which cuDNN kernels convolutions choose among: the legacy API's algorithms, the
@@ -174,7 +175,7 @@ fn with_tuning<D: Device, J: OnDevice>(dev: &D, retune: bool, job: J) -> Result<
     if let Some(c) = &cache {
         let n = t.load(&fp, c.entries());
         tracing::info!(
-            "{n} convolutions' algorithm timings from {}",
+            "{n} kernel choices' timings (convolutions, softmaxes) from {}",
             c.path().display()
         );
     }

@@ -235,6 +235,47 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return s;
 }
 
+// Softmax (log-softmax where `log`) of each contiguous row of `dim` elements, as the CPU
+// kernel computes it (max, exponentials and their sum, then each exponential divided by the
+// sum, or x - max - log(sum)): one warp per row, grid-stride over rows, warp-shuffle max and
+// sum. A lane keeps SM_VPT values of its row in registers (rows up to 32 * SM_VPT are read
+// once), reads the rest again. For short rows (attention scores: 128 per row in BERT) where
+// cuDNN's channel softmax may spend a block per row; the step times both.
+#define SM_VPT 8
+extern "C" __global__ void softmax_rows(float* y, const float* x, i64 rows, int dim, int log) {
+    const float inf = __int_as_float(0x7f800000);
+    int lane = threadIdx.x & 31;
+    i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;
+    for (i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += warps) {
+        const float* xr = x + r * dim;
+        float* yr = y + r * dim;
+        float v[SM_VPT];
+        float m = -inf;
+#pragma unroll
+        for (int k = 0; k < SM_VPT; ++k) {
+            int d = lane + 32 * k;
+            v[k] = d < dim ? xr[d] : -inf;
+            m = fmaxf(m, v[k]);
+        }
+        for (int d = lane + 32 * SM_VPT; d < dim; d += 32) m = fmaxf(m, xr[d]);
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < SM_VPT; ++k)
+            if (lane + 32 * k < dim) s += expf(v[k] - m);
+        for (int d = lane + 32 * SM_VPT; d < dim; d += 32) s += expf(xr[d] - m);
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        float ls = logf(s);
+#pragma unroll
+        for (int k = 0; k < SM_VPT; ++k) {
+            int d = lane + 32 * k;
+            if (d < dim) yr[d] = log ? v[k] - m - ls : expf(v[k] - m) / s;
+        }
+        for (int d = lane + 32 * SM_VPT; d < dim; d += 32)
+            yr[d] = log ? xr[d] - m - ls : expf(xr[d] - m) / s;
+    }
+}
+
 // One block per row (grid-stride over rows); blockDim.x a multiple of 32, <= 1024. Each
 // thread keeps LN_VPT of the row's values in registers (layer_norm_block sizes the block so
 // that the row fits: one read of x), the rest of a longer row is read again. Mean, then the
@@ -392,6 +433,7 @@ pub const NAMES: &[&str] = &[
     "elementwise",
     "elementwise_runs",
     "layer_norm",
+    "softmax_rows",
     "permute",
     "broadcast",
     "pad",

@@ -1,7 +1,8 @@
 //! Side by side on a GPU (an ignored test, `cargo xtask gpu-test`): the NVRTC kernels as a GPU
 //! last checked them (2026-11-26: 64-bit index division, layer norm as a 1024-thread
 //! shared-memory tree) against [`super::nvrtc::SOURCE`]'s, on the shapes where the change
-//! should show (BERT-base at batch 16, GoogLeNet's concatenations at batch 16). The same inputs
+//! should show (BERT-base at batch 16, GoogLeNet's concatenations at batch 16), and the
+//! softmax kernel beside cuDNN's softmax, which it may replace. The same inputs
 //! go to both; the outputs must agree; each kernel's GPU time (events around back-to-back
 //! launches, which the GPU runs slower than the host issues them) is printed with the ratio.
 #![allow(unsafe_code, clippy::unwrap_used)]
@@ -264,6 +265,86 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
             time(&ctx, &stream, &after),
             0.0,
         );
+    }
+    // Softmax of BERT-base's attention scores at batch 16 (rows of 128) and of a batch of
+    // 1000 logits: cuDNN's channel softmax (what ran on 2026-11-26; the step now times both)
+    // against `softmax_rows`, each also against the CPU's formula.
+    {
+        use cudarc::cudnn::{result as dnn, sys as dnn_sys};
+        use std::ffi::c_void;
+        let handle = dnn::create_handle().unwrap();
+        // SAFETY: a live handle and this test's stream.
+        unsafe { dnn::set_stream(handle, stream.cu_stream() as _) }.unwrap();
+        for (rows_n, dim) in [(16 * 12 * 128usize, 128usize), (16, 1000)] {
+            let host = values(rows_n * dim, 7);
+            let x = up(&host);
+            let (ya, yb) = (up(&vec![0.0; rows_n * dim]), up(&vec![0.0; rows_n * dim]));
+            let desc = super::cudnn::tensor4([rows_n, dim, 1, 1]).unwrap();
+            let xp = x.device_ptr(&stream).0;
+            let (yap, ybp) = (ya.device_ptr(&stream).0, yb.device_ptr(&stream).0);
+            let before = || {
+                let (one, zero) = (1.0f32, 0.0f32);
+                // SAFETY: one descriptor for x and y, each rows x dim values.
+                unsafe {
+                    dnn::softmax_forward(
+                        handle,
+                        dnn_sys::cudnnSoftmaxAlgorithm_t::CUDNN_SOFTMAX_ACCURATE,
+                        dnn_sys::cudnnSoftmaxMode_t::CUDNN_SOFTMAX_MODE_CHANNEL,
+                        (&one as *const f32).cast::<c_void>(),
+                        desc.0,
+                        xp as *const c_void,
+                        (&zero as *const f32).cast::<c_void>(),
+                        desc.0,
+                        yap as *mut c_void,
+                    )
+                }
+                .unwrap();
+            };
+            let func = f("softmax_rows");
+            let (n, width, log) = (rows_n as i64, dim as i32, 0i32);
+            let after = || {
+                let mut b = stream.launch_builder(&func);
+                b.arg(&ybp).arg(&xp).arg(&n).arg(&width).arg(&log);
+                // SAFETY: x and y hold rows x dim values; a warp per row.
+                unsafe { b.launch(grid(rows_n * 32)) }.unwrap();
+            };
+            before();
+            after();
+            let want: Vec<f32> = host
+                .chunks(dim)
+                .flat_map(|row| {
+                    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let s: f32 = row.iter().map(|v| (v - m).exp()).sum();
+                    row.iter()
+                        .map(move |v| (v - m).exp() / s)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let (ga, gb) = (
+                stream.clone_dtoh(&ya).unwrap(),
+                stream.clone_dtoh(&yb).unwrap(),
+            );
+            let (ea, eb) = (scaled(&ga, &want), scaled(&gb, &want));
+            assert!(ea <= 1e-5 && eb <= 1e-5, "softmax: cudnn {ea}, ours {eb}");
+            report(
+                &format!("softmax [{rows_n}, {dim}] (before: cuDNN)"),
+                time(&ctx, &stream, &before),
+                time(&ctx, &stream, &after),
+                scaled(&gb, &ga),
+            );
+            // The log form: x - max - log(sum).
+            let one = 1i32;
+            let mut b = stream.launch_builder(&func);
+            b.arg(&ybp).arg(&xp).arg(&n).arg(&width).arg(&one);
+            // SAFETY: as above.
+            unsafe { b.launch(grid(rows_n * 32)) }.unwrap();
+            let got = stream.clone_dtoh(&yb).unwrap();
+            let want_log: Vec<f32> = want.iter().map(|p| p.ln()).collect();
+            let e = scaled(&got, &want_log);
+            assert!(e <= 1e-5, "log-softmax: {e}");
+        }
+        // SAFETY: created above, used by nothing after this.
+        unsafe { dnn::destroy_handle(handle) }.unwrap();
     }
     for r in &rows {
         println!("{r}");

@@ -754,7 +754,8 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     };
     let gemm_always = gemm.is_some() && cx.opts.conv_gemm == ConvGemm::Always;
     let tuning_key = format!(
-        "x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw{}|{}{}{}",
+        "{}x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw{}|{}{}{}",
+        crate::tuning::CONV_KEY,
         s.input,
         s.kernel,
         s.stride,

@@ -1,17 +1,21 @@
-//! Softmax and log-softmax over the middle axis of `[outer, dim, inner]` (cuDNN's channel mode
-//! on CUDA, in its accurate or log algorithm).
+//! Softmax and log-softmax over the middle axis of `[outer, dim, inner]`. On CUDA, cuDNN's
+//! channel mode in its accurate or log algorithm; where the rows are contiguous (`inner` 1:
+//! attention scores, a classifier's logits) also our `softmax_rows` kernel, a warp per row,
+//! and the faster of the two as measured on the device and kept in the cost cache
+//! ([`crate::tuning::SOFTMAX_KEY`]), so every process runs the same kernel.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
 
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
+use cudarc::driver::PushKernelArg;
 use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{tensor4, TensorDesc};
-use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::GpuError;
 
@@ -107,16 +111,92 @@ impl StepKernel for Softmax {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        Ok(Box::new(CudaSoftmax {
-            x: cx.ptr(self.x)?,
-            y: cx.ptr(self.y)?,
+        use crate::tuning::{choose, Candidate, SOFTMAX_CUDNN, SOFTMAX_KEY, SOFTMAX_ROWS};
+        let (x, y) = (cx.ptr(self.x)?, cx.ptr(self.y)?);
+        let cudnn = CudaSoftmax {
+            x,
+            y,
             desc: tensor4([self.outer, self.dim, self.inner, 1])?,
             algo: if self.log {
                 dnn_sys::cudnnSoftmaxAlgorithm_t::CUDNN_SOFTMAX_LOG
             } else {
                 dnn_sys::cudnnSoftmaxAlgorithm_t::CUDNN_SOFTMAX_ACCURATE
             },
-        }))
+        };
+        if self.inner != 1 || self.outer == 0 || self.dim == 0 {
+            return Ok(Box::new(cudnn));
+        }
+        let rows = SoftmaxRows {
+            x,
+            y,
+            rows: i64::try_from(self.outer)
+                .map_err(|_| GpuError::Plan(format!("{} softmax rows", self.outer)))?,
+            dim: crate::cuda::cudnn::c_int(self.dim, "softmax row length")?,
+            log: i32::from(self.log),
+        };
+        let key = format!(
+            "{SOFTMAX_KEY}rows={}|dim={}|{}",
+            self.outer,
+            self.dim,
+            if self.log { "log" } else { "accurate" }
+        );
+        let candidates = match cx.tuning.get(&key) {
+            Some(c) => c,
+            None => {
+                let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
+                let mut c = Vec::with_capacity(2);
+                for (code, run) in [
+                    (SOFTMAX_CUDNN, &cudnn as &dyn Enqueue),
+                    (SOFTMAX_ROWS, &rows as &dyn Enqueue),
+                ] {
+                    match sc.time_ms(gpu, TIMING_REPS, &|| run.enqueue(gpu, sc)) {
+                        Ok(ms) => c.push(Candidate {
+                            algo: code,
+                            math: 0,
+                            ms,
+                            workspace: 0,
+                        }),
+                        Err(e) => tracing::debug!("softmax kernel {code} left out: {e}"),
+                    }
+                }
+                tracing::debug!("softmax measured for {key}: {c:?}");
+                cx.tuning.insert(&key, c.clone());
+                c
+            }
+        };
+        Ok(match choose(&candidates, usize::MAX).map(|c| c.algo) {
+            Some(SOFTMAX_ROWS) => Box::new(rows),
+            _ => Box::new(cudnn),
+        })
+    }
+}
+
+/// GPU runs per captured graph when timing a softmax kernel.
+const TIMING_REPS: usize = 10;
+
+/// `softmax_rows`: a warp per contiguous row.
+struct SoftmaxRows {
+    x: u64,
+    y: u64,
+    rows: i64,
+    dim: i32,
+    log: i32,
+}
+
+impl Enqueue for SoftmaxRows {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let mut b = sc.launch_builder(gpu.function("softmax_rows")?);
+        b.arg(&self.y)
+            .arg(&self.x)
+            .arg(&self.rows)
+            .arg(&self.dim)
+            .arg(&self.log);
+        // SAFETY: matches `softmax_rows`; x and y hold `rows * dim` values (the step's access,
+        // checked at preparation). A warp per row: 32 threads each.
+        launched(
+            unsafe { b.launch(grid((self.rows as usize).saturating_mul(32))) },
+            "softmax_rows",
+        )
     }
 }
 
