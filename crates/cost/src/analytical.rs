@@ -553,7 +553,15 @@ impl AnalyticalModel {
                 let k = if is_view(other, &node.inputs) || n == 0 {
                     Self::ew_kernel(Class::View, 0.0, 0.0, 0)
                 } else {
-                    self.kernel(other, &terms, &node.shape, g.stats(op), g.dtype)
+                    // A concatenation moves only the terms not written in place.
+                    let mut stats = g.stats(op);
+                    let copied = 1.0 - opsched_graph::inplace::in_place_share(g, op);
+                    if copied < 1.0 {
+                        let part = |b: u64| (b as f64 * copied).round() as u64;
+                        stats.bytes_read = part(stats.bytes_read);
+                        stats.bytes_written = part(stats.bytes_written);
+                    }
+                    self.kernel(other, &terms, &node.shape, stats, g.dtype)
                 };
                 self.combine(&[self.eval(k, g.dtype)], n)
             }

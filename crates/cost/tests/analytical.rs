@@ -373,3 +373,31 @@ fn demand_reports_gemm_and_elementwise_kernels() {
     assert_eq!(pool.shared_mem_per_block, 0);
     assert_eq!(pool.registers_per_thread, 32);
 }
+
+#[test]
+fn a_concat_is_charged_for_the_terms_it_copies() {
+    // At batch 16 a convolution that only the concat reads writes its slice in place; one that
+    // another convolution reads too is copied. The concat of a copied and an in-place term
+    // moves half the bytes of the one that copies both, and a concat of in-place terms only
+    // runs nothing.
+    let m = model(H100);
+    let concat_time = |shared: bool, input_term: bool| {
+        let mut b = GraphBuilder::new("cat", DType::F32);
+        let x = b.input("x", vec![16, 64, 56, 56]);
+        let a = b.conv("a", x, Conv2d::new(64, 1));
+        let c = b.conv("c", x, Conv2d::new(64, 1));
+        if shared {
+            b.conv("also", a, Conv2d::new(8, 1));
+        }
+        let second = if input_term { x } else { c };
+        let cat = b.concat("cat", &[a, second]);
+        b.conv("out", cat, Conv2d::new(8, 1));
+        let g = b.finish().unwrap();
+        m.op_time(&g, cat)
+    };
+    let half = concat_time(false, true);
+    let whole = concat_time(true, true);
+    let none = concat_time(false, false);
+    assert!(half < whole * 0.6, "{half} vs {whole}");
+    assert!(none < half * 0.1, "{none} vs {half}");
+}

@@ -131,20 +131,37 @@ pub fn concat_slices(g: &Graph) -> Vec<Option<Slice>> {
         .collect()
 }
 
+/// The producers that write their terms of concatenation `c` in place (none for any other
+/// node).
+fn in_place_producers(g: &Graph, c: NodeId) -> Vec<NodeId> {
+    let mut seen = Vec::new();
+    for t in &g.node(c).inputs {
+        if let [v] = t.as_slice() {
+            if !seen.contains(&v.node) && slice_of(g, v.node).is_some_and(|s| s.into == c) {
+                seen.push(v.node);
+            }
+        }
+    }
+    seen
+}
+
 /// How many terms of concatenation `c` its producers write in place (0 for any other node).
 pub fn in_place_terms(g: &Graph, c: NodeId) -> usize {
-    let mut seen = Vec::new();
-    g.node(c)
-        .inputs
+    in_place_producers(g, c).len()
+}
+
+/// The share of concatenation `c`'s output that its producers write in place (0 for any other
+/// node): what its copies leave out.
+pub fn in_place_share(g: &Graph, c: NodeId) -> f64 {
+    let total: usize = g.node(c).shape.iter().product();
+    let in_place: usize = in_place_producers(g, c)
         .iter()
-        .filter(|t| match t.as_slice() {
-            [v] if !seen.contains(&v.node) => {
-                seen.push(v.node);
-                slice_of(g, v.node).is_some_and(|s| s.into == c)
-            }
-            _ => false,
-        })
-        .count()
+        .map(|&p| g.node(p).shape.iter().product::<usize>())
+        .sum();
+    match total {
+        0 => 0.0,
+        _ => (in_place as f64 / total as f64).min(1.0),
+    }
 }
 
 /// The operator whose output reshape `r` is a view of (see the module docs), or `None`.
