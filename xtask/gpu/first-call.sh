@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The first device call of a GPU session (docs/gpu-session.md, step 1), about seven minutes on an
-# H100: every GPU test, the changed NVRTC kernels against their last checked versions, --check
-# runs, compute-sanitizer on two models, the same plan in three processes, where the kernel
-# time goes (ours under ncu, PyTorch's under its profiler, on the rows where torch.compile
-# wins), and what the scoreboard lacks in one process each (NASNet, batch 16). Run on the device in the repository root, gpu-carry/ carried:
+# H100: every GPU test, the changed NVRTC kernels against their last checked versions, cuDNN's
+# convolutions in NCHW against NHWC, --check runs, compute-sanitizer on Inception-v3 at batch
+# 2, the same plan in three processes, where the kernel time goes (ours under ncu, PyTorch's
+# under its profiler, on the rows where torch.compile wins), and what the scoreboard lacks in
+# one process each (NASNet, batch 16). Run on the device in the repository root, gpu-carry/
+# carried:
 #   bash xtask/gpu/first-call.sh
 # Each step has its own time limit and the next runs whatever happened, so one failure costs
 # one step. What comes back ($OUT, at most 8 files): log.txt (everything), results.txt (one
@@ -34,9 +36,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$L"
 # (by the first process that meets them; the later ones must run the same kernels).
 cp fixtures/gpu/h100-2026-11-26/cost-cache.bin $C/both.bin
 export OPSCHED_CACHE=$C/both.bin
+# (The two A/B tests run in their own steps below.)
 for t in gpu-carry/tests/*; do
     step "$t"
-    timeout 150 "$t" --ignored --test-threads 1 >>"$L" 2>&1
+    timeout 150 "$t" --ignored --test-threads 1 --skip kernels_side_by_side \
+        --skip convolutions_in_nchw_and_in_nhwc >>"$L" 2>&1
     result "test ${t##*/}: rc=$?"
 done
 # The NVRTC kernels changed since the last GPU checked them, side by side with those versions
@@ -44,16 +48,22 @@ done
 step "kernel A/B"
 timeout 60 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_side 2>&1 |
     tee -a "$L" | grep "kernel A/B" | tee -a "$R"
+# cuDNN's convolutions of ResNet-50 and Inception-v3 in NCHW against NHWC, b1 and b16: what
+# channels-last activations would buy (crates/gpu/src/cuda/layout_ab.rs).
+step "layout A/B"
+timeout 120 gpu-carry/tests/opsched_gpu-* --ignored --nocapture convolutions_in_nchw_and_in_nhwc \
+    2>&1 | tee -a "$L" | grep "layout A/B" | tee -a "$R"
 for m in transformer inception_v3; do
     step "check $m"
     timeout 90 opsched run $m --backend cuda --algo lios --graph-capture --check >>"$L" 2>&1
     result "check $m: rc=$?"
 done
-for m in inception_v3 resnet50; do
-    step "memcheck $m"
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 1 opsched run $m \
+# At batch 2: the strided concatenation slices (new since the last GPU) are written there.
+for m in inception_v3; do
+    step "memcheck $m b2"
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 1 opsched run $m --batch 2 \
         --backend cuda --algo lios --warmup 1 --repeats 2 >>"$L" 2>&1
-    result "memcheck $m: rc=$?"
+    result "memcheck $m b2: rc=$?"
 done
 for m in inception_v3 resnet50 nasnet; do
     for a in sequential lios; do

@@ -19,6 +19,8 @@
 
 pub(crate) mod cudnn;
 pub(crate) mod engine;
+#[cfg(test)]
+mod layout_ab;
 pub mod nvrtc;
 #[cfg(test)]
 mod nvrtc_ab;
