@@ -185,6 +185,18 @@ fn unkept(g: &Graph, id: NodeId) -> bool {
         || fusion::transposed_operand(g, id).is_some()
 }
 
+/// Options of a checked run: `repeats` timed runs after `warmup`, captured or not, the outputs
+/// compared with a sequential run and the reference.
+fn checked(graph_capture: bool, warmup: u32, repeats: u32) -> RunOptions {
+    RunOptions {
+        graph_capture,
+        warmup,
+        repeats,
+        check: CheckMode::Full,
+        ..Default::default()
+    }
+}
+
 /// Small inputs so the CPU kernels stay fast in debug builds.
 fn small(model: &str) -> Graph {
     small_batch(model, 1)
@@ -311,13 +323,7 @@ fn run_schedule_checks_against_sequential_and_reference() {
     let cost = h100();
     for (algo, capture) in [("lios", false), ("opara", true), ("hios-lp", true)] {
         let s = schedule(&g, algo, gpus_for(algo), &cost);
-        let opts = RunOptions {
-            graph_capture: capture,
-            warmup: 1,
-            repeats: 3,
-            check: CheckMode::Full,
-            ..Default::default()
-        };
+        let opts = checked(capture, 1, 3);
         let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
         let c = r.check.unwrap();
         assert!(c.passed, "{algo}: {c:?}");
@@ -359,13 +365,7 @@ fn strided_concatenation_slices_match_the_reference() {
         };
         for &(algo, capture) in algos {
             let s = schedule(&g, algo, 1, &cost);
-            let opts = RunOptions {
-                graph_capture: capture,
-                warmup: 0,
-                repeats: 1,
-                check: CheckMode::Full,
-                ..Default::default()
-            };
+            let opts = checked(capture, 0, 1);
             let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
             let c = r.check.unwrap();
             assert!(c.passed, "{model}/{algo}: {c:?}");
@@ -380,12 +380,7 @@ fn strided_concatenation_slices_match_the_reference() {
     let g = summed_cell(2);
     let p = opsched_gpu::program::GraphProgram::single_gpu(&g).unwrap();
     assert_eq!(p.buffers.iter().filter(|b| b.runs.is_some()).count(), 2);
-    let opts = RunOptions {
-        warmup: 0,
-        repeats: 1,
-        check: CheckMode::Full,
-        ..Default::default()
-    };
+    let opts = checked(false, 0, 1);
     let s = schedule(&g, "greedy", 1, &cost);
     let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
     assert!(r.check.unwrap().passed);
@@ -771,13 +766,7 @@ fn gpu_run_at(
     )
     .unwrap();
     let s = schedule(&g, algo, logical, &h100());
-    let opts = RunOptions {
-        graph_capture: capture,
-        warmup: 2,
-        repeats: 5,
-        check: CheckMode::Full,
-        ..Default::default()
-    };
+    let opts = checked(capture, 2, 5);
     let dev = opsched_runtime::CudaDevice::open(Some(1)).unwrap();
     let r = run_schedule(&dev, &g, &s, &opts).unwrap();
     let c = r.check.clone().unwrap();
@@ -813,13 +802,7 @@ fn gpu_strided_concatenation_slices_match_the_reference() {
     }
     gpu_run_at("inception_v3", "opara", 1, true, 2);
     let g = summed_cell(2);
-    let opts = RunOptions {
-        graph_capture: true,
-        warmup: 1,
-        repeats: 3,
-        check: CheckMode::Full,
-        ..Default::default()
-    };
+    let opts = checked(true, 1, 3);
     let dev = opsched_runtime::CudaDevice::open(Some(1)).unwrap();
     let r = run_schedule(&dev, &g, &schedule(&g, "greedy", 1, &h100()), &opts).unwrap();
     let c = r.check.clone().unwrap();
@@ -895,12 +878,7 @@ fn a_merged_stage_runs_as_one_convolution_and_matches_the_reference() {
     for (n, merges) in [(1, 1), (2, 0)] {
         let g = three_branches(n);
         let s = merged_schedule(&g);
-        let opts = RunOptions {
-            warmup: 0,
-            repeats: 1,
-            check: CheckMode::Full,
-            ..Default::default()
-        };
+        let opts = checked(false, 0, 1);
         let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
         let c = r.check.clone().unwrap();
         assert!(c.passed, "batch {n}: {c:?}");
@@ -932,13 +910,7 @@ fn gpu_a_merged_stage_runs_as_one_convolution() {
     let dev = opsched_runtime::CudaDevice::open(Some(1)).unwrap();
     for (n, merges) in [(1, 1), (2, 0)] {
         let g = three_branches(n);
-        let opts = RunOptions {
-            graph_capture: n == 1,
-            warmup: 1,
-            repeats: 3,
-            check: CheckMode::Full,
-            ..Default::default()
-        };
+        let opts = checked(n == 1, 1, 3);
         let r = run_schedule(&dev, &g, &merged_schedule(&g), &opts).unwrap();
         let c = r.check.clone().unwrap();
         assert!(c.passed, "batch {n}: {c:?}");

@@ -14,7 +14,7 @@ pub(crate) fn c_int(v: usize, what: &str) -> Result<i32, GpuError> {
 pub(crate) struct TensorDesc(pub(crate) dnn_sys::cudnnTensorDescriptor_t);
 impl Drop for TensorDesc {
     fn drop(&mut self) {
-        // SAFETY: created once by `tensor4`, destroyed once here.
+        // SAFETY: created once by `new_tensor`, destroyed once here.
         let _ = unsafe { dnn::destroy_tensor_descriptor(self.0) };
     }
 }
@@ -46,18 +46,26 @@ impl Drop for ActDesc {
     }
 }
 
+/// `dims` as C ints, each named in the error of one that does not fit.
+fn c_ints(dims: [usize; 4], names: [&'static str; 4]) -> Result<[i32; 4], GpuError> {
+    Ok([
+        c_int(dims[0], names[0])?,
+        c_int(dims[1], names[1])?,
+        c_int(dims[2], names[2])?,
+        c_int(dims[3], names[3])?,
+    ])
+}
+
+fn new_tensor() -> Result<TensorDesc, GpuError> {
+    Ok(TensorDesc(dnn::create_tensor_descriptor().map_err(
+        |e| GpuError::cudnn("creating a tensor descriptor", e),
+    )?))
+}
+
 /// A dense NCHW f32 tensor descriptor.
 pub(crate) fn tensor4(dims: [usize; 4]) -> Result<TensorDesc, GpuError> {
-    let d = TensorDesc(
-        dnn::create_tensor_descriptor()
-            .map_err(|e| GpuError::cudnn("creating a tensor descriptor", e))?,
-    );
-    let dims = [
-        c_int(dims[0], "n")?,
-        c_int(dims[1], "c")?,
-        c_int(dims[2], "h")?,
-        c_int(dims[3], "w")?,
-    ];
+    let d = new_tensor()?;
+    let dims = c_ints(dims, ["n", "c", "h", "w"])?;
     // SAFETY: a fresh descriptor; dims fit a C int.
     unsafe {
         dnn::set_tensor4d_descriptor(
@@ -78,22 +86,17 @@ pub(crate) fn tensor4_images(dims: [usize; 4], image: usize) -> Result<TensorDes
     if image == dims[1] * dims[2] * dims[3] {
         return tensor4(dims);
     }
-    let d = TensorDesc(
-        dnn::create_tensor_descriptor()
-            .map_err(|e| GpuError::cudnn("creating a tensor descriptor", e))?,
-    );
-    let strides = [
-        c_int(image, "image stride")?,
-        c_int(dims[2] * dims[3], "channel stride")?,
-        c_int(dims[3], "row stride")?,
-        1,
-    ];
-    let dims = [
-        c_int(dims[0], "n")?,
-        c_int(dims[1], "c")?,
-        c_int(dims[2], "h")?,
-        c_int(dims[3], "w")?,
-    ];
+    let d = new_tensor()?;
+    let strides = c_ints(
+        [image, dims[2] * dims[3], dims[3], 1],
+        [
+            "image stride",
+            "channel stride",
+            "row stride",
+            "column stride",
+        ],
+    )?;
+    let dims = c_ints(dims, ["n", "c", "h", "w"])?;
     // SAFETY: a fresh descriptor; dims and strides fit a C int.
     unsafe {
         dnn::set_tensor4d_descriptor_ex(
@@ -122,12 +125,7 @@ impl FilterDesc {
             dnn::create_filter_descriptor()
                 .map_err(|e| GpuError::cudnn("creating a filter descriptor", e))?,
         );
-        let dims = [
-            c_int(dims[0], "oc")?,
-            c_int(dims[1], "c/groups")?,
-            c_int(dims[2], "kh")?,
-            c_int(dims[3], "kw")?,
-        ];
+        let dims = c_ints(dims, ["oc", "c/groups", "kh", "kw"])?;
         // SAFETY: a fresh descriptor; dims fit a C int.
         unsafe {
             dnn::set_filter4d_descriptor(
@@ -209,4 +207,56 @@ impl ActDesc {
         .map_err(|e| GpuError::cudnn("describing an activation", e))?;
         Ok(d)
     }
+}
+
+/// The legacy algorithms that `cudnnFindConvolutionForwardAlgorithmEx` finds working for these
+/// descriptors within `limit` bytes of workspace (of the 8 it ranks first), each with its time
+/// as cuDNN measured it, its math type and its workspace. The search writes `y`.
+///
+/// # Safety
+/// The descriptors describe the buffers at `x`, `w` and `y`, `ws` holds `limit` bytes, and the
+/// handle's stream belongs to the current context.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn find_forward(
+    handle: dnn_sys::cudnnHandle_t,
+    x_desc: &TensorDesc,
+    x: u64,
+    w_desc: &FilterDesc,
+    w: u64,
+    conv: &ConvDesc,
+    y_desc: &TensorDesc,
+    y: u64,
+    ws: u64,
+    limit: usize,
+) -> Result<Vec<dnn_sys::cudnnConvolutionFwdAlgoPerf_t>, GpuError> {
+    const N: usize = 8;
+    let mut count = 0i32;
+    // SAFETY: zeroed plain-old-data structs the call fills in.
+    let mut perf: [dnn_sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
+    // SAFETY: the caller's contract; `perf` has room for N results.
+    unsafe {
+        dnn_sys::cudnnFindConvolutionForwardAlgorithmEx(
+            handle,
+            x_desc.0,
+            x as *const std::ffi::c_void,
+            w_desc.0,
+            w as *const std::ffi::c_void,
+            conv.0,
+            y_desc.0,
+            y as *mut std::ffi::c_void,
+            N as i32,
+            &mut count,
+            perf.as_mut_ptr(),
+            ws as *mut std::ffi::c_void,
+            limit,
+        )
+    }
+    .result()
+    .map_err(|e| GpuError::cudnn("searching a convolution algorithm", e))?;
+    Ok(perf
+        .iter()
+        .take(count.max(0) as usize)
+        .filter(|p| p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= limit)
+        .copied()
+        .collect())
 }

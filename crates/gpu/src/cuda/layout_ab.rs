@@ -17,7 +17,7 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use opsched_graph::zoo::ZooConfig;
 use opsched_graph::Op;
 
-use super::cudnn::{ConvDesc, FilterDesc, TensorDesc};
+use super::cudnn::{find_forward, ConvDesc, FilterDesc, TensorDesc};
 
 /// A convolution's shape: input `[n, c, h, w]`, output channels, kernel, stride, padding (the
 /// same before and after), dilation, groups.
@@ -127,36 +127,12 @@ fn fastest(
         yb.device_ptr(stream).0,
         ws.device_ptr(stream).0,
     );
-    const N: usize = 8;
-    let mut count = 0i32;
-    // SAFETY: zeroed plain-old-data structs the call fills in.
-    let mut perf: [dnn_sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
     // SAFETY: descriptors match the buffers; the workspace is `limit` bytes.
-    unsafe {
-        dnn_sys::cudnnFindConvolutionForwardAlgorithmEx(
-            handle,
-            xd.0,
-            xp as *const c_void,
-            wd.0,
-            wp as *const c_void,
-            conv.0,
-            yd.0,
-            yp as *mut c_void,
-            N as i32,
-            &mut count,
-            perf.as_mut_ptr(),
-            wsp as *mut c_void,
-            limit,
-        )
-    }
-    .result()
-    .unwrap();
-    let best = perf
-        .iter()
-        .take(count.max(0) as usize)
-        .filter(|p| p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= limit)
+    let found = unsafe { find_forward(handle, &xd, xp, &wd, wp, &conv, &yd, yp, wsp, limit) };
+    let best = found
+        .unwrap()
+        .into_iter()
         .min_by(|a, b| a.time.total_cmp(&b.time))
-        .copied()
         .unwrap();
     conv.set_math(best.mathType).unwrap();
     let run = || {

@@ -1122,7 +1122,6 @@ fn find_algos(
     cx: &mut PrepareCx<'_>,
     plan: &CudaConv,
 ) -> Result<Vec<crate::tuning::Candidate>, GpuError> {
-    const N: usize = 8;
     let limit = cx.opts.conv_workspace_limit;
     let ws = cx.gpu.zeros_bytes(limit.max(1))?;
     let (wsp, _) = ws.device_ptr(&cx.gpu.alloc_stream);
@@ -1132,35 +1131,25 @@ fn find_algos(
         cx.opts.tf32,
         dnn_sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
     ))?;
-    let mut count = 0i32;
-    // SAFETY: zeroed plain-old-data structs the call fills in.
-    let mut perf: [dnn_sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
     // SAFETY: descriptors match the buffers (sizes from the same program, checked at
     // preparation); the workspace is `limit` bytes; the handle's stream belongs to the bound
     // context. The search writes `y` (an output nobody has read yet).
-    unsafe {
-        dnn_sys::cudnnFindConvolutionForwardAlgorithmEx(
+    let found = unsafe {
+        crate::cuda::cudnn::find_forward(
             cx.sc.cudnn(),
-            plan.x_desc.0,
-            plan.x as *const c_void,
-            plan.w_desc.0,
-            plan.w as *const c_void,
-            plan.conv.0,
-            plan.y_desc.0,
-            plan.y as *mut c_void,
-            N as i32,
-            &mut count,
-            perf.as_mut_ptr(),
-            wsp as *mut c_void,
+            &plan.x_desc,
+            plan.x,
+            &plan.w_desc,
+            plan.w,
+            &plan.conv,
+            &plan.y_desc,
+            plan.y,
+            wsp,
             limit,
         )
-    }
-    .result()
-    .map_err(|e| GpuError::cudnn("searching a convolution algorithm", e))?;
-    let mut out: Vec<_> = perf
+    }?;
+    let mut out: Vec<_> = found
         .iter()
-        .take(count.max(0) as usize)
-        .filter(|p| p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= limit)
         .map(|p| crate::tuning::Candidate {
             algo: p.algo as u32,
             math: p.mathType as u32,
