@@ -705,11 +705,14 @@ fn with_io<T>(
             .ok_or_else(|| GpuError::Plan(format!("buffer {b} lies outside its storage")))
     };
     // A strided view is gathered into a vector of its own for the step (and written back
-    // after it), so every kernel sees one slice.
+    // after it), so every kernel sees one slice; the vectors are this thread's, kept between
+    // steps (no fresh pages to fault in every inference).
     let mut gathered: Vec<Vec<f32>> = Vec::with_capacity(ids.len());
     for (&(b, _), pl) in ids.iter().zip(&places) {
         let mut v = Vec::new();
         if pl.runs.is_some() {
+            v = GATHERED.with(|g| g.borrow_mut().pop()).unwrap_or_default();
+            v.clear();
             v.reserve(pl.len);
             for r in pl.ranges(0..pl.len) {
                 // SAFETY: `guard` holds the range (for reading at least): nobody writes it.
@@ -761,7 +764,16 @@ fn with_io<T>(
         }
     }
     drop(guard);
+    GATHERED.with(|g| {
+        g.borrow_mut()
+            .extend(gathered.into_iter().filter(|v| v.capacity() > 0))
+    });
     r
+}
+
+thread_local! {
+    /// Vectors [`with_io`] gathers strided views into, kept between steps.
+    static GATHERED: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl Device for CpuDevice {
