@@ -190,7 +190,16 @@ pub(crate) struct CudaBiasAct {
 
 impl CudaBiasAct {
     pub(crate) fn new(cx: &PrepareCx<'_>, s: &BiasAct) -> Result<CudaBiasAct, GpuError> {
-        let (y, runs) = cx.strided(s.y)?;
+        Self::at(cx, s, cx.strided(s.y)?)
+    }
+
+    /// `s` on `y` (a pointer, and its runs where it is strided) instead of its own buffer's
+    /// (a convolution's output it writes elsewhere).
+    pub(crate) fn at(
+        cx: &PrepareCx<'_>,
+        s: &BiasAct,
+        (y, runs): (u64, Option<crate::program::Runs>),
+    ) -> Result<CudaBiasAct, GpuError> {
         let i64_of = |v: usize| {
             i64::try_from(v).map_err(|_| GpuError::Plan(format!("{v} elements in a bias kernel")))
         };

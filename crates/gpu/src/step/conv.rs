@@ -520,8 +520,41 @@ impl StepKernel for Conv {
         if self.pre_act != Activation::None {
             return Err(cx.no_kernel("an input activation of a convolution that is not depthwise"));
         }
+        let y = cx.strided(self.y)?;
+        let Some(runs) = y.1 else {
+            return Ok(Box::new(self.prepare_at(x, y, cx)?));
+        };
+        match self.prepare_at(x, y, cx) {
+            Ok(plan) => Ok(Box::new(plan)),
+            // cuDNN refused the strided output: the convolution writes a dense buffer of its
+            // own and a copy puts it into its slice (what the concatenation copied before).
+            Err(e) => {
+                tracing::warn!(
+                    "a convolution with a strided output ({e}): it writes a buffer of its own, \
+                     copied into its slice after it"
+                );
+                let buf = cx.gpu.zeros(self.out_len())?;
+                let (bp, _) = buf.device_ptr(&cx.gpu.alloc_stream);
+                let mut plan = self.prepare_at(x, (bp, None), cx)?;
+                let copy = super::copy::into_runs(bp, y.0, self.out_len(), runs);
+                plan.post_copy = Some((copy, buf));
+                Ok(Box::new(plan))
+            }
+        }
+    }
+}
+
+impl Conv {
+    /// The convolution (not depthwise) reading `x` and writing `y` (a pointer, and its runs
+    /// where it is strided), padded as cuDNN requires.
+    fn prepare_at(
+        &self,
+        x: u64,
+        y: (u64, Option<crate::program::Runs>),
+        cx: &mut PrepareCx<'_>,
+    ) -> Result<CudaConv, GpuError> {
         if self.padding == self.padding_end {
-            return Ok(Box::new(prepare(self, x, cx)?));
+            return prepare(self, x, y, cx);
         }
         // cuDNN pads both sides alike: pad the difference explicitly into a buffer of the
         // prepared operator's own, then convolve with the common part.
@@ -543,9 +576,9 @@ impl StepKernel for Conv {
             padding_end: sym,
             ..self.clone()
         };
-        let mut plan = prepare(&inner, bp, cx)?;
+        let mut plan = prepare(&inner, bp, y, cx)?;
         plan.pre_pad = Some((pad, buf));
-        Ok(Box::new(plan))
+        Ok(plan)
     }
 }
 
@@ -711,13 +744,21 @@ struct CudaConv {
     _zero_bias: Option<CudaSlice<f32>>,
     /// Padding cuDNN cannot do (different before and after), run first into the held buffer.
     pre_pad: Option<(super::pad::CudaPad, CudaSlice<f32>)>,
+    /// Where cuDNN refused a strided output: the copy of the held dense output into it.
+    post_copy: Option<(Box<dyn Enqueue>, CudaSlice<f32>)>,
 }
 
 /// GPU runs per captured graph when timing a candidate.
 const TIMING_REPS: usize = 10;
 
-/// Prepare `s` reading its input at `xp`.
-fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuError> {
+/// Prepare `s` reading its input at `xp` and writing `y` (a pointer, and its runs where it is
+/// strided).
+fn prepare(
+    s: &Conv,
+    xp: u64,
+    y: (u64, Option<crate::program::Runs>),
+    cx: &mut PrepareCx<'_>,
+) -> Result<CudaConv, GpuError> {
     let [n, c, _, _] = s.input;
     let oc = s.out_channels;
     let y_dims = [n, oc, s.out_hw[0], s.out_hw[1]];
@@ -727,7 +768,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
     let wp = cx.ptr(s.w)?;
     // A strided output (the convolution's slice of a concatenation at batch > 1) has its
     // images `y_image` elements apart, each dense.
-    let (yp, y_runs) = cx.strided(s.y)?;
+    let (yp, y_runs) = y;
     let y_dense = oc * s.out_hw[0] * s.out_hw[1];
     let y_image = match y_runs {
         None => y_dense,
@@ -823,6 +864,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
         epilogue: None,
         _zero_bias: zero_bias,
         pre_pad: None,
+        post_copy: None,
     };
     let candidates = match cx.tuning.get(&tuning_key) {
         Some(c) => c,
@@ -859,7 +901,7 @@ fn prepare(s: &Conv, xp: u64, cx: &mut PrepareCx<'_>) -> Result<CudaConv, GpuErr
             act: s.act,
             residual: s.residual,
         };
-        plan.epilogue = Some(super::act::CudaBiasAct::new(cx, &step)?);
+        plan.epilogue = Some(super::act::CudaBiasAct::at(cx, &step, y)?);
     }
     // cuDNN's fused conv + bias (+ relu) call runs legacy algorithms only: with relu, the one
     // chosen (or the fastest legacy one when an engine was chosen); for a bias alone, only the
@@ -1346,9 +1388,12 @@ impl Enqueue for CudaConv {
             pad.enqueue(gpu, sc)?;
         }
         self.run_conv(sc)?;
-        match &self.epilogue {
-            Some(e) if !self.fused => e.enqueue(gpu, sc),
-            _ => Ok(()),
+        if let (Some(e), false) = (&self.epilogue, self.fused) {
+            e.enqueue(gpu, sc)?;
+        }
+        match &self.post_copy {
+            Some((copy, _)) => copy.enqueue(gpu, sc),
+            None => Ok(()),
         }
     }
 

@@ -157,6 +157,24 @@ impl StepKernel for Copy {
     }
 }
 
+/// A copy of `len` dense elements at `src` into the runs of a strided view at `dst`.
+pub(crate) fn into_runs(
+    src: u64,
+    dst: u64,
+    len: usize,
+    runs: crate::program::Runs,
+) -> Box<dyn Enqueue> {
+    let run = runs.run.max(1);
+    let i = |v: usize| v as i64;
+    Box::new(Slab {
+        src,
+        dst,
+        a: [i(len / run), i(run), 0, i(runs.stride), 0, i(run), 1],
+        acc: 0,
+        total: len,
+    })
+}
+
 struct Memcpy {
     src: u64,
     dst: u64,
