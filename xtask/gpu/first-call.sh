@@ -18,7 +18,8 @@ L=$OUT/log.txt R=$OUT/results.txt K=$OUT/kernels.txt C=/tmp/opsched-caches
 mkdir -p $C/kernels
 step() { echo "=== $(date +%T) $*" >>"$L"; }
 result() { echo "$*" | tee -a "$R"; }
-# One process's JSON report as one line: median latency, launches, peak memory, cuDNN kernels.
+# One process's JSON report as one line: median latency, launches, merged convolutions,
+# strided concatenation slices, peak memory, cuDNN kernels.
 lat() {
     python3 -c 'import json,sys
 try:
@@ -26,9 +27,10 @@ try:
 except ValueError:
     print("failed (log.txt)"); sys.exit()
 l = r["latency"]
-print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s peak %s conv %s" % (
+print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s strided %s peak %s conv %s" % (
       l["median_ms"], l["p10_ms"], l["p90_ms"], r.get("launches"), r.get("kernels"),
-      r.get("merged_convolutions"), r.get("peak_memory_bytes"), r.get("conv_kernels")))'
+      r.get("merged_convolutions"), r.get("strided_views"), r.get("peak_memory_bytes"),
+      r.get("conv_kernels")))'
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$L"
 

@@ -26,6 +26,9 @@ pub struct RunReport {
     /// Merged stages that ran as one convolution ([`opsched_gpu::GraphProgram::merged`]); the
     /// plan's other merged stages ran their operators one after another.
     pub merged_convolutions: usize,
+    /// Buffers written through strided views ([`opsched_gpu::program::BufSpec::runs`]): slices
+    /// of concatenations at batch > 1 that their producers write in place.
+    pub strided_views: usize,
     pub waits: usize,
     pub waits_dropped: usize,
     pub transfers: usize,
@@ -429,6 +432,12 @@ pub fn run_plan<D: Device>(
         launches: counts.launches,
         kernels: session.program.kernels(),
         merged_convolutions: session.program.merged.len(),
+        strided_views: session
+            .program
+            .buffers
+            .iter()
+            .filter(|b| b.runs.is_some())
+            .count(),
         waits: counts.waits,
         waits_dropped: session.host.waits_dropped,
         transfers: counts.sends,

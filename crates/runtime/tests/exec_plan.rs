@@ -367,6 +367,10 @@ fn strided_concatenation_slices_match_the_reference() {
             let s = schedule(&g, algo, 1, &cost);
             let opts = checked(capture, 0, 1);
             let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
+            assert_eq!(
+                r.strided_views, branches,
+                "{model}/{algo}: the run reports them"
+            );
             let c = r.check.unwrap();
             assert!(c.passed, "{model}/{algo}: {c:?}");
             assert_eq!(c.vs_sequential, 0.0, "{model}/{algo}");

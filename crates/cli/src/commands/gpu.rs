@@ -566,6 +566,13 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
             report.merged_convolutions
         )?;
     }
+    if report.strided_views > 0 {
+        writeln!(
+            out,
+            "strided        {} slices of concatenations written in place, one run per image",
+            report.strided_views
+        )?;
+    }
     writeln!(
         out,
         "memory         {:.1} MB of buffers: {:.1} MB weights and inputs, {:.1} MB activations \
