@@ -1423,3 +1423,42 @@ pub fn uniform(seed: u64, len: usize, center: f32, half_width: f32) -> Vec<f32> 
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Runs;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The ranges of a strided view hold exactly the parent elements its elements map to
+        /// (`first + (i / run) * stride + i % run`), in order, and its span reaches the last.
+        #[test]
+        fn runs_map_elements_as_their_formula_says(
+            run in 1usize..9,
+            extra in 0usize..5,
+            rows in 1usize..6,
+            first in 0usize..20,
+            a in 0usize..60,
+            b in 0usize..60,
+        ) {
+            let runs = Runs { run, stride: run + extra };
+            let len = rows * run;
+            let part = a.min(b).min(len)..a.max(b).min(len);
+            let want: Vec<usize> = part
+                .clone()
+                .map(|i| first + (i / run) * runs.stride + i % run)
+                .collect();
+            let got: Vec<usize> = Runs::storage(first, len, Some(runs), part)
+                .into_iter()
+                .flatten()
+                .collect();
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(runs.span(len), (rows - 1) * runs.stride + run);
+            let dense: Vec<usize> = Runs::storage(first, len, None, 0..len)
+                .into_iter()
+                .flatten()
+                .collect();
+            prop_assert_eq!(dense, (first..first + len).collect::<Vec<_>>());
+        }
+    }
+}
