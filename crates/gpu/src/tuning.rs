@@ -173,6 +173,22 @@ impl Tuning {
         s.known.get(key).cloned()
     }
 
+    /// The measurements of `key` ([`Tuning::get`]), else `measure`'s, recorded as this
+    /// process's ([`Tuning::insert`]).
+    pub fn get_or_measure<E>(
+        &self,
+        key: &str,
+        measure: impl FnOnce() -> Result<Vec<Candidate>, E>,
+    ) -> Result<Vec<Candidate>, E> {
+        if let Some(c) = self.get(key) {
+            return Ok(c);
+        }
+        let c = measure()?;
+        tracing::debug!("kernel choice measured for {key}: {c:?}");
+        self.insert(key, c.clone());
+        Ok(c)
+    }
+
     /// Record this process's measurements of `key`.
     pub fn insert(&self, key: &str, c: Vec<Candidate>) {
         let mut s = self.lock();
@@ -381,6 +397,28 @@ mod tests {
         );
         let faster = [cand(SOFTMAX_CUDNN, 0.02, 0), cand(SOFTMAX_ROWS, 0.01, 0)];
         assert_eq!(choose(&faster, usize::MAX).unwrap().algo, SOFTMAX_ROWS);
+    }
+
+    #[test]
+    fn a_choice_is_measured_once_and_a_failed_measurement_records_nothing() {
+        let dev = h100();
+        let t = Tuning::default();
+        let measured = t.get_or_measure("k", || Ok::<_, ()>(vec![cand(1, 0.01, 0)]));
+        assert_eq!(measured, Ok(vec![cand(1, 0.01, 0)]));
+        let again = t.get_or_measure("k", || -> Result<Vec<Candidate>, ()> {
+            panic!("measured twice")
+        });
+        assert_eq!(again, Ok(vec![cand(1, 0.01, 0)]));
+        assert_eq!(
+            t.get_or_measure("e", || Err::<Vec<Candidate>, _>("no GPU")),
+            Err("no GPU")
+        );
+        assert_eq!(t.get("e"), None);
+        assert_eq!(
+            t.fresh(&dev).len(),
+            1,
+            "only k's candidate is this process's"
+        );
     }
 
     #[test]

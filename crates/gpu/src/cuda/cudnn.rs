@@ -10,6 +10,25 @@ pub(crate) fn c_int(v: usize, what: &str) -> Result<i32, GpuError> {
     i32::try_from(v).map_err(|_| GpuError::Plan(format!("{what} = {v} exceeds a C int")))
 }
 
+/// A size as an `int64` (the backend API's integers, our kernels' sizes), or an error naming it.
+pub(crate) fn as_i64(v: usize, what: &str) -> Result<i64, GpuError> {
+    i64::try_from(v).map_err(|_| GpuError::Plan(format!("{what} = {v} exceeds an int64")))
+}
+
+/// A strided view's run and stride as our kernels take them (`*_runs`: two `int64`s after
+/// the size); `None` for a dense buffer.
+pub(crate) fn runs_args(
+    runs: Option<crate::program::Runs>,
+) -> Result<Option<(i64, i64)>, GpuError> {
+    runs.map(|r| {
+        Ok((
+            as_i64(r.run.max(1), "run")?,
+            as_i64(r.stride, "run stride")?,
+        ))
+    })
+    .transpose()
+}
+
 /// A tensor descriptor.
 pub(crate) struct TensorDesc(pub(crate) dnn_sys::cudnnTensorDescriptor_t);
 impl Drop for TensorDesc {

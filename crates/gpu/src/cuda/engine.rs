@@ -27,6 +27,7 @@ use dnn_sys::cudnnBackendAttributeType_t as T;
 use dnn_sys::cudnnBackendDescriptorType_t as D;
 use dnn_sys::cudnnBackendNumericalNote_t as N;
 
+use super::cudnn::as_i64;
 use crate::GpuError;
 
 /// Engine configurations tried per convolution, from the top of a heuristics' list.
@@ -182,10 +183,6 @@ impl Desc {
         self.get(name, T::CUDNN_TYPE_INT64, &mut v)?;
         Ok(v[0])
     }
-}
-
-fn as_i64(v: usize, what: &str) -> Result<i64, GpuError> {
-    i64::try_from(v).map_err(|_| GpuError::Plan(format!("{what} = {v} exceeds an int64")))
 }
 
 /// A dense NCHW (or KCRS) f32 tensor of the graph.

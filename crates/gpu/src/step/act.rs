@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::{Access, Step, StepKernel};
 use crate::cpu::math::{apply_bias_act, with_act};
 use crate::cpu::CpuIo;
+use crate::cuda::cudnn::{as_i64, runs_args};
 use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
@@ -200,19 +201,14 @@ impl CudaBiasAct {
         s: &BiasAct,
         (y, runs): (u64, Option<crate::program::Runs>),
     ) -> Result<CudaBiasAct, GpuError> {
-        let i64_of = |v: usize| {
-            i64::try_from(v).map_err(|_| GpuError::Plan(format!("{v} elements in a bias kernel")))
-        };
         Ok(CudaBiasAct {
             y,
             bias: s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
             residual: s.residual.map(|z| cx.ptr(z)).transpose()?.unwrap_or(0),
-            total: i64_of(s.total)?,
-            channels: i64_of(s.channels.max(1))?,
-            inner: i64_of(s.inner.max(1))?,
-            runs: runs
-                .map(|r| Ok::<_, GpuError>((i64_of(r.run.max(1))?, i64_of(r.stride)?)))
-                .transpose()?,
+            total: as_i64(s.total, "bias kernel elements")?,
+            channels: as_i64(s.channels.max(1), "bias kernel channels")?,
+            inner: as_i64(s.inner.max(1), "bias kernel inner size")?,
+            runs: runs_args(runs)?,
             act: act_params(s.act),
         })
     }

@@ -866,14 +866,8 @@ fn prepare(
         pre_pad: None,
         post_copy: None,
     };
-    let candidates = match cx.tuning.get(&tuning_key) {
-        Some(c) => c,
-        None => {
-            let c = measure_candidates(&mut plan, cx)?;
-            cx.tuning.insert(&tuning_key, c.clone());
-            c
-        }
-    };
+    let tuning = cx.tuning;
+    let candidates = tuning.get_or_measure(&tuning_key, || measure_candidates(&mut plan, cx))?;
     let handle = cx.sc.cudnn();
     let mut choice = match gemm_always {
         true => ConvChoice::GEMM,
@@ -1103,28 +1097,24 @@ fn faster_variant(
 ) -> Result<(), GpuError> {
     use crate::tuning::{choose, Candidate, EPILOGUE_FUSED, EPILOGUE_SEPARATE};
     let handle = cx.sc.cudnn();
-    let candidates = match cx.tuning.get(key) {
-        Some(c) => c,
-        None => {
-            let ws = fused.choice.workspace.max(separate.choice.workspace);
-            cx.sc.ensure_workspace(ws)?;
-            let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
-            let mut c = Vec::with_capacity(2);
-            for (code, v) in [(EPILOGUE_FUSED, fused), (EPILOGUE_SEPARATE, separate)] {
-                plan.set_variant(v, handle)?;
-                let run: &CudaConv = plan;
-                c.push(Candidate {
-                    algo: code,
-                    math: 0,
-                    ms: sc.time_ms(gpu, TIMING_REPS, &|| run.enqueue(gpu, sc))?,
-                    workspace: 0,
-                });
-            }
-            tracing::debug!("conv epilogue measured for {key}: {c:?}");
-            cx.tuning.insert(key, c.clone());
-            c
+    let tuning = cx.tuning;
+    let candidates = tuning.get_or_measure(key, || {
+        let ws = fused.choice.workspace.max(separate.choice.workspace);
+        cx.sc.ensure_workspace(ws)?;
+        let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
+        let mut c = Vec::with_capacity(2);
+        for (code, v) in [(EPILOGUE_FUSED, fused), (EPILOGUE_SEPARATE, separate)] {
+            plan.set_variant(v, handle)?;
+            let run: &CudaConv = plan;
+            c.push(Candidate {
+                algo: code,
+                math: 0,
+                ms: sc.time_ms(gpu, TIMING_REPS, &|| run.enqueue(gpu, sc))?,
+                workspace: 0,
+            });
         }
-    };
+        Ok::<_, GpuError>(c)
+    })?;
     let fused_wins = choose(&candidates, usize::MAX).is_none_or(|c| c.algo == EPILOGUE_FUSED);
     plan.set_variant(if fused_wins { fused } else { separate }, handle)
 }

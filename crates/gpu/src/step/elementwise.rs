@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{Access, Step, StepKernel};
 use crate::cpu::math::with_act;
 use crate::cpu::CpuIo;
-use crate::cuda::cudnn::c_int;
+use crate::cuda::cudnn::{as_i64, c_int, runs_args};
 use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
@@ -117,18 +117,13 @@ impl StepKernel for Elementwise {
         let dev = cx.gpu.upload(&ptrs)?;
         let (srcs_ptr, _) = dev.device_ptr(&cx.gpu.alloc_stream);
         let (y, runs) = cx.strided(self.y)?;
-        let i64_of = |v: usize| {
-            i64::try_from(v).map_err(|_| GpuError::Plan(format!("{v} elements in a sum")))
-        };
         Ok(Box::new(CudaElementwise {
             y,
             _srcs: dev,
             srcs_ptr,
             nsrc: c_int(ptrs.len(), "inputs")?,
-            n: i64_of(self.len)?,
-            runs: runs
-                .map(|r| Ok::<_, GpuError>((i64_of(r.run.max(1))?, i64_of(r.stride)?)))
-                .transpose()?,
+            n: as_i64(self.len, "elements of a sum")?,
+            runs: runs_args(runs)?,
             is_mul: i32::from(self.kind == ElementwiseKind::Mul),
             act: act_params(self.act),
         }))

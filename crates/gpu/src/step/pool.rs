@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
 use crate::cpu::CpuIo;
-use crate::cuda::cudnn::c_int;
+use crate::cuda::cudnn::{c_int, runs_args};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::GpuError;
@@ -137,14 +137,9 @@ impl StepKernel for Pool {
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
         let [n, c, h, w] = self.input;
         let (y, runs) = cx.strided(self.y)?;
-        let i64_of = |v: usize| {
-            i64::try_from(v).map_err(|_| GpuError::Plan(format!("{v} elements in a pool")))
-        };
         Ok(Box::new(CudaPool {
             y,
-            runs: runs
-                .map(|r| Ok::<_, GpuError>((i64_of(r.run.max(1))?, i64_of(r.stride)?)))
-                .transpose()?,
+            runs: runs_args(runs)?,
             x: cx.ptr(self.x)?,
             nc: (n * c) as i64,
             p: [

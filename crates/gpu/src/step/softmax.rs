@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
 use crate::cpu::CpuIo;
-use crate::cuda::cudnn::{tensor4, TensorDesc};
+use crate::cuda::cudnn::{as_i64, tensor4, TensorDesc};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::GpuError;
@@ -129,8 +129,7 @@ impl StepKernel for Softmax {
         let rows = SoftmaxRows {
             x,
             y,
-            rows: i64::try_from(self.outer)
-                .map_err(|_| GpuError::Plan(format!("{} softmax rows", self.outer)))?,
+            rows: as_i64(self.outer, "softmax rows")?,
             dim: crate::cuda::cudnn::c_int(self.dim, "softmax row length")?,
             log: i32::from(self.log),
         };
@@ -140,30 +139,25 @@ impl StepKernel for Softmax {
             self.dim,
             if self.log { "log" } else { "accurate" }
         );
-        let candidates = match cx.tuning.get(&key) {
-            Some(c) => c,
-            None => {
-                let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
-                let mut c = Vec::with_capacity(2);
-                for (code, run) in [
-                    (SOFTMAX_CUDNN, &cudnn as &dyn Enqueue),
-                    (SOFTMAX_ROWS, &rows as &dyn Enqueue),
-                ] {
-                    match sc.time_ms(gpu, TIMING_REPS, &|| run.enqueue(gpu, sc)) {
-                        Ok(ms) => c.push(Candidate {
-                            algo: code,
-                            math: 0,
-                            ms,
-                            workspace: 0,
-                        }),
-                        Err(e) => tracing::debug!("softmax kernel {code} left out: {e}"),
-                    }
+        let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
+        let candidates = cx.tuning.get_or_measure(&key, || {
+            let mut c = Vec::with_capacity(2);
+            for (code, run) in [
+                (SOFTMAX_CUDNN, &cudnn as &dyn Enqueue),
+                (SOFTMAX_ROWS, &rows as &dyn Enqueue),
+            ] {
+                match sc.time_ms(gpu, TIMING_REPS, &|| run.enqueue(gpu, sc)) {
+                    Ok(ms) => c.push(Candidate {
+                        algo: code,
+                        math: 0,
+                        ms,
+                        workspace: 0,
+                    }),
+                    Err(e) => tracing::debug!("softmax kernel {code} left out: {e}"),
                 }
-                tracing::debug!("softmax measured for {key}: {c:?}");
-                cx.tuning.insert(&key, c.clone());
-                c
             }
-        };
+            Ok::<_, GpuError>(c)
+        })?;
         Ok(match choose(&candidates, usize::MAX).map(|c| c.algo) {
             Some(SOFTMAX_ROWS) => Box::new(rows),
             _ => Box::new(cudnn),
