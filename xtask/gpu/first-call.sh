@@ -27,10 +27,10 @@ try:
 except ValueError:
     print("failed (log.txt)"); sys.exit()
 l = r["latency"]
-print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s strided %s peak %s conv %s" % (
+print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s strided %s peak %s conv %s gemm %s" % (
       l["median_ms"], l["p10_ms"], l["p90_ms"], r.get("launches"), r.get("kernels"),
       r.get("merged_convolutions"), r.get("strided_views"), r.get("peak_memory_bytes"),
-      r.get("conv_kernels")))'
+      r.get("conv_kernels"), r.get("gemm_kernels")))'
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$L"
 
@@ -93,6 +93,17 @@ for m in inception_v3 googlenet squeezenet resnet50 nasnet transformer; do
         step "b16 $a $m"
         result "b16 $a $m: $(timeout 90 opsched run $m --batch 16 --backend cuda --algo $a \
             --graph-capture --repeats 50 --json 2>>"$L" | lat)"
+    done
+done
+
+# The matrix products' measured choice against the unmeasured one (cuBLAS's own choice,
+# cuBLASLt's first configuration with an epilogue), one process each, side by side.
+for b in 1 16; do
+    for gemm in measured heuristic; do
+        step "gemm $gemm transformer b$b"
+        result "b$b sequential transformer --gemm $gemm: $(timeout 90 opsched run transformer \
+            --batch $b --backend cuda --algo sequential --gemm $gemm --graph-capture \
+            --repeats 50 --json 2>>"$L" | lat)"
     done
 done
 

@@ -45,6 +45,26 @@ pub struct KernelOptions {
     /// Whether 1x1 convolutions (stride 1, unpadded, one group) may run as cuBLAS's matrix
     /// product.
     pub conv_gemm: ConvGemm,
+    /// Which library kernel a matrix product runs.
+    pub gemm: GemmKernel,
+}
+
+/// The library kernel a matrix product (a linear layer, an attention product) runs on CUDA.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GemmKernel {
+    /// The fastest as measured on the device (`crate::tuning::GEMM_KEY`, kept in the cost
+    /// cache) of cuBLAS's own choice and the top configurations of cuBLASLt's heuristic.
+    /// Products read through head transposes in groups (an array of addresses) run cuBLAS's
+    /// batched call whatever the option.
+    #[default]
+    Measured,
+    /// Nothing measured: cuBLAS's own choice, and cuBLASLt's first configuration for a
+    /// product with an epilogue (what ran before the measured choice).
+    Heuristic,
+    /// cuBLASLt's configuration at this rank of its heuristic's list (the list's last where
+    /// it is shorter): to check every configuration against the reference.
+    LtRank(u32),
 }
 
 /// Whether a 1x1 convolution may run as cuBLAS's matrix product. Off by default until a GPU
@@ -83,6 +103,7 @@ impl Default for KernelOptions {
             conv_workspace_limit: 256 << 20,
             conv_api: ConvApi::default(),
             conv_gemm: ConvGemm::Off,
+            gemm: GemmKernel::Measured,
         }
     }
 }

@@ -39,7 +39,9 @@ pub mod tuning;
 
 pub use cpu::CpuDevice;
 pub use cuda::CudaDevice;
-pub use device::{ConvApi, ConvGemm, Device, DeviceReport, KernelOptions, TransferMode};
+pub use device::{
+    ConvApi, ConvGemm, Device, DeviceReport, GemmKernel, KernelOptions, TransferMode,
+};
 pub use discovery::{check_libraries, devices, DeviceInfo, Lib, REQUIRED};
 pub use error::GpuError;
 pub use program::{BufId, GraphProgram, OpProgram, TransferSpec};

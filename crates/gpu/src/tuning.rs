@@ -3,7 +3,9 @@
 //! backend API: see [`Candidate::engine`]), whether its bias (+ relu) run inside cuDNN's
 //! fused call or in our kernel after the convolution ([`epilogue_key`]: the fused call is not
 //! faster everywhere, and for a bias alone cuDNN runs it only with one algorithm), and whether
-//! a softmax over contiguous rows runs cuDNN's kernel or ours ([`SOFTMAX_KEY`]).
+//! a softmax over contiguous rows runs cuDNN's kernel or ours ([`SOFTMAX_KEY`]), and which
+//! kernel runs each matrix product: cuBLAS's own choice or one of cuBLASLt's heuristic's top
+//! configurations ([`GEMM_KEY`]).
 //!
 //! Letting `cudnnFindConvolutionForwardAlgorithmEx` pick afresh in every process made the same
 //! plan run 2.86 to 4.54 ms on an H100: candidates a few percent apart swap places with timing
@@ -36,6 +38,29 @@ pub const SOFTMAX_KEY: &str = "softmax|";
 pub const SOFTMAX_CUDNN: u32 = 0;
 /// The candidate "our `softmax_rows` kernel, a warp per row" of a [`SOFTMAX_KEY`].
 pub const SOFTMAX_ROWS: u32 = 1;
+
+/// The prefix of a matrix product's key (its shape, operands' layout and alignment, epilogue,
+/// math and cuBLAS version): its candidates are [`GEMM_CUBLAS`] or [`GEMM_CUBLAS_SPLIT`] and
+/// [`GEMM_LT`] plus a rank in cuBLASLt's heuristic's list, with `math` that configuration's
+/// identity ([`lt_identity`]), checked when a later process rebuilds the list. Every candidate
+/// uses the stream's cuBLAS workspace (its `workspace` is 0), so a tie goes to the lowest
+/// number.
+pub const GEMM_KEY: &str = "cublas_gemm|";
+/// The candidate "cuBLAS's own choice" of a product without an epilogue (a tie goes to it: it
+/// is what ran before products were measured).
+pub const GEMM_CUBLAS: u32 = 0;
+/// The candidate "cuBLASLt's configuration at rank `r`" is `GEMM_LT + r`.
+pub const GEMM_LT: u32 = 1;
+/// The candidate "cuBLAS's own choice, then our bias kernel" of a product with an epilogue:
+/// after every cuBLASLt configuration, which do the epilogue in the product's kernel.
+pub const GEMM_CUBLAS_SPLIT: u32 = 1 << 16;
+
+/// The identity of a cuBLASLt configuration kept as a [`GEMM_KEY`] candidate's `math`: its
+/// algorithm (`CUBLASLT_ALGO_CONFIG_ID`) and tile (`CUBLASLT_ALGO_CONFIG_TILE_ID`), 16 bits
+/// each.
+pub fn lt_identity(algo_id: u32, tile: u32) -> u32 {
+    (algo_id & 0xffff) | (tile & 0xffff) << 16
+}
 
 /// The candidate "cuDNN's fused conv + bias + relu call" of an [`epilogue_key`].
 pub const EPILOGUE_FUSED: u32 = 0;
@@ -140,11 +165,31 @@ impl ConvKernels {
     }
 }
 
+/// How many distinct matrix products (tuning keys) this process runs with each library
+/// ([`Tuning::products`]); products without a key (groups through an array of addresses) are
+/// not counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GemmKernels {
+    /// cuBLAS's own choice.
+    pub cublas: usize,
+    /// A configuration of cuBLASLt's heuristic.
+    pub cublaslt: usize,
+}
+
+impl GemmKernels {
+    /// Every distinct product.
+    pub fn total(&self) -> usize {
+        self.cublas + self.cublaslt
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     known: BTreeMap<String, Vec<Candidate>>,
     /// Per convolution key, the kind of kernel chosen.
     chosen: BTreeMap<String, ConvFamily>,
+    /// Per product key, whether a cuBLASLt configuration was chosen.
+    products: BTreeMap<String, bool>,
     /// Keys measured by this process (what [`Tuning::fresh`] returns).
     fresh: BTreeSet<String>,
     /// Measure again what was loaded.
@@ -200,6 +245,22 @@ impl Tuning {
     /// counts).
     pub fn chose(&self, key: &str, family: ConvFamily) {
         self.lock().chosen.insert(key.to_string(), family);
+    }
+
+    /// Record whether product `key` runs a cuBLASLt configuration (`lt`) or cuBLAS's own
+    /// choice (the last choice per key counts).
+    pub fn chose_product(&self, key: &str, lt: bool) {
+        self.lock().products.insert(key.to_string(), lt);
+    }
+
+    /// The libraries chosen so far, per distinct product.
+    pub fn products(&self) -> GemmKernels {
+        let s = self.lock();
+        let lt = s.products.values().filter(|&&lt| lt).count();
+        GemmKernels {
+            cublas: s.products.len() - lt,
+            cublaslt: lt,
+        }
     }
 
     /// The kernels chosen so far, per distinct convolution.
@@ -397,6 +458,63 @@ mod tests {
         );
         let faster = [cand(SOFTMAX_CUDNN, 0.02, 0), cand(SOFTMAX_ROWS, 0.01, 0)];
         assert_eq!(choose(&faster, usize::MAX).unwrap().algo, SOFTMAX_ROWS);
+    }
+
+    #[test]
+    fn product_choices_keep_their_configurations_identity_and_prefer_fewer_launches() {
+        let dev = h100();
+        let key = format!("{GEMM_KEY}m=768|n=2048|k=768|op=TN|ep=bias");
+        let identity = lt_identity(21, 18);
+        assert_eq!(identity, 21 | 18 << 16);
+        assert_ne!(lt_identity(21, 19), identity);
+        let lt = |rank: u32, ms: f64| Candidate {
+            algo: GEMM_LT + rank,
+            math: identity,
+            ms,
+            workspace: 0,
+        };
+        let t = Tuning::default();
+        t.insert(
+            &key,
+            vec![
+                cand(GEMM_CUBLAS_SPLIT, 0.0100, 0),
+                lt(0, 0.0102),
+                lt(2, 0.0101),
+            ],
+        );
+        // The identity goes to the cache and back with the rank.
+        let u = Tuning::default();
+        assert_eq!(u.load(&dev, t.fresh(&dev).iter().map(|(k, m)| (k, m))), 1);
+        let mut back = u.get(&key).unwrap();
+        back.sort_by_key(|c| c.algo);
+        assert_eq!(
+            back,
+            [
+                lt(0, 0.0102),
+                lt(2, 0.0101),
+                cand(GEMM_CUBLAS_SPLIT, 0.01, 0)
+            ]
+        );
+        // A tie goes to the product with the epilogue inside (rank 0 before rank 2), and
+        // without an epilogue to cuBLAS's own choice; out of the tie band the fastest wins.
+        assert_eq!(choose(&back, usize::MAX).unwrap().algo, GEMM_LT);
+        let plain = [lt(0, 0.0100), cand(GEMM_CUBLAS, 0.0102, 0)];
+        assert_eq!(choose(&plain, usize::MAX).unwrap().algo, GEMM_CUBLAS);
+        let faster = [lt(3, 0.0090), cand(GEMM_CUBLAS, 0.0102, 0)];
+        assert_eq!(choose(&faster, usize::MAX).unwrap().algo, GEMM_LT + 3);
+        // Products are counted per key, the last choice counting.
+        t.chose_product(&key, false);
+        t.chose_product(&key, true);
+        t.chose_product("other", false);
+        assert_eq!(
+            t.products(),
+            GemmKernels {
+                cublas: 1,
+                cublaslt: 1
+            }
+        );
+        assert_eq!(t.products().total(), 2);
+        assert_eq!(t.chosen().total(), 0, "products are not convolutions");
     }
 
     #[test]

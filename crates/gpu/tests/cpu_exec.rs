@@ -9,7 +9,7 @@ use opsched_gpu::program::{BufRole, GraphProgram, Init, TransferSpec};
 use opsched_gpu::reference::{self, scaled_error};
 use opsched_gpu::step::copy::Copy;
 use opsched_gpu::{
-    ConvApi, ConvGemm, CpuDevice, Device, GpuError, KernelOptions, Step, TransferMode,
+    ConvApi, ConvGemm, CpuDevice, Device, GemmKernel, GpuError, KernelOptions, Step, TransferMode,
 };
 use opsched_graph::zoo::{self, ZooConfig};
 use opsched_graph::{
@@ -1059,22 +1059,30 @@ fn kernels_run_concurrently_on_separate_streams() {
 /// (TF32 off so the tolerance can be tight), through the same helper as the CPU tests; the
 /// convolutions choose among all cuDNN kernels, then among the legacy API's algorithms alone,
 /// then with cuBLAS's product for every 1x1 convolution, then among the backend API's engines
-/// alone.
+/// alone; the matrix products run the measured choice, then the unmeasured one, then
+/// cuBLASLt's configurations at ranks 0, 1, 3 and 7 of its heuristic's list.
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn gpu_every_op_matches_the_reference() {
     let dev = opsched_gpu::CudaDevice::open(Some(1)).unwrap();
+    let m = GemmKernel::Measured;
     let apis = [
-        (ConvApi::Both, ConvGemm::Off),
-        (ConvApi::Legacy, ConvGemm::Off),
-        (ConvApi::Both, ConvGemm::Always),
-        (ConvApi::Backend, ConvGemm::Off),
+        (ConvApi::Both, ConvGemm::Off, m),
+        (ConvApi::Legacy, ConvGemm::Off, m),
+        (ConvApi::Both, ConvGemm::Always, m),
+        (ConvApi::Backend, ConvGemm::Off, m),
+        (ConvApi::Both, ConvGemm::Off, GemmKernel::Heuristic),
+        (ConvApi::Both, ConvGemm::Off, GemmKernel::LtRank(0)),
+        (ConvApi::Both, ConvGemm::Off, GemmKernel::LtRank(1)),
+        (ConvApi::Both, ConvGemm::Off, GemmKernel::LtRank(3)),
+        (ConvApi::Both, ConvGemm::Off, GemmKernel::LtRank(7)),
     ];
-    for (conv_api, conv_gemm) in apis {
+    for (conv_api, conv_gemm, gemm) in apis {
         let precise = KernelOptions {
             tf32: false,
             conv_api,
             conv_gemm,
+            gemm,
             ..Default::default()
         };
         for g in op_graphs() {

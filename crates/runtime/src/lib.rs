@@ -32,8 +32,8 @@ use std::sync::Arc;
 use opsched_graph::{NodeId, Tensor};
 
 pub use opsched_gpu::{
-    ConvApi, ConvGemm, CpuDevice, CudaDevice, Device, DeviceReport, GpuError, KernelOptions,
-    Summary, TransferMode,
+    ConvApi, ConvGemm, CpuDevice, CudaDevice, Device, DeviceReport, GemmKernel, GpuError,
+    KernelOptions, Summary, TransferMode,
 };
 pub use run::{map_gpus, run_plan, run_schedule, CheckReport, RunReport, Session};
 

@@ -43,6 +43,9 @@ pub struct RunReport {
     /// The cuDNN kernels its distinct convolutions run (CUDA only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conv_kernels: Option<opsched_gpu::tuning::ConvKernels>,
+    /// The libraries its distinct measured matrix products run (CUDA only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gemm_kernels: Option<opsched_gpu::tuning::GemmKernels>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check: Option<CheckReport>,
     /// The graph's outputs by name, when [`RunOptions::keep_outputs`] asked for them.
@@ -445,6 +448,7 @@ pub fn run_plan<D: Device>(
         buffer_bytes: footprint.distinct_bytes,
         weight_bytes: footprint.data_bytes,
         conv_kernels: dev.tuning().map(|t| t.chosen()).filter(|k| k.total() > 0),
+        gemm_kernels: dev.tuning().map(|t| t.products()).filter(|k| k.total() > 0),
         check,
         outputs,
     })

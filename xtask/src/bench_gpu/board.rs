@@ -219,9 +219,28 @@ fn convolution_method(h: &Header) -> String {
     }
 }
 
+/// How our matrix products chose their kernels, in words.
+fn product_method(h: &Header) -> &'static str {
+    match h.gemm.as_str() {
+        "measured" => {
+            "our matrix products ran the faster, as measured, of cuBLAS's own choice and the top \
+             configurations of cuBLASLt's heuristic"
+        }
+        _ => {
+            "our matrix products ran cuBLAS's own choice (cuBLASLt's first configuration where \
+             the bias, residual or relu is in the product)"
+        }
+    }
+}
+
 /// `conv_gemm` of a table written before the option existed.
 fn off() -> String {
     "off".into()
+}
+
+/// `gemm` of a table written before the option existed: nothing was measured.
+fn heuristic() -> String {
+    "heuristic".into()
 }
 
 /// What every row of one file shares: the machine, the software and the method.
@@ -258,6 +277,10 @@ pub struct Header {
     /// or `always` (tables before the option have none: off).
     #[serde(default = "off")]
     pub conv_gemm: String,
+    /// How matrix products chose their kernel: `measured` or `heuristic` (tables before the
+    /// option have none: heuristic).
+    #[serde(default = "heuristic")]
+    pub gemm: String,
     pub opsched_version: String,
     /// Runs whose rows `--merge` kept, oldest first.
     pub earlier: Vec<EarlierRun>,
@@ -308,6 +331,7 @@ impl Scoreboard {
             ("search", a.search == b.search),
             ("conv_api", a.conv_api == b.conv_api),
             ("conv_gemm", a.conv_gemm == b.conv_gemm),
+            ("gemm", a.gemm == b.gemm),
             (
                 "torch",
                 a.torch.is_none() || b.torch.is_none() || a.torch == b.torch,
@@ -395,13 +419,14 @@ impl Scoreboard {
              (a tie goes to the earlier in that list); each was searched once ({s}) and every \
              process ran the same schedule file. Eager latency is not used: it measures the \
              host's launches, not the schedule. f32 inputs, TF32 math on both sides, random \
-             weights, one GPU; {k}.\n",
+             weights, one GPU; {k}; {g}.\n",
             p = h.processes,
             r = h.repeats,
             w = h.warmup,
             a = h.algos.join(", "),
             s = h.search,
             k = convolution_method(h),
+            g = product_method(h),
         );
         md.push_str(
             "| model | batch | ours sequential + graph | ours best + graph | best | spread | \
@@ -570,6 +595,7 @@ mod tests {
             search: "analytical cost model, h100 preset, 8 streams".into(),
             conv_api: "both".into(),
             conv_gemm: "off".into(),
+            gemm: "measured".into(),
             opsched_version: "0.1.0".into(),
             earlier: Vec::new(),
         }
@@ -897,12 +923,30 @@ mod tests {
             .expect_err("conv_api differs");
         assert!(err.to_string().contains("header.conv_api"), "{err}");
         // So are 1x1 convolutions that could run as cuBLAS's product.
-        let mut gemm = older;
+        let mut gemm = older.clone();
         gemm.header.conv_gemm = "timed".into();
         let err = now
+            .clone()
             .merge(gemm.clone(), "f.json")
             .expect_err("conv_gemm differs");
         assert!(err.to_string().contains("header.conv_gemm"), "{err}");
         assert!(gemm.markdown().contains("(1x1 ones also cuBLAS's product)"));
+        // And matrix products that measured nothing: what a table before the option holds.
+        let text = older.to_json().expect("written");
+        let mut json: serde_json::Value = serde_json::from_str(&text).expect("json");
+        json["header"]
+            .as_object_mut()
+            .expect("a header")
+            .remove("gemm");
+        let before = Scoreboard::from_json(&json.to_string(), "f.json").expect("read back");
+        assert_eq!(before.header.gemm, "heuristic");
+        assert!(before
+            .markdown()
+            .contains("products ran cuBLAS's own choice"));
+        assert!(now
+            .markdown()
+            .contains("as measured, of cuBLAS's own choice"));
+        let err = now.merge(before, "f.json").expect_err("gemm differs");
+        assert!(err.to_string().contains("header.gemm"), "{err}");
     }
 }

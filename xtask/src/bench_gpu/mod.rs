@@ -106,6 +106,9 @@ pub struct Args {
     /// Whether 1x1 convolutions may run as cuBLAS's product (`opsched run --conv-gemm`).
     #[arg(long, value_enum, default_value_t = ConvGemmArg::Off)]
     conv_gemm: ConvGemmArg,
+    /// How matrix products choose their kernel (`opsched run --gemm`).
+    #[arg(long, value_enum, default_value_t = GemmArg::Measured)]
+    gemm: GemmArg,
     /// Skip the PyTorch columns.
     #[arg(long = "no-torch", action = clap::ArgAction::SetFalse)]
     torch: bool,
@@ -169,6 +172,21 @@ impl ConvGemmArg {
             ConvGemmArg::Off => "off",
             ConvGemmArg::Timed => "timed",
             ConvGemmArg::Always => "always",
+        }
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum GemmArg {
+    Measured,
+    Heuristic,
+}
+
+impl GemmArg {
+    fn name(self) -> &'static str {
+        match self {
+            GemmArg::Measured => "measured",
+            GemmArg::Heuristic => "heuristic",
         }
     }
 }
@@ -475,6 +493,7 @@ fn run_process(
         .args(["--backend", args.backend.name(), "--graph-capture"])
         .args(["--conv-api", args.conv_api.name()])
         .args(["--conv-gemm", args.conv_gemm.name()])
+        .args(["--gemm", args.gemm.name()])
         .args(["--streams", &STREAMS.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--repeats", &args.repeats.to_string(), "--json"])
@@ -669,6 +688,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
         ),
         conv_api: args.conv_api.name().into(),
         conv_gemm: args.conv_gemm.name().into(),
+        gemm: args.gemm.name().into(),
         opsched_version: env!("CARGO_PKG_VERSION").into(),
         earlier: Vec::new(),
     };

@@ -11,8 +11,8 @@ use clap::{Args, ValueEnum};
 use opsched::graph::{NodeId, Tensor};
 use opsched::profiler::{ProfileError, ProfileOptions};
 use opsched::runtime::{
-    Backend, CheckMode, ConvApi, ConvGemm, CpuDevice, CudaDevice, Device, KernelOptions,
-    RunOptions, RuntimeError, TransferMode,
+    Backend, CheckMode, ConvApi, ConvGemm, CpuDevice, CudaDevice, Device, GemmKernel,
+    KernelOptions, RunOptions, RuntimeError, TransferMode,
 };
 use opsched::schedule::io as schedule_io;
 
@@ -73,9 +73,9 @@ pub struct DeviceArgs {
     /// Strict f32 arithmetic in convolutions and matrix products (no TF32 tensor cores).
     #[arg(long)]
     precise: bool,
-    /// Time every kernel choice again (cuDNN's convolution algorithms, softmax kernels) instead
-    /// of using the measurements kept in the cost cache (which make every process run the same
-    /// kernels).
+    /// Time every kernel choice again (cuDNN's convolution algorithms, softmax kernels, matrix
+    /// products' kernels) instead of using the measurements kept in the cost cache (which make
+    /// every process run the same kernels).
     #[arg(long)]
     retune: bool,
     /// Which cuDNN kernels convolutions choose among: the legacy API's algorithms, the
@@ -87,6 +87,18 @@ pub struct DeviceArgs {
     /// Correct on an H100, but no model ran faster with it (2026-11-26), hence off by default.
     #[arg(long, value_enum, default_value_t = ConvGemmArg::Off)]
     conv_gemm: ConvGemmArg,
+    /// Which kernel a matrix product runs: `measured`, the fastest on this GPU of cuBLAS's own
+    /// choice and cuBLASLt's heuristic's top 8 configurations (kept in the cost cache), or
+    /// `heuristic`, nothing measured (cuBLAS's choice; cuBLASLt's first with a bias,
+    /// residual or relu in the product).
+    #[arg(long, value_enum, default_value_t = GemmArg::Measured)]
+    gemm: GemmArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum GemmArg {
+    Measured,
+    Heuristic,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -132,6 +144,10 @@ impl DeviceArgs {
                 ConvGemmArg::Off => ConvGemm::Off,
                 ConvGemmArg::Timed => ConvGemm::Timed,
                 ConvGemmArg::Always => ConvGemm::Always,
+            },
+            gemm: match self.gemm {
+                GemmArg::Measured => GemmKernel::Measured,
+                GemmArg::Heuristic => GemmKernel::Heuristic,
             },
             ..KernelOptions::default()
         }
@@ -594,6 +610,15 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
             0 => writeln!(out)?,
             g => writeln!(out, ", {g} as cuBLAS products")?,
         }
+    }
+    if let Some(k) = &report.gemm_kernels {
+        writeln!(
+            out,
+            "products       {} distinct: {} on cuBLASLt configurations, {} on cuBLAS's own choice",
+            k.total(),
+            k.cublaslt,
+            k.cublas
+        )?;
     }
     if let Some(c) = &report.check {
         writeln!(

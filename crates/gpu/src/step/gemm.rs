@@ -5,6 +5,12 @@
 //! orders of evaluation match the separate kernels'); another activation keeps the bias
 //! kernel after the product ([`opsched_graph::fusion::gemm_epilogue`]).
 //!
+//! On CUDA a product runs the faster, as measured once per shape and kept in the cost cache
+//! ([`crate::tuning::GEMM_KEY`]), of cuBLAS's own choice (with the bias kernel after it where
+//! there is an epilogue) and the top configurations of cuBLASLt's heuristic
+//! ([`crate::GemmKernel`]); products over an array of addresses (several sequences through
+//! head transposes) run cuBLAS's batched call.
+//!
 //! A row-major `[r, c]` buffer is the column-major `c x r` matrix (its transpose), so
 //! `Y = X W^T` (row-major, PyTorch's linear layer with `W: [out, in]`) is `Y^T = W X^T`,
 //! computed as `gemm(T, N, m = out, n = rows, k = in)`; a row-major batched `C = A B` is the
@@ -25,7 +31,7 @@ use crate::cpu::CpuIo;
 use crate::cuda::cudnn::c_int;
 use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{weight_half_width, At, BufId, Builder, Operand, Src};
-use crate::GpuError;
+use crate::{GemmKernel, GpuError};
 
 /// A (batched) matrix product.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -313,22 +319,169 @@ impl StepKernel for Gemm {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        use crate::tuning::{choose, Candidate, GEMM_CUBLAS, GEMM_CUBLAS_SPLIT, GEMM_LT};
         let gemm = CudaGemm::new(self, cx)?;
-        let Some(e) = &self.epilogue else {
-            return Ok(Box::new(gemm));
-        };
-        if self.batch != 1 || self.outer != 1 || self.ldc != self.m {
+        if self.epilogue.is_some() && (self.batch != 1 || self.outer != 1 || self.ldc != self.m) {
             return Err(cx.no_kernel("an epilogue of a batched or strided product"));
         }
-        match CudaLtGemm::new(self, e, cx) {
-            Ok(lt) => Ok(Box::new(lt)),
-            Err(err) => {
-                tracing::debug!("cuBLASLt has no kernel for this product ({err}): bias kernel");
+        // Groups through an array of addresses: cuBLAS's batched call is the one kernel.
+        if self.outer > 1 {
+            return Ok(Box::new(gemm));
+        }
+        let (separate, cublas): (Box<dyn Enqueue>, u32) = match &self.epilogue {
+            None => (Box::new(gemm), GEMM_CUBLAS),
+            Some(e) => {
                 let after = super::act::CudaBiasAct::new(cx, &self.bias_act(e))?;
-                Ok(Box::new(GemmThen { gemm, after }))
+                (Box::new(GemmThen { gemm, after }), GEMM_CUBLAS_SPLIT)
             }
+        };
+        let mut lt = match CudaLtGemm::new(self, cx) {
+            Ok(lt) => lt,
+            Err(err) => {
+                tracing::debug!("cuBLASLt cannot run this product ({err}): cuBLAS");
+                return Ok(separate);
+            }
+        };
+        let configs = lt.heuristic(LT_TOP).unwrap_or_else(|err| {
+            tracing::debug!("cuBLASLt's heuristic has no configuration ({err}): cuBLAS");
+            Vec::new()
+        });
+        let last = u32::try_from(configs.len()).unwrap_or(u32::MAX);
+        let code = match cx.opts.gemm {
+            GemmKernel::Heuristic if self.epilogue.is_some() && last > 0 => GEMM_LT,
+            GemmKernel::Heuristic => cublas,
+            GemmKernel::LtRank(r) if last > 0 => GEMM_LT + r.min(last - 1),
+            GemmKernel::LtRank(_) => cublas,
+            GemmKernel::Measured => {
+                let key = self.tuning_key(cx.opts.tf32, lt.align, lt_version());
+                let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
+                let measured = cx.tuning.get_or_measure(&key, || {
+                    let time =
+                        |run: &dyn Fn() -> Result<(), GpuError>| sc.time_ms(gpu, TIMING_REPS, run);
+                    let mut c = Vec::with_capacity(configs.len() + 1);
+                    let mut add = |algo: u32, math: u32, ms: Result<f64, GpuError>| match ms {
+                        // Every candidate uses the stream's cuBLAS workspace: none of its own.
+                        Ok(ms) => c.push(Candidate {
+                            algo,
+                            math,
+                            ms,
+                            workspace: 0,
+                        }),
+                        Err(e) => tracing::debug!("product kernel {algo} left out: {e}"),
+                    };
+                    add(cublas, 0, time(&|| separate.enqueue(gpu, sc)));
+                    for (rank, cfg) in (0u32..).zip(&configs) {
+                        add(
+                            GEMM_LT + rank,
+                            cfg.identity,
+                            time(&|| lt.run(&cfg.algo, sc)),
+                        );
+                    }
+                    Ok::<_, GpuError>(c)
+                })?;
+                // A configuration counts only where this cuBLASLt still lists it at its rank.
+                let listed = |c: &Candidate| {
+                    c.algo == cublas
+                        || c.algo.checked_sub(GEMM_LT).is_some_and(|r| {
+                            configs
+                                .get(r as usize)
+                                .is_some_and(|cfg| cfg.identity == c.math)
+                        })
+                };
+                let valid: Vec<Candidate> = measured.iter().copied().filter(listed).collect();
+                if valid.len() < measured.len() {
+                    tracing::warn!(
+                        "cuBLASLt's heuristic no longer lists every configuration measured for \
+                         {key}: choosing among the others (--retune measures again)"
+                    );
+                }
+                let code = choose(&valid, usize::MAX).map_or(cublas, |c| c.algo);
+                cx.tuning.chose_product(&key, code != cublas);
+                code
+            }
+        };
+        match code
+            .checked_sub(GEMM_LT)
+            .and_then(|r| configs.get(r as usize))
+        {
+            Some(cfg) if code != cublas => {
+                lt.algo = cfg.algo;
+                Ok(Box::new(lt))
+            }
+            _ => Ok(separate),
         }
     }
+}
+
+/// cuBLASLt's configurations measured per product, from the top of its heuristic's list.
+const LT_TOP: usize = 8;
+
+/// GPU runs per captured graph when timing a product's kernel.
+const TIMING_REPS: usize = 10;
+
+/// The version of the cuBLASLt library loaded (e.g. 130100).
+fn lt_version() -> usize {
+    // SAFETY: no arguments; loads the library like every other cuBLASLt call.
+    unsafe { lt_sys::cublasLtGetVersion() }
+}
+
+impl Gemm {
+    /// The tuning key of this product ([`crate::tuning::GEMM_KEY`]): everything cuBLASLt's
+    /// heuristic sees (shape, operations, leading dimensions, batch and strides, epilogue,
+    /// the operands' alignment in bytes, math) and the library's version.
+    fn tuning_key(&self, tf32: bool, align: [u32; 4], version: usize) -> String {
+        let op = |t: bool| if t { 'T' } else { 'N' };
+        let epilogue = match &self.epilogue {
+            None => "none".to_string(),
+            Some(e) => format!(
+                "{}{}{}",
+                if e.bias.is_some() { "bias" } else { "" },
+                if e.residual.is_some() {
+                    "+residual"
+                } else {
+                    ""
+                },
+                if e.act == Activation::Relu {
+                    "+relu"
+                } else {
+                    ""
+                }
+            ),
+        };
+        format!(
+            "{}m={}|n={}|k={}|op={}{}|ld={}.{}.{}|batch={}|stride={}.{}.{}|ep={epilogue}\
+             |align={}.{}.{}.{}|{}|cublaslt={version}",
+            crate::tuning::GEMM_KEY,
+            self.m,
+            self.n,
+            self.k,
+            op(self.trans_a),
+            op(self.trans_b),
+            self.lda,
+            self.ldb,
+            self.ldc,
+            self.batch,
+            self.stride_a,
+            self.stride_b,
+            self.stride_c,
+            align[0],
+            align[1],
+            align[2],
+            align[3],
+            if tf32 { "tf32" } else { "fp32" },
+        )
+    }
+}
+
+/// The alignment cuBLASLt may assume of an operand at device address `ptr` whose batch
+/// members are `stride` elements apart (`batch` of them): the largest power of two up to 256
+/// bytes that divides every member's address.
+fn operand_alignment(ptr: u64, stride: usize, batch: usize) -> u32 {
+    let mut bits = ptr.trailing_zeros().min(8);
+    if batch > 1 {
+        bits = bits.min((4 * stride as u64).trailing_zeros());
+    }
+    1 << bits
 }
 
 impl Gemm {
@@ -602,13 +755,19 @@ lt_owned! {
     LtPref(lt_sys::cublasLtMatmulPreference_t) by lt::destroy_matmul_pref;
 }
 
-/// A single product with its epilogue in one cuBLASLt kernel: `C = act(op(A) op(B) + bias +
-/// beta Z)`, where `Z` is the residual (beta 1) or none (beta 0).
+/// A product in one cuBLASLt kernel, with its epilogue if it has one: `C = act(op(A) op(B) +
+/// bias + beta Z)`, where `Z` is the residual (beta 1) or none (beta 0); a strided batch of
+/// products when it has none.
 struct CudaLtGemm {
     handle: LtHandle,
     desc: LtDesc,
     /// Layouts of A, B, and of C and D (the residual and the output share one).
     layouts: [LtLayout; 3],
+    /// What the heuristic must respect: the workspace limit and the operands' alignment.
+    pref: LtPref,
+    /// The alignment of A, B, Z and C in bytes ([`operand_alignment`]).
+    align: [u32; 4],
+    /// The configuration [`Enqueue::enqueue`] runs.
     algo: lt_sys::cublasLtMatmulAlgo_t,
     a: u64,
     b: u64,
@@ -617,10 +776,18 @@ struct CudaLtGemm {
     beta: f32,
 }
 
+/// One configuration of cuBLASLt's heuristic's list and its identity
+/// ([`crate::tuning::lt_identity`]).
+struct LtConfig {
+    algo: lt_sys::cublasLtMatmulAlgo_t,
+    identity: u32,
+}
+
 impl CudaLtGemm {
-    fn new(s: &Gemm, e: &GemmEpilogue, cx: &PrepareCx<'_>) -> Result<CudaLtGemm, GpuError> {
+    fn new(s: &Gemm, cx: &PrepareCx<'_>) -> Result<CudaLtGemm, GpuError> {
         use lt_sys::cublasLtEpilogue_t as Ep;
         use lt_sys::cublasLtMatmulDescAttributes_t as DescAttr;
+        use lt_sys::cublasLtMatmulPreferenceAttributes_t as PrefAttr;
         let err = |what: &'static str| move |e| GpuError::cublas(what, e);
         let handle = LtHandle(lt::create_handle().map_err(err("creating a cuBLASLt handle"))?);
         let compute = if cx.opts.tf32 {
@@ -650,6 +817,12 @@ impl CudaLtGemm {
             (&tb as *const blas_sys::cublasOperation_t).cast(),
             std::mem::size_of_val(&tb),
         )?;
+        let none = GemmEpilogue {
+            bias: None,
+            residual: None,
+            act: Activation::None,
+        };
+        let e = s.epilogue.as_ref().unwrap_or(&none);
         let relu = match e.act {
             Activation::None => false,
             Activation::Relu => true,
@@ -678,67 +851,163 @@ impl CudaLtGemm {
                 std::mem::size_of_val(&p),
             )?;
         }
-        let layout = |rows: usize, cols: usize, ld: usize| -> Result<LtLayout, GpuError> {
-            Ok(LtLayout(
+        let batch = c_int(s.batch, "batch")?;
+        let layout = |rows: usize, cols: usize, ld: usize, stride: usize| {
+            let l = LtLayout(
                 lt::create_matrix_layout(f32_type, rows as u64, cols as u64, ld as i64)
                     .map_err(err("creating a cuBLASLt matrix layout"))?,
-            ))
+            );
+            if batch > 1 {
+                use lt_sys::cublasLtMatrixLayoutAttribute_t as L;
+                let stride = stride as i64;
+                // SAFETY: a live layout; the attributes are an int32 and an int64.
+                unsafe {
+                    lt::set_matrix_layout_attribute(
+                        l.0,
+                        L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        (&batch as *const i32).cast(),
+                        std::mem::size_of_val(&batch),
+                    )
+                    .and_then(|()| {
+                        lt::set_matrix_layout_attribute(
+                            l.0,
+                            L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            (&stride as *const i64).cast(),
+                            std::mem::size_of_val(&stride),
+                        )
+                    })
+                }
+                .map_err(err("setting a cuBLASLt batch"))?;
+            }
+            Ok::<_, GpuError>(l)
         };
         let ((ar, ac), (br, bc)) = s.stored();
         let layouts = [
-            layout(ar, ac, s.lda)?,
-            layout(br, bc, s.ldb)?,
-            layout(s.m, s.n, s.ldc)?,
+            layout(ar, ac, s.lda, s.stride_a)?,
+            layout(br, bc, s.ldb, s.stride_b)?,
+            layout(s.m, s.n, s.ldc, s.stride_c)?,
         ];
-        let pref = LtPref(lt::create_matmul_pref().map_err(err("creating a cuBLASLt preference"))?);
-        let ws = crate::cuda::CUBLAS_WORKSPACE;
-        // SAFETY: a live preference; the attribute is a size_t.
-        unsafe {
-            lt::set_matmul_pref_attribute(
-                pref.0,
-                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&ws as *const usize).cast(),
-                std::mem::size_of_val(&ws),
-            )
-        }
-        .map_err(err("setting the cuBLASLt workspace limit"))?;
-        // SAFETY: live descriptors of this product.
-        let heuristic = unsafe {
-            lt::get_matmul_algo_heuristic(
-                handle.0,
-                desc.0,
-                layouts[0].0,
-                layouts[1].0,
-                layouts[2].0,
-                layouts[2].0,
-                pref.0,
-            )
-        }
-        .map_err(err("choosing a cuBLASLt kernel"))?;
-        let c = cx.ptr(s.c)?;
+        let (a, b, c) = (cx.ptr(s.a)?, cx.ptr(s.b)?, cx.ptr(s.c)?);
         let (z, beta) = match e.residual {
             Some(r) => (cx.ptr(r)?, 1.0),
             None => (c, 0.0),
         };
+        let align = [
+            operand_alignment(a, s.stride_a, s.batch),
+            operand_alignment(b, s.stride_b, s.batch),
+            operand_alignment(z, s.stride_c, s.batch),
+            operand_alignment(c, s.stride_c, s.batch),
+        ];
+        let pref = LtPref(lt::create_matmul_pref().map_err(err("creating a cuBLASLt preference"))?);
+        let ws = crate::cuda::CUBLAS_WORKSPACE;
+        let set_pref = |attr: PrefAttr, value: *const std::ffi::c_void, size: usize| {
+            // SAFETY: a live preference; `value` points to `size` bytes of the attribute's
+            // type (a size_t for the workspace, a uint32 for an alignment).
+            unsafe { lt::set_matmul_pref_attribute(pref.0, attr, value, size) }
+                .map_err(err("setting a cuBLASLt preference"))
+        };
+        set_pref(
+            PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            (&ws as *const usize).cast(),
+            std::mem::size_of_val(&ws),
+        )?;
+        for (attr, bytes) in [
+            PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+            PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+            PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+        ]
+        .into_iter()
+        .zip(&align)
+        {
+            set_pref(
+                attr,
+                (bytes as *const u32).cast(),
+                std::mem::size_of::<u32>(),
+            )?;
+        }
         Ok(CudaLtGemm {
             handle,
             desc,
             layouts,
-            algo: heuristic.algo,
-            a: cx.ptr(s.a)?,
-            b: cx.ptr(s.b)?,
+            pref,
+            align,
+            // SAFETY: an all-zero algorithm is a valid value of this plain-data struct; it is
+            // replaced by a configuration of the heuristic before anything runs it.
+            algo: unsafe { std::mem::zeroed() },
+            a,
+            b,
             c,
             z,
             beta,
         })
     }
-}
 
-impl Enqueue for CudaLtGemm {
-    fn enqueue(&self, _gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+    /// The first `top` configurations of cuBLASLt's heuristic for this product, best first,
+    /// within the stream's cuBLAS workspace.
+    fn heuristic(&self, top: usize) -> Result<Vec<LtConfig>, GpuError> {
+        use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
+        let err = |what: &'static str| move |e| GpuError::cublas(what, e);
+        // SAFETY: the result struct is plain data; an all-zero one is valid and is overwritten.
+        let mut results = vec![unsafe { std::mem::zeroed() }; top];
+        let mut returned = 0;
+        // SAFETY: live descriptors of this product; `results` holds `top` entries.
+        unsafe {
+            lt_sys::cublasLtMatmulAlgoGetHeuristic(
+                self.handle.0,
+                self.desc.0,
+                self.layouts[0].0,
+                self.layouts[1].0,
+                self.layouts[2].0,
+                self.layouts[2].0,
+                self.pref.0,
+                c_int(top, "configurations")?,
+                results.as_mut_ptr(),
+                &mut returned,
+            )
+        }
+        .result()
+        .map_err(err("asking cuBLASLt's heuristic"))?;
+        results.truncate(usize::try_from(returned).unwrap_or(0));
+        let attr = |algo: &lt_sys::cublasLtMatmulAlgo_t, which: Cfg| {
+            let (mut value, mut written) = (0u32, 0usize);
+            // SAFETY: a configuration the heuristic returned; the attribute is 4 bytes.
+            unsafe {
+                lt_sys::cublasLtMatmulAlgoConfigGetAttribute(
+                    algo,
+                    which,
+                    (&mut value as *mut u32).cast(),
+                    std::mem::size_of::<u32>(),
+                    &mut written,
+                )
+            }
+            .result()
+            .map(|()| value)
+            .map_err(err("reading a cuBLASLt configuration"))
+        };
+        results
+            .iter()
+            .filter(|r| {
+                r.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                    && r.workspaceSize <= crate::cuda::CUBLAS_WORKSPACE
+            })
+            .map(|r| {
+                Ok(LtConfig {
+                    algo: r.algo,
+                    identity: crate::tuning::lt_identity(
+                        attr(&r.algo, Cfg::CUBLASLT_ALGO_CONFIG_ID)?,
+                        attr(&r.algo, Cfg::CUBLASLT_ALGO_CONFIG_TILE_ID)?,
+                    ),
+                })
+            })
+            .collect()
+    }
+
+    /// Enqueue the product with configuration `algo` on `sc`'s stream.
+    fn run(&self, algo: &lt_sys::cublasLtMatmulAlgo_t, sc: &StreamCtx) -> Result<(), GpuError> {
         let one = 1.0f32;
         // SAFETY: descriptors and layouts describe the buffers (their reach was checked at
-        // preparation, the bias pointer is set on the descriptor); the algorithm came from the
+        // preparation, the bias pointer is set on the descriptor); `algo` came from the
         // heuristic for these descriptors with at most the stream's cuBLAS workspace, which
         // stream order keeps from overlapping cuBLAS's own use. Z is the residual (beta 1) or
         // aliases the output with beta 0, where it is not read.
@@ -756,12 +1025,131 @@ impl Enqueue for CudaLtGemm {
                 self.layouts[2].0,
                 self.c as *mut std::ffi::c_void,
                 self.layouts[2].0,
-                &self.algo,
+                algo,
                 sc.cublas_workspace() as *mut std::ffi::c_void,
                 crate::cuda::CUBLAS_WORKSPACE,
                 sc.cu_stream() as _,
             )
         }
         .map_err(|e| GpuError::cublas("running a cuBLASLt product", e))
+    }
+}
+
+impl Enqueue for CudaLtGemm {
+    fn enqueue(&self, _gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        self.run(&self.algo, sc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn product() -> Gemm {
+        Gemm {
+            a: 0,
+            b: 1,
+            c: 2,
+            trans_a: true,
+            trans_b: false,
+            m: 768,
+            n: 2048,
+            k: 768,
+            lda: 768,
+            ldb: 768,
+            ldc: 768,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            batch: 1,
+            outer: 1,
+            outer_stride: [0; 3],
+            epilogue: None,
+        }
+    }
+
+    #[test]
+    fn a_products_key_names_everything_the_heuristic_sees() {
+        let g = product();
+        let key = |g: &Gemm, tf32: bool, align: [u32; 4], version: usize| {
+            g.tuning_key(tf32, align, version)
+        };
+        let base = key(&g, true, [256; 4], 130100);
+        assert!(base.starts_with(crate::tuning::GEMM_KEY), "{base}");
+        assert!(!base.contains(' '), "one cache field: {base}");
+        let mut variants = vec![
+            key(&g, false, [256; 4], 130100),
+            key(&g, true, [256, 256, 256, 16], 130100),
+            key(&g, true, [256; 4], 130200),
+        ];
+        let edits: [fn(&mut Gemm); 8] = [
+            |g| g.trans_b = true,
+            |g| g.k = 3072,
+            |g| g.ldc = 2304,
+            |g| g.batch = 12,
+            |g| g.stride_b = 64,
+            |g| {
+                g.epilogue = Some(GemmEpilogue {
+                    bias: Some(3),
+                    residual: None,
+                    act: Activation::None,
+                })
+            },
+            |g| {
+                g.epilogue = Some(GemmEpilogue {
+                    bias: Some(3),
+                    residual: Some(4),
+                    act: Activation::None,
+                })
+            },
+            |g| {
+                g.epilogue = Some(GemmEpilogue {
+                    bias: Some(3),
+                    residual: None,
+                    act: Activation::Relu,
+                })
+            },
+        ];
+        for edit in edits {
+            let mut h = product();
+            edit(&mut h);
+            variants.push(key(&h, true, [256; 4], 130100));
+        }
+        variants.push(base.clone());
+        let distinct: std::collections::BTreeSet<_> = variants.iter().collect();
+        assert_eq!(distinct.len(), variants.len(), "{variants:#?}");
+        // The same product gives the same key; the buffers it runs on do not count.
+        let mut same = product();
+        same.c = 9;
+        assert_eq!(key(&same, true, [256; 4], 130100), base);
+        // It goes through the cost cache whole.
+        let dev = opsched_cost::cache::DeviceFingerprint {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            sms: 132,
+            driver: "13.0".into(),
+            cudnn: "91400".into(),
+        };
+        let c = crate::tuning::Candidate {
+            algo: crate::tuning::GEMM_LT + 3,
+            math: crate::tuning::lt_identity(21, 18),
+            ms: 0.01,
+            workspace: 0,
+        };
+        let (k, m) = crate::tuning::to_cache(&dev, &base, &c);
+        assert_eq!(crate::tuning::from_cache(&k, &m), Some((base, c)));
+    }
+
+    #[test]
+    fn an_operands_alignment_holds_for_every_member_of_its_batch() {
+        assert_eq!(operand_alignment(0x7f00_0000_0000, 0, 1), 256);
+        assert_eq!(operand_alignment(0x7f00_0000_0010, 0, 1), 16);
+        assert_eq!(operand_alignment(0x7f00_0000_0004, 0, 1), 4);
+        // Batch members 64 floats (256 bytes) apart keep the base's; 3 floats apart, 4 bytes.
+        assert_eq!(operand_alignment(0x7f00_0000_0000, 64, 12), 256);
+        assert_eq!(operand_alignment(0x7f00_0000_0000, 8, 12), 32);
+        assert_eq!(operand_alignment(0x7f00_0000_0000, 3, 12), 4);
+        // A single product's stride is never used.
+        assert_eq!(operand_alignment(0x7f00_0000_0000, 3, 1), 256);
     }
 }
