@@ -96,6 +96,14 @@ for m in inception_v3 googlenet squeezenet resnet50 nasnet transformer; do
     done
 done
 
+# IOS at batch 16, its merged stages run as one convolution since the fourth session of
+# 2026-11-26 (before: one convolution after another at a batch above 1), one process each.
+for m in squeezenet googlenet inception_v3; do
+    step "b16 ios $m"
+    result "b16 ios $m: $(timeout 90 opsched run $m --batch 16 --backend cuda --algo ios \
+        --graph-capture --repeats 50 --json 2>>"$L" | lat)"
+done
+
 # The matrix products' measured choice against the unmeasured one (cuBLAS's own choice,
 # cuBLASLt's first configuration with an epilogue), one process each, side by side.
 for b in 1 16; do

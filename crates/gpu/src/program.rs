@@ -337,6 +337,15 @@ pub(crate) struct Builder<'g> {
     merged: HashMap<NodeId, MergedConv>,
 }
 
+/// Where a merged convolution's member lies in the merged output: from element `at` (of the
+/// first image), `len` elements, one run per image where the batch is above 1.
+#[derive(Clone, Copy, Debug)]
+struct MemberView {
+    at: usize,
+    len: usize,
+    runs: Option<Runs>,
+}
+
 /// Convolutions of a merged stage that run as one convolution (IOS's operator merge,
 /// [`opsched_graph::merge`]): `conv` writes `out`, whose channel slices are the members'
 /// outputs, in the members' order.
@@ -535,6 +544,7 @@ impl<'g> Builder<'g> {
         let shape = self.value_shape(v);
         if shape.len() < 2 {
             let n = numel(&shape);
+            let src = self.readable(steps, at, src);
             self.push_copy(
                 steps,
                 Copy {
@@ -548,22 +558,40 @@ impl<'g> Builder<'g> {
             Some((b, e)) => (b, e - b),
             None => (0, shape[1]),
         };
-        self.push_copy(
-            steps,
-            Copy {
-                src,
-                dst,
-                outer: shape[0],
-                src_axis: full[1],
-                src_off,
-                dst_axis,
-                dst_off,
-                len,
-                inner: numel(&shape[2..]),
-                accumulate,
-            },
-        );
+        let mut c = Copy {
+            src,
+            dst,
+            outer: shape[0],
+            src_axis: full[1],
+            src_off,
+            dst_axis,
+            dst_off,
+            len,
+            inner: numel(&shape[2..]),
+            accumulate,
+        };
+        // A copy reads a strided view's runs in place where they are its rows (a merged
+        // convolution's member, one run per image), else a dense copy of it.
+        if let Some(runs) = self.buffers[src].runs {
+            if c.parent_axis(runs).is_none() {
+                c.src = self.readable(steps, at, src);
+            }
+        }
+        self.push_copy(steps, c);
         Ok(())
+    }
+
+    /// `buf`, or where it is a strided view (a merged convolution's member at batch > 1,
+    /// which most kernels cannot read), a dense copy of it in a scratch buffer of `at`.
+    pub(crate) fn readable(&mut self, steps: &mut Vec<Step>, at: At, buf: BufId) -> BufId {
+        if self.buffers[buf].runs.is_none() {
+            return buf;
+        }
+        let (len, runs) = (self.buffers[buf].len, self.buffers[buf].runs);
+        let dense = self.scratch(at, len);
+        let run = runs.map_or(len, |r| r.run);
+        steps.push(Copy::gather(buf, dense, len, run).into());
+        dense
     }
 
     /// Append `c`, unless its source already is the part of `dst` it would write (a producer
@@ -603,6 +631,7 @@ impl<'g> Builder<'g> {
     /// in place (`None` for one value, or a sum with a channel slice: copied value by value).
     pub(crate) fn whole_sum(
         &mut self,
+        steps: &mut Vec<Step>,
         at: At,
         term: &[Value],
     ) -> Result<Option<Vec<BufId>>, GpuError> {
@@ -610,7 +639,10 @@ impl<'g> Builder<'g> {
             return Ok(None);
         }
         term.iter()
-            .map(|v| self.source(v.node, at.node, at.gpu))
+            .map(|v| {
+                let src = self.source(v.node, at.node, at.gpu)?;
+                Ok(self.readable(steps, at, src))
+            })
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
     }
@@ -618,6 +650,18 @@ impl<'g> Builder<'g> {
     /// A buffer holding one term (in place when it is one whole value, summed by one add when
     /// it is several).
     fn term(
+        &mut self,
+        steps: &mut Vec<Step>,
+        at: At,
+        term: &[Value],
+    ) -> Result<(BufId, Shape), GpuError> {
+        let (buf, shape) = self.term_strided(steps, at, term)?;
+        Ok((self.readable(steps, at, buf), shape))
+    }
+
+    /// [`Builder::term`], where a strided view of one whole value stays one (for a kernel
+    /// that reads it in place).
+    fn term_strided(
         &mut self,
         steps: &mut Vec<Step>,
         at: At,
@@ -631,7 +675,7 @@ impl<'g> Builder<'g> {
             return Ok((self.source(first.node, at.node, at.gpu)?, shape));
         }
         let dst = self.scratch(at, numel(&shape));
-        if let Some(srcs) = self.whole_sum(at, term)? {
+        if let Some(srcs) = self.whole_sum(steps, at, term)? {
             let len = numel(&shape);
             steps
                 .push(step::elementwise::Elementwise::sum(srcs, dst, len, Activation::None).into());
@@ -666,7 +710,7 @@ impl<'g> Builder<'g> {
         for (t, shape) in terms.iter().zip(&shapes) {
             let channels = axis == 1 && shape.len() >= 2;
             let sum = if channels {
-                self.whole_sum(at, t)?
+                self.whole_sum(steps, at, t)?
             } else {
                 None
             };
@@ -720,9 +764,21 @@ impl<'g> Builder<'g> {
         at: At,
         src: Src<'_>,
     ) -> Result<(BufId, Shape), GpuError> {
+        let (buf, shape) = self.single_strided(steps, at, src)?;
+        Ok((self.readable(steps, at, buf), shape))
+    }
+
+    /// [`Builder::single`], where a strided view of one whole value stays one (for a kernel
+    /// that reads it in place: a convolution through cuDNN).
+    pub(crate) fn single_strided(
+        &mut self,
+        steps: &mut Vec<Step>,
+        at: At,
+        src: Src<'_>,
+    ) -> Result<(BufId, Shape), GpuError> {
         match src {
             Src::Buf(b, shape) => Ok((b, shape.to_vec())),
-            Src::Terms([t]) => self.term(steps, at, t),
+            Src::Terms([t]) => self.term_strided(steps, at, t),
             Src::Terms(terms) => {
                 let shapes: Vec<Shape> = terms
                     .iter()
@@ -763,6 +819,7 @@ impl<'g> Builder<'g> {
                 let strides = head_strides(&shape)
                     .ok_or_else(|| self.unsupported(at, "a head transpose that is not 4-D"))?;
                 let buf = self.source(s, at.node, at.gpu)?;
+                let buf = self.readable(steps, at, buf);
                 return Ok(Operand {
                     buf,
                     shape,
@@ -936,10 +993,13 @@ impl<'g> Builder<'g> {
 impl Builder<'_> {
     /// Let each group of `merges` run as one convolution where it can (see
     /// [`GraphProgram::build_merged`]): the members' output buffers become views of their
-    /// slices of the merged output, and the members after the first join `fused`. Where the
-    /// members are, in order, consecutive terms of one concatenation that its producers may
-    /// write in place ([`opsched_graph::inplace::slice_of`]), the merged output is itself a
-    /// view of its slice there. Before the other in-place rules, which leave these views be.
+    /// slices of the merged output (strided at batch > 1: one run per image), and the members
+    /// after the first join `fused`. Where the members are, in order, consecutive terms of one
+    /// concatenation, the merged output is itself a view of its slice there: at batch 1 where
+    /// its producers may write it in place ([`opsched_graph::inplace::slice_of`]); at a
+    /// larger batch whoever else reads a member ([`opsched_graph::inplace::merged_slot`]),
+    /// the merged output and the members then being strided views of the concatenation.
+    /// Before the other in-place rules, which leave these views be.
     fn merge_convs(&mut self, merges: &[Vec<NodeId>], transfers: &[TransferSpec]) {
         let adds_residual: HashSet<NodeId> = opsched_graph::fusion::residual_sources(self.g)
             .into_iter()
@@ -947,48 +1007,102 @@ impl Builder<'_> {
             .map(|(c, _)| c)
             .collect();
         for group in merges {
-            let Some((m, offsets)) = self.merged_output(group, transfers, &adds_residual) else {
+            let group = &self.concat_order(group);
+            let Some((m, members)) = self.merged_output(group, transfers, &adds_residual) else {
                 continue;
             };
             let head = group[0];
-            for (&c, &off) in group.iter().zip(&offsets) {
+            for (&c, view) in group.iter().zip(&members) {
                 if let Some(o) = self.outputs[c.index()] {
-                    self.buffers[o].within = Some((m.out, off));
+                    self.buffers[o].within = Some((m.out, view.at));
+                    self.buffers[o].runs = view.runs;
                 }
                 if c != head {
                     self.fused.insert(c);
                 }
             }
-            // Consecutive slices of one concatenation, in order: write there in place.
-            let slots: Vec<_> = group
-                .iter()
-                .map(|&c| opsched_graph::inplace::slice_of(self.g, c))
-                .collect();
-            let contiguous_at = |s: &Option<opsched_graph::inplace::Slice>| {
-                s.filter(|s| s.rows == 1).map(|s| (s.into, s.at))
-            };
-            if let Some((cat, first)) = slots.first().and_then(contiguous_at) {
-                let consecutive = slots
-                    .iter()
-                    .zip(&offsets)
-                    .all(|(s, &off)| contiguous_at(s) == Some((cat, first + off)));
-                let local = self.gpu_of(cat) == self.gpu_of(head);
-                if let (true, true, Some(dst)) = (consecutive, local, self.outputs[cat.index()]) {
-                    self.buffers[m.out].within = Some((dst, first));
-                }
-            }
+            self.merged_in_place(group, &m, &members);
             self.merged.insert(head, m);
         }
     }
 
-    /// The merged output of `group` (allocated here) and each member's first element in it,
-    /// where the group can run as one convolution (see [`GraphProgram::build_merged`]).
+    /// `group` in the order of its members' slices of one concatenation, where each has one
+    /// there (the merged convolution's channels may come in any order, and in this one its
+    /// output can be the concatenation's slice), else as it is. Its members run in one launch,
+    /// so whichever comes first runs the convolution.
+    fn concat_order(&self, group: &[NodeId]) -> Vec<NodeId> {
+        let batch = self.g.node(group[0]).shape.first().copied().unwrap_or(1);
+        let slots: Option<Vec<_>> = group.iter().map(|&c| self.merge_slot(c, batch)).collect();
+        let mut order = group.to_vec();
+        if let Some(slots) = slots.filter(|s| s.iter().all(|x| x.into == s[0].into)) {
+            let mut keyed: Vec<_> = slots.iter().map(|s| s.at).zip(group).collect();
+            keyed.sort_by_key(|&(at, _)| at);
+            order = keyed.into_iter().map(|(_, &c)| c).collect();
+        }
+        order
+    }
+
+    /// Where merged convolution member `c` would write its slice of a concatenation, at
+    /// `batch`: a contiguous slice its producers may write at batch 1, a strided one at
+    /// batch > 1 ([`opsched_graph::inplace::merged_slot`]).
+    fn merge_slot(&self, c: NodeId, batch: usize) -> Option<opsched_graph::inplace::Slice> {
+        match batch {
+            1 => opsched_graph::inplace::slice_of(self.g, c).filter(|s| s.rows == 1),
+            _ => opsched_graph::inplace::merged_slot(self.g, c),
+        }
+    }
+
+    /// Make merged output `m` of `group` (its members' views `members`) a view of the
+    /// members' consecutive slices of one concatenation, where they have them (see
+    /// [`Builder::merge_convs`]).
+    fn merged_in_place(&mut self, group: &[NodeId], m: &MergedConv, members: &[MemberView]) {
+        let batch = self.g.node(group[0]).shape.first().copied().unwrap_or(1);
+        let slots: Vec<_> = group.iter().map(|&c| self.merge_slot(c, batch)).collect();
+        let Some(first) = slots.first().copied().flatten() else {
+            return;
+        };
+        let consecutive = slots.iter().zip(members).all(|(s, v)| {
+            s.is_some_and(|s| {
+                (s.into, s.at, s.stride) == (first.into, first.at + v.at, first.stride)
+                    && s.run == v.len / batch
+            })
+        });
+        let local = self.gpu_of(first.into) == self.gpu_of(group[0]);
+        let (true, true, Some(dst)) = (consecutive, local, self.outputs[first.into.index()]) else {
+            return;
+        };
+        if self.buffers[dst].runs.is_some() {
+            return;
+        }
+        self.buffers[m.out].within = Some((dst, first.at));
+        if batch > 1 {
+            // The merged output and its members are views of the concatenation itself
+            // (nothing is a view of a strided view).
+            let merged_run = self.buffers[m.out].len / batch;
+            self.buffers[m.out].runs = Some(Runs {
+                run: merged_run,
+                stride: first.stride,
+            });
+            for (&c, v) in group.iter().zip(members) {
+                if let Some(o) = self.outputs[c.index()] {
+                    self.buffers[o].within = Some((dst, first.at + v.at));
+                    self.buffers[o].runs = Some(Runs {
+                        run: v.len / batch,
+                        stride: first.stride,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The merged output of `group` (allocated here) and each member's view of it, where the
+    /// group can run as one convolution (see [`GraphProgram::build_merged`]).
     fn merged_output(
         &mut self,
         group: &[NodeId],
         transfers: &[TransferSpec],
         adds_residual: &HashSet<NodeId>,
-    ) -> Option<(MergedConv, Vec<usize>)> {
+    ) -> Option<(MergedConv, Vec<MemberView>)> {
         let &head = group.first()?;
         let gpu = self.gpu_of(head)?;
         let free = |c: &NodeId| {
@@ -1001,34 +1115,62 @@ impl Builder<'_> {
             return None;
         }
         let (conv, _) = opsched_graph::merge::merged_conv(self.g, group)?;
-        let &[1, _, oh, ow] = self.g.node(head).shape.as_slice() else {
+        let &[n, _, oh, ow] = self.g.node(head).shape.as_slice() else {
             return None;
         };
+        // At batch > 1 the members are strided views: only where every reader takes them in
+        // place (a dense copy for another reader would cost what the merge saves).
+        if n > 1
+            && !group
+                .iter()
+                .all(|&c| opsched_graph::merge::read_in_place(self.g, c))
+        {
+            return None;
+        }
         let mut members = Vec::with_capacity(group.len());
-        let mut offsets = Vec::with_capacity(group.len());
-        let mut len = 0usize;
+        let mut views = Vec::with_capacity(group.len());
+        let mut image = 0usize;
         for &c in group {
             let Op::Conv2d(cc) = &self.g.node(c).op else {
                 return None;
             };
-            offsets.push(len);
-            len = len.checked_add(cc.out_channels.checked_mul(oh * ow)?)?;
+            let run = cc.out_channels.checked_mul(oh * ow)?;
+            views.push(MemberView {
+                at: image,
+                len: run.checked_mul(n)?,
+                runs: None,
+            });
+            image = image.checked_add(run)?;
             members.push((c, cc.clone()));
         }
-        let aligned = offsets
-            .iter()
-            .all(|o| o % opsched_graph::inplace::VIEW_ALIGN == 0);
-        if !aligned {
+        let align = opsched_graph::inplace::VIEW_ALIGN;
+        if !(views.iter().all(|v| v.at.is_multiple_of(align))
+            && (n == 1 || image.is_multiple_of(align)))
+        {
             return None;
         }
-        let out = self.alloc(gpu, len, BufRole::Scratch(head), Init::Uninit);
+        if n > 1 {
+            // Each member is one run per image of the merged output.
+            for v in &mut views {
+                v.runs = Some(Runs {
+                    run: v.len / n,
+                    stride: image,
+                });
+            }
+        }
+        let out = self.alloc(
+            gpu,
+            image.checked_mul(n)?,
+            BufRole::Scratch(head),
+            Init::Uninit,
+        );
         let m = MergedConv {
             conv,
             members,
             out,
             out_hw: [oh, ow],
         };
-        Some((m, offsets))
+        Some((m, views))
     }
 
     /// Make `p`'s output buffer a view of `into`'s output from element `at` on, where both run
@@ -1204,11 +1346,14 @@ impl GraphProgram {
     /// [`GraphProgram::build`], where each group of `merges` (the operators of a merged
     /// stage, in the order the stage runs them) runs as one convolution when it can: the
     /// group is mergeable ([`opsched_graph::merge::merged_conv`]), on one GPU, no transfer
-    /// sends a member's output, no member adds a residual, and each member's output is a
-    /// contiguous, aligned slice of the merged output (batch 1), which its buffer then is a
-    /// view of. The first member runs the convolution (weights: the members' side by side,
-    /// smaller kernels zero-padded around their centre), the others run nothing. A group that
-    /// cannot merge runs its operators one after another, as [`GraphProgram::build`] has them.
+    /// sends a member's output, no member adds a residual, and each member's output is an
+    /// aligned slice of the merged output, which its buffer then is a view of (at batch > 1
+    /// one run per image, where every reader reads that in place:
+    /// [`opsched_graph::merge::read_in_place`]). The members are put in the order of their
+    /// slices of a concatenation where they have them; the first runs the convolution
+    /// (weights: the members' side by side, smaller kernels zero-padded around their centre),
+    /// the others run nothing. A group that cannot merge runs its operators one after
+    /// another, as [`GraphProgram::build`] has them.
     pub fn build_merged(
         g: &Graph,
         placement: &[Option<usize>],

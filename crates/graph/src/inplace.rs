@@ -52,6 +52,16 @@ pub struct Slice {
 /// Where concatenation `c` would take producer `p` in place: `p`'s first slice, when the rules
 /// of the module (but the one on several concatenations) hold.
 fn slot_in(g: &Graph, c: NodeId, p: NodeId) -> Option<Slice> {
+    let (slice, terms_of_p) = place_in(g, c, p)?;
+    let strided = slice.rows > 1 && slice.run < slice.stride;
+    let writable = slice.rows == 1 || (strided && terms_of_p == 1 && writes_strided(g, p, c));
+    writable.then_some(slice)
+}
+
+/// `p`'s first slice in concatenation `c`, where `p` is an operator whose whole output is
+/// that term and the slice is aligned (the rules of the module on who may write it aside),
+/// with how many values of `c`'s terms are `p`'s.
+fn place_in(g: &Graph, c: NodeId, p: NodeId) -> Option<(Slice, usize)> {
     let node = g.node(c);
     let axis = match node.op {
         Op::Concat { axis } => axis,
@@ -93,11 +103,21 @@ fn slot_in(g: &Graph, c: NodeId, p: NodeId) -> Option<Slice> {
     let slice = found??;
     // Several runs that follow one another (a concatenation of one term at batch > 1) are
     // left to the reshape rule.
-    let strided = slice.rows > 1 && slice.run < slice.stride;
+    if slice.rows > 1 && slice.run >= slice.stride {
+        return None;
+    }
     let aligned = slice.at.is_multiple_of(VIEW_ALIGN)
         && (slice.rows == 1 || slice.stride.is_multiple_of(VIEW_ALIGN));
-    let writable = slice.rows == 1 || (strided && terms_of_p == 1 && writes_strided(g, p, c));
-    (aligned && writable).then_some(slice)
+    aligned.then_some((slice, terms_of_p))
+}
+
+/// Where a merged convolution's member `p` lies in a concatenation when the merged
+/// convolution writes it: [`slice_of`]'s slice without the rules on who may write a strided
+/// one (the merged convolution takes the stride; `p`'s other readers read the strided view).
+pub fn merged_slot(g: &Graph, p: NodeId) -> Option<Slice> {
+    g.succs(p)
+        .filter_map(|c| place_in(g, c, p).map(|(s, _)| s))
+        .min_by_key(|s| s.into)
 }
 
 /// Whether `p`, read by concatenation `c`, may write a strided slice of it (see the module

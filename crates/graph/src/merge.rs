@@ -12,9 +12,46 @@
 //! `dilation * e` input pixels, so the component must have used `padding + dilation * e` as the
 //! merged padding; the rule checks that this is the same for every component (it is the padding
 //! of the component with the largest kernel), which also makes the output sizes agree.
+//!
+//! At batch > 1 a component's output is one run per image of the merged output (a strided
+//! view), which only some kernels read in place ([`read_in_place`]); the lowering runs a
+//! merged stage as one convolution there only where every reader of every component does.
 
 use crate::graph::{Graph, NodeId};
 use crate::op::{concat_shapes, Conv2d, Op};
+
+/// Whether convolution `c` with `in_channels` input channels reads a strided view of its
+/// input in place: cuDNN takes the image stride in the input's descriptor, with padding alike
+/// before and after (an explicit pad, and our depthwise kernel, read dense inputs).
+pub fn conv_reads_strided(c: &Conv2d, in_channels: usize) -> bool {
+    let (before, after) = c.pads();
+    before == after && !crate::fusion::is_depthwise(c, in_channels)
+}
+
+/// Whether every reader of `p`'s output reads it in place when it is one run per image of a
+/// merged convolution's output (batch > 1): each reader is a concatenation (whose copy reads
+/// the runs, or which `p` writes in place) or a convolution that reads a strided input
+/// ([`conv_reads_strided`]), and reads `p` only as a term of its own (not summed with other
+/// values, which an add kernel would read).
+pub fn read_in_place(g: &Graph, p: NodeId) -> bool {
+    g.succs(p).all(|c| {
+        let node = g.node(c);
+        let alone = node
+            .inputs
+            .iter()
+            .all(|t| t.len() == 1 || t.iter().all(|v| v.node != p));
+        let kernel = match &node.op {
+            Op::Concat { .. } | Op::Identity => true,
+            Op::Conv2d(conv) => g
+                .input_shapes(c)
+                .first()
+                .and_then(|s| s.get(1).copied())
+                .is_some_and(|ch| conv_reads_strided(conv, ch)),
+            _ => false,
+        };
+        alone && kernel
+    })
+}
 
 /// Whether `ops` can run as one merged convolution (see the module docs).
 pub fn mergeable(g: &Graph, ops: &[NodeId]) -> bool {

@@ -163,3 +163,75 @@ fn every_zoo_merge_candidate_keeps_the_output_size() {
         }
     }
 }
+
+/// Two convolutions of one input at batch 2, concatenated, the second also read by `reader`
+/// (built on the second's output).
+fn merged_pair_read_by(reader: impl Fn(&mut GraphBuilder, NodeId) -> NodeId) -> Graph {
+    let mut b = GraphBuilder::new("pair", DType::F32);
+    let x = b.input("x", vec![2, 8, 8, 8]);
+    let a = b.conv("a", x, Conv2d::new(8, 1));
+    let c = b.conv("c", x, Conv2d::new(8, 3));
+    b.concat("cat", &[a, c]);
+    reader(&mut b, c);
+    b.finish().unwrap()
+}
+
+#[test]
+fn at_batch_above_1_a_member_must_be_read_in_place_by_every_reader() {
+    use opsched_graph::inplace::{merged_slot, slice_of};
+    use opsched_graph::merge::read_in_place;
+    use opsched_graph::{Pool2d, PoolKind};
+    type Reader = fn(&mut GraphBuilder, NodeId) -> NodeId;
+    let cases: [(&str, Reader, bool); 6] = [
+        (
+            "a 3x3 convolution",
+            |b, c| b.conv("r", c, Conv2d::new(4, 3)),
+            true,
+        ),
+        ("another concatenation", |b, c| b.concat("r", &[c, c]), true),
+        (
+            "a pool",
+            |b, c| b.pool("r", c, Pool2d::new(PoolKind::Max, 3, 1, 1)),
+            false,
+        ),
+        (
+            "a depthwise convolution",
+            |b, c| b.conv("r", c, Conv2d::new(8, 3).groups(8)),
+            false,
+        ),
+        (
+            "a convolution padded differently after",
+            |b, c| {
+                let mut conv = Conv2d::new(4, 2);
+                conv.padding_end = Some([0, 0]);
+                b.conv("r", c, conv)
+            },
+            false,
+        ),
+        ("an add", |b, c| b.add("r", &[c, c]), false),
+    ];
+    for (what, reader, in_place) in cases {
+        let g = merged_pair_read_by(reader);
+        let (a, c) = (id(&g, "a"), id(&g, "c"));
+        assert!(mergeable(&g, &[a, c]), "{what}");
+        // The concatenation alone reads `a`; `c` as its reader has it.
+        assert!(read_in_place(&g, a), "{what}");
+        assert_eq!(read_in_place(&g, c), in_place, "{what}");
+        // Both keep their slices of the concatenation for a merged convolution to write,
+        // though only `a` may write its own at batch 2 (a strided slice that the
+        // concatenation alone reads).
+        let cat = id(&g, "cat");
+        assert_eq!(
+            merged_slot(&g, a).map(|s| (s.into, s.at)),
+            Some((cat, 0)),
+            "{what}"
+        );
+        assert_eq!(
+            merged_slot(&g, c).map(|s| (s.into, s.at)),
+            Some((cat, 8 * 64)),
+            "{what}"
+        );
+        assert!(slice_of(&g, a).is_some(), "{what}");
+        assert!(slice_of(&g, c).is_none(), "{what}");
+    }
+}

@@ -20,8 +20,8 @@
 //! multi-GPU schedule runs on one GPU, or on the CPU.
 //!
 //! A merged stage (`LaunchMerged`) runs as one convolution where
-//! [`opsched_gpu::GraphProgram::build_merged`] can merge it (batch 1), else its operators one
-//! after another on its stream.
+//! [`opsched_gpu::GraphProgram::build_merged`] can merge it, else its operators one after
+//! another on its stream.
 
 pub mod bench;
 pub mod run;

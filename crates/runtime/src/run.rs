@@ -27,7 +27,8 @@ pub struct RunReport {
     /// plan's other merged stages ran their operators one after another.
     pub merged_convolutions: usize,
     /// Buffers written through strided views ([`opsched_gpu::program::BufSpec::runs`]): slices
-    /// of concatenations at batch > 1 that their producers write in place.
+    /// of concatenations at batch > 1 that their producers write in place, and a merged
+    /// convolution's output and members at batch > 1.
     pub strided_views: usize,
     pub waits: usize,
     pub waits_dropped: usize,

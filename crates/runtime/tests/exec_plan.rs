@@ -390,6 +390,39 @@ fn strided_concatenation_slices_match_the_reference() {
     assert!(r.check.unwrap().passed);
 }
 
+/// At batch 2 IOS's merged stages run as one convolution too: the members are strided views
+/// of the merged output (or, where they are consecutive terms of a concatenation, of the
+/// concatenation itself), read in place by the convolutions after them and through a dense
+/// copy by other kernels; the outputs equal the sequential run's.
+#[test]
+fn merged_stages_run_as_one_convolution_at_batch_2() {
+    let cost = h100();
+    for model in ["squeezenet", "googlenet", "inception_v3"] {
+        // IOS's merge-only ablation: every stage it can merge, merged.
+        let g = small_batch(model, 2);
+        let s = schedule(&g, "ios-merge", 1, &cost);
+        let plan = lower(&g, &s).unwrap();
+        let (got, merged) = outputs(&g, &plan, true, true);
+        assert!(
+            merged > 0,
+            "{model}: no merged stage ran as one convolution"
+        );
+        let seq = lower(&g, &Schedule::sequential(&g)).unwrap();
+        let (want, _) = outputs(&g, &seq, false, true);
+        assert_same(
+            &g,
+            (&got, merged),
+            &want,
+            &format!("ios on {model} at batch 2"),
+        );
+        let r = run_schedule(&CpuDevice::new(), &g, &s, &checked(false, 0, 1)).unwrap();
+        assert_eq!(r.merged_convolutions, merged, "{model}");
+        let c = r.check.unwrap();
+        assert!(c.passed, "{model}: {c:?}");
+        assert!(c.vs_reference.unwrap() <= c.tolerance_reference, "{model}");
+    }
+}
+
 #[test]
 fn outputs_do_not_depend_on_the_number_of_streams() {
     let g = small("googlenet");
@@ -842,8 +875,9 @@ fn gpu_two_logical_gpus_on_one_physical() {
 }
 
 /// Three convolutions of one input (1x1, 3x3, 5x5, "same" padding, bias and relu) concatenated
-/// in that order, the 3x3 one also read by a pool; at batch `n`.
-fn three_branches(n: usize) -> Graph {
+/// in that order, the 3x3 one also read by a max pool, or with `conv_reader` by a 3x3
+/// convolution; at batch `n`.
+fn three_branches(n: usize, conv_reader: bool) -> Graph {
     use opsched::graph::{Conv2d, Pool2d, PoolKind};
     let mut b = GraphBuilder::new("branches", DType::F32);
     let x = b.input("x", vec![n, 8, 9, 9]);
@@ -852,11 +886,15 @@ fn three_branches(n: usize) -> Graph {
         .map(|&(oc, k)| b.conv(&format!("c{k}"), x, Conv2d::new(oc, k).bias(true).relu()))
         .collect();
     b.concat("cat", &convs);
-    b.op(
-        "pool",
-        opsched::graph::Op::Pool2d(Pool2d::new(PoolKind::Max, 3, 1, 1)),
-        &[convs[1]],
-    );
+    if conv_reader {
+        b.conv("reader", convs[1], Conv2d::new(4, 3).bias(true));
+    } else {
+        b.op(
+            "reader",
+            opsched::graph::Op::Pool2d(Pool2d::new(PoolKind::Max, 3, 1, 1)),
+            &[convs[1]],
+        );
+    }
     b.finish().unwrap()
 }
 
@@ -879,22 +917,34 @@ fn merged_schedule(g: &Graph) -> Schedule {
 
 #[test]
 fn a_merged_stage_runs_as_one_convolution_and_matches_the_reference() {
-    for (n, merges) in [(1, 1), (2, 0)] {
-        let g = three_branches(n);
+    // (batch, the 3x3 branch's other reader a convolution, merged, strided views, kernels
+    // fewer than the sequential plan's).
+    // Each member's output is a slice of the merged output, which is itself the
+    // concatenation's (no copy): contiguous at batch 1. At batch 2 it is one run per image,
+    // the members' too, which a convolution reads in place but a pool could not: with the
+    // pool the stage runs its three convolutions (the sequential plan's strided slices and
+    // the copy of the branch the pool reads), with the convolution one convolution, where
+    // the sequential plan runs three and copies the branch read twice.
+    let cases = [
+        (1, false, 1, 0, 2),
+        (2, false, 0, 2, 0),
+        (1, true, 1, 0, 2),
+        (2, true, 1, 4, 3),
+    ];
+    for (n, conv_reader, merges, strided, fewer) in cases {
+        let what = format!("batch {n}, conv reader {conv_reader}");
+        let g = three_branches(n, conv_reader);
         let s = merged_schedule(&g);
         let opts = checked(false, 0, 1);
         let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
         let c = r.check.clone().unwrap();
-        assert!(c.passed, "batch {n}: {c:?}");
-        assert!(c.vs_reference.unwrap() <= 1e-5, "batch {n}: {c:?}");
-        // At batch 1 each member's output is a slice of the merged output, which is itself
-        // the concatenation (no copy); at batch 2 the slices are strided, so the stage runs
-        // its three convolutions.
-        assert_eq!(r.merged_convolutions, merges, "batch {n}");
+        assert!(c.passed, "{what}: {c:?}");
+        assert!(c.vs_reference.unwrap() <= 1e-5, "{what}: {c:?}");
+        assert_eq!(r.merged_convolutions, merges, "{what}");
+        assert_eq!(r.strided_views, strided, "{what}");
         let seq = run_schedule(&CpuDevice::new(), &g, &Schedule::sequential(&g), &opts).unwrap();
-        let fewer = if merges == 1 { 2 } else { 0 };
-        assert_eq!(r.kernels + fewer, seq.kernels, "batch {n}");
-        // The pool still reads the 3x3 branch's own value.
+        assert_eq!(r.kernels + fewer, seq.kernels, "{what}");
+        // The reader still reads the 3x3 branch's own value.
         let plan = lower(&g, &s).unwrap();
         let (got, m) = outputs(&g, &plan, n == 1, false);
         let (want, _) = outputs(
@@ -904,7 +954,7 @@ fn a_merged_stage_runs_as_one_convolution_and_matches_the_reference() {
             false,
         );
         assert_eq!(m, merges);
-        assert_same(&g, (&got, m), &want, &format!("batch {n}"));
+        assert_same(&g, (&got, m), &want, &what);
     }
 }
 
@@ -912,12 +962,12 @@ fn a_merged_stage_runs_as_one_convolution_and_matches_the_reference() {
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn gpu_a_merged_stage_runs_as_one_convolution() {
     let dev = opsched_runtime::CudaDevice::open(Some(1)).unwrap();
-    for (n, merges) in [(1, 1), (2, 0)] {
-        let g = three_branches(n);
+    for (n, conv_reader, merges) in [(1, false, 1), (2, false, 0), (2, true, 1)] {
+        let g = three_branches(n, conv_reader);
         let opts = checked(n == 1, 1, 3);
         let r = run_schedule(&dev, &g, &merged_schedule(&g), &opts).unwrap();
         let c = r.check.clone().unwrap();
-        assert!(c.passed, "batch {n}: {c:?}");
+        assert!(c.passed, "batch {n}, conv reader {conv_reader}: {c:?}");
         assert_eq!(r.merged_convolutions, merges, "batch {n}");
     }
 }

@@ -585,7 +585,8 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
     if report.strided_views > 0 {
         writeln!(
             out,
-            "strided        {} slices of concatenations written in place, one run per image",
+            "strided        {} views written or read in place, one run per image (slices of \
+             concatenations, merged convolutions' members)",
             report.strided_views
         )?;
     }

@@ -216,6 +216,8 @@ pub(crate) struct ConvShape {
     pub x: [usize; 4],
     pub w: [usize; 4],
     pub y: [usize; 4],
+    /// Elements between images of `x` (a strided input's, else `c * h * w`).
+    pub x_image: usize,
     /// Elements between images of `y` (a strided output's, else `c * h * w`).
     pub y_image: usize,
     pub padding: [usize; 2],
@@ -240,7 +242,7 @@ impl ConvGraph {
     ) -> Result<ConvGraph, GpuError> {
         let dense = |d: [usize; 4]| d[1] * d[2] * d[3];
         let (x, w, y) = (
-            tensor(X_ID, s.x, dense(s.x))?,
+            tensor(X_ID, s.x, s.x_image)?,
             tensor(W_ID, s.w, dense(s.w))?,
             tensor(Y_ID, s.y, s.y_image)?,
         );

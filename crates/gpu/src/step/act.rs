@@ -50,7 +50,7 @@ pub(crate) fn lower(
 ) -> Result<(), GpuError> {
     // A sum of whole values and its activation are one kernel.
     if let Src::Terms([term]) = src {
-        if let Some(srcs) = b.whole_sum(at, term)? {
+        if let Some(srcs) = b.whole_sum(steps, at, term)? {
             let len = b.value_shape(&term[0]).iter().product();
             steps.push(super::elementwise::Elementwise::sum(srcs, out, len, a).into());
             return Ok(());

@@ -99,10 +99,14 @@ pub(crate) fn lower(
     out: BufId,
     out_shape: &[usize],
 ) -> Result<(), GpuError> {
-    let (x, xs) = b.single(steps, at, src)?;
+    let (x, xs) = b.single_strided(steps, at, src)?;
     let [n, ch, h, w] = b.four(at, &xs)?;
     let [_, oc, oh, ow] = b.four(at, out_shape)?;
     let groups = c.groups.max(1);
+    let x = match reads_strided(c, ch, fusion.pre_act) {
+        true => x,
+        false => b.readable(steps, at, x),
+    };
     if ch % groups != 0 || oc % groups != 0 {
         return Err(b.unsupported(
             at,
@@ -120,7 +124,10 @@ pub(crate) fn lower(
         .then(|| b.param(at, "bias", oc, 0.0, 0.1))
         .transpose()?;
     let (residual, act) = match fusion.residual {
-        Some((z, act)) => (Some(b.source(z, at.node, at.gpu)?), act),
+        Some((z, act)) => {
+            let z = b.source(z, at.node, at.gpu)?;
+            (Some(b.readable(steps, at, z)), act)
+        }
         None => (None, c.act),
     };
     steps.push(
@@ -158,9 +165,13 @@ pub(crate) fn lower_merged(
     m: &MergedConv,
     src: Src<'_>,
 ) -> Result<(), GpuError> {
-    let (x, xs) = b.single(steps, at, src)?;
+    let (x, xs) = b.single_strided(steps, at, src)?;
     let [n, ch, h, w] = b.four(at, &xs)?;
     let c = &m.conv;
+    let x = match reads_strided(c, ch, Activation::None) {
+        true => x,
+        false => b.readable(steps, at, x),
+    };
     let wlen = product(
         &[c.out_channels, ch, c.kernel[0], c.kernel[1]],
         "merged convolution weights",
@@ -212,6 +223,13 @@ pub(crate) fn lower_merged(
         .into(),
     );
     Ok(())
+}
+
+/// Whether convolution `c` of `channels` input channels (and input activation `pre_act`)
+/// reads a strided view of its input in place ([`opsched_graph::merge::conv_reads_strided`];
+/// an input activation is applied by our depthwise kernel alone).
+fn reads_strided(c: &Conv2d, channels: usize, pre_act: Activation) -> bool {
+    pre_act == Activation::None && opsched_graph::merge::conv_reads_strided(c, channels)
 }
 
 /// Append `w` (`[.., kh, kw]` kernels, `k = [kh, kw]`) to `out` with every kernel zero-padded
@@ -513,31 +531,53 @@ impl StepKernel for Conv {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        let x = cx.ptr(self.x)?;
         if self.is_depthwise() && self.residual.is_none() {
+            let x = cx.ptr(self.x)?;
             return Ok(Box::new(CudaDepthwise::new(self, x, cx)?));
         }
         if self.pre_act != Activation::None {
             return Err(cx.no_kernel("an input activation of a convolution that is not depthwise"));
         }
-        let y = cx.strided(self.y)?;
-        let Some(runs) = y.1 else {
+        let (x, y) = (cx.strided(self.x)?, cx.strided(self.y)?);
+        if x.1.is_none() && y.1.is_none() {
             return Ok(Box::new(self.prepare_at(x, y, cx)?));
-        };
+        }
         match self.prepare_at(x, y, cx) {
             Ok(plan) => Ok(Box::new(plan)),
-            // cuDNN refused the strided output: the convolution writes a dense buffer of its
-            // own and a copy puts it into its slice (what the concatenation copied before).
+            // cuDNN refused a strided input or output (a merged convolution's member, a slice
+            // of a concatenation): the convolution reads and writes dense buffers of its own,
+            // copied from and into the views (what copies did before the views).
             Err(e) => {
                 tracing::warn!(
-                    "a convolution with a strided output ({e}): it writes a buffer of its own, \
-                     copied into its slice after it"
+                    "a convolution with a strided input or output ({e}): it reads and writes \
+                     buffers of its own, copied from and into the views"
                 );
-                let buf = cx.gpu.zeros(self.out_len())?;
-                let (bp, _) = buf.device_ptr(&cx.gpu.alloc_stream);
-                let mut plan = self.prepare_at(x, (bp, None), cx)?;
-                let copy = super::copy::into_runs(bp, y.0, self.out_len(), runs);
-                plan.post_copy = Some((copy, buf));
+                let held = |len: usize, cx: &PrepareCx<'_>| -> Result<_, GpuError> {
+                    let buf = cx.gpu.zeros(len)?;
+                    let (p, _) = buf.device_ptr(&cx.gpu.alloc_stream);
+                    Ok((p, buf))
+                };
+                let (in_len, out_len) = (self.input.iter().product(), self.out_len());
+                let (mut pre, mut post) = (None, None);
+                let xd = match x.1 {
+                    None => x.0,
+                    Some(runs) => {
+                        let (p, buf) = held(in_len, cx)?;
+                        pre = Some((super::copy::from_runs(x.0, p, in_len, runs), buf));
+                        p
+                    }
+                };
+                let yd = match y.1 {
+                    None => y.0,
+                    Some(runs) => {
+                        let (p, buf) = held(out_len, cx)?;
+                        post = Some((super::copy::into_runs(p, y.0, out_len, runs), buf));
+                        p
+                    }
+                };
+                let mut plan = self.prepare_at((xd, None), (yd, None), cx)?;
+                plan.pre_copy = pre;
+                plan.post_copy = post;
                 Ok(Box::new(plan))
             }
         }
@@ -545,16 +585,19 @@ impl StepKernel for Conv {
 }
 
 impl Conv {
-    /// The convolution (not depthwise) reading `x` and writing `y` (a pointer, and its runs
-    /// where it is strided), padded as cuDNN requires.
+    /// The convolution (not depthwise) reading `x` and writing `y` (each a pointer, and its
+    /// runs where it is strided), padded as cuDNN requires.
     fn prepare_at(
         &self,
-        x: u64,
+        x: (u64, Option<crate::program::Runs>),
         y: (u64, Option<crate::program::Runs>),
         cx: &mut PrepareCx<'_>,
     ) -> Result<CudaConv, GpuError> {
         if self.padding == self.padding_end {
             return prepare(self, x, y, cx);
+        }
+        if x.1.is_some() {
+            return Err(cx.no_kernel("an explicit pad of a strided input"));
         }
         // cuDNN pads both sides alike: pad the difference explicitly into a buffer of the
         // prepared operator's own, then convolve with the common part.
@@ -568,7 +611,7 @@ impl Conv {
             .zeros(product(&padded, "padded convolution input")?)?;
         let (bp, _) = buf.device_ptr(&cx.gpu.alloc_stream);
         let pad =
-            super::pad::CudaPad::new(bp, x, &self.input, &padded, &[0, 0, pre[0], pre[1]], 0.0)
+            super::pad::CudaPad::new(bp, x.0, &self.input, &padded, &[0, 0, pre[0], pre[1]], 0.0)
                 .map_err(|e| e.unwrap_or_else(|| cx.no_kernel("a 4-D pad")))?;
         let inner = Conv {
             input: padded,
@@ -576,7 +619,7 @@ impl Conv {
             padding_end: sym,
             ..self.clone()
         };
-        let mut plan = prepare(&inner, bp, y, cx)?;
+        let mut plan = prepare(&inner, (bp, None), y, cx)?;
         plan.pre_pad = Some((pad, buf));
         Ok(plan)
     }
@@ -742,7 +785,10 @@ struct CudaConv {
     epilogue: Option<super::act::CudaBiasAct>,
     /// A zero bias for a fused convolution without its own bias.
     _zero_bias: Option<CudaSlice<f32>>,
-    /// Padding cuDNN cannot do (different before and after), run first into the held buffer.
+    /// Where cuDNN refused a strided input: the copy of it into the held dense buffer, run
+    /// first.
+    pre_copy: Option<(Box<dyn Enqueue>, CudaSlice<f32>)>,
+    /// Padding cuDNN cannot do (different before and after), run next into the held buffer.
     pre_pad: Option<(super::pad::CudaPad, CudaSlice<f32>)>,
     /// Where cuDNN refused a strided output: the copy of the held dense output into it.
     post_copy: Option<(Box<dyn Enqueue>, CudaSlice<f32>)>,
@@ -751,35 +797,45 @@ struct CudaConv {
 /// GPU runs per captured graph when timing a candidate.
 const TIMING_REPS: usize = 10;
 
-/// Prepare `s` reading its input at `xp` and writing `y` (a pointer, and its runs where it is
+/// The elements between images of a convolution's `what` ("input" or "output") of `dense`
+/// elements per image: `dense`, or a strided view's run stride where each run is one image.
+fn image_stride(
+    runs: Option<crate::program::Runs>,
+    dense: usize,
+    what: &str,
+) -> Result<usize, GpuError> {
+    match runs {
+        None => Ok(dense),
+        Some(r) if r.run == dense => Ok(r.stride),
+        Some(r) => Err(GpuError::Plan(format!(
+            "a convolution's {what} in runs of {} elements, not its images of {dense}",
+            r.run
+        ))),
+    }
+}
+
+/// Prepare `s` reading `x` and writing `y` (each a pointer, and its runs where it is
 /// strided).
 fn prepare(
     s: &Conv,
-    xp: u64,
+    x: (u64, Option<crate::program::Runs>),
     y: (u64, Option<crate::program::Runs>),
     cx: &mut PrepareCx<'_>,
 ) -> Result<CudaConv, GpuError> {
-    let [n, c, _, _] = s.input;
+    let [n, c, h, w] = s.input;
+    // A strided input (a merged convolution's member at batch > 1) has its images `x_image`
+    // elements apart, each dense; so has a strided output (the convolution's slice of a
+    // concatenation at batch > 1), `y_image` apart.
+    let (xp, x_runs) = x;
+    let x_image = image_stride(x_runs, c * h * w, "input")?;
     let oc = s.out_channels;
     let y_dims = [n, oc, s.out_hw[0], s.out_hw[1]];
     let w_dims = [oc, c / s.groups, s.kernel[0], s.kernel[1]];
     let w_desc = FilterDesc::new(w_dims, dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW)?;
     let conv = ConvDesc::new(s.padding, s.stride, s.dilation, s.groups)?;
     let wp = cx.ptr(s.w)?;
-    // A strided output (the convolution's slice of a concatenation at batch > 1) has its
-    // images `y_image` elements apart, each dense.
     let (yp, y_runs) = y;
-    let y_dense = oc * s.out_hw[0] * s.out_hw[1];
-    let y_image = match y_runs {
-        None => y_dense,
-        Some(r) if r.run == y_dense => r.stride,
-        Some(r) => {
-            return Err(GpuError::Plan(format!(
-                "a convolution's output in runs of {} elements, not its images of {y_dense}",
-                r.run
-            )))
-        }
-    };
+    let y_image = image_stride(y_runs, oc * s.out_hw[0] * s.out_hw[1], "output")?;
     // What the tuning table keys by (the device is the cache entry's fingerprint). Engines
     // are candidates of their own key, so measurements made without them are not reused;
     // ".2": the first version's measurements (on an H100 it found no engine) hold none.
@@ -789,13 +845,14 @@ fn prepare(
         ConvGemm::Timed => api == ConvApi::Both,
         ConvGemm::Always => true,
     };
-    let gemm = match gemm_wanted && s.groups == 1 && s.is_pointwise() && y_runs.is_none() {
+    let dense = x_runs.is_none() && y_runs.is_none();
+    let gemm = match gemm_wanted && s.groups == 1 && s.is_pointwise() && dense {
         true => Some(super::gemm::CudaGemm::new(&s.as_gemm(), cx)?),
         false => None,
     };
     let gemm_always = gemm.is_some() && cx.opts.conv_gemm == ConvGemm::Always;
     let tuning_key = format!(
-        "{}x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw{}|{}{}{}",
+        "{}x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw{}{}|{}{}{}",
         crate::tuning::CONV_KEY,
         s.input,
         s.kernel,
@@ -803,6 +860,10 @@ fn prepare(
         s.padding,
         s.dilation,
         s.groups,
+        match x_runs {
+            Some(_) => format!("|ximage={x_image}"),
+            None => String::new(),
+        },
         match y_runs {
             Some(_) => format!("|yimage={y_image}"),
             None => String::new(),
@@ -832,7 +893,7 @@ fn prepare(
         w: wp,
         y: yp,
         bias: bias_ptr,
-        x_desc: tensor4(s.input)?,
+        x_desc: tensor4_images(s.input, x_image)?,
         y_desc: tensor4_images(y_dims, y_image)?,
         bias_desc: tensor4([1, oc, 1, 1])?,
         w_desc,
@@ -842,6 +903,7 @@ fn prepare(
             x: s.input,
             w: w_dims,
             y: y_dims,
+            x_image,
             y_image,
             padding: s.padding,
             stride: s.stride,
@@ -863,6 +925,7 @@ fn prepare(
         fused: false,
         epilogue: None,
         _zero_bias: zero_bias,
+        pre_copy: None,
         pre_pad: None,
         post_copy: None,
     };
@@ -1373,6 +1436,9 @@ impl Enqueue for CudaConv {
                 self.choice.workspace,
                 sc.workspace_bytes()
             )));
+        }
+        if let Some((copy, _)) = &self.pre_copy {
+            copy.enqueue(gpu, sc)?;
         }
         if let Some((pad, _)) = &self.pre_pad {
             pad.enqueue(gpu, sc)?;

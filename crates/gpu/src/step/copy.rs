@@ -63,6 +63,33 @@ impl Copy {
         }
     }
 
+    /// A dense copy of `len` elements of a strided view `src` (runs of `run` elements): one
+    /// row per run, which a GPU reads in place ([`Copy::parent_axis`]).
+    pub fn gather(src: BufId, dst: BufId, len: usize, run: usize) -> Copy {
+        let run = run.max(1);
+        Copy {
+            src,
+            dst,
+            outer: len / run,
+            src_axis: run,
+            src_off: 0,
+            dst_axis: run,
+            dst_off: 0,
+            len: run,
+            inner: 1,
+            accumulate: false,
+        }
+    }
+
+    /// Where its source is a strided view with `runs`: the `src_axis` that reads the same
+    /// elements from the view's parent (from the view's first element), when each of its rows
+    /// is one run (`src_axis * inner` elements) and the run stride is whole rows of `inner`.
+    pub fn parent_axis(&self, runs: crate::program::Runs) -> Option<usize> {
+        let row = self.src_axis.checked_mul(self.inner)?;
+        (self.inner > 0 && row == runs.run && runs.stride.is_multiple_of(self.inner))
+            .then(|| runs.stride / self.inner)
+    }
+
     fn total(&self) -> usize {
         self.outer * self.len * self.inner
     }
@@ -125,9 +152,19 @@ impl StepKernel for Copy {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        let (src, dst) = (cx.ptr(self.src)?, cx.ptr(self.dst)?);
+        let ((src, runs), dst) = (cx.strided(self.src)?, cx.ptr(self.dst)?);
+        // A strided source is read in its parent, one row per run.
+        let src_axis = match runs {
+            None => self.src_axis,
+            Some(r) => self.parent_axis(r).ok_or_else(|| {
+                cx.no_kernel(format!(
+                    "a copy in rows of {} x {} elements from a strided view in runs of {}",
+                    self.src_axis, self.inner, r.run
+                ))
+            })?,
+        };
         let i = |v: usize| v as i64;
-        Ok(if self.contiguous() {
+        Ok(if self.contiguous() && runs.is_none() {
             Box::new(Memcpy {
                 src,
                 dst,
@@ -139,7 +176,7 @@ impl StepKernel for Copy {
                 dst,
                 a: [
                     i(self.outer),
-                    i(self.src_axis),
+                    i(src_axis),
                     i(self.src_off),
                     i(self.dst_axis),
                     i(self.dst_off),
@@ -170,6 +207,24 @@ pub(crate) fn into_runs(
         src,
         dst,
         a: [i(len / run), i(run), 0, i(runs.stride), 0, i(run), 1],
+        acc: 0,
+        total: len,
+    })
+}
+
+/// A copy of the runs of a strided view at `src` into `len` dense elements at `dst`.
+pub(crate) fn from_runs(
+    src: u64,
+    dst: u64,
+    len: usize,
+    runs: crate::program::Runs,
+) -> Box<dyn Enqueue> {
+    let run = runs.run.max(1);
+    let i = |v: usize| v as i64;
+    Box::new(Slab {
+        src,
+        dst,
+        a: [i(len / run), i(runs.stride), 0, i(run), 0, i(run), 1],
         acc: 0,
         total: len,
     })
@@ -209,5 +264,105 @@ impl Enqueue for Slab {
         // SAFETY: the argument list matches `slab_copy`'s signature; every index stays inside
         // the buffers (their reach was checked at preparation).
         launched(unsafe { b.launch(grid(self.total)) }, "slab_copy")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::program::Runs;
+    use proptest::prelude::*;
+
+    /// The parent elements (from the view's first) a copy reads, by the view's formula
+    /// (element `i` at `(i / run) * stride + i % run`).
+    fn through_view(c: &Copy, runs: Runs) -> Vec<usize> {
+        let mut out = Vec::new();
+        for o in 0..c.outer {
+            for a in 0..c.len {
+                for i in 0..c.inner {
+                    let e = (o * c.src_axis + c.src_off + a) * c.inner + i;
+                    out.push((e / runs.run) * runs.stride + e % runs.run);
+                }
+            }
+        }
+        out
+    }
+
+    /// The same, read as the GPU does: in the parent with `parent_axis`.
+    fn in_parent(c: &Copy, axis: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        for o in 0..c.outer {
+            for a in 0..c.len {
+                for i in 0..c.inner {
+                    out.push((o * axis + c.src_off + a) * c.inner + i);
+                }
+            }
+        }
+        out
+    }
+
+    proptest! {
+        /// A copy of channels of a merged convolution's member (one run per image) reads in
+        /// the parent exactly the elements the view maps them to; a gather of any view does.
+        #[test]
+        fn a_copy_reads_a_strided_view_in_its_parent(
+            images in 1usize..4,
+            channels in 1usize..6,
+            inner in 1usize..5,
+            extra in 0usize..7,
+            first in 0usize..6,
+            take in 1usize..6,
+        ) {
+            let (first, take) = (first % channels, take.min(channels - first % channels));
+            let runs = Runs { run: channels * inner, stride: channels * inner + extra * inner };
+            let c = Copy {
+                src: 0,
+                dst: 1,
+                outer: images,
+                src_axis: channels,
+                src_off: first,
+                dst_axis: take,
+                dst_off: 0,
+                len: take,
+                inner,
+                accumulate: false,
+            };
+            let axis = c.parent_axis(runs).unwrap();
+            prop_assert_eq!(in_parent(&c, axis), through_view(&c, runs));
+            let len = images * channels * inner;
+            let g = Copy::gather(0, 1, len, runs.run);
+            let axis = g.parent_axis(runs).unwrap();
+            prop_assert_eq!(in_parent(&g, axis), through_view(&g, runs));
+            prop_assert_eq!(
+                through_view(&g, runs),
+                runs.ranges(0..len).flatten().collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
+    fn a_copy_whose_rows_are_not_the_runs_cannot_read_them_in_place() {
+        let runs = Runs {
+            run: 12,
+            stride: 20,
+        };
+        // Rows of 8 elements: runs of 12 are not whole rows.
+        assert_eq!(Copy::whole(0, 1, 24).parent_axis(runs), None);
+        let rows = Copy {
+            src_axis: 2,
+            inner: 4,
+            ..Copy::whole(0, 1, 24)
+        };
+        assert_eq!(rows.parent_axis(runs), None);
+        // Rows of 12: the stride of 20 is 5 rows of 4.
+        let rows = Copy {
+            outer: 2,
+            src_axis: 3,
+            len: 3,
+            inner: 4,
+            ..Copy::whole(0, 1, 24)
+        };
+        assert_eq!(rows.parent_axis(runs), Some(5));
     }
 }

@@ -88,7 +88,10 @@ pub(crate) fn lower_linear(
     out: BufId,
 ) -> Result<(), GpuError> {
     let (residual, act) = match residual {
-        Some((z, act)) => (Some(b.source(z, at.node, at.gpu)?), act),
+        Some((z, act)) => {
+            let z = b.source(z, at.node, at.gpu)?;
+            (Some(b.readable(steps, at, z)), act)
+        }
         None => (None, act),
     };
     let (x, xs) = b.single(steps, at, src)?;
