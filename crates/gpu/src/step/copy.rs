@@ -201,15 +201,7 @@ pub(crate) fn into_runs(
     len: usize,
     runs: crate::program::Runs,
 ) -> Box<dyn Enqueue> {
-    let run = runs.run.max(1);
-    let i = |v: usize| v as i64;
-    Box::new(Slab {
-        src,
-        dst,
-        a: [i(len / run), i(run), 0, i(runs.stride), 0, i(run), 1],
-        acc: 0,
-        total: len,
-    })
+    rows(src, dst, len, runs.run, [runs.run, runs.stride])
 }
 
 /// A copy of the runs of a strided view at `src` into `len` dense elements at `dst`.
@@ -219,12 +211,18 @@ pub(crate) fn from_runs(
     len: usize,
     runs: crate::program::Runs,
 ) -> Box<dyn Enqueue> {
-    let run = runs.run.max(1);
+    rows(src, dst, len, runs.run, [runs.stride, runs.run])
+}
+
+/// `len` elements in rows of `run`, rows `axes[0]` elements apart at `src` and `axes[1]` at
+/// `dst`.
+fn rows(src: u64, dst: u64, len: usize, run: usize, axes: [usize; 2]) -> Box<dyn Enqueue> {
+    let run = run.max(1);
     let i = |v: usize| v as i64;
     Box::new(Slab {
         src,
         dst,
-        a: [i(len / run), i(runs.stride), 0, i(run), 0, i(run), 1],
+        a: [i(len / run), i(axes[0]), 0, i(axes[1]), 0, i(run), 1],
         acc: 0,
         total: len,
     })
