@@ -56,7 +56,8 @@ pub enum GemmKernel {
     /// The fastest as measured on the device (`crate::tuning::GEMM_KEY`, kept in the cost
     /// cache) of cuBLAS's own choice and the top configurations of cuBLASLt's heuristic.
     /// Products read through head transposes in groups (an array of addresses) run cuBLAS's
-    /// batched call whatever the option.
+    /// batched call, and a strided batch whose results interleave (written through a head
+    /// transpose) cuBLAS's strided batch, whatever the option.
     #[default]
     Measured,
     /// Nothing measured: cuBLAS's own choice, and cuBLASLt's first configuration for a

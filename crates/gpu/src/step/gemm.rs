@@ -9,7 +9,8 @@
 //! ([`crate::tuning::GEMM_KEY`]), of cuBLAS's own choice (with the bias kernel after it where
 //! there is an epilogue) and the top configurations of cuBLASLt's heuristic
 //! ([`crate::GemmKernel`]); products over an array of addresses (several sequences through
-//! head transposes) run cuBLAS's batched call.
+//! head transposes) run cuBLAS's batched call, and a batch whose results interleave in C
+//! (one sequence written through a head transpose) cuBLAS's strided batch.
 //!
 //! A row-major `[r, c]` buffer is the column-major `c x r` matrix (its transpose), so
 //! `Y = X W^T` (row-major, PyTorch's linear layer with `W: [out, in]`) is `Y^T = W X^T`,
@@ -338,6 +339,12 @@ impl StepKernel for Gemm {
                 (Box::new(GemmThen { gemm, after }), GEMM_CUBLAS_SPLIT)
             }
         };
+        // Results interleaved in C (a product writing through a head transpose at batch 1)
+        // stay with cuBLAS's strided batch, which a GPU has checked; cuBLASLt's batch
+        // layout is not known to allow them.
+        if self.batch > 1 && self.stride_c < self.ldc * self.n {
+            return Ok(separate);
+        }
         let mut lt = match CudaLtGemm::new(self, cx) {
             Ok(lt) => lt,
             Err(err) => {
