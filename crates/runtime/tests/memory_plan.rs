@@ -358,9 +358,10 @@ fn assert_overlaps_are_ordered(p: &GraphProgram, host: &HostProgram, nodes: usiz
 #[test]
 fn random_graphs_share_storage_only_between_ordered_uses() {
     let (mut merged, mut strided, mut merged_batch_2) = (0, 0, 0);
-    for seed in 0..6 {
-        // (IOS's search merges in graphs of this size, not in much larger ones.)
-        let g = random_graph(seed, 16, 1 + seed as usize % 2);
+    // Graphs of 30 operators, and of 16, where IOS's search merges (it does not in much
+    // larger ones).
+    for (seed, ops) in (0..6).map(|s| (s, 30)).chain((0..6).map(|s| (s, 16))) {
+        let g = random_graph(seed, ops, 1 + seed as usize % 2);
         let (want, _) = run(&g, &Schedule::sequential(&g), false);
         let algos = [
             ("opara", 4),
