@@ -489,7 +489,8 @@ impl Gemm {
 fn operand_alignment(ptr: u64, stride: usize, batch: usize) -> u32 {
     let mut bits = ptr.trailing_zeros().min(8);
     if batch > 1 {
-        bits = bits.min((4 * stride as u64).trailing_zeros());
+        // 4 bytes an element: two more trailing zeros than the stride in elements.
+        bits = bits.min(stride.trailing_zeros().saturating_add(2));
     }
     1 << bits
 }
