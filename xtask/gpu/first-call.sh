@@ -27,10 +27,10 @@ try:
 except ValueError:
     print("failed (log.txt)"); sys.exit()
 l = r["latency"]
-print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s strided %s peak %s conv %s gemm %s" % (
+print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s strided %s peak %s conv %s gemm %s layout %s/%s" % (
       l["median_ms"], l["p10_ms"], l["p90_ms"], r.get("launches"), r.get("kernels"),
       r.get("merged_convolutions"), r.get("strided_views"), r.get("peak_memory_bytes"),
-      r.get("conv_kernels"), r.get("gemm_kernels")))'
+      r.get("conv_kernels"), r.get("gemm_kernels"), r.get("layout"), r.get("layout_conversions")))'
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$L"
 
@@ -103,6 +103,19 @@ for m in squeezenet googlenet inception_v3; do
     result "b16 ios $m: $(timeout 90 opsched run $m --batch 16 --backend cuda --algo ios \
         --graph-capture --repeats 50 --json 2>>"$L" | lat)"
 done
+
+# Channels-last activations (--layout nhwc, new in the fourth session of 2026-11-26) against
+# NCHW on ResNet-50, the model they are for: three processes at batch 1, one at batch 16 (the
+# NCHW lines are the ones above).
+for i in 1 2 3; do
+    step "nhwc resnet50 $i"
+    result "nhwc sequential resnet50 process $i: $(timeout 90 opsched run resnet50 --backend cuda \
+        --algo sequential --layout nhwc --graph-capture --repeats 100 --json 2>>"$L" | lat)"
+done
+step "b16 nhwc resnet50"
+result "b16 nhwc sequential resnet50: $(timeout 90 opsched run resnet50 --batch 16 \
+    --backend cuda --algo sequential --layout nhwc --graph-capture --repeats 50 --json \
+    2>>"$L" | lat)"
 
 # The matrix products' measured choice against the unmeasured one (cuBLAS's own choice,
 # cuBLASLt's first configuration with an epilogue), one process each, side by side.

@@ -229,6 +229,89 @@ pub struct GraphProgram {
     /// The merged groups of convolutions that run as one convolution, each in its order
     /// (see [`GraphProgram::build_merged`]).
     pub merged: Vec<Vec<NodeId>>,
+    /// Per node: its value is stored channels last ([`Layout::Nhwc`]; `outputs` hold it so).
+    pub channels_last: Vec<bool>,
+    /// Transposes between NCHW and NHWC the program runs ([`Layout::Nhwc`]).
+    pub layout_conversions: usize,
+}
+
+/// How 4-D activations are stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// `[n, c, h, w]`, the IR's order, everywhere.
+    #[default]
+    Nchw,
+    /// Channels last (`[n, h, w, c]`) for the values of convolutions that cuDNN runs and of
+    /// the element-wise operators and activations after them ([`channels_last`]); the other
+    /// operators, the graph's inputs and outputs stay in NCHW, with a transpose where a value
+    /// crosses over (made once per value where its producer runs it).
+    Nhwc,
+}
+
+/// Which operators' values a program with [`Layout::Nhwc`] stores channels last: a
+/// convolution that cuDNN runs (one group, symmetric padding, not depthwise, one whole value
+/// as its input), and an element-wise operator (no broadcasting) or activation of 4-D values
+/// that reads at least one channels-last value, only whole values; never a graph output.
+pub fn channels_last(g: &Graph) -> Vec<bool> {
+    let mut nhwc = vec![false; g.len()];
+    let outputs: HashSet<NodeId> = g.outputs().iter().map(|o| o.value.node).collect();
+    for &id in g.topo_order() {
+        let node = g.node(id);
+        let four = node.shape.len() == 4;
+        let whole = node
+            .inputs
+            .iter()
+            .all(|t| matches!(t.as_slice(), [v] if v.channels.is_none()));
+        let reads_nhwc = node.inputs.iter().flatten().any(|v| nhwc[v.node.index()]);
+        let same_shape = || {
+            g.input_shapes(id)
+                .iter()
+                .all(|s| s.as_slice() == node.shape.as_slice())
+        };
+        let kind = match &node.op {
+            Op::Conv2d(c) => {
+                let single = node.inputs.len() == 1;
+                let (before, after) = c.pads();
+                single && c.groups == 1 && before == after
+            }
+            Op::Elementwise { .. } | Op::Activation { .. } => reads_nhwc && same_shape(),
+            _ => false,
+        };
+        nhwc[id.index()] = four && whole && kind && !outputs.contains(&id);
+    }
+    nhwc
+}
+
+/// Where `[n, c, h, w]` values sit in channels-last order (`[n, h, w, c]`): the permutation
+/// from NCHW to NHWC, and back.
+const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
+const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
+
+/// `x` (NHWC values of NCHW shape `shape`) in NCHW order.
+pub fn nhwc_to_nchw(x: &[f32], shape: [usize; 4]) -> Vec<f32> {
+    let [n, c, h, w] = shape;
+    let mut y = vec![0.0; x.len().min(n * c * h * w)];
+    for b in 0..n {
+        for i in 0..h * w {
+            for ch in 0..c {
+                y[(b * c + ch) * h * w + i] = x[(b * h * w + i) * c + ch];
+            }
+        }
+    }
+    y
+}
+
+/// `x` (NCHW values of shape `shape`) in NHWC order, into `y`.
+pub fn nchw_to_nhwc(x: &[f32], shape: [usize; 4], y: &mut [f32]) {
+    let [n, c, h, w] = shape;
+    for b in 0..n {
+        for ch in 0..c {
+            for i in 0..h * w {
+                y[(b * h * w + i) * c + ch] = x[(b * c + ch) * h * w + i];
+            }
+        }
+    }
 }
 
 /// FNV-1a 64 of a string: the seed of a named buffer.
@@ -335,6 +418,14 @@ pub(crate) struct Builder<'g> {
     /// First convolution of a group a plan merges -> the one convolution the group runs as:
     /// see [`Builder::merge_convs`].
     merged: HashMap<NodeId, MergedConv>,
+    /// Per node: its value is stored channels last ([`channels_last`]).
+    nhwc: Vec<bool>,
+    /// Operator -> its value in the other layout, made by a transpose its own program runs
+    /// after its steps (`conversions`), for the readers that want that layout.
+    other_layout: HashMap<NodeId, BufId>,
+    conversions: HashMap<NodeId, Vec<Step>>,
+    /// Transposes between the layouts (the producers' and the readers' own).
+    layout_conversions: usize,
 }
 
 /// Where a merged convolution's member lies in the merged output: from element `at` (of the
@@ -450,7 +541,59 @@ impl<'g> Builder<'g> {
     }
 
     /// The buffer holding `producer`'s whole output as seen by `consumer` on `gpu`.
+    /// Whether node `n`'s value is stored channels last ([`Layout::Nhwc`]).
+    pub(crate) fn channels_last_at(&self, n: NodeId) -> bool {
+        self.nhwc.get(n.index()).copied().unwrap_or(false)
+    }
+
+    /// The buffer holding `producer`'s value for the operator at `at`, in that operator's
+    /// layout ([`Layout`]): where the two differ (a 4-D value of more than one pixel), the
+    /// value in the other layout, which the producer's program makes once (a graph input, or a
+    /// value from another GPU: the reader's program, for itself).
     pub(crate) fn source(
+        &mut self,
+        steps: &mut Vec<Step>,
+        at: At,
+        producer: NodeId,
+    ) -> Result<BufId, GpuError> {
+        let raw = self.raw_source(producer, at.node, at.gpu)?;
+        let have = self.nhwc[producer.index()];
+        let want = self.nhwc[at.node.index()];
+        let shape = &self.g.node(producer).shape;
+        let &[n, c, h, w] = shape.as_slice() else {
+            return Ok(raw);
+        };
+        if have == want || h * w <= 1 {
+            return Ok(raw);
+        }
+        let (in_shape, perm) = match have {
+            true => (vec![n, h, w, c], TO_NCHW),
+            false => (vec![n, c, h, w], TO_NHWC),
+        };
+        let len = n * c * h * w;
+        let own = !self.g.node(producer).op.is_input() && self.gpu_of(producer) == Some(at.gpu);
+        if !own {
+            let y = self.scratch(at, len);
+            steps.push(step::transpose::Transpose::of(raw, y, in_shape, &perm).into());
+            self.layout_conversions += 1;
+            return Ok(y);
+        }
+        if let Some(&b) = self.other_layout.get(&producer) {
+            return Ok(b);
+        }
+        let y = self.alloc(at.gpu, len, BufRole::Scratch(producer), Init::Uninit);
+        self.conversions
+            .entry(producer)
+            .or_default()
+            .push(step::transpose::Transpose::of(raw, y, in_shape, &perm).into());
+        self.other_layout.insert(producer, y);
+        self.layout_conversions += 1;
+        Ok(y)
+    }
+
+    /// The buffer that holds `producer`'s value where `consumer` on `gpu` reads it, as the
+    /// producer stores it.
+    fn raw_source(
         &mut self,
         producer: NodeId,
         consumer: NodeId,
@@ -539,7 +682,7 @@ impl<'g> Builder<'g> {
         dst_off: usize,
         accumulate: bool,
     ) -> Result<(), GpuError> {
-        let src = self.source(v.node, at.node, at.gpu)?;
+        let src = self.source(steps, at, v.node)?;
         let full = self.g.node(v.node).shape.clone();
         let shape = self.value_shape(v);
         if shape.len() < 2 {
@@ -640,7 +783,7 @@ impl<'g> Builder<'g> {
         }
         term.iter()
             .map(|v| {
-                let src = self.source(v.node, at.node, at.gpu)?;
+                let src = self.source(steps, at, v.node)?;
                 Ok(self.readable(steps, at, src))
             })
             .collect::<Result<Vec<_>, _>>()
@@ -672,7 +815,7 @@ impl<'g> Builder<'g> {
             .ok_or_else(|| self.unsupported(at, "empty input term"))?;
         let shape = self.value_shape(first);
         if term.len() == 1 && first.channels.is_none() {
-            return Ok((self.source(first.node, at.node, at.gpu)?, shape));
+            return Ok((self.source(steps, at, first.node)?, shape));
         }
         let dst = self.scratch(at, numel(&shape));
         if let Some(srcs) = self.whole_sum(steps, at, term)? {
@@ -818,7 +961,7 @@ impl<'g> Builder<'g> {
                 let shape = self.value_shape(v);
                 let strides = head_strides(&shape)
                     .ok_or_else(|| self.unsupported(at, "a head transpose that is not 4-D"))?;
-                let buf = self.source(s, at.node, at.gpu)?;
+                let buf = self.source(steps, at, s)?;
                 let buf = self.readable(steps, at, buf);
                 return Ok(Operand {
                     buf,
@@ -1174,9 +1317,9 @@ impl Builder<'_> {
     }
 
     /// Make `p`'s output buffer a view of `into`'s output from element `at` on, where both run
-    /// on one GPU, no transfer sends `p`'s output (a transfer reads a buffer of its own) and
-    /// `into`'s output is not strided (nothing is a view of a strided view). Returns whether
-    /// it did.
+    /// on one GPU, store their values in one layout ([`Layout`]), no transfer sends `p`'s
+    /// output (a transfer reads a buffer of its own) and `into`'s output is not strided
+    /// (nothing is a view of a strided view). Returns whether it did.
     fn view_into(
         &mut self,
         p: NodeId,
@@ -1187,6 +1330,7 @@ impl Builder<'_> {
         match (self.outputs[p.index()], self.outputs[into.index()]) {
             (Some(pb), Some(out))
                 if !sent(transfers, p)
+                    && self.nhwc[p.index()] == self.nhwc[into.index()]
                     && self.buffers[out].runs.is_none()
                     && self.gpu_of(p).is_some()
                     && self.gpu_of(p) == self.gpu_of(into) =>
@@ -1360,6 +1504,19 @@ impl GraphProgram {
         transfers: &[TransferSpec],
         merges: &[Vec<NodeId>],
     ) -> Result<GraphProgram, GpuError> {
+        Self::build_with(g, placement, transfers, merges, Layout::Nchw)
+    }
+
+    /// [`GraphProgram::build_merged`] with 4-D activations in `layout`. With
+    /// [`Layout::Nhwc`] nothing merges, and a channels-last value is no view of another
+    /// operator's buffer (a concatenation's slice, a reshape of more than one pixel).
+    pub fn build_with(
+        g: &Graph,
+        placement: &[Option<usize>],
+        transfers: &[TransferSpec],
+        merges: &[Vec<NodeId>],
+        layout: Layout,
+    ) -> Result<GraphProgram, GpuError> {
         if g.dtype != opsched_graph::DType::F32 {
             return Err(GpuError::UnsupportedDType(g.dtype.to_string()));
         }
@@ -1389,6 +1546,13 @@ impl GraphProgram {
             transposed_reads: HashMap::new(),
             transposed_writes: HashMap::new(),
             merged: HashMap::new(),
+            nhwc: match layout {
+                Layout::Nchw => vec![false; g.len()],
+                Layout::Nhwc => channels_last(g),
+            },
+            other_layout: HashMap::new(),
+            conversions: HashMap::new(),
+            layout_conversions: 0,
         };
         // Outputs first (so that a transfer's source exists), then replicas, then programs.
         for (i, node) in g.nodes().iter().enumerate() {
@@ -1435,7 +1599,9 @@ impl GraphProgram {
             b.replicas.insert((t.src, t.dst), r);
             xfers.push((sb, r));
         }
-        b.merge_convs(merges, transfers);
+        if layout == Layout::Nchw {
+            b.merge_convs(merges, transfers);
+        }
         b.concat_in_place(transfers);
         b.fuse_activations(transfers);
         b.fuse_residuals(transfers);
@@ -1479,6 +1645,13 @@ impl GraphProgram {
                 output: out,
             });
         }
+        // The values readers want in the other layout, converted by their producers after
+        // their own steps (producers come first in topological order).
+        for (id, conversions) in std::mem::take(&mut b.conversions) {
+            if let Some(op) = ops[id.index()].as_mut() {
+                op.steps.extend(conversions);
+            }
+        }
         // Graph inputs read by nobody still get a buffer on GPU 0 (their outputs are reported).
         let mut outputs = b.outputs.clone();
         // The own values of a sum that applies an activation, of a convolution that adds a
@@ -1511,6 +1684,8 @@ impl GraphProgram {
             gpus,
             storage: Vec::new(),
             merged,
+            channels_last: b.nhwc,
+            layout_conversions: b.layout_conversions,
         };
         crate::memory::layout_distinct(&mut p);
         Ok(p)
@@ -1604,6 +1779,61 @@ mod tests {
                 .flatten()
                 .collect();
             prop_assert_eq!(dense, (first..first + len).collect::<Vec<_>>());
+        }
+
+        /// NCHW to NHWC and back is the identity, and element `(b, c, i)` of an NCHW value
+        /// sits at `(b * pixels + i) * channels + c` channels last.
+        #[test]
+        fn the_layouts_map_each_element_where_its_order_says(
+            shape in proptest::array::uniform4(1usize..5),
+        ) {
+            let [n, c, h, w] = shape;
+            let len = n * c * h * w;
+            let x: Vec<f32> = (0..len).map(|v| v as f32).collect();
+            let mut y = vec![0.0; len];
+            super::nchw_to_nhwc(&x, shape, &mut y);
+            for b in 0..n {
+                for ch in 0..c {
+                    for i in 0..h * w {
+                        prop_assert_eq!(
+                            y[(b * h * w + i) * c + ch],
+                            x[(b * c + ch) * h * w + i]
+                        );
+                    }
+                }
+            }
+            prop_assert_eq!(super::nhwc_to_nchw(&y, shape), x);
+        }
+    }
+
+    #[test]
+    fn channels_last_is_for_cudnn_convolutions_and_what_follows_them() {
+        use opsched_graph::{Activation, Conv2d, DType, GraphBuilder};
+        let mut b = GraphBuilder::new("layouts", DType::F32);
+        let x = b.input("x", vec![2, 4, 8, 8]);
+        let conv = b.conv("conv", x, Conv2d::new(4, 3));
+        let relu = b.act("relu", conv, Activation::Relu);
+        let other = b.conv("other", x, Conv2d::new(4, 1));
+        let sum = b.add("sum", &[relu, other]);
+        let inputs_only = b.add("inputs_only", &[x, x]);
+        let depthwise = b.conv("depthwise", sum, Conv2d::new(4, 3).groups(4));
+        let mut uneven = Conv2d::new(4, 2);
+        uneven.padding_end = Some([0, 0]);
+        let uneven = b.conv("uneven", sum, uneven);
+        let cat = b.concat("cat", &[depthwise, uneven]);
+        let after_cat = b.conv("after_cat", cat, Conv2d::new(4, 1));
+        let last = b.conv("last", after_cat, Conv2d::new(4, 1));
+        b.add("out", &[last, inputs_only]);
+        let g = b.finish().unwrap_or_else(|e| panic!("{e}"));
+        let nhwc = super::channels_last(&g);
+        let is = |name: &str| nhwc[g.find(name).map_or(usize::MAX, |n| n.index())];
+        for name in ["conv", "relu", "other", "sum", "after_cat", "last"] {
+            assert!(is(name), "{name} should be channels last");
+        }
+        // Depthwise and unevenly padded convolutions run other kernels; a concatenation and
+        // the graph's inputs and outputs stay NCHW, as does an add of NCHW values only.
+        for name in ["x", "depthwise", "uneven", "cat", "inputs_only", "out"] {
+            assert!(!is(name), "{name} should be NCHW");
         }
     }
 }

@@ -30,6 +30,10 @@ pub struct RunReport {
     /// of concatenations at batch > 1 that their producers write in place, and a merged
     /// convolution's output and members at batch > 1.
     pub strided_views: usize,
+    /// How its 4-D activations were stored, and how many transposes between NCHW and NHWC it
+    /// ran ([`opsched_gpu::program::Layout`]).
+    pub layout: opsched_gpu::program::Layout,
+    pub layout_conversions: usize,
     pub waits: usize,
     pub waits_dropped: usize,
     pub transfers: usize,
@@ -140,7 +144,8 @@ impl<'a, D: Device> Session<'a, D> {
             })
             .collect();
         let merges = host.merged_launches();
-        let mut program = GraphProgram::build_merged(g, &host.gpu_of(), &specs, &merges)?;
+        let mut program =
+            GraphProgram::build_with(g, &host.gpu_of(), &specs, &merges, opts.layout)?;
         if opts.reuse_memory {
             let order = host.op_order(g.len());
             let keep: Vec<_> = g.outputs().iter().map(|o| o.value.node).collect();
@@ -364,7 +369,13 @@ impl<'a, D: Device> Session<'a, D> {
         for (i, b) in self.program.outputs.iter().enumerate() {
             let b = b.filter(|&b| !self.program.buffers[b].reused);
             if let (Some(b), Some(slot)) = (b, out.get_mut(i)) {
-                *slot = Some(self.dev.read(&self.mem, b)?);
+                let v = self.dev.read(&self.mem, b)?;
+                // Values stored channels last, in the graph's NCHW order.
+                let nhwc = self.program.channels_last.get(i).copied().unwrap_or(false);
+                *slot = Some(match self.g.nodes()[i].shape.as_slice() {
+                    &[n, c, h, w] if nhwc => opsched_gpu::program::nhwc_to_nchw(&v, [n, c, h, w]),
+                    _ => v,
+                });
             }
         }
         Ok(out)
@@ -442,6 +453,8 @@ pub fn run_plan<D: Device>(
             .iter()
             .filter(|b| b.runs.is_some())
             .count(),
+        layout: opts.layout,
+        layout_conversions: session.program.layout_conversions,
         waits: counts.waits,
         waits_dropped: session.host.waits_dropped,
         transfers: counts.sends,

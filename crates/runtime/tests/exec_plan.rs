@@ -423,6 +423,75 @@ fn merged_stages_run_as_one_convolution_at_batch_2() {
     }
 }
 
+/// Every value of a run with channels-last activations, as the session reports it (in NCHW
+/// order), and the program's transposes between the layouts.
+fn outputs_in(
+    g: &Graph,
+    plan: &LaunchPlan,
+    layout: opsched_gpu::program::Layout,
+) -> (Vec<Option<Vec<f32>>>, usize, usize) {
+    let dev = CpuDevice::new();
+    let opts = RunOptions {
+        reuse_memory: false,
+        layout,
+        ..RunOptions::default()
+    };
+    let s = Session::new(&dev, g, plan, &opts).unwrap();
+    s.time(0, 1, false).unwrap();
+    let p = s.program();
+    let nhwc = p.channels_last.iter().filter(|&&c| c).count();
+    (s.outputs().unwrap(), nhwc, p.layout_conversions)
+}
+
+/// With channels-last activations every operator's value equals the NCHW run's, bit for bit
+/// (the CPU computes a channels-last convolution between two transposes), under several
+/// schedules; the check against the reference passes. ResNet-50 (at 32 x 32) crosses layouts
+/// three times: its input into the first convolution, that convolution's value into the
+/// max pool (NCHW) and the pool's into the first block.
+#[test]
+fn channels_last_runs_equal_the_nchw_run() {
+    use opsched_gpu::program::Layout;
+    let cost = h100();
+    for (model, conversions) in [
+        ("resnet50", Some(3)),
+        ("squeezenet", None),
+        ("googlenet", None),
+        ("randwire", None),
+    ] {
+        let g = small_batch(model, 2);
+        let seq = lower(&g, &Schedule::sequential(&g)).unwrap();
+        let (want, none, zero) = outputs_in(&g, &seq, Layout::Nchw);
+        assert_eq!((none, zero), (0, 0), "{model}");
+        for algo in ["sequential", "lios", "opara"] {
+            let plan = lower(&g, &schedule(&g, algo, 1, &cost)).unwrap();
+            let (got, nhwc, n) = outputs_in(&g, &plan, Layout::Nhwc);
+            assert!(nhwc > 0, "{model}/{algo}: no value channels last");
+            if let Some(c) = conversions {
+                assert_eq!(n, c, "{model}/{algo}");
+            }
+            assert_same(
+                &g,
+                (&got, 0),
+                &want,
+                &format!("{algo} on {model}, channels last"),
+            );
+            let opts = RunOptions {
+                layout: Layout::Nhwc,
+                ..checked(algo == "lios", 0, 1)
+            };
+            let r =
+                run_schedule(&CpuDevice::new(), &g, &schedule(&g, algo, 1, &cost), &opts).unwrap();
+            assert_eq!(r.layout, Layout::Nhwc);
+            let c = r.check.unwrap();
+            assert!(c.passed, "{model}/{algo}: {c:?}");
+            assert!(
+                c.vs_reference.unwrap() <= c.tolerance_reference,
+                "{model}/{algo}"
+            );
+        }
+    }
+}
+
 #[test]
 fn outputs_do_not_depend_on_the_number_of_streams() {
     let g = small("googlenet");
@@ -844,6 +913,26 @@ fn gpu_strided_concatenation_slices_match_the_reference() {
     let r = run_schedule(&dev, &g, &schedule(&g, "greedy", 1, &h100()), &opts).unwrap();
     let c = r.check.clone().unwrap();
     assert!(c.passed, "summed cell: {c:?}");
+}
+
+/// On a GPU, channels-last activations (cuDNN's NHWC descriptors, the filter permuted to
+/// KRSC, the bias kernel over consecutive channels): ResNet-50 and GoogLeNet at batch 2 pass
+/// the check against the sequential run and the reference, eager and captured.
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn gpu_channels_last_matches_the_reference() {
+    let dev = opsched_runtime::CudaDevice::open(Some(1)).unwrap();
+    for (model, capture) in [("resnet50", false), ("resnet50", true), ("googlenet", true)] {
+        let g = small_batch(model, 2);
+        let opts = RunOptions {
+            layout: opsched_gpu::program::Layout::Nhwc,
+            ..checked(capture, 1, 3)
+        };
+        let r = run_schedule(&dev, &g, &schedule(&g, "lios", 1, &h100()), &opts).unwrap();
+        let c = r.check.clone().unwrap();
+        assert!(c.passed, "{model}, capture {capture}: {c:?}");
+        assert!(r.layout_conversions > 0, "{model}");
+    }
 }
 
 /// IOS's input model of a cell at batch `n`: its output concatenates sums of branches

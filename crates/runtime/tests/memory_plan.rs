@@ -412,3 +412,35 @@ fn random_graphs_share_storage_only_between_ordered_uses() {
     );
     assert!(strided > 0, "no convolution wrote a strided slice");
 }
+
+/// Random graphs with channels-last activations, buffers shared under the schedule's order
+/// (the race detector watches them): every graph output equals the NCHW run's, bit for bit.
+#[test]
+fn random_graphs_in_channels_last_equal_the_nchw_run() {
+    use opsched_gpu::program::Layout;
+    let mut crossings = 0;
+    for seed in 0..6 {
+        let g = random_graph(seed, 24, 1 + seed as usize % 2);
+        let (want, _) = run(&g, &Schedule::sequential(&g), false);
+        for (algo, streams) in [("opara", 4), ("lios", 2), ("sequential", 1)] {
+            let s = schedule(&g, algo, streams);
+            let dev = CpuDevice::new();
+            let opts = RunOptions {
+                layout: Layout::Nhwc,
+                ..RunOptions::default()
+            };
+            let plan = lower(&g, &s).unwrap();
+            let session = Session::new(&dev, &g, &plan, &opts).unwrap();
+            session.time(0, 2, true).unwrap();
+            let p = session.program();
+            check_layout(p).unwrap();
+            crossings += p.layout_conversions;
+            let got = session.outputs().unwrap();
+            for o in g.outputs() {
+                let n = o.value.node.index();
+                assert_eq!(got[n], want[n], "{algo} seed {seed}: output '{}'", o.name);
+            }
+        }
+    }
+    assert!(crossings > 0, "no value crossed between the layouts");
+}

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
+use opsched::gpu::program::Layout;
 use opsched::graph::{NodeId, Tensor};
 use opsched::profiler::{ProfileError, ProfileOptions};
 use opsched::runtime::{
@@ -93,6 +94,12 @@ pub struct DeviceArgs {
     /// residual or relu in the product).
     #[arg(long, value_enum, default_value_t = GemmArg::Measured)]
     gemm: GemmArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum LayoutArg {
+    Nchw,
+    Nhwc,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -255,6 +262,11 @@ pub struct RunArgs {
     /// schedule orders their uses apart (more memory; nothing else changes).
     #[arg(long)]
     no_memory_reuse: bool,
+    /// How 4-D activations are stored: `nchw`, or `nhwc` (channels last) for the values of
+    /// convolutions that cuDNN runs and the element-wise operators after them, with a
+    /// transpose where a value crosses to another operator (not yet run on a GPU).
+    #[arg(long, value_enum, default_value_t = LayoutArg::Nchw)]
+    layout: LayoutArg,
     /// Untimed runs before timing.
     #[arg(long, default_value_t = 10)]
     warmup: u32,
@@ -495,6 +507,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
         inputs: Arc::new(inputs),
         keep_outputs: a.output.is_some(),
         reuse_memory: !a.no_memory_reuse,
+        layout: match a.layout {
+            LayoutArg::Nchw => Layout::Nchw,
+            LayoutArg::Nhwc => Layout::Nhwc,
+        },
         ..RunOptions::default()
     };
     let job = Run {
@@ -580,6 +596,13 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
             out,
             "merged         {} merged stages ran as one convolution each",
             report.merged_convolutions
+        )?;
+    }
+    if report.layout == Layout::Nhwc {
+        writeln!(
+            out,
+            "layout         channels last, {} transposes between NCHW and NHWC",
+            report.layout_conversions
         )?;
     }
     if report.strided_views > 0 {

@@ -83,13 +83,26 @@ fn new_tensor() -> Result<TensorDesc, GpuError> {
 
 /// A dense NCHW f32 tensor descriptor.
 pub(crate) fn tensor4(dims: [usize; 4]) -> Result<TensorDesc, GpuError> {
+    tensor4_in(dims, dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW)
+}
+
+/// A dense f32 tensor descriptor of `[n, c, h, w]` stored channels last.
+pub(crate) fn tensor4_nhwc(dims: [usize; 4]) -> Result<TensorDesc, GpuError> {
+    tensor4_in(dims, dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC)
+}
+
+/// A dense f32 tensor descriptor of `[n, c, h, w]` in `format`.
+fn tensor4_in(
+    dims: [usize; 4],
+    format: dnn_sys::cudnnTensorFormat_t,
+) -> Result<TensorDesc, GpuError> {
     let d = new_tensor()?;
     let dims = c_ints(dims, ["n", "c", "h", "w"])?;
     // SAFETY: a fresh descriptor; dims fit a C int.
     unsafe {
         dnn::set_tensor4d_descriptor(
             d.0,
-            dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+            format,
             dnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
             dims,
         )

@@ -185,13 +185,18 @@ impl Desc {
     }
 }
 
-/// A dense NCHW (or KCRS) f32 tensor of the graph.
-fn tensor(id: i64, dims: [usize; 4], image: usize) -> Result<Desc, GpuError> {
+/// An f32 tensor `[n, c, h, w]` of the graph (a filter: `[k, c, r, s]`), its images `image`
+/// elements apart: in NCHW (KCRS) order, or channels last (`[n, h, w, c]`, KRSC).
+fn tensor(id: i64, dims: [usize; 4], image: usize, channels_last: bool) -> Result<Desc, GpuError> {
     let d = dims
         .iter()
         .map(|&v| as_i64(v, "a tensor dimension"))
         .collect::<Result<Vec<_>, _>>()?;
-    let strides = [as_i64(image, "an image stride")?, d[2] * d[3], d[3], 1];
+    let image = as_i64(image, "an image stride")?;
+    let strides = match channels_last {
+        false => [image, d[2] * d[3], d[3], 1],
+        true => [image, 1, d[3] * d[1], d[1]],
+    };
     let t = Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
     t.set(
         A::CUDNN_ATTR_TENSOR_DATA_TYPE,
@@ -220,6 +225,8 @@ pub(crate) struct ConvShape {
     pub x_image: usize,
     /// Elements between images of `y` (a strided output's, else `c * h * w`).
     pub y_image: usize,
+    /// `x` and `y` channels last, the filter KRSC.
+    pub nhwc: bool,
     pub padding: [usize; 2],
     pub stride: [usize; 2],
     pub dilation: [usize; 2],
@@ -242,9 +249,9 @@ impl ConvGraph {
     ) -> Result<ConvGraph, GpuError> {
         let dense = |d: [usize; 4]| d[1] * d[2] * d[3];
         let (x, w, y) = (
-            tensor(X_ID, s.x, s.x_image)?,
-            tensor(W_ID, s.w, dense(s.w))?,
-            tensor(Y_ID, s.y, s.y_image)?,
+            tensor(X_ID, s.x, s.x_image, s.nhwc)?,
+            tensor(W_ID, s.w, dense(s.w), s.nhwc)?,
+            tensor(Y_ID, s.y, s.y_image, s.nhwc)?,
         );
         let two = |v: [usize; 2], what: &str| -> Result<[i64; 2], GpuError> {
             Ok([as_i64(v[0], what)?, as_i64(v[1], what)?])

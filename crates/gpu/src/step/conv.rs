@@ -40,7 +40,9 @@ use crate::cpu::math::{
     bias_act_row, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat, TilesOfB,
 };
 use crate::cpu::CpuIo;
-use crate::cuda::cudnn::{tensor4, tensor4_images, ActDesc, ConvDesc, FilterDesc, TensorDesc};
+use crate::cuda::cudnn::{
+    tensor4, tensor4_images, tensor4_nhwc, ActDesc, ConvDesc, FilterDesc, TensorDesc,
+};
 use crate::cuda::engine::{ConvGraph, ConvShape, EngineRef, Plan as EnginePlan};
 use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -75,6 +77,9 @@ pub struct Conv {
     /// Added to the output (with the bias) before `act`: the residual sum the convolution
     /// computes (`opsched_graph::fusion::residual_source`).
     pub residual: Option<BufId>,
+    /// `x`, `y` and the residual are stored channels last (`[n, h, w, c]`,
+    /// [`crate::program::Layout::Nhwc`]); the weights stay `[oc, c, kh, kw]`.
+    pub nhwc: bool,
 }
 
 /// What a convolution's kernel does beyond its operator (`opsched_graph::fusion`).
@@ -125,7 +130,7 @@ pub(crate) fn lower(
         .transpose()?;
     let (residual, act) = match fusion.residual {
         Some((z, act)) => {
-            let z = b.source(z, at.node, at.gpu)?;
+            let z = b.source(steps, at, z)?;
             (Some(b.readable(steps, at, z)), act)
         }
         None => (None, c.act),
@@ -148,6 +153,7 @@ pub(crate) fn lower(
             act,
             pre_act: fusion.pre_act,
             residual,
+            nhwc: b.channels_last_at(at.node),
         }
         .into(),
     );
@@ -219,6 +225,7 @@ pub(crate) fn lower_merged(
             act: c.act,
             pre_act: Activation::None,
             residual: None,
+            nhwc: false,
         }
         .into(),
     );
@@ -505,29 +512,22 @@ impl StepKernel for Conv {
         if self.out_len() == 0 {
             return Ok(());
         }
-        let [n, c, h, wd] = self.input;
-        let cols = self.out_hw[0] * self.out_hw[1];
-        let og = self.out_channels / self.groups;
-        let (xlen, ylen) = (c * h * wd, self.out_channels * cols);
-        for b in 0..n {
-            let xb = &x[b * xlen..(b + 1) * xlen];
-            let yb = &mut y[b * ylen..(b + 1) * ylen];
-            if self.groups == 1 {
-                self.run_image(w, bias, xb, yb)?;
-            } else {
-                let k = self.col_rows();
-                yb.par_chunks_mut(og * cols)
-                    .enumerate()
-                    .try_for_each(|(g, chunk)| {
-                        with_scratch(k * cols, |col| {
-                            self.im2col(xb, g, 0..cols, col);
-                            let col = Mat::row_major(col, k, cols);
-                            self.product(w, bias, g, col, 0..og, chunk)
-                        })
-                    })?;
-            }
+        if self.nhwc {
+            // Channels last: the same NCHW computation between two transposes, so that both
+            // layouts give the same values.
+            let x = crate::program::nhwc_to_nchw(x, self.input);
+            let mut yc = vec![0.0; self.out_len()];
+            self.compute(&x, w, bias, &mut yc)?;
+            let [n, oc, oh, ow] = [
+                self.input[0],
+                self.out_channels,
+                self.out_hw[0],
+                self.out_hw[1],
+            ];
+            crate::program::nchw_to_nhwc(&yc, [n, oc, oh, ow], y);
+            return Ok(());
         }
-        Ok(())
+        self.compute(x, w, bias, y)
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
@@ -585,6 +585,39 @@ impl StepKernel for Conv {
 }
 
 impl Conv {
+    /// The convolution of NCHW `x` into NCHW `y`, with its bias and activation.
+    fn compute(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) -> Result<(), GpuError> {
+        let [n, c, h, wd] = self.input;
+        let cols = self.out_hw[0] * self.out_hw[1];
+        let og = self.out_channels / self.groups;
+        let (xlen, ylen) = (c * h * wd, self.out_channels * cols);
+        for b in 0..n {
+            let xb = &x[b * xlen..(b + 1) * xlen];
+            let yb = &mut y[b * ylen..(b + 1) * ylen];
+            if self.groups == 1 {
+                self.run_image(w, bias, xb, yb)?;
+            } else {
+                let k = self.col_rows();
+                yb.par_chunks_mut(og * cols)
+                    .enumerate()
+                    .try_for_each(|(g, chunk)| {
+                        with_scratch(k * cols, |col| {
+                            self.im2col(xb, g, 0..cols, col);
+                            let col = Mat::row_major(col, k, cols);
+                            self.product(w, bias, g, col, 0..og, chunk)
+                        })
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
     /// The convolution (not depthwise) reading `x` and writing `y` (each a pointer, and its
     /// runs where it is strided), padded as cuDNN requires.
     fn prepare_at(
@@ -785,6 +818,8 @@ struct CudaConv {
     epilogue: Option<super::act::CudaBiasAct>,
     /// A zero bias for a fused convolution without its own bias.
     _zero_bias: Option<CudaSlice<f32>>,
+    /// The weights in KRSC order, for a channels-last convolution.
+    _held_w: Option<CudaSlice<f32>>,
     /// Where cuDNN refused a strided input: the copy of it into the held dense buffer, run
     /// first.
     pre_copy: Option<(Box<dyn Enqueue>, CudaSlice<f32>)>,
@@ -831,11 +866,26 @@ fn prepare(
     let oc = s.out_channels;
     let y_dims = [n, oc, s.out_hw[0], s.out_hw[1]];
     let w_dims = [oc, c / s.groups, s.kernel[0], s.kernel[1]];
-    let w_desc = FilterDesc::new(w_dims, dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW)?;
     let conv = ConvDesc::new(s.padding, s.stride, s.dilation, s.groups)?;
-    let wp = cx.ptr(s.w)?;
     let (yp, y_runs) = y;
     let y_image = image_stride(y_runs, oc * s.out_hw[0] * s.out_hw[1], "output")?;
+    // Channels last: the filter goes KRSC too, permuted once into a buffer of the prepared
+    // operator's own (the program keeps the weights as the IR has them, [oc, c, kh, kw]).
+    let (w_desc, wp, held_w) = if s.nhwc {
+        if x_runs.is_some() || y_runs.is_some() {
+            return Err(cx.no_kernel("a channels-last convolution with a strided view"));
+        }
+        let held = cx.gpu.zeros(w_dims.iter().product())?;
+        let (hp, _) = held.device_ptr(&cx.gpu.alloc_stream);
+        let permute = super::transpose::permute(cx.ptr(s.w)?, hp, &w_dims, &[0, 2, 3, 1])?;
+        permute.enqueue(cx.gpu, cx.sc)?;
+        cx.sc.synchronize()?;
+        let format = dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC;
+        (FilterDesc::new(w_dims, format)?, hp, Some(held))
+    } else {
+        let format = dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        (FilterDesc::new(w_dims, format)?, cx.ptr(s.w)?, None)
+    };
     // What the tuning table keys by (the device is the cache entry's fingerprint). Engines
     // are candidates of their own key, so measurements made without them are not reused;
     // ".2": the first version's measurements (on an H100 it found no engine) hold none.
@@ -846,13 +896,13 @@ fn prepare(
         ConvGemm::Always => true,
     };
     let dense = x_runs.is_none() && y_runs.is_none();
-    let gemm = match gemm_wanted && s.groups == 1 && s.is_pointwise() && dense {
+    let gemm = match gemm_wanted && s.groups == 1 && s.is_pointwise() && dense && !s.nhwc {
         true => Some(super::gemm::CudaGemm::new(&s.as_gemm(), cx)?),
         false => None,
     };
     let gemm_always = gemm.is_some() && cx.opts.conv_gemm == ConvGemm::Always;
     let tuning_key = format!(
-        "{}x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|nchw{}{}|{}{}{}",
+        "{}x={:?}|oc={oc}|k={:?}|s={:?}|p={:?}|d={:?}|g={}|{}{}{}|{}{}{}",
         crate::tuning::CONV_KEY,
         s.input,
         s.kernel,
@@ -860,6 +910,7 @@ fn prepare(
         s.padding,
         s.dilation,
         s.groups,
+        if s.nhwc { "nhwc" } else { "nchw" },
         match x_runs {
             Some(_) => format!("|ximage={x_image}"),
             None => String::new(),
@@ -893,8 +944,14 @@ fn prepare(
         w: wp,
         y: yp,
         bias: bias_ptr,
-        x_desc: tensor4_images(s.input, x_image)?,
-        y_desc: tensor4_images(y_dims, y_image)?,
+        x_desc: match s.nhwc {
+            true => tensor4_nhwc(s.input)?,
+            false => tensor4_images(s.input, x_image)?,
+        },
+        y_desc: match s.nhwc {
+            true => tensor4_nhwc(y_dims)?,
+            false => tensor4_images(y_dims, y_image)?,
+        },
         bias_desc: tensor4([1, oc, 1, 1])?,
         w_desc,
         conv,
@@ -905,6 +962,7 @@ fn prepare(
             y: y_dims,
             x_image,
             y_image,
+            nhwc: s.nhwc,
             padding: s.padding,
             stride: s.stride,
             dilation: s.dilation,
@@ -925,6 +983,7 @@ fn prepare(
         fused: false,
         epilogue: None,
         _zero_bias: zero_bias,
+        _held_w: held_w,
         pre_copy: None,
         pre_pad: None,
         post_copy: None,
@@ -948,7 +1007,8 @@ fn prepare(
     cx.sc.ensure_workspace(choice.workspace)?;
     cx.tuning.chose(&tuning_key, choice.family());
     if s.bias.is_some() || s.act != Activation::None || s.residual.is_some() {
-        let inner = s.out_hw[0] * s.out_hw[1];
+        // Channels last, a pixel's channels are consecutive.
+        let inner = if s.nhwc { 1 } else { s.out_hw[0] * s.out_hw[1] };
         let step = super::act::BiasAct {
             y: s.y,
             bias: s.bias,
@@ -1531,6 +1591,7 @@ mod tests {
             act: Activation::Relu,
             pre_act: Activation::None,
             residual: None,
+            nhwc: false,
         }
     }
 

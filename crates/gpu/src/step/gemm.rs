@@ -90,7 +90,7 @@ pub(crate) fn lower_linear(
 ) -> Result<(), GpuError> {
     let (residual, act) = match residual {
         Some((z, act)) => {
-            let z = b.source(z, at.node, at.gpu)?;
+            let z = b.source(steps, at, z)?;
             (Some(b.readable(steps, at, z)), act)
         }
         None => (None, act),

@@ -50,6 +50,18 @@ pub(crate) fn lower(
     Ok(())
 }
 
+impl Transpose {
+    /// `y = permute(x)` of `x` in `in_shape`.
+    pub fn of(x: BufId, y: BufId, in_shape: Vec<usize>, perm: &[usize]) -> Transpose {
+        Transpose {
+            x,
+            y,
+            in_shape,
+            perm: perm.to_vec(),
+        }
+    }
+}
+
 impl StepKernel for Transpose {
     fn kind(&self) -> &'static str {
         "transpose"
@@ -94,25 +106,35 @@ impl StepKernel for Transpose {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        let (dims, strides) = permute_params(&self.in_shape, &self.perm).ok_or_else(|| {
-            GpuError::Plan(format!(
-                "transpose of rank {} (the GPU kernel handles at most {MAX_RANK})",
-                self.in_shape.len()
-            ))
-        })?;
-        Ok(Box::new(CudaPermute {
-            y: cx.ptr(self.y)?,
-            x: cx.ptr(self.x)?,
-            total: self.in_shape.iter().product::<usize>() as i64,
-            rank: self.in_shape.len() as i32,
-            dims,
-            strides,
-        }))
+        permute(cx.ptr(self.x)?, cx.ptr(self.y)?, &self.in_shape, &self.perm)
     }
 
     fn nvrtc_kernel(&self) -> Option<&'static str> {
         Some("permute")
     }
+}
+
+/// `y = permute(x)` of device buffers (`x` in `in_shape`), as one launch.
+pub(crate) fn permute(
+    x: u64,
+    y: u64,
+    in_shape: &[usize],
+    perm: &[usize],
+) -> Result<Box<dyn Enqueue>, GpuError> {
+    let (dims, strides) = permute_params(in_shape, perm).ok_or_else(|| {
+        GpuError::Plan(format!(
+            "transpose of rank {} (the GPU kernel handles at most {MAX_RANK})",
+            in_shape.len()
+        ))
+    })?;
+    Ok(Box::new(CudaPermute {
+        y,
+        x,
+        total: in_shape.iter().product::<usize>() as i64,
+        rank: in_shape.len() as i32,
+        dims,
+        strides,
+    }))
 }
 
 struct CudaPermute {
