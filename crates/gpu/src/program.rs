@@ -251,8 +251,10 @@ pub enum Layout {
 
 /// Which operators' values a program with [`Layout::Nhwc`] stores channels last: a
 /// convolution that cuDNN runs (one group, symmetric padding, not depthwise, one whole value
-/// as its input), and an element-wise operator (no broadcasting) or activation of 4-D values
-/// that reads at least one channels-last value, only whole values; never a graph output.
+/// as its input); and, where it reads at least one channels-last value and only whole values,
+/// an element-wise operator (no broadcasting) or activation of 4-D values, a pooling, a
+/// concatenation of several terms along channels (which copies: no slice is written in
+/// place), and IOS's identity of one term that sums values; never a graph output.
 pub fn channels_last(g: &Graph) -> Vec<bool> {
     let mut nhwc = vec![false; g.len()];
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|o| o.value.node).collect();
@@ -269,16 +271,23 @@ pub fn channels_last(g: &Graph) -> Vec<bool> {
                 .iter()
                 .all(|s| s.as_slice() == node.shape.as_slice())
         };
+        let terms = node.inputs.len();
+        // IOS's identity of one term that sums whole values: one add.
+        let one_sum = matches!(node.inputs.as_slice(), [t] if t.len() > 1
+            && t.iter().all(|v| v.channels.is_none()));
         let kind = match &node.op {
             Op::Conv2d(c) => {
-                let single = node.inputs.len() == 1;
                 let (before, after) = c.pads();
-                single && c.groups == 1 && before == after
+                whole && terms == 1 && c.groups == 1 && before == after
             }
-            Op::Elementwise { .. } | Op::Activation { .. } => reads_nhwc && same_shape(),
+            Op::Elementwise { .. } | Op::Activation { .. } => whole && reads_nhwc && same_shape(),
+            Op::Pool2d(_) => whole && reads_nhwc && terms == 1,
+            // A concatenation along channels copies channels-last values as they are.
+            Op::Concat { axis: 1 } => whole && reads_nhwc && terms > 1,
+            Op::Identity => reads_nhwc && ((whole && terms > 1) || (one_sum && same_shape())),
             _ => false,
         };
-        nhwc[id.index()] = four && whole && kind && !outputs.contains(&id);
+        nhwc[id.index()] = four && kind && !outputs.contains(&id);
     }
     nhwc
 }
@@ -541,6 +550,11 @@ impl<'g> Builder<'g> {
     }
 
     /// The buffer holding `producer`'s whole output as seen by `consumer` on `gpu`.
+    /// Whether `n`'s value is 4-D of one pixel per channel, which both layouts store alike.
+    fn one_pixel(&self, n: NodeId) -> bool {
+        matches!(self.g.node(n).shape.as_slice(), [_, _, h, w] if h * w == 1)
+    }
+
     /// Whether node `n`'s value is stored channels last ([`Layout::Nhwc`]).
     pub(crate) fn channels_last_at(&self, n: NodeId) -> bool {
         self.nhwc.get(n.index()).copied().unwrap_or(false)
@@ -701,16 +715,21 @@ impl<'g> Builder<'g> {
             Some((b, e)) => (b, e - b),
             None => (0, shape[1]),
         };
+        // Channels last, a pixel's channels are one run: a copy per pixel.
+        let (outer, inner) = match self.channels_last_at(at.node) {
+            true => (numel(&shape) / shape[1].max(1), 1),
+            false => (shape[0], numel(&shape[2..])),
+        };
         let mut c = Copy {
             src,
             dst,
-            outer: shape[0],
+            outer,
             src_axis: full[1],
             src_off,
             dst_axis,
             dst_off,
             len,
-            inner: numel(&shape[2..]),
+            inner,
             accumulate,
         };
         // A copy reads a strided view's runs in place where they are its rows (a merged
@@ -1317,7 +1336,8 @@ impl Builder<'_> {
     }
 
     /// Make `p`'s output buffer a view of `into`'s output from element `at` on, where both run
-    /// on one GPU, store their values in one layout ([`Layout`]), no transfer sends `p`'s
+    /// on one GPU, store their values alike ([`Layout`]: one layout, or one pixel), no
+    /// transfer sends `p`'s
     /// output (a transfer reads a buffer of its own) and `into`'s output is not strided
     /// (nothing is a view of a strided view). Returns whether it did.
     fn view_into(
@@ -1330,7 +1350,7 @@ impl Builder<'_> {
         match (self.outputs[p.index()], self.outputs[into.index()]) {
             (Some(pb), Some(out))
                 if !sent(transfers, p)
-                    && self.nhwc[p.index()] == self.nhwc[into.index()]
+                    && (self.nhwc[p.index()] == self.nhwc[into.index()] || self.one_pixel(p))
                     && self.buffers[out].runs.is_none()
                     && self.gpu_of(p).is_some()
                     && self.gpu_of(p) == self.gpu_of(into) =>
@@ -1356,6 +1376,8 @@ impl Builder<'_> {
             let Some(pb) = self.outputs[i].filter(|&b| self.buffers[b].within.is_none()) else {
                 continue;
             };
+            // (A channels-last concatenation's slices are no runs of images: it copies.)
+            let slot = slot.filter(|s| !self.channels_last_at(s.into));
             if let Some(s) = slot {
                 if self.view_into(p, s.into, s.at, transfers) && s.rows > 1 {
                     self.buffers[pb].runs = Some(Runs {

@@ -189,6 +189,49 @@ extern "C" __global__ void pool2d_runs(float* y, const float* x, i64 nc, int h, 
     }
 }
 
+// pool2d over channels-last values: x is [n, h, w, c], y [n, oh, ow, c] (dense); the same
+// windows as pool2d.
+template <typename I>
+__device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int c, int h,
+                                              int w, int oh, int ow, int kh, int kw, int sh,
+                                              int sw, int ph, int pw, int eh, int ew,
+                                              int count_pad, int is_max) {
+    I total = n * oh * ow * c;
+    GRID_STRIDE_T(I, t, total) {
+        int ch = (int)(t % c);
+        I pix = t / c;
+        int j = (int)(pix % ow);
+        int i = (int)((pix / ow) % oh);
+        I b = pix / ((I)oh * ow);
+        int hs = i * sh - ph, ws = j * sw - pw;
+        int he = min(hs + kh, h + eh), we = min(ws + kw, w + ew);
+        int padded = (he - hs) * (we - ws);
+        hs = max(hs, 0); ws = max(ws, 0); he = min(he, h); we = min(we, w);
+        int size = count_pad ? padded : max(he - hs, 0) * max(we - ws, 0);
+        if (size < 1) size = 1;
+        const float* xp = x + b * h * w * c + ch;
+        float m = -__int_as_float(0x7f800000), s = 0.0f;
+        for (int p = hs; p < he; ++p)
+            for (int q = ws; q < we; ++q) {
+                float v = xp[((I)p * w + q) * c];
+                m = fmaxf(m, v);
+                s += v;
+            }
+        y[t] = is_max ? m : s / (float)size;
+    }
+}
+
+extern "C" __global__ void pool2d_nhwc(float* y, const float* x, i64 n, int c, int h, int w,
+                                       int oh, int ow, int kh, int kw, int sh, int sw, int ph,
+                                       int pw, int eh, int ew, int count_pad, int is_max) {
+    if (FITS32(n * oh * ow * c) && FITS32(n * h * w * c))
+        pool2d_nhwc_t<unsigned>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
+                                count_pad, is_max);
+    else
+        pool2d_nhwc_t<i64>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
+                           count_pad, is_max);
+}
+
 // The activation (act_f's code and parameters) is fused in: ResNet's add + relu is one kernel.
 template <typename I, typename At>
 __device__ __forceinline__ void elementwise_t(float* y, const float* const* srcs, int nsrc,
@@ -430,6 +473,7 @@ pub const NAMES: &[&str] = &[
     "act_kernel",
     "pool2d",
     "pool2d_runs",
+    "pool2d_nhwc",
     "elementwise",
     "elementwise_runs",
     "layer_norm",

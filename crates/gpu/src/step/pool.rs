@@ -34,6 +34,8 @@ pub struct Pool {
     pub padding_end: [usize; 2],
     /// An average divides by the padded window (else by the input elements in it).
     pub count_include_pad: bool,
+    /// `x` and `y` are stored channels last ([`crate::program::Layout::Nhwc`]).
+    pub nhwc: bool,
 }
 
 /// Lower a `pool2d` operator (a global pool is a window over the whole input).
@@ -62,6 +64,7 @@ pub(crate) fn lower(
             padding: if global { [0, 0] } else { p.pads().0 },
             padding_end: if global { [0, 0] } else { p.pads().1 },
             count_include_pad: global || p.count_include_pad,
+            nhwc: b.channels_last_at(at.node),
         }
         .into(),
     );
@@ -128,16 +131,31 @@ impl StepKernel for Pool {
         }
         let x = io.read(self.x)?;
         let y = &mut io.write(self.y)?[..n * c * outp];
-        y.par_chunks_mut(outp)
-            .enumerate()
-            .for_each(|(bc, plane)| self.plane(&x[bc * inp..(bc + 1) * inp], plane));
+        let planes = |x: &[f32], y: &mut [f32]| {
+            y.par_chunks_mut(outp)
+                .enumerate()
+                .for_each(|(bc, plane)| self.plane(&x[bc * inp..(bc + 1) * inp], plane))
+        };
+        if self.nhwc {
+            // Channels last: the same planes between two transposes.
+            let xc = crate::program::nhwc_to_nchw(x, self.input);
+            let mut yc = vec![0.0; n * c * outp];
+            planes(&xc, &mut yc);
+            crate::program::nchw_to_nhwc(&yc, [n, c, self.out_hw[0], self.out_hw[1]], y);
+        } else {
+            planes(x, y);
+        }
         Ok(())
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
         let [n, c, h, w] = self.input;
         let (y, runs) = cx.strided(self.y)?;
+        if self.nhwc && runs.is_some() {
+            return Err(cx.no_kernel("a channels-last pooling into a strided view"));
+        }
         Ok(Box::new(CudaPool {
+            nhwc: self.nhwc.then_some((n as i64, c_int(c, "channels")?)),
             y,
             runs: runs_args(runs)?,
             x: cx.ptr(self.x)?,
@@ -163,13 +181,15 @@ impl StepKernel for Pool {
     }
 
     fn nvrtc_kernel(&self) -> Option<&'static str> {
-        Some("pool2d")
+        Some(if self.nhwc { "pool2d_nhwc" } else { "pool2d" })
     }
 }
 
 /// `pool2d`, or `pool2d_runs` where `y` is a strided view (a pooling branch's slice of a
 /// concatenation at batch > 1).
 struct CudaPool {
+    /// Channels last: `pool2d_nhwc` with the batch and the channels.
+    nhwc: Option<(i64, i32)>,
     y: u64,
     /// `y`'s runs and their stride, for a strided `y`.
     runs: Option<(i64, i64)>,
@@ -182,12 +202,17 @@ struct CudaPool {
 
 impl Enqueue for CudaPool {
     fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
-        let name = match self.runs {
-            Some(_) => "pool2d_runs",
-            None => "pool2d",
+        let name = match (self.nhwc, self.runs) {
+            (Some(_), _) => "pool2d_nhwc",
+            (None, Some(_)) => "pool2d_runs",
+            (None, None) => "pool2d",
         };
         let mut b = sc.launch_builder(gpu.function(name)?);
-        b.arg(&self.y).arg(&self.x).arg(&self.nc);
+        b.arg(&self.y).arg(&self.x);
+        match &self.nhwc {
+            Some((n, c)) => b.arg(n).arg(c),
+            None => b.arg(&self.nc),
+        };
         for v in &self.p {
             b.arg(v);
         }
@@ -196,7 +221,8 @@ impl Enqueue for CudaPool {
             b.arg(run).arg(stride);
         }
         // SAFETY: matches `pool2d` (13 ints after nc, then is_max; `pool2d_runs`: then the run
-        // and stride); buffer sizes checked at preparation, a strided y's runs by the layout.
+        // and stride; `pool2d_nhwc`: n and c instead of nc); buffer sizes checked at
+        // preparation, a strided y's runs by the layout.
         launched(unsafe { b.launch(grid(self.total)) }, name)
     }
 }
