@@ -105,17 +105,20 @@ for m in squeezenet googlenet inception_v3; do
 done
 
 # Channels-last activations (--layout nhwc, new in the fourth session of 2026-11-26) against
-# NCHW on ResNet-50, the model they are for: three processes at batch 1, one at batch 16 (the
-# NCHW lines are the ones above).
+# NCHW (the lines above): ResNet-50 in three processes at batch 1; ResNet-50, Inception-v3 and
+# GoogLeNet at batch 16, one process each.
 for i in 1 2 3; do
     step "nhwc resnet50 $i"
     result "nhwc sequential resnet50 process $i: $(timeout 90 opsched run resnet50 --backend cuda \
         --algo sequential --layout nhwc --graph-capture --repeats 100 --json 2>>"$L" | lat)"
 done
-step "b16 nhwc resnet50"
-result "b16 nhwc sequential resnet50: $(timeout 90 opsched run resnet50 --batch 16 \
-    --backend cuda --algo sequential --layout nhwc --graph-capture --repeats 50 --json \
-    2>>"$L" | lat)"
+for m in resnet50 inception_v3 googlenet; do
+    for a in sequential lios; do
+        step "b16 nhwc $a $m"
+        result "b16 nhwc $a $m: $(timeout 90 opsched run $m --batch 16 --backend cuda \
+            --algo $a --layout nhwc --graph-capture --repeats 50 --json 2>>"$L" | lat)"
+    done
+done
 
 # The matrix products' measured choice against the unmeasured one (cuBLAS's own choice,
 # cuBLASLt's first configuration with an epilogue), one process each, side by side.

@@ -1376,7 +1376,19 @@ impl Builder<'_> {
             let Some(pb) = self.outputs[i].filter(|&b| self.buffers[b].within.is_none()) else {
                 continue;
             };
-            // (A channels-last concatenation's slices are no runs of images: it copies.)
+            // A channels-last concatenation's slice is a run per pixel, at any batch.
+            let nhwc_slot = opsched_graph::inplace::channels_last_slice(self.g, p)
+                .filter(|&(c, _)| self.channels_last_at(c));
+            if let Some((c, first)) = nhwc_slot {
+                let (cp, ct) = (self.g.node(p).shape[1], self.g.node(c).shape[1]);
+                if self.channels_last_at(p) && cp < ct && self.view_into(p, c, first, transfers) {
+                    self.buffers[pb].runs = Some(Runs {
+                        run: cp,
+                        stride: ct,
+                    });
+                }
+                continue;
+            }
             let slot = slot.filter(|s| !self.channels_last_at(s.into));
             if let Some(s) = slot {
                 if self.view_into(p, s.into, s.at, transfers) && s.rows > 1 {

@@ -111,6 +111,29 @@ fn place_in(g: &Graph, c: NodeId, p: NodeId) -> Option<(Slice, usize)> {
     aligned.then_some((slice, terms_of_p))
 }
 
+/// Where `p` writes its output in place in a concatenation along channels whose values are
+/// stored channels last (`[n, h, w, c]`, a GPU program's choice, not the IR's): the
+/// concatenation and `p`'s first channel there. Each pixel's channels of `p` are then one run,
+/// the concatenation's channels apart, at any batch: so `p` must be one that writes a strided
+/// slice (the module's rules for one), and the offset and the concatenation's channels
+/// multiples of [`VIEW_ALIGN`].
+pub fn channels_last_slice(g: &Graph, p: NodeId) -> Option<(NodeId, usize)> {
+    g.succs(p)
+        .filter_map(|c| {
+            if !matches!(g.node(c).op, Op::Concat { axis: 1 } | Op::Identity) {
+                return None;
+            }
+            let &[_, channels, h, w] = g.node(c).shape.as_slice() else {
+                return None;
+            };
+            let (slice, terms_of_p) = place_in(g, c, p)?;
+            let first = slice.at / (h * w).max(1);
+            let aligned = first.is_multiple_of(VIEW_ALIGN) && channels.is_multiple_of(VIEW_ALIGN);
+            (aligned && terms_of_p == 1 && writes_strided(g, p, c)).then_some((c, first))
+        })
+        .min_by_key(|&(c, _)| c)
+}
+
 /// Where a merged convolution's member `p` lies in a concatenation when the merged
 /// convolution writes it: [`slice_of`]'s slice without the rules on who may write a strided
 /// one (the merged convolution takes the stride; `p`'s other readers read the strided view).

@@ -447,7 +447,9 @@ fn outputs_in(
 /// (the CPU computes a channels-last convolution between two transposes), under several
 /// schedules; the check against the reference passes. ResNet-50, SqueezeNet and GoogLeNet
 /// cross layouts once, their input into the first convolution (pools, concatenations and
-/// sums follow the layout; their global pools' values are one pixel, alike in both);
+/// sums follow the layout; their global pools' values are one pixel, alike in both), and run
+/// the NCHW run's kernels and that one transpose: their branches write their slices of the
+/// concatenations in place, one run of channels per pixel;
 /// RandWire twice (its input, and its stem's value into the NCHW separable convolutions of
 /// its cells, which run our depthwise kernel).
 #[test]
@@ -479,9 +481,17 @@ fn channels_last_runs_equal_the_nchw_run() {
                 layout: Layout::Nhwc,
                 ..checked(algo == "lios", 0, 1)
             };
-            let r =
-                run_schedule(&CpuDevice::new(), &g, &schedule(&g, algo, 1, &cost), &opts).unwrap();
+            let s = schedule(&g, algo, 1, &cost);
+            let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
             assert_eq!(r.layout, Layout::Nhwc);
+            let nchw = RunOptions {
+                layout: Layout::Nchw,
+                ..opts.clone()
+            };
+            let base = run_schedule(&CpuDevice::new(), &g, &s, &nchw).unwrap();
+            if model != "randwire" {
+                assert_eq!(r.kernels, base.kernels + conversions, "{model}/{algo}");
+            }
             let c = r.check.unwrap();
             assert!(c.passed, "{model}/{algo}: {c:?}");
             assert!(

@@ -414,11 +414,12 @@ fn random_graphs_share_storage_only_between_ordered_uses() {
 }
 
 /// Random graphs with channels-last activations, buffers shared under the schedule's order
-/// (the race detector watches them): every graph output equals the NCHW run's, bit for bit.
+/// (the race detector watches them), concatenation slices written in place a run of channels
+/// per pixel: every graph output equals the NCHW run's, bit for bit.
 #[test]
 fn random_graphs_in_channels_last_equal_the_nchw_run() {
     use opsched_gpu::program::Layout;
-    let mut crossings = 0;
+    let (mut crossings, mut pixel_slices) = (0, 0);
     for seed in 0..6 {
         let g = random_graph(seed, 24, 1 + seed as usize % 2);
         let (want, _) = run(&g, &Schedule::sequential(&g), false);
@@ -435,6 +436,7 @@ fn random_graphs_in_channels_last_equal_the_nchw_run() {
             let p = session.program();
             check_layout(p).unwrap();
             crossings += p.layout_conversions;
+            pixel_slices += p.buffers.iter().filter(|b| b.runs.is_some()).count();
             let got = session.outputs().unwrap();
             for o in g.outputs() {
                 let n = o.value.node.index();
@@ -443,4 +445,8 @@ fn random_graphs_in_channels_last_equal_the_nchw_run() {
         }
     }
     assert!(crossings > 0, "no value crossed between the layouts");
+    assert!(
+        pixel_slices > 0,
+        "no convolution wrote its slice of a concatenation in place"
+    );
 }

@@ -186,16 +186,20 @@ impl Desc {
 }
 
 /// An f32 tensor `[n, c, h, w]` of the graph (a filter: `[k, c, r, s]`), its images `image`
-/// elements apart: in NCHW (KCRS) order, or channels last (`[n, h, w, c]`, KRSC).
+/// elements apart: in NCHW (KCRS) order, or channels last (`[n, h, w, c]`, KRSC; its pixels
+/// `image / (h * w)` apart).
 fn tensor(id: i64, dims: [usize; 4], image: usize, channels_last: bool) -> Result<Desc, GpuError> {
     let d = dims
         .iter()
         .map(|&v| as_i64(v, "a tensor dimension"))
         .collect::<Result<Vec<_>, _>>()?;
     let image = as_i64(image, "an image stride")?;
+    // Channels last, pixels are the image stride over the pixels apart (the channels where
+    // dense).
+    let pixel = image / (d[2] * d[3]).max(1);
     let strides = match channels_last {
         false => [image, d[2] * d[3], d[3], 1],
-        true => [image, 1, d[3] * d[1], d[1]],
+        true => [image, 1, d[3] * pixel, pixel],
     };
     let t = Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
     t.set(

@@ -189,13 +189,14 @@ extern "C" __global__ void pool2d_runs(float* y, const float* x, i64 nc, int h, 
     }
 }
 
-// pool2d over channels-last values: x is [n, h, w, c], y [n, oh, ow, c] (dense); the same
-// windows as pool2d.
+// pool2d over channels-last values: x is [n, h, w, c], y [n, oh, ow, c] with its pixels ypix
+// elements apart (c where dense; a slice of a channels-last concatenation of ypix channels);
+// the same windows as pool2d.
 template <typename I>
 __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int c, int h,
                                               int w, int oh, int ow, int kh, int kw, int sh,
                                               int sw, int ph, int pw, int eh, int ew,
-                                              int count_pad, int is_max) {
+                                              int count_pad, int is_max, I ypix) {
     I total = n * oh * ow * c;
     GRID_STRIDE_T(I, t, total) {
         int ch = (int)(t % c);
@@ -217,19 +218,20 @@ __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int
                 m = fmaxf(m, v);
                 s += v;
             }
-        y[t] = is_max ? m : s / (float)size;
+        y[pix * ypix + ch] = is_max ? m : s / (float)size;
     }
 }
 
 extern "C" __global__ void pool2d_nhwc(float* y, const float* x, i64 n, int c, int h, int w,
                                        int oh, int ow, int kh, int kw, int sh, int sw, int ph,
-                                       int pw, int eh, int ew, int count_pad, int is_max) {
-    if (FITS32(n * oh * ow * c) && FITS32(n * h * w * c))
+                                       int pw, int eh, int ew, int count_pad, int is_max,
+                                       i64 ypix) {
+    if (FITS32(n * oh * ow * ypix) && FITS32(n * h * w * c))
         pool2d_nhwc_t<unsigned>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                                count_pad, is_max);
+                                count_pad, is_max, (unsigned)ypix);
     else
         pool2d_nhwc_t<i64>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                           count_pad, is_max);
+                           count_pad, is_max, ypix);
 }
 
 // The activation (act_f's code and parameters) is fused in: ResNet's add + relu is one kernel.

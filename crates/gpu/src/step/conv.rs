@@ -41,7 +41,8 @@ use crate::cpu::math::{
 };
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{
-    tensor4, tensor4_images, tensor4_nhwc, ActDesc, ConvDesc, FilterDesc, TensorDesc,
+    tensor4, tensor4_images, tensor4_nhwc, tensor4_nhwc_pixels, ActDesc, ConvDesc, FilterDesc,
+    TensorDesc,
 };
 use crate::cuda::engine::{ConvGraph, ConvShape, EngineRef, Plan as EnginePlan};
 use crate::cuda::nvrtc::act_params;
@@ -868,12 +869,25 @@ fn prepare(
     let w_dims = [oc, c / s.groups, s.kernel[0], s.kernel[1]];
     let conv = ConvDesc::new(s.padding, s.stride, s.dilation, s.groups)?;
     let (yp, y_runs) = y;
-    let y_image = image_stride(y_runs, oc * s.out_hw[0] * s.out_hw[1], "output")?;
+    let pixels = s.out_hw[0] * s.out_hw[1];
+    // Channels last, a strided output (the convolution's slice of a concatenation) has its
+    // pixels `y_pixel` elements apart, each pixel's channels dense.
+    let (y_image, y_pixel) = match (s.nhwc, y_runs) {
+        (false, _) => (image_stride(y_runs, oc * pixels, "output")?, oc),
+        (true, None) => (oc * pixels, oc),
+        (true, Some(r)) if r.run == oc => (r.stride * pixels, r.stride),
+        (true, Some(r)) => {
+            return Err(GpuError::Plan(format!(
+                "a channels-last convolution's output in runs of {}, not its {oc} channels",
+                r.run
+            )))
+        }
+    };
     // Channels last: the filter goes KRSC too, permuted once into a buffer of the prepared
     // operator's own (the program keeps the weights as the IR has them, [oc, c, kh, kw]).
     let (w_desc, wp, held_w) = if s.nhwc {
-        if x_runs.is_some() || y_runs.is_some() {
-            return Err(cx.no_kernel("a channels-last convolution with a strided view"));
+        if x_runs.is_some() {
+            return Err(cx.no_kernel("a channels-last convolution reading a strided view"));
         }
         let held = cx.gpu.zeros(w_dims.iter().product())?;
         let (hp, _) = held.device_ptr(&cx.gpu.alloc_stream);
@@ -915,9 +929,10 @@ fn prepare(
             Some(_) => format!("|ximage={x_image}"),
             None => String::new(),
         },
-        match y_runs {
-            Some(_) => format!("|yimage={y_image}"),
-            None => String::new(),
+        match (y_runs, s.nhwc) {
+            (Some(_), false) => format!("|yimage={y_image}"),
+            (Some(_), true) => format!("|ypixel={y_pixel}"),
+            (None, _) => String::new(),
         },
         if cx.opts.tf32 { "tf32" } else { "fp32" },
         if api == ConvApi::Legacy {
@@ -949,7 +964,7 @@ fn prepare(
             false => tensor4_images(s.input, x_image)?,
         },
         y_desc: match s.nhwc {
-            true => tensor4_nhwc(y_dims)?,
+            true => tensor4_nhwc_pixels(y_dims, y_pixel)?,
             false => tensor4_images(y_dims, y_image)?,
         },
         bias_desc: tensor4([1, oc, 1, 1])?,

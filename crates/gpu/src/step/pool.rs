@@ -151,11 +151,20 @@ impl StepKernel for Pool {
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
         let [n, c, h, w] = self.input;
         let (y, runs) = cx.strided(self.y)?;
-        if self.nhwc && runs.is_some() {
-            return Err(cx.no_kernel("a channels-last pooling into a strided view"));
-        }
+        // Channels last, a strided output (a slice of a concatenation) has its pixels the
+        // run stride apart, each pixel's channels one run.
+        let ypix = match runs {
+            None => c,
+            Some(r) if self.nhwc && r.run == c => r.stride,
+            Some(_) if self.nhwc => {
+                return Err(cx.no_kernel("a channels-last pooling into runs other than pixels"))
+            }
+            Some(_) => 0,
+        };
         Ok(Box::new(CudaPool {
-            nhwc: self.nhwc.then_some((n as i64, c_int(c, "channels")?)),
+            nhwc: self
+                .nhwc
+                .then_some((n as i64, c_int(c, "channels")?, ypix as i64)),
             y,
             runs: runs_args(runs)?,
             x: cx.ptr(self.x)?,
@@ -188,8 +197,8 @@ impl StepKernel for Pool {
 /// `pool2d`, or `pool2d_runs` where `y` is a strided view (a pooling branch's slice of a
 /// concatenation at batch > 1).
 struct CudaPool {
-    /// Channels last: `pool2d_nhwc` with the batch and the channels.
-    nhwc: Option<(i64, i32)>,
+    /// Channels last: `pool2d_nhwc` with the batch, the channels and `y`'s pixel stride.
+    nhwc: Option<(i64, i32, i64)>,
     y: u64,
     /// `y`'s runs and their stride, for a strided `y`.
     runs: Option<(i64, i64)>,
@@ -210,19 +219,25 @@ impl Enqueue for CudaPool {
         let mut b = sc.launch_builder(gpu.function(name)?);
         b.arg(&self.y).arg(&self.x);
         match &self.nhwc {
-            Some((n, c)) => b.arg(n).arg(c),
+            Some((n, c, _)) => b.arg(n).arg(c),
             None => b.arg(&self.nc),
         };
         for v in &self.p {
             b.arg(v);
         }
         b.arg(&self.is_max);
-        if let Some((run, stride)) = &self.runs {
-            b.arg(run).arg(stride);
+        match (&self.nhwc, &self.runs) {
+            (Some((_, _, ypix)), _) => {
+                b.arg(ypix);
+            }
+            (None, Some((run, stride))) => {
+                b.arg(run).arg(stride);
+            }
+            (None, None) => {}
         }
         // SAFETY: matches `pool2d` (13 ints after nc, then is_max; `pool2d_runs`: then the run
-        // and stride; `pool2d_nhwc`: n and c instead of nc); buffer sizes checked at
-        // preparation, a strided y's runs by the layout.
+        // and stride; `pool2d_nhwc`: n and c instead of nc, then y's pixel stride); buffer
+        // sizes checked at preparation, a strided y's runs by the layout.
         launched(unsafe { b.launch(grid(self.total)) }, name)
     }
 }
