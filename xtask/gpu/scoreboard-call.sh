@@ -10,14 +10,15 @@ set -u
 models=${1:?models, comma-separated} batches=${2:?batches, comma-separated} limit=${3:-330}
 source xtask/gpu/env.sh
 export OPSCHED_CACHE=$PWD/gpu-carry/cost-cache.bin
-# How the products choose their kernel (bench-gpu --gemm): the committed table's measured
-# nothing, so only `heuristic` merges into it; GEMM=measured starts a table of its own.
-gemm=${GEMM:-heuristic} merge=
-if [ "$gemm" = heuristic ]; then
+# How the products choose their kernel (bench-gpu --gemm) and how activations are stored
+# (--layout): the committed table's measured nothing and stored NCHW, so only `heuristic` with
+# `nchw` merges into it; GEMM=measured or LAYOUT=nhwc starts a table of its own.
+gemm=${GEMM:-heuristic} layout=${LAYOUT:-nchw} merge=
+if [ "$gemm" = heuristic ] && [ "$layout" = nchw ]; then
     cp fixtures/gpu/nvidia-h100-80gb-hbm3.* "$OUT/" && chmod u+w "$OUT"/*
     merge=--merge
 fi
 start=$(date +%s)
-timeout "$limit" xtask bench-gpu --models "$models" --batches "$batches" --gemm "$gemm" $merge \
-    --out "$OUT" 2>&1 | tail -n 40
+timeout "$limit" xtask bench-gpu --models "$models" --batches "$batches" --gemm "$gemm" \
+    --layout "$layout" $merge --out "$OUT" 2>&1 | tail -n 40
 echo "bench-gpu: $(($(date +%s) - start)) s"

@@ -219,6 +219,16 @@ fn convolution_method(h: &Header) -> String {
     }
 }
 
+/// How our activations were stored, in words.
+fn layout_method(h: &Header) -> &'static str {
+    match h.layout.as_str() {
+        "nhwc" => {
+            "; our activations were stored channels last (NHWC) where cuDNN's convolutions run"
+        }
+        _ => "",
+    }
+}
+
 /// How our matrix products chose their kernels, in words.
 fn product_method(h: &Header) -> &'static str {
     match h.gemm.as_str() {
@@ -241,6 +251,11 @@ fn off() -> String {
 /// `gemm` of a table written before the option existed: nothing was measured.
 fn heuristic() -> String {
     "heuristic".into()
+}
+
+/// `layout` of a table written before the option existed.
+fn nchw() -> String {
+    "nchw".into()
 }
 
 /// What every row of one file shares: the machine, the software and the method.
@@ -281,6 +296,9 @@ pub struct Header {
     /// option have none: heuristic).
     #[serde(default = "heuristic")]
     pub gemm: String,
+    /// How our activations were stored: `nchw` or `nhwc` (tables before the option: nchw).
+    #[serde(default = "nchw")]
+    pub layout: String,
     pub opsched_version: String,
     /// Runs whose rows `--merge` kept, oldest first.
     pub earlier: Vec<EarlierRun>,
@@ -332,6 +350,7 @@ impl Scoreboard {
             ("conv_api", a.conv_api == b.conv_api),
             ("conv_gemm", a.conv_gemm == b.conv_gemm),
             ("gemm", a.gemm == b.gemm),
+            ("layout", a.layout == b.layout),
             (
                 "torch",
                 a.torch.is_none() || b.torch.is_none() || a.torch == b.torch,
@@ -419,7 +438,7 @@ impl Scoreboard {
              (a tie goes to the earlier in that list); each was searched once ({s}) and every \
              process ran the same schedule file. Eager latency is not used: it measures the \
              host's launches, not the schedule. f32 inputs, TF32 math on both sides, random \
-             weights, one GPU; {k}; {g}.\n",
+             weights, one GPU; {k}; {g}{l}.\n",
             p = h.processes,
             r = h.repeats,
             w = h.warmup,
@@ -427,6 +446,7 @@ impl Scoreboard {
             s = h.search,
             k = convolution_method(h),
             g = product_method(h),
+            l = layout_method(h),
         );
         md.push_str(
             "| model | batch | ours sequential + graph | ours best + graph | best | spread | \
@@ -596,6 +616,7 @@ mod tests {
             conv_api: "both".into(),
             conv_gemm: "off".into(),
             gemm: "measured".into(),
+            layout: "nchw".into(),
             opsched_version: "0.1.0".into(),
             earlier: Vec::new(),
         }
@@ -934,10 +955,9 @@ mod tests {
         // And matrix products that measured nothing: what a table before the option holds.
         let text = older.to_json().expect("written");
         let mut json: serde_json::Value = serde_json::from_str(&text).expect("json");
-        json["header"]
-            .as_object_mut()
-            .expect("a header")
-            .remove("gemm");
+        let header = json["header"].as_object_mut().expect("a header");
+        header.remove("gemm");
+        header.remove("layout");
         let before = Scoreboard::from_json(&json.to_string(), "f.json").expect("read back");
         assert_eq!(before.header.gemm, "heuristic");
         assert!(before
@@ -946,7 +966,17 @@ mod tests {
         assert!(now
             .markdown()
             .contains("as measured, of cuBLAS's own choice"));
-        let err = now.merge(before, "f.json").expect_err("gemm differs");
+        assert_eq!(before.header.layout, "nchw");
+        let err = now
+            .clone()
+            .merge(before, "f.json")
+            .expect_err("gemm differs");
         assert!(err.to_string().contains("header.gemm"), "{err}");
+        // And channels-last activations.
+        let mut nhwc = now.clone();
+        nhwc.header.layout = "nhwc".into();
+        assert!(nhwc.markdown().contains("stored channels last (NHWC)"));
+        let err = nhwc.merge(now, "f.json").expect_err("layout differs");
+        assert!(err.to_string().contains("header.layout"), "{err}");
     }
 }

@@ -109,6 +109,9 @@ pub struct Args {
     /// How matrix products choose their kernel (`opsched run --gemm`).
     #[arg(long, value_enum, default_value_t = GemmArg::Measured)]
     gemm: GemmArg,
+    /// How our activations are stored (`opsched run --layout`).
+    #[arg(long, value_enum, default_value_t = LayoutArg::Nchw)]
+    layout: LayoutArg,
     /// Skip the PyTorch columns.
     #[arg(long = "no-torch", action = clap::ArgAction::SetFalse)]
     torch: bool,
@@ -187,6 +190,21 @@ impl GemmArg {
         match self {
             GemmArg::Measured => "measured",
             GemmArg::Heuristic => "heuristic",
+        }
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LayoutArg {
+    Nchw,
+    Nhwc,
+}
+
+impl LayoutArg {
+    fn name(self) -> &'static str {
+        match self {
+            LayoutArg::Nchw => "nchw",
+            LayoutArg::Nhwc => "nhwc",
         }
     }
 }
@@ -494,6 +512,7 @@ fn run_process(
         .args(["--conv-api", args.conv_api.name()])
         .args(["--conv-gemm", args.conv_gemm.name()])
         .args(["--gemm", args.gemm.name()])
+        .args(["--layout", args.layout.name()])
         .args(["--streams", &STREAMS.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--repeats", &args.repeats.to_string(), "--json"])
@@ -689,6 +708,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
         conv_api: args.conv_api.name().into(),
         conv_gemm: args.conv_gemm.name().into(),
         gemm: args.gemm.name().into(),
+        layout: args.layout.name().into(),
         opsched_version: env!("CARGO_PKG_VERSION").into(),
         earlier: Vec::new(),
     };
