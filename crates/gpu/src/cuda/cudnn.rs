@@ -91,42 +91,6 @@ pub(crate) fn tensor4_nhwc(dims: [usize; 4]) -> Result<TensorDesc, GpuError> {
     tensor4_in(dims, dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC)
 }
 
-/// An f32 tensor descriptor of `[n, c, h, w]` stored channels last, its pixels `pixel`
-/// elements apart (a slice of a channels-last concatenation of `pixel` channels);
-/// [`tensor4_nhwc`] where that is dense.
-pub(crate) fn tensor4_nhwc_pixels(dims: [usize; 4], pixel: usize) -> Result<TensorDesc, GpuError> {
-    if pixel == dims[1] {
-        return tensor4_nhwc(dims);
-    }
-    let d = new_tensor()?;
-    let strides = c_ints(
-        [dims[2] * dims[3] * pixel, 1, dims[3] * pixel, pixel],
-        [
-            "image stride",
-            "channel stride",
-            "row stride",
-            "column stride",
-        ],
-    )?;
-    let dims = c_ints(dims, ["n", "c", "h", "w"])?;
-    // SAFETY: a fresh descriptor; dims and strides fit a C int.
-    unsafe {
-        dnn::set_tensor4d_descriptor_ex(
-            d.0,
-            dnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-            dims,
-            strides,
-        )
-    }
-    .map_err(|e| {
-        GpuError::cudnn(
-            format!("describing tensor {dims:?} with strides {strides:?}"),
-            e,
-        )
-    })?;
-    Ok(d)
-}
-
 /// A dense f32 tensor descriptor of `[n, c, h, w]` in `format`.
 fn tensor4_in(
     dims: [usize; 4],
@@ -154,9 +118,24 @@ pub(crate) fn tensor4_images(dims: [usize; 4], image: usize) -> Result<TensorDes
     if image == dims[1] * dims[2] * dims[3] {
         return tensor4(dims);
     }
+    tensor4_strided(dims, [image, dims[2] * dims[3], dims[3], 1])
+}
+
+/// An f32 tensor descriptor of `[n, c, h, w]` stored channels last, its pixels `pixel`
+/// elements apart (a slice of a channels-last concatenation of `pixel` channels);
+/// [`tensor4_nhwc`] where that is dense.
+pub(crate) fn tensor4_nhwc_pixels(dims: [usize; 4], pixel: usize) -> Result<TensorDesc, GpuError> {
+    if pixel == dims[1] {
+        return tensor4_nhwc(dims);
+    }
+    tensor4_strided(dims, [dims[2] * dims[3] * pixel, 1, dims[3] * pixel, pixel])
+}
+
+/// An f32 tensor descriptor of `[n, c, h, w]` with these strides.
+fn tensor4_strided(dims: [usize; 4], strides: [usize; 4]) -> Result<TensorDesc, GpuError> {
     let d = new_tensor()?;
     let strides = c_ints(
-        [image, dims[2] * dims[3], dims[3], 1],
+        strides,
         [
             "image stride",
             "channel stride",

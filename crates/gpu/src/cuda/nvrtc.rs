@@ -131,8 +131,25 @@ extern "C" __global__ void act_kernel(float* y, const float* x, i64 n, int act, 
     GRID_STRIDE(t, n) { y[t] = act_f(x[t], act, p0, p1); }
 }
 
-// ph/pw pad before, eh/ew after; the average divides by the window clipped to the padded
-// input (count_include_pad) or to the input.
+// The window of pool2d's output pixel (i, j): rows [hs, he) and columns [ws, we) of the input,
+// and what an average divides by. ph/pw pad before, eh/ew after; the average divides by the
+// window clipped to the padded input (count_include_pad) or to the input.
+struct PoolWin {
+    int hs, he, ws, we, size;
+};
+
+__device__ __forceinline__ PoolWin pool_window(int i, int j, int h, int w, int kh, int kw,
+                                               int sh, int sw, int ph, int pw, int eh, int ew,
+                                               int count_pad) {
+    int hs = i * sh - ph, ws = j * sw - pw;
+    int he = min(hs + kh, h + eh), we = min(ws + kw, w + ew);
+    int padded = (he - hs) * (we - ws);
+    hs = max(hs, 0); ws = max(ws, 0); he = min(he, h); we = min(we, w);
+    int size = count_pad ? padded : max(he - hs, 0) * max(we - ws, 0);
+    PoolWin win = {hs, he, ws, we, size < 1 ? 1 : size};
+    return win;
+}
+
 template <typename I, typename At = Dense<I> >
 __device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int h, int w, int oh,
                                          int ow, int kh, int kw, int sh, int sw, int ph, int pw,
@@ -143,12 +160,8 @@ __device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int h, 
         int j = (int)(t % ow);
         int i = (int)((t / ow) % oh);
         I bc = t / ((I)oh * ow);
-        int hs = i * sh - ph, ws = j * sw - pw;
-        int he = min(hs + kh, h + eh), we = min(ws + kw, w + ew);
-        int padded = (he - hs) * (we - ws);
-        hs = max(hs, 0); ws = max(ws, 0); he = min(he, h); we = min(we, w);
-        int size = count_pad ? padded : max(he - hs, 0) * max(we - ws, 0);
-        if (size < 1) size = 1;
+        PoolWin win = pool_window(i, j, h, w, kh, kw, sh, sw, ph, pw, eh, ew, count_pad);
+        int hs = win.hs, ws = win.ws, he = win.he, we = win.we, size = win.size;
         const float* xp = x + bc * h * w;
         float m = -__int_as_float(0x7f800000), s = 0.0f;
         for (int p = hs; p < he; ++p)
@@ -204,12 +217,8 @@ __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int
         int j = (int)(pix % ow);
         int i = (int)((pix / ow) % oh);
         I b = pix / ((I)oh * ow);
-        int hs = i * sh - ph, ws = j * sw - pw;
-        int he = min(hs + kh, h + eh), we = min(ws + kw, w + ew);
-        int padded = (he - hs) * (we - ws);
-        hs = max(hs, 0); ws = max(ws, 0); he = min(he, h); we = min(we, w);
-        int size = count_pad ? padded : max(he - hs, 0) * max(we - ws, 0);
-        if (size < 1) size = 1;
+        PoolWin win = pool_window(i, j, h, w, kh, kw, sh, sw, ph, pw, eh, ew, count_pad);
+        int hs = win.hs, ws = win.ws, he = win.he, we = win.we, size = win.size;
         const float* xp = x + b * h * w * c + ch;
         float m = -__int_as_float(0x7f800000), s = 0.0f;
         for (int p = hs; p < he; ++p)
