@@ -243,9 +243,10 @@ pub enum Layout {
     #[default]
     Nchw,
     /// Channels last (`[n, h, w, c]`) for the values of convolutions that cuDNN runs and of
-    /// the element-wise operators and activations after them ([`channels_last`]); the other
-    /// operators, the graph's inputs and outputs stay in NCHW, with a transpose where a value
-    /// crosses over (made once per value where its producer runs it).
+    /// the element-wise operators, activations, pools and concatenations after them
+    /// ([`channels_last`]); the other operators, the graph's inputs and outputs stay in NCHW,
+    /// with a transpose where a value crosses over (made once per value where its producer
+    /// runs it).
     Nhwc,
 }
 
@@ -253,8 +254,9 @@ pub enum Layout {
 /// convolution that cuDNN runs (one group, symmetric padding, not depthwise, one whole value
 /// as its input); and, where it reads at least one channels-last value and only whole values,
 /// an element-wise operator (no broadcasting) or activation of 4-D values, a pooling, a
-/// concatenation of several terms along channels (which copies: no slice is written in
-/// place), and IOS's identity of one term that sums values; never a graph output.
+/// concatenation of several terms along channels (a branch that may write a strided slice
+/// writes its own in place, a run of channels per pixel; the others are copied), and IOS's
+/// identity of one term that sums values; never a graph output.
 pub fn channels_last(g: &Graph) -> Vec<bool> {
     let mut nhwc = vec![false; g.len()];
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|o| o.value.node).collect();
