@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first device call of a GPU session (docs/gpu-session.md, step 1), about seven minutes on an
+# The first device call of a GPU session (docs/gpu-session.md, step 1), about eight minutes on an
 # H100: every GPU test, the changed NVRTC kernels against their last checked versions, cuDNN's
 # convolutions in NCHW against NHWC, --check runs, compute-sanitizer on Inception-v3 at batch
 # 2, the same plan in three processes, where the kernel time goes (ours under ncu, PyTorch's
