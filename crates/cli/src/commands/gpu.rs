@@ -599,17 +599,18 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
         )?;
     }
     if report.layout == Layout::Nhwc {
+        let n = report.layout_conversions;
         writeln!(
             out,
-            "layout         channels last, {} transposes between NCHW and NHWC",
-            report.layout_conversions
+            "layout         channels last, {n} transpose{} between NCHW and NHWC",
+            if n == 1 { "" } else { "s" }
         )?;
     }
     if report.strided_views > 0 {
         writeln!(
             out,
-            "strided        {} views written or read in place, one run per image (slices of \
-             concatenations, merged convolutions' members)",
+            "strided        {} views written or read in place, one run per image (per pixel \
+             channels last): slices of concatenations, merged convolutions' members",
             report.strided_views
         )?;
     }
