@@ -92,7 +92,7 @@ pub(crate) fn tensor4_nhwc(dims: [usize; 4]) -> Result<TensorDesc, GpuError> {
 }
 
 /// A dense f32 tensor descriptor of `[n, c, h, w]` in `format`.
-fn tensor4_in(
+pub(crate) fn tensor4_in(
     dims: [usize; 4],
     format: dnn_sys::cudnnTensorFormat_t,
 ) -> Result<TensorDesc, GpuError> {

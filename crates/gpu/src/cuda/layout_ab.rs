@@ -17,7 +17,7 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use opsched_graph::zoo::ZooConfig;
 use opsched_graph::Op;
 
-use super::cudnn::{find_forward, ConvDesc, FilterDesc, TensorDesc};
+use super::cudnn::{find_forward, tensor4_in, ConvDesc, FilterDesc};
 
 /// A convolution's shape: input `[n, c, h, w]`, output channels, kernel, stride, padding (the
 /// same before and after), dilation, groups.
@@ -70,23 +70,6 @@ fn shapes(model: &str, batch: usize) -> BTreeMap<Shape, usize> {
     out
 }
 
-/// An f32 tensor `[n, c, h, w]` stored in `format`.
-fn tensor(dims: [usize; 4], format: dnn_sys::cudnnTensorFormat_t) -> TensorDesc {
-    let d = TensorDesc(dnn::create_tensor_descriptor().unwrap());
-    let dims = dims.map(|v| i32::try_from(v).unwrap());
-    // SAFETY: a fresh descriptor.
-    unsafe {
-        dnn::set_tensor4d_descriptor(
-            d.0,
-            format,
-            dnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-            dims,
-        )
-    }
-    .unwrap();
-    d
-}
-
 /// The time of one launch of `s`'s fastest legacy algorithm with activations (and weights) in
 /// `format`, ms.
 fn fastest(
@@ -100,7 +83,7 @@ fn fastest(
     let conv = ConvDesc::new(pad, stride, dilation, groups).unwrap();
     conv.set_math(dnn_sys::cudnnMathType_t::CUDNN_DEFAULT_MATH)
         .unwrap();
-    let xd = tensor(x, format);
+    let xd = tensor4_in(x, format).unwrap();
     let wd = FilterDesc::new([oc, x[1] / groups, k[0], k[1]], format).unwrap();
     let mut y = [0i32; 4];
     // SAFETY: live descriptors; `y` has room for four dimensions.
@@ -112,7 +95,7 @@ fn fastest(
     .result()
     .unwrap();
     let y = y.map(|v| usize::try_from(v).unwrap());
-    let yd = tensor(y, format);
+    let yd = tensor4_in(y, format).unwrap();
     let numel = |d: [usize; 4]| d.iter().product::<usize>();
     let xb = stream.alloc_zeros::<f32>(numel(x)).unwrap();
     let wb = stream
@@ -158,18 +141,7 @@ fn fastest(
         .result()
         .unwrap();
     };
-    for _ in 0..3 {
-        run();
-    }
-    stream.synchronize().unwrap();
-    let (start, end) = (ctx.new_event(None).unwrap(), ctx.new_event(None).unwrap());
-    start.record(stream).unwrap();
-    for _ in 0..REPS {
-        run();
-    }
-    end.record(stream).unwrap();
-    end.synchronize().unwrap();
-    f64::from(start.elapsed_ms(&end).unwrap()) / REPS as f64
+    super::nvrtc_ab::time_launches(ctx, stream, 3, REPS, &run)
 }
 
 #[test]

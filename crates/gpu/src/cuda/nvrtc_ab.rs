@@ -75,17 +75,31 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 
 /// A kernel's GPU time per launch, ms, after a warm-up launch.
 fn time(ctx: &Arc<CudaContext>, stream: &CudaStream, launch: &dyn Fn()) -> f64 {
-    launch();
+    time_launches(ctx, stream, 1, REPS, launch)
+}
+
+/// GPU time of one of `reps` back-to-back launches of `launch` (events around them), ms,
+/// after `warmup` launches: the A/B tests' timer.
+pub(super) fn time_launches(
+    ctx: &Arc<CudaContext>,
+    stream: &CudaStream,
+    warmup: usize,
+    reps: usize,
+    launch: &dyn Fn(),
+) -> f64 {
+    for _ in 0..warmup {
+        launch();
+    }
     stream.synchronize().unwrap();
     let start = ctx.new_event(None).unwrap();
     let end = ctx.new_event(None).unwrap();
     start.record(stream).unwrap();
-    for _ in 0..REPS {
+    for _ in 0..reps {
         launch();
     }
     end.record(stream).unwrap();
     end.synchronize().unwrap();
-    f64::from(start.elapsed_ms(&end).unwrap()) / REPS as f64
+    f64::from(start.elapsed_ms(&end).unwrap()) / reps as f64
 }
 
 /// Largest difference relative to the largest magnitude of `want` (at least 1).
