@@ -325,6 +325,23 @@ pub fn nchw_to_nhwc(x: &[f32], shape: [usize; 4], y: &mut [f32]) {
     }
 }
 
+/// `f` (NCHW values of `in_shape` in, of `out_shape` out) run on channels-last `x` into
+/// channels-last `y`, between two transposes: how the CPU runs a channels-last kernel, so that
+/// both layouts give the same values.
+pub(crate) fn through_nchw<E>(
+    x: &[f32],
+    in_shape: [usize; 4],
+    y: &mut [f32],
+    out_shape: [usize; 4],
+    f: impl FnOnce(&[f32], &mut [f32]) -> Result<(), E>,
+) -> Result<(), E> {
+    let xc = nhwc_to_nchw(x, in_shape);
+    let mut yc = vec![0.0; out_shape.iter().product()];
+    f(&xc, &mut yc)?;
+    nchw_to_nhwc(&yc, out_shape, y);
+    Ok(())
+}
+
 /// FNV-1a 64 of a string: the seed of a named buffer.
 pub fn seed_of(text: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

@@ -135,15 +135,20 @@ pub struct Tuning {
     state: Mutex<State>,
 }
 
-/// The kind of kernel a convolution runs.
+/// The kind of kernel a measured choice runs: a convolution's (the first three) or a matrix
+/// product's (the last two).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConvFamily {
+pub enum KernelFamily {
     /// A legacy-API algorithm of cuDNN.
     Legacy,
     /// A backend-API engine configuration of cuDNN.
     Engine,
     /// cuBLAS's matrix product (a 1x1 convolution).
     Gemm,
+    /// A product on cuBLAS's own choice.
+    Cublas,
+    /// A product on a configuration of cuBLASLt's heuristic.
+    CublasLt,
 }
 
 /// How many distinct convolutions (tuning keys) this process runs with each kind of kernel
@@ -186,10 +191,8 @@ impl GemmKernels {
 #[derive(Debug, Default)]
 struct State {
     known: BTreeMap<String, Vec<Candidate>>,
-    /// Per convolution key, the kind of kernel chosen.
-    chosen: BTreeMap<String, ConvFamily>,
-    /// Per product key, whether a cuBLASLt configuration was chosen.
-    products: BTreeMap<String, bool>,
+    /// Per convolution or product key, the kind of kernel chosen.
+    chosen: BTreeMap<String, KernelFamily>,
     /// Keys measured by this process (what [`Tuning::fresh`] returns).
     fresh: BTreeSet<String>,
     /// Measure again what was loaded.
@@ -241,36 +244,35 @@ impl Tuning {
         s.fresh.insert(key.to_string());
     }
 
-    /// Record the kind of kernel chosen for convolution `key` (the last choice per key
-    /// counts).
-    pub fn chose(&self, key: &str, family: ConvFamily) {
+    /// Record the kind of kernel chosen for convolution or product `key` (the last choice per
+    /// key counts).
+    pub fn chose(&self, key: &str, family: KernelFamily) {
         self.lock().chosen.insert(key.to_string(), family);
     }
 
-    /// Record whether product `key` runs a cuBLASLt configuration (`lt`) or cuBLAS's own
-    /// choice (the last choice per key counts).
-    pub fn chose_product(&self, key: &str, lt: bool) {
-        self.lock().products.insert(key.to_string(), lt);
+    /// How many distinct keys chose `family`.
+    fn count(&self, family: KernelFamily) -> usize {
+        self.lock()
+            .chosen
+            .values()
+            .filter(|&&c| c == family)
+            .count()
     }
 
     /// The libraries chosen so far, per distinct product.
     pub fn products(&self) -> GemmKernels {
-        let s = self.lock();
-        let lt = s.products.values().filter(|&&lt| lt).count();
         GemmKernels {
-            cublas: s.products.len() - lt,
-            cublaslt: lt,
+            cublas: self.count(KernelFamily::Cublas),
+            cublaslt: self.count(KernelFamily::CublasLt),
         }
     }
 
     /// The kernels chosen so far, per distinct convolution.
     pub fn chosen(&self) -> ConvKernels {
-        let s = self.lock();
-        let count = |f: ConvFamily| s.chosen.values().filter(|&&c| c == f).count();
         ConvKernels {
-            legacy: count(ConvFamily::Legacy),
-            engines: count(ConvFamily::Engine),
-            gemm: count(ConvFamily::Gemm),
+            legacy: self.count(KernelFamily::Legacy),
+            engines: self.count(KernelFamily::Engine),
+            gemm: self.count(KernelFamily::Gemm),
         }
     }
 
@@ -503,9 +505,9 @@ mod tests {
         let faster = [lt(3, 0.0090), cand(GEMM_CUBLAS, 0.0102, 0)];
         assert_eq!(choose(&faster, usize::MAX).unwrap().algo, GEMM_LT + 3);
         // Products are counted per key, the last choice counting.
-        t.chose_product(&key, false);
-        t.chose_product(&key, true);
-        t.chose_product("other", false);
+        t.chose(&key, KernelFamily::Cublas);
+        t.chose(&key, KernelFamily::CublasLt);
+        t.chose("other", KernelFamily::Cublas);
         assert_eq!(
             t.products(),
             GemmKernels {
@@ -543,11 +545,11 @@ mod tests {
     fn choices_are_counted_per_distinct_convolution() {
         let t = Tuning::default();
         assert_eq!(t.chosen(), ConvKernels::default());
-        t.chose("a", ConvFamily::Engine);
-        t.chose("a", ConvFamily::Engine);
-        t.chose("b", ConvFamily::Legacy);
-        t.chose("c", ConvFamily::Engine);
-        t.chose("d", ConvFamily::Gemm);
+        t.chose("a", KernelFamily::Engine);
+        t.chose("a", KernelFamily::Engine);
+        t.chose("b", KernelFamily::Legacy);
+        t.chose("c", KernelFamily::Engine);
+        t.chose("d", KernelFamily::Gemm);
         let k = |legacy, engines, gemm| ConvKernels {
             legacy,
             engines,
@@ -556,7 +558,7 @@ mod tests {
         assert_eq!(t.chosen(), k(1, 2, 1));
         assert_eq!(t.chosen().total(), 4);
         // A key chosen again (retuned) counts once, as its last choice.
-        t.chose("c", ConvFamily::Legacy);
+        t.chose("c", KernelFamily::Legacy);
         assert_eq!(t.chosen(), k(2, 1, 1));
     }
 

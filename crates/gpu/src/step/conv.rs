@@ -514,19 +514,15 @@ impl StepKernel for Conv {
             return Ok(());
         }
         if self.nhwc {
-            // Channels last: the same NCHW computation between two transposes, so that both
-            // layouts give the same values.
-            let x = crate::program::nhwc_to_nchw(x, self.input);
-            let mut yc = vec![0.0; self.out_len()];
-            self.compute(&x, w, bias, &mut yc)?;
-            let [n, oc, oh, ow] = [
+            let out = [
                 self.input[0],
                 self.out_channels,
                 self.out_hw[0],
                 self.out_hw[1],
             ];
-            crate::program::nchw_to_nhwc(&yc, [n, oc, oh, ow], y);
-            return Ok(());
+            return crate::program::through_nchw(x, self.input, y, out, |x, y| {
+                self.compute(x, w, bias, y)
+            });
         }
         self.compute(x, w, bias, y)
     }
@@ -779,12 +775,12 @@ impl ConvChoice {
     }
 
     /// The kind of kernel it is (for the run report).
-    fn family(&self) -> crate::tuning::ConvFamily {
-        use crate::tuning::ConvFamily;
+    fn family(&self) -> crate::tuning::KernelFamily {
+        use crate::tuning::KernelFamily;
         match self.kernel {
-            Kernel::Legacy { .. } => ConvFamily::Legacy,
-            Kernel::Engine(_) => ConvFamily::Engine,
-            Kernel::Gemm => ConvFamily::Gemm,
+            Kernel::Legacy { .. } => KernelFamily::Legacy,
+            Kernel::Engine(_) => KernelFamily::Engine,
+            Kernel::Gemm => KernelFamily::Gemm,
         }
     }
 }

@@ -406,7 +406,11 @@ impl StepKernel for Gemm {
                     );
                 }
                 let code = choose(&valid, usize::MAX).map_or(cublas, |c| c.algo);
-                cx.tuning.chose_product(&key, code != cublas);
+                let family = match code == cublas {
+                    true => crate::tuning::KernelFamily::Cublas,
+                    false => crate::tuning::KernelFamily::CublasLt,
+                };
+                cx.tuning.chose(&key, family);
                 code
             }
         };

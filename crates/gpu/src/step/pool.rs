@@ -137,14 +137,13 @@ impl StepKernel for Pool {
                 .for_each(|(bc, plane)| self.plane(&x[bc * inp..(bc + 1) * inp], plane))
         };
         if self.nhwc {
-            // Channels last: the same planes between two transposes.
-            let xc = crate::program::nhwc_to_nchw(x, self.input);
-            let mut yc = vec![0.0; n * c * outp];
-            planes(&xc, &mut yc);
-            crate::program::nchw_to_nhwc(&yc, [n, c, self.out_hw[0], self.out_hw[1]], y);
-        } else {
-            planes(x, y);
+            let out = [n, c, self.out_hw[0], self.out_hw[1]];
+            return crate::program::through_nchw(x, self.input, y, out, |x, y| {
+                planes(x, y);
+                Ok(())
+            });
         }
+        planes(x, y);
         Ok(())
     }
 
