@@ -112,6 +112,12 @@ for i in 1 2 3; do
     result "nhwc sequential resnet50 process $i: $(timeout 90 opsched run resnet50 --backend cuda \
         --algo sequential --layout nhwc --graph-capture --repeats 100 --json 2>>"$L" | lat)"
 done
+# NASNet channels last (since the fifth session: its separable convolutions run
+# depthwise_conv_nhwc, its cells' sums write their slices a run per pixel) against the lios
+# lines above, one process.
+step "nhwc lios nasnet"
+result "nhwc lios nasnet: $(timeout 60 opsched run nasnet --backend cuda --algo lios \
+    --layout nhwc --graph-capture --repeats 100 --json 2>>"$L" | lat)"
 for m in resnet50 inception_v3 googlenet; do
     for a in sequential lios; do
         step "b16 nhwc $a $m"

@@ -242,8 +242,9 @@ pub enum Layout {
     /// `[n, c, h, w]`, the IR's order, everywhere.
     #[default]
     Nchw,
-    /// Channels last (`[n, h, w, c]`) for the values of convolutions that cuDNN runs and of
-    /// the element-wise operators, activations, pools and concatenations after them
+    /// Channels last (`[n, h, w, c]`) for the values of convolutions that cuDNN or our
+    /// depthwise kernel runs, of `sequential` chains of them, and of the element-wise
+    /// operators, activations, pools and concatenations after them
     /// ([`channels_last`]); the other operators, the graph's inputs and outputs stay in NCHW,
     /// with a transpose where a value crosses over (made once per value where its producer
     /// runs it).
@@ -251,12 +252,16 @@ pub enum Layout {
 }
 
 /// Which operators' values a program with [`Layout::Nhwc`] stores channels last: a
-/// convolution that cuDNN runs (one group, symmetric padding, not depthwise, one whole value
-/// as its input); and, where it reads at least one channels-last value and only whole values,
-/// an element-wise operator (no broadcasting) or activation of 4-D values, a pooling, a
-/// concatenation of several terms along channels (a branch that may write a strided slice
-/// writes its own in place, a run of channels per pixel; the others are copied), and IOS's
-/// identity of one term that sums values; never a graph output.
+/// convolution that cuDNN runs (one group, symmetric padding) or our depthwise kernel runs,
+/// reading one whole value or one sum of whole values; a `sequential` operator of such
+/// convolutions, activations and pools, reading the same, where it has a convolution or reads
+/// a channels-last value (NASNet's and RandWire's relu + separable convolution); and, where it
+/// reads at least one
+/// channels-last value and only whole values, an element-wise operator (no broadcasting) or
+/// activation of 4-D values, a pooling, a concatenation of several terms along channels (a
+/// branch that may write a strided slice writes its own in place, a run of channels per
+/// pixel; the others are copied), and IOS's identity of terms that are whole values or sums
+/// of them (NASNet's cell outputs); never a graph output.
 pub fn channels_last(g: &Graph) -> Vec<bool> {
     let mut nhwc = vec![false; g.len()];
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|o| o.value.node).collect();
@@ -267,6 +272,7 @@ pub fn channels_last(g: &Graph) -> Vec<bool> {
             .inputs
             .iter()
             .all(|t| matches!(t.as_slice(), [v] if v.channels.is_none()));
+        let sums = node.inputs.iter().flatten().all(|v| v.channels.is_none());
         let reads_nhwc = node.inputs.iter().flatten().any(|v| nhwc[v.node.index()]);
         let same_shape = || {
             g.input_shapes(id)
@@ -277,21 +283,59 @@ pub fn channels_last(g: &Graph) -> Vec<bool> {
         // IOS's identity of one term that sums whole values: one add.
         let one_sum = matches!(node.inputs.as_slice(), [t] if t.len() > 1
             && t.iter().all(|v| v.channels.is_none()));
+        // One input: a whole value, or a sum of them (one add, whatever the layout).
+        let one_input = terms == 1 && (whole || one_sum);
+        let input = || g.input_shapes(id).into_iter().next().unwrap_or_default();
         let kind = match &node.op {
-            Op::Conv2d(c) => {
-                let (before, after) = c.pads();
-                whole && terms == 1 && c.groups == 1 && before == after
+            Op::Conv2d(_) => one_input && kernel_channels_last(&node.op, &input()),
+            Op::Sequential { ops } => {
+                let convolves = ops.iter().any(|o| matches!(o, Op::Conv2d(_)));
+                one_input && (convolves || reads_nhwc) && chain_channels_last(ops, input())
             }
             Op::Elementwise { .. } | Op::Activation { .. } => whole && reads_nhwc && same_shape(),
             Op::Pool2d(_) => whole && reads_nhwc && terms == 1,
             // A concatenation along channels copies channels-last values as they are.
             Op::Concat { axis: 1 } => whole && reads_nhwc && terms > 1,
-            Op::Identity => reads_nhwc && ((whole && terms > 1) || (one_sum && same_shape())),
+            // Terms of whole values or sums of them: each sum one add writing its slice (a run
+            // of channels per pixel).
+            Op::Identity => reads_nhwc && ((sums && terms > 1) || (one_sum && same_shape())),
             _ => false,
         };
         nhwc[id.index()] = four && kind && !outputs.contains(&id);
     }
     nhwc
+}
+
+/// Whether operator `op` (not a `sequential` one) reading one value of shape `input` has a
+/// channels-last kernel: a convolution that cuDNN runs (one group, symmetric padding) or our
+/// depthwise kernel runs, an activation, a pooling.
+fn kernel_channels_last(op: &Op, input: &[usize]) -> bool {
+    match op {
+        Op::Conv2d(c) => {
+            let (before, after) = c.pads();
+            let depthwise = input
+                .get(1)
+                .is_some_and(|&ch| opsched_graph::fusion::is_depthwise(c, ch));
+            (c.groups == 1 && before == after) || depthwise
+        }
+        Op::Activation { .. } | Op::Pool2d(_) => true,
+        _ => false,
+    }
+}
+
+/// Whether every operator of a `sequential` chain reading `input` has a channels-last kernel
+/// ([`kernel_channels_last`]) and every value along it is 4-D.
+fn chain_channels_last(ops: &[Op], mut input: Vec<usize>) -> bool {
+    for op in ops {
+        if input.len() != 4 || !kernel_channels_last(op, &input) {
+            return false;
+        }
+        match op.infer_shape(std::slice::from_ref(&input)) {
+            Ok(s) => input = s,
+            Err(_) => return false,
+        }
+    }
+    input.len() == 4
 }
 
 /// Where `[n, c, h, w]` values sit in channels-last order (`[n, h, w, c]`): the permutation
@@ -897,14 +941,17 @@ impl<'g> Builder<'g> {
             };
             if let Some(srcs) = sum {
                 // A sum of whole values: one add kernel writing a view of its slice (strided,
-                // one run per image, at batch > 1), not a copy per value (NASNet's cell
-                // outputs).
-                let inner = numel(&shape[2..]);
+                // one run per image at batch > 1, one run per pixel channels last), not a copy
+                // per value (NASNet's cell outputs).
                 let len = numel(shape);
                 let y = self.alloc(at.gpu, len, BufRole::Scratch(at.node), Init::Uninit);
+                let inner = match self.channels_last_at(at.node) {
+                    true => 1,
+                    false => numel(&shape[2..]),
+                };
                 self.buffers[y].within = Some((dst, off * inner));
                 let (run, stride) = (shape[1] * inner, out[1] * inner);
-                if shape[0] > 1 && run < stride {
+                if len > run && run < stride {
                     self.buffers[y].runs = Some(Runs { run, stride });
                 }
                 steps.push(
@@ -1861,7 +1908,7 @@ mod tests {
 
     #[test]
     fn channels_last_is_for_cudnn_convolutions_and_what_follows_them() {
-        use opsched_graph::{Activation, Conv2d, DType, GraphBuilder};
+        use opsched_graph::{Activation, Conv2d, DType, GraphBuilder, Op, Pool2d};
         let mut b = GraphBuilder::new("layouts", DType::F32);
         let x = b.input("x", vec![2, 4, 8, 8]);
         let conv = b.conv("conv", x, Conv2d::new(4, 3));
@@ -1873,19 +1920,53 @@ mod tests {
         let mut uneven = Conv2d::new(4, 2);
         uneven.padding_end = Some([0, 0]);
         let uneven = b.conv("uneven", sum, uneven);
+        let grouped = b.conv("grouped", sum, Conv2d::new(8, 3).groups(2));
         let cat = b.concat("cat", &[depthwise, uneven]);
         let after_cat = b.conv("after_cat", cat, Conv2d::new(4, 1));
-        let last = b.conv("last", after_cat, Conv2d::new(4, 1));
+        let relu_op = Op::Activation {
+            act: Activation::Relu,
+        };
+        // NASNet's relu + separable convolution, reading the graph's input; a chain without
+        // a convolution that reads only NCHW values; one with a pool after a channels-last
+        // value; one with a grouped (not depthwise) convolution.
+        let separable = vec![
+            relu_op.clone(),
+            Op::Conv2d(Conv2d::new(4, 5).groups(4).bias(true)),
+            Op::Conv2d(Conv2d::new(4, 1)),
+        ];
+        let sep = b.sequential("sep", x, separable);
+        let acts = b.sequential("acts", uneven, vec![relu_op.clone(), relu_op.clone()]);
+        let pooled = vec![relu_op.clone(), Op::Pool2d(Pool2d::max(3, 1, 1))];
+        let pooled = b.sequential("pooled", after_cat, pooled);
+        let grouped_chain = vec![relu_op, Op::Conv2d(Conv2d::new(4, 3).groups(2))];
+        let grouped_chain = b.sequential("grouped_chain", sep, grouped_chain);
+        let last = b.conv("last", pooled, Conv2d::new(4, 1));
+        let tail = b.concat("tail", &[grouped, acts, grouped_chain]);
         b.add("out", &[last, inputs_only]);
+        b.add("out2", &[tail, tail]);
         let g = b.finish().unwrap_or_else(|e| panic!("{e}"));
         let nhwc = super::channels_last(&g);
         let is = |name: &str| nhwc[g.find(name).map_or(usize::MAX, |n| n.index())];
-        for name in ["conv", "relu", "other", "sum", "after_cat", "last"] {
+        let last_ones = ["conv", "relu", "other", "sum", "depthwise", "cat"];
+        for name in last_ones
+            .into_iter()
+            .chain(["after_cat", "sep", "pooled", "last"])
+        {
             assert!(is(name), "{name} should be channels last");
         }
-        // Depthwise and unevenly padded convolutions run other kernels; a concatenation and
-        // the graph's inputs and outputs stay NCHW, as does an add of NCHW values only.
-        for name in ["x", "depthwise", "uneven", "cat", "inputs_only", "out"] {
+        // Unevenly padded and grouped convolutions run other kernels, as do chains of them;
+        // a chain of activations of NCHW values, the graph's inputs and outputs stay NCHW, as
+        // does an add of NCHW values only.
+        let nchw = [
+            "x",
+            "uneven",
+            "grouped",
+            "grouped_chain",
+            "acts",
+            "tail",
+            "inputs_only",
+        ];
+        for name in nchw.into_iter().chain(["out", "out2"]) {
             assert!(!is(name), "{name} should be NCHW");
         }
     }

@@ -19,7 +19,8 @@
 //! one per image ([`Slice`]): a strided view, which only a kernel that takes an output stride
 //! writes, and which other kernels could not read. So there the producer must also be a
 //! convolution that is not depthwise (cuDNN writes a strided output tensor; our depthwise
-//! kernel does not) or a pooling (our kernel takes the stride), add no residual, be read by
+//! kernel does not), a `sequential` chain ending in one, or a pooling (our kernel takes the
+//! stride), add no residual, be read by
 //! the concatenation alone, once, and not be an output of the graph; the run stride must be a
 //! multiple of [`VIEW_ALIGN`] too.
 //!
@@ -146,18 +147,38 @@ pub fn merged_slot(g: &Graph, p: NodeId) -> Option<Slice> {
 /// Whether `p`, read by concatenation `c`, may write a strided slice of it (see the module
 /// docs).
 fn writes_strided(g: &Graph, p: NodeId, c: NodeId) -> bool {
+    let input = g.input_shapes(p).into_iter().next();
     let kernel_takes_stride = match &g.node(p).op {
-        Op::Conv2d(conv) => {
-            let channels = g.input_shapes(p).first().and_then(|s| s.get(1).copied());
-            channels.is_some_and(|ch| !crate::fusion::is_depthwise(conv, ch))
-        }
+        Op::Conv2d(conv) => input.is_some_and(|s| cudnn_conv(conv, &s)),
         Op::Pool2d(_) => true,
+        // A chain whose last operator is such a convolution (NASNet's relu + 1x1 convolution,
+        // its separable convolutions): that convolution writes the chain's output.
+        Op::Sequential { ops } => match (input, ops.split_last()) {
+            (Some(mut shape), Some((Op::Conv2d(conv), before))) => {
+                for op in before {
+                    match op.infer_shape(std::slice::from_ref(&shape)) {
+                        Ok(s) => shape = s,
+                        Err(_) => return false,
+                    }
+                }
+                cudnn_conv(conv, &shape)
+            }
+            _ => false,
+        },
         _ => false,
     };
     kernel_takes_stride
         && crate::fusion::residual_of(g, p).is_none()
         && g.succs(p).all(|s| s == c)
         && !crate::fusion::is_output(g, p)
+}
+
+/// Whether convolution `conv` reading a value of shape `input` runs as cuDNN's (which takes an
+/// output stride), not as our depthwise kernel.
+fn cudnn_conv(conv: &crate::Conv2d, input: &[usize]) -> bool {
+    input
+        .get(1)
+        .is_some_and(|&ch| !crate::fusion::is_depthwise(conv, ch))
 }
 
 /// The concatenation `p` writes its output into in place, and where ([`Slice`]).
@@ -358,6 +379,34 @@ mod tests {
                 assert_eq!(s[n.index()], None);
             }
         }
+    }
+
+    #[test]
+    fn chains_ending_in_a_cudnn_convolution_write_strided_slices() {
+        let relu = Op::Activation {
+            act: crate::Activation::Relu,
+        };
+        let depthwise = Op::Conv2d(Conv2d::new(4, 3).padding(1, 1).groups(4));
+        let pointwise = Op::Conv2d(Conv2d::new(4, 1));
+        let mut b = GraphBuilder::new("chains", DType::F32);
+        let x = b.input("x", vec![2, 4, 4, 4]);
+        let sep = vec![relu.clone(), depthwise.clone(), pointwise.clone()];
+        let sep = b.sequential("sep", x, sep);
+        let ends_depthwise = b.sequential("ends_dw", x, vec![relu, pointwise, depthwise]);
+        let cat = b.concat("cat", &[sep, ends_depthwise]);
+        let g = b.finish().unwrap();
+        let want = Slice {
+            into: cat,
+            at: 0,
+            rows: 2,
+            run: 4 * 16,
+            stride: 8 * 16,
+        };
+        assert_eq!(slice_of(&g, sep), Some(want));
+        assert_eq!(channels_last_slice(&g, sep), Some((cat, 0)));
+        // Our depthwise kernel takes no output stride.
+        assert_eq!(slice_of(&g, ends_depthwise), None);
+        assert_eq!(channels_last_slice(&g, ends_depthwise), None);
     }
 
     #[test]

@@ -288,7 +288,8 @@ fn random_graph(seed: u64, ops: usize, batch: usize) -> Graph {
     for i in 0..ops {
         let (a, c) = (nodes[pick(nodes.len())], nodes[pick(nodes.len())]);
         let name = format!("n{i}");
-        let v = match pick(6) {
+        let whole = |v: &[NodeId]| v.iter().map(|&n| Value::whole(n)).collect::<Vec<_>>();
+        let v = match pick(8) {
             0 => b.act(&name, a, Activation::Tanh),
             1 if a != c => b.add(&name, &[a, c]),
             2 => b.conv(&name, a, Conv2d::new(4, 3).bias(true)),
@@ -303,6 +304,23 @@ fn random_graph(seed: u64, ops: usize, batch: usize) -> Graph {
                 let r = b.conv(&format!("{name}.r"), a, Conv2d::new(4, 3).bias(true));
                 let cat = b.concat(&format!("{name}.cat"), &[l, r]);
                 b.conv(&name, cat, Conv2d::new(4, 1))
+            }
+            // RandWire's node: relu + separable convolution of a sum.
+            5 if a != c => {
+                let ops = vec![
+                    Op::Activation {
+                        act: Activation::Relu,
+                    },
+                    Op::Conv2d(Conv2d::new(4, 3).groups(4).bias(true)),
+                    Op::Conv2d(Conv2d::new(4, 1)),
+                ];
+                b.node(&name, Op::Sequential { ops }, vec![whole(&[a, c])])
+            }
+            // A NASNet cell's output: sums and a value concatenated.
+            6 if a != c => {
+                let terms = vec![whole(&[a, c]), whole(&[c]), whole(&[c, a])];
+                let cell = b.node(&format!("{name}.cell"), Op::Identity, terms);
+                b.conv(&name, cell, Conv2d::new(4, 1))
             }
             _ => b.act(&name, a, Activation::Sigmoid),
         };
@@ -415,11 +433,12 @@ fn random_graphs_share_storage_only_between_ordered_uses() {
 
 /// Random graphs with channels-last activations, buffers shared under the schedule's order
 /// (the race detector watches them), concatenation slices written in place a run of channels
-/// per pixel: every graph output equals the NCHW run's, bit for bit.
+/// per pixel (by convolutions, and by the adds of summed terms), separable convolutions of
+/// sums channels last: every graph output equals the NCHW run's, bit for bit.
 #[test]
 fn random_graphs_in_channels_last_equal_the_nchw_run() {
     use opsched_gpu::program::Layout;
-    let (mut crossings, mut pixel_slices) = (0, 0);
+    let (mut crossings, mut pixel_slices, mut separable, mut summed_cells) = (0, 0, 0, 0);
     for seed in 0..6 {
         let g = random_graph(seed, 24, 1 + seed as usize % 2);
         let (want, _) = run(&g, &Schedule::sequential(&g), false);
@@ -437,6 +456,14 @@ fn random_graphs_in_channels_last_equal_the_nchw_run() {
             check_layout(p).unwrap();
             crossings += p.layout_conversions;
             pixel_slices += p.buffers.iter().filter(|b| b.runs.is_some()).count();
+            let nhwc = |(i, n): (usize, &opsched::graph::Node), op: fn(&Op) -> bool| {
+                op(&n.op) && p.channels_last[i]
+            };
+            for n in g.nodes().iter().enumerate() {
+                separable += usize::from(nhwc(n, |o| matches!(o, Op::Sequential { .. })));
+                let sums = n.1.inputs.iter().any(|t| t.len() > 1) && n.1.inputs.len() > 1;
+                summed_cells += usize::from(sums && nhwc(n, |o| matches!(o, Op::Identity)));
+            }
             let got = session.outputs().unwrap();
             for o in g.outputs() {
                 let n = o.value.node.index();
@@ -448,5 +475,10 @@ fn random_graphs_in_channels_last_equal_the_nchw_run() {
     assert!(
         pixel_slices > 0,
         "no convolution wrote its slice of a concatenation in place"
+    );
+    assert!(separable > 0, "no separable convolution ran channels last");
+    assert!(
+        summed_cells > 0,
+        "no concatenation of sums ran channels last"
     );
 }

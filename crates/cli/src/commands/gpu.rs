@@ -263,8 +263,9 @@ pub struct RunArgs {
     #[arg(long)]
     no_memory_reuse: bool,
     /// How 4-D activations are stored: `nchw`, or `nhwc` (channels last) for the values of
-    /// convolutions that cuDNN runs and the element-wise operators after them, with a
-    /// transpose where a value crosses to another operator (not yet run on a GPU).
+    /// convolutions that cuDNN or our depthwise kernel runs, chains of them, and the
+    /// element-wise operators after them, with a transpose where a value crosses to another
+    /// operator (not yet run on a GPU).
     #[arg(long, value_enum, default_value_t = LayoutArg::Nchw)]
     layout: LayoutArg,
     /// Untimed runs before timing.

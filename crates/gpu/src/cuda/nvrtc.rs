@@ -466,6 +466,51 @@ extern "C" __global__ void depthwise_conv(float* y, const float* x, const float*
         depthwise_conv_t<i64>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
 }
 
+// Depthwise convolution, NHWC: as `depthwise_conv`, with x and y `[n, h, w, c]` and the
+// weights `[kh, kw, c]`; one thread per output element, channels fastest, so that a warp reads
+// neighbouring channels of one pixel (one transaction) and their weights alike.
+template <typename I>
+__device__ __forceinline__ void depthwise_conv_nhwc_t(float* y, const float* x, const float* wt,
+                                                      const float* bias, I nc, int c, Geo12 g,
+                                                      int pre, float q0, float q1, int act,
+                                                      float p0, float p1) {
+    int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4], kw = g.v[5];
+    int sh = g.v[6], sw = g.v[7], ph = g.v[8], pw = g.v[9], dh = g.v[10], dw = g.v[11];
+    I total = nc * oh * ow;
+    GRID_STRIDE_T(I, t, total) {
+        int ch = (int)(t % c);
+        I pixel = t / c;
+        int j = (int)(pixel % ow);
+        int i = (int)((pixel / ow) % oh);
+        I image = pixel / ((I)oh * ow);
+        const float* xp = x + image * h * w * c + ch;
+        const float* wp = wt + ch;
+        float acc = 0.0f;
+        for (int p = 0; p < kh; ++p) {
+            int r = i * sh - ph + p * dh;
+            if (r < 0 || r >= h) continue;
+            for (int q = 0; q < kw; ++q) {
+                int s = j * sw - pw + q * dw;
+                if (s < 0 || s >= w) continue;
+                acc += act_f(xp[((I)r * w + s) * c], pre, q0, q1) * wp[(p * kw + q) * c];
+            }
+        }
+        if (bias) acc += bias[ch];
+        y[t] = act_f(acc, act, p0, p1);
+    }
+}
+
+extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const float* wt,
+                                               const float* bias, i64 nc, int c, Geo12 g,
+                                               int pre, float q0, float q1, int act, float p0,
+                                               float p1) {
+    i64 oh = g.v[2], ow = g.v[3], h = g.v[0], w = g.v[1];
+    if (FITS32(nc * oh * ow) && FITS32(nc * h * w))
+        depthwise_conv_nhwc_t<unsigned>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
+    else
+        depthwise_conv_nhwc_t<i64>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
+}
+
 // Abstract operators: every block waits until `ns` nanoseconds have passed.
 extern "C" __global__ void spin(unsigned long long ns) {
     unsigned long long t0, t;
@@ -493,6 +538,7 @@ pub const NAMES: &[&str] = &[
     "broadcast",
     "pad",
     "depthwise_conv",
+    "depthwise_conv_nhwc",
     "spin",
 ];
 

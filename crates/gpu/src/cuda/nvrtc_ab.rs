@@ -2,7 +2,8 @@
 //! last checked them (2026-11-26: 64-bit index division, layer norm as a 1024-thread
 //! shared-memory tree) against [`super::nvrtc::SOURCE`]'s, on the shapes where the change
 //! should show (BERT-base at batch 16, GoogLeNet's concatenations at batch 16), and the
-//! softmax kernel beside cuDNN's softmax, which it may replace. The same inputs
+//! softmax kernel beside cuDNN's softmax, which it may replace, and the depthwise kernel in
+//! NCHW beside its channels-last form (NASNet-A large's shapes). The same inputs
 //! go to both; the outputs must agree; each kernel's GPU time (events around back-to-back
 //! launches, which the GPU runs slower than the host issues them) is printed with the ratio.
 #![allow(unsafe_code, clippy::unwrap_used)]
@@ -359,6 +360,66 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
         }
         // SAFETY: created above, used by nothing after this.
         unsafe { dnn::destroy_handle(handle) }.unwrap();
+    }
+    // Depthwise convolutions of NASNet-A large (relu before, bias after), NCHW (`before`:
+    // `depthwise_conv`, what `--layout nchw` runs) against channels last (`after`:
+    // `depthwise_conv_nhwc`, what `--layout nhwc` runs), the NHWC output compared in NCHW.
+    for (n, c, hw, k, stride) in [
+        (1usize, 96usize, 165usize, 5usize, 2usize),
+        (1, 168, 42, 5, 1),
+        (1, 672, 11, 7, 1),
+        (16, 168, 42, 5, 1),
+    ] {
+        let pad = k / 2;
+        let out = (hw + 2 * pad - k) / stride + 1;
+        let (shape, out_shape) = ([n, c, hw, hw], [n, c, out, out]);
+        let x = values(n * c * hw * hw, 8);
+        let mut x_last = vec![0.0; x.len()];
+        crate::program::nchw_to_nhwc(&x, shape, &mut x_last);
+        let w = values(c * k * k, 9);
+        let w_last: Vec<f32> = (0..c * k * k).map(|t| w[(t % c) * k * k + t / c]).collect();
+        let bias = up(&values(c, 10));
+        let len = n * c * out * out;
+        let (ya, yb) = (up(&vec![0.0; len]), up(&vec![0.0; len]));
+        let (xa, xb, wa, wb) = (up(&x), up(&x_last), up(&w), up(&w_last));
+        let geo = [hw, hw, out, out, k, k, stride, stride, pad, pad, 1, 1].map(|v| v as i32);
+        let run = |name: &str,
+                   y: &cudarc::driver::CudaSlice<f32>,
+                   x: &cudarc::driver::CudaSlice<f32>,
+                   w: &cudarc::driver::CudaSlice<f32>| {
+            let func = f(name);
+            let stream = stream.clone();
+            let ptrs = [y, x, w, &bias].map(|b| b.device_ptr(&stream).0);
+            let (pre, post) = (
+                act_params(opsched_graph::Activation::Relu),
+                act_params(opsched_graph::Activation::None),
+            );
+            move || {
+                let mut b = stream.launch_builder(&func);
+                let (nc, channels) = ((n * c) as i64, c as i32);
+                b.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]).arg(&ptrs[3]);
+                b.arg(&nc).arg(&channels).arg(&geo);
+                b.arg(&pre.0).arg(&pre.1).arg(&pre.2);
+                b.arg(&post.0).arg(&post.1).arg(&post.2);
+                // SAFETY: x holds n x c x hw x hw values, y n x c x out x out, the weights
+                // c x k x k, the bias c; Geo12 is twelve ints by value.
+                unsafe { b.launch(grid(len)) }.unwrap();
+            }
+        };
+        let before = run("depthwise_conv", &ya, &xa, &wa);
+        let after = run("depthwise_conv_nhwc", &yb, &xb, &wb);
+        before();
+        after();
+        let nchw = stream.clone_dtoh(&ya).unwrap();
+        let last = crate::program::nhwc_to_nchw(&stream.clone_dtoh(&yb).unwrap(), out_shape);
+        let err = scaled(&last, &nchw);
+        assert!(err <= 1e-6, "depthwise {shape:?}: {err}");
+        report(
+            &format!("depthwise {k}x{k}/{stride} {shape:?} (before: NCHW, after: NHWC)"),
+            time(&ctx, &stream, &before),
+            time(&ctx, &stream, &after),
+            err,
+        );
     }
     for r in &rows {
         println!("{r}");

@@ -455,7 +455,11 @@ impl StepKernel for Conv {
     }
 
     fn nvrtc_kernel(&self) -> Option<&'static str> {
-        (self.is_depthwise() && self.residual.is_none()).then_some("depthwise_conv")
+        let name = match self.nhwc {
+            true => "depthwise_conv_nhwc",
+            false => "depthwise_conv",
+        };
+        (self.is_depthwise() && self.residual.is_none()).then_some(name)
     }
 
     /// Our depthwise kernel does everything; cuDNN's convolution runs its bias + relu (and
@@ -657,13 +661,18 @@ impl Conv {
 
 // --- CUDA --------------------------------------------------------------------------------
 
-/// A depthwise convolution as our `depthwise_conv` kernel: the input activation, the bias and
-/// the activation in one launch (cuDNN would take a kernel before it for the first and one
-/// after it for the others; PyTorch runs depthwise convolutions as such a kernel too).
+/// A depthwise convolution as our `depthwise_conv` kernel (`depthwise_conv_nhwc` channels
+/// last): the input activation, the bias and the activation in one launch (cuDNN would take a
+/// kernel before it for the first and one after it for the others; PyTorch runs depthwise
+/// convolutions as such a kernel too).
 struct CudaDepthwise {
+    kernel: &'static str,
     y: u64,
     x: u64,
+    /// `[c, kh, kw]`, or channels last `[kh, kw, c]` (permuted once into `_held_w`, so that
+    /// neighbouring threads, neighbouring channels, read neighbouring weights).
     w: u64,
+    _held_w: Option<CudaSlice<f32>>,
     bias: u64,
     /// Images times channels.
     nc: i64,
@@ -698,10 +707,24 @@ impl CudaDepthwise {
         for (slot, &v) in geo.iter_mut().zip(&dims) {
             *slot = c_int(v, "depthwise convolution geometry")?;
         }
+        let (w, held_w) = match s.nhwc {
+            false => (cx.ptr(s.w)?, None),
+            true => {
+                let taps = [c, s.kernel[0] * s.kernel[1]];
+                let held = cx.gpu.zeros(product(&taps, "depthwise weights")?)?;
+                let (hp, _) = held.device_ptr(&cx.gpu.alloc_stream);
+                let permute = super::transpose::permute(cx.ptr(s.w)?, hp, &taps, &[1, 0])?;
+                permute.enqueue(cx.gpu, cx.sc)?;
+                cx.sc.synchronize()?;
+                (hp, Some(held))
+            }
+        };
         Ok(CudaDepthwise {
+            kernel: s.nvrtc_kernel().unwrap_or("depthwise_conv"),
             y: cx.ptr(s.y)?,
             x,
-            w: cx.ptr(s.w)?,
+            w,
+            _held_w: held_w,
             bias: s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
             nc: i64::try_from(n * c).map_err(|_| GpuError::Plan("images x channels".into()))?,
             c: c_int(c, "channels")?,
@@ -715,7 +738,7 @@ impl CudaDepthwise {
 
 impl Enqueue for CudaDepthwise {
     fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
-        let mut b = sc.launch_builder(gpu.function("depthwise_conv")?);
+        let mut b = sc.launch_builder(gpu.function(self.kernel)?);
         b.arg(&self.y)
             .arg(&self.x)
             .arg(&self.w)
@@ -729,10 +752,11 @@ impl Enqueue for CudaDepthwise {
             .arg(&self.act.0)
             .arg(&self.act.1)
             .arg(&self.act.2);
-        // SAFETY: matches `depthwise_conv` (Geo12: twelve ints by value); the step's access
-        // (checked at preparation) covers the input, `c * kh * kw` weights, `c` biases (or a
-        // null bias) and the output, and every read index is clipped to the input plane.
-        launched(unsafe { b.launch(grid(self.total)) }, "depthwise_conv")
+        // SAFETY: matches `depthwise_conv` and `depthwise_conv_nhwc` (Geo12: twelve ints by
+        // value); the step's access (checked at preparation) covers the input, `c * kh * kw`
+        // weights (or the held permuted copy, as long), `c` biases (or a null bias) and the
+        // output, and every read index is clipped to the input plane.
+        launched(unsafe { b.launch(grid(self.total)) }, self.kernel)
     }
 }
 
@@ -1650,6 +1674,9 @@ mod tests {
         assert_close(s, &y, &want);
         if s.is_depthwise() {
             assert_close(s, &depthwise_like_the_kernel(s, &x, &wt, &bias), &want);
+            let out = [1, s.out_channels, s.out_hw[0], s.out_hw[1]];
+            let nhwc = depthwise_nhwc_like_the_kernel(s, &x, &wt, &bias);
+            assert_close(s, &crate::program::nhwc_to_nchw(&nhwc, out), &want);
         }
     }
 
@@ -1694,6 +1721,49 @@ mod tests {
                         }
                         let v = x[(plane * h * w + r * w + col) as usize];
                         acc += f(v, pre) * wt[(ch * kh * kw + p * kw + q) as usize];
+                    }
+                }
+                f(acc + bias[ch as usize], post)
+            })
+            .collect()
+    }
+
+    /// The NVRTC `depthwise_conv_nhwc` kernel's loop on the host, given NCHW `x` and the
+    /// step's weights, which it transposes as the kernel gets them (channels last, the weights
+    /// `[kh, kw, c]`); its output is channels last.
+    fn depthwise_nhwc_like_the_kernel(s: &Conv, x: &[f32], wt: &[f32], bias: &[f32]) -> Vec<f32> {
+        let mut xl = vec![0.0; x.len()];
+        crate::program::nchw_to_nhwc(x, s.input, &mut xl);
+        let taps = s.kernel[0] * s.kernel[1];
+        let c = s.input[1];
+        let wl: Vec<f32> = (0..taps * c).map(|t| wt[(t % c) * taps + t / c]).collect();
+        let [n, c, h, w] = s.input.map(|v| v as i64);
+        let [oh, ow] = s.out_hw.map(|v| v as i64);
+        let [kh, kw] = s.kernel.map(|v| v as i64);
+        let ([sh, sw], [ph, pw], [dh, dw]) = (
+            s.stride.map(|v| v as i64),
+            s.padding.map(|v| v as i64),
+            s.dilation.map(|v| v as i64),
+        );
+        let (pre, post) = (act_params(s.pre_act), act_params(s.act));
+        let f = crate::cuda::nvrtc::act_f_host;
+        (0..n * c * oh * ow)
+            .map(|t| {
+                let (ch, pixel) = (t % c, t / c);
+                let (j, i, image) = (pixel % ow, (pixel / ow) % oh, pixel / (oh * ow));
+                let mut acc = 0.0f32;
+                for p in 0..kh {
+                    let r = i * sh - ph + p * dh;
+                    if r < 0 || r >= h {
+                        continue;
+                    }
+                    for q in 0..kw {
+                        let col = j * sw - pw + q * dw;
+                        if col < 0 || col >= w {
+                            continue;
+                        }
+                        let v = xl[(image * h * w * c + (r * w + col) * c + ch) as usize];
+                        acc += f(v, pre) * wl[((p * kw + q) * c + ch) as usize];
                     }
                 }
                 f(acc + bias[ch as usize], post)
