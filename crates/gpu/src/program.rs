@@ -863,11 +863,9 @@ impl<'g> Builder<'g> {
         if term.len() < 2 || term.iter().any(|v| v.channels.is_some()) {
             return Ok(None);
         }
+        // The add kernel reads strided views in place (`elementwise_views`).
         term.iter()
-            .map(|v| {
-                let src = self.source(steps, at, v.node)?;
-                Ok(self.readable(steps, at, src))
-            })
+            .map(|v| self.source(steps, at, v.node))
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
     }
@@ -1028,9 +1026,27 @@ impl<'g> Builder<'g> {
         at: At,
         src: Src<'_>,
     ) -> Result<Vec<(BufId, Shape)>, GpuError> {
+        let ts = self.terms_strided(steps, at, src)?;
+        Ok(ts
+            .into_iter()
+            .map(|(b, s)| (self.readable(steps, at, b), s))
+            .collect())
+    }
+
+    /// [`Builder::terms`], where a strided view of one whole value stays one (for the
+    /// element-wise kernel, which reads it in place).
+    pub(crate) fn terms_strided(
+        &mut self,
+        steps: &mut Vec<Step>,
+        at: At,
+        src: Src<'_>,
+    ) -> Result<Vec<(BufId, Shape)>, GpuError> {
         match src {
             Src::Buf(b, shape) => Ok(vec![(b, shape.to_vec())]),
-            Src::Terms(terms) => terms.iter().map(|t| self.term(steps, at, t)).collect(),
+            Src::Terms(terms) => terms
+                .iter()
+                .map(|t| self.term_strided(steps, at, t))
+                .collect(),
         }
     }
 

@@ -29,27 +29,33 @@ pub fn conv_reads_strided(c: &Conv2d, in_channels: usize) -> bool {
 }
 
 /// Whether every reader of `p`'s output reads it in place when it is one run per image of a
-/// merged convolution's output (batch > 1): each reader is a concatenation (whose copy reads
-/// the runs, or which `p` writes in place) or a convolution that reads a strided input
-/// ([`conv_reads_strided`]), and reads `p` only as a term of its own (not summed with other
-/// values, which an add kernel would read).
+/// merged convolution's output (batch > 1): where `p` is summed with other whole values, the
+/// add kernel reads the runs (any reader; SqueezeNet's bypass, summed with its fire module's
+/// output); where it is a term of its own, the reader is a concatenation (whose copy reads
+/// the runs, or which `p` writes in place), an element-wise operator (its kernel reads the
+/// runs) or a convolution that reads a strided input ([`conv_reads_strided`]).
 pub fn read_in_place(g: &Graph, p: NodeId) -> bool {
     g.succs(p).all(|c| {
         let node = g.node(c);
-        let alone = node
-            .inputs
-            .iter()
-            .all(|t| t.len() == 1 || t.iter().all(|v| v.node != p));
-        let kernel = match &node.op {
-            Op::Concat { .. } | Op::Identity => true,
-            Op::Conv2d(conv) => g
-                .input_shapes(c)
-                .first()
-                .and_then(|s| s.get(1).copied())
-                .is_some_and(|ch| conv_reads_strided(conv, ch)),
-            _ => false,
-        };
-        alone && kernel
+        let mut alone = false;
+        for t in node.inputs.iter().filter(|t| t.iter().any(|v| v.node == p)) {
+            match t.len() {
+                1 => alone = true,
+                // A sum with a channel slice is copied value by value.
+                _ if t.iter().any(|v| v.channels.is_some()) => return false,
+                _ => {}
+            }
+        }
+        !alone
+            || match &node.op {
+                Op::Concat { .. } | Op::Identity | Op::Elementwise { .. } => true,
+                Op::Conv2d(conv) => g
+                    .input_shapes(c)
+                    .first()
+                    .and_then(|s| s.get(1).copied())
+                    .is_some_and(|ch| conv_reads_strided(conv, ch)),
+                _ => false,
+            }
     })
 }
 

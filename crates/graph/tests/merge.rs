@@ -182,7 +182,7 @@ fn at_batch_above_1_a_member_must_be_read_in_place_by_every_reader() {
     use opsched_graph::merge::read_in_place;
     use opsched_graph::{Pool2d, PoolKind};
     type Reader = fn(&mut GraphBuilder, NodeId) -> NodeId;
-    let cases: [(&str, Reader, bool); 6] = [
+    let cases: [(&str, Reader, bool); 9] = [
         (
             "a 3x3 convolution",
             |b, c| b.conv("r", c, Conv2d::new(4, 3)),
@@ -208,7 +208,30 @@ fn at_batch_above_1_a_member_must_be_read_in_place_by_every_reader() {
             },
             false,
         ),
-        ("an add", |b, c| b.add("r", &[c, c]), false),
+        // The add kernel reads strided views, whoever reads the sum.
+        ("an add", |b, c| b.add("r", &[c, c]), true),
+        (
+            "a pool of a sum",
+            |b, c| {
+                let sum = vec![Value::whole(c), Value::whole(c)];
+                let pool = Op::Pool2d(Pool2d::new(PoolKind::Max, 3, 1, 1));
+                b.node("r", pool, vec![sum])
+            },
+            true,
+        ),
+        (
+            "a sum with a channel slice",
+            |b, c| {
+                let sum = vec![Value::whole(c), Value::slice(c, 0, 8)];
+                b.node("r", Op::Identity, vec![sum])
+            },
+            false,
+        ),
+        (
+            "an activation",
+            |b, c| b.act("r", c, Activation::Relu),
+            false,
+        ),
     ];
     for (what, reader, in_place) in cases {
         let g = merged_pair_read_by(reader);

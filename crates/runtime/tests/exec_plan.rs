@@ -392,10 +392,12 @@ fn strided_concatenation_slices_match_the_reference() {
     assert!(r.check.unwrap().passed);
 }
 
-/// At batch 2 IOS's merged stages run as one convolution too: the members are strided views
-/// of the merged output (or, where they are consecutive terms of a concatenation, of the
-/// concatenation itself), read in place by the convolutions after them and through a dense
-/// copy by other kernels; the outputs equal the sequential run's.
+/// At batch 2 IOS's merged stages run as one convolution too, every one of them in these
+/// models: the members are strided views of the merged output (or, where they are
+/// consecutive terms of a concatenation, of the concatenation itself), read in place by the
+/// convolutions after them, by the copies into concatenations and by the add kernels
+/// (SqueezeNet's bypass, merged with its fire module's squeeze, is summed with the module's
+/// output); the outputs equal the sequential run's.
 #[test]
 fn merged_stages_run_as_one_convolution_at_batch_2() {
     let cost = h100();
@@ -404,11 +406,10 @@ fn merged_stages_run_as_one_convolution_at_batch_2() {
         let g = small_batch(model, 2);
         let s = schedule(&g, "ios-merge", 1, &cost);
         let plan = lower(&g, &s).unwrap();
+        let stages = HostProgram::new(&g, &plan).unwrap().merged_launches().len();
         let (got, merged) = outputs(&g, &plan, true, true);
-        assert!(
-            merged > 0,
-            "{model}: no merged stage ran as one convolution"
-        );
+        assert!(stages > 0, "{model}: IOS merged nothing");
+        assert_eq!(merged, stages, "{model}: merged stages run one at a time");
         let seq = lower(&g, &Schedule::sequential(&g)).unwrap();
         let (want, _) = outputs(&g, &seq, false, true);
         assert_same(
@@ -1090,4 +1091,14 @@ fn gpu_a_merged_stage_runs_as_one_convolution() {
         assert!(c.passed, "batch {n}, conv reader {conv_reader}: {c:?}");
         assert_eq!(r.merged_convolutions, merges, "batch {n}");
     }
+    // SqueezeNet at batch 2: each bypass, merged with its module's squeeze, is summed with the
+    // module's output by `elementwise_views`, reading the strided member in place.
+    let g = small_batch("squeezenet", 2);
+    let s = schedule(&g, "ios-merge", 1, &h100());
+    let plan = lower(&g, &s).unwrap();
+    let stages = HostProgram::new(&g, &plan).unwrap().merged_launches().len();
+    let r = run_schedule(&dev, &g, &s, &checked(true, 1, 3)).unwrap();
+    let c = r.check.clone().unwrap();
+    assert!(c.passed, "squeezenet at batch 2: {c:?}");
+    assert_eq!(r.merged_convolutions, stages, "squeezenet at batch 2");
 }

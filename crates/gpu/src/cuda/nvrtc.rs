@@ -276,6 +276,28 @@ extern "C" __global__ void elementwise_runs(float* y, const float* const* srcs, 
     }
 }
 
+// elementwise where sources may be strided views too (a sum reading a merged convolution's
+// member at batch > 1, one run per image): source k's element t is at
+// (t / run) * stride + t % run for its (run, stride) = views[2k], views[2k + 1], a run of 0
+// being dense; y likewise with (y_run, y_stride).
+__device__ __forceinline__ i64 view_at(i64 t, i64 run, i64 stride) {
+    return run ? (t / run) * stride + t % run : t;
+}
+
+extern "C" __global__ void elementwise_views(float* y, const float* const* srcs,
+                                             const i64* views, int nsrc, i64 n, i64 y_run,
+                                             i64 y_stride, int is_mul, int act, float p0,
+                                             float p1) {
+    GRID_STRIDE(t, n) {
+        float acc = is_mul ? 1.0f : 0.0f;
+        for (int k = 0; k < nsrc; ++k) {
+            float v = srcs[k][view_at(t, views[2 * k], views[2 * k + 1])];
+            acc = is_mul ? acc * v : acc + v;
+        }
+        y[view_at(t, y_run, y_stride)] = act_f(acc, act, p0, p1);
+    }
+}
+
 // The sum of `v` over the block (every thread gets it): warp shuffles, then one value per warp
 // through `red` (32 floats). blockDim.x must be a multiple of 32; every thread must call it.
 __device__ __forceinline__ float block_sum(float v, float* red) {
@@ -532,6 +554,7 @@ pub const NAMES: &[&str] = &[
     "pool2d_nhwc",
     "elementwise",
     "elementwise_runs",
+    "elementwise_views",
     "layer_norm",
     "softmax_rows",
     "permute",

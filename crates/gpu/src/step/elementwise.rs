@@ -52,7 +52,7 @@ pub(crate) fn lower(
     out: BufId,
     out_shape: &[usize],
 ) -> Result<(), GpuError> {
-    let ts = b.terms(steps, at, src)?;
+    let ts = b.terms_strided(steps, at, src)?;
     steps.push(
         Elementwise {
             srcs: ts.iter().map(|t| t.0).collect(),
@@ -109,18 +109,35 @@ impl StepKernel for Elementwise {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        let ptrs = self
+        let srcs = self
             .srcs
             .iter()
-            .map(|&b| cx.ptr(b))
-            .collect::<Result<Vec<u64>, _>>()?;
+            .map(|&b| cx.strided(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ptrs: Vec<u64> = srcs.iter().map(|s| s.0).collect();
         let dev = cx.gpu.upload(&ptrs)?;
         let (srcs_ptr, _) = dev.device_ptr(&cx.gpu.alloc_stream);
+        // Strided sources: each one's run and stride (0, 0 where dense), for
+        // `elementwise_views`.
+        let views = match srcs.iter().any(|s| s.1.is_some()) {
+            false => None,
+            true => {
+                let mut pairs = Vec::with_capacity(2 * srcs.len());
+                for s in &srcs {
+                    let (run, stride) = runs_args(s.1)?.unwrap_or((0, 0));
+                    pairs.extend([run, stride]);
+                }
+                let views = cx.gpu.upload(&pairs)?;
+                let (p, _) = views.device_ptr(&cx.gpu.alloc_stream);
+                Some((p, views))
+            }
+        };
         let (y, runs) = cx.strided(self.y)?;
         Ok(Box::new(CudaElementwise {
             y,
             _srcs: dev,
             srcs_ptr,
+            views,
             nsrc: c_int(ptrs.len(), "inputs")?,
             n: as_i64(self.len, "elements of a sum")?,
             runs: runs_args(runs)?,
@@ -139,6 +156,9 @@ struct CudaElementwise {
     /// The device array of source pointers (kept alive with the operator).
     _srcs: CudaSlice<u64>,
     srcs_ptr: u64,
+    /// The device array of the sources' runs and strides where one is a strided view (kept
+    /// alive with the operator), and its pointer.
+    views: Option<(u64, CudaSlice<i64>)>,
     nsrc: i32,
     n: i64,
     /// `y`'s runs and their stride, for a strided `y` (`elementwise_runs`).
@@ -149,12 +169,30 @@ struct CudaElementwise {
 
 impl Enqueue for CudaElementwise {
     fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let (code, p0, p1) = &self.act;
+        if let Some((views, _)) = &self.views {
+            let (y_run, y_stride) = self.runs.unwrap_or((0, 0));
+            let mut b = sc.launch_builder(gpu.function("elementwise_views")?);
+            b.arg(&self.y)
+                .arg(&self.srcs_ptr)
+                .arg(views)
+                .arg(&self.nsrc)
+                .arg(&self.n);
+            b.arg(&y_run).arg(&y_stride);
+            b.arg(&self.is_mul).arg(code).arg(p0).arg(p1);
+            // SAFETY: matches `elementwise_views`; the pointer array and the views array (two
+            // i64 per source) live in this operator; each source and y hold n elements in
+            // their runs (the layout checked that the runs fit their parents).
+            return launched(
+                unsafe { b.launch(grid(self.n as usize)) },
+                "elementwise_views",
+            );
+        }
         let name = match self.runs {
             Some(_) => "elementwise_runs",
             None => "elementwise",
         };
         let mut b = sc.launch_builder(gpu.function(name)?);
-        let (code, p0, p1) = &self.act;
         b.arg(&self.y)
             .arg(&self.srcs_ptr)
             .arg(&self.nsrc)
