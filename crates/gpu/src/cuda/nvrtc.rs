@@ -443,12 +443,14 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
     }
 }
 
-// Depthwise convolution, NCHW (one group per channel, one output channel per group): one thread
+// Depthwise convolution (one group per channel, one output channel per group): one thread
 // per output element. `pre` (act_f code and parameters) applies to every input element read
-// (padding stays zero), then the bias (when not null) and `act`. g: h, w, oh, ow, kh, kw, sh, sw,
-// ph, pw (padding before), dh, dw.
+// (padding stays zero), then the bias (when not null) and `act`. g: h, w, oh, ow, kh, kw, sh,
+// sw, ph, pw (padding before), dh, dw. NCHW, or channels last (NHWC: x and y `[n, h, w, c]`,
+// the weights `[kh, kw, c]`; channels fastest, so that a warp reads neighbouring channels of
+// one pixel in one transaction, and their weights alike).
 struct Geo12 { int v[12]; };
-template <typename I>
+template <typename I, bool NHWC>
 __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const float* wt,
                                                  const float* bias, I nc, int c, Geo12 g,
                                                  int pre, float q0, float q1, int act,
@@ -456,13 +458,27 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
     int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4], kw = g.v[5];
     int sh = g.v[6], sw = g.v[7], ph = g.v[8], pw = g.v[9], dh = g.v[10], dw = g.v[11];
     I total = nc * oh * ow;
+    // Neighbouring pixels of one channel of x, and neighbouring taps of its weights, are
+    // `step` elements apart.
+    const int step = NHWC ? c : 1;
     GRID_STRIDE_T(I, t, total) {
-        int j = (int)(t % ow);
-        int i = (int)((t / ow) % oh);
-        I plane = t / ((I)oh * ow);
-        int ch = (int)(plane % c);
-        const float* xp = x + plane * h * w;
-        const float* wp = wt + (i64)ch * kh * kw;
+        int ch, i, j;
+        I image;
+        if (NHWC) {
+            ch = (int)(t % c);
+            I pixel = t / c;
+            j = (int)(pixel % ow);
+            i = (int)((pixel / ow) % oh);
+            image = pixel / ((I)oh * ow);
+        } else {
+            j = (int)(t % ow);
+            i = (int)((t / ow) % oh);
+            I plane = t / ((I)oh * ow);
+            ch = (int)(plane % c);
+            image = plane / c;
+        }
+        const float* xp = NHWC ? x + image * h * w * c + ch : x + (image * c + ch) * h * w;
+        const float* wp = NHWC ? wt + ch : wt + (i64)ch * kh * kw;
         float acc = 0.0f;
         for (int p = 0; p < kh; ++p) {
             int r = i * sh - ph + p * dh;
@@ -470,7 +486,7 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
             for (int q = 0; q < kw; ++q) {
                 int s = j * sw - pw + q * dw;
                 if (s < 0 || s >= w) continue;
-                acc += act_f(xp[(i64)r * w + s], pre, q0, q1) * wp[p * kw + q];
+                acc += act_f(xp[((I)r * w + s) * step], pre, q0, q1) * wp[(p * kw + q) * step];
             }
         }
         if (bias) acc += bias[ch];
@@ -483,43 +499,9 @@ extern "C" __global__ void depthwise_conv(float* y, const float* x, const float*
                                           float q0, float q1, int act, float p0, float p1) {
     i64 oh = g.v[2], ow = g.v[3], h = g.v[0], w = g.v[1];
     if (FITS32(nc * oh * ow) && FITS32(nc * h * w))
-        depthwise_conv_t<unsigned>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
+        depthwise_conv_t<unsigned, false>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
     else
-        depthwise_conv_t<i64>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
-}
-
-// Depthwise convolution, NHWC: as `depthwise_conv`, with x and y `[n, h, w, c]` and the
-// weights `[kh, kw, c]`; one thread per output element, channels fastest, so that a warp reads
-// neighbouring channels of one pixel (one transaction) and their weights alike.
-template <typename I>
-__device__ __forceinline__ void depthwise_conv_nhwc_t(float* y, const float* x, const float* wt,
-                                                      const float* bias, I nc, int c, Geo12 g,
-                                                      int pre, float q0, float q1, int act,
-                                                      float p0, float p1) {
-    int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4], kw = g.v[5];
-    int sh = g.v[6], sw = g.v[7], ph = g.v[8], pw = g.v[9], dh = g.v[10], dw = g.v[11];
-    I total = nc * oh * ow;
-    GRID_STRIDE_T(I, t, total) {
-        int ch = (int)(t % c);
-        I pixel = t / c;
-        int j = (int)(pixel % ow);
-        int i = (int)((pixel / ow) % oh);
-        I image = pixel / ((I)oh * ow);
-        const float* xp = x + image * h * w * c + ch;
-        const float* wp = wt + ch;
-        float acc = 0.0f;
-        for (int p = 0; p < kh; ++p) {
-            int r = i * sh - ph + p * dh;
-            if (r < 0 || r >= h) continue;
-            for (int q = 0; q < kw; ++q) {
-                int s = j * sw - pw + q * dw;
-                if (s < 0 || s >= w) continue;
-                acc += act_f(xp[((I)r * w + s) * c], pre, q0, q1) * wp[(p * kw + q) * c];
-            }
-        }
-        if (bias) acc += bias[ch];
-        y[t] = act_f(acc, act, p0, p1);
-    }
+        depthwise_conv_t<i64, false>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
 }
 
 extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const float* wt,
@@ -528,9 +510,9 @@ extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const f
                                                float p1) {
     i64 oh = g.v[2], ow = g.v[3], h = g.v[0], w = g.v[1];
     if (FITS32(nc * oh * ow) && FITS32(nc * h * w))
-        depthwise_conv_nhwc_t<unsigned>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
+        depthwise_conv_t<unsigned, true>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
     else
-        depthwise_conv_nhwc_t<i64>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
+        depthwise_conv_t<i64, true>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
 }
 
 // Abstract operators: every block waits until `ns` nanoseconds have passed.

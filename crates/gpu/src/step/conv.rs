@@ -1673,9 +1673,13 @@ mod tests {
         );
         assert_close(s, &y, &want);
         if s.is_depthwise() {
-            assert_close(s, &depthwise_like_the_kernel(s, &x, &wt, &bias), &want);
+            assert_close(
+                s,
+                &depthwise_like_the_kernel(s, &x, &wt, &bias, false),
+                &want,
+            );
             let out = [1, s.out_channels, s.out_hw[0], s.out_hw[1]];
-            let nhwc = depthwise_nhwc_like_the_kernel(s, &x, &wt, &bias);
+            let nhwc = depthwise_like_the_kernel(s, &x, &wt, &bias, true);
             assert_close(s, &crate::program::nhwc_to_nchw(&nhwc, out), &want);
         }
     }
@@ -1690,53 +1694,31 @@ mod tests {
         }
     }
 
-    /// The NVRTC `depthwise_conv` kernel's loop, line by line on the host (with the kernels'
-    /// activation formula): its indexing, padding and fusions against the reference.
-    fn depthwise_like_the_kernel(s: &Conv, x: &[f32], wt: &[f32], bias: &[f32]) -> Vec<f32> {
-        let [n, c, h, w] = s.input.map(|v| v as i64);
-        let [oh, ow] = s.out_hw.map(|v| v as i64);
-        let [kh, kw] = s.kernel.map(|v| v as i64);
-        let ([sh, sw], [ph, pw], [dh, dw]) = (
-            s.stride.map(|v| v as i64),
-            s.padding.map(|v| v as i64),
-            s.dilation.map(|v| v as i64),
-        );
-        let (pre, post) = (act_params(s.pre_act), act_params(s.act));
-        let f = crate::cuda::nvrtc::act_f_host;
-        let total = n * c * oh * ow;
-        (0..total)
-            .map(|t| {
-                let (j, i, plane) = (t % ow, (t / ow) % oh, t / (oh * ow));
-                let ch = plane % c;
-                let mut acc = 0.0f32;
-                for p in 0..kh {
-                    let r = i * sh - ph + p * dh;
-                    if r < 0 || r >= h {
-                        continue;
-                    }
-                    for q in 0..kw {
-                        let col = j * sw - pw + q * dw;
-                        if col < 0 || col >= w {
-                            continue;
-                        }
-                        let v = x[(plane * h * w + r * w + col) as usize];
-                        acc += f(v, pre) * wt[(ch * kh * kw + p * kw + q) as usize];
-                    }
-                }
-                f(acc + bias[ch as usize], post)
-            })
-            .collect()
-    }
-
-    /// The NVRTC `depthwise_conv_nhwc` kernel's loop on the host, given NCHW `x` and the
-    /// step's weights, which it transposes as the kernel gets them (channels last, the weights
-    /// `[kh, kw, c]`); its output is channels last.
-    fn depthwise_nhwc_like_the_kernel(s: &Conv, x: &[f32], wt: &[f32], bias: &[f32]) -> Vec<f32> {
-        let mut xl = vec![0.0; x.len()];
-        crate::program::nchw_to_nhwc(x, s.input, &mut xl);
+    /// The NVRTC `depthwise_conv` kernel's loop (`depthwise_conv_nhwc`'s where `nhwc`), line
+    /// by line on the host (with the kernels' activation formula), given NCHW `x` and the
+    /// step's weights, which it lays out as the kernel gets them (channels last: `x` NHWC, the
+    /// weights `[kh, kw, c]`); its output is in the kernel's layout. Its indexing, padding and
+    /// fusions against the reference.
+    fn depthwise_like_the_kernel(
+        s: &Conv,
+        x: &[f32],
+        wt: &[f32],
+        bias: &[f32],
+        nhwc: bool,
+    ) -> Vec<f32> {
         let taps = s.kernel[0] * s.kernel[1];
-        let c = s.input[1];
-        let wl: Vec<f32> = (0..taps * c).map(|t| wt[(t % c) * taps + t / c]).collect();
+        let (x, wt) = match nhwc {
+            false => (x.to_vec(), wt.to_vec()),
+            true => {
+                let mut xl = vec![0.0; x.len()];
+                crate::program::nchw_to_nhwc(x, s.input, &mut xl);
+                let c = s.input[1];
+                (
+                    xl,
+                    (0..taps * c).map(|t| wt[(t % c) * taps + t / c]).collect(),
+                )
+            }
+        };
         let [n, c, h, w] = s.input.map(|v| v as i64);
         let [oh, ow] = s.out_hw.map(|v| v as i64);
         let [kh, kw] = s.kernel.map(|v| v as i64);
@@ -1747,10 +1729,23 @@ mod tests {
         );
         let (pre, post) = (act_params(s.pre_act), act_params(s.act));
         let f = crate::cuda::nvrtc::act_f_host;
+        let step = if nhwc { c } else { 1 };
         (0..n * c * oh * ow)
             .map(|t| {
-                let (ch, pixel) = (t % c, t / c);
-                let (j, i, image) = (pixel % ow, (pixel / ow) % oh, pixel / (oh * ow));
+                let (ch, i, j, image) = match nhwc {
+                    true => {
+                        let pixel = t / c;
+                        (t % c, (pixel / ow) % oh, pixel % ow, pixel / (oh * ow))
+                    }
+                    false => {
+                        let plane = t / (oh * ow);
+                        (plane % c, (t / ow) % oh, t % ow, plane / c)
+                    }
+                };
+                let (x0, w0) = match nhwc {
+                    true => (image * h * w * c + ch, ch),
+                    false => ((image * c + ch) * h * w, ch * kh * kw),
+                };
                 let mut acc = 0.0f32;
                 for p in 0..kh {
                     let r = i * sh - ph + p * dh;
@@ -1762,8 +1757,8 @@ mod tests {
                         if col < 0 || col >= w {
                             continue;
                         }
-                        let v = xl[(image * h * w * c + (r * w + col) * c + ch) as usize];
-                        acc += f(v, pre) * wl[((p * kw + q) * c + ch) as usize];
+                        let v = x[(x0 + (r * w + col) * step) as usize];
+                        acc += f(v, pre) * wt[(w0 + (p * kw + q) * step) as usize];
                     }
                 }
                 f(acc + bias[ch as usize], post)
