@@ -256,12 +256,11 @@ pub enum Layout {
 /// reading one whole value or one sum of whole values; a `sequential` operator of such
 /// convolutions, activations and pools, reading the same, where it has a convolution or reads
 /// a channels-last value (NASNet's and RandWire's relu + separable convolution); and, where it
-/// reads at least one
-/// channels-last value and only whole values, an element-wise operator (no broadcasting) or
-/// activation of 4-D values, a pooling, a concatenation of several terms along channels (a
-/// branch that may write a strided slice writes its own in place, a run of channels per
-/// pixel; the others are copied), and IOS's identity of terms that are whole values or sums
-/// of them (NASNet's cell outputs); never a graph output.
+/// reads at least one channels-last value and only whole values, an element-wise operator (no
+/// broadcasting) or activation of 4-D values, a pooling, a concatenation of several terms
+/// along channels (a branch that may write a strided slice writes its own in place, a run of
+/// channels per pixel; the others are copied), and IOS's identity of terms that are whole
+/// values or sums of them (NASNet's cell outputs); never a graph output.
 pub fn channels_last(g: &Graph) -> Vec<bool> {
     let mut nhwc = vec![false; g.len()];
     let outputs: HashSet<NodeId> = g.outputs().iter().map(|o| o.value.node).collect();
@@ -272,7 +271,7 @@ pub fn channels_last(g: &Graph) -> Vec<bool> {
             .inputs
             .iter()
             .all(|t| matches!(t.as_slice(), [v] if v.channels.is_none()));
-        let sums = node.inputs.iter().flatten().all(|v| v.channels.is_none());
+        let no_slices = node.inputs.iter().flatten().all(|v| v.channels.is_none());
         let reads_nhwc = node.inputs.iter().flatten().any(|v| nhwc[v.node.index()]);
         let same_shape = || {
             g.input_shapes(id)
@@ -298,7 +297,7 @@ pub fn channels_last(g: &Graph) -> Vec<bool> {
             Op::Concat { axis: 1 } => whole && reads_nhwc && terms > 1,
             // Terms of whole values or sums of them: each sum one add writing its slice (a run
             // of channels per pixel).
-            Op::Identity => reads_nhwc && ((sums && terms > 1) || (one_sum && same_shape())),
+            Op::Identity => reads_nhwc && ((no_slices && terms > 1) || (one_sum && same_shape())),
             _ => false,
         };
         nhwc[id.index()] = four && kind && !outputs.contains(&id);
