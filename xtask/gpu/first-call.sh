@@ -118,6 +118,11 @@ done
 step "nhwc lios nasnet"
 result "nhwc lios nasnet: $(timeout 60 opsched run nasnet --backend cuda --algo lios \
     --layout nhwc --graph-capture --repeats 100 --json 2>>"$L" | lat)"
+# IOS channels last (since the fifth session its merged stages run as one convolution in
+# this layout too) against the three `ios inception_v3` lines above, one process.
+step "nhwc ios inception_v3"
+result "nhwc ios inception_v3: $(timeout 60 opsched run inception_v3 --backend cuda --algo ios \
+    --layout nhwc --graph-capture --repeats 100 --json 2>>"$L" | lat)"
 for m in resnet50 inception_v3 googlenet; do
     for a in sequential lios; do
         step "b16 nhwc $a $m"

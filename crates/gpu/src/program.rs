@@ -658,10 +658,22 @@ impl<'g> Builder<'g> {
             return Ok(b);
         }
         let y = self.alloc(at.gpu, len, BufRole::Scratch(producer), Init::Uninit);
+        let mut convert = Vec::with_capacity(2);
+        // A strided view (a merged convolution's member, channels last) is gathered first:
+        // the transpose reads dense values.
+        let src = match self.buffers[raw].runs {
+            Some(r) => {
+                let dense = self.alloc(at.gpu, len, BufRole::Scratch(producer), Init::Uninit);
+                convert.push(Copy::gather(raw, dense, len, r.run).into());
+                dense
+            }
+            None => raw,
+        };
+        convert.push(step::transpose::Transpose::of(src, y, in_shape, &perm).into());
         self.conversions
             .entry(producer)
             .or_default()
-            .push(step::transpose::Transpose::of(raw, y, in_shape, &perm).into());
+            .extend(convert);
         self.other_layout.insert(producer, y);
         self.layout_conversions += 1;
         Ok(y)
@@ -1274,8 +1286,7 @@ impl Builder<'_> {
     /// output can be the concatenation's slice), else as it is. Its members run in one launch,
     /// so whichever comes first runs the convolution.
     fn concat_order(&self, group: &[NodeId]) -> Vec<NodeId> {
-        let batch = self.g.node(group[0]).shape.first().copied().unwrap_or(1);
-        let slots: Option<Vec<_>> = group.iter().map(|&c| self.merge_slot(c, batch)).collect();
+        let slots: Option<Vec<_>> = group.iter().map(|&c| self.merge_slot(c)).collect();
         let mut order = group.to_vec();
         if let Some(slots) = slots.filter(|s| s.iter().all(|x| x.into == s[0].into)) {
             let mut keyed: Vec<_> = slots.iter().map(|s| s.at).zip(group).collect();
@@ -1285,29 +1296,59 @@ impl Builder<'_> {
         order
     }
 
-    /// Where merged convolution member `c` would write its slice of a concatenation, at
-    /// `batch`: a contiguous slice its producers may write at batch 1, a strided one at
-    /// batch > 1 ([`opsched_graph::inplace::merged_slot`]).
-    fn merge_slot(&self, c: NodeId, batch: usize) -> Option<opsched_graph::inplace::Slice> {
-        match batch {
-            1 => opsched_graph::inplace::slice_of(self.g, c).filter(|s| s.rows == 1),
-            _ => opsched_graph::inplace::merged_slot(self.g, c),
+    /// How a merged convolution's member of node `c`'s shape lies in the merged output: in
+    /// `rows` runs of its channels times `inner` elements (NCHW: a run per image, a channel
+    /// being its pixels; channels last: a run per pixel).
+    fn merge_rows(&self, c: NodeId) -> Option<(usize, usize)> {
+        let &[n, _, h, w] = self.g.node(c).shape.as_slice() else {
+            return None;
+        };
+        match self.channels_last_at(c) {
+            true => Some((n.checked_mul(h)?.checked_mul(w)?, 1)),
+            false => Some((n, h.checked_mul(w)?)),
         }
+    }
+
+    /// Where merged convolution member `c` would write its slice of a concatenation, in the
+    /// member's rows ([`Builder::merge_rows`]): a contiguous slice its producers may write
+    /// where it is one row, a strided one else ([`opsched_graph::inplace::merged_slot`]; in
+    /// elements of the layout's rows, where the concatenation is stored alike).
+    fn merge_slot(&self, c: NodeId) -> Option<opsched_graph::inplace::Slice> {
+        let (rows, inner) = self.merge_rows(c)?;
+        if rows == 1 {
+            return opsched_graph::inplace::slice_of(self.g, c).filter(|s| s.rows == 1);
+        }
+        let s = opsched_graph::inplace::merged_slot(self.g, c)?;
+        if self.channels_last_at(s.into) != self.channels_last_at(c) {
+            return None;
+        }
+        // The slice in NCHW elements (a run per image, `hw` elements a channel) in `inner`
+        // elements a channel and `rows` runs.
+        let hw = s.run / self.g.node(c).shape[1].max(1);
+        Some(opsched_graph::inplace::Slice {
+            at: s.at / hw.max(1) * inner,
+            rows,
+            run: s.run / hw.max(1) * inner,
+            stride: s.stride / hw.max(1) * inner,
+            ..s
+        })
     }
 
     /// Make merged output `m` of `group` (its members' views `members`) a view of the
     /// members' consecutive slices of one concatenation, where they have them (see
     /// [`Builder::merge_convs`]).
     fn merged_in_place(&mut self, group: &[NodeId], m: &MergedConv, members: &[MemberView]) {
-        let batch = self.g.node(group[0]).shape.first().copied().unwrap_or(1);
-        let slots: Vec<_> = group.iter().map(|&c| self.merge_slot(c, batch)).collect();
+        let Some((rows, _)) = self.merge_rows(group[0]) else {
+            return;
+        };
+        let slots: Vec<_> = group.iter().map(|&c| self.merge_slot(c)).collect();
         let Some(first) = slots.first().copied().flatten() else {
             return;
         };
         let consecutive = slots.iter().zip(members).all(|(s, v)| {
             s.is_some_and(|s| {
                 (s.into, s.at, s.stride) == (first.into, first.at + v.at, first.stride)
-                    && s.run == v.len / batch
+                    && s.run == v.len / rows
             })
         });
         let local = self.gpu_of(first.into) == self.gpu_of(group[0]);
@@ -1318,10 +1359,10 @@ impl Builder<'_> {
             return;
         }
         self.buffers[m.out].within = Some((dst, first.at));
-        if batch > 1 {
+        if rows > 1 {
             // The merged output and its members are views of the concatenation itself
             // (nothing is a view of a strided view).
-            let merged_run = self.buffers[m.out].len / batch;
+            let merged_run = self.buffers[m.out].len / rows;
             self.buffers[m.out].runs = Some(Runs {
                 run: merged_run,
                 stride: first.stride,
@@ -1330,7 +1371,7 @@ impl Builder<'_> {
                 if let Some(o) = self.outputs[c.index()] {
                     self.buffers[o].within = Some((dst, first.at + v.at));
                     self.buffers[o].runs = Some(Runs {
-                        run: v.len / batch,
+                        run: v.len / rows,
                         stride: first.stride,
                     });
                 }
@@ -1358,12 +1399,17 @@ impl Builder<'_> {
             return None;
         }
         let (conv, _) = opsched_graph::merge::merged_conv(self.g, group)?;
-        let &[n, _, oh, ow] = self.g.node(head).shape.as_slice() else {
+        let [oh, ow] = self.g.node(head).shape.get(2..4)?.try_into().ok()?;
+        // Members alike in layout (a graph output, which stays NCHW, takes no part).
+        let nhwc = self.channels_last_at(head);
+        if group.iter().any(|&c| self.channels_last_at(c) != nhwc) {
             return None;
-        };
-        // At batch > 1 the members are strided views: only where every reader takes them in
-        // place (a dense copy for another reader would cost what the merge saves).
-        if n > 1
+        }
+        let (rows, inner) = self.merge_rows(head)?;
+        // With more than one row the members are strided views: only where every reader
+        // takes them in place (a dense copy for another reader would cost what the merge
+        // saves).
+        if rows > 1
             && !group
                 .iter()
                 .all(|&c| opsched_graph::merge::read_in_place(self.g, c))
@@ -1372,38 +1418,39 @@ impl Builder<'_> {
         }
         let mut members = Vec::with_capacity(group.len());
         let mut views = Vec::with_capacity(group.len());
-        let mut image = 0usize;
+        // The merged output's row: every member's run side by side.
+        let mut row = 0usize;
         for &c in group {
             let Op::Conv2d(cc) = &self.g.node(c).op else {
                 return None;
             };
-            let run = cc.out_channels.checked_mul(oh * ow)?;
+            let run = cc.out_channels.checked_mul(inner)?;
             views.push(MemberView {
-                at: image,
-                len: run.checked_mul(n)?,
+                at: row,
+                len: run.checked_mul(rows)?,
                 runs: None,
             });
-            image = image.checked_add(run)?;
+            row = row.checked_add(run)?;
             members.push((c, cc.clone()));
         }
         let align = opsched_graph::inplace::VIEW_ALIGN;
         if !(views.iter().all(|v| v.at.is_multiple_of(align))
-            && (n == 1 || image.is_multiple_of(align)))
+            && (rows == 1 || row.is_multiple_of(align)))
         {
             return None;
         }
-        if n > 1 {
-            // Each member is one run per image of the merged output.
+        if rows > 1 {
+            // Each member is one run per row of the merged output.
             for v in &mut views {
                 v.runs = Some(Runs {
-                    run: v.len / n,
-                    stride: image,
+                    run: v.len / rows,
+                    stride: row,
                 });
             }
         }
         let out = self.alloc(
             gpu,
-            image.checked_mul(n)?,
+            row.checked_mul(rows)?,
             BufRole::Scratch(head),
             Init::Uninit,
         );
@@ -1623,8 +1670,11 @@ impl GraphProgram {
     }
 
     /// [`GraphProgram::build_merged`] with 4-D activations in `layout`. With
-    /// [`Layout::Nhwc`] nothing merges, and a channels-last value is no view of another
-    /// operator's buffer (a concatenation's slice, a reshape of more than one pixel).
+    /// [`Layout::Nhwc`] a merged stage's members are views of the merged output a run of
+    /// channels per pixel (read in place where [`opsched_graph::merge::read_in_place`]
+    /// holds), and a channels-last value is no view of another operator's buffer but for
+    /// such runs (a concatenation's slice, a merged convolution's member), never a reshape
+    /// of more than one pixel.
     pub fn build_with(
         g: &Graph,
         placement: &[Option<usize>],
@@ -1714,9 +1764,7 @@ impl GraphProgram {
             b.replicas.insert((t.src, t.dst), r);
             xfers.push((sb, r));
         }
-        if layout == Layout::Nchw {
-            b.merge_convs(merges, transfers);
-        }
+        b.merge_convs(merges, transfers);
         b.concat_in_place(transfers);
         b.fuse_activations(transfers);
         b.fuse_residuals(transfers);

@@ -426,6 +426,46 @@ fn merged_stages_run_as_one_convolution_at_batch_2() {
     }
 }
 
+/// Channels last, IOS's merged stages run as one convolution too, at batch 1 and 2: the
+/// members are views of the merged output (or of their concatenation) a run of channels per
+/// pixel, which the convolutions (cuDNN's input pixel stride), copies and adds after them
+/// read in place. Every merged stage runs as one, the kernels are the NCHW run's and the
+/// transposes, and every value equals the NCHW run's bit for bit.
+#[test]
+fn merged_stages_run_as_one_convolution_channels_last() {
+    use opsched_gpu::program::Layout;
+    let cost = h100();
+    for model in ["squeezenet", "googlenet", "inception_v3"] {
+        for batch in [1, 2] {
+            let g = small_batch(model, batch);
+            let s = schedule(&g, "ios-merge", 1, &cost);
+            let plan = lower(&g, &s).unwrap();
+            let stages = HostProgram::new(&g, &plan).unwrap().merged_launches().len();
+            let what = format!("{model} at batch {batch}");
+            let (want, ..) = outputs_in(&g, &plan, Layout::Nchw);
+            let (got, nhwc, _) = outputs_in(&g, &plan, Layout::Nhwc);
+            assert!(nhwc > 0, "{what}");
+            assert_eq!(got, want, "{what}: channels last differs");
+            let run = |layout| {
+                let opts = RunOptions {
+                    layout,
+                    ..checked(false, 0, 1)
+                };
+                run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap()
+            };
+            let (last, first) = (run(Layout::Nhwc), run(Layout::Nchw));
+            assert_eq!(last.merged_convolutions, stages, "{what}");
+            assert_eq!(first.merged_convolutions, stages, "{what}");
+            assert_eq!(
+                last.kernels,
+                first.kernels + last.layout_conversions,
+                "{what}"
+            );
+            assert!(last.check.unwrap().passed, "{what}");
+        }
+    }
+}
+
 /// Every value of a run with channels-last activations, as the session reports it (in NCHW
 /// order), and the program's transposes between the layouts.
 fn outputs_in(
@@ -1082,6 +1122,7 @@ fn a_merged_stage_runs_as_one_convolution_and_matches_the_reference() {
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn gpu_a_merged_stage_runs_as_one_convolution() {
+    use opsched_gpu::program::Layout;
     let dev = opsched_runtime::CudaDevice::open(Some(1)).unwrap();
     for (n, conv_reader, merges) in [(1, false, 1), (2, false, 0), (2, true, 1)] {
         let g = three_branches(n, conv_reader);
@@ -1092,13 +1133,20 @@ fn gpu_a_merged_stage_runs_as_one_convolution() {
         assert_eq!(r.merged_convolutions, merges, "batch {n}");
     }
     // SqueezeNet at batch 2: each bypass, merged with its module's squeeze, is summed with the
-    // module's output by `elementwise_views`, reading the strided member in place.
+    // module's output by `elementwise_views`, reading the strided member in place; channels
+    // last, the convolutions after the members read them with cuDNN's pixel stride.
     let g = small_batch("squeezenet", 2);
     let s = schedule(&g, "ios-merge", 1, &h100());
     let plan = lower(&g, &s).unwrap();
     let stages = HostProgram::new(&g, &plan).unwrap().merged_launches().len();
-    let r = run_schedule(&dev, &g, &s, &checked(true, 1, 3)).unwrap();
-    let c = r.check.clone().unwrap();
-    assert!(c.passed, "squeezenet at batch 2: {c:?}");
-    assert_eq!(r.merged_convolutions, stages, "squeezenet at batch 2");
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        let opts = RunOptions {
+            layout,
+            ..checked(true, 1, 3)
+        };
+        let r = run_schedule(&dev, &g, &s, &opts).unwrap();
+        let c = r.check.clone().unwrap();
+        assert!(c.passed, "squeezenet at batch 2, {layout:?}: {c:?}");
+        assert_eq!(r.merged_convolutions, stages, "squeezenet, {layout:?}");
+    }
 }

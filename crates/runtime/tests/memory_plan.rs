@@ -434,16 +434,24 @@ fn random_graphs_share_storage_only_between_ordered_uses() {
 /// Random graphs with channels-last activations, buffers shared under the schedule's order
 /// (the race detector watches them), concatenation slices written in place a run of channels
 /// per pixel (by convolutions, and by the adds of summed terms), separable convolutions of
-/// sums channels last: every graph output equals the NCHW run's, bit for bit.
+/// sums and IOS's merged stages channels last: every graph output equals the NCHW run's of
+/// the same schedule, bit for bit.
 #[test]
 fn random_graphs_in_channels_last_equal_the_nchw_run() {
     use opsched_gpu::program::Layout;
     let (mut crossings, mut pixel_slices, mut separable, mut summed_cells) = (0, 0, 0, 0);
+    let mut merged = 0;
     for seed in 0..6 {
         let g = random_graph(seed, 24, 1 + seed as usize % 2);
-        let (want, _) = run(&g, &Schedule::sequential(&g), false);
-        for (algo, streams) in [("opara", 4), ("lios", 2), ("sequential", 1)] {
+        let algos = [
+            ("opara", 4),
+            ("lios", 2),
+            ("sequential", 1),
+            ("ios-merge", 1),
+        ];
+        for (algo, streams) in algos {
             let s = schedule(&g, algo, streams);
+            let (want, _) = run(&g, &s, false);
             let dev = CpuDevice::new();
             let opts = RunOptions {
                 layout: Layout::Nhwc,
@@ -455,6 +463,7 @@ fn random_graphs_in_channels_last_equal_the_nchw_run() {
             let p = session.program();
             check_layout(p).unwrap();
             crossings += p.layout_conversions;
+            merged += p.merged.len();
             pixel_slices += p.buffers.iter().filter(|b| b.runs.is_some()).count();
             let nhwc = |(i, n): (usize, &opsched::graph::Node), op: fn(&Op) -> bool| {
                 op(&n.op) && p.channels_last[i]
@@ -477,6 +486,10 @@ fn random_graphs_in_channels_last_equal_the_nchw_run() {
         "no convolution wrote its slice of a concatenation in place"
     );
     assert!(separable > 0, "no separable convolution ran channels last");
+    assert!(
+        merged > 0,
+        "no merged stage ran as one convolution channels last"
+    );
     assert!(
         summed_cells > 0,
         "no concatenation of sums ran channels last"

@@ -41,8 +41,7 @@ use crate::cpu::math::{
 };
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{
-    tensor4, tensor4_images, tensor4_nhwc, tensor4_nhwc_pixels, ActDesc, ConvDesc, FilterDesc,
-    TensorDesc,
+    tensor4, tensor4_images, tensor4_nhwc_pixels, ActDesc, ConvDesc, FilterDesc, TensorDesc,
 };
 use crate::cuda::engine::{ConvGraph, ConvShape, EngineRef, Plan as EnginePlan};
 use crate::cuda::nvrtc::act_params;
@@ -226,7 +225,7 @@ pub(crate) fn lower_merged(
             act: c.act,
             pre_act: Activation::None,
             residual: None,
-            nhwc: false,
+            nhwc: b.channels_last_at(at.node),
         }
         .into(),
     );
@@ -870,6 +869,28 @@ fn image_stride(
     }
 }
 
+/// The image stride and, channels last, the pixel stride of a convolution's input or output
+/// of `channels` channels and `pixels` pixels (its runs where it is a strided view: NCHW, one
+/// run per image, [`image_stride`]; channels last, one run of its channels per pixel, a
+/// merged convolution's member or a slice of a concatenation).
+fn strides(
+    nhwc: bool,
+    runs: Option<crate::program::Runs>,
+    channels: usize,
+    pixels: usize,
+    what: &str,
+) -> Result<(usize, usize), GpuError> {
+    match (nhwc, runs) {
+        (false, _) => Ok((image_stride(runs, channels * pixels, what)?, channels)),
+        (true, None) => Ok((channels * pixels, channels)),
+        (true, Some(r)) if r.run == channels => Ok((r.stride * pixels, r.stride)),
+        (true, Some(r)) => Err(GpuError::Plan(format!(
+            "a channels-last convolution's {what} in runs of {}, not its {channels} channels",
+            r.run
+        ))),
+    }
+}
+
 /// Prepare `s` reading `x` and writing `y` (each a pointer, and its runs where it is
 /// strided).
 fn prepare(
@@ -881,34 +902,21 @@ fn prepare(
     let [n, c, h, w] = s.input;
     // A strided input (a merged convolution's member at batch > 1) has its images `x_image`
     // elements apart, each dense; so has a strided output (the convolution's slice of a
-    // concatenation at batch > 1), `y_image` apart.
+    // concatenation at batch > 1), `y_image` apart. Channels last, a strided input (a merged
+    // convolution's member) or output (a slice of a concatenation) has its pixels `x_pixel`
+    // or `y_pixel` elements apart, each pixel's channels dense.
     let (xp, x_runs) = x;
-    let x_image = image_stride(x_runs, c * h * w, "input")?;
+    let (x_image, x_pixel) = strides(s.nhwc, x_runs, c, h * w, "input")?;
     let oc = s.out_channels;
     let y_dims = [n, oc, s.out_hw[0], s.out_hw[1]];
     let w_dims = [oc, c / s.groups, s.kernel[0], s.kernel[1]];
     let conv = ConvDesc::new(s.padding, s.stride, s.dilation, s.groups)?;
     let (yp, y_runs) = y;
     let pixels = s.out_hw[0] * s.out_hw[1];
-    // Channels last, a strided output (the convolution's slice of a concatenation) has its
-    // pixels `y_pixel` elements apart, each pixel's channels dense.
-    let (y_image, y_pixel) = match (s.nhwc, y_runs) {
-        (false, _) => (image_stride(y_runs, oc * pixels, "output")?, oc),
-        (true, None) => (oc * pixels, oc),
-        (true, Some(r)) if r.run == oc => (r.stride * pixels, r.stride),
-        (true, Some(r)) => {
-            return Err(GpuError::Plan(format!(
-                "a channels-last convolution's output in runs of {}, not its {oc} channels",
-                r.run
-            )))
-        }
-    };
+    let (y_image, y_pixel) = strides(s.nhwc, y_runs, oc, pixels, "output")?;
     // Channels last: the filter goes KRSC too, permuted once into a buffer of the prepared
     // operator's own (the program keeps the weights as the IR has them, [oc, c, kh, kw]).
     let (w_desc, wp, held_w) = if s.nhwc {
-        if x_runs.is_some() {
-            return Err(cx.no_kernel("a channels-last convolution reading a strided view"));
-        }
         let held = cx.gpu.zeros(w_dims.iter().product())?;
         let (hp, _) = held.device_ptr(&cx.gpu.alloc_stream);
         let permute = super::transpose::permute(cx.ptr(s.w)?, hp, &w_dims, &[0, 2, 3, 1])?;
@@ -945,9 +953,10 @@ fn prepare(
         s.dilation,
         s.groups,
         if s.nhwc { "nhwc" } else { "nchw" },
-        match x_runs {
-            Some(_) => format!("|ximage={x_image}"),
-            None => String::new(),
+        match (x_runs, s.nhwc) {
+            (Some(_), false) => format!("|ximage={x_image}"),
+            (Some(_), true) => format!("|xpixel={x_pixel}"),
+            (None, _) => String::new(),
         },
         match (y_runs, s.nhwc) {
             (Some(_), false) => format!("|yimage={y_image}"),
@@ -980,7 +989,7 @@ fn prepare(
         y: yp,
         bias: bias_ptr,
         x_desc: match s.nhwc {
-            true => tensor4_nhwc(s.input)?,
+            true => tensor4_nhwc_pixels(s.input, x_pixel)?,
             false => tensor4_images(s.input, x_image)?,
         },
         y_desc: match s.nhwc {
