@@ -1323,15 +1323,17 @@ impl Builder<'_> {
             return None;
         }
         // The slice in NCHW elements (a run per image, `hw` elements a channel) in `inner`
-        // elements a channel and `rows` runs.
-        let hw = s.run / self.g.node(c).shape[1].max(1);
-        Some(opsched_graph::inplace::Slice {
-            at: s.at / hw.max(1) * inner,
+        // elements a channel and `rows` runs, aligned as a strided view must be.
+        let hw = numel(self.g.node(c).shape.get(2..)?).max(1);
+        let slice = opsched_graph::inplace::Slice {
+            at: s.at / hw * inner,
             rows,
-            run: s.run / hw.max(1) * inner,
-            stride: s.stride / hw.max(1) * inner,
+            run: s.run / hw * inner,
+            stride: s.stride / hw * inner,
             ..s
-        })
+        };
+        let align = opsched_graph::inplace::VIEW_ALIGN;
+        (slice.at.is_multiple_of(align) && slice.stride.is_multiple_of(align)).then_some(slice)
     }
 
     /// Make merged output `m` of `group` (its members' views `members`) a view of the
