@@ -130,6 +130,19 @@ pub trait CostModel: Send + Sync {
     /// `op_time` among `ops`.
     fn merged_time(&self, g: &Graph, ops: &[NodeId]) -> Option<f64>;
 
+    /// Time of a merge stage of `ops` as the GPU runtime runs it, what schedulers and the
+    /// simulator charge: [`CostModel::merged_time`] where it runs them as one convolution
+    /// ([`opsched_graph::merge::runs_as_one`]), else (at a batch above 1, a member read by a
+    /// kernel that cannot read it in place) their `op_time`s one after another. `None` if
+    /// they cannot be merged.
+    fn merged_stage_time(&self, g: &Graph, ops: &[NodeId]) -> Option<f64> {
+        if opsched_graph::merge::runs_as_one(g, ops) {
+            return self.merged_time(g, ops);
+        }
+        opsched_graph::merge::mergeable(g, ops)
+            .then(|| ops.iter().map(|&o| self.op_time(g, o)).sum())
+    }
+
     /// Time to move the tensor of edge `src -> dst` from one GPU to another.
     fn transfer_time(&self, g: &Graph, src: NodeId, dst: NodeId) -> f64;
 
@@ -170,6 +183,9 @@ impl<M: CostModel + ?Sized> CostModel for Box<M> {
     }
     fn merged_time(&self, g: &Graph, ops: &[NodeId]) -> Option<f64> {
         (**self).merged_time(g, ops)
+    }
+    fn merged_stage_time(&self, g: &Graph, ops: &[NodeId]) -> Option<f64> {
+        (**self).merged_stage_time(g, ops)
     }
     fn transfer_time(&self, g: &Graph, src: NodeId, dst: NodeId) -> f64 {
         (**self).transfer_time(g, src, dst)

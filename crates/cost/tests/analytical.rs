@@ -279,6 +279,38 @@ fn merged_convs_cost_between_the_largest_and_the_sum() {
     }
 }
 
+/// A merge stage costs what the runtime runs: one merged convolution, or at a batch above 1,
+/// where a pool reads a member (which it cannot read in place as a run per image), the
+/// convolutions one after another.
+#[test]
+fn merge_stages_cost_what_the_runtime_runs() {
+    for (batch, pooled) in [(1, true), (2, false), (2, true)] {
+        let mut b = GraphBuilder::new("pair", DType::F32);
+        let x = b.input("x", vec![batch, 8, 8, 8]);
+        let a = b.conv("a", x, Conv2d::new(8, 1));
+        let c = b.conv("c", x, Conv2d::new(8, 3).padding(1, 1));
+        b.concat("cat", &[a, c]);
+        if pooled {
+            b.pool("p", c, opsched_graph::Pool2d::max(3, 1, 1));
+        }
+        let g = b.finish().unwrap();
+        let m = model(H100);
+        let ops = [a, c];
+        let stage = m.merged_stage_time(&g, &ops).unwrap();
+        // (Merging saves time here, so the two answers differ.)
+        let sum = m.op_time(&g, a) + m.op_time(&g, c);
+        assert!(m.merged_time(&g, &ops).unwrap() < sum);
+        let one = opsched_graph::merge::runs_as_one(&g, &ops);
+        assert_eq!(one, batch == 1 || !pooled, "batch {batch}, pooled {pooled}");
+        let want = match one {
+            true => m.merged_time(&g, &ops).unwrap(),
+            false => sum,
+        };
+        assert_eq!(stage, want, "batch {batch}, pooled {pooled}");
+        assert!(m.merged_stage_time(&g, &[a]).is_none());
+    }
+}
+
 #[test]
 fn presets_by_name_and_unknown_names_list_the_known_ones() {
     for name in [

@@ -64,6 +64,19 @@ pub fn mergeable(g: &Graph, ops: &[NodeId]) -> bool {
     merged_conv(g, ops).is_some()
 }
 
+/// Whether the GPU runtime runs mergeable `ops` as one convolution, as far as the graph
+/// decides it (channels-last storage, transfers and residual sums aside): at batch 1, and at
+/// a larger batch where every member, one run per image of the merged output, is read in
+/// place by every reader ([`read_in_place`]); else it runs them one after another.
+pub fn runs_as_one(g: &Graph, ops: &[NodeId]) -> bool {
+    let batch = ops
+        .first()
+        .and_then(|&o| g.nodes().get(o.index()))
+        .and_then(|n| n.shape.first().copied())
+        .unwrap_or(1);
+    mergeable(g, ops) && (batch <= 1 || ops.iter().all(|&o| read_in_place(g, o)))
+}
+
 /// The merged convolution replacing `ops` and the shape of its input (the components' common
 /// input, terms concatenated along channels), or `None` if `ops` cannot be merged.
 pub fn merged_conv(g: &Graph, ops: &[NodeId]) -> Option<(Conv2d, Vec<usize>)> {

@@ -179,7 +179,7 @@ fn merged_pair_read_by(reader: impl Fn(&mut GraphBuilder, NodeId) -> NodeId) -> 
 #[test]
 fn at_batch_above_1_a_member_must_be_read_in_place_by_every_reader() {
     use opsched_graph::inplace::{merged_slot, slice_of};
-    use opsched_graph::merge::read_in_place;
+    use opsched_graph::merge::{read_in_place, runs_as_one};
     use opsched_graph::{Pool2d, PoolKind};
     type Reader = fn(&mut GraphBuilder, NodeId) -> NodeId;
     let cases: [(&str, Reader, bool); 9] = [
@@ -240,6 +240,8 @@ fn at_batch_above_1_a_member_must_be_read_in_place_by_every_reader() {
         // The concatenation alone reads `a`; `c` as its reader has it.
         assert!(read_in_place(&g, a), "{what}");
         assert_eq!(read_in_place(&g, c), in_place, "{what}");
+        // At batch 2 the runtime runs the pair as one convolution only then.
+        assert_eq!(runs_as_one(&g, &[a, c]), in_place, "{what}");
         // Both keep their slices of the concatenation for a merged convolution to write,
         // though only `a` may write its own at batch 2 (a strided slice that the
         // concatenation alone reads).

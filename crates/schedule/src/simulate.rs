@@ -24,15 +24,17 @@
 //!   commands on that GPU is ready, the stage starts at `now`. Its time `T` is
 //!   `cost.stage_time(g, groups)`, the groups being, per participating stream (in stream
 //!   order), the operators of its consecutive stage-`s` launches (only `Send`s may sit between
-//!   them); a merged launch (alone in its stage) takes `T = cost.merged_time(g, ops)`, an error
-//!   if the model cannot merge them. With `L` the longest group's sum of `op_time`s,
+//!   them); a merged launch (alone in its stage) takes `T = cost.merged_stage_time(g, ops)`
+//!   (one merged convolution, or its convolutions one after another where the runtime runs
+//!   them so), an error if the model cannot merge them. With `L` the longest group's sum of `op_time`s,
 //!   `scale = T / L` (1 if `L = 0`); each stream then runs its stage-`s` launches one after
 //!   another as fixed-duration jobs of `scale * op_time` each (a merged launch: `T`), so the
 //!   longest group ends exactly `T` after the stage started. `Send`s between the launches fire
 //!   when the preceding operator ends. Stage jobs do not take part in the fluid law. A launch
 //!   that starts after its place in the stage (eager mode: the host issued it late) still takes
 //!   its whole `scale * op_time` (a merged launch: `T`) from then.
-//! - `LaunchMerged { ops, stage: None }`: a fixed-duration job of `cost.merged_time(g, ops)`.
+//! - `LaunchMerged { ops, stage: None }`: a fixed-duration job of
+//!   `cost.merged_stage_time(g, ops)`.
 //!
 //! **Execution mode** ([`ExecMode`], [`SimOptions`]). Under CUDA-graph replay (the default) the
 //! rules above are all. In eager mode the host issues the commands one after another in the
@@ -935,7 +937,7 @@ impl<'a> Sim<'a> {
             let names: Vec<String> = ops.iter().map(|&o| op_name(self.g, o)).collect();
             format!("merged operator [{}]", names.join(", "))
         };
-        match self.cost.merged_time(self.g, ops) {
+        match self.cost.merged_stage_time(self.g, ops) {
             Some(t) => self.check_time(name, t),
             None => Err(invalid(format!(
                 "cost model {} cannot merge {}",

@@ -284,7 +284,7 @@ impl<'a> BlockDp<'a> {
         let ops: Vec<NodeId> = bits(set).map(|i| self.ops[i]).collect();
         self.counters.cost_queries += 1;
         let t = if opsched_graph::merge::mergeable(self.g, &ops) {
-            self.cost.merged_time(self.g, &ops)
+            self.cost.merged_stage_time(self.g, &ops)
         } else {
             None
         };

@@ -314,7 +314,7 @@ fn stage_cost(g: &Graph, cost: &dyn CostModel, s: &Stage) -> Result<f64, Schedul
         StageStrategy::Concurrent => Ok(cost.stage_time(g, &s.groups)),
         StageStrategy::Merge => {
             let ops: Vec<NodeId> = s.ops().collect();
-            cost.merged_time(g, &ops).ok_or_else(|| {
+            cost.merged_stage_time(g, &ops).ok_or_else(|| {
                 ScheduleError::Invalid(format!(
                     "iops: a merge stage of {} operators cannot be merged",
                     ops.len()

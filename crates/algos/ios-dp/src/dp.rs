@@ -131,7 +131,7 @@ impl StageCosts {
             return c;
         }
         self.queries += 1;
-        let c = match cost.merged_time(g, ops) {
+        let c = match cost.merged_stage_time(g, ops) {
             Some(c) if c.is_finite() && c >= 0.0 => c,
             _ => f64::INFINITY,
         };
