@@ -222,8 +222,13 @@ pub fn merges_of(s: &Schedule) -> Vec<Vec<NodeId>> {
 
 /// The one convolution a mergeable group runs as, alone on an input of the group's input
 /// shape: the graph the profiler times for it (its operator's signature is the group's
-/// [`merged_signature`](opsched_cost::signature::merged_signature)).
+/// [`merged_signature`](opsched_cost::signature::merged_signature)). `None` where the runtime
+/// runs the group one convolution after another
+/// ([`opsched_graph::merge::runs_as_one`]: its members' own times are what it costs).
 pub fn merged_graph(g: &Graph, ops: &[NodeId]) -> Option<(Graph, NodeId)> {
+    if !opsched_graph::merge::runs_as_one(g, ops) {
+        return None;
+    }
     let (conv, input) = opsched_graph::merge::merged_conv(g, ops)?;
     let mut b = opsched_graph::GraphBuilder::new("merged", g.dtype);
     let x = b.input("x", input);
