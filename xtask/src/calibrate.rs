@@ -29,7 +29,7 @@ pub struct Args {
     /// The measurement file to fit to (without it: measure).
     #[arg(long, value_name = "MEASUREMENTS")]
     fit: Option<PathBuf>,
-    /// Where to write the device file (--fit; default fixtures/devices/<preset>.json) or the
+    /// Where to write the device file (--fit; default `fixtures/devices/<preset>.json`) or the
     /// measurement file (measuring; required).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,

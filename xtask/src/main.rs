@@ -54,7 +54,7 @@ pub enum Cmd {
     BenchGpu(bench_gpu::Args),
     /// Our CPU backend against onnxruntime on this machine with the same threads, per model.
     BenchCpu(bench_cpu::Args),
-    /// Fit a device file (fixtures/devices/<preset>.json) to GPU measurements.
+    /// Fit a device file (`fixtures/devices/<preset>.json`) to GPU measurements.
     Calibrate(calibrate::Args),
     /// The simulator's predictions against committed GPU measurements.
     Fidelity(fidelity::Args),
@@ -114,11 +114,17 @@ pub fn models_or_zoo(given: &[String]) -> Vec<String> {
 }
 
 fn cargo(args: &[&str]) -> Result<()> {
+    cargo_with(args, &[])
+}
+
+/// [`cargo`] with these environment variables set.
+fn cargo_with(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(&cargo)
         .args(args)
         // These builds are one-shot (CI, the GPU tests): incremental caches would only take disk.
         .env("CARGO_INCREMENTAL", "0")
+        .envs(env.iter().copied())
         .status()
         .with_context(|| format!("running {cargo} {}", args.join(" ")))?;
     if !status.success() {
@@ -129,7 +135,7 @@ fn cargo(args: &[&str]) -> Result<()> {
 
 fn ci() -> Result<()> {
     let bench_flags = ["--quick".to_string(), "--check".to_string()];
-    let steps: [(&str, &dyn Fn() -> Result<()>); 4] = [
+    let steps: [(&str, &dyn Fn() -> Result<()>); 5] = [
         ("fmt", &|| cargo(&["fmt", "--all", "--check"])),
         ("clippy", &|| {
             cargo(&[
@@ -142,6 +148,13 @@ fn ci() -> Result<()> {
             ])
         }),
         ("test", &|| cargo(&["test", "--workspace"])),
+        // The crate docs build without a broken or ambiguous link.
+        ("doc", &|| {
+            cargo_with(
+                &["doc", "--workspace", "--no-deps"],
+                &[("RUSTDOCFLAGS", "-D warnings")],
+            )
+        }),
         // Schedule quality and scheduling time of the CI subset against the committed baseline.
         ("bench-models --quick --check", &|| {
             let args = bench_models::Args::from_flags(&bench_flags)?;

@@ -76,7 +76,7 @@ pub struct PlatformArgs {
     #[arg(long, value_name = "DIR")]
     pub costs: Option<PathBuf>,
     /// Calibrate the analytical model with this device file instead of the committed one
-    /// (fixtures/devices/<device>.json, written by `cargo xtask calibrate --fit`).
+    /// (`fixtures/devices/<device>.json`, written by `cargo xtask calibrate --fit`).
     #[arg(long, value_name = "PATH", conflicts_with = "formulas")]
     pub device_file: Option<PathBuf>,
     /// Use the preset's published figures alone, even where a device file calibrates it.

@@ -16,7 +16,7 @@
 //!   that touches raw device pointers (with the CUDA halves of the step modules).
 //! - [`cpu`]: [`CpuDevice`], the host: streams as worker threads, real events, a race detector
 //!   and checked graph capture, so multi-stream plans run (and are tested) without a GPU.
-//! - [`reference`]: a reference executor from the operator semantics, for numerical checks.
+//! - [`reference`](mod@reference): a reference executor from the operator semantics, for numerical checks.
 //! - [`discovery`]: which CUDA libraries load ([`check_libraries`], a typed
 //!   [`GpuError::LibraryMissing`] with an `LD_LIBRARY_PATH` hint, never a panic) and which
 //!   GPUs exist ([`devices`], with the cost-cache fingerprint).

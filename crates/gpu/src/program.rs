@@ -12,7 +12,7 @@
 //!   (the kinds and how each IR operator lowers to them live in [`crate::step`]).
 //!
 //! ## Inputs: terms and values
-//! An operator's input terms are materialised with [`Copy`] steps (a strided slab copy that can
+//! An operator's input terms are materialised with [`Copy`](struct@Copy) steps (a strided slab copy that can
 //! also accumulate): a value that is a channel slice becomes a copy of channels `[b, e)` along
 //! axis 1; a term that sums several values becomes a copy followed by accumulating copies; the
 //! terms of a concat-like input are copied side by side along the concat axis. A term that is

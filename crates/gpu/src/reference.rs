@@ -701,7 +701,7 @@ pub fn reference(g: &Graph) -> Result<Vec<Option<Vec<f32>>>, GpuError> {
     reference_with(g, &HashMap::new())
 }
 
-/// [`reference`] with the caller's values for some (or all) graph inputs; each must have the
+/// [`reference`](fn@reference) with the caller's values for some (or all) graph inputs; each must have the
 /// input's shape. Parameters and constants come from the graph's weights where it has them.
 pub fn reference_with(
     g: &Graph,

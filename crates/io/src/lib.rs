@@ -2,7 +2,7 @@
 //!
 //! The one way opsched writes an output file: the CLI's `--csv`, `--md`, `--out`, `--svg`,
 //! `--trace`, `--export` and `--dot`, schedule files, the cost cache, the profiler's tables and
-//! the xtask reports all go through [`write`], which does what a user naming a path expects:
+//! the xtask reports all go through [`write`](fn@write), which does what a user naming a path expects:
 //!
 //! | the path names | what happens |
 //! |---|---|
@@ -22,7 +22,7 @@
 //! writer created a moment ago and has not locked yet). Files of other names are never touched.
 //!
 //! [`resolve`] is the symlink resolution alone, for writers that keep files beside their target
-//! (the cost cache's lock file); [`check_writable`] says before long work whether [`write`]
+//! (the cost cache's lock file); [`check_writable`] says before long work whether [`write`](fn@write)
 //! would refuse its path.
 //!
 //! This is the bottom crate of the workspace: it imports nothing of opsched, so every crate
@@ -76,7 +76,7 @@ impl OutputError {
     }
 }
 
-/// Where the bytes of a [`write`] went.
+/// Where the bytes of a [`write`](fn@write) went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Destination {
     /// A regular file, replaced atomically.
@@ -231,7 +231,7 @@ pub fn write(path: impl AsRef<Path>, bytes: &[u8]) -> Result<Written, OutputErro
     }
 }
 
-/// Whether [`write`] would refuse `path` for what it names (a read-only file, a directory, a
+/// Whether [`write`](fn@write) would refuse `path` for what it names (a read-only file, a directory, a
 /// link loop, an empty path), checked before long work whose result goes there; nothing is
 /// written or created. A folder that cannot be written is still found only by the write.
 pub fn check_writable(path: impl AsRef<Path>) -> Result<(), OutputError> {
@@ -243,7 +243,7 @@ pub fn check_writable(path: impl AsRef<Path>) -> Result<(), OutputError> {
 }
 
 /// The file a write to `path` (not stdout) replaces or streams into, and what it is now; a
-/// path [`write`] refuses is an error naming it.
+/// path [`write`](fn@write) refuses is an error naming it.
 fn destination(path: &Path) -> Result<(PathBuf, Kind), OutputError> {
     if path.as_os_str().is_empty() {
         return Err(OutputError::new(path, io::ErrorKind::Other, "empty path"));

@@ -3,7 +3,7 @@
 //! Measures on a device what the cost models estimate, and stores it where every later run
 //! (or a machine without a GPU, through `--cost cache`) finds it:
 //! - the time of each operator alone (one measurement per distinct
-//!   [`op_signature`](opsched_cost::signature::op_signature): identical operators are timed
+//!   [`op_signature`]: identical operators are timed
 //!   once);
 //! - the time of each concurrent stage asked for ([`stages_of`] takes them from stage plans,
 //!   e.g. the schedules IOS finds under the analytical model);

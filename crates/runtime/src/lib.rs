@@ -12,7 +12,7 @@
 //!   fork/join through an origin stream. It runs iterations eagerly or as a captured graph,
 //!   times them, reads outputs back, and checks them ([`CheckMode`]: against a sequential run
 //!   of the same kernels and against the reference executor).
-//! - [`bench`]: timing pieces of a graph (one operator, a concurrent stage, a transfer) as the
+//! - [`bench`](mod@bench): timing pieces of a graph (one operator, a concurrent stage, a transfer) as the
 //!   profiler needs them, by replaying captured graphs and timing them with device events.
 //!
 //! Logical GPUs map onto the device's units round-robin ([`map_gpus`]): several logical GPUs

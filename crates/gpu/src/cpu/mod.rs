@@ -39,7 +39,7 @@ use crate::program::{BufId, GraphProgram, OpProgram};
 use crate::step::Step;
 use crate::GpuError;
 
-/// Buffers one step reads and writes, as host slices (see [`crate::step::StepKernel`]).
+/// Buffers one step reads and writes, as host slices (a step's CPU kernel gets them).
 pub struct CpuIo<'a> {
     reads: Vec<(BufId, &'a [f32])>,
     writes: Vec<(BufId, &'a mut [f32])>,

@@ -9,7 +9,7 @@
 //!   kept between runs.
 //! - CUDA: cuDNN. The candidates are the legacy API's algorithms that work for the shape and
 //!   the engine configurations the backend API's heuristics rank highest, or list as a
-//!   fallback where none of those is allowed ([`crate::cuda::engine`];
+//!   fallback where none of those is allowed (`crate::cuda::engine`;
 //!   `KernelOptions::conv_api` picks either alone). Each is timed once per device and shape,
 //!   as GPU time in a CUDA graph replay; the measurements are kept in the device's
 //!   [`crate::tuning::Tuning`] (and by the CLI in the cost cache, so later processes run the

@@ -2,9 +2,9 @@
 //!
 //! Each module holds everything about its kind side by side: the struct with its validated
 //! parameters and buffers, the lowering of the IR operators that produce it (called from
-//! [`crate::program`]), the CPU kernel ([`StepKernel::run_cpu`]) and the CUDA preparation and
-//! launch ([`StepKernel::prepare_cuda`]). Adding a kernel touches its module and one line of
-//! the [`steps!`] list below; no backend matches on the kinds.
+//! [`crate::program`]), the CPU kernel (`StepKernel::run_cpu`) and the CUDA preparation and
+//! launch (`StepKernel::prepare_cuda`). Adding a kernel touches its module and one line of
+//! the `steps!` list below; no backend matches on the kinds.
 //!
 //! Buffers are `f32` and dense row-major (NCHW for images) unless a step says otherwise.
 
