@@ -280,18 +280,18 @@ fn merged_convs_cost_between_the_largest_and_the_sum() {
 }
 
 /// A merge stage costs what the runtime runs: one merged convolution, or at a batch above 1,
-/// where a pool reads a member (which it cannot read in place as a run per image), the
+/// where a softmax reads a member (which it cannot read in place as a run per image), the
 /// convolutions one after another.
 #[test]
 fn merge_stages_cost_what_the_runtime_runs() {
-    for (batch, pooled) in [(1, true), (2, false), (2, true)] {
+    for (batch, blocked) in [(1, true), (2, false), (2, true)] {
         let mut b = GraphBuilder::new("pair", DType::F32);
         let x = b.input("x", vec![batch, 8, 8, 8]);
         let a = b.conv("a", x, Conv2d::new(8, 1));
         let c = b.conv("c", x, Conv2d::new(8, 3).padding(1, 1));
         b.concat("cat", &[a, c]);
-        if pooled {
-            b.pool("p", c, opsched_graph::Pool2d::max(3, 1, 1));
+        if blocked {
+            b.op("p", opsched_graph::Op::Softmax { axis: 1 }, &[c]);
         }
         let g = b.finish().unwrap();
         let m = model(H100);
@@ -301,12 +301,16 @@ fn merge_stages_cost_what_the_runtime_runs() {
         let sum = m.op_time(&g, a) + m.op_time(&g, c);
         assert!(m.merged_time(&g, &ops).unwrap() < sum);
         let one = opsched_graph::merge::runs_as_one(&g, &ops);
-        assert_eq!(one, batch == 1 || !pooled, "batch {batch}, pooled {pooled}");
+        assert_eq!(
+            one,
+            batch == 1 || !blocked,
+            "batch {batch}, blocked {blocked}"
+        );
         let want = match one {
             true => m.merged_time(&g, &ops).unwrap(),
             false => sum,
         };
-        assert_eq!(stage, want, "batch {batch}, pooled {pooled}");
+        assert_eq!(stage, want, "batch {batch}, blocked {blocked}");
         assert!(m.merged_stage_time(&g, &[a]).is_none());
     }
 }
@@ -409,9 +413,10 @@ fn demand_reports_gemm_and_elementwise_kernels() {
 #[test]
 fn a_concat_is_charged_for_the_terms_it_copies() {
     // At batch 16 a convolution that only the concat reads writes its slice in place; one that
-    // another convolution reads too is copied. The concat of a copied and an in-place term
-    // moves half the bytes of the one that copies both, and a concat of in-place terms only
-    // runs nothing.
+    // another kernel reads too is copied where that kernel cannot read the strided slice in
+    // place (a convolution padded unevenly pads it into a buffer of its own). The concat of
+    // a copied and an in-place term moves half the bytes of the one that copies both, and a
+    // concat of in-place terms only runs nothing.
     let m = model(H100);
     let concat_time = |shared: bool, input_term: bool| {
         let mut b = GraphBuilder::new("cat", DType::F32);
@@ -419,7 +424,9 @@ fn a_concat_is_charged_for_the_terms_it_copies() {
         let a = b.conv("a", x, Conv2d::new(64, 1));
         let c = b.conv("c", x, Conv2d::new(64, 1));
         if shared {
-            b.conv("also", a, Conv2d::new(8, 1));
+            let mut uneven = Conv2d::new(8, 2);
+            uneven.padding_end = Some([0, 0]);
+            b.conv("also", a, uneven);
         }
         let second = if input_term { x } else { c };
         let cat = b.concat("cat", &[a, second]);

@@ -617,6 +617,11 @@ impl<'g> Builder<'g> {
         matches!(self.g.node(n).shape.as_slice(), [_, _, h, w] if h * w == 1)
     }
 
+    /// Whether buffer `b` is a strided view ([`Runs`]).
+    pub(crate) fn is_strided(&self, b: BufId) -> bool {
+        self.buffers[b].runs.is_some()
+    }
+
     /// Whether node `n`'s value is stored channels last ([`Layout::Nhwc`]).
     pub(crate) fn channels_last_at(&self, n: NodeId) -> bool {
         self.nhwc.get(n.index()).copied().unwrap_or(false)
@@ -1003,6 +1008,44 @@ impl<'g> Builder<'g> {
     ) -> Result<(BufId, Shape), GpuError> {
         let (buf, shape) = self.single_strided(steps, at, src)?;
         Ok((self.readable(steps, at, buf), shape))
+    }
+
+    /// [`Builder::single`], where a strided view of one whole value stays one if its runs are
+    /// whole images (NCHW) or one pixel's channels (channels last), as the kernels that read
+    /// strided inputs take them (pools, our depthwise convolution); else a dense copy.
+    pub(crate) fn single_view(
+        &mut self,
+        steps: &mut Vec<Step>,
+        at: At,
+        src: Src<'_>,
+    ) -> Result<(BufId, Shape), GpuError> {
+        let (buf, shape) = self.single_strided(steps, at, src)?;
+        Ok((self.view_or_copy(steps, at, buf, &shape), shape))
+    }
+
+    /// `buf` (of `shape`), where it is dense or a strided view whose runs are whole images
+    /// (NCHW) or one pixel's channels (channels last); else a dense copy
+    /// ([`Builder::readable`]).
+    pub(crate) fn view_or_copy(
+        &mut self,
+        steps: &mut Vec<Step>,
+        at: At,
+        buf: BufId,
+        shape: &[usize],
+    ) -> BufId {
+        let runs = self.buffers[buf].runs;
+        let in_place = match (runs, shape) {
+            (None, _) => true,
+            (Some(_), &[_, c, h, w]) => {
+                let nhwc = self.channels_last_at(at.node);
+                step::view_strides(nhwc, runs, c, h * w, "input").is_ok()
+            }
+            _ => false,
+        };
+        match in_place {
+            true => buf,
+            false => self.readable(steps, at, buf),
+        }
     }
 
     /// [`Builder::single`], where a strided view of one whole value stays one (for a kernel

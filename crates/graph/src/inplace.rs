@@ -17,12 +17,15 @@
 //! Where every axis before the concatenation axis has extent 1 (channels at batch 1), the
 //! slice is contiguous and any operator may write it. Otherwise it is [`Slice::rows`] runs,
 //! one per image ([`Slice`]): a strided view, which only a kernel that takes an output stride
-//! writes, and which other kernels could not read. So there the producer must also be a
+//! writes, and only some kernels read in place. So there the producer must also be a
 //! convolution that is not depthwise (cuDNN writes a strided output tensor; our depthwise
 //! kernel does not), a `sequential` chain ending in one, or a pooling (our kernel takes the
-//! stride), add no residual, be read by
-//! the concatenation alone, once, and not be an output of the graph; the run stride must be a
-//! multiple of [`VIEW_ALIGN`] too.
+//! stride), add no residual, be one term of the concatenation once (it may be summed in
+//! others), have every other reader read the strided view in place
+//! ([`crate::merge::read_in_place`]: other concatenations, adds, activations, pools,
+//! convolutions that take an input stride; NASNet's cell inputs, read by the cell's branches
+//! too), and not be an output of the graph; the run stride must be a multiple of
+//! [`VIEW_ALIGN`] too.
 //!
 //! A reshape is a view ([`reshape_source`]): a `reshape` (or an `identity` of one term) that
 //! reads one whole value of an operator is the same elements in the same order, so that
@@ -61,7 +64,7 @@ fn slot_in(g: &Graph, c: NodeId, p: NodeId) -> Option<Slice> {
 
 /// `p`'s first slice in concatenation `c`, where `p` is an operator whose whole output is
 /// that term and the slice is aligned (the rules of the module on who may write it aside),
-/// with how many values of `c`'s terms are `p`'s.
+/// with how many of `c`'s terms are `p` alone.
 fn place_in(g: &Graph, c: NodeId, p: NodeId) -> Option<(Slice, usize)> {
     let node = g.node(c);
     let axis = match node.op {
@@ -84,7 +87,9 @@ fn place_in(g: &Graph, c: NodeId, p: NodeId) -> Option<(Slice, usize)> {
             .first()
             .and_then(|v| g.value_shape(v).ok())
             .and_then(|s| s.get(axis).copied())?;
-        terms_of_p += term.iter().filter(|v| v.node == p).count();
+        // Terms that are `p` alone (a sum that reads `p` is an add kernel's, which reads a
+        // strided view in place).
+        terms_of_p += usize::from(matches!(term.as_slice(), [v] if v.node == p));
         if let ([v], None) = (term.as_slice(), found) {
             if v.node == p {
                 let whole = v.channels.is_none()
@@ -169,7 +174,8 @@ fn writes_strided(g: &Graph, p: NodeId, c: NodeId) -> bool {
     };
     kernel_takes_stride
         && crate::fusion::residual_of(g, p).is_none()
-        && g.succs(p).all(|s| s == c)
+        && g.succs(p).any(|s| s == c)
+        && crate::merge::read_in_place(g, p)
         && !crate::fusion::is_output(g, p)
 }
 
@@ -332,17 +338,21 @@ mod tests {
             let again = b.concat("again", &[r, l]);
             let g = b.finish().unwrap();
             let s = concat_slices(&g);
-            // Read by two concatenations: l and r write the first's slice, at batch 1 only
-            // (a strided slice needs the concatenation to be their only reader).
-            if batch == 1 {
-                assert_eq!(s[l.index()], part(cat, 0, 8 * 16, 16 * 16));
-                assert_eq!(s[r.index()], part(cat, 8 * 16, 4 * 16, 16 * 16));
-                assert_eq!(in_place_terms(&g, cat), 2);
-            } else {
-                assert_eq!(s[l.index()], None);
-                assert_eq!(s[r.index()], None);
-                assert_eq!(in_place_terms(&g, cat), 0);
-            }
+            // Read by two concatenations: l and r write the first's slice (at batch 2 a
+            // strided one, which the second's copies read in place).
+            let slice = |at: usize, run: usize| match batch {
+                1 => part(cat, at, run, 16 * 16),
+                _ => Some(Slice {
+                    into: cat,
+                    at,
+                    rows: batch,
+                    run,
+                    stride: 16 * 16,
+                }),
+            };
+            assert_eq!(s[l.index()], slice(0, 8 * 16));
+            assert_eq!(s[r.index()], slice(8 * 16, 4 * 16));
+            assert_eq!(in_place_terms(&g, cat), 2);
             assert_eq!(in_place_terms(&g, again), 0);
             // IOS's concatenation, an identity of several terms, takes its producers too.
             let mut b = GraphBuilder::new("ios-cat", DType::F32);
@@ -381,6 +391,65 @@ mod tests {
         }
     }
 
+    /// A producer that other kernels read too writes its strided slice where each reads the
+    /// strided view in place (NASNet's cell inputs: separable convolutions, pools, adds).
+    #[test]
+    fn strided_slices_other_readers_read_in_place() {
+        let relu = Op::Activation {
+            act: crate::Activation::Relu,
+        };
+        let depthwise = Op::Conv2d(Conv2d::new(4, 3).padding(1, 1).groups(4));
+        type Reader = fn(&mut GraphBuilder, NodeId) -> NodeId;
+        let cases: [(&str, Reader, bool); 5] = [
+            (
+                "a pool",
+                |b, p| b.pool("r", p, crate::Pool2d::avg(3, 1, 1)),
+                true,
+            ),
+            (
+                "an activation",
+                |b, p| b.act("r", p, crate::Activation::Relu),
+                true,
+            ),
+            ("an add", |b, p| b.add("r", &[p, p]), true),
+            (
+                "a convolution padded unevenly",
+                |b, p| {
+                    let mut c = Conv2d::new(4, 2);
+                    c.padding_end = Some([0, 0]);
+                    b.conv("r", p, c)
+                },
+                false,
+            ),
+            (
+                "a softmax",
+                |b, p| b.op("r", Op::Softmax { axis: 1 }, &[p]),
+                false,
+            ),
+        ];
+        for (what, reader, in_place) in cases {
+            let mut b = GraphBuilder::new("shared", DType::F32);
+            let x = b.input("x", vec![2, 4, 4, 4]);
+            let p = b.conv("p", x, Conv2d::new(4, 1));
+            let q = b.conv("q", x, Conv2d::new(4, 1));
+            b.concat("cat", &[p, q]);
+            reader(&mut b, p);
+            let g = b.finish().unwrap();
+            assert_eq!(slice_of(&g, p).is_some(), in_place, "{what}");
+            assert_eq!(channels_last_slice(&g, p).is_some(), in_place, "{what}");
+        }
+        // A chain whose first operator reads in place: relu + depthwise (the relu applied by
+        // the depthwise kernel as it reads).
+        let mut b = GraphBuilder::new("sep", DType::F32);
+        let x = b.input("x", vec![2, 4, 4, 4]);
+        let p = b.conv("p", x, Conv2d::new(4, 1));
+        let q = b.conv("q", x, Conv2d::new(4, 1));
+        b.concat("cat", &[p, q]);
+        b.sequential("sep", p, vec![relu, depthwise]);
+        let g = b.finish().unwrap();
+        assert!(slice_of(&g, p).is_some());
+    }
+
     #[test]
     fn chains_ending_in_a_cudnn_convolution_write_strided_slices() {
         let relu = Op::Activation {
@@ -410,7 +479,7 @@ mod tests {
     }
 
     #[test]
-    fn strided_slices_are_for_convolutions_and_pools_the_concatenation_alone_reads() {
+    fn strided_slices_are_for_convolutions_and_pools_whose_readers_read_them_in_place() {
         for batch in [1, 2] {
             let mut b = GraphBuilder::new("strided", DType::F32);
             let x = b.input("x", vec![batch, 4, 4, 4]);
@@ -418,7 +487,10 @@ mod tests {
             let dw = b.conv("dw", x, Conv2d::new(4, 3).padding(1, 1).groups(4));
             let pl = b.pool("pl", x, crate::Pool2d::max(3, 1, 1));
             let o = b.conv("o", x, Conv2d::new(4, 1));
-            let _o2 = b.conv("o2", o, Conv2d::new(4, 1));
+            // Padded unevenly: an explicit pad, which reads a dense copy.
+            let mut uneven = Conv2d::new(4, 2);
+            uneven.padding_end = Some([0, 0]);
+            let _o2 = b.conv("o2", o, uneven);
             let t = b.conv("t", x, Conv2d::new(4, 1));
             let odd = b.conv("odd", x, Conv2d::new(4, 1));
             let terms: Vec<Vec<crate::Value>> = [a, dw, pl, o, t, t, odd]
@@ -445,7 +517,8 @@ mod tests {
                     stride,
                 };
                 assert_eq!(s[a.index()], Some(want));
-                // Depthwise, read elsewhere too, read twice: their own buffers.
+                // Depthwise, read by a kernel that reads a dense copy, read twice: their own
+                // buffers.
                 for n in [dw, o, t] {
                     assert_eq!(s[n.index()], None, "{}", g.node(n).name);
                 }

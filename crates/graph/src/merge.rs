@@ -21,19 +21,24 @@ use crate::graph::{Graph, NodeId};
 use crate::op::{concat_shapes, Conv2d, Op};
 
 /// Whether convolution `c` with `in_channels` input channels reads a strided view of its
-/// input in place: cuDNN takes the image stride in the input's descriptor, with padding alike
-/// before and after (an explicit pad, and our depthwise kernel, read dense inputs).
+/// input in place: our depthwise kernel takes its image or pixel stride; cuDNN takes the
+/// strides in the input's descriptor, with padding alike before and after (an explicit pad
+/// reads a dense input).
 pub fn conv_reads_strided(c: &Conv2d, in_channels: usize) -> bool {
     let (before, after) = c.pads();
-    before == after && !crate::fusion::is_depthwise(c, in_channels)
+    crate::fusion::is_depthwise(c, in_channels) || before == after
 }
 
-/// Whether every reader of `p`'s output reads it in place when it is one run per image of a
-/// merged convolution's output (batch > 1): where `p` is summed with other whole values, the
-/// add kernel reads the runs (any reader; SqueezeNet's bypass, summed with its fire module's
-/// output); where it is a term of its own, the reader is a concatenation (whose copy reads
-/// the runs, or which `p` writes in place), an element-wise operator (its kernel reads the
-/// runs) or a convolution that reads a strided input ([`conv_reads_strided`]).
+/// Whether every reader of `p`'s output reads it in place when it is a strided view: one run
+/// per image (NCHW at batch > 1) or one run of channels per pixel (channels last) of a merged
+/// convolution's output or of a concatenation. Where `p` is summed with other whole values,
+/// the add kernel reads the runs (any reader; SqueezeNet's bypass, summed with its fire
+/// module's output); where it is a term of its own, the reader is a concatenation (whose copy
+/// reads the runs, or which `p` writes in place), an element-wise operator (its kernel reads
+/// the runs; not a residual sum a convolution computes, which reads `p` through a copy), an
+/// activation (run by the element-wise kernel), a pool (its kernels take the image or pixel
+/// stride), a convolution that reads a strided input ([`conv_reads_strided`]), or a chain of
+/// operators whose first reads it so (NASNet's relu + separable convolutions).
 pub fn read_in_place(g: &Graph, p: NodeId) -> bool {
     g.succs(p).all(|c| {
         let node = g.node(c);
@@ -46,15 +51,20 @@ pub fn read_in_place(g: &Graph, p: NodeId) -> bool {
                 _ => {}
             }
         }
+        let channels = || g.input_shapes(c).first().and_then(|s| s.get(1).copied());
+        let reads = |op: &Op| match op {
+            Op::Conv2d(conv) => channels().is_some_and(|ch| conv_reads_strided(conv, ch)),
+            Op::Activation { .. } | Op::Pool2d(_) => true,
+            _ => false,
+        };
         !alone
             || match &node.op {
-                Op::Concat { .. } | Op::Identity | Op::Elementwise { .. } => true,
-                Op::Conv2d(conv) => g
-                    .input_shapes(c)
-                    .first()
-                    .and_then(|s| s.get(1).copied())
-                    .is_some_and(|ch| conv_reads_strided(conv, ch)),
-                _ => false,
+                Op::Concat { .. } | Op::Identity => true,
+                Op::Elementwise { .. } => {
+                    crate::fusion::residual_source(g, c).is_none_or(|(_, z)| z != p)
+                }
+                Op::Sequential { ops } => ops.first().is_some_and(reads),
+                op => reads(op),
             }
     })
 }

@@ -351,9 +351,11 @@ fn strided_concatenation_slices_match_the_reference() {
     // 3 A of 4, 2 B and D of 3, 4 C of 4 and 2 E of 6.
     // NASNet's cell outputs concatenate sums of two branches, each one add kernel into its
     // strided slice: 5 in each of the 18 normal cells, 14 in the stem and reduction cells;
-    // and the two halves of the factorized reductions of 4 cells, each a chain of operators
-    // ending in a convolution.
-    for (model, branches) in [("googlenet", 36), ("inception_v3", 46), ("nasnet", 112)] {
+    // the two halves of the factorized reductions of 4 cells, each a chain of operators
+    // ending in a convolution; and the 1x1 convolution of the previous cell's output in 15
+    // normal cells, which the cell's branches read in place too (separable convolutions,
+    // pools, adds).
+    for (model, branches) in [("googlenet", 36), ("inception_v3", 46), ("nasnet", 127)] {
         let g = small_batch(model, 2);
         let p = opsched_gpu::program::GraphProgram::single_gpu(&g).unwrap();
         let strided = p.buffers.iter().filter(|b| b.runs.is_some()).count();
@@ -1036,10 +1038,11 @@ fn gpu_two_logical_gpus_on_one_physical() {
 }
 
 /// Three convolutions of one input (1x1, 3x3, 5x5, "same" padding, bias and relu) concatenated
-/// in that order, the 3x3 one also read by a max pool, or with `conv_reader` by a 3x3
-/// convolution; at batch `n`.
-fn three_branches(n: usize, conv_reader: bool) -> Graph {
-    use opsched::graph::{Conv2d, Pool2d, PoolKind};
+/// in that order, the 3x3 one also read by `reader`: "pool" (a 3x3 max pool), "conv" (a 3x3
+/// convolution) or "softmax" (over channels: a kernel that reads no strided view in place);
+/// at batch `n`.
+fn three_branches(n: usize, reader: &str) -> Graph {
+    use opsched::graph::{Conv2d, Op, Pool2d, PoolKind};
     let mut b = GraphBuilder::new("branches", DType::F32);
     let x = b.input("x", vec![n, 8, 9, 9]);
     let convs: Vec<NodeId> = [(4, 1), (8, 3), (12, 5)]
@@ -1047,15 +1050,12 @@ fn three_branches(n: usize, conv_reader: bool) -> Graph {
         .map(|&(oc, k)| b.conv(&format!("c{k}"), x, Conv2d::new(oc, k).bias(true).relu()))
         .collect();
     b.concat("cat", &convs);
-    if conv_reader {
-        b.conv("reader", convs[1], Conv2d::new(4, 3).bias(true));
-    } else {
-        b.op(
-            "reader",
-            opsched::graph::Op::Pool2d(Pool2d::new(PoolKind::Max, 3, 1, 1)),
-            &[convs[1]],
-        );
-    }
+    let op = match reader {
+        "conv" => Op::Conv2d(Conv2d::new(4, 3).bias(true)),
+        "pool" => Op::Pool2d(Pool2d::new(PoolKind::Max, 3, 1, 1)),
+        _ => Op::Softmax { axis: 1 },
+    };
+    b.op("reader", op, &[convs[1]]);
     b.finish().unwrap()
 }
 
@@ -1078,23 +1078,24 @@ fn merged_schedule(g: &Graph) -> Schedule {
 
 #[test]
 fn a_merged_stage_runs_as_one_convolution_and_matches_the_reference() {
-    // (batch, the 3x3 branch's other reader a convolution, merged, strided views, kernels
-    // fewer than the sequential plan's).
+    // (batch, the 3x3 branch's other reader, merged, strided views, kernels fewer than the
+    // sequential plan's).
     // Each member's output is a slice of the merged output, which is itself the
     // concatenation's (no copy): contiguous at batch 1. At batch 2 it is one run per image,
-    // the members' too, which a convolution reads in place but a pool could not: with the
-    // pool the stage runs its three convolutions (the sequential plan's strided slices and
-    // the copy of the branch the pool reads), with the convolution one convolution, where
-    // the sequential plan runs three and copies the branch read twice.
+    // the members' too, which a convolution or a pool reads in place but a softmax could
+    // not: with the softmax the stage runs its three convolutions (the sequential plan's
+    // strided slices and the copy of the branch the softmax reads), else one convolution,
+    // where the sequential plan runs three (each writing its strided slice).
     let cases = [
-        (1, false, 1, 0, 2),
-        (2, false, 0, 2, 0),
-        (1, true, 1, 0, 2),
-        (2, true, 1, 4, 3),
+        (1, "pool", 1, 0, 2),
+        (2, "softmax", 0, 2, 0),
+        (2, "pool", 1, 4, 2),
+        (1, "conv", 1, 0, 2),
+        (2, "conv", 1, 4, 2),
     ];
-    for (n, conv_reader, merges, strided, fewer) in cases {
-        let what = format!("batch {n}, conv reader {conv_reader}");
-        let g = three_branches(n, conv_reader);
+    for (n, reader, merges, strided, fewer) in cases {
+        let what = format!("batch {n}, read by a {reader}");
+        let g = three_branches(n, reader);
         let s = merged_schedule(&g);
         let opts = checked(false, 0, 1);
         let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
@@ -1124,13 +1125,28 @@ fn a_merged_stage_runs_as_one_convolution_and_matches_the_reference() {
 fn gpu_a_merged_stage_runs_as_one_convolution() {
     use opsched_gpu::program::Layout;
     let dev = opsched_runtime::CudaDevice::open(Some(1)).unwrap();
-    for (n, conv_reader, merges) in [(1, false, 1), (2, false, 0), (2, true, 1)] {
-        let g = three_branches(n, conv_reader);
-        let opts = checked(n == 1, 1, 3);
-        let r = run_schedule(&dev, &g, &merged_schedule(&g), &opts).unwrap();
-        let c = r.check.clone().unwrap();
-        assert!(c.passed, "batch {n}, conv reader {conv_reader}: {c:?}");
-        assert_eq!(r.merged_convolutions, merges, "batch {n}");
+    // At batch 2 a pool reads its member in place (`pool2d` with the image stride), as does
+    // a convolution (cuDNN's input descriptor); a softmax reads a copy.
+    let cases = [
+        (1, "pool", 1),
+        (2, "softmax", 0),
+        (2, "pool", 1),
+        (2, "conv", 1),
+    ];
+    for (n, reader, merges) in cases {
+        let g = three_branches(n, reader);
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let opts = RunOptions {
+                layout,
+                ..checked(n == 1, 1, 3)
+            };
+            let r = run_schedule(&dev, &g, &merged_schedule(&g), &opts).unwrap();
+            let c = r.check.clone().unwrap();
+            assert!(c.passed, "batch {n}, read by a {reader}, {layout:?}: {c:?}");
+            if layout == Layout::Nchw {
+                assert_eq!(r.merged_convolutions, merges, "batch {n}, {reader}");
+            }
+        }
     }
     // SqueezeNet at batch 2: each bypass, merged with its module's squeeze, is summed with the
     // module's output by `elementwise_views`, reading the strided member in place; channels

@@ -592,7 +592,7 @@ fn touch(
     cx: &WorkerCx,
     mem: &MemInner,
     reads: &[BufId],
-    writes: &[(BufId, Option<Range<usize>>)],
+    writes: &[(BufId, Option<Vec<Range<usize>>>)],
     tick: u64,
     op: &str,
 ) -> Result<(), GpuError> {
@@ -624,8 +624,19 @@ fn touch(
             });
         }
     }
-    for &(b, ref part) in writes {
-        for meta in mem.atoms(b, part.clone())? {
+    for (b, parts) in writes {
+        let b = *b;
+        let atoms = match parts {
+            None => mem.atoms(b, None)?,
+            Some(parts) => {
+                let mut atoms = Vec::new();
+                for p in parts {
+                    atoms.extend(mem.atoms(b, Some(p.clone()))?);
+                }
+                atoms
+            }
+        };
+        for meta in atoms {
             let mut m = lock(meta);
             if let Some(w) = &m.last_write {
                 if w.stream != cx.id && !covers(&clock, w.stream, w.tick) {

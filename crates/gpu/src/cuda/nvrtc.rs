@@ -150,11 +150,13 @@ __device__ __forceinline__ PoolWin pool_window(int i, int j, int h, int w, int k
     return win;
 }
 
+// x's images are `ximage` elements apart (c * h * w where dense; more where x is a strided
+// view, one run per image: a merged convolution's member, a slice of a concatenation).
 template <typename I, typename At = Dense<I> >
-__device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int h, int w, int oh,
-                                         int ow, int kh, int kw, int sh, int sw, int ph, int pw,
-                                         int eh, int ew, int count_pad, int is_max,
-                                         At at = At()) {
+__device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int c, I ximage, int h,
+                                         int w, int oh, int ow, int kh, int kw, int sh, int sw,
+                                         int ph, int pw, int eh, int ew, int count_pad,
+                                         int is_max, At at = At()) {
     I total = nc * oh * ow;
     GRID_STRIDE_T(I, t, total) {
         int j = (int)(t % ow);
@@ -162,7 +164,7 @@ __device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int h, 
         I bc = t / ((I)oh * ow);
         PoolWin win = pool_window(i, j, h, w, kh, kw, sh, sw, ph, pw, eh, ew, count_pad);
         int hs = win.hs, ws = win.ws, he = win.he, we = win.we, size = win.size;
-        const float* xp = x + bc * h * w;
+        const float* xp = x + bc / c * ximage + (bc % c) * h * w;
         float m = -__int_as_float(0x7f800000), s = 0.0f;
         for (int p = hs; p < he; ++p)
             for (int q = ws; q < we; ++q) {
@@ -174,42 +176,43 @@ __device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int h, 
     }
 }
 
-extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int h, int w, int oh,
-                                  int ow, int kh, int kw, int sh, int sw, int ph, int pw,
-                                  int eh, int ew, int count_pad, int is_max) {
-    if (FITS32(nc * oh * ow) && FITS32(nc * h * w))
-        pool2d_t<unsigned>(y, x, nc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad,
-                           is_max);
+extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int c, i64 ximage, int h,
+                                  int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
+                                  int pw, int eh, int ew, int count_pad, int is_max) {
+    if (FITS32(nc * oh * ow) && FITS32(nc / c * ximage))
+        pool2d_t<unsigned>(y, x, nc, c, ximage, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
+                           count_pad, is_max);
     else
-        pool2d_t<i64>(y, x, nc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad,
-                      is_max);
+        pool2d_t<i64>(y, x, nc, c, ximage, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
+                      count_pad, is_max);
 }
 
 // pool2d into a strided y (a pooling branch's slice of a concatenation at batch > 1).
-extern "C" __global__ void pool2d_runs(float* y, const float* x, i64 nc, int h, int w, int oh,
-                                       int ow, int kh, int kw, int sh, int sw, int ph, int pw,
-                                       int eh, int ew, int count_pad, int is_max, i64 run,
-                                       i64 stride) {
+extern "C" __global__ void pool2d_runs(float* y, const float* x, i64 nc, int c, i64 ximage,
+                                       int h, int w, int oh, int ow, int kh, int kw, int sh,
+                                       int sw, int ph, int pw, int eh, int ew, int count_pad,
+                                       int is_max, i64 run, i64 stride) {
     i64 total = nc * oh * ow;
-    if (FITS32(total) && FITS32(nc * h * w) && FITS32((total / run + 1) * stride)) {
+    if (FITS32(total) && FITS32(nc / c * ximage) && FITS32((total / run + 1) * stride)) {
         Runs<unsigned> at = {(unsigned)run, (unsigned)stride};
-        pool2d_t<unsigned>(y, x, nc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad,
-                           is_max, at);
+        pool2d_t<unsigned>(y, x, nc, c, ximage, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
+                           count_pad, is_max, at);
     } else {
         Runs<i64> at = {run, stride};
-        pool2d_t<i64>(y, x, nc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad, is_max,
-                      at);
+        pool2d_t<i64>(y, x, nc, c, ximage, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
+                      count_pad, is_max, at);
     }
 }
 
-// pool2d over channels-last values: x is [n, h, w, c], y [n, oh, ow, c] with its pixels ypix
-// elements apart (c where dense; a slice of a channels-last concatenation of ypix channels);
-// the same windows as pool2d.
+// pool2d over channels-last values: x is [n, h, w, c] with its pixels xpix elements apart,
+// y [n, oh, ow, c] with its pixels ypix elements apart (c where dense; a merged convolution's
+// member, a slice of a channels-last concatenation of that many channels); the same windows
+// as pool2d.
 template <typename I>
 __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int c, int h,
                                               int w, int oh, int ow, int kh, int kw, int sh,
                                               int sw, int ph, int pw, int eh, int ew,
-                                              int count_pad, int is_max, I ypix) {
+                                              int count_pad, int is_max, I ypix, I xpix) {
     I total = n * oh * ow * c;
     GRID_STRIDE_T(I, t, total) {
         int ch = (int)(t % c);
@@ -219,11 +222,11 @@ __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int
         I b = pix / ((I)oh * ow);
         PoolWin win = pool_window(i, j, h, w, kh, kw, sh, sw, ph, pw, eh, ew, count_pad);
         int hs = win.hs, ws = win.ws, he = win.he, we = win.we, size = win.size;
-        const float* xp = x + b * h * w * c + ch;
+        const float* xp = x + b * h * w * xpix + ch;
         float m = -__int_as_float(0x7f800000), s = 0.0f;
         for (int p = hs; p < he; ++p)
             for (int q = ws; q < we; ++q) {
-                float v = xp[((I)p * w + q) * c];
+                float v = xp[((I)p * w + q) * xpix];
                 m = fmaxf(m, v);
                 s += v;
             }
@@ -234,13 +237,13 @@ __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int
 extern "C" __global__ void pool2d_nhwc(float* y, const float* x, i64 n, int c, int h, int w,
                                        int oh, int ow, int kh, int kw, int sh, int sw, int ph,
                                        int pw, int eh, int ew, int count_pad, int is_max,
-                                       i64 ypix) {
-    if (FITS32(n * oh * ow * ypix) && FITS32(n * h * w * c))
+                                       i64 ypix, i64 xpix) {
+    if (FITS32(n * oh * ow * ypix) && FITS32(n * h * w * xpix))
         pool2d_nhwc_t<unsigned>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                                count_pad, is_max, (unsigned)ypix);
+                                count_pad, is_max, (unsigned)ypix, (unsigned)xpix);
     else
         pool2d_nhwc_t<i64>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                           count_pad, is_max, ypix);
+                           count_pad, is_max, ypix, xpix);
 }
 
 // The activation (act_f's code and parameters) is fused in: ResNet's add + relu is one kernel.
@@ -452,15 +455,15 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
 struct Geo12 { int v[12]; };
 template <typename I, bool NHWC>
 __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const float* wt,
-                                                 const float* bias, I nc, int c, Geo12 g,
-                                                 int pre, float q0, float q1, int act,
-                                                 float p0, float p1) {
+                                                 const float* bias, I nc, int c, I ximage,
+                                                 int xpix, Geo12 g, int pre, float q0,
+                                                 float q1, int act, float p0, float p1) {
     int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4], kw = g.v[5];
     int sh = g.v[6], sw = g.v[7], ph = g.v[8], pw = g.v[9], dh = g.v[10], dw = g.v[11];
     I total = nc * oh * ow;
-    // Neighbouring pixels of one channel of x, and neighbouring taps of its weights, are
-    // `step` elements apart.
-    const int step = NHWC ? c : 1;
+    // Neighbouring pixels of one channel of x are `step` elements apart, neighbouring taps of
+    // its weights `wstep`.
+    const int step = NHWC ? xpix : 1, wstep = NHWC ? c : 1;
     GRID_STRIDE_T(I, t, total) {
         int ch, i, j;
         I image;
@@ -477,7 +480,7 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
             ch = (int)(plane % c);
             image = plane / c;
         }
-        const float* xp = NHWC ? x + image * h * w * c + ch : x + (image * c + ch) * h * w;
+        const float* xp = x + image * ximage + (NHWC ? (I)ch : (I)ch * h * w);
         const float* wp = NHWC ? wt + ch : wt + (i64)ch * kh * kw;
         float acc = 0.0f;
         for (int p = 0; p < kh; ++p) {
@@ -486,7 +489,7 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
             for (int q = 0; q < kw; ++q) {
                 int s = j * sw - pw + q * dw;
                 if (s < 0 || s >= w) continue;
-                acc += act_f(xp[((I)r * w + s) * step], pre, q0, q1) * wp[(p * kw + q) * step];
+                acc += act_f(xp[((I)r * w + s) * step], pre, q0, q1) * wp[(p * kw + q) * wstep];
             }
         }
         if (bias) acc += bias[ch];
@@ -494,25 +497,33 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
     }
 }
 
+// x's images are `ximage` elements apart (c * h * w where dense; more where x is a strided
+// view: NCHW one run per image, channels last one run of channels per pixel, the pixels
+// `xpix` elements apart).
 extern "C" __global__ void depthwise_conv(float* y, const float* x, const float* wt,
-                                          const float* bias, i64 nc, int c, Geo12 g, int pre,
-                                          float q0, float q1, int act, float p0, float p1) {
-    i64 oh = g.v[2], ow = g.v[3], h = g.v[0], w = g.v[1];
-    if (FITS32(nc * oh * ow) && FITS32(nc * h * w))
-        depthwise_conv_t<unsigned, false>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
+                                          const float* bias, i64 nc, int c, i64 ximage, int xpix,
+                                          Geo12 g, int pre, float q0, float q1, int act, float p0,
+                                          float p1) {
+    i64 oh = g.v[2], ow = g.v[3];
+    if (FITS32(nc * oh * ow) && FITS32(nc / c * ximage))
+        depthwise_conv_t<unsigned, false>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1,
+                                          act, p0, p1);
     else
-        depthwise_conv_t<i64, false>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
+        depthwise_conv_t<i64, false>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act,
+                                     p0, p1);
 }
 
 extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const float* wt,
-                                               const float* bias, i64 nc, int c, Geo12 g,
-                                               int pre, float q0, float q1, int act, float p0,
-                                               float p1) {
-    i64 oh = g.v[2], ow = g.v[3], h = g.v[0], w = g.v[1];
-    if (FITS32(nc * oh * ow) && FITS32(nc * h * w))
-        depthwise_conv_t<unsigned, true>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
+                                               const float* bias, i64 nc, int c, i64 ximage,
+                                               int xpix, Geo12 g, int pre, float q0, float q1,
+                                               int act, float p0, float p1) {
+    i64 oh = g.v[2], ow = g.v[3];
+    if (FITS32(nc * oh * ow) && FITS32(nc / c * ximage))
+        depthwise_conv_t<unsigned, true>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1,
+                                         act, p0, p1);
     else
-        depthwise_conv_t<i64, true>(y, x, wt, bias, nc, c, g, pre, q0, q1, act, p0, p1);
+        depthwise_conv_t<i64, true>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act,
+                                    p0, p1);
 }
 
 // Abstract operators: every block waits until `ns` nanoseconds have passed.

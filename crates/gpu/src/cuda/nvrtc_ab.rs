@@ -397,12 +397,18 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
             move || {
                 let mut b = stream.launch_builder(&func);
                 let (nc, channels) = ((n * c) as i64, c as i32);
+                let ximage = (c * hw * hw) as i64;
                 b.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]).arg(&ptrs[3]);
-                b.arg(&nc).arg(&channels).arg(&geo);
+                b.arg(&nc)
+                    .arg(&channels)
+                    .arg(&ximage)
+                    .arg(&channels)
+                    .arg(&geo);
                 b.arg(&pre.0).arg(&pre.1).arg(&pre.2);
                 b.arg(&post.0).arg(&post.1).arg(&post.2);
-                // SAFETY: x holds n x c x hw x hw values, y n x c x out x out, the weights
-                // c x k x k, the bias c; Geo12 is twelve ints by value.
+                // SAFETY: x holds n x c x hw x hw values (dense: images c x hw x hw apart,
+                // pixels c apart), y n x c x out x out, the weights c x k x k, the bias c;
+                // Geo12 is twelve ints by value.
                 unsafe { b.launch(grid(len)) }.unwrap();
             }
         };

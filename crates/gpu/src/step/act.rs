@@ -56,12 +56,19 @@ pub(crate) fn lower(
             return Ok(());
         }
     }
-    let (x, xs) = b.single(steps, at, src)?;
+    let (x, xs) = b.single_strided(steps, at, src)?;
+    let len = xs.iter().product();
+    // A strided view (a merged convolution's member, a slice of a concatenation): the
+    // element-wise kernel, which reads it in place.
+    if b.is_strided(x) {
+        steps.push(super::elementwise::Elementwise::sum(vec![x], out, len, a).into());
+        return Ok(());
+    }
     steps.push(
         Act {
             x,
             y: out,
-            len: xs.iter().product(),
+            len,
             act: a,
         }
         .into(),

@@ -108,7 +108,12 @@ pub(crate) fn lower(
     let [n, ch, h, w] = b.four(at, &xs)?;
     let [_, oc, oh, ow] = b.four(at, out_shape)?;
     let groups = c.groups.max(1);
+    // Our depthwise kernel takes a strided input's image or pixel stride, cuDNN (without an
+    // input activation) its strides; anything else reads a dense copy.
     let x = match reads_strided(c, ch, fusion.pre_act) {
+        true if opsched_graph::fusion::is_depthwise(c, ch) && fusion.residual.is_none() => {
+            b.view_or_copy(steps, at, x, &xs)
+        }
         true => x,
         false => b.readable(steps, at, x),
     };
@@ -236,7 +241,9 @@ pub(crate) fn lower_merged(
 /// reads a strided view of its input in place ([`opsched_graph::merge::conv_reads_strided`];
 /// an input activation is applied by our depthwise kernel alone).
 fn reads_strided(c: &Conv2d, channels: usize, pre_act: Activation) -> bool {
-    pre_act == Activation::None && opsched_graph::merge::conv_reads_strided(c, channels)
+    let depthwise = opsched_graph::fusion::is_depthwise(c, channels);
+    (pre_act == Activation::None || depthwise)
+        && opsched_graph::merge::conv_reads_strided(c, channels)
 }
 
 /// Append `w` (`[.., kh, kw]` kernels, `k = [kh, kw]`) to `out` with every kernel zero-padded
@@ -532,8 +539,7 @@ impl StepKernel for Conv {
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
         if self.is_depthwise() && self.residual.is_none() {
-            let x = cx.ptr(self.x)?;
-            return Ok(Box::new(CudaDepthwise::new(self, x, cx)?));
+            return Ok(Box::new(CudaDepthwise::new(self, cx)?));
         }
         if self.pre_act != Activation::None {
             return Err(cx.no_kernel("an input activation of a convolution that is not depthwise"));
@@ -676,6 +682,10 @@ struct CudaDepthwise {
     /// Images times channels.
     nc: i64,
     c: i32,
+    /// Elements between `x`'s images, and channels last between its pixels (a strided view's
+    /// where it is one).
+    ximage: i64,
+    xpix: i32,
     /// h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw (the kernel's `Geo12`).
     geo: [i32; 12],
     pre: (i32, f32, f32),
@@ -684,9 +694,11 @@ struct CudaDepthwise {
 }
 
 impl CudaDepthwise {
-    fn new(s: &Conv, x: u64, cx: &PrepareCx<'_>) -> Result<CudaDepthwise, GpuError> {
-        use crate::cuda::cudnn::c_int;
+    fn new(s: &Conv, cx: &PrepareCx<'_>) -> Result<CudaDepthwise, GpuError> {
+        use crate::cuda::cudnn::{as_i64, c_int};
         let [n, c, h, w] = s.input;
+        let (x, x_runs) = cx.strided(s.x)?;
+        let (ximage, xpix) = super::view_strides(s.nhwc, x_runs, c, h * w, "input")?;
         let [oh, ow] = s.out_hw;
         let dims = [
             h,
@@ -727,6 +739,8 @@ impl CudaDepthwise {
             bias: s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
             nc: i64::try_from(n * c).map_err(|_| GpuError::Plan("images x channels".into()))?,
             c: c_int(c, "channels")?,
+            ximage: as_i64(ximage, "image stride")?,
+            xpix: c_int(xpix, "pixel stride")?,
             geo,
             pre: act_params(s.pre_act),
             act: act_params(s.act),
@@ -744,6 +758,8 @@ impl Enqueue for CudaDepthwise {
             .arg(&self.bias)
             .arg(&self.nc)
             .arg(&self.c)
+            .arg(&self.ximage)
+            .arg(&self.xpix)
             .arg(&self.geo)
             .arg(&self.pre.0)
             .arg(&self.pre.1)
@@ -751,10 +767,11 @@ impl Enqueue for CudaDepthwise {
             .arg(&self.act.0)
             .arg(&self.act.1)
             .arg(&self.act.2);
-        // SAFETY: matches `depthwise_conv` and `depthwise_conv_nhwc` (Geo12: twelve ints by
-        // value); the step's access (checked at preparation) covers the input, `c * kh * kw`
-        // weights (or the held permuted copy, as long), `c` biases (or a null bias) and the
-        // output, and every read index is clipped to the input plane.
+        // SAFETY: matches `depthwise_conv` and `depthwise_conv_nhwc` (x's image and pixel
+        // strides, then Geo12: twelve ints by value); the step's access (checked at
+        // preparation) covers the input (a strided view's runs checked by the layout),
+        // `c * kh * kw` weights (or the held permuted copy, as long), `c` biases (or a null
+        // bias) and the output, and every read index is clipped to the input plane.
         launched(unsafe { b.launch(grid(self.total)) }, self.kernel)
     }
 }
@@ -852,45 +869,6 @@ struct CudaConv {
 /// GPU runs per captured graph when timing a candidate.
 const TIMING_REPS: usize = 10;
 
-/// The elements between images of a convolution's `what` ("input" or "output") of `dense`
-/// elements per image: `dense`, or a strided view's run stride where each run is one image.
-fn image_stride(
-    runs: Option<crate::program::Runs>,
-    dense: usize,
-    what: &str,
-) -> Result<usize, GpuError> {
-    match runs {
-        None => Ok(dense),
-        Some(r) if r.run == dense => Ok(r.stride),
-        Some(r) => Err(GpuError::Plan(format!(
-            "a convolution's {what} in runs of {} elements, not its images of {dense}",
-            r.run
-        ))),
-    }
-}
-
-/// The image stride and, channels last, the pixel stride of a convolution's input or output
-/// of `channels` channels and `pixels` pixels (its runs where it is a strided view: NCHW, one
-/// run per image, [`image_stride`]; channels last, one run of its channels per pixel, a
-/// merged convolution's member or a slice of a concatenation).
-fn strides(
-    nhwc: bool,
-    runs: Option<crate::program::Runs>,
-    channels: usize,
-    pixels: usize,
-    what: &str,
-) -> Result<(usize, usize), GpuError> {
-    match (nhwc, runs) {
-        (false, _) => Ok((image_stride(runs, channels * pixels, what)?, channels)),
-        (true, None) => Ok((channels * pixels, channels)),
-        (true, Some(r)) if r.run == channels => Ok((r.stride * pixels, r.stride)),
-        (true, Some(r)) => Err(GpuError::Plan(format!(
-            "a channels-last convolution's {what} in runs of {}, not its {channels} channels",
-            r.run
-        ))),
-    }
-}
-
 /// Prepare `s` reading `x` and writing `y` (each a pointer, and its runs where it is
 /// strided).
 fn prepare(
@@ -906,14 +884,14 @@ fn prepare(
     // convolution's member) or output (a slice of a concatenation) has its pixels `x_pixel`
     // or `y_pixel` elements apart, each pixel's channels dense.
     let (xp, x_runs) = x;
-    let (x_image, x_pixel) = strides(s.nhwc, x_runs, c, h * w, "input")?;
+    let (x_image, x_pixel) = super::view_strides(s.nhwc, x_runs, c, h * w, "input")?;
     let oc = s.out_channels;
     let y_dims = [n, oc, s.out_hw[0], s.out_hw[1]];
     let w_dims = [oc, c / s.groups, s.kernel[0], s.kernel[1]];
     let conv = ConvDesc::new(s.padding, s.stride, s.dilation, s.groups)?;
     let (yp, y_runs) = y;
     let pixels = s.out_hw[0] * s.out_hw[1];
-    let (y_image, y_pixel) = strides(s.nhwc, y_runs, oc, pixels, "output")?;
+    let (y_image, y_pixel) = super::view_strides(s.nhwc, y_runs, oc, pixels, "output")?;
     // Channels last: the filter goes KRSC too, permuted once into a buffer of the prepared
     // operator's own (the program keeps the weights as the IR has them, [oc, c, kh, kw]).
     let (w_desc, wp, held_w) = if s.nhwc {
@@ -1682,14 +1660,13 @@ mod tests {
         );
         assert_close(s, &y, &want);
         if s.is_depthwise() {
-            assert_close(
-                s,
-                &depthwise_like_the_kernel(s, &x, &wt, &bias, false),
-                &want,
-            );
             let out = [1, s.out_channels, s.out_hw[0], s.out_hw[1]];
-            let nhwc = depthwise_like_the_kernel(s, &x, &wt, &bias, true);
-            assert_close(s, &crate::program::nhwc_to_nchw(&nhwc, out), &want);
+            for gap in [0, 3] {
+                let nchw = depthwise_like_the_kernel(s, &x, &wt, &bias, false, gap);
+                assert_close(s, &nchw, &want);
+                let nhwc = depthwise_like_the_kernel(s, &x, &wt, &bias, true, gap);
+                assert_close(s, &crate::program::nhwc_to_nchw(&nhwc, out), &want);
+            }
         }
     }
 
@@ -1706,29 +1683,41 @@ mod tests {
     /// The NVRTC `depthwise_conv` kernel's loop (`depthwise_conv_nhwc`'s where `nhwc`), line
     /// by line on the host (with the kernels' activation formula), given NCHW `x` and the
     /// step's weights, which it lays out as the kernel gets them (channels last: `x` NHWC, the
-    /// weights `[kh, kw, c]`); its output is in the kernel's layout. Its indexing, padding and
-    /// fusions against the reference.
+    /// weights `[kh, kw, c]`), `x` a strided view with `gap` unread elements after each image
+    /// (NCHW) or pixel (channels last), NaN; its output is in the kernel's layout. Its
+    /// indexing, strides, padding and fusions against the reference.
     fn depthwise_like_the_kernel(
         s: &Conv,
         x: &[f32],
         wt: &[f32],
         bias: &[f32],
         nhwc: bool,
+        gap: usize,
     ) -> Vec<f32> {
         let taps = s.kernel[0] * s.kernel[1];
-        let (x, wt) = match nhwc {
+        let [n, c, h, w] = s.input;
+        let (dense, wt) = match nhwc {
             false => (x.to_vec(), wt.to_vec()),
             true => {
                 let mut xl = vec![0.0; x.len()];
                 crate::program::nchw_to_nhwc(x, s.input, &mut xl);
-                let c = s.input[1];
                 (
                     xl,
                     (0..taps * c).map(|t| wt[(t % c) * taps + t / c]).collect(),
                 )
             }
         };
-        let [n, c, h, w] = s.input.map(|v| v as i64);
+        // The strided view: runs of an image (NCHW) or of a pixel's channels, `gap` apart.
+        let run = if nhwc { c } else { c * h * w };
+        let x: Vec<f32> = dense
+            .chunks(run)
+            .flat_map(|r| r.iter().copied().chain(std::iter::repeat_n(f32::NAN, gap)))
+            .collect();
+        let (ximage, xpix) = match nhwc {
+            true => ((h * w * (c + gap)) as i64, (c + gap) as i64),
+            false => ((c * h * w + gap) as i64, c as i64),
+        };
+        let [n, c, h, w] = [n, c, h, w].map(|v| v as i64);
         let [oh, ow] = s.out_hw.map(|v| v as i64);
         let [kh, kw] = s.kernel.map(|v| v as i64);
         let ([sh, sw], [ph, pw], [dh, dw]) = (
@@ -1738,7 +1727,7 @@ mod tests {
         );
         let (pre, post) = (act_params(s.pre_act), act_params(s.act));
         let f = crate::cuda::nvrtc::act_f_host;
-        let step = if nhwc { c } else { 1 };
+        let (step, wstep) = if nhwc { (xpix, c) } else { (1, 1) };
         (0..n * c * oh * ow)
             .map(|t| {
                 let (ch, i, j, image) = match nhwc {
@@ -1751,10 +1740,8 @@ mod tests {
                         (plane % c, (t / ow) % oh, t % ow, plane / c)
                     }
                 };
-                let (x0, w0) = match nhwc {
-                    true => (image * h * w * c + ch, ch),
-                    false => ((image * c + ch) * h * w, ch * kh * kw),
-                };
+                let x0 = image * ximage + if nhwc { ch } else { ch * h * w };
+                let w0 = if nhwc { ch } else { ch * kh * kw };
                 let mut acc = 0.0f32;
                 for p in 0..kh {
                     let r = i * sh - ph + p * dh;
@@ -1767,7 +1754,7 @@ mod tests {
                             continue;
                         }
                         let v = x[(x0 + (r * w + col) * step) as usize];
-                        acc += f(v, pre) * wt[(w0 + (p * kw + q) * step) as usize];
+                        acc += f(v, pre) * wt[(w0 + (p * kw + q) * wstep) as usize];
                     }
                 }
                 f(acc + bias[ch as usize], post)

@@ -129,9 +129,17 @@ impl StepKernel for Copy {
         }
     }
 
-    fn written(&self) -> Option<std::ops::Range<usize>> {
-        let start = self.dst_off * self.inner;
-        (self.outer == 1).then(|| start..start + self.len * self.inner)
+    /// Its runs of the destination: one per row (image, or pixel channels last), so that the
+    /// race detector sees a copy into one slice of a concatenation apart from readers of the
+    /// other slices (a producer's strided slice, which other kernels read in place).
+    fn written(&self) -> Option<Vec<std::ops::Range<usize>>> {
+        let (run, row) = (self.len * self.inner, self.dst_axis * self.inner);
+        let first = self.dst_off * self.inner;
+        Some(
+            (0..self.outer)
+                .map(|o| o * row + first..o * row + first + run)
+                .collect(),
+        )
     }
 
     fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {

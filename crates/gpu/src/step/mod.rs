@@ -62,9 +62,10 @@ pub(crate) trait StepKernel {
     fn kernels(&self) -> u32 {
         1
     }
-    /// The elements of the buffer it writes that it writes, where that is one contiguous part
-    /// (a copy into a slice of a concatenation); `None`: anything up to the access' extent.
-    fn written(&self) -> Option<std::ops::Range<usize>> {
+    /// The parts of the buffer it writes that it writes, where it writes only some (a copy
+    /// into a slice of a concatenation: a run per image or pixel); `None`: anything up to the
+    /// access' extent.
+    fn written(&self) -> Option<Vec<std::ops::Range<usize>>> {
         None
     }
 }
@@ -130,9 +131,9 @@ impl Step {
     pub fn kernels(&self) -> u32 {
         self.kernel().kernels()
     }
-    /// The elements of the buffer it writes that it writes, where that is one contiguous part
-    /// (a copy into a slice of a concatenation): what the CPU device's race detector tracks.
-    pub fn written(&self) -> Option<std::ops::Range<usize>> {
+    /// The parts of the buffer it writes that it writes, where it writes only some (a copy
+    /// into a slice of a concatenation): what the CPU device's race detector tracks.
+    pub fn written(&self) -> Option<Vec<std::ops::Range<usize>>> {
         self.kernel().written()
     }
 }
@@ -143,4 +144,32 @@ pub(crate) fn product(dims: &[usize], what: &str) -> Result<usize, GpuError> {
         acc.checked_mul(d)
             .ok_or_else(|| GpuError::Plan(format!("{what}: {dims:?} overflows")))
     })
+}
+
+/// The image stride and, channels last, the pixel stride of a 4-D input or output (`what`) of
+/// `channels` channels and `pixels` pixels, from its runs where it is a strided view (a
+/// merged convolution's member, a slice of a concatenation): NCHW, one run per image (its
+/// stride); channels last, one run of its channels per pixel (its stride the pixel stride).
+/// Dense: `channels * pixels` and `channels`.
+pub(crate) fn view_strides(
+    nhwc: bool,
+    runs: Option<crate::program::Runs>,
+    channels: usize,
+    pixels: usize,
+    what: &str,
+) -> Result<(usize, usize), GpuError> {
+    let dense = channels * pixels;
+    match (nhwc, runs) {
+        (_, None) => Ok((dense, channels)),
+        (false, Some(r)) if r.run == dense => Ok((r.stride, channels)),
+        (true, Some(r)) if r.run == channels => Ok((r.stride * pixels, r.stride)),
+        (_, Some(r)) => Err(GpuError::Plan(format!(
+            "a strided {what} in runs of {} elements, not its {}",
+            r.run,
+            match nhwc {
+                true => format!("{channels} channels per pixel"),
+                false => format!("images of {dense}"),
+            }
+        ))),
+    }
 }

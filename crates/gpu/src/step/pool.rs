@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
 use crate::cpu::CpuIo;
-use crate::cuda::cudnn::{c_int, runs_args};
+use crate::cuda::cudnn::{as_i64, c_int, runs_args};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::GpuError;
@@ -48,7 +48,9 @@ pub(crate) fn lower(
     out: BufId,
     out_shape: &[usize],
 ) -> Result<(), GpuError> {
-    let (x, xs) = b.single(steps, at, src)?;
+    // A strided input (a merged convolution's member, a slice of a concatenation) is read in
+    // place: the kernels take its image or pixel stride.
+    let (x, xs) = b.single_view(steps, at, src)?;
     let [n, ch, h, w] = b.four(at, &xs)?;
     let [_, _, oh, ow] = b.four(at, out_shape)?;
     let global = p.kind.is_global();
@@ -160,14 +162,16 @@ impl StepKernel for Pool {
             }
             Some(_) => 0,
         };
+        let (x, x_runs) = cx.strided(self.x)?;
+        let (ximage, xpix) = super::view_strides(self.nhwc, x_runs, c, h * w, "pooling input")?;
         Ok(Box::new(CudaPool {
-            nhwc: self
-                .nhwc
-                .then_some((n as i64, c_int(c, "channels")?, ypix as i64)),
+            nhwc: self.nhwc.then_some((n as i64, ypix as i64, xpix as i64)),
             y,
             runs: runs_args(runs)?,
-            x: cx.ptr(self.x)?,
+            x,
             nc: (n * c) as i64,
+            c: c_int(c, "channels")?,
+            ximage: as_i64(ximage, "image stride")?,
             p: [
                 c_int(h, "h")?,
                 c_int(w, "w")?,
@@ -196,13 +200,16 @@ impl StepKernel for Pool {
 /// `pool2d`, or `pool2d_runs` where `y` is a strided view (a pooling branch's slice of a
 /// concatenation at batch > 1).
 struct CudaPool {
-    /// Channels last: `pool2d_nhwc` with the batch, the channels and `y`'s pixel stride.
-    nhwc: Option<(i64, i32, i64)>,
+    /// Channels last: `pool2d_nhwc` with the batch, `y`'s and `x`'s pixel strides.
+    nhwc: Option<(i64, i64, i64)>,
     y: u64,
     /// `y`'s runs and their stride, for a strided `y`.
     runs: Option<(i64, i64)>,
     x: u64,
     nc: i64,
+    c: i32,
+    /// Elements between `x`'s images (NCHW).
+    ximage: i64,
     p: [i32; 13],
     is_max: i32,
     total: usize,
@@ -218,25 +225,26 @@ impl Enqueue for CudaPool {
         let mut b = sc.launch_builder(gpu.function(name)?);
         b.arg(&self.y).arg(&self.x);
         match &self.nhwc {
-            Some((n, c, _)) => b.arg(n).arg(c),
-            None => b.arg(&self.nc),
+            Some((n, _, _)) => b.arg(n).arg(&self.c),
+            None => b.arg(&self.nc).arg(&self.c).arg(&self.ximage),
         };
         for v in &self.p {
             b.arg(v);
         }
         b.arg(&self.is_max);
         match (&self.nhwc, &self.runs) {
-            (Some((_, _, ypix)), _) => {
-                b.arg(ypix);
+            (Some((_, ypix, xpix)), _) => {
+                b.arg(ypix).arg(xpix);
             }
             (None, Some((run, stride))) => {
                 b.arg(run).arg(stride);
             }
             (None, None) => {}
         }
-        // SAFETY: matches `pool2d` (13 ints after nc, then is_max; `pool2d_runs`: then the run
-        // and stride; `pool2d_nhwc`: n and c instead of nc, then y's pixel stride); buffer
-        // sizes checked at preparation, a strided y's runs by the layout.
+        // SAFETY: matches `pool2d` (nc, c and x's image stride, 13 ints, then is_max;
+        // `pool2d_runs`: then y's run and stride; `pool2d_nhwc`: n and c, 13 ints, is_max,
+        // then y's and x's pixel strides); buffer sizes checked at preparation, a strided
+        // view's runs by the layout.
         launched(unsafe { b.launch(grid(self.total)) }, name)
     }
 }
