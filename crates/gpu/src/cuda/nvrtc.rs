@@ -499,13 +499,14 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
 
 // x's images are `ximage` elements apart (c * h * w where dense; more where x is a strided
 // view: NCHW one run per image, channels last one run of channels per pixel, the pixels
-// `xpix` elements apart).
+// `xpix` elements apart). One entry point per layout (written out: the kernels are found by
+// name).
 extern "C" __global__ void depthwise_conv(float* y, const float* x, const float* wt,
                                           const float* bias, i64 nc, int c, i64 ximage, int xpix,
                                           Geo12 g, int pre, float q0, float q1, int act, float p0,
                                           float p1) {
-    i64 oh = g.v[2], ow = g.v[3];
-    if (FITS32(nc * oh * ow) && FITS32(nc / c * ximage))
+    bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
+    if (small)
         depthwise_conv_t<unsigned, false>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1,
                                           act, p0, p1);
     else
@@ -517,8 +518,8 @@ extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const f
                                                const float* bias, i64 nc, int c, i64 ximage,
                                                int xpix, Geo12 g, int pre, float q0, float q1,
                                                int act, float p0, float p1) {
-    i64 oh = g.v[2], ow = g.v[3];
-    if (FITS32(nc * oh * ow) && FITS32(nc / c * ximage))
+    bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
+    if (small)
         depthwise_conv_t<unsigned, true>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1,
                                          act, p0, p1);
     else
@@ -751,8 +752,16 @@ mod tests {
             arch: Some("compute_90"),
             ..Default::default()
         };
-        if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts) {
-            panic!("{e:?}");
+        let ptx = match cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts) {
+            Ok(ptx) => ptx.to_src(),
+            Err(e) => panic!("{e:?}"),
+        };
+        // Every kernel the steps launch by name is an entry point.
+        for name in NAMES {
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "no kernel '{name}'"
+            );
         }
     }
 
