@@ -822,8 +822,9 @@ impl<'g> Builder<'g> {
         Ok(())
     }
 
-    /// `buf`, or where it is a strided view (a merged convolution's member at batch > 1,
-    /// which most kernels cannot read), a dense copy of it in a scratch buffer of `at`.
+    /// `buf`, or where it is a strided view (a merged convolution's member, a slice of a
+    /// concatenation), which the kernel that asks cannot read, a dense copy of it in a
+    /// scratch buffer of `at`.
     pub(crate) fn readable(&mut self, steps: &mut Vec<Step>, at: At, buf: BufId) -> BufId {
         if self.buffers[buf].runs.is_none() {
             return buf;
