@@ -346,26 +346,13 @@ const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
 pub fn nhwc_to_nchw(x: &[f32], shape: [usize; 4]) -> Vec<f32> {
     let [n, c, h, w] = shape;
     let mut y = vec![0.0; x.len().min(n * c * h * w)];
-    for b in 0..n {
-        for i in 0..h * w {
-            for ch in 0..c {
-                y[(b * c + ch) * h * w + i] = x[(b * h * w + i) * c + ch];
-            }
-        }
-    }
+    step::transpose::permute_into(x, &[n, h, w, c], &TO_NCHW, &mut y);
     y
 }
 
 /// `x` (NCHW values of shape `shape`) in NHWC order, into `y`.
 pub fn nchw_to_nhwc(x: &[f32], shape: [usize; 4], y: &mut [f32]) {
-    let [n, c, h, w] = shape;
-    for b in 0..n {
-        for ch in 0..c {
-            for i in 0..h * w {
-                y[(b * h * w + i) * c + ch] = x[(b * c + ch) * h * w + i];
-            }
-        }
-    }
+    step::transpose::permute_into(x, &shape, &TO_NHWC, y);
 }
 
 /// `f` (NCHW values of `in_shape` in, of `out_shape` out) run on channels-last `x` into
@@ -499,8 +486,9 @@ pub(crate) struct Builder<'g> {
     layout_conversions: usize,
 }
 
-/// Where a merged convolution's member lies in the merged output: from element `at` (of the
-/// first image), `len` elements, one run per image where the batch is above 1.
+/// Where a merged convolution's member lies in the merged output: from element `at` (of its
+/// first row), `len` elements, one run per row where there are several
+/// ([`Builder::merge_rows`]: images in NCHW, pixels channels last).
 #[derive(Clone, Copy, Debug)]
 struct MemberView {
     at: usize,
@@ -1011,21 +999,9 @@ impl<'g> Builder<'g> {
         Ok((self.readable(steps, at, buf), shape))
     }
 
-    /// [`Builder::single`], where a strided view of one whole value stays one if its runs are
-    /// whole images (NCHW) or one pixel's channels (channels last), as the kernels that read
-    /// strided inputs take them (pools, our depthwise convolution); else a dense copy.
-    pub(crate) fn single_view(
-        &mut self,
-        steps: &mut Vec<Step>,
-        at: At,
-        src: Src<'_>,
-    ) -> Result<(BufId, Shape), GpuError> {
-        let (buf, shape) = self.single_strided(steps, at, src)?;
-        Ok((self.view_or_copy(steps, at, buf, &shape), shape))
-    }
-
     /// `buf` (of `shape`), where it is dense or a strided view whose runs are whole images
-    /// (NCHW) or one pixel's channels (channels last); else a dense copy
+    /// (NCHW) or one pixel's channels (channels last), as the kernels that read strided inputs
+    /// take them (pools, our depthwise convolution); else a dense copy
     /// ([`Builder::readable`]).
     pub(crate) fn view_or_copy(
         &mut self,
@@ -1292,7 +1268,8 @@ impl<'g> Builder<'g> {
 impl Builder<'_> {
     /// Let each group of `merges` run as one convolution where it can (see
     /// [`GraphProgram::build_merged`]): the members' output buffers become views of their
-    /// slices of the merged output (strided at batch > 1: one run per image), and the members
+    /// slices of the merged output (strided where it has several rows, [`Builder::merge_rows`]:
+    /// one run per image at batch > 1, one per pixel channels last), and the members
     /// after the first join `fused`. Where the members are, in order, consecutive terms of one
     /// concatenation, the merged output is itself a view of its slice there: at batch 1 where
     /// its producers may write it in place ([`opsched_graph::inplace::slice_of`]); at a
@@ -1511,9 +1488,8 @@ impl Builder<'_> {
 
     /// Make `p`'s output buffer a view of `into`'s output from element `at` on, where both run
     /// on one GPU, store their values alike ([`Layout`]: one layout, or one pixel), no
-    /// transfer sends `p`'s
-    /// output (a transfer reads a buffer of its own) and `into`'s output is not strided
-    /// (nothing is a view of a strided view). Returns whether it did.
+    /// transfer sends `p`'s output (a transfer reads a buffer of its own) and `into`'s output
+    /// is not strided (nothing is a view of a strided view). Returns whether it did.
     fn view_into(
         &mut self,
         p: NodeId,

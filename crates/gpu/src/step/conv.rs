@@ -666,6 +666,24 @@ impl Conv {
 
 // --- CUDA --------------------------------------------------------------------------------
 
+/// Weights `w` (dense in `dims`) permuted by `perm` once, at preparation, into a buffer the
+/// prepared operator holds (the program keeps the weights as the IR has them): the filter of
+/// a channels-last convolution (KRSC) or depthwise kernel (`[kh, kw, c]`). Its pointer, and
+/// the buffer.
+fn permuted_weights(
+    w: BufId,
+    dims: &[usize],
+    perm: &[usize],
+    cx: &PrepareCx<'_>,
+) -> Result<(u64, CudaSlice<f32>), GpuError> {
+    let held = cx.gpu.zeros(product(dims, "permuted weights")?)?;
+    let (hp, _) = held.device_ptr(&cx.gpu.alloc_stream);
+    let permute = super::transpose::permute(cx.ptr(w)?, hp, dims, perm)?;
+    permute.enqueue(cx.gpu, cx.sc)?;
+    cx.sc.synchronize()?;
+    Ok((hp, held))
+}
+
 /// A depthwise convolution as our `depthwise_conv` kernel (`depthwise_conv_nhwc` channels
 /// last): the input activation, the bias and the activation in one launch (cuDNN would take a
 /// kernel before it for the first and one after it for the others; PyTorch runs depthwise
@@ -722,11 +740,7 @@ impl CudaDepthwise {
             false => (cx.ptr(s.w)?, None),
             true => {
                 let taps = [c, s.kernel[0] * s.kernel[1]];
-                let held = cx.gpu.zeros(product(&taps, "depthwise weights")?)?;
-                let (hp, _) = held.device_ptr(&cx.gpu.alloc_stream);
-                let permute = super::transpose::permute(cx.ptr(s.w)?, hp, &taps, &[1, 0])?;
-                permute.enqueue(cx.gpu, cx.sc)?;
-                cx.sc.synchronize()?;
+                let (hp, held) = permuted_weights(s.w, &taps, &[1, 0], cx)?;
                 (hp, Some(held))
             }
         };
@@ -895,11 +909,7 @@ fn prepare(
     // Channels last: the filter goes KRSC too, permuted once into a buffer of the prepared
     // operator's own (the program keeps the weights as the IR has them, [oc, c, kh, kw]).
     let (w_desc, wp, held_w) = if s.nhwc {
-        let held = cx.gpu.zeros(w_dims.iter().product())?;
-        let (hp, _) = held.device_ptr(&cx.gpu.alloc_stream);
-        let permute = super::transpose::permute(cx.ptr(s.w)?, hp, &w_dims, &[0, 2, 3, 1])?;
-        permute.enqueue(cx.gpu, cx.sc)?;
-        cx.sc.synchronize()?;
+        let (hp, held) = permuted_weights(s.w, &w_dims, &[0, 2, 3, 1], cx)?;
         let format = dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC;
         (FilterDesc::new(w_dims, format)?, hp, Some(held))
     } else {

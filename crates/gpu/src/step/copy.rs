@@ -135,6 +135,10 @@ impl StepKernel for Copy {
     fn written(&self) -> Option<Vec<std::ops::Range<usize>>> {
         let (run, row) = (self.len * self.inner, self.dst_axis * self.inner);
         let first = self.dst_off * self.inner;
+        if run == row {
+            // Rows that follow one another: one range.
+            return Some(std::iter::once(first..first + self.outer * run).collect());
+        }
         Some(
             (0..self.outer)
                 .map(|o| o * row + first..o * row + first + run)

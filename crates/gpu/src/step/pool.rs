@@ -50,7 +50,8 @@ pub(crate) fn lower(
 ) -> Result<(), GpuError> {
     // A strided input (a merged convolution's member, a slice of a concatenation) is read in
     // place: the kernels take its image or pixel stride.
-    let (x, xs) = b.single_view(steps, at, src)?;
+    let (x, xs) = b.single_strided(steps, at, src)?;
+    let x = b.view_or_copy(steps, at, x, &xs);
     let [n, ch, h, w] = b.four(at, &xs)?;
     let [_, _, oh, ow] = b.four(at, out_shape)?;
     let global = p.kind.is_global();

@@ -50,6 +50,34 @@ pub(crate) fn lower(
     Ok(())
 }
 
+/// `y = permute(x)` on the host, `x` dense in `shape`: the CPU kernel of [`Transpose`] (and of
+/// the channels-last conversions, `crate::program::nchw_to_nhwc`).
+pub(crate) fn permute_into(x: &[f32], shape: &[usize], perm: &[usize], y: &mut [f32]) {
+    let r = shape.len();
+    let mut in_strides = vec![1usize; r];
+    for i in (0..r.saturating_sub(1)).rev() {
+        in_strides[i] = in_strides[i + 1] * shape[i + 1];
+    }
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+    let total: usize = shape.iter().product();
+    // Walk the output in order with an odometer over its index.
+    let mut idx = vec![0usize; r];
+    let mut src = 0usize;
+    for slot in y.iter_mut().take(total) {
+        *slot = x[src];
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            src += strides[d];
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            src -= strides[d] * out_shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
 impl Transpose {
     /// `y = permute(x)` of `x` in `in_shape`.
     pub fn of(x: BufId, y: BufId, in_shape: Vec<usize>, perm: &[usize]) -> Transpose {
@@ -78,30 +106,7 @@ impl StepKernel for Transpose {
     fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
         let x = io.read(self.x)?;
         let y = io.write(self.y)?;
-        let shape = &self.in_shape;
-        let r = shape.len();
-        let mut in_strides = vec![1usize; r];
-        for i in (0..r.saturating_sub(1)).rev() {
-            in_strides[i] = in_strides[i + 1] * shape[i + 1];
-        }
-        let out_shape: Vec<usize> = self.perm.iter().map(|&p| shape[p]).collect();
-        let strides: Vec<usize> = self.perm.iter().map(|&p| in_strides[p]).collect();
-        let total: usize = shape.iter().product();
-        // Walk the output in order with an odometer over its index.
-        let mut idx = vec![0usize; r];
-        let mut src = 0usize;
-        for slot in y.iter_mut().take(total) {
-            *slot = x[src];
-            for d in (0..r).rev() {
-                idx[d] += 1;
-                src += strides[d];
-                if idx[d] < out_shape[d] {
-                    break;
-                }
-                src -= strides[d] * out_shape[d];
-                idx[d] = 0;
-            }
-        }
+        permute_into(x, &self.in_shape, &self.perm, y);
         Ok(())
     }
 
