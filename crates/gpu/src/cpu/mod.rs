@@ -46,6 +46,15 @@ pub struct CpuIo<'a> {
 }
 
 impl<'a> CpuIo<'a> {
+    /// The buffers of one step run on host vectors (a test's).
+    #[cfg(test)]
+    pub(crate) fn of(
+        reads: Vec<(BufId, &'a [f32])>,
+        writes: Vec<(BufId, &'a mut [f32])>,
+    ) -> CpuIo<'a> {
+        CpuIo { reads, writes }
+    }
+
     /// A buffer the step reads.
     pub fn read(&self, id: BufId) -> Result<&'a [f32], GpuError> {
         self.reads

@@ -265,6 +265,67 @@ impl Conv {
         self.input[0] * self.out_channels * self.out_hw[0] * self.out_hw[1]
     }
 
+    /// An asymmetrically padded convolution as cuDNN runs it (it pads both sides alike): the
+    /// difference padded explicitly into `padded`, in storage order (channels last,
+    /// `[n, h, w, c]`), then the convolution with the common part, reading `padded`.
+    fn explicit_pad(&self, padded: BufId) -> (super::pad::Pad, Conv) {
+        let [n, c, h, w] = self.input;
+        let sym = [0, 1].map(|a| self.padding[a].min(self.padding_end[a]));
+        let pre = [0, 1].map(|a| self.padding[a] - sym[a]);
+        let post = [0, 1].map(|a| self.padding_end[a] - sym[a]);
+        let (shape, begin, end) = match self.nhwc {
+            false => (
+                vec![n, c, h, w],
+                vec![0, 0, pre[0], pre[1]],
+                vec![0, 0, post[0], post[1]],
+            ),
+            true => (
+                vec![n, h, w, c],
+                vec![0, pre[0], pre[1], 0],
+                vec![0, post[0], post[1], 0],
+            ),
+        };
+        let pad = super::pad::Pad {
+            x: self.x,
+            y: padded,
+            shape,
+            begin,
+            end,
+            value: 0.0,
+        };
+        let inner = Conv {
+            x: padded,
+            input: [n, c, h + pre[0] + post[0], w + pre[1] + post[1]],
+            padding: sym,
+            padding_end: sym,
+            ..self.clone()
+        };
+        (pad, inner)
+    }
+
+    /// The bias, residual and activation as the in-place step the GPU runs after a
+    /// convolution that cuDNN's fused call does not run (None where there are none): over
+    /// every output element, the bias of each element's channel (NCHW: a run of `h * w`
+    /// elements per channel; channels last: consecutive channels).
+    fn epilogue(&self) -> Option<super::act::BiasAct> {
+        if self.bias.is_none() && self.act == Activation::None && self.residual.is_none() {
+            return None;
+        }
+        Some(super::act::BiasAct {
+            y: self.y,
+            bias: self.bias,
+            total: self.out_len(),
+            channels: self.out_channels,
+            inner: if self.nhwc {
+                1
+            } else {
+                self.out_hw[0] * self.out_hw[1]
+            },
+            act: self.act,
+            residual: self.residual,
+        })
+    }
+
     /// Rows of the im2col matrix of one group: `c / groups * kh * kw`.
     fn col_rows(&self) -> usize {
         self.input[1] / self.groups * self.kernel[0] * self.kernel[1]
@@ -640,24 +701,12 @@ impl Conv {
         }
         // cuDNN pads both sides alike: pad the difference explicitly into a buffer of the
         // prepared operator's own, then convolve with the common part.
-        let [n, c, h, w] = self.input;
-        let sym = [0, 1].map(|a| self.padding[a].min(self.padding_end[a]));
-        let pre = [0, 1].map(|a| self.padding[a] - sym[a]);
-        let post = [0, 1].map(|a| self.padding_end[a] - sym[a]);
-        let padded = [n, c, h + pre[0] + post[0], w + pre[1] + post[1]];
-        let buf = cx
-            .gpu
-            .zeros(product(&padded, "padded convolution input")?)?;
+        let (pad, inner) = self.explicit_pad(usize::MAX);
+        let out = pad.out_shape();
+        let buf = cx.gpu.zeros(product(&out, "padded convolution input")?)?;
         let (bp, _) = buf.device_ptr(&cx.gpu.alloc_stream);
-        let pad =
-            super::pad::CudaPad::new(bp, x.0, &self.input, &padded, &[0, 0, pre[0], pre[1]], 0.0)
-                .map_err(|e| e.unwrap_or_else(|| cx.no_kernel("a 4-D pad")))?;
-        let inner = Conv {
-            input: padded,
-            padding: sym,
-            padding_end: sym,
-            ..self.clone()
-        };
+        let pad = super::pad::CudaPad::new(bp, x.0, &pad.shape, &out, &pad.begin, 0.0)
+            .map_err(|e| e.unwrap_or_else(|| cx.no_kernel("a 4-D pad")))?;
         let mut plan = prepare(&inner, (bp, None), y, cx)?;
         plan.pre_pad = Some((pad, buf));
         Ok(plan)
@@ -1038,18 +1087,7 @@ fn prepare(
     }
     cx.sc.ensure_workspace(choice.workspace)?;
     cx.tuning.chose(&tuning_key, choice.family());
-    if s.bias.is_some() || s.act != Activation::None || s.residual.is_some() {
-        // Channels last, a pixel's channels are consecutive.
-        let inner = if s.nhwc { 1 } else { s.out_hw[0] * s.out_hw[1] };
-        let step = super::act::BiasAct {
-            y: s.y,
-            bias: s.bias,
-            total: n * oc * inner,
-            channels: oc,
-            inner,
-            act: s.act,
-            residual: s.residual,
-        };
+    if let Some(step) = s.epilogue() {
         plan.epilogue = Some(super::act::CudaBiasAct::at(cx, &step, y)?);
     }
     // cuDNN's fused conv + bias (+ relu) call runs legacy algorithms only: with relu, the one
@@ -1677,6 +1715,93 @@ mod tests {
                 let nhwc = depthwise_like_the_kernel(s, &x, &wt, &bias, true, gap);
                 assert_close(s, &crate::program::nhwc_to_nchw(&nhwc, out), &want);
             }
+        }
+    }
+
+    /// What the GPU runs where cuDNN's fused call does not (an engine, a strided output):
+    /// the convolution alone, then its epilogue step in place. On the host, with the
+    /// epilogue's CPU kernel (the `bias_act` kernel's formula), that equals the convolution
+    /// with its bias, residual and activation, in both layouts and over every element.
+    #[test]
+    fn the_epilogue_completes_the_convolution_in_both_layouts() {
+        for (nhwc, residual) in [
+            (false, None),
+            (true, None),
+            (false, Some(4)),
+            (true, Some(4)),
+        ] {
+            let s = Conv {
+                input: [2, 3, 5, 4],
+                nhwc,
+                residual,
+                ..conv(3, [5, 4], 6, [3, 3], [1, 1], [1, 1], [1, 1], [1, 1], 1)
+            };
+            let (x, w) = (values(2 * 3 * 5 * 4, 1), values(6 * s.col_rows(), 2));
+            let (bias, z) = (values(6, 3), values(s.out_len(), 4));
+            let run = |s: &Conv, y: &mut Vec<f32>| {
+                let mut reads = vec![(0, &x[..]), (1, &w[..]), (2, &bias[..])];
+                reads.extend(s.residual.map(|r| (r, &z[..])));
+                s.run_cpu(&mut CpuIo::of(reads, vec![(3, &mut y[..])]))
+                    .unwrap();
+            };
+            let mut want = vec![f32::NAN; s.out_len()];
+            run(&s, &mut want);
+            let mut got = vec![f32::NAN; s.out_len()];
+            let alone = Conv {
+                bias: None,
+                act: Activation::None,
+                residual: None,
+                ..s.clone()
+            };
+            run(&alone, &mut got);
+            let e = s.epilogue().unwrap();
+            let mut reads = vec![(2, &bias[..])];
+            reads.extend(s.residual.map(|r| (r, &z[..])));
+            e.run_cpu(&mut CpuIo::of(reads, vec![(3, &mut got[..])]))
+                .unwrap();
+            assert_close(&s, &got, &want);
+        }
+        let plain = Conv {
+            bias: None,
+            act: Activation::None,
+            ..conv(3, [5, 4], 6, [3, 3], [1, 1], [1, 1], [1, 1], [1, 1], 1)
+        };
+        assert!(plain.epilogue().is_none());
+    }
+
+    /// An asymmetric padding as the GPU runs it: the explicit pad step, then the
+    /// convolution with the common padding, equals the convolution, in both layouts.
+    #[test]
+    fn an_explicit_pad_then_the_common_padding_is_the_convolution() {
+        for nhwc in [false, true] {
+            let s = Conv {
+                input: [2, 3, 5, 4],
+                nhwc,
+                ..conv(3, [5, 4], 6, [3, 2], [2, 1], [0, 1], [2, 0], [1, 1], 1)
+            };
+            let (x, w, bias) = (
+                values(2 * 3 * 5 * 4, 1),
+                values(6 * s.col_rows(), 2),
+                values(6, 3),
+            );
+            let run = |s: &Conv, x: &[f32], y: &mut Vec<f32>| {
+                let reads = vec![(s.x, x), (1, &w[..]), (2, &bias[..])];
+                s.run_cpu(&mut CpuIo::of(reads, vec![(3, &mut y[..])]))
+                    .unwrap();
+            };
+            let mut want = vec![f32::NAN; s.out_len()];
+            run(&s, &x, &mut want);
+            let (pad, inner) = s.explicit_pad(9);
+            assert_eq!(inner.padding, inner.padding_end);
+            let mut padded = vec![f32::NAN; inner.input.iter().product()];
+            pad.run_cpu(&mut CpuIo::of(
+                vec![(0, &x[..])],
+                vec![(9, &mut padded[..])],
+            ))
+            .unwrap();
+            let mut got = vec![f32::NAN; s.out_len()];
+            run(&inner, &padded, &mut got);
+            assert_close(&s, &got, &want);
         }
     }
 

@@ -57,7 +57,7 @@ pub(crate) fn lower(
 }
 
 impl Pad {
-    fn out_shape(&self) -> Vec<usize> {
+    pub(crate) fn out_shape(&self) -> Vec<usize> {
         self.shape
             .iter()
             .zip(self.begin.iter().zip(&self.end))
