@@ -92,8 +92,10 @@ pub(super) fn time_launches(
         launch();
     }
     stream.synchronize().unwrap();
-    let start = ctx.new_event(None).unwrap();
-    let end = ctx.new_event(None).unwrap();
+    // Timing events: cudarc's default flags disable timing (elapsed_ms would fail).
+    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = ctx.new_event(timed).unwrap();
+    let end = ctx.new_event(timed).unwrap();
     start.record(stream).unwrap();
     for _ in 0..reps {
         launch();
