@@ -145,6 +145,11 @@ pub struct Row {
     pub torch: TorchResult,
     /// When this row was measured (RFC 3339, UTC): rows kept by `--merge` keep theirs.
     pub date: String,
+    /// Whether its first process checked every schedule's outputs (`opsched run --check`:
+    /// against a sequential NCHW run, and the CPU reference on small graphs) and kept a
+    /// figure only where the check passed: every row since 2026-11-27, none before.
+    #[serde(default)]
+    pub checked: bool,
 }
 
 impl Row {
@@ -188,6 +193,7 @@ impl Row {
             schedules,
             torch,
             date: date.to_string(),
+            checked: true,
         }
     }
 }
@@ -480,9 +486,40 @@ impl Scoreboard {
              it). \"peak MB\" is the device memory (10^6 bytes) of the best plan's buffers under \
              our memory plan, as `opsched run` reports it (cuDNN workspaces not included). n/a: not measured or failed (see below and the JSON file).\n",
         );
+        md.push_str(&self.checked_note());
         self.markdown_compared(&mut md);
         self.markdown_schedules(&mut md);
         md
+    }
+
+    /// Which rows' figures are of checked outputs.
+    fn checked_note(&self) -> String {
+        let unchecked: Vec<String> = self
+            .rows
+            .iter()
+            .filter(|r| !r.checked)
+            .map(|r| format!("{} b{}", r.model, r.batch))
+            .collect();
+        let mut note = String::from(
+            "\nThe first process ran every schedule with `--check`: its outputs against a \
+             sequential run storing NCHW (and the CPU reference on graphs of at most 2 GFLOPs); \
+             a schedule whose check failed has no figure",
+        );
+        match unchecked.len() {
+            0 => note.push_str(".\n"),
+            n if n == self.rows.len() => {
+                note = "\nNo row's outputs were checked by bench-gpu (measured before it checked \
+                        them).\n"
+                    .into()
+            }
+            _ => {
+                note.push_str(&format!(
+                    ", except in the rows measured before bench-gpu checked them ({}).\n",
+                    unchecked.join(", ")
+                ));
+            }
+        }
+        note
     }
 
     /// What PyTorch ran for each model, and why a cell is empty.
@@ -806,6 +843,10 @@ mod tests {
                 r.torch_model.clone(),
                 &r.date,
             );
+            let again = Row {
+                checked: r.checked,
+                ..again
+            };
             assert_eq!(&again, r, "{} b{}", r.model, r.batch);
             assert!(r.processes >= 3, "{} b{}", r.model, r.batch);
         }
@@ -840,6 +881,22 @@ mod tests {
             table[2].contains("| 3.100 (10.0%) | 2.300 (13.6%) | 1.500 (14.3%) | 2.00x | 2.07x |")
         );
         assert!(md.contains("- inception_v3: PyTorch ran torchvision inception_v3."));
+        assert!(
+            md.contains("a schedule whose check failed has no figure.\n"),
+            "{md}"
+        );
+        // A row kept from a table measured before the check says so.
+        let mut old = b.clone();
+        old.rows[1].checked = false;
+        let md_old = old.markdown();
+        assert!(
+            md_old.contains(
+                "except in the rows measured before bench-gpu checked them (inception_v3 b16)"
+            ),
+            "{md_old}"
+        );
+        old.rows[0].checked = false;
+        assert!(old.markdown().contains("No row's outputs were checked"));
         let skipped = TorchResult {
             notes: vec!["skipped: ours only".into()],
             ..Default::default()

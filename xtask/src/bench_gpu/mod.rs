@@ -423,6 +423,14 @@ struct RunJson {
     /// Device memory of the plan's buffers after the memory plan (in-place concatenation,
     /// storage shared under the schedule's order); cuDNN workspaces not included.
     peak_memory_bytes: u64,
+    /// The numerical check, where the process ran with `--check`.
+    #[serde(default)]
+    check: Option<RunCheck>,
+}
+
+#[derive(Deserialize)]
+struct RunCheck {
+    passed: bool,
 }
 
 #[derive(Deserialize)]
@@ -469,6 +477,9 @@ fn measured(r: RunJson, repeats: u32) -> Result<Measured> {
             r.latency.samples
         );
     }
+    if r.check.as_ref().is_some_and(|c| !c.passed) {
+        bail!("its outputs failed the check");
+    }
     Ok(Measured {
         median_ms: r.latency.median_ms,
         memory_mb: r.peak_memory_bytes as f64 / 1e6,
@@ -494,18 +505,23 @@ fn last_line(stderr: &[u8]) -> String {
     )
 }
 
-/// One `opsched run` process of saved schedules, run one after another in it.
+/// One `opsched run` process of saved schedules, run one after another in it; with `check`,
+/// each one's outputs checked after its timing (a failed check fails the process).
 fn run_process(
     bin: &Path,
     model: &str,
     batch: u32,
     files: &[&Path],
+    check: bool,
     args: &Args,
 ) -> Result<Vec<Measured>> {
     let mut cmd = Command::new(bin);
     cmd.args(["run", model, "--batch", &batch.to_string()]);
     for f in files {
         cmd.arg("--schedule").arg(f);
+    }
+    if check {
+        cmd.arg("--check");
     }
     let out = cmd
         .args(["--backend", args.backend.name(), "--graph-capture"])
@@ -585,7 +601,9 @@ fn torch_runs(args: &Args, model: &str, dir: &Path, bar: &indicatif::ProgressBar
 
 /// Every saved schedule of `model` (per batch) in `--processes` processes each, in rounds:
 /// process p of every configuration before process p + 1 of any, so a drift of the machine
-/// over time spreads over all of them alike. One process runs all of a batch's schedules of a
+/// over time spreads over all of them alike. The first round checks each schedule's outputs
+/// (after its timing, so the figures are alike): a schedule that computes something else
+/// gets no figure. One process runs all of a batch's schedules of a
 /// round one after another (a process's start, the model's weights and the cuDNN handles cost
 /// more than a schedule's replays); if it fails, each runs in a process of its own, and a
 /// failed process ends its configuration (the error is kept). The header learns the device's
@@ -615,7 +633,7 @@ fn run_rounds(
                 .collect();
             let together = match files.len() {
                 0 | 1 => None,
-                _ => run_process(bin, model, *batch, &files, args)
+                _ => run_process(bin, model, *batch, &files, p == 1, args)
                     .map_err(|e| say(bar, format!("{model} b{batch}: {e:#}; one process each")))
                     .ok(),
             };
@@ -623,7 +641,9 @@ fn run_rounds(
                 Some(all) => all.into_iter().map(Ok).collect(),
                 None => files
                     .iter()
-                    .map(|&f| run_process(bin, model, *batch, &[f], args).map(|mut v| v.remove(0)))
+                    .map(|&f| {
+                        run_process(bin, model, *batch, &[f], p == 1, args).map(|mut v| v.remove(0))
+                    })
                     .collect(),
             };
             bar.inc(cands.len() as u64);
@@ -907,6 +927,15 @@ mod tests {
         let eager = report().replace("\"graph_capture\": true", "\"graph_capture\": false");
         assert!(parse_run(eager.as_bytes(), 100).is_err());
         assert!(parse_run(b"error: no GPU", 100).is_err());
+        let checked = |passed: bool| {
+            report().replace(
+                "\"graph_capture\"",
+                &format!("\"check\": {{\"passed\": {passed}, \"vs_sequential\": 0.5}}, \"graph_capture\""),
+            )
+        };
+        assert!(parse_run(checked(true).as_bytes(), 100).is_ok());
+        let err = parse_run(checked(false).as_bytes(), 100).expect_err("wrong outputs");
+        assert!(err.to_string().contains("failed the check"), "{err}");
     }
 
     #[test]

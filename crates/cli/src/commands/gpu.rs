@@ -542,7 +542,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
         outputs.write()?;
     }
     if failed {
-        anyhow::bail!("the scheduled run's outputs differ from the sequential run's");
+        anyhow::bail!(
+            "the check failed: outputs differ from a sequential NCHW run's or the reference's"
+        );
     }
     Ok(())
 }
