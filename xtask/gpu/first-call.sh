@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
-# The first device call of a GPU session (docs/gpu-session.md, step 1), about eight minutes on an
-# H100: every GPU test, the changed NVRTC kernels against their last checked versions, cuDNN's
-# convolutions in NCHW against NHWC, --check runs, compute-sanitizer on Inception-v3 at batch
-# 2, the same plan in three processes, where the kernel time goes (ours under ncu, PyTorch's
-# under its profiler, on the rows where torch.compile wins), and what the scoreboard lacks in
-# one process each (NASNet, batch 16). Run on the device in the repository root, gpu-carry/
-# carried:
+# The first device call of a GPU session (docs/gpu-session.md, step 1), about six and a half
+# minutes on an H100 (give it 450 s): every GPU test, the NVRTC and layout A/Bs, then
+# channels-last activations (--layout nhwc) checked against NCHW on every CNN of the zoo and
+# timed beside it, compute-sanitizer on a channels-last run, and where the kernel time of
+# channels-last ResNet-50 goes. Run on the device in the repository root, gpu-carry/ carried:
 #   bash xtask/gpu/first-call.sh
 # Each step has its own time limit and the next runs whatever happened, so one failure costs
 # one step. What comes back ($OUT, at most 8 files): log.txt (everything), results.txt (one
-# line per step or process), kernels.txt (the kernel tables), kernels.tar.gz (the same as
-# JSON) and cost-cache.bin (the measured cuDNN choices, to carry in later calls). Caches are
-# kept outside $OUT while running: their lock files would take places among the 8.
+# line per step or process), kernels.txt (the kernel table), kernels.tar.gz (the same as
+# JSON) and cost-cache.bin (the measured cuDNN choices, to carry in later calls: copied out
+# after every section, so a call stopped by its limit keeps what it timed). Caches are kept
+# outside $OUT while running: their lock files would take places among the 8.
 set -u
 source xtask/gpu/env.sh
 L=$OUT/log.txt R=$OUT/results.txt K=$OUT/kernels.txt C=/tmp/opsched-caches
 mkdir -p $C/kernels
 step() { echo "=== $(date +%T) $*" >>"$L"; }
 result() { echo "$*" | tee -a "$R"; }
+save_cache() { cp $C/both.bin "$OUT/cost-cache.bin" 2>>"$L"; }
 # One process's JSON report as one line: median latency, launches, merged convolutions,
-# strided concatenation slices, peak memory, cuDNN kernels.
+# strided views, peak memory, cuDNN kernels, layout and its conversions, and the check.
 lat() {
     python3 -c 'import json,sys
 try:
@@ -27,15 +27,27 @@ try:
 except ValueError:
     print("failed (log.txt)"); sys.exit()
 l = r["latency"]
-print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s strided %s peak %s conv %s gemm %s layout %s/%s" % (
+c = r.get("check")
+check = "" if c is None else " check %s (vs sequential %.1e at %s)" % (
+    "passed" if c["passed"] else "FAILED", c["vs_sequential"], c["vs_sequential_node"])
+print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s strided %s peak %s conv %s layout %s/%s%s" % (
       l["median_ms"], l["p10_ms"], l["p90_ms"], r.get("launches"), r.get("kernels"),
       r.get("merged_convolutions"), r.get("strided_views"), r.get("peak_memory_bytes"),
-      r.get("conv_kernels"), r.get("gemm_kernels"), r.get("layout"), r.get("layout_conversions")))'
+      r.get("conv_kernels"), r.get("layout"), r.get("layout_conversions"), check))'
+}
+# `run NAME LIMIT ARGS...`: one `opsched run ... --backend cuda --graph-capture --json` process,
+# its line in results.txt.
+run() {
+    local name=$1 limit=$2
+    shift 2
+    step "$name"
+    result "$name: $(timeout "$limit" opsched run "$@" --backend cuda --graph-capture --json \
+        2>>"$L" | lat)"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$L"
 
-# The committed cache of the last session: its kernels again, and only new shapes are timed
-# (by the first process that meets them; the later ones must run the same kernels).
+# The committed cache of the last session that brought one back: its kernels again, and only
+# new shapes are timed (by the first process that meets them; the later ones run the same).
 cp fixtures/gpu/h100-2026-11-26/cost-cache.bin $C/both.bin
 export OPSCHED_CACHE=$C/both.bin
 # (The two A/B tests run in their own steps below.)
@@ -45,142 +57,72 @@ for t in gpu-carry/tests/*; do
         --skip convolutions_in_nchw_and_in_nhwc >>"$L" 2>&1
     result "test ${t##*/}: rc=$?"
 done
+save_cache
 # The NVRTC kernels changed since the last GPU checked them, side by side with those versions
-# (outputs compared, GPU times and ratios: crates/gpu/src/cuda/nvrtc_ab.rs).
+# (crates/gpu/src/cuda/nvrtc_ab.rs), and cuDNN's convolutions of ResNet-50 and Inception-v3 in
+# NCHW against NHWC (crates/gpu/src/cuda/layout_ab.rs).
 step "kernel A/B"
 timeout 60 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_side 2>&1 |
     tee -a "$L" | grep "kernel A/B" | tee -a "$R"
-# cuDNN's convolutions of ResNet-50 and Inception-v3 in NCHW against NHWC, b1 and b16: what
-# channels-last activations would buy (crates/gpu/src/cuda/layout_ab.rs).
 step "layout A/B"
 timeout 120 gpu-carry/tests/opsched_gpu-* --ignored --nocapture convolutions_in_nchw_and_in_nhwc \
     2>&1 | tee -a "$L" | grep "layout A/B" | tee -a "$R"
-for m in transformer inception_v3; do
-    step "check $m"
-    timeout 90 opsched run $m --backend cuda --algo lios --graph-capture --check >>"$L" 2>&1
-    result "check $m: rc=$?"
+save_cache
+
+# Channels last, checked: each CNN's LIOS plan against a sequential NCHW run (and the CPU
+# reference under 2 GFLOPs). On 2026-11-27 the layout computed wrong values (the bias kernel
+# after cuDNN covered the first pixels only; fixed since): every line must say `passed`.
+for m in resnet50 googlenet inception_v3 squeezenet nasnet randwire; do
+    run "check nhwc lios $m" 90 $m --algo lios --layout nhwc --check --repeats 20
 done
-# At batch 2: the strided concatenation slices (new since the last GPU) are written there.
-for m in inception_v3; do
-    step "memcheck $m b2"
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 1 opsched run $m --batch 2 \
-        --backend cuda --algo lios --warmup 1 --repeats 2 >>"$L" 2>&1
-    result "memcheck $m b2: rc=$?"
+for m in resnet50 inception_v3; do
+    run "check nhwc lios $m b16" 90 $m --batch 16 --algo lios --layout nhwc --check --repeats 20
 done
-for m in inception_v3 resnet50 nasnet; do
+run "check nhwc ios squeezenet b2" 60 squeezenet --batch 2 --algo ios --layout nhwc --check \
+    --repeats 20
+save_cache
+
+# Channels last against NCHW at batch 1: one NCHW process beside (the three of 2026-11-27 are
+# in fixtures/gpu/h100-2026-11-27), three channels-last processes of each plan.
+for m in resnet50 inception_v3 googlenet squeezenet nasnet; do
+    run "nchw sequential $m" 60 $m --algo sequential --repeats 100
     for a in sequential lios; do
         for i in 1 2 3; do
-            step "$a $m $i"
-            result "$a $m process $i: $(timeout 90 opsched run $m --backend cuda --algo $a \
-                --graph-capture --repeats 100 --json 2>>"$L" | lat)"
+            run "nhwc $a $m process $i" 60 $m --algo $a --layout nhwc --repeats 100
         done
     done
 done
-# IOS with its merged stages run as one convolution each (since 2026-11-26; the scoreboard's
-# ios column ran them one after another): squeezenet 0.308, googlenet 0.459, inception_v3
-# 0.975 ms then.
 for m in squeezenet googlenet inception_v3; do
-    for i in 1 2 3; do
-        step "ios $m $i"
-        result "ios $m process $i: $(timeout 90 opsched run $m --backend cuda --algo ios \
-            --graph-capture --repeats 100 --json 2>>"$L" | lat)"
-    done
+    run "nhwc ios $m" 60 $m --algo ios --layout nhwc --repeats 100
 done
-# Batch 16, one process each: the rows the scoreboard lacks (and googlenet: its strided
-# concatenation slices against the scoreboard's row).
-for m in inception_v3 googlenet squeezenet resnet50 nasnet transformer; do
+# Batch 16, one process each (the NCHW lines of 2026-11-27 beside).
+for m in resnet50 inception_v3 googlenet squeezenet nasnet; do
     for a in sequential lios; do
-        step "b16 $a $m"
-        result "b16 $a $m: $(timeout 90 opsched run $m --batch 16 --backend cuda --algo $a \
-            --graph-capture --repeats 50 --json 2>>"$L" | lat)"
+        run "b16 nhwc $a $m" 90 $m --batch 16 --algo $a --layout nhwc --repeats 50
     done
 done
+save_cache
 
-# IOS at batch 16, its merged stages run as one convolution since the fourth session of
-# 2026-11-26 (before: one convolution after another at a batch above 1), one process each.
-for m in squeezenet googlenet inception_v3; do
-    step "b16 ios $m"
-    result "b16 ios $m: $(timeout 90 opsched run $m --batch 16 --backend cuda --algo ios \
-        --graph-capture --repeats 50 --json 2>>"$L" | lat)"
-done
+# compute-sanitizer on a channels-last plan at batch 2 (GoogLeNet: its branches write their
+# concatenation slices a run of channels per pixel).
+step "memcheck nhwc googlenet b2"
+timeout 120 compute-sanitizer --tool memcheck --error-exitcode 1 opsched run googlenet --batch 2 \
+    --backend cuda --algo lios --layout nhwc --warmup 1 --repeats 2 >>"$L" 2>&1
+result "memcheck nhwc googlenet b2: rc=$?"
 
-# Channels-last activations (--layout nhwc, new in the fourth session of 2026-11-26) against
-# NCHW (the lines above): ResNet-50 in three processes at batch 1; ResNet-50, Inception-v3 and
-# GoogLeNet at batch 16, one process each.
-for i in 1 2 3; do
-    step "nhwc resnet50 $i"
-    result "nhwc sequential resnet50 process $i: $(timeout 90 opsched run resnet50 --backend cuda \
-        --algo sequential --layout nhwc --graph-capture --repeats 100 --json 2>>"$L" | lat)"
-done
-# NASNet channels last (since the fifth session: its separable convolutions run
-# depthwise_conv_nhwc, its cells' sums write their slices a run per pixel) against the lios
-# lines above, one process.
-step "nhwc lios nasnet"
-result "nhwc lios nasnet: $(timeout 60 opsched run nasnet --backend cuda --algo lios \
-    --layout nhwc --graph-capture --repeats 100 --json 2>>"$L" | lat)"
-# IOS channels last (since the fifth session its merged stages run as one convolution in
-# this layout too) against the three `ios inception_v3` lines above, one process.
-step "nhwc ios inception_v3"
-result "nhwc ios inception_v3: $(timeout 60 opsched run inception_v3 --backend cuda --algo ios \
-    --layout nhwc --graph-capture --repeats 100 --json 2>>"$L" | lat)"
-for m in resnet50 inception_v3 googlenet; do
-    for a in sequential lios; do
-        step "b16 nhwc $a $m"
-        result "b16 nhwc $a $m: $(timeout 90 opsched run $m --batch 16 --backend cuda \
-            --algo $a --layout nhwc --graph-capture --repeats 50 --json 2>>"$L" | lat)"
-    done
-done
-
-# The matrix products' measured choice against the unmeasured one (cuBLAS's own choice,
-# cuBLASLt's first configuration with an epilogue), one process each, side by side.
-for b in 1 16; do
-    for gemm in measured heuristic; do
-        step "gemm $gemm transformer b$b"
-        result "b$b sequential transformer --gemm $gemm: $(timeout 90 opsched run transformer \
-            --batch $b --backend cuda --algo sequential --gemm $gemm --graph-capture \
-            --repeats 50 --json 2>>"$L" | lat)"
-    done
-done
-
-# Where the time goes, kernel by kernel, on the rows torch.compile wins: our sequential plan
-# under ncu (one eager run; the cache already holds its kernel choices, so nothing is tuned),
-# PyTorch eager and compiled under its profiler.
+# Where the time of channels-last ResNet-50 at batch 1 goes, kernel by kernel (ncu, one eager
+# run; the cache already holds its kernel choices, so nothing is tuned): which layout
+# conversions and bias kernels are left (torch.compile's table is in kernels-call1.txt of
+# 2026-11-27: 501 us in 107 launches).
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
-for mb in resnet50:1 transformer:16; do
-    m=${mb%:*} b=${mb#*:}
-    step "kernels $m b$b"
-    timeout 60 opsched run $m --batch $b --backend cuda --algo sequential --warmup 1 \
-        --repeats 1 >>"$L" 2>&1
-    timeout 90 "${NCU:-ncu}" --clock-control none --csv --page raw --print-units base \
-        --metrics gpu__time_duration.sum --log-file $C/kernels/ours-$m-b$b.csv \
-        opsched run $m --batch $b --backend cuda --algo sequential --warmup 0 --repeats 1 \
-        >>"$L" 2>&1
-    timeout 30 python3 xtask/gpu/kernels.py ncu $C/kernels/ours-$m-b$b.csv \
-        --json $C/kernels/ours-$m-b$b.json >>"$K" 2>>"$L"
-    result "kernels ours $m b$b: rc=$?"
-    # The same by operator (our profiler: each distinct operator alone, graph replays).
-    echo "# opsched profile $m --batch $b (ms per operator, distinct operators)" >>"$K"
-    timeout 60 opsched profile $m --batch $b --backend cuda --stages-from none --repeats 20 \
-        --cache $C/profile.bin >>"$K" 2>>"$L"
-    result "profile ours $m b$b: rc=$?"
-    for mode in eager compile; do
-        timeout 120 python3 xtask/gpu/kernels.py torch $m --batch $b --mode $mode \
-            --json $C/kernels/torch-$mode-$m-b$b.json >>"$K" 2>>"$L"
-        result "kernels torch $mode $m b$b: rc=$?"
-    done
-done
-# PyTorch's CNN in NHWC, eager: what channels-last activations would change in cuDNN's kernels.
-timeout 60 python3 xtask/gpu/kernels.py torch resnet50 --channels-last \
-    --json $C/kernels/torch-eager-nhwc-resnet50-b1.json >>"$K" 2>>"$L"
-result "kernels torch eager channels-last resnet50 b1: rc=$?"
+step "kernels nhwc resnet50 b1"
+timeout 90 "${NCU:-ncu}" --clock-control none --csv --page raw --print-units base \
+    --metrics gpu__time_duration.sum --log-file $C/kernels/ours-nhwc-resnet50-b1.csv \
+    opsched run resnet50 --backend cuda --algo sequential --layout nhwc --warmup 0 --repeats 1 \
+    >>"$L" 2>&1
+timeout 30 python3 xtask/gpu/kernels.py ncu $C/kernels/ours-nhwc-resnet50-b1.csv \
+    --json $C/kernels/ours-nhwc-resnet50-b1.json >>"$K" 2>>"$L"
+result "kernels ours nhwc resnet50 b1: rc=$?"
 tar -C $C -czf "$OUT/kernels.tar.gz" kernels 2>>"$L"
-
-step torch
-timeout 150 python3 xtask/gpu/torch_bench.py --models nasnet,squeezenet --batches 1,16 \
-    --modes eager,cuda_graph --out $C/torch.json >>"$L" 2>&1
-python3 -c 'import json,sys
-for r in json.load(open(sys.argv[1]))["results"]:
-    print("torch", r["model"], "b%d" % r["batch"], r["mode"], r["median_ms"], r["error"] or "")' \
-    $C/torch.json 2>>"$L" | tee -a "$R"
-cp $C/both.bin "$OUT/cost-cache.bin" 2>>"$L"
+save_cache
 step done

@@ -57,7 +57,8 @@ pub enum CheckMode {
     /// No check.
     #[default]
     None,
-    /// Against a sequential run of the same kernels, and against the reference executor when
+    /// Against a sequential run of the same kernels (NCHW: a channels-last run's check is
+    /// against the other layout), and against the reference executor when
     /// the graph has at most [`RunOptions::reference_max_flops`] FLOPs.
     Auto,
     /// Both, whatever the size (the reference executor can take minutes on large inputs).

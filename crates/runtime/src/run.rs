@@ -61,7 +61,8 @@ pub struct RunReport {
 /// The numerical check's result.
 #[derive(Clone, Debug, Serialize)]
 pub struct CheckReport {
-    /// Largest scaled error of the scheduled run against a sequential run of the same kernels.
+    /// Largest scaled error of the scheduled run against a sequential run of the same kernels
+    /// (storing NCHW, whatever the run's layout).
     pub vs_sequential: f64,
     pub vs_sequential_node: String,
     /// Against the reference executor (when the graph was small enough).
