@@ -161,6 +161,12 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
             let (yp, _) = y.device_ptr(&stream);
             let (bp, _) = bias.device_ptr(&stream);
             let args = (yp, bp, 0u64, total as i64, channels as i64, inner as i64);
+            // `bias_act_vec4` takes four elements a thread.
+            let threads = if name.ends_with("vec4") {
+                total / 4
+            } else {
+                total
+            };
             move || {
                 let mut b = stream.launch_builder(&func);
                 b.arg(&args.0)
@@ -169,26 +175,31 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
                     .arg(&args.3)
                     .arg(&args.4);
                 b.arg(&args.5).arg(&code).arg(&p0).arg(&p1);
-                let cfg = grid(total);
-                // SAFETY: y holds `total` values, bias `channels`, no residual.
-                unsafe { b.launch(cfg) }.unwrap();
+                // SAFETY: y holds `total` values, bias `channels`, no residual; for
+                // `bias_act_vec4` both are fresh allocations (aligned), total and the bias
+                // runs divide by 4 (the shapes above).
+                unsafe { b.launch(grid(threads)) }.unwrap();
             }
         };
-        let (ya, yb) = (up(&y0), up(&y0));
+        let (ya, yb, yc) = (up(&y0), up(&y0), up(&y0));
         // One application each on the same input, compared; then timed (in place, repeated).
         let (before, after) = (run("before_bias_act", &ya), run("bias_act", &yb));
+        let by_fours = run("bias_act_vec4", &yc);
         before();
         after();
-        let err = scaled(
-            &stream.clone_dtoh(&yb).unwrap(),
-            &stream.clone_dtoh(&ya).unwrap(),
-        );
+        by_fours();
+        let want = stream.clone_dtoh(&ya).unwrap();
+        let err = scaled(&stream.clone_dtoh(&yb).unwrap(), &want);
         assert!(err <= 1e-6, "{what}: {err}");
+        let err4 = scaled(&stream.clone_dtoh(&yc).unwrap(), &want);
+        assert!(err4 <= 1e-6, "{what}, four at a time: {err4}");
+        let t_after = time(&ctx, &stream, &after);
+        report(what, time(&ctx, &stream, &before), t_after, err);
         report(
-            what,
-            time(&ctx, &stream, &before),
-            time(&ctx, &stream, &after),
-            err,
+            &format!("{what} four at a time (bias_act_vec4 vs bias_act)"),
+            t_after,
+            time(&ctx, &stream, &by_fours),
+            err4,
         );
     }
 

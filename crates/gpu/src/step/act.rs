@@ -194,6 +194,18 @@ pub(crate) struct CudaBiasAct {
     /// `y`'s runs and their stride, for a strided `y`.
     runs: Option<(i64, i64)>,
     act: (i32, f32, f32),
+    /// Four elements at a time (`bias_act_vec4`, see [`by_fours`]).
+    vec4: bool,
+}
+
+/// Whether `bias_act_vec4` runs this epilogue: `y` dense (no `runs`), `total` a multiple of 4,
+/// four consecutive elements sharing a bias (`inner % 4 == 0`) or reading four consecutive
+/// ones (`inner == 1`, `channels % 4 == 0`), and every pointer (0: none) 16-byte aligned.
+fn by_fours(total: i64, channels: i64, inner: i64, runs: bool, ptrs: [u64; 3]) -> bool {
+    !runs
+        && total % 4 == 0
+        && (inner % 4 == 0 || (inner == 1 && channels % 4 == 0))
+        && ptrs.iter().all(|p| p % 16 == 0)
 }
 
 impl CudaBiasAct {
@@ -208,24 +220,32 @@ impl CudaBiasAct {
         s: &BiasAct,
         (y, runs): (u64, Option<crate::program::Runs>),
     ) -> Result<CudaBiasAct, GpuError> {
+        let bias = s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0);
+        let residual = s.residual.map(|z| cx.ptr(z)).transpose()?.unwrap_or(0);
+        let total = as_i64(s.total, "bias kernel elements")?;
+        let channels = as_i64(s.channels.max(1), "bias kernel channels")?;
+        let inner = as_i64(s.inner.max(1), "bias kernel inner size")?;
+        let runs = runs_args(runs)?;
         Ok(CudaBiasAct {
             y,
-            bias: s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
-            residual: s.residual.map(|z| cx.ptr(z)).transpose()?.unwrap_or(0),
-            total: as_i64(s.total, "bias kernel elements")?,
-            channels: as_i64(s.channels.max(1), "bias kernel channels")?,
-            inner: as_i64(s.inner.max(1), "bias kernel inner size")?,
-            runs: runs_args(runs)?,
+            bias,
+            residual,
+            total,
+            channels,
+            inner,
+            runs,
             act: act_params(s.act),
+            vec4: by_fours(total, channels, inner, runs.is_some(), [y, bias, residual]),
         })
     }
 }
 
 impl Enqueue for CudaBiasAct {
     fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
-        let name = match self.runs {
-            Some(_) => "bias_act_runs",
-            None => "bias_act",
+        let name = match (self.runs, self.vec4) {
+            (Some(_), _) => "bias_act_runs",
+            (None, true) => "bias_act_vec4",
+            (None, false) => "bias_act",
         };
         let mut b = sc.launch_builder(gpu.function(name)?);
         b.arg(&self.y)
@@ -238,9 +258,44 @@ impl Enqueue for CudaBiasAct {
             b.arg(run).arg(stride);
         }
         b.arg(&self.act.0).arg(&self.act.1).arg(&self.act.2);
-        // SAFETY: matches `bias_act` (`bias_act_runs`: with the run and stride after `inner`);
-        // bias has `channels` elements or is null, the residual `total` or is null, and y
-        // `total` (in runs of its view: the layout checked that they fit its parent).
-        launched(unsafe { b.launch(grid(self.total as usize)) }, name)
+        // SAFETY: matches `bias_act` and `bias_act_vec4` (`bias_act_runs`: with the run and
+        // stride after `inner`); bias has `channels` elements or is null, the residual `total`
+        // or is null, and y `total` (in runs of its view: the layout checked that they fit its
+        // parent); `bias_act_vec4` only where `by_fours` found them aligned and divisible.
+        let threads = match self.vec4 {
+            true => self.total as usize / 4,
+            false => self.total as usize,
+        };
+        launched(unsafe { b.launch(grid(threads)) }, name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::by_fours;
+
+    #[test]
+    fn four_at_a_time_only_where_each_four_share_a_bias_run_and_alignment() {
+        let (y, b) = (0x7f00_0000_0000u64, 0x7f00_0000_1000u64);
+        // A Transformer FFN's product [2048, 3072]: consecutive biases, no residual.
+        assert!(by_fours(2048 * 3072, 3072, 1, false, [y, b, 0]));
+        // NCHW convolutions: 28x28 pixels share a bias in runs of 784; 7x7 do not divide by 4.
+        assert!(by_fours(16 * 256 * 784, 256, 784, false, [y, b, y]));
+        assert!(!by_fours(16 * 256 * 49, 256, 49, false, [y, b, 0]));
+        // Channels last, 42 channels: a four may straddle two pixels' biases.
+        assert!(!by_fours(42 * 36, 42, 1, false, [y, b, 0]));
+        assert!(
+            !by_fours(2048 * 3072, 3072, 1, true, [y, b, 0]),
+            "a strided y"
+        );
+        assert!(
+            !by_fours(2048 * 3072, 3072, 1, false, [y + 4, b, 0]),
+            "y misaligned"
+        );
+        assert!(
+            !by_fours(2048 * 3072, 3072, 1, false, [y, b + 8, 0]),
+            "bias misaligned"
+        );
+        assert!(!by_fours(6, 6, 1, false, [y, b, 0]), "a total not of fours");
     }
 }
