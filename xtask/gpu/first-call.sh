@@ -104,6 +104,19 @@ for m in resnet50 inception_v3 googlenet squeezenet nasnet; do
 done
 save_cache
 
+# IOS on the Transformer, its query, key and value projections merged into one product per
+# layer (new since 2026-11-27) that the attention's batched products read in place: against
+# the scoreboard's ios column (0.828 ms at batch 1, 2026-11-26) and the sequential plan at
+# batch 16 (2.375 ms, 2026-11-27).
+for i in 1 2 3; do
+    run "ios transformer process $i" 60 transformer --algo ios --repeats 100
+done
+# At batch 16 IOS's cost model charges the merged product as the three (each fills the GPU),
+# so it merges nothing there: ios-merge does.
+run "b16 sequential transformer" 60 transformer --batch 16 --algo sequential --repeats 50
+run "b16 ios-merge transformer" 60 transformer --batch 16 --algo ios-merge --repeats 50
+save_cache
+
 # compute-sanitizer on a channels-last plan at batch 2 (GoogLeNet: its branches write their
 # concatenation slices a run of channels per pixel).
 step "memcheck nhwc googlenet b2"

@@ -82,7 +82,7 @@
 //! sequential time; from 128 each has at least 128 blocks for 84 SMs, both want the whole GPU
 //! and the pair takes `1 + alpha` = 1.1 times the sequential time (see the test).
 
-use opsched_graph::merge::merged_conv;
+use opsched_graph::merge::merged_op;
 use opsched_graph::{DType, Graph, NodeId, Op, OpStats, Shape};
 
 use crate::calibration::{self, DeviceFile, Overheads};
@@ -657,13 +657,12 @@ impl CostModel for AnalyticalModel {
         out.resize(running.len(), rate);
     }
 
-    /// The merged convolution's own cost (summed output channels, largest kernel, on the shared
-    /// input), but never less than the largest component, nor less than the components' total
+    /// The merged operator's own cost (a convolution's summed output channels and largest
+    /// kernel, a linear layer's summed output features, on the shared input), but never less than the largest component, nor less than the components' total
     /// SM work `sum(t_i * s_i)` or bandwidth work `sum(t_i * b_i)` (so that merging cannot beat
     /// [`AnalyticalModel::capacity_bound`]'s accounting either).
     fn merged_time(&self, g: &Graph, ops: &[NodeId]) -> Option<f64> {
-        let (conv, input) = merged_conv(g, ops)?;
-        let op = Op::Conv2d(conv);
+        let (op, input) = merged_op(g, ops)?;
         let terms = vec![input];
         let out = op.infer_shape(&terms).ok()?;
         let stats = op.stats(&terms, &out, g.dtype).ok()?;

@@ -125,15 +125,15 @@ pub trait CostModel: Send + Sync {
         fluid::stage_time(self, g, groups)
     }
 
-    /// Time of one merged operator replacing `ops` (convolutions reading the same input, see
-    /// `opsched_graph::merge`), or `None` if they cannot be merged. At least the largest
+    /// Time of one merged operator replacing `ops` (convolutions or linear layers reading the
+    /// same input, see `opsched_graph::merge`), or `None` if they cannot be merged. At least the largest
     /// `op_time` among `ops`.
     fn merged_time(&self, g: &Graph, ops: &[NodeId]) -> Option<f64>;
 
     /// Time of a merge stage of `ops` as the GPU runtime runs it, what schedulers and the
-    /// simulator charge: [`CostModel::merged_time`] where it runs them as one convolution
-    /// ([`opsched_graph::merge::runs_as_one`]), else (at a batch above 1, a member read by a
-    /// kernel that cannot read it in place) their `op_time`s one after another. `None` if
+    /// simulator charge: [`CostModel::merged_time`] where it runs them as one kernel
+    /// ([`opsched_graph::merge::runs_as_one`]), else (over several images or rows, a member
+    /// read by a kernel that cannot read it in place) their `op_time`s one after another. `None` if
     /// they cannot be merged.
     fn merged_stage_time(&self, g: &Graph, ops: &[NodeId]) -> Option<f64> {
         if opsched_graph::merge::runs_as_one(g, ops) {

@@ -82,14 +82,14 @@ pub fn stage_signature(g: &Graph, groups: &[Vec<NodeId>]) -> String {
     format!("stage[{}]", parts.join(" | "))
 }
 
-/// The key of the one convolution a merged group `ops` runs as
-/// ([`opsched_graph::merge::merged_conv`]), or `None` if they cannot merge: exactly the
-/// [`op_signature`] of that convolution alone on the group's input, so a measurement of it is
+/// The key of the one convolution or linear layer a merged group `ops` runs as
+/// ([`opsched_graph::merge::merged_op`]), or `None` if they cannot merge: exactly the
+/// [`op_signature`] of that operator alone on the group's input, so a measurement of it is
 /// an operator row like any other (what the profiler writes for a merged stage).
 pub fn merged_signature(g: &Graph, ops: &[NodeId]) -> Option<String> {
-    let (conv, input) = opsched_graph::merge::merged_conv(g, ops)?;
+    let (op, input) = opsched_graph::merge::merged_op(g, ops)?;
     let mut s = String::with_capacity(96);
-    write_op(&mut s, &Op::Conv2d(conv));
+    write_op(&mut s, &op);
     s.push('[');
     write_shape(&mut s, &input);
     s.push(']');

@@ -226,8 +226,8 @@ pub struct GraphProgram {
     /// Per logical GPU: the elements of storage its buffers are laid out in (see
     /// [`crate::memory`]).
     pub storage: Vec<usize>,
-    /// The merged groups of convolutions that run as one convolution, each in its order
-    /// (see [`GraphProgram::build_merged`]).
+    /// The merged groups of convolutions (or of linear layers) that run as one convolution
+    /// (one product), each in its order (see [`GraphProgram::build_merged`]).
     pub merged: Vec<Vec<NodeId>>,
     /// Per node: its value is stored channels last ([`Layout::Nhwc`]; `outputs` hold it so).
     pub channels_last: Vec<bool>,
@@ -474,8 +474,10 @@ pub(crate) struct Builder<'g> {
     transposed_reads: HashMap<NodeId, NodeId>,
     transposed_writes: HashMap<NodeId, NodeId>,
     /// First convolution of a group a plan merges -> the one convolution the group runs as:
-    /// see [`Builder::merge_convs`].
+    /// see [`Builder::merge_stages`].
     merged: HashMap<NodeId, MergedConv>,
+    /// First linear layer of a group a plan merges -> the one linear layer the group runs as.
+    merged_linear: HashMap<NodeId, MergedLinear>,
     /// Per node: its value is stored channels last ([`channels_last`]).
     nhwc: Vec<bool>,
     /// Operator -> its value in the other layout, made by a transpose its own program runs
@@ -506,6 +508,19 @@ pub(crate) struct MergedConv {
     pub out: BufId,
     /// Output `[oh, ow]`.
     pub out_hw: [usize; 2],
+}
+
+/// Linear layers of a merged stage that run as one (IOS's operator merge applied to products,
+/// [`opsched_graph::merge::merged_linear`]): the product writes `out`, each of whose rows holds
+/// the members' features side by side, in the members' order.
+#[derive(Clone, Debug)]
+pub(crate) struct MergedLinear {
+    pub out_features: usize,
+    pub bias: bool,
+    pub act: Activation,
+    /// Each member and its output features.
+    pub members: Vec<(NodeId, usize)>,
+    pub out: BufId,
 }
 
 impl<'g> Builder<'g> {
@@ -1094,7 +1109,14 @@ impl<'g> Builder<'g> {
                 let strides = head_strides(&shape)
                     .ok_or_else(|| self.unsupported(at, "a head transpose that is not 4-D"))?;
                 let buf = self.source(steps, at, s)?;
-                let buf = self.readable(steps, at, buf);
+                // A merged product's member, one run per row of the merged output, is read in
+                // place: on the GPU the product takes the merged row's stride (`Gemm`'s
+                // preparation), the CPU reads the rows gathered.
+                let row = shape[1].saturating_mul(shape[3]);
+                let buf = match self.buffers[buf].runs {
+                    Some(r) if r.run == row => buf,
+                    _ => self.readable(steps, at, buf),
+                };
                 return Ok(Operand {
                     buf,
                     shape,
@@ -1266,7 +1288,7 @@ impl<'g> Builder<'g> {
 }
 
 impl Builder<'_> {
-    /// Let each group of `merges` run as one convolution where it can (see
+    /// Let each group of `merges` run as one convolution or linear layer where it can (see
     /// [`GraphProgram::build_merged`]): the members' output buffers become views of their
     /// slices of the merged output (strided where it has several rows, [`Builder::merge_rows`]:
     /// one run per image at batch > 1, one per pixel channels last), and the members
@@ -1275,14 +1297,19 @@ impl Builder<'_> {
     /// its producers may write it in place ([`opsched_graph::inplace::slice_of`]); at a
     /// larger batch whoever else reads a member ([`opsched_graph::inplace::merged_slot`]),
     /// the merged output and the members then being strided views of the concatenation.
-    /// Before the other in-place rules, which leave these views be.
-    fn merge_convs(&mut self, merges: &[Vec<NodeId>], transfers: &[TransferSpec]) {
+    /// Linear layers: [`Builder::merge_linear`]. Before the other in-place rules, which leave
+    /// these views be.
+    fn merge_stages(&mut self, merges: &[Vec<NodeId>], transfers: &[TransferSpec]) {
         let adds_residual: HashSet<NodeId> = opsched_graph::fusion::residual_sources(self.g)
             .into_iter()
             .flatten()
             .map(|(c, _)| c)
             .collect();
         for group in merges {
+            if let Some((op, _)) = opsched_graph::merge::merged_linear(self.g, group) {
+                self.merge_linear(group, op, transfers, &adds_residual);
+                continue;
+            }
             let group = &self.concat_order(group);
             let Some((m, members)) = self.merged_output(group, transfers, &adds_residual) else {
                 continue;
@@ -1300,6 +1327,109 @@ impl Builder<'_> {
             self.merged_in_place(group, &m, &members);
             self.merged.insert(head, m);
         }
+    }
+
+    /// Let linear layers `group` (merged into `op`) run as one product where they run on one
+    /// GPU, no transfer sends their outputs, none computes a residual sum, and, over several
+    /// rows, every reader reads the members in place
+    /// ([`opsched_graph::merge::rows_read_in_place`]). Each member's output becomes a view of
+    /// its features in the merged output's rows (one run per row), as do the reshapes that
+    /// split it into heads (which then run nothing): the batched products after them read the
+    /// rows with the merged row's stride ([`Builder::operand`]).
+    fn merge_linear(
+        &mut self,
+        group: &[NodeId],
+        op: Op,
+        transfers: &[TransferSpec],
+        adds_residual: &HashSet<NodeId>,
+    ) -> Option<()> {
+        let Op::Linear {
+            out_features,
+            bias,
+            act,
+        } = op
+        else {
+            return None;
+        };
+        let &head = group.first()?;
+        let gpu = self.gpu_of(head)?;
+        let free = |c: &NodeId| {
+            self.gpu_of(*c) == Some(gpu)
+                && !sent(transfers, *c)
+                && !adds_residual.contains(c)
+                && self.outputs[c.index()].is_some_and(|o| self.buffers[o].within.is_none())
+        };
+        let (_, lead) = self.g.node(head).shape.split_last()?;
+        let rows = lead.iter().try_fold(1usize, |r, &d| r.checked_mul(d))?;
+        let in_place = rows <= 1
+            || group
+                .iter()
+                .all(|&c| opsched_graph::merge::rows_read_in_place(self.g, c));
+        if !group.iter().all(free) || !in_place {
+            return None;
+        }
+        let mut members = Vec::with_capacity(group.len());
+        let mut views = Vec::with_capacity(group.len());
+        let mut row = 0usize;
+        for &c in group {
+            let features = match self.g.node(c).op {
+                Op::Linear { out_features, .. } => out_features,
+                _ => return None,
+            };
+            views.push(MemberView {
+                at: row,
+                len: features.checked_mul(rows)?,
+                runs: (rows > 1).then_some(Runs {
+                    run: features,
+                    stride: out_features,
+                }),
+            });
+            row = row.checked_add(features)?;
+            members.push((c, features));
+        }
+        let align = opsched_graph::inplace::VIEW_ALIGN;
+        if row != out_features
+            || !views.iter().all(|v| v.at.is_multiple_of(align))
+            || (rows > 1 && !row.is_multiple_of(align))
+        {
+            return None;
+        }
+        let out = self.alloc(
+            gpu,
+            row.checked_mul(rows)?,
+            BufRole::Scratch(head),
+            Init::Uninit,
+        );
+        for (&c, view) in group.iter().zip(&views) {
+            let o = self.outputs[c.index()]?;
+            self.buffers[o].within = Some((out, view.at));
+            self.buffers[o].runs = view.runs;
+            if c != head {
+                self.fused.insert(c);
+            }
+            if view.runs.is_none() {
+                continue;
+            }
+            // The reshapes into heads are the member's view too, and run nothing.
+            for r in self.g.succs(c).collect::<Vec<_>>() {
+                if let Some(rb) = self.outputs[r.index()] {
+                    self.buffers[rb].within = self.buffers[o].within;
+                    self.buffers[rb].runs = view.runs;
+                    self.fused.insert(r);
+                }
+            }
+        }
+        self.merged_linear.insert(
+            head,
+            MergedLinear {
+                out_features,
+                bias,
+                act,
+                members,
+                out,
+            },
+        );
+        Some(())
     }
 
     /// `group` in the order of its members' slices of one concatenation, where each has one
@@ -1359,7 +1489,7 @@ impl Builder<'_> {
 
     /// Make merged output `m` of `group` (its members' views `members`) a view of the
     /// members' consecutive slices of one concatenation, where they have them (see
-    /// [`Builder::merge_convs`]).
+    /// [`Builder::merge_stages`]).
     fn merged_in_place(&mut self, group: &[NodeId], m: &MergedConv, members: &[MemberView]) {
         let Some((rows, _)) = self.merge_rows(group[0]) else {
             return;
@@ -1626,8 +1756,19 @@ impl Builder<'_> {
                 if here.is_some() && local && !sent(transfers, n) {
                     self.transposed_reads.insert(n, s);
                     self.fused.insert(n);
-                    // Its own buffer is never used: let it take no storage of its own.
-                    self.view_into(n, s, 0, transfers);
+                    // Its own buffer is never used: let it take no storage of its own (where
+                    // `s` is a strided view, a merged product's member, the same view).
+                    if !self.view_into(n, s, 0, transfers) {
+                        if let (Some(tb), Some(sb)) =
+                            (self.outputs[n.index()], self.outputs[s.index()])
+                        {
+                            if self.buffers[sb].runs.is_some() && self.buffers[tb].within.is_none()
+                            {
+                                self.buffers[tb].within = self.buffers[sb].within;
+                                self.buffers[tb].runs = self.buffers[sb].runs;
+                            }
+                        }
+                    }
                 }
             }
             if let Some(t) = opsched_graph::fusion::transposed_output(self.g, n) {
@@ -1680,8 +1821,11 @@ impl GraphProgram {
     /// [`opsched_graph::merge::read_in_place`]). The members are put in the order of their
     /// slices of a concatenation where they have them; the first runs the convolution
     /// (weights: the members' side by side, smaller kernels zero-padded around their centre),
-    /// the others run nothing. A group that cannot merge runs its operators one after
-    /// another, as [`GraphProgram::build`] has them.
+    /// the others run nothing. Linear layers alike run as one product
+    /// ([`opsched_graph::merge::merged_linear`]: weights stacked, each member a run per row
+    /// of the merged output, read in place by the batched products after its head reshape).
+    /// A group that cannot merge runs its operators one after another, as
+    /// [`GraphProgram::build`] has them.
     pub fn build_merged(
         g: &Graph,
         placement: &[Option<usize>],
@@ -1733,6 +1877,7 @@ impl GraphProgram {
             transposed_reads: HashMap::new(),
             transposed_writes: HashMap::new(),
             merged: HashMap::new(),
+            merged_linear: HashMap::new(),
             nhwc: match layout {
                 Layout::Nchw => vec![false; g.len()],
                 Layout::Nhwc => channels_last(g),
@@ -1786,7 +1931,7 @@ impl GraphProgram {
             b.replicas.insert((t.src, t.dst), r);
             xfers.push((sb, r));
         }
-        b.merge_convs(merges, transfers);
+        b.merge_stages(merges, transfers);
         b.concat_in_place(transfers);
         b.fuse_activations(transfers);
         b.fuse_residuals(transfers);
@@ -1809,10 +1954,13 @@ impl GraphProgram {
                 gpu,
                 inner: 0,
             };
-            // An operator another one's kernel computes (see `fuse_*`, `merge_convs`) has no
-            // steps; the first of a merged group runs the group's convolution.
+            // An operator another one's kernel computes (see `fuse_*`, `merge_stages`) has no
+            // steps; the first of a merged group runs the group's convolution or product.
             if let Some(m) = b.merged.get(&id).cloned() {
                 step::conv::lower_merged(&mut b, &mut steps, at, &m, Src::Terms(&node.inputs))?;
+            } else if let Some(m) = b.merged_linear.get(&id).cloned() {
+                let src = Src::Terms(&node.inputs);
+                step::gemm::lower_merged_linear(&mut b, &mut steps, at, &m, src)?;
             } else if !b.fused.contains(&id) {
                 b.lower_op(
                     &mut steps,
@@ -1859,6 +2007,11 @@ impl GraphProgram {
             .merged
             .into_values()
             .map(|m| m.members.into_iter().map(|(n, _)| n).collect())
+            .chain(
+                b.merged_linear
+                    .into_values()
+                    .map(|m| m.members.into_iter().map(|(n, _)| n).collect()),
+            )
             .collect();
         merged.sort();
         let mut p = GraphProgram {

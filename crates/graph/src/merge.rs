@@ -16,6 +16,13 @@
 //! At batch > 1 a component's output is one run per image of the merged output (a strided
 //! view), which only some kernels read in place ([`read_in_place`]); the lowering runs a
 //! merged stage as one convolution there only where every reader of every component does.
+//!
+//! The same merge applies to linear layers (a Transformer's query, key and value projections):
+//! at least two [`Op::Linear`] reading identical inputs with the same bias flag and activation
+//! become one linear layer whose output features are theirs side by side ([`merged_linear`]).
+//! A component's output is then one run per row of the merged output, which the GPU runtime
+//! reads in place where each reader is a reshape that splits the last axis into heads, read
+//! through head transposes by batched products ([`rows_read_in_place`]).
 
 use crate::graph::{Graph, NodeId};
 use crate::op::{concat_shapes, Conv2d, Op};
@@ -69,22 +76,121 @@ pub fn read_in_place(g: &Graph, p: NodeId) -> bool {
     })
 }
 
-/// Whether `ops` can run as one merged convolution (see the module docs).
-pub fn mergeable(g: &Graph, ops: &[NodeId]) -> bool {
-    merged_conv(g, ops).is_some()
+/// Whether every reader of linear layer `p`'s output reads it in place when it is one run per
+/// row of a merged product's output: `p` is not an output of the graph, and each reader is a
+/// reshape of the whole value that splits its last axis in two (into heads), not an output of
+/// the graph either, whose readers are all head transposes that batched products read through
+/// ([`crate::fusion::transposed_operand`]): the products then read the rows with the merged
+/// output's row stride.
+pub fn rows_read_in_place(g: &Graph, p: NodeId) -> bool {
+    let is_output = |n: NodeId| crate::fusion::is_output(g, n);
+    let shape = &g.node(p).shape;
+    let mut readers = g.succs(p).peekable();
+    if is_output(p) || readers.peek().is_none() {
+        return false;
+    }
+    readers.all(|r| {
+        let node = g.node(r);
+        let whole = matches!(node.inputs.as_slice(), [t] if matches!(t.as_slice(),
+            [v] if v.node == p && v.channels.is_none()));
+        let splits_last = match (shape.split_last(), node.shape.len().checked_sub(2)) {
+            (Some((&last, lead)), Some(k)) => {
+                node.shape[..k] == *lead
+                    && node.shape[k].checked_mul(node.shape[k + 1]) == Some(last)
+            }
+            _ => false,
+        };
+        let mut transposes = g.succs(r).peekable();
+        matches!(node.op, Op::Reshape { .. })
+            && whole
+            && splits_last
+            && !is_output(r)
+            && transposes.peek().is_some()
+            && transposes.all(|t| crate::fusion::transposed_operand(g, t) == Some(r))
+    })
 }
 
-/// Whether the GPU runtime runs mergeable `ops` as one convolution, as far as the graph
-/// decides it (channels-last storage, transfers and residual sums aside): at batch 1, and at
-/// a larger batch where every member, one run per image of the merged output, is read in
-/// place by every reader ([`read_in_place`]); else it runs them one after another.
+/// Whether `ops` can run as one merged convolution or linear layer (see the module docs).
+pub fn mergeable(g: &Graph, ops: &[NodeId]) -> bool {
+    merged_op(g, ops).is_some()
+}
+
+/// Whether the GPU runtime runs mergeable `ops` as one kernel, as far as the graph decides it
+/// (channels-last storage, transfers and residual sums aside): where each member is one run
+/// of the merged output (convolutions at batch 1, linear layers over one row), and else where
+/// every member, one run per image (per row) of the merged output, is read in place by every
+/// reader ([`read_in_place`], [`rows_read_in_place`]); else it runs them one after another.
 pub fn runs_as_one(g: &Graph, ops: &[NodeId]) -> bool {
-    let batch = ops
-        .first()
-        .and_then(|&o| g.nodes().get(o.index()))
-        .and_then(|n| n.shape.first().copied())
-        .unwrap_or(1);
-    mergeable(g, ops) && (batch <= 1 || ops.iter().all(|&o| read_in_place(g, o)))
+    let Some((op, _)) = merged_op(g, ops) else {
+        return false;
+    };
+    let shape = |o: NodeId| g.node(o).shape.clone();
+    match op {
+        Op::Linear { .. } => {
+            let rows: usize = ops
+                .first()
+                .map(|&o| shape(o))
+                .and_then(|s| s.split_last().map(|(_, lead)| lead.iter().product()))
+                .unwrap_or(1);
+            rows <= 1 || ops.iter().all(|&o| rows_read_in_place(g, o))
+        }
+        _ => {
+            let batch = ops
+                .first()
+                .and_then(|&o| shape(o).first().copied())
+                .unwrap_or(1);
+            batch <= 1 || ops.iter().all(|&o| read_in_place(g, o))
+        }
+    }
+}
+
+/// The one operator replacing `ops` and the shape of its input: a merged convolution
+/// ([`merged_conv`]) or linear layer ([`merged_linear`]); `None` if `ops` cannot be merged.
+pub fn merged_op(g: &Graph, ops: &[NodeId]) -> Option<(Op, Vec<usize>)> {
+    if let Some((conv, input)) = merged_conv(g, ops) {
+        return Some((Op::Conv2d(conv), input));
+    }
+    merged_linear(g, ops)
+}
+
+/// The merged linear layer replacing `ops` (an [`Op::Linear`] with their output features side
+/// by side, in their order) and the shape of its input, or `None` if `ops` are not at least two
+/// distinct linear layers reading one identical input with the same bias flag and activation.
+pub fn merged_linear(g: &Graph, ops: &[NodeId]) -> Option<(Op, Vec<usize>)> {
+    if ops.len() < 2 {
+        return None;
+    }
+    let nodes = g.nodes();
+    let first = nodes.get(ops[0].index())?;
+    let Op::Linear { bias, act, .. } = first.op else {
+        return None;
+    };
+    let mut out_features = 0usize;
+    for (i, &id) in ops.iter().enumerate() {
+        if ops[..i].contains(&id) {
+            return None;
+        }
+        let node = nodes.get(id.index())?;
+        match node.op {
+            Op::Linear {
+                out_features: f,
+                bias: b,
+                act: a,
+            } if b == bias && a == act && node.inputs == first.inputs => {
+                out_features = out_features.checked_add(f)?;
+            }
+            _ => return None,
+        }
+    }
+    let [input] = g.input_shapes(ops[0]).try_into().ok()?;
+    Some((
+        Op::Linear {
+            out_features,
+            bias,
+            act,
+        },
+        input,
+    ))
 }
 
 /// The merged convolution replacing `ops` and the shape of its input (the components' common

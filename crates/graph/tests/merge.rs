@@ -267,3 +267,44 @@ fn at_batch_above_1_a_member_must_be_read_in_place_by_every_reader() {
         assert_eq!(slice_of(&g, c).is_some(), in_place, "{what}");
     }
 }
+
+/// The Transformer's query, key and value projections merge into one linear layer of their
+/// features side by side; each is read through a head reshape and transpose by batched
+/// products, which read a run per row in place, so the runtime runs the three as one product.
+#[test]
+fn query_key_and_value_merge_into_one_linear_layer() {
+    use opsched_graph::merge::{merged_linear, rows_read_in_place, runs_as_one};
+    for batch in [1, 2] {
+        let g = zoo::build(
+            "transformer",
+            &ZooConfig {
+                batch,
+                input_size: Some(16),
+                ..ZooConfig::default()
+            },
+        )
+        .unwrap();
+        let qkv = ["layer0_q", "layer0_k", "layer0_v"].map(|n| id(&g, n));
+        let (op, input) = merged_linear(&g, &qkv).unwrap();
+        assert_eq!(
+            op,
+            Op::Linear {
+                out_features: 3 * 768,
+                bias: true,
+                act: Activation::None,
+            }
+        );
+        assert_eq!(input, vec![batch, 16, 768]);
+        for &p in &qkv {
+            assert!(rows_read_in_place(&g, p), "batch {batch}");
+        }
+        assert!(runs_as_one(&g, &qkv));
+        assert!(mergeable(&g, &qkv[..2]));
+        // Not with the output projection (another input), nor twice the same layer.
+        let out = id(&g, "layer0_attn_out");
+        assert!(!mergeable(&g, &[qkv[0], out]));
+        assert!(!mergeable(&g, &[qkv[0], qkv[0]]));
+        // The FFN's first layer is read by the second, not through head transposes.
+        assert!(!rows_read_in_place(&g, id(&g, "layer0_ffn1")));
+    }
+}

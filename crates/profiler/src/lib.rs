@@ -220,19 +220,19 @@ pub fn merges_of(s: &Schedule) -> Vec<Vec<NodeId>> {
         .collect()
 }
 
-/// The one convolution a mergeable group runs as, alone on an input of the group's input
-/// shape: the graph the profiler times for it (its operator's signature is the group's
+/// The one convolution or linear layer a mergeable group runs as, alone on an input of the
+/// group's input shape: the graph the profiler times for it (its operator's signature is the group's
 /// [`merged_signature`](opsched_cost::signature::merged_signature)). `None` where the runtime
-/// runs the group one convolution after another
+/// runs the group one operator after another
 /// ([`opsched_graph::merge::runs_as_one`]: its members' own times are what it costs).
 pub fn merged_graph(g: &Graph, ops: &[NodeId]) -> Option<(Graph, NodeId)> {
     if !opsched_graph::merge::runs_as_one(g, ops) {
         return None;
     }
-    let (conv, input) = opsched_graph::merge::merged_conv(g, ops)?;
+    let (op, input) = opsched_graph::merge::merged_op(g, ops)?;
     let mut b = opsched_graph::GraphBuilder::new("merged", g.dtype);
     let x = b.input("x", input);
-    let c = b.conv("merged", x, conv);
+    let c = b.op("merged", op, &[x]);
     Some((b.finish().ok()?, c))
 }
 

@@ -23,12 +23,14 @@ pub struct RunReport {
     pub launches: usize,
     /// Kernels they run on a GPU ([`opsched_gpu::GraphProgram::kernels`]).
     pub kernels: usize,
-    /// Merged stages that ran as one convolution ([`opsched_gpu::GraphProgram::merged`]); the
-    /// plan's other merged stages ran their operators one after another.
+    /// Merged stages that ran as one convolution or product
+    /// ([`opsched_gpu::GraphProgram::merged`]); the plan's other merged stages ran their
+    /// operators one after another.
     pub merged_convolutions: usize,
     /// Buffers written through strided views ([`opsched_gpu::program::BufSpec::runs`]): slices
-    /// of concatenations at batch > 1 that their producers write in place, and a merged
-    /// convolution's output and members at batch > 1.
+    /// of concatenations at batch > 1 that their producers write in place, a merged
+    /// convolution's output and members at batch > 1, and a merged product's members (a run
+    /// per row) with the head reshapes and transposes that read them.
     pub strided_views: usize,
     /// How its 4-D activations were stored, and how many transposes between NCHW and NHWC it
     /// ran ([`opsched_gpu::program::Layout`]).

@@ -428,6 +428,93 @@ fn merged_stages_run_as_one_convolution_at_batch_2() {
     }
 }
 
+/// A schedule of `g` that merges each Transformer layer's query, key and value projections
+/// (in one stage, the order a stage runs them) and runs every other operator alone.
+fn qkv_schedule(g: &Graph) -> Schedule {
+    use opsched::schedule::{Stage, StagePlan, StageStrategy};
+    let mut stages = Vec::new();
+    let mut merged = Vec::new();
+    for &id in g.topo_order() {
+        let name = &g.node(id).name;
+        if g.node(id).op.is_input() || merged.contains(&id) {
+            continue;
+        }
+        let layer = name.strip_suffix("_q").or(name.strip_suffix("_k"));
+        match layer.or(name.strip_suffix("_v")) {
+            Some(layer) => {
+                let group: Vec<NodeId> = ["v", "k", "q"]
+                    .map(|p| g.find(&format!("{layer}_{p}")).unwrap())
+                    .into();
+                merged.extend(&group);
+                stages.push(Stage {
+                    strategy: StageStrategy::Merge,
+                    groups: vec![group],
+                });
+            }
+            None => stages.push(Stage::single(id)),
+        }
+    }
+    Schedule::Stages(StagePlan { gpus: vec![stages] })
+}
+
+/// A Transformer layer's query, key and value projections, merged, run as one product: each
+/// is a run per row of the merged output (`[rows, 3 * 768]`), read in place through its head
+/// reshape and transpose by the batched products; two products fewer per layer than the
+/// sequential plan, every value the sequential run's (to the merged tolerance), eagerly and
+/// captured, at batch 1 and 2. (Not the reference's: through twelve layers of random weights
+/// the sequential run itself is 5e-4 from it at a softmax, beyond the CPU's 1e-4.)
+#[test]
+fn merged_linear_layers_run_as_one_product() {
+    for batch in [1, 2] {
+        let g = small_batch("transformer", batch);
+        let s = qkv_schedule(&g);
+        let plan = lower(&g, &s).unwrap();
+        let layers = HostProgram::new(&g, &plan).unwrap().merged_launches().len();
+        assert_eq!(layers, 12);
+        let what = format!("transformer at batch {batch}");
+        let (got, merged) = outputs(&g, &plan, true, true);
+        assert_eq!(merged, layers, "{what}");
+        let seq = lower(&g, &Schedule::sequential(&g)).unwrap();
+        let (want, _) = outputs(&g, &seq, false, true);
+        assert_same(&g, (&got, merged), &want, &what);
+        let dev = CpuDevice::new();
+        let opts = RunOptions {
+            check: CheckMode::Auto,
+            reference_max_flops: 0,
+            ..checked(batch == 2, 0, 1)
+        };
+        let r = run_schedule(&dev, &g, &s, &opts).unwrap();
+        let sequential = run_schedule(&dev, &g, &Schedule::sequential(&g), &opts).unwrap();
+        assert_eq!(r.merged_convolutions, layers, "{what}");
+        assert_eq!(r.kernels + 2 * layers, sequential.kernels, "{what}");
+        // Each layer: three members, their reshapes and their transposes.
+        assert_eq!(r.strided_views, 9 * layers, "{what}");
+        let c = r.check.unwrap();
+        assert!(c.passed && c.vs_reference.is_none(), "{what}: {c:?}");
+    }
+}
+
+/// On a GPU, a Transformer's merged query, key and value projections run as one cuBLAS
+/// product and the batched products read its rows in place (the merged row's stride as their
+/// leading dimension), at batch 1 and 2, eagerly and captured, against the sequential run
+/// (TF32) and the reference.
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn gpu_merged_linear_layers_run_as_one_product() {
+    let dev = opsched_runtime::CudaDevice::open(Some(1)).unwrap();
+    let mut failed = Vec::new();
+    for (batch, capture) in [(1, false), (2, true)] {
+        let g = small_batch("transformer", batch);
+        let r = run_schedule(&dev, &g, &qkv_schedule(&g), &checked(capture, 1, 3)).unwrap();
+        assert_eq!(r.merged_convolutions, 12, "batch {batch}");
+        let c = r.check.clone().unwrap();
+        if !c.passed {
+            failed.push(format!("batch {batch}, capture {capture}: {c:?}"));
+        }
+    }
+    all_passed(failed);
+}
+
 /// Channels last, IOS's merged stages run as one convolution too, at batch 1 and 2: the
 /// members are views of the merged output (or of their concatenation) a run of channels per
 /// pixel, which the convolutions (cuDNN's input pixel stride), copies and adds after them

@@ -250,20 +250,22 @@ fn chain_decomposition<B: Bits>(desc: &[B]) -> (Vec<Vec<u8>>, Vec<B>) {
     (chains, masks)
 }
 
-/// Candidate merge classes: plain convolutions with `groups = 1` grouped by identical input
-/// terms (the first condition of `opsched_graph::merge::mergeable`; the rest is checked per
-/// subset).
+/// Candidate merge classes: plain convolutions with `groups = 1`, and linear layers, grouped
+/// by kind and identical input terms (the first conditions of
+/// `opsched_graph::merge::mergeable`; the rest is checked per subset).
 fn merge_classes<B: Bits>(g: &Graph, ops: &[NodeId]) -> Vec<B> {
     let mut classes: Vec<(usize, B)> = Vec::new();
+    let kind = |o: NodeId| match &g.node(o).op {
+        Op::Conv2d(c) if c.groups == 1 => Some(0),
+        Op::Linear { .. } => Some(1),
+        _ => None,
+    };
     for (i, &o) in ops.iter().enumerate() {
         let node = g.node(o);
-        let Op::Conv2d(c) = &node.op else { continue };
-        if c.groups != 1 {
-            continue;
-        }
+        let Some(k) = kind(o) else { continue };
         match classes
             .iter_mut()
-            .find(|(rep, _)| g.node(ops[*rep]).inputs == node.inputs)
+            .find(|(rep, _)| kind(ops[*rep]) == Some(k) && g.node(ops[*rep]).inputs == node.inputs)
         {
             Some((_, m)) => *m |= B::bit(i),
             None => classes.push((i, B::bit(i))),

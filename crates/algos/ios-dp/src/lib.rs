@@ -2,7 +2,8 @@
 //!
 //! IOS (Ding et al., MLSys 2021): a dynamic program over stages that schedules the operators
 //! of a model on **one GPU**, each stage running either *concurrent groups* (one stream per
-//! group, each group runs its operators in order) or one *merged* convolution. Three variants
+//! group, each group runs its operators in order) or one *merged* convolution (or linear
+//! layer, an extension of ours: see below). Three variants
 //! are registered: `ios` (both strategies), `ios-parallel` (concurrent stages only) and
 //! `ios-merge` (merge stages or single operators only).
 //!
@@ -48,7 +49,9 @@
 //! - **Merge** (`dp` with `merge` in `opt_type`): IOS tries every subset of the *sinks* of `S`
 //!   (operators without a successor in `S`; any subset of them is an ending) and keeps those
 //!   `check_merge` accepts. Only convolutions reading identical inputs can merge, so we group the
-//!   part's `groups = 1` convolutions by identical input terms once, and per state enumerate the
+//!   part's `groups = 1` convolutions (and, beyond IOS, its linear layers: a Transformer's
+//!   query, key and value projections) by kind and identical input terms once, and per state
+//!   enumerate the
 //!   subsets (two or more) of each class's sinks; the cost model's
 //!   [`merged_time`](opsched_cost::CostModel::merged_time) (which applies
 //!   [`opsched_graph::merge::mergeable`]) rejects the rest. IOS considers merge and concurrent

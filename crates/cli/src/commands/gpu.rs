@@ -597,7 +597,7 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
     if report.merged_convolutions > 0 {
         writeln!(
             out,
-            "merged         {} merged stages ran as one convolution each",
+            "merged         {} merged stages ran as one convolution or product each",
             report.merged_convolutions
         )?;
     }
@@ -612,8 +612,8 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
     if report.strided_views > 0 {
         writeln!(
             out,
-            "strided        {} views written or read in place, one run per image (per pixel \
-             channels last): slices of concatenations, merged convolutions' members",
+            "strided        {} views written or read in place, one run per image, pixel or row: \
+             slices of concatenations, merged convolutions' and products' members",
             report.strided_views
         )?;
     }

@@ -31,7 +31,7 @@ use crate::cpu::math::{sgemm_strided, Mat};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::c_int;
 use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
-use crate::program::{weight_half_width, At, BufId, Builder, Operand, Src};
+use crate::program::{weight_half_width, At, BufId, Builder, Init, MergedLinear, Operand, Src};
 use crate::{GemmKernel, GpuError};
 
 /// A (batched) matrix product.
@@ -97,12 +97,68 @@ pub(crate) fn lower_linear(
     };
     let (x, xs) = b.single(steps, at, src)?;
     let k = xs.last().copied().unwrap_or(1);
-    let rows = xs.iter().product::<usize>() / k.max(1);
     let nf = out_features;
     let w = b.param(at, "weight", nf * k, 0.0, weight_half_width(k))?;
     let bias = bias
         .then(|| b.param(at, "bias", nf, 0.0, 0.1))
         .transpose()?;
+    push_linear(steps, (x, &xs), w, bias, nf, act, residual, out);
+    Ok(())
+}
+
+/// Lower the linear layers of a merged stage ([`MergedLinear`]) as one: the members' weights
+/// stacked (each `[features, k]`, row-major) and their biases side by side, into the merged
+/// output, whose row holds every member's features in the members' order.
+pub(crate) fn lower_merged_linear(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    m: &MergedLinear,
+    src: Src<'_>,
+) -> Result<(), GpuError> {
+    let (x, xs) = b.single(steps, at, src)?;
+    let k = xs.last().copied().unwrap_or(1);
+    let nf = m.out_features;
+    let wlen = super::product(&[nf, k], "merged linear weights")?;
+    let mut weight = Vec::with_capacity(wlen);
+    let mut bias = Vec::with_capacity(if m.bias { nf } else { 0 });
+    for &(node, features) in &m.members {
+        let at = At { node, ..at };
+        let len = super::product(&[features, k], "linear weights")?;
+        let init = b.param_init(at, "weight", len, 0.0, weight_half_width(k))?;
+        weight.extend(init.values(len).unwrap_or_default());
+        if m.bias {
+            let init = b.param_init(at, "bias", features, 0.0, 0.1)?;
+            bias.extend(init.values(features).unwrap_or_default());
+        }
+    }
+    if weight.len() != wlen || bias.len() != if m.bias { nf } else { 0 } {
+        return Err(b.unsupported(at, "the merged linear layers do not add up"));
+    }
+    let w = b.param_buffer(at, "merged weight", wlen, Init::Data(weight.into()));
+    let bias = m
+        .bias
+        .then(|| b.param_buffer(at, "merged bias", nf, Init::Data(bias.into())));
+    push_linear(steps, (x, &xs), w, bias, nf, m.act, None, m.out);
+    Ok(())
+}
+
+/// The steps of a linear layer `Y = X W^T (+ bias, residual, activation)` over `x` (of shape
+/// `xs`, rows of its last axis) into `out`: the product with its epilogue where cuBLASLt's
+/// kernel applies it, else the bias kernel after the product.
+#[allow(clippy::too_many_arguments)]
+fn push_linear(
+    steps: &mut Vec<Step>,
+    (x, xs): (BufId, &[usize]),
+    w: BufId,
+    bias: Option<BufId>,
+    nf: usize,
+    act: Activation,
+    residual: Option<BufId>,
+    out: BufId,
+) {
+    let k = xs.last().copied().unwrap_or(1);
+    let rows = xs.iter().product::<usize>() / k.max(1);
     let after = bias.is_some() || act != Activation::None || residual.is_some();
     let in_product = after && opsched_graph::fusion::gemm_epilogue(act);
     steps.push(
@@ -146,7 +202,6 @@ pub(crate) fn lower_linear(
             .into(),
         );
     }
-    Ok(())
 }
 
 /// Lower a `batch_matmul` operator: `[.., M, K] x [.., K, N]` (`[.., N, K]` transposed). An
@@ -323,6 +378,62 @@ impl StepKernel for Gemm {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        let (a, b) = (cx.strided(self.a)?.1, cx.strided(self.b)?.1);
+        if a.is_none() && b.is_none() {
+            return self.prepare_where_dense(cx);
+        }
+        match self.over_runs(a, b) {
+            Some(g) => g.prepare_where_dense(cx),
+            None => Err(cx.no_kernel("a product of a strided view whose runs are not its rows")),
+        }
+    }
+}
+
+/// The leading dimension and outer stride that read an operand through `runs` (a strided
+/// view: runs of `run` elements, `stride` apart) where each of its columns is one run: the
+/// column-major operand's columns are `ld` apart and each column's `rows` elements of every
+/// matrix of the batch (`stride` apart) lie within one run; outer groups (`outer` apart, a
+/// whole number of runs) scale alike. `None` where the operand does not lie so.
+fn through_runs(
+    r: crate::program::Runs,
+    (ld, stride, outer): (usize, usize, usize),
+    rows: usize,
+    batch: usize,
+) -> Option<(usize, usize)> {
+    let within = batch
+        .saturating_sub(1)
+        .checked_mul(stride)?
+        .checked_add(rows)?;
+    (ld == r.run && within <= r.run && outer.is_multiple_of(r.run))
+        .then(|| (r.stride, outer / r.run * r.stride))
+}
+
+impl Gemm {
+    /// This product reading A and B where they lie when they are strided views (`a`, `b`:
+    /// their runs), each column one run (a merged product's member, read through a head
+    /// transpose: [`through_runs`]); `None` where an operand does not lie so.
+    fn over_runs(
+        &self,
+        a: Option<crate::program::Runs>,
+        b: Option<crate::program::Runs>,
+    ) -> Option<Gemm> {
+        let ((ar, _), (br, _)) = self.stored();
+        let mut g = self.clone();
+        if let Some(r) = a {
+            let outer = self.outer_stride[0];
+            (g.lda, g.outer_stride[0]) =
+                through_runs(r, (self.lda, self.stride_a, outer), ar, self.batch)?;
+        }
+        if let Some(r) = b {
+            let outer = self.outer_stride[1];
+            (g.ldb, g.outer_stride[1]) =
+                through_runs(r, (self.ldb, self.stride_b, outer), br, self.batch)?;
+        }
+        Some(g)
+    }
+
+    /// [`StepKernel::prepare_cuda`] of a product whose operands lie as its strides say.
+    fn prepare_where_dense(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
         use crate::tuning::{choose, Candidate, GEMM_CUBLAS, GEMM_CUBLAS_SPLIT, GEMM_LT};
         let gemm = CudaGemm::new(self, cx)?;
         if self.epilogue.is_some() && (self.batch != 1 || self.outer != 1 || self.ldc != self.m) {
@@ -1166,5 +1277,73 @@ mod tests {
         assert_eq!(operand_alignment(0x7f00_0000_0000, 3, 12), 4);
         // A single product's stride is never used.
         assert_eq!(operand_alignment(0x7f00_0000_0000, 3, 1), 256);
+    }
+}
+
+#[cfg(test)]
+mod over_runs_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::program::Runs;
+
+    /// The scores of attention (`q k^T` per sequence and head) read through head transposes
+    /// from query and key projections that are runs of a merged `[rows, 3 * h * d]` output:
+    /// the product over the merged buffer with [`Gemm::over_runs`]'s strides equals the one
+    /// over dense gathered copies, element for element; runs shorter than a row do not map.
+    #[test]
+    fn a_product_reads_a_merged_member_through_its_row_runs() {
+        let (n, s, h, d) = (2usize, 5usize, 3usize, 4usize);
+        let hd = h * d;
+        let row = 3 * hd;
+        let merged = crate::program::uniform(7, n * s * row, 0.0, 1.0);
+        let gather = |at: usize| -> Vec<f32> {
+            merged
+                .chunks(row)
+                .flat_map(|r| r[at..at + hd].iter().copied())
+                .collect()
+        };
+        let (q, k) = (gather(0), gather(hd));
+        // As `lower_batch_matmul` has it: column-major C^T = K Q^T per (sequence, head).
+        let scores = Gemm {
+            a: 1,
+            b: 0,
+            c: 2,
+            trans_a: true,
+            trans_b: false,
+            m: s,
+            n: s,
+            k: d,
+            lda: hd,
+            ldb: hd,
+            ldc: s,
+            stride_a: d,
+            stride_b: d,
+            stride_c: s * s,
+            batch: h,
+            outer: n,
+            outer_stride: [s * hd, s * hd, h * s * s],
+            epilogue: None,
+        };
+        let run = |g: &Gemm, q: &[f32], k: &[f32]| {
+            let mut c = vec![f32::NAN; n * h * s * s];
+            let reads = vec![(0, q), (1, k)];
+            g.product_cpu(&mut CpuIo::of(reads, vec![(2, &mut c[..])]))
+                .unwrap();
+            c
+        };
+        let want = run(&scores, &q, &k);
+        let runs = Runs {
+            run: hd,
+            stride: row,
+        };
+        let through = scores.over_runs(Some(runs), Some(runs)).unwrap();
+        assert_eq!((through.lda, through.ldb), (row, row));
+        assert_eq!(run(&through, &merged, &merged[hd..]), want);
+        let short = Runs {
+            run: d,
+            stride: row,
+        };
+        assert!(scores.over_runs(None, Some(short)).is_none());
+        assert_eq!(scores.over_runs(None, None), Some(scores.clone()));
     }
 }
