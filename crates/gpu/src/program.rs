@@ -1352,20 +1352,14 @@ impl Builder<'_> {
             return None;
         };
         let &head = group.first()?;
-        let gpu = self.gpu_of(head)?;
-        let free = |c: &NodeId| {
-            self.gpu_of(*c) == Some(gpu)
-                && !sent(transfers, *c)
-                && !adds_residual.contains(c)
-                && self.outputs[c.index()].is_some_and(|o| self.buffers[o].within.is_none())
-        };
+        let gpu = self.members_free(group, transfers, adds_residual)?;
         let (_, lead) = self.g.node(head).shape.split_last()?;
         let rows = lead.iter().try_fold(1usize, |r, &d| r.checked_mul(d))?;
         let in_place = rows <= 1
             || group
                 .iter()
                 .all(|&c| opsched_graph::merge::rows_read_in_place(self.g, c));
-        if !group.iter().all(free) || !in_place {
+        if !in_place {
             return None;
         }
         let mut members = Vec::with_capacity(group.len());
@@ -1430,6 +1424,27 @@ impl Builder<'_> {
             },
         );
         Some(())
+    }
+
+    /// The GPU every member of merged stage `group` runs on, where no transfer sends a
+    /// member's output, none computes a residual sum (in `adds_residual`) and each output is
+    /// a buffer of its own yet (no view): what a merged output needs of its members.
+    fn members_free(
+        &self,
+        group: &[NodeId],
+        transfers: &[TransferSpec],
+        adds_residual: &HashSet<NodeId>,
+    ) -> Option<usize> {
+        let gpu = self.gpu_of(*group.first()?)?;
+        group
+            .iter()
+            .all(|c| {
+                self.gpu_of(*c) == Some(gpu)
+                    && !sent(transfers, *c)
+                    && !adds_residual.contains(c)
+                    && self.outputs[c.index()].is_some_and(|o| self.buffers[o].within.is_none())
+            })
+            .then_some(gpu)
     }
 
     /// `group` in the order of its members' slices of one concatenation, where each has one
@@ -1541,16 +1556,7 @@ impl Builder<'_> {
         adds_residual: &HashSet<NodeId>,
     ) -> Option<(MergedConv, Vec<MemberView>)> {
         let &head = group.first()?;
-        let gpu = self.gpu_of(head)?;
-        let free = |c: &NodeId| {
-            self.gpu_of(*c) == Some(gpu)
-                && !sent(transfers, *c)
-                && !adds_residual.contains(c)
-                && self.outputs[c.index()].is_some_and(|o| self.buffers[o].within.is_none())
-        };
-        if !group.iter().all(free) {
-            return None;
-        }
+        let gpu = self.members_free(group, transfers, adds_residual)?;
         let (conv, _) = opsched_graph::merge::merged_conv(self.g, group)?;
         let [oh, ow] = self.g.node(head).shape.get(2..4)?.try_into().ok()?;
         // Members alike in layout (a graph output, which stays NCHW, takes no part).
