@@ -61,7 +61,8 @@ fn load(model: &Path, arrays: &[InputArray], weights: bool) -> Graph {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Executor {
     Reference,
-    CpuDevice,
+    /// The CPU device under the named scheduler's schedule.
+    CpuDevice(&'static str),
     /// The first CUDA GPU, with TF32 tensor cores or in strict f32 (`--precise`).
     Cuda {
         tf32: bool,
@@ -80,19 +81,12 @@ fn run(g: &Graph, inputs: HashMap<NodeId, Tensor>, exec: Executor) -> Vec<(Strin
                 reference::reference_with(g, &inputs).unwrap_or_else(|e| panic!("{}: {e}", g.name));
             reference::outputs(g, &values).unwrap()
         }
-        Executor::CpuDevice | Executor::Cuda { .. } => {
-            let platform = opsched::schedule::Platform {
-                gpus: 1,
-                streams: 4,
-                device: opsched::cost::DevicePreset::by_name("h100").unwrap(),
-                link: opsched::cost::LinkPreset::by_name("nvlink4").unwrap(),
+        Executor::CpuDevice(_) | Executor::Cuda { .. } => {
+            let algo = match exec {
+                Executor::CpuDevice(algo) => algo,
+                _ => "opara",
             };
-            let cost =
-                opsched::cost::AnalyticalModel::new(platform.device.clone(), platform.link.clone());
-            let (s, _) = opsched::scheduler("opara")
-                .unwrap()
-                .schedule(g, &platform, &cost)
-                .unwrap();
+            let s = schedule(g, algo);
             let mut opts = RunOptions {
                 inputs: Arc::new(inputs),
                 keep_outputs: true,
@@ -113,6 +107,23 @@ fn run(g: &Graph, inputs: HashMap<NodeId, Tensor>, exec: Executor) -> Vec<(Strin
                 .outputs
         }
     }
+}
+
+/// `g`'s schedule by scheduler `algo` for one H100 of four streams, under the analytical
+/// model.
+fn schedule(g: &Graph, algo: &str) -> opsched::schedule::Schedule {
+    let platform = opsched::schedule::Platform {
+        gpus: 1,
+        streams: 4,
+        device: opsched::cost::DevicePreset::by_name("h100").unwrap(),
+        link: opsched::cost::LinkPreset::by_name("nvlink4").unwrap(),
+    };
+    let cost = opsched::cost::AnalyticalModel::new(platform.device.clone(), platform.link.clone());
+    let (s, _) = opsched::scheduler(algo)
+        .unwrap()
+        .schedule(g, &platform, &cost)
+        .unwrap();
+    s
 }
 
 /// `(output, relative error)` of every output of one model.
@@ -194,8 +205,33 @@ fn held_out_models_match_onnxruntime() {
 /// inputs: the device's kernels (im2col + sgemm, broadcasts, pads), not the reference's loops.
 #[test]
 fn parity_models_on_the_cpu_device_match_onnxruntime() {
-    check_all(&dir(""), 11, Executor::CpuDevice);
-    check_all(&dir("heldout"), 11, Executor::CpuDevice);
+    check_all(&dir(""), 11, Executor::CpuDevice("opara"));
+    check_all(&dir("heldout"), 11, Executor::CpuDevice("opara"));
+}
+
+/// IOS's merge-only schedule on the CPU device, with the models' real weights: the merged
+/// convolutions (Inception's 1x1 branches) and the merged query, key and value projections
+/// of the exported attention blocks, their weights stacked from the ONNX initializers, match
+/// onnxruntime; the attention blocks run their three projections as one product.
+#[test]
+fn merged_stages_with_real_weights_match_onnxruntime() {
+    check_all(&dir(""), 11, Executor::CpuDevice("ios-merge"));
+    for name in ["attention13", "attention17"] {
+        let m = dir("").join(format!("{name}.onnx"));
+        let g = load(&m, &[], true);
+        let r = opsched::runtime::run_schedule(
+            &CpuDevice::new(),
+            &g,
+            &schedule(&g, "ios-merge"),
+            &RunOptions {
+                warmup: 0,
+                repeats: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(r.merged_convolutions, 1, "{name}");
+    }
 }
 
 /// On a GPU (`cargo xtask gpu-test`): strict f32 (`--precise`) meets the CPU's tolerance,
