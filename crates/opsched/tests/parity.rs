@@ -63,9 +63,11 @@ enum Executor {
     Reference,
     /// The CPU device under the named scheduler's schedule.
     CpuDevice(&'static str),
-    /// The first CUDA GPU, with TF32 tensor cores or in strict f32 (`--precise`).
+    /// The first CUDA GPU under the named scheduler's schedule, with TF32 tensor cores or in
+    /// strict f32 (`--precise`).
     Cuda {
         tf32: bool,
+        algo: &'static str,
     },
 }
 
@@ -83,8 +85,8 @@ fn run(g: &Graph, inputs: HashMap<NodeId, Tensor>, exec: Executor) -> Vec<(Strin
         }
         Executor::CpuDevice(_) | Executor::Cuda { .. } => {
             let algo = match exec {
-                Executor::CpuDevice(algo) => algo,
-                _ => "opara",
+                Executor::CpuDevice(algo) | Executor::Cuda { algo, .. } => algo,
+                Executor::Reference => "opara",
             };
             let s = schedule(g, algo);
             let mut opts = RunOptions {
@@ -95,7 +97,7 @@ fn run(g: &Graph, inputs: HashMap<NodeId, Tensor>, exec: Executor) -> Vec<(Strin
                 ..Default::default()
             };
             let report = match exec {
-                Executor::Cuda { tf32 } => {
+                Executor::Cuda { tf32, .. } => {
                     opts.kernels.tf32 = tf32;
                     let dev = opsched::gpu::CudaDevice::open(Some(1)).unwrap();
                     opsched::runtime::run_schedule(&dev, g, &s, &opts)
@@ -168,7 +170,7 @@ fn relative_errors(model: &Path, exec: Executor) -> Vec<(String, f64)> {
 /// ([`TF32_TOLERANCE`] on a GPU with TF32).
 fn check_all(dir: &Path, expected_models: usize, exec: Executor) {
     let tolerance = match exec {
-        Executor::Cuda { tf32: true } => TF32_TOLERANCE,
+        Executor::Cuda { tf32: true, .. } => TF32_TOLERANCE,
         _ => TOLERANCE,
     };
     let models = models(dir);
@@ -240,8 +242,12 @@ fn merged_stages_with_real_weights_match_onnxruntime() {
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn parity_models_on_the_gpu_match_onnxruntime() {
     for tf32 in [false, true] {
-        check_all(&dir(""), 11, Executor::Cuda { tf32 });
-        check_all(&dir("heldout"), 11, Executor::Cuda { tf32 });
+        let algo = "opara";
+        check_all(&dir(""), 11, Executor::Cuda { tf32, algo });
+        check_all(&dir("heldout"), 11, Executor::Cuda { tf32, algo });
+        // Merged convolutions and merged projections (the attention blocks') too.
+        let algo = "ios-merge";
+        check_all(&dir(""), 11, Executor::Cuda { tf32, algo });
     }
 }
 
