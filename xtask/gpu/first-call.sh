@@ -108,6 +108,7 @@ save_cache
 # layer (new since 2026-11-27) that the attention's batched products read in place: against
 # the scoreboard's ios column (0.828 ms at batch 1, 2026-11-26) and the sequential plan at
 # batch 16 (2.375 ms, 2026-11-27).
+run "check ios transformer" 60 transformer --algo ios --check --repeats 20
 for i in 1 2 3; do
     run "ios transformer process $i" 60 transformer --algo ios --repeats 100
 done
