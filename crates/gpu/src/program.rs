@@ -570,6 +570,27 @@ impl<'g> Builder<'g> {
         self.alloc(at.gpu, len, role, init)
     }
 
+    /// A merged stage's member's weights (`wlen` of them, of fan-in `fan_in`) and its `bias`
+    /// biases (none: empty), the values its own lowering would have ([`Builder::param_init`]).
+    pub(crate) fn member_params(
+        &self,
+        at: At,
+        wlen: usize,
+        fan_in: usize,
+        bias: Option<usize>,
+    ) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
+        let values = |what, len, center, half_width| -> Result<Vec<f32>, GpuError> {
+            let init = self.param_init(at, what, len, center, half_width)?;
+            Ok(init.values(len).unwrap_or_default())
+        };
+        let w = values("weight", wlen, 0.0, weight_half_width(fan_in))?;
+        let b = match bias {
+            Some(n) => values("bias", n, 0.0, 0.1)?,
+            None => Vec::new(),
+        };
+        Ok((w, b))
+    }
+
     /// How [`Builder::param`] fills the parameter (also what a merged convolution's weights
     /// are made of, [`Init::values`]).
     pub(crate) fn param_init(

@@ -193,17 +193,9 @@ pub(crate) fn lower_merged(
         let at = At { node: *node, ..at };
         let fan_in = product(&[ch, part.kernel[0], part.kernel[1]], "convolution fan-in")?;
         let len = product(&[part.out_channels, fan_in], "convolution weights")?;
-        let init = b.param_init(at, "weight", len, 0.0, weight_half_width(fan_in))?;
-        pad_kernels(
-            &init.values(len).unwrap_or_default(),
-            part.kernel,
-            c.kernel,
-            &mut weight,
-        );
-        if c.bias {
-            let init = b.param_init(at, "bias", part.out_channels, 0.0, 0.1)?;
-            bias.extend(init.values(part.out_channels).unwrap_or_default());
-        }
+        let (w, b_) = b.member_params(at, len, fan_in, c.bias.then_some(part.out_channels))?;
+        pad_kernels(&w, part.kernel, c.kernel, &mut weight);
+        bias.extend(b_);
     }
     if weight.len() != wlen || bias.len() != if c.bias { c.out_channels } else { 0 } {
         return Err(b.unsupported(at, "the merged convolution's members do not add up"));

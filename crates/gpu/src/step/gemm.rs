@@ -123,14 +123,10 @@ pub(crate) fn lower_merged_linear(
     let mut weight = Vec::with_capacity(wlen);
     let mut bias = Vec::with_capacity(if m.bias { nf } else { 0 });
     for &(node, features) in &m.members {
-        let at = At { node, ..at };
         let len = super::product(&[features, k], "linear weights")?;
-        let init = b.param_init(at, "weight", len, 0.0, weight_half_width(k))?;
-        weight.extend(init.values(len).unwrap_or_default());
-        if m.bias {
-            let init = b.param_init(at, "bias", features, 0.0, 0.1)?;
-            bias.extend(init.values(features).unwrap_or_default());
-        }
+        let (w, b_) = b.member_params(At { node, ..at }, len, k, m.bias.then_some(features))?;
+        weight.extend(w);
+        bias.extend(b_);
     }
     if weight.len() != wlen || bias.len() != if m.bias { nf } else { 0 } {
         return Err(b.unsupported(at, "the merged linear layers do not add up"));
