@@ -75,6 +75,27 @@ pub(crate) fn lower(
 }
 
 impl Pool {
+    /// What the kernels take of `x` and `y` where they are strided views (their runs): `x`'s
+    /// image stride (NCHW) and pixel stride (channels last), and channels last `y`'s pixel
+    /// stride (a slice of a concatenation: its pixels the run stride apart, each pixel's
+    /// channels one run; 0 in NCHW, where `pool2d_runs` takes the runs). `None` for a
+    /// channels-last `y` in other runs.
+    fn strides(
+        &self,
+        x: Option<crate::program::Runs>,
+        y: Option<crate::program::Runs>,
+    ) -> Result<Option<(usize, usize, usize)>, GpuError> {
+        let [_, c, h, w] = self.input;
+        let ypix = match y {
+            None => c,
+            Some(r) if self.nhwc && r.run == c => r.stride,
+            Some(_) if self.nhwc => return Ok(None),
+            Some(_) => 0,
+        };
+        let (ximage, xpix) = super::view_strides(self.nhwc, x, c, h * w, "pooling input")?;
+        Ok(Some((ximage, xpix, ypix)))
+    }
+
     /// One output plane from one input plane.
     fn plane(&self, x: &[f32], y: &mut [f32]) {
         let [_, _, h, w] = self.input;
@@ -153,18 +174,10 @@ impl StepKernel for Pool {
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
         let [n, c, h, w] = self.input;
         let (y, runs) = cx.strided(self.y)?;
-        // Channels last, a strided output (a slice of a concatenation) has its pixels the
-        // run stride apart, each pixel's channels one run.
-        let ypix = match runs {
-            None => c,
-            Some(r) if self.nhwc && r.run == c => r.stride,
-            Some(_) if self.nhwc => {
-                return Err(cx.no_kernel("a channels-last pooling into runs other than pixels"))
-            }
-            Some(_) => 0,
-        };
         let (x, x_runs) = cx.strided(self.x)?;
-        let (ximage, xpix) = super::view_strides(self.nhwc, x_runs, c, h * w, "pooling input")?;
+        let (ximage, xpix, ypix) = self
+            .strides(x_runs, runs)?
+            .ok_or_else(|| cx.no_kernel("a channels-last pooling into runs other than pixels"))?;
         Ok(Box::new(CudaPool {
             nhwc: self.nhwc.then_some((n as i64, ypix as i64, xpix as i64)),
             y,
@@ -247,5 +260,122 @@ impl Enqueue for CudaPool {
         // then y's and x's pixel strides); buffer sizes checked at preparation, a strided
         // view's runs by the layout.
         launched(unsafe { b.launch(grid(self.total)) }, name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::program::Runs;
+
+    /// The `pool2d_nhwc` kernel's loop, line by line on the host: `x` channels last with its
+    /// pixels `xpix` apart, `y` with its pixels `ypix` apart (the kernel's `pool_window`).
+    fn pool2d_nhwc_like_the_kernel(s: &Pool, x: &[f32], xpix: usize, y: &mut [f32], ypix: usize) {
+        let [n, c, h, w] = s.input.map(|v| v as isize);
+        let [oh, ow] = s.out_hw.map(|v| v as isize);
+        let [kh, kw] = s.kernel.map(|v| v as isize);
+        let [sh, sw] = s.stride.map(|v| v as isize);
+        let [ph, pw] = s.padding.map(|v| v as isize);
+        let [eh, ew] = s.padding_end.map(|v| v as isize);
+        for t in 0..n * oh * ow * c {
+            let ch = t % c;
+            let pix = t / c;
+            let (j, i, b) = (pix % ow, (pix / ow) % oh, pix / (oh * ow));
+            let (hs, ws) = (i * sh - ph, j * sw - pw);
+            let (he, we) = ((hs + kh).min(h + eh), (ws + kw).min(w + ew));
+            let padded = (he - hs) * (we - ws);
+            let (hs, ws, he, we) = (hs.max(0), ws.max(0), he.min(h), we.min(w));
+            let size = match s.count_include_pad {
+                true => padded,
+                false => (he - hs).max(0) * (we - ws).max(0),
+            }
+            .max(1);
+            let x0 = (b * h * w) as usize * xpix + ch as usize;
+            let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+            for p in hs..he {
+                for q in ws..we {
+                    let v = x[x0 + (p * w + q) as usize * xpix];
+                    m = m.max(v);
+                    sum += v;
+                }
+            }
+            y[pix as usize * ypix + ch as usize] = if s.max { m } else { sum / size as f32 };
+        }
+    }
+
+    /// Channels last, with a strided input (a merged member: pixels 3 channels apart beyond
+    /// its own) and output (a concatenation's slice: 5 beyond), the strides the step gives the
+    /// kernel and the kernel's loop compute the NCHW pool, for max and average pools padded
+    /// unevenly; runs that are not pixels are refused.
+    #[test]
+    fn the_channels_last_kernel_reads_and_writes_views_through_the_strides_given() {
+        let (n, c, h, w) = (2, 6, 7, 5);
+        for (max, count_include_pad) in [(true, false), (false, true), (false, false)] {
+            let s = Pool {
+                x: 0,
+                y: 1,
+                input: [n, c, h, w],
+                out_hw: [4, 3],
+                max,
+                kernel: [3, 2],
+                stride: [2, 2],
+                padding: [1, 0],
+                padding_end: [1, 1],
+                count_include_pad,
+                nhwc: true,
+            };
+            let x = crate::program::uniform(3, n * c * h * w, 0.0, 1.0);
+            let out = [n, c, 4, 3];
+            let mut want = vec![f32::NAN; n * c * 12];
+            let nchw = Pool {
+                nhwc: false,
+                ..s.clone()
+            };
+            nchw.run_cpu(&mut crate::cpu::CpuIo::of(
+                vec![(0, &x[..])],
+                vec![(1, &mut want[..])],
+            ))
+            .unwrap();
+            let (xr, yr) = (
+                Runs {
+                    run: c,
+                    stride: c + 3,
+                },
+                Runs {
+                    run: c,
+                    stride: c + 5,
+                },
+            );
+            let (_, xpix, ypix) = s.strides(Some(xr), Some(yr)).unwrap().unwrap();
+            // The views as the layout lays them out (each pixel a run), NaN between runs.
+            let mut dense = vec![0.0; x.len()];
+            crate::program::nchw_to_nhwc(&x, s.input, &mut dense);
+            let mut xv = vec![f32::NAN; n * h * w * xr.stride];
+            for (p, px) in dense.chunks(c).enumerate() {
+                xv[p * xr.stride..p * xr.stride + c].copy_from_slice(px);
+            }
+            let mut yv = vec![f32::NAN; n * 12 * yr.stride];
+            pool2d_nhwc_like_the_kernel(&s, &xv, xpix, &mut yv, ypix);
+            let got: Vec<f32> = yv.chunks(yr.stride).flat_map(|p| p[..c].to_vec()).collect();
+            assert_eq!(crate::program::nhwc_to_nchw(&got, out), want, "max {max}");
+        }
+        let s = Pool {
+            x: 0,
+            y: 1,
+            input: [1, 4, 3, 3],
+            out_hw: [1, 1],
+            max: true,
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [0, 0],
+            padding_end: [0, 0],
+            count_include_pad: true,
+            nhwc: true,
+        };
+        assert!(s
+            .strides(None, Some(Runs { run: 2, stride: 8 }))
+            .unwrap()
+            .is_none());
     }
 }
