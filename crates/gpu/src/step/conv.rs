@@ -193,9 +193,10 @@ pub(crate) fn lower_merged(
         let at = At { node: *node, ..at };
         let fan_in = product(&[ch, part.kernel[0], part.kernel[1]], "convolution fan-in")?;
         let len = product(&[part.out_channels, fan_in], "convolution weights")?;
-        let (w, b_) = b.member_params(at, len, fan_in, c.bias.then_some(part.out_channels))?;
+        let part_bias = c.bias.then_some(part.out_channels);
+        let (w, part_bias) = b.member_params(at, len, fan_in, part_bias)?;
         pad_kernels(&w, part.kernel, c.kernel, &mut weight);
-        bias.extend(b_);
+        bias.extend(part_bias);
     }
     if weight.len() != wlen || bias.len() != if c.bias { c.out_channels } else { 0 } {
         return Err(b.unsupported(at, "the merged convolution's members do not add up"));
@@ -693,6 +694,8 @@ impl Conv {
         }
         // cuDNN pads both sides alike: pad the difference explicitly into a buffer of the
         // prepared operator's own, then convolve with the common part.
+        // The padded input is a buffer of the prepared operator's own, not of the program:
+        // `inner` reads it through the pointer given to `prepare`, not through its `x`.
         let (pad, inner) = self.explicit_pad(usize::MAX);
         let out = pad.out_shape();
         let buf = cx.gpu.zeros(product(&out, "padded convolution input")?)?;

@@ -124,9 +124,10 @@ pub(crate) fn lower_merged_linear(
     let mut bias = Vec::with_capacity(if m.bias { nf } else { 0 });
     for &(node, features) in &m.members {
         let len = super::product(&[features, k], "linear weights")?;
-        let (w, b_) = b.member_params(At { node, ..at }, len, k, m.bias.then_some(features))?;
+        let part_bias = m.bias.then_some(features);
+        let (w, part_bias) = b.member_params(At { node, ..at }, len, k, part_bias)?;
         weight.extend(w);
-        bias.extend(b_);
+        bias.extend(part_bias);
     }
     if weight.len() != wlen || bias.len() != if m.bias { nf } else { 0 } {
         return Err(b.unsupported(at, "the merged linear layers do not add up"));
