@@ -1335,18 +1335,9 @@ impl Builder<'_> {
             let Some((m, members)) = self.merged_output(group, transfers, &adds_residual) else {
                 continue;
             };
-            let head = group[0];
-            for (&c, view) in group.iter().zip(&members) {
-                if let Some(o) = self.outputs[c.index()] {
-                    self.buffers[o].within = Some((m.out, view.at));
-                    self.buffers[o].runs = view.runs;
-                }
-                if c != head {
-                    self.fused.insert(c);
-                }
-            }
+            self.view_members(group, m.out, &members);
             self.merged_in_place(group, &m, &members);
-            self.merged.insert(head, m);
+            self.merged.insert(group[0], m);
         }
     }
 
@@ -1383,52 +1374,24 @@ impl Builder<'_> {
         if !in_place {
             return None;
         }
-        let mut members = Vec::with_capacity(group.len());
-        let mut views = Vec::with_capacity(group.len());
-        let mut row = 0usize;
-        for &c in group {
-            let features = match self.g.node(c).op {
-                Op::Linear { out_features, .. } => out_features,
-                _ => return None,
-            };
-            views.push(MemberView {
-                at: row,
-                len: features.checked_mul(rows)?,
-                runs: (rows > 1).then_some(Runs {
-                    run: features,
-                    stride: out_features,
-                }),
-            });
-            row = row.checked_add(features)?;
-            members.push((c, features));
-        }
-        let align = opsched_graph::inplace::VIEW_ALIGN;
-        if row != out_features
-            || !views.iter().all(|v| v.at.is_multiple_of(align))
-            || (rows > 1 && !row.is_multiple_of(align))
-        {
-            return None;
-        }
-        let out = self.alloc(
-            gpu,
-            row.checked_mul(rows)?,
-            BufRole::Scratch(head),
-            Init::Uninit,
-        );
+        let members = group
+            .iter()
+            .map(|&c| match self.g.node(c).op {
+                Op::Linear { out_features, .. } => Some((c, out_features)),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let runs: Vec<usize> = members.iter().map(|&(_, f)| f).collect();
+        let (out, views) = self.member_views(gpu, head, &runs, rows)?;
+        self.view_members(group, out, &views);
         for (&c, view) in group.iter().zip(&views) {
-            let o = self.outputs[c.index()]?;
-            self.buffers[o].within = Some((out, view.at));
-            self.buffers[o].runs = view.runs;
-            if c != head {
-                self.fused.insert(c);
-            }
             if view.runs.is_none() {
                 continue;
             }
             // The reshapes into heads are the member's view too, and run nothing.
             for r in self.g.succs(c).collect::<Vec<_>>() {
                 if let Some(rb) = self.outputs[r.index()] {
-                    self.buffers[rb].within = self.buffers[o].within;
+                    self.buffers[rb].within = Some((out, view.at));
                     self.buffers[rb].runs = view.runs;
                     self.fused.insert(r);
                 }
@@ -1445,6 +1408,57 @@ impl Builder<'_> {
             },
         );
         Some(())
+    }
+
+    /// The merged output of a stage whose members write `runs[i]` elements of each of its
+    /// `rows` rows, side by side in the members' order (allocated here, on `gpu`, a scratch
+    /// buffer of `head`), and each member's view of it: contiguous over one row, one run per
+    /// row over several. `None` where a view would not be aligned.
+    fn member_views(
+        &mut self,
+        gpu: usize,
+        head: NodeId,
+        runs: &[usize],
+        rows: usize,
+    ) -> Option<(BufId, Vec<MemberView>)> {
+        let mut views = Vec::with_capacity(runs.len());
+        let mut row = 0usize;
+        for &run in runs {
+            views.push(MemberView {
+                at: row,
+                len: run.checked_mul(rows)?,
+                runs: None,
+            });
+            row = row.checked_add(run)?;
+        }
+        let align = opsched_graph::inplace::VIEW_ALIGN;
+        if !(views.iter().all(|v| v.at.is_multiple_of(align))
+            && (rows == 1 || row.is_multiple_of(align)))
+        {
+            return None;
+        }
+        if rows > 1 {
+            for (v, &run) in views.iter_mut().zip(runs) {
+                v.runs = Some(Runs { run, stride: row });
+            }
+        }
+        let len = row.checked_mul(rows)?;
+        let out = self.alloc(gpu, len, BufRole::Scratch(head), Init::Uninit);
+        Some((out, views))
+    }
+
+    /// Make each member of merged stage `group` write its view of `out` (`views`, in order);
+    /// the members after the first run nothing (the first runs the merged kernel).
+    fn view_members(&mut self, group: &[NodeId], out: BufId, views: &[MemberView]) {
+        for (&c, view) in group.iter().zip(views) {
+            if let Some(o) = self.outputs[c.index()] {
+                self.buffers[o].within = Some((out, view.at));
+                self.buffers[o].runs = view.runs;
+            }
+            if c != group[0] {
+                self.fused.insert(c);
+            }
+        }
     }
 
     /// The GPU every member of merged stage `group` runs on, where no transfer sends a
@@ -1596,44 +1610,18 @@ impl Builder<'_> {
         {
             return None;
         }
-        let mut members = Vec::with_capacity(group.len());
-        let mut views = Vec::with_capacity(group.len());
-        // The merged output's row: every member's run side by side.
-        let mut row = 0usize;
-        for &c in group {
-            let Op::Conv2d(cc) = &self.g.node(c).op else {
-                return None;
-            };
-            let run = cc.out_channels.checked_mul(inner)?;
-            views.push(MemberView {
-                at: row,
-                len: run.checked_mul(rows)?,
-                runs: None,
-            });
-            row = row.checked_add(run)?;
-            members.push((c, cc.clone()));
-        }
-        let align = opsched_graph::inplace::VIEW_ALIGN;
-        if !(views.iter().all(|v| v.at.is_multiple_of(align))
-            && (rows == 1 || row.is_multiple_of(align)))
-        {
-            return None;
-        }
-        if rows > 1 {
-            // Each member is one run per row of the merged output.
-            for v in &mut views {
-                v.runs = Some(Runs {
-                    run: v.len / rows,
-                    stride: row,
-                });
-            }
-        }
-        let out = self.alloc(
-            gpu,
-            row.checked_mul(rows)?,
-            BufRole::Scratch(head),
-            Init::Uninit,
-        );
+        let members = group
+            .iter()
+            .map(|&c| match &self.g.node(c).op {
+                Op::Conv2d(cc) => Some((c, cc.clone())),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let runs = members
+            .iter()
+            .map(|(_, cc)| cc.out_channels.checked_mul(inner))
+            .collect::<Option<Vec<_>>>()?;
+        let (out, views) = self.member_views(gpu, head, &runs, rows)?;
         let m = MergedConv {
             conv,
             members,
