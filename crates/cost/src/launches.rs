@@ -16,7 +16,9 @@
 //!   (`opsched_graph::inplace::reshape_source`) launches nothing, nor does a head transpose
 //!   that a batch matmul reads or writes with strides (`opsched_graph::fusion`);
 //! - an activation that runs inside the kernel of the element-wise operator it reads, and a sum
-//!   that the convolution feeding it computes (`opsched_graph::fusion`), launch nothing;
+//!   that the convolution feeding it computes (`opsched_graph::fusion`), launch nothing; a
+//!   convolution whose bias its readers add (`opsched_graph::fusion::deferred_bias`) runs no
+//!   bias kernel;
 //! - main kernels: a depthwise convolution 1 (our kernel: bias and activations included); any
 //!   other convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
 //!   activation kernel when there is a bias or a non-relu activation: 2; the CUDA device also
@@ -35,6 +37,13 @@ use opsched_graph::{Activation, Graph, NodeId, Op, Shape, Term};
 
 /// Kernel launches of `op` on the GPU backend (0 for graph inputs).
 pub fn launches(g: &Graph, op: NodeId) -> u32 {
+    // A convolution whose readers add its bias runs no bias kernel of its own.
+    let deferred = opsched_graph::fusion::deferred_bias(g, op).is_some();
+    own_launches(g, op).saturating_sub(u32::from(deferred))
+}
+
+/// [`launches`] with every bias run by its convolution.
+fn own_launches(g: &Graph, op: NodeId) -> u32 {
     let node = g.node(op);
     let shapes = g.input_shapes(op);
     match &node.op {

@@ -17,7 +17,10 @@
 //!   operator that also applies its consumer's activation adds `,act=..`
 //!   (`elementwise(add,act=relu)`), and that activation, which runs no kernel, adds `,fused`;
 //!   a convolution or linear layer that computes the residual sum it feeds adds `,residual`
-//!   (and the sum's activation), and that sum adds `,fused`; a reshape that is a view of its
+//!   (and the sum's activation), and that sum adds `,fused`; a convolution (or a `sequential`
+//!   chain ending in one) whose readers add its bias (`opsched_graph::fusion::deferred_bias`)
+//!   adds `bias=readers` (its readers' kernels, which add a bias per channel to what they
+//!   read, keep their keys); a reshape that is a view of its
 //!   input (`opsched_graph::inplace::reshape_source`) adds `,view` (`identity(view)`); a batch
 //!   matmul that reads or writes through a head transpose adds `,strided=in`, `=out` or
 //!   `=in+out`, and that transpose `,fused`;
@@ -179,6 +182,11 @@ fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
                 (false, true) => "strided=out".to_string(),
                 (true, true) => "strided=in+out".to_string(),
             }
+        }
+        Op::Conv2d(_) | Op::Sequential { .. }
+            if opsched_graph::fusion::deferred_bias(g, op).is_some() =>
+        {
+            "bias=readers".to_string()
         }
         Op::Conv2d(_) | Op::Linear { .. } => match residual_of(g, op) {
             Some((_, opsched_graph::Activation::None)) => "residual".to_string(),
@@ -436,6 +444,31 @@ mod tests {
             "conv2d(oc=4,k=1x1,s=1x1,p=0x0,d=1x1,g=1)[2x16x8x8(sum2),2x8x8x8(slice)]f16"
         );
         assert_eq!(batch_of(&g, c), 2);
+    }
+
+    #[test]
+    fn a_bias_left_to_the_readers_says_so() {
+        let mut b = GraphBuilder::new("m", DType::F32);
+        let x = b.input("x", vec![1, 8, 4, 4]);
+        let c1 = b.conv("c1", x, Conv2d::new(8, 1).bias(true));
+        let c2 = b.conv("c2", x, Conv2d::new(8, 1).bias(true));
+        let sum = b.add("sum", &[c1, c2]);
+        let g = b.finish().unwrap();
+        assert_eq!(
+            op_signature(&g, c1),
+            "conv2d(oc=8,k=1x1,s=1x1,p=0x0,d=1x1,g=1,bias,bias=readers)[1x8x4x4]f32"
+        );
+        // An output of the graph keeps its bias.
+        let out = |n: NodeId| opsched_graph::GraphOutput {
+            name: g.node(n).name.clone(),
+            value: Value::whole(n),
+        };
+        let outputs = vec![out(c1), out(sum)];
+        let g = g.with_outputs(outputs).unwrap();
+        assert_eq!(
+            op_signature(&g, c1),
+            "conv2d(oc=8,k=1x1,s=1x1,p=0x0,d=1x1,g=1,bias)[1x8x4x4]f32"
+        );
     }
 
     #[test]

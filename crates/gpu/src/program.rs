@@ -31,7 +31,7 @@ use std::sync::Arc;
 use opsched_graph::{Activation, Conv2d, Graph, NodeId, Op, Shape, Value};
 use serde::Serialize;
 
-use crate::step::{self, copy::Copy, Step};
+use crate::step::{self, copy::Copy, elementwise::ChannelBias, Step};
 use crate::GpuError;
 
 /// Index of a buffer in [`GraphProgram::buffers`].
@@ -469,6 +469,11 @@ pub(crate) struct Builder<'g> {
     /// Convolution or linear layer -> the residual it adds and the activation it then applies,
     /// for the sums it computes (which join `fused`): see [`Builder::fuse_residuals`].
     residuals: HashMap<NodeId, (NodeId, Activation)>,
+    /// Convolution -> the inner index of its convolution whose bias its readers add, and the
+    /// (producer, reader) pairs where a reader's lowering added it: see
+    /// [`Builder::defer_biases`].
+    deferred: HashMap<NodeId, usize>,
+    added_bias: HashSet<(NodeId, NodeId)>,
     /// Head transpose -> the value batch matmuls read through it with strides, and batch
     /// matmul -> the head transpose it writes: see [`Builder::fold_transposes`].
     transposed_reads: HashMap<NodeId, NodeId>,
@@ -911,6 +916,69 @@ impl<'g> Builder<'g> {
             .map(Some)
     }
 
+    /// The biases that the values of `term` (summed by one add kernel of the reader at `at`)
+    /// left to it ([`Builder::deferred_bias`]).
+    pub(crate) fn term_bias(
+        &mut self,
+        at: At,
+        term: &[Value],
+        shape: &[usize],
+    ) -> Result<Option<ChannelBias>, GpuError> {
+        let nodes: Vec<NodeId> = term.iter().map(|v| v.node).collect();
+        self.deferred_bias(at, &nodes, shape)
+    }
+
+    /// The biases that the convolutions among `nodes` left to their reader at `at` (whose
+    /// kernel adds them to a value of `shape`, 4-D, in its layout), summed per channel, as a
+    /// parameter of that reader; `None` where none of them left one. Records that the reader
+    /// added them ([`Builder::check_deferred_biases`]).
+    pub(crate) fn deferred_bias(
+        &mut self,
+        at: At,
+        nodes: &[NodeId],
+        shape: &[usize],
+    ) -> Result<Option<ChannelBias>, GpuError> {
+        let mut sum: Option<Vec<f32>> = None;
+        for &p in nodes {
+            let Some(&inner) = self.deferred.get(&p) else {
+                continue;
+            };
+            let channels = self.g.node(p).shape.get(1).copied().unwrap_or(0);
+            let own = At {
+                node: p,
+                gpu: at.gpu,
+                inner,
+            };
+            let init = self.param_init(own, "bias", channels, 0.0, 0.1)?;
+            let values = init.values(channels).unwrap_or_default();
+            match sum.as_mut() {
+                None => sum = Some(values),
+                Some(s) if s.len() == values.len() => {
+                    s.iter_mut().zip(&values).for_each(|(a, b)| *a += b);
+                }
+                Some(_) => return Err(self.unsupported(at, "sums biases of different widths")),
+            }
+            self.added_bias.insert((p, at.node));
+        }
+        let Some(sum) = sum else {
+            return Ok(None);
+        };
+        let [_, channels, h, w] = self.four(at, shape)?;
+        if sum.len() != channels {
+            return Err(self.unsupported(at, "a bias left to it does not match its channels"));
+        }
+        let inner = match self.channels_last_at(at.node) {
+            true => 1,
+            false => h * w,
+        };
+        let buf = self.param_buffer(at, "deferred bias", channels, Init::Data(sum.into()));
+        Ok(Some(ChannelBias {
+            buf,
+            channels,
+            inner,
+        }))
+    }
+
     /// A buffer holding one term (in place when it is one whole value, summed by one add when
     /// it is several).
     fn term(
@@ -941,8 +1009,9 @@ impl<'g> Builder<'g> {
         let dst = self.scratch(at, numel(&shape));
         if let Some(srcs) = self.whole_sum(steps, at, term)? {
             let len = numel(&shape);
-            steps
-                .push(step::elementwise::Elementwise::sum(srcs, dst, len, Activation::None).into());
+            let bias = self.term_bias(at, term, &shape)?;
+            let sum = step::elementwise::Elementwise::sum(srcs, dst, len, Activation::None, bias);
+            steps.push(sum.into());
             return Ok((dst, shape));
         }
         let axis = shape.get(1).copied().unwrap_or(0);
@@ -993,9 +1062,9 @@ impl<'g> Builder<'g> {
                 if len > run && run < stride {
                     self.buffers[y].runs = Some(Runs { run, stride });
                 }
-                steps.push(
-                    step::elementwise::Elementwise::sum(srcs, y, len, Activation::None).into(),
-                );
+                let bias = self.term_bias(at, t, shape)?;
+                let sum = step::elementwise::Elementwise::sum(srcs, y, len, Activation::None, bias);
+                steps.push(sum.into());
             } else if axis == 1 && shape.len() >= 2 {
                 for (j, v) in t.iter().enumerate() {
                     self.copy_value(steps, at, v, dst, out[1], off, j > 0)?;
@@ -1754,6 +1823,53 @@ impl Builder<'_> {
         }
     }
 
+    /// Let convolutions leave their bias to their readers where
+    /// [`opsched_graph::fusion::deferred_bias`] says every reader adds it as it reads (an add
+    /// kernel, our depthwise convolution), but not a merged convolution's member, whose bias the
+    /// merged convolution adds.
+    fn defer_biases(&mut self) {
+        let merged: HashSet<NodeId> = self
+            .merged
+            .values()
+            .flat_map(|m| m.members.iter().map(|&(n, _)| n))
+            .collect();
+        let deferred = opsched_graph::fusion::deferred_biases(self.g);
+        for (i, inner) in deferred.into_iter().enumerate() {
+            let n = NodeId(i as u32);
+            if let (Some(inner), false) = (inner, merged.contains(&n)) {
+                self.deferred.insert(n, inner);
+            }
+        }
+    }
+
+    /// Whether the convolution at `at` leaves its bias to its readers.
+    pub(crate) fn bias_deferred(&self, at: At) -> bool {
+        self.deferred.get(&at.node) == Some(&at.inner)
+    }
+
+    /// An error unless every reader that was lowered added the biases left to it (a lowering
+    /// that reads such a value without adding its bias would compute without it).
+    fn check_deferred_biases(&self) -> Result<(), GpuError> {
+        for &p in self.deferred.keys() {
+            if self.gpu_of(p).is_none() {
+                continue;
+            }
+            let missed = self.g.succs(p).find(|&c| {
+                self.gpu_of(c).is_some()
+                    && !self.fused.contains(&c)
+                    && !self.added_bias.contains(&(p, c))
+            });
+            if let Some(c) = missed {
+                return Err(GpuError::Plan(format!(
+                    "'{}' leaves its bias to '{}', whose kernels do not add it",
+                    self.g.node(p).name,
+                    self.g.node(c).name
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Let batch matmuls read through the head transposes before them and write through the
     /// one after them ([`opsched_graph::fusion::transposed_operand`],
     /// [`opsched_graph::fusion::transposed_output`]) where everything involved runs on one GPU
@@ -1889,6 +2005,8 @@ impl GraphProgram {
             epilogues: HashMap::new(),
             fused: HashSet::new(),
             residuals: HashMap::new(),
+            deferred: HashMap::new(),
+            added_bias: HashSet::new(),
             transposed_reads: HashMap::new(),
             transposed_writes: HashMap::new(),
             merged: HashMap::new(),
@@ -1952,6 +2070,7 @@ impl GraphProgram {
         b.fuse_residuals(transfers);
         b.reshape_in_place(transfers);
         b.fold_transposes(transfers);
+        b.defer_biases();
         let mut ops: Vec<Option<OpProgram>> = vec![None; g.len()];
         for &id in g.topo_order() {
             let node = g.node(id);
@@ -1993,6 +2112,7 @@ impl GraphProgram {
                 output: out,
             });
         }
+        b.check_deferred_biases()?;
         // The values readers want in the other layout, converted by their producers after
         // their own steps (producers come first in topological order).
         for (id, conversions) in std::mem::take(&mut b.conversions) {
@@ -2004,11 +2124,13 @@ impl GraphProgram {
         let mut outputs = b.outputs.clone();
         // The own values of a sum that applies an activation, of a convolution that adds a
         // residual, of a product that writes a transpose and of a transpose read through are
-        // never written.
+        // never written; a convolution that leaves its bias to its readers writes its value
+        // without it.
         for n in b
             .epilogues
             .keys()
             .chain(b.residuals.keys())
+            .chain(b.deferred.keys())
             .chain(b.transposed_writes.keys())
             .chain(b.transposed_reads.keys())
         {

@@ -32,6 +32,14 @@
 //! ([`is_depthwise`]: NASNet's and RandWire's relu + separable convolution) is applied by the
 //! convolution's kernel to every input it reads ([`pre_activations`]); a depthwise
 //! convolution's kernel also adds its bias and applies its own activation.
+//!
+//! A convolution whose bias is all that would run after it (no activation, no residual) leaves
+//! the bias to its readers where each of them adds a bias per channel as it reads
+//! ([`deferred_bias`]): an add kernel (a sum of whole values, an element-wise add) or our
+//! depthwise convolution (before its input activation). The convolution is then one kernel
+//! instead of two, as in PyTorch's compiled graphs, whose convolutions leave their bias to the
+//! element-wise kernel after them (NASNet's separable convolutions end in such biases: 222 of
+//! its 268 convolutions that cuDNN runs).
 
 use crate::{Conv2d, Graph, NodeId, Op, Shape};
 
@@ -266,6 +274,111 @@ fn is_ancestor(g: &Graph, anc: NodeId, node: NodeId) -> bool {
     false
 }
 
+/// The convolution of operator `p` whose bias its readers add ([`deferred_bias`]): `p` itself
+/// (inner index 0) or the last operator of a `sequential` chain (its index), with the channels
+/// it reads.
+fn bias_only_conv(g: &Graph, p: NodeId) -> Option<(usize, &Conv2d, usize)> {
+    let node = g.node(p);
+    let in_channels = |shapes: &[Shape]| shapes.iter().filter_map(|s| s.get(1)).sum::<usize>();
+    let (inner, c, channels) = match &node.op {
+        Op::Conv2d(c) => (0, c, in_channels(&g.input_shapes(p))),
+        Op::Sequential { ops } => {
+            let Some((Op::Conv2d(c), before)) = ops.split_last() else {
+                return None;
+            };
+            let mut shapes = g.input_shapes(p);
+            for op in before {
+                shapes = vec![op.infer_shape(&shapes).ok()?];
+            }
+            (ops.len() - 1, c, in_channels(&shapes))
+        }
+        _ => return None,
+    };
+    let bias_only = c.bias && c.act == crate::Activation::None;
+    (bias_only && !is_depthwise(c, channels)).then_some((inner, c, channels))
+}
+
+/// Whether consumer `c` adds a bias per channel to `term`, which holds `p`'s whole value, as it
+/// reads it: `term` sums several whole values (one add kernel computes the sum, except in a
+/// concatenation along another axis than channels); `term` is `p` alone and `c` is an
+/// element-wise add of whole values of its own shape (no broadcasting) that no convolution
+/// computes ([`residual_source`]); or `term` is `c`'s only input and `c` is a depthwise
+/// convolution, or a `sequential` operator whose first kernel is one (after the activations
+/// it applies, [`pre_activations`]).
+fn adds_bias_of(g: &Graph, c: NodeId, term: &[crate::Value]) -> bool {
+    let node = g.node(c);
+    let whole = term.iter().all(|v| v.channels.is_none());
+    if term.len() > 1 {
+        return whole && !matches!(node.op, Op::Concat { axis } if axis != 1);
+    }
+    if !whole {
+        return false;
+    }
+    let shapes = g.input_shapes(c);
+    match &node.op {
+        Op::Elementwise {
+            kind: crate::ElementwiseKind::Add,
+        } => {
+            shapes.iter().all(|s| s.as_slice() == node.shape.as_slice())
+                && residual_source(g, c).is_none()
+        }
+        _ if node.inputs.len() != 1 => false,
+        Op::Conv2d(conv) => {
+            let [one] = shapes.as_slice() else {
+                return false;
+            };
+            one.len() == 4 && is_depthwise(conv, one[1]) && residual_of(g, c).is_none()
+        }
+        Op::Sequential { ops } => {
+            let [one] = shapes.as_slice() else {
+                return false;
+            };
+            let fused = pre_activations(ops, one);
+            let first = fused.iter().position(|f| !f);
+            match first.map(|i| (i, &ops[i])) {
+                // The shape a chain's first kernel reads is the node's input: activations keep it.
+                Some((_, Op::Conv2d(conv))) => one.len() == 4 && is_depthwise(conv, one[1]),
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// The convolution whose bias the readers of operator `p` add instead of it, as its inner
+/// index (0 for a `conv2d` operator, the last for a `sequential` chain ending in the
+/// convolution), when
+/// - that convolution is not depthwise (ours adds its bias in its own kernel) and has a bias
+///   and no activation, and a `conv2d` operator computes no residual sum ([`residual_of`]);
+/// - `p` is not an output of the graph and has readers, and every term of every reader that
+///   holds `p` holds its whole value and adds a bias as it reads (see `adds_bias_of`).
+///
+/// `p`'s own value (without the bias) is then never kept: the readers see the value with it.
+pub fn deferred_bias(g: &Graph, p: NodeId) -> Option<usize> {
+    let (inner, _, _) = bias_only_conv(g, p)?;
+    if is_output(g, p) || g.succs(p).next().is_none() {
+        return None;
+    }
+    if matches!(g.node(p).op, Op::Conv2d(_)) && residual_of(g, p).is_some() {
+        return None;
+    }
+    let readers_add_it = g.succs(p).all(|c| {
+        g.node(c)
+            .inputs
+            .iter()
+            .filter(|t| t.iter().any(|v| v.node == p))
+            .all(|t| adds_bias_of(g, c, t))
+    });
+    readers_add_it.then_some(inner)
+}
+
+/// [`deferred_bias`] for every node.
+pub fn deferred_biases(g: &Graph) -> Vec<Option<usize>> {
+    (0..g.len())
+        .map(|i| deferred_bias(g, NodeId(i as u32)))
+        .collect()
+}
+
 /// [`fused_source`] for every node.
 pub fn fused_sources(g: &Graph) -> Vec<Option<NodeId>> {
     (0..g.len())
@@ -412,6 +525,85 @@ mod tests {
         );
         // A depthwise convolution of the wrong width is not depthwise here.
         assert_eq!(pre_activations(&[relu, dw(4)], &x), [false, false]);
+    }
+
+    #[test]
+    fn readers_that_add_a_bias_as_they_read_take_the_convolutions_bias() {
+        let relu = || Op::Activation {
+            act: Activation::Relu,
+        };
+        let sep = |c: usize| {
+            vec![
+                relu(),
+                Op::Conv2d(Conv2d::new(c, 3).groups(c).bias(true)),
+                Op::Conv2d(Conv2d::new(c, 1).bias(true)),
+            ]
+        };
+        let mut b = GraphBuilder::new("defer", DType::F32);
+        let x = b.input("x", vec![1, 8, 6, 6]);
+        // NASNet's branch: a separable convolution read by the next one's depthwise kernel,
+        // whose output is summed with another branch's in a concatenation's term.
+        let s1 = b.sequential("s1", x, sep(8));
+        let s2 = b.sequential("s2", s1, sep(8));
+        let s3 = b.sequential("s3", x, sep(8));
+        let cell = b.node(
+            "cell",
+            Op::Identity,
+            vec![
+                vec![Value::whole(s2), Value::whole(s3)],
+                vec![Value::whole(x)],
+            ],
+        );
+        // An element-wise add of two convolutions (ResNet's downsampling block), and a
+        // depthwise convolution reading one.
+        let c1 = b.conv("c1", cell, Conv2d::new(8, 1).bias(true));
+        let c2 = b.conv("c2", cell, Conv2d::new(8, 3).bias(true));
+        let add = b.add("add", &[c1, c2]);
+        let c3 = b.conv("c3", add, Conv2d::new(8, 1).bias(true));
+        let dw = b.conv("dw", c3, Conv2d::new(8, 3).groups(8).bias(true));
+        // Kept: read by a pool too; with an activation; without a bias; depthwise; read by a
+        // product, by a concatenation as a whole term, by a pointwise convolution's chain; an
+        // output of the graph. (`k1_too`, read by an add, leaves its bias to it.)
+        let k1 = b.conv("k1", dw, Conv2d::new(8, 1).bias(true));
+        let pool = b.pool("pool", k1, crate::Pool2d::max(3, 1, 1));
+        let k1_too = b.sequential("k1_too", k1, sep(8));
+        let k2 = b.conv("k2", pool, Conv2d::new(8, 1).bias(true).relu());
+        let k3 = b.conv("k3", pool, Conv2d::new(8, 1));
+        let k4 = b.conv("k4", pool, Conv2d::new(8, 3).groups(8).bias(true));
+        let sum = b.add("sum", &[k2, k3, k4, k1_too]);
+        let k5 = b.conv("k5", sum, Conv2d::new(8, 1).bias(true));
+        let k6 = b.conv("k6", sum, Conv2d::new(8, 1).bias(true));
+        let k7 = b.conv("k7", sum, Conv2d::new(8, 1).bias(true));
+        let mul = b.mul("mul", &[k5, sum]);
+        let cat = b.concat("cat", &[k6, mul]);
+        let pw = b.sequential("pw", k7, vec![relu(), Op::Conv2d(Conv2d::new(8, 1))]);
+        let last = b.concat("last", &[cat, pw]);
+        let out = b.conv("out", last, Conv2d::new(4, 1).bias(true));
+        let g = b.finish().unwrap();
+        let deferred = [
+            (s1, 2),
+            (s2, 2),
+            (s3, 2),
+            (c1, 0),
+            (c2, 0),
+            (c3, 0),
+            (k1_too, 2),
+        ];
+        for (n, inner) in deferred {
+            assert_eq!(deferred_bias(&g, n), Some(inner), "{}", g.node(n).name);
+        }
+        for n in [k1, k2, k3, k4, k5, k6, k7, out, dw, add, cell] {
+            assert_eq!(deferred_bias(&g, n), None, "{}", g.node(n).name);
+        }
+        // A convolution that computes the residual sum it feeds keeps its bias there.
+        let mut b = GraphBuilder::new("residual", DType::F32);
+        let x = b.input("x", vec![1, 8, 4, 4]);
+        let c = b.conv("c", x, Conv2d::new(8, 3).bias(true));
+        let sum = b.add("sum", &[c, x]);
+        let _ = b.conv("after", sum, Conv2d::new(8, 3));
+        let g = b.finish().unwrap();
+        assert!(residual_of(&g, c).is_some());
+        assert_eq!(deferred_bias(&g, c), None);
     }
 
     #[test]

@@ -176,11 +176,13 @@ fn assert_same(
 
 /// Whether a fusion leaves `id`'s own value unwritten on one GPU: a sum whose kernel wrote
 /// its activation's instead, a convolution's that wrote the sum it feeds, a product's that
-/// wrote the head transpose after it and a head transpose's that products read through.
+/// wrote the head transpose after it and a head transpose's that products read through; or
+/// unkept: a convolution's that its readers complete with its bias.
 fn unkept(g: &Graph, id: NodeId) -> bool {
     use opsched::graph::fusion;
     fusion::fused_sources(g).contains(&Some(id))
         || fusion::residual_of(g, id).is_some()
+        || fusion::deferred_bias(g, id).is_some()
         || fusion::transposed_output(g, id).is_some()
         || fusion::transposed_operand(g, id).is_some()
 }

@@ -291,35 +291,46 @@ extern "C" __global__ void pool2d_nhwc(float* y, const float* x, i64 n, int c, i
 }
 
 // The activation (act_f's code and parameters) is fused in: ResNet's add + relu is one kernel.
+// `bias` (where not null) is added before it, element t's `bias[(t / inner) % channels]`: the
+// biases of convolutions that left theirs to the sum (NASNet's branches).
 template <typename I, typename At>
 __device__ __forceinline__ void elementwise_t(float* y, const float* const* srcs, int nsrc,
                                               I n, int is_mul, int act, float p0, float p1,
-                                              At at) {
+                                              At at, const float* bias, I channels, I inner) {
     GRID_STRIDE_T(I, t, n) {
         float acc = is_mul ? 1.0f : 0.0f;
         for (int k = 0; k < nsrc; ++k) {
             float v = srcs[k][t];
             acc = is_mul ? acc * v : acc + v;
         }
+        if (bias) acc += bias[(t / inner) % channels];
         y[at(t)] = act_f(acc, act, p0, p1);
     }
 }
 
 extern "C" __global__ void elementwise(float* y, const float* const* srcs, int nsrc, i64 n,
-                                       int is_mul, int act, float p0, float p1) {
-    elementwise_t<i64>(y, srcs, nsrc, n, is_mul, act, p0, p1, Dense<i64>());
+                                       int is_mul, int act, float p0, float p1,
+                                       const float* bias, i64 channels, i64 inner) {
+    if (FITS32(n))
+        elementwise_t<unsigned>(y, srcs, nsrc, n, is_mul, act, p0, p1, Dense<unsigned>(), bias,
+                                channels, inner);
+    else
+        elementwise_t<i64>(y, srcs, nsrc, n, is_mul, act, p0, p1, Dense<i64>(), bias, channels,
+                           inner);
 }
 
 // elementwise into a strided y (a sum's slice of a concatenation at batch > 1).
 extern "C" __global__ void elementwise_runs(float* y, const float* const* srcs, int nsrc,
                                             i64 n, i64 run, i64 stride, int is_mul, int act,
-                                            float p0, float p1) {
+                                            float p0, float p1, const float* bias, i64 channels,
+                                            i64 inner) {
     if (FITS32(n) && FITS32((n / run + 1) * stride)) {
         Runs<unsigned> at = {(unsigned)run, (unsigned)stride};
-        elementwise_t<unsigned>(y, srcs, nsrc, n, is_mul, act, p0, p1, at);
+        elementwise_t<unsigned>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels,
+                                inner);
     } else {
         Runs<i64> at = {run, stride};
-        elementwise_t<i64>(y, srcs, nsrc, n, is_mul, act, p0, p1, at);
+        elementwise_t<i64>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels, inner);
     }
 }
 
@@ -334,13 +345,15 @@ __device__ __forceinline__ i64 view_at(i64 t, i64 run, i64 stride) {
 extern "C" __global__ void elementwise_views(float* y, const float* const* srcs,
                                              const i64* views, int nsrc, i64 n, i64 y_run,
                                              i64 y_stride, int is_mul, int act, float p0,
-                                             float p1) {
+                                             float p1, const float* bias, i64 channels,
+                                             i64 inner) {
     GRID_STRIDE(t, n) {
         float acc = is_mul ? 1.0f : 0.0f;
         for (int k = 0; k < nsrc; ++k) {
             float v = srcs[k][view_at(t, views[2 * k], views[2 * k + 1])];
             acc = is_mul ? acc * v : acc + v;
         }
+        if (bias) acc += bias[(t / inner) % channels];
         y[view_at(t, y_run, y_stride)] = act_f(acc, act, p0, p1);
     }
 }
@@ -491,8 +504,9 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
 }
 
 // Depthwise convolution (one group per channel, one output channel per group): one thread
-// per output element. `pre` (act_f code and parameters) applies to every input element read
-// (padding stays zero), then the bias (when not null) and `act`. g: h, w, oh, ow, kh, kw, sh,
+// per output element. `in_bias` (when not null: the bias a convolution before it left to it)
+// is added to every input element read, then `pre` (act_f code and parameters) applies to it
+// (padding stays zero); then the bias (when not null) and `act`. g: h, w, oh, ow, kh, kw, sh,
 // sw, ph, pw (padding before), dh, dw. NCHW, or channels last (NHWC: x and y `[n, h, w, c]`,
 // the weights `[kh, kw, c]`; channels fastest, so that a warp reads neighbouring channels of
 // one pixel in one transaction, and their weights alike).
@@ -501,7 +515,8 @@ template <typename I, bool NHWC>
 __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const float* wt,
                                                  const float* bias, I nc, int c, I ximage,
                                                  int xpix, Geo12 g, int pre, float q0,
-                                                 float q1, int act, float p0, float p1) {
+                                                 float q1, int act, float p0, float p1,
+                                                 const float* in_bias) {
     int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4], kw = g.v[5];
     int sh = g.v[6], sw = g.v[7], ph = g.v[8], pw = g.v[9], dh = g.v[10], dw = g.v[11];
     I total = nc * oh * ow;
@@ -526,6 +541,7 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
         }
         const float* xp = x + image * ximage + (NHWC ? (I)ch : (I)ch * h * w);
         const float* wp = NHWC ? wt + ch : wt + (i64)ch * kh * kw;
+        const float ib = in_bias ? in_bias[ch] : 0.0f;
         float acc = 0.0f;
         for (int p = 0; p < kh; ++p) {
             int r = i * sh - ph + p * dh;
@@ -533,7 +549,9 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
             for (int q = 0; q < kw; ++q) {
                 int s = j * sw - pw + q * dw;
                 if (s < 0 || s >= w) continue;
-                acc += act_f(xp[((I)r * w + s) * step], pre, q0, q1) * wp[(p * kw + q) * wstep];
+                float v = xp[((I)r * w + s) * step];
+                if (in_bias) v += ib;
+                acc += act_f(v, pre, q0, q1) * wp[(p * kw + q) * wstep];
             }
         }
         if (bias) acc += bias[ch];
@@ -548,27 +566,28 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
 extern "C" __global__ void depthwise_conv(float* y, const float* x, const float* wt,
                                           const float* bias, i64 nc, int c, i64 ximage, int xpix,
                                           Geo12 g, int pre, float q0, float q1, int act, float p0,
-                                          float p1) {
+                                          float p1, const float* in_bias) {
     bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
     if (small)
         depthwise_conv_t<unsigned, false>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1,
-                                          act, p0, p1);
+                                          act, p0, p1, in_bias);
     else
         depthwise_conv_t<i64, false>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act,
-                                     p0, p1);
+                                     p0, p1, in_bias);
 }
 
 extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const float* wt,
                                                const float* bias, i64 nc, int c, i64 ximage,
                                                int xpix, Geo12 g, int pre, float q0, float q1,
-                                               int act, float p0, float p1) {
+                                               int act, float p0, float p1,
+                                               const float* in_bias) {
     bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
     if (small)
         depthwise_conv_t<unsigned, true>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1,
-                                         act, p0, p1);
+                                         act, p0, p1, in_bias);
     else
         depthwise_conv_t<i64, true>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act,
-                                    p0, p1);
+                                    p0, p1, in_bias);
 }
 
 // Abstract operators: every block waits until `ns` nanoseconds have passed.

@@ -51,8 +51,10 @@ pub(crate) fn lower(
     // A sum of whole values and its activation are one kernel.
     if let Src::Terms([term]) = src {
         if let Some(srcs) = b.whole_sum(steps, at, term)? {
-            let len = b.value_shape(&term[0]).iter().product();
-            steps.push(super::elementwise::Elementwise::sum(srcs, out, len, a).into());
+            let shape = b.value_shape(&term[0]);
+            let bias = b.term_bias(at, term, &shape)?;
+            let len = shape.iter().product();
+            steps.push(super::elementwise::Elementwise::sum(srcs, out, len, a, bias).into());
             return Ok(());
         }
     }
@@ -61,7 +63,7 @@ pub(crate) fn lower(
     // A strided view (a merged convolution's member, a slice of a concatenation): the
     // element-wise kernel, which reads it in place.
     if b.is_strided(x) {
-        steps.push(super::elementwise::Elementwise::sum(vec![x], out, len, a).into());
+        steps.push(super::elementwise::Elementwise::sum(vec![x], out, len, a, None).into());
         return Ok(());
     }
     steps.push(

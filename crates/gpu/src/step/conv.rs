@@ -22,8 +22,10 @@
 //!   residual the convolution adds is the fused call's `z` (or the `bias_act` kernel's
 //!   residual). Depthwise convolutions run as our NVRTC kernel, with the input activation,
 //!   bias and activation in it.
-//! - Both: an input activation (`pre_act`) applies to what the convolution reads, and a
-//!   residual is added with the bias before the activation (`opsched_graph::fusion`).
+//! - Both: an input bias (`in_bias`: the bias the convolution before it left to it, depthwise
+//!   convolutions only) and then an input activation (`pre_act`) apply to what the
+//!   convolution reads, and a residual is added with the bias before the activation
+//!   (`opsched_graph::fusion`). A convolution whose readers add its bias has none here.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -74,6 +76,10 @@ pub struct Conv {
     /// activation before a depthwise convolution in a `sequential` operator
     /// (`opsched_graph::fusion::pre_activations`).
     pub pre_act: Activation,
+    /// Added per channel to every input element it reads, before `pre_act` (padding stays
+    /// zero): the bias that the convolution before it left to it
+    /// (`opsched_graph::fusion::deferred_bias`; our depthwise kernel only).
+    pub in_bias: Option<BufId>,
     /// Added to the output (with the bias) before `act`: the residual sum the convolution
     /// computes (`opsched_graph::fusion::residual_source`).
     pub residual: Option<BufId>,
@@ -129,10 +135,20 @@ pub(crate) fn lower(
     )?;
     let wlen = product(&[oc, fan_in], "convolution weights")?;
     let wb = b.param(at, "weight", wlen, 0.0, weight_half_width(fan_in))?;
-    let bias = c
-        .bias
+    // A bias its readers add (`opsched_graph::fusion::deferred_bias`) is not its own.
+    let bias = (c.bias && !b.bias_deferred(at))
         .then(|| b.param(at, "bias", oc, 0.0, 0.1))
         .transpose()?;
+    // The bias the convolution before it left to it, which our depthwise kernel adds as it
+    // reads (where another kernel reads it, the program's check reports the bias missed).
+    let depthwise = opsched_graph::fusion::is_depthwise(c, ch) && fusion.residual.is_none();
+    let in_bias = match src {
+        Src::Terms([t]) if depthwise => match t.as_slice() {
+            [v] if v.channels.is_none() => b.deferred_bias(at, &[v.node], &xs)?.map(|cb| cb.buf),
+            _ => None,
+        },
+        _ => None,
+    };
     let (residual, act) = match fusion.residual {
         Some((z, act)) => {
             let z = b.source(steps, at, z)?;
@@ -157,6 +173,7 @@ pub(crate) fn lower(
             out_hw: [oh, ow],
             act,
             pre_act: fusion.pre_act,
+            in_bias,
             residual,
             nhwc: b.channels_last_at(at.node),
         }
@@ -222,6 +239,7 @@ pub(crate) fn lower_merged(
             out_hw: m.out_hw,
             act: c.act,
             pre_act: Activation::None,
+            in_bias: None,
             residual: None,
             nhwc: b.channels_last_at(at.node),
         }
@@ -541,6 +559,7 @@ impl StepKernel for Conv {
             (self.w, self.out_channels * self.col_rows()),
         ];
         reads.extend(self.bias.map(|b| (b, self.out_channels)));
+        reads.extend(self.in_bias.map(|b| (b, self.input[1])));
         reads.extend(self.residual.map(|z| (z, self.out_len())));
         Access {
             reads,
@@ -573,6 +592,24 @@ impl StepKernel for Conv {
         let x = io.read(self.x)?;
         let w = io.read(self.w)?;
         let bias = self.bias.map(|b| io.read(b)).transpose()?;
+        // The input with the bias left to it, which the kernels then read as theirs (padding
+        // is made after, so it stays zero).
+        let biased: Vec<f32>;
+        let x = match self.in_bias {
+            Some(ib) => {
+                let [n, c, h, w] = self.input;
+                let in_bias = super::elementwise::ChannelBias {
+                    buf: ib,
+                    channels: c,
+                    inner: if self.nhwc { 1 } else { h * w },
+                };
+                let mut v = x[..n * c * h * w].to_vec();
+                in_bias.add_to(&io.read(ib)?[..c], 0, &mut v);
+                biased = v;
+                &biased[..]
+            }
+            None => x,
+        };
         let y = io.write(self.y)?;
         if self.out_len() == 0 {
             return Ok(());
@@ -595,8 +632,10 @@ impl StepKernel for Conv {
         if self.is_depthwise() && self.residual.is_none() {
             return Ok(Box::new(CudaDepthwise::new(self, cx)?));
         }
-        if self.pre_act != Activation::None {
-            return Err(cx.no_kernel("an input activation of a convolution that is not depthwise"));
+        if self.pre_act != Activation::None || self.in_bias.is_some() {
+            return Err(
+                cx.no_kernel("an input activation or bias of a convolution that is not depthwise")
+            );
         }
         let (x, y) = (cx.strided(self.x)?, cx.strided(self.y)?);
         if x.1.is_none() && y.1.is_none() {
@@ -752,6 +791,8 @@ struct CudaDepthwise {
     geo: [i32; 12],
     pre: (i32, f32, f32),
     act: (i32, f32, f32),
+    /// The bias added to what it reads (0: none).
+    in_bias: u64,
     total: usize,
 }
 
@@ -802,6 +843,7 @@ impl CudaDepthwise {
             geo,
             pre: act_params(s.pre_act),
             act: act_params(s.act),
+            in_bias: s.in_bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
             total: s.out_len(),
         })
     }
@@ -824,12 +866,14 @@ impl Enqueue for CudaDepthwise {
             .arg(&self.pre.2)
             .arg(&self.act.0)
             .arg(&self.act.1)
-            .arg(&self.act.2);
+            .arg(&self.act.2)
+            .arg(&self.in_bias);
         // SAFETY: matches `depthwise_conv` and `depthwise_conv_nhwc` (x's image and pixel
         // strides, then Geo12: twelve ints by value); the step's access (checked at
         // preparation) covers the input (a strided view's runs checked by the layout),
-        // `c * kh * kw` weights (or the held permuted copy, as long), `c` biases (or a null
-        // bias) and the output, and every read index is clipped to the input plane.
+        // `c * kh * kw` weights (or the held permuted copy, as long), `c` biases and `c` input
+        // biases (or null pointers) and the output, and every read index is clipped to the
+        // input plane.
         launched(unsafe { b.launch(grid(self.total)) }, self.kernel)
     }
 }
@@ -1655,6 +1699,7 @@ mod tests {
             out_hw: [out(0), out(1)],
             act: Activation::Relu,
             pre_act: Activation::None,
+            in_bias: None,
             residual: None,
             nhwc: false,
         }
@@ -1705,9 +1750,9 @@ mod tests {
         if s.is_depthwise() {
             let out = [1, s.out_channels, s.out_hw[0], s.out_hw[1]];
             for gap in [0, 3] {
-                let nchw = depthwise_like_the_kernel(s, &x, &wt, &bias, false, gap);
+                let nchw = depthwise_like_the_kernel(s, &x, &wt, &bias, None, false, gap);
                 assert_close(s, &nchw, &want);
-                let nhwc = depthwise_like_the_kernel(s, &x, &wt, &bias, true, gap);
+                let nhwc = depthwise_like_the_kernel(s, &x, &wt, &bias, None, true, gap);
                 assert_close(s, &crate::program::nhwc_to_nchw(&nhwc, out), &want);
             }
         }
@@ -1821,6 +1866,7 @@ mod tests {
         x: &[f32],
         wt: &[f32],
         bias: &[f32],
+        in_bias: Option<&[f32]>,
         nhwc: bool,
         gap: usize,
     ) -> Vec<f32> {
@@ -1883,7 +1929,10 @@ mod tests {
                         if col < 0 || col >= w {
                             continue;
                         }
-                        let v = x[(x0 + (r * w + col) * step) as usize];
+                        let mut v = x[(x0 + (r * w + col) * step) as usize];
+                        if let Some(ib) = in_bias {
+                            v += ib[ch as usize];
+                        }
                         acc += f(v, pre) * wt[(w0 + (p * kw + q) * wstep) as usize];
                     }
                 }
@@ -1909,6 +1958,101 @@ mod tests {
             }
         }
         c
+    }
+
+    /// A bias left to a depthwise convolution (`in_bias`) is added to every input element it
+    /// reads, before its input activation, and not to the padding: the CPU step in both
+    /// layouts and the CUDA kernel's formula equal the reference convolution of
+    /// `pre_act(x + in_bias)` zero-padded.
+    #[test]
+    fn a_bias_left_to_a_depthwise_convolution_is_added_to_what_it_reads() {
+        let (c, hw) = (3, [5, 4]);
+        for (k, stride, pad) in [(3, 1, 1), (5, 2, 2), (3, 2, 0)] {
+            let base = Conv {
+                input: [2, c, hw[0], hw[1]],
+                pre_act: Activation::Relu,
+                act: Activation::None,
+                in_bias: Some(4),
+                ..conv(
+                    c,
+                    hw,
+                    c,
+                    [k, k],
+                    [stride, stride],
+                    [pad, pad],
+                    [pad, pad],
+                    [1, 1],
+                    c,
+                )
+            };
+            let x = values(2 * c * hw[0] * hw[1], 1);
+            let (wt, bias, in_bias) = (values(c * k * k, 2), values(c, 3), values(c, 5));
+            let plane = hw[0] * hw[1];
+            let xb: Vec<f32> = x
+                .iter()
+                .enumerate()
+                .map(|(i, v)| act(v + in_bias[(i / plane) % c], Activation::Relu))
+                .collect();
+            let want = crate::reference::conv2d(
+                &xb,
+                &wt,
+                Some(&bias),
+                base.input,
+                c,
+                base.kernel,
+                base.stride,
+                base.padding,
+                base.dilation,
+                c,
+                base.out_hw,
+                Activation::None,
+            );
+            let out = [2, c, base.out_hw[0], base.out_hw[1]];
+            for nhwc in [false, true] {
+                let s = Conv {
+                    nhwc,
+                    ..base.clone()
+                };
+                let xs = match nhwc {
+                    false => x.clone(),
+                    true => {
+                        let mut v = vec![0.0; x.len()];
+                        crate::program::nchw_to_nhwc(&x, s.input, &mut v);
+                        v
+                    }
+                };
+                let mut y = vec![f32::NAN; s.out_len()];
+                let reads = vec![
+                    (0, &xs[..]),
+                    (1, &wt[..]),
+                    (2, &bias[..]),
+                    (4, &in_bias[..]),
+                ];
+                s.run_cpu(&mut CpuIo::of(reads, vec![(3, &mut y[..])]))
+                    .unwrap();
+                let y = match nhwc {
+                    false => y,
+                    true => crate::program::nhwc_to_nchw(&y, out),
+                };
+                assert_close(&s, &y, &want);
+            }
+            // The kernel's formula, one image at a time (it takes the NCHW input).
+            let one = Conv {
+                input: [1, c, hw[0], hw[1]],
+                ..base.clone()
+            };
+            for (image, want) in x.chunks(c * plane).zip(want.chunks(one.out_len())) {
+                for nhwc in [false, true] {
+                    let got =
+                        depthwise_like_the_kernel(&one, image, &wt, &bias, Some(&in_bias), nhwc, 2);
+                    let got = match nhwc {
+                        false => got,
+                        true => crate::program::nhwc_to_nchw(&got, [1, out[1], out[2], out[3]]),
+                    };
+                    assert_close(&one, &got, want);
+                }
+            }
+        }
     }
 
     proptest! {

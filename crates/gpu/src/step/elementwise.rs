@@ -1,9 +1,10 @@
 //! N-input element-wise add or multiply of same-sized buffers, with an activation fused in
+//! and, for an add, the biases of the convolutions that left theirs to it
 //! (`opsched_graph::fusion`).
 #![allow(unsafe_code)]
 
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
-use opsched_graph::{Activation, ElementwiseKind};
+use opsched_graph::{Activation, ElementwiseKind, NodeId};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -17,7 +18,7 @@ use crate::program::{At, BufId, Builder, Src};
 use crate::reference::act;
 use crate::GpuError;
 
-/// `y = act(srcs[0] op srcs[1] op ...)` element by element over `len` elements.
+/// `y = act(srcs[0] op srcs[1] op ... [+ bias])` element by element over `len` elements.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Elementwise {
     pub srcs: Vec<BufId>,
@@ -25,17 +26,47 @@ pub struct Elementwise {
     pub len: usize,
     pub kind: ElementwiseKind,
     pub act: Activation,
+    /// Added to an add's result before the activation: the biases that the convolutions
+    /// among its sources left to it (`opsched_graph::fusion::deferred_bias`), summed.
+    pub bias: Option<ChannelBias>,
+}
+
+/// A bias per channel of a 4-D value: element `t` (in storage order) adds
+/// `buf[(t / inner) % channels]` (NCHW: `inner = h * w`; channels last: 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ChannelBias {
+    pub buf: BufId,
+    pub channels: usize,
+    pub inner: usize,
+}
+
+impl ChannelBias {
+    /// The bias of every element of `y` (`len` of them, from element `first` of the value).
+    pub(crate) fn add_to(&self, bias: &[f32], first: usize, y: &mut [f32]) {
+        let inner = self.inner.max(1);
+        let channels = self.channels.max(1);
+        for (t, v) in (first..).zip(y.iter_mut()) {
+            *v += bias[(t / inner) % channels];
+        }
+    }
 }
 
 impl Elementwise {
-    /// `y = act(srcs[0] + srcs[1] + ...)`: the one kernel of a summed term.
-    pub(crate) fn sum(srcs: Vec<BufId>, y: BufId, len: usize, act: Activation) -> Elementwise {
+    /// `y = act(srcs[0] + srcs[1] + ... + bias)`: the one kernel of a summed term.
+    pub(crate) fn sum(
+        srcs: Vec<BufId>,
+        y: BufId,
+        len: usize,
+        act: Activation,
+        bias: Option<ChannelBias>,
+    ) -> Elementwise {
         Elementwise {
             srcs,
             y,
             len,
             kind: ElementwiseKind::Add,
             act,
+            bias,
         }
     }
 }
@@ -53,6 +84,21 @@ pub(crate) fn lower(
     out_shape: &[usize],
 ) -> Result<(), GpuError> {
     let ts = b.terms_strided(steps, at, src)?;
+    // The terms that are one value each are sources of this kernel (a sum of several is
+    // summed before, with the biases left to it).
+    let bias = match (kind, src) {
+        (ElementwiseKind::Add, Src::Terms(terms)) => {
+            let alone: Vec<NodeId> = terms
+                .iter()
+                .filter_map(|t| match t.as_slice() {
+                    [v] => Some(v.node),
+                    _ => None,
+                })
+                .collect();
+            b.deferred_bias(at, &alone, out_shape)?
+        }
+        _ => None,
+    };
     steps.push(
         Elementwise {
             srcs: ts.iter().map(|t| t.0).collect(),
@@ -60,6 +106,7 @@ pub(crate) fn lower(
             len: out_shape.iter().product(),
             kind,
             act,
+            bias,
         }
         .into(),
     );
@@ -73,6 +120,7 @@ impl StepKernel for Elementwise {
 
     fn access(&self) -> Access {
         let mut reads: Vec<(BufId, usize)> = self.srcs.iter().map(|&s| (s, self.len)).collect();
+        reads.extend(self.bias.map(|b| (b.buf, b.channels)));
         reads.sort_unstable();
         reads.dedup();
         Access {
@@ -87,6 +135,10 @@ impl StepKernel for Elementwise {
             .iter()
             .map(|&s| io.read(s).map(|v| &v[..self.len]))
             .collect::<Result<Vec<_>, _>>()?;
+        let bias = match self.bias {
+            Some(b) => Some((b, &io.read(b.buf)?[..b.channels])),
+            None => None,
+        };
         let y = &mut io.write(self.y)?[..self.len];
         let mul = self.kind == ElementwiseKind::Mul;
         const CHUNK: usize = 1 << 14;
@@ -101,6 +153,9 @@ impl StepKernel for Elementwise {
                     } else {
                         yc.iter_mut().zip(sc).for_each(|(a, v)| *a += v);
                     }
+                }
+                if let Some((b, values)) = bias {
+                    b.add_to(values, c * CHUNK, yc);
                 }
                 yc.iter_mut().for_each(|v| *v = f(*v));
             }
@@ -133,6 +188,14 @@ impl StepKernel for Elementwise {
             }
         };
         let (y, runs) = cx.strided(self.y)?;
+        let bias = match self.bias {
+            Some(b) => (
+                cx.ptr(b.buf)?,
+                as_i64(b.channels.max(1), "bias channels")?,
+                as_i64(b.inner.max(1), "elements per channel")?,
+            ),
+            None => (0, 1, 1),
+        };
         Ok(Box::new(CudaElementwise {
             y,
             _srcs: dev,
@@ -143,6 +206,7 @@ impl StepKernel for Elementwise {
             runs: runs_args(runs)?,
             is_mul: i32::from(self.kind == ElementwiseKind::Mul),
             act: act_params(self.act),
+            bias,
         }))
     }
 
@@ -165,6 +229,9 @@ struct CudaElementwise {
     runs: Option<(i64, i64)>,
     is_mul: i32,
     act: (i32, f32, f32),
+    /// The bias per channel (a null pointer where there is none), its channels and the
+    /// elements per channel run.
+    bias: (u64, i64, i64),
 }
 
 impl Enqueue for CudaElementwise {
@@ -180,9 +247,11 @@ impl Enqueue for CudaElementwise {
                 .arg(&self.n);
             b.arg(&y_run).arg(&y_stride);
             b.arg(&self.is_mul).arg(code).arg(p0).arg(p1);
+            b.arg(&self.bias.0).arg(&self.bias.1).arg(&self.bias.2);
             // SAFETY: matches `elementwise_views`; the pointer array and the views array (two
             // i64 per source) live in this operator; each source and y hold n elements in
-            // their runs (the layout checked that the runs fit their parents).
+            // their runs (the layout checked that the runs fit their parents); the bias, where
+            // not null, holds `channels` values.
             return launched(
                 unsafe { b.launch(grid(self.n as usize)) },
                 "elementwise_views",
@@ -201,10 +270,12 @@ impl Enqueue for CudaElementwise {
             b.arg(run).arg(stride);
         }
         b.arg(&self.is_mul).arg(code).arg(p0).arg(p1);
+        b.arg(&self.bias.0).arg(&self.bias.1).arg(&self.bias.2);
         // SAFETY: matches `elementwise` (`elementwise_runs`: with the run and stride after
         // `n`); the pointer array (nsrc entries, each a buffer of at least n elements, checked
         // at preparation) lives in this operator, and y holds n (in runs of its view: the
-        // layout checked that they fit its parent).
+        // layout checked that they fit its parent); the bias, where not null, holds `channels`
+        // values.
         launched(unsafe { b.launch(grid(self.n as usize)) }, name)
     }
 }
