@@ -1102,6 +1102,37 @@ fn gpu_channels_last_matches_the_reference() {
     all_passed(failed);
 }
 
+/// Convolutions that leave their bias to their readers (`fusion::deferred_bias`), in NCHW: the
+/// add kernels that take them (NASNet's cell sums writing their slices one run per image at
+/// batch 2, ResNet-50's downsampling adds with their relu) and our depthwise kernel that adds
+/// one to what it reads (NASNet's and RandWire's second separable convolutions) pass the check
+/// against the sequential run and the reference.
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn gpu_deferred_biases_match_the_reference() {
+    let dev = opsched_runtime::CudaDevice::open(Some(1)).unwrap();
+    let mut failed = Vec::new();
+    for (model, batch, algo) in [
+        ("nasnet", 2, "lios"),
+        ("randwire", 1, "opara"),
+        ("resnet50", 1, "sequential"),
+    ] {
+        let g = small_batch(model, batch);
+        let deferred = g
+            .ops()
+            .filter(|&o| opsched::graph::fusion::deferred_bias(&g, o).is_some())
+            .count();
+        assert!(deferred > 0, "{model}");
+        let s = schedule(&g, algo, 1, &h100());
+        let r = run_schedule(&dev, &g, &s, &checked(true, 1, 3)).unwrap();
+        let c = r.check.clone().unwrap();
+        if !c.passed {
+            failed.push(format!("{model} at batch {batch}: {c:?}"));
+        }
+    }
+    all_passed(failed);
+}
+
 /// Every case of a GPU test runs (one device call tells them all), then it fails on those
 /// that did not pass.
 fn all_passed(failed: Vec<String>) {
