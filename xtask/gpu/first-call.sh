@@ -2,8 +2,9 @@
 # The first device call of a GPU session (docs/gpu-session.md, step 1), about six minutes on
 # an H100 (give it 450 s): every GPU test, the NVRTC and layout A/Bs, then
 # channels-last activations (--layout nhwc) checked against NCHW on every CNN of the zoo and
-# timed beside it, compute-sanitizer on a channels-last run, and where the kernel time of
-# channels-last ResNet-50 goes. Run on the device in the repository root, gpu-carry/ carried:
+# timed beside it, deferred biases against the revision before them, compute-sanitizer on a
+# channels-last run, and where the kernel time of channels-last ResNet-50 goes. Run on the
+# device in the repository root, gpu-carry/ carried:
 #   bash xtask/gpu/first-call.sh
 # Each step has its own time limit and the next runs whatever happened, so one failure costs
 # one step. What comes back ($OUT, at most 8 files): log.txt (everything), results.txt (one
@@ -35,14 +36,14 @@ print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s strided %s p
       r.get("merged_convolutions"), r.get("strided_views"), r.get("peak_memory_bytes"),
       r.get("conv_kernels"), r.get("layout"), r.get("layout_conversions"), check))'
 }
-# `run NAME LIMIT ARGS...`: one `opsched run ... --backend cuda --graph-capture --json` process,
-# its line in results.txt.
+# `run NAME LIMIT ARGS...`: one `opsched run ... --backend cuda --graph-capture --json` process
+# (of $BIN, default opsched), its line in results.txt.
 run() {
     local name=$1 limit=$2
     shift 2
     step "$name"
-    result "$name: $(timeout "$limit" opsched run "$@" --backend cuda --graph-capture --json \
-        2>>"$L" | lat)"
+    result "$name: $(timeout "$limit" "${BIN:-opsched}" run "$@" --backend cuda --graph-capture \
+        --json 2>>"$L" | lat)"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$L"
 
@@ -82,6 +83,22 @@ run "check nhwc ios squeezenet b2" 60 squeezenet --batch 2 --algo ios --layout n
     --repeats 20
 save_cache
 
+# Deferred biases (new since 2026-11-27: a convolution leaves its bias to the add or depthwise
+# kernel that reads it; NASNet 988 kernels to 766, RandWire 405 to 292, ResNet-50 68 to 60),
+# NCHW at batch 1, against the revision staged as gpu-carry/opsched-before (`BEFORE=rev
+# xtask/gpu/stage.sh`), processes alternating, two each. Without it, this revision alone.
+for case in "nasnet lios" "resnet50 sequential" "randwire lios"; do
+    set -- $case
+    for i in 1 2; do
+        if [ -x gpu-carry/opsched-before ]; then
+            BIN=gpu-carry/opsched-before run "before $(cat gpu-carry/BEFORE) nchw $2 $1 process $i" \
+                60 $1 --algo $2 --repeats 100
+        fi
+        run "after nchw $2 $1 process $i" 60 $1 --algo $2 --repeats 100
+    done
+done
+save_cache
+
 # Channels last against NCHW at batch 1: one NCHW process beside for ResNet-50 and
 # Inception-v3 (the three of 2026-11-27 are in fixtures/gpu/h100-2026-11-27; GoogLeNet's and
 # SqueezeNet's NCHW rows are the scoreboard's), three channels-last processes of the
@@ -92,9 +109,6 @@ for m in resnet50 inception_v3 googlenet squeezenet nasnet; do
         run "nhwc sequential $m process $i" 60 $m --algo sequential --layout nhwc --repeats 100
     done
     run "nhwc lios $m" 60 $m --algo lios --layout nhwc --repeats 100
-done
-for m in squeezenet googlenet inception_v3; do
-    run "nhwc ios $m" 60 $m --algo ios --layout nhwc --repeats 100
 done
 # Batch 16, one process each (the NCHW lines of 2026-11-27 beside).
 for m in resnet50 inception_v3 googlenet squeezenet nasnet; do

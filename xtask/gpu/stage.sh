@@ -3,6 +3,9 @@
 # the release `opsched` and `xtask` binaries and the GPU test binaries (the ignored tests that
 # `cargo xtask gpu-test` runs). The GPU machine has no Rust toolchain: carry gpu-carry/ with
 # the device tool (`carry: ["gpu-carry"]`) and source xtask/gpu/env.sh there first.
+# With BEFORE=<revision>, that revision's release `opsched` too, as gpu-carry/opsched-before
+# (built in a worktree under /tmp with a target directory of its own: a few minutes), which
+# first-call.sh times beside this one's, processes alternating.
 # See docs/gpu-session.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,4 +33,15 @@ for line in sys.stdin:
     done
 # The test binaries find fixtures through this path, compiled in: env.sh links it on the device.
 pwd > "$out/BUILD_ROOT"
+if [ -n "${BEFORE:-}" ]; then
+    wt=/tmp/opsched-before
+    git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"
+    git worktree prune
+    git worktree add --detach "$wt" "$BEFORE"
+    cargo build --release -p opsched-cli --manifest-path "$wt/Cargo.toml" \
+        --target-dir /tmp/opsched-before-target
+    cp /tmp/opsched-before-target/release/opsched "$out/opsched-before"
+    git -C "$wt" rev-parse --short HEAD > "$out/BEFORE"
+    git worktree remove --force "$wt"
+fi
 du -sh "$out"
