@@ -351,6 +351,7 @@ impl Conv {
     /// A 1x1, stride-1, unpadded convolution reads its input as the im2col matrix.
     fn is_pointwise(&self) -> bool {
         self.pre_act == Activation::None
+            && self.in_bias.is_none()
             && self.kernel == [1, 1]
             && self.stride == [1, 1]
             && self.padding == [0, 0]
@@ -388,8 +389,16 @@ impl Conv {
     }
 
     /// Fill `col` (`col_rows x cols.len()`, row-major) with the columns `cols` of the im2col
-    /// matrix of group `g` of image `x` (`[c, h, w]`); column `j` is output pixel `j`.
-    fn im2col(&self, x: &[f32], g: usize, cols: Range<usize>, col: &mut [f32]) {
+    /// matrix of group `g` of image `x` (`[c, h, w]`, each element plus its channel's
+    /// `in_bias`, then `pre_act`; the padding zero); column `j` is output pixel `j`.
+    fn im2col(
+        &self,
+        x: &[f32],
+        in_bias: Option<&[f32]>,
+        g: usize,
+        cols: Range<usize>,
+        col: &mut [f32],
+    ) {
         let [_, c, h, w] = self.input;
         let ow = self.out_hw[1];
         let cg = c / self.groups;
@@ -400,6 +409,7 @@ impl Conv {
             let ci = g * cg + r / (kh * kw);
             let (p, q) = ((r / kw) % kh, r % kw);
             let plane = &x[ci * h * w..(ci + 1) * h * w];
+            let ib = in_bias.map(|b| b[ci]);
             // Input column of output column 0 (may be negative: padding).
             let w0 = (q * self.dilation[1]) as isize - self.padding[1] as isize;
             let mut j = cols.start;
@@ -425,10 +435,14 @@ impl Conv {
                     out[..lead].fill(0.0);
                     out[lead..lead + run].copy_from_slice(&line[first..first + run]);
                     out[lead + run..].fill(0.0);
-                    if self.pre_act != Activation::None {
-                        let a = self.pre_act;
-                        let run = &mut out[lead..lead + run];
-                        with_act!(a, |f| run.iter_mut().for_each(|v| *v = f(*v)));
+                    let a = self.pre_act;
+                    let run = &mut out[lead..lead + run];
+                    match ib {
+                        Some(b) => with_act!(a, |f| run.iter_mut().for_each(|v| *v = f(*v + b))),
+                        None if a != Activation::None => {
+                            with_act!(a, |f| run.iter_mut().for_each(|v| *v = f(*v)))
+                        }
+                        None => {}
                     }
                 } else {
                     for (jj, v) in (j0..j1).zip(out.iter_mut()) {
@@ -436,7 +450,8 @@ impl Conv {
                         *v = if wi < 0 || wi >= w as isize {
                             0.0
                         } else {
-                            act(line[wi as usize], self.pre_act)
+                            let v = line[wi as usize];
+                            act(ib.map_or(v, |b| v + b), self.pre_act)
                         };
                     }
                 }
@@ -475,6 +490,7 @@ impl Conv {
         &self,
         w: &[f32],
         bias: Option<&[f32]>,
+        in_bias: Option<&[f32]>,
         xb: &[f32],
         yb: &mut [f32],
     ) -> Result<(), GpuError> {
@@ -502,7 +518,9 @@ impl Conv {
                 let b = TilesOfB::<fn(Range<usize>, &mut [f32])>::View(Mat::row_major(xb, k, n));
                 sgemm_column_tiles(a, n, yb, tile, b, epilogue)
             } else {
-                let fill = |cols: Range<usize>, block: &mut [f32]| self.im2col(xb, 0, cols, block);
+                let fill = |cols: Range<usize>, block: &mut [f32]| {
+                    self.im2col(xb, in_bias, 0, cols, block)
+                };
                 sgemm_column_tiles(a, n, yb, tile, TilesOfB::Fill(fill), epilogue)
             };
         }
@@ -520,7 +538,7 @@ impl Conv {
             blocks(Mat::row_major(xb, k, n))
         } else {
             with_scratch(k * n, |col| {
-                self.im2col(xb, 0, 0..n, col);
+                self.im2col(xb, in_bias, 0, 0..n, col);
                 blocks(Mat::row_major(col, k, n))
             })
         }
@@ -592,24 +610,7 @@ impl StepKernel for Conv {
         let x = io.read(self.x)?;
         let w = io.read(self.w)?;
         let bias = self.bias.map(|b| io.read(b)).transpose()?;
-        // The input with the bias left to it, which the kernels then read as theirs (padding
-        // is made after, so it stays zero).
-        let biased: Vec<f32>;
-        let x = match self.in_bias {
-            Some(ib) => {
-                let [n, c, h, w] = self.input;
-                let in_bias = super::elementwise::ChannelBias {
-                    buf: ib,
-                    channels: c,
-                    inner: if self.nhwc { 1 } else { h * w },
-                };
-                let mut v = x[..n * c * h * w].to_vec();
-                in_bias.add_to(&io.read(ib)?[..c], 0, &mut v);
-                biased = v;
-                &biased[..]
-            }
-            None => x,
-        };
+        let in_bias = self.in_bias.map(|b| io.read(b)).transpose()?;
         let y = io.write(self.y)?;
         if self.out_len() == 0 {
             return Ok(());
@@ -622,10 +623,10 @@ impl StepKernel for Conv {
                 self.out_hw[1],
             ];
             return crate::program::through_nchw(x, self.input, y, out, |x, y| {
-                self.compute(x, w, bias, y)
+                self.compute(x, w, bias, in_bias, y)
             });
         }
-        self.compute(x, w, bias, y)
+        self.compute(x, w, bias, in_bias, y)
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
@@ -684,12 +685,14 @@ impl StepKernel for Conv {
 }
 
 impl Conv {
-    /// The convolution of NCHW `x` into NCHW `y`, with its bias and activation.
+    /// The convolution of NCHW `x` (plus `in_bias` per channel, [`Conv::in_bias`]) into NCHW
+    /// `y`, with its bias and activation.
     fn compute(
         &self,
         x: &[f32],
         w: &[f32],
         bias: Option<&[f32]>,
+        in_bias: Option<&[f32]>,
         y: &mut [f32],
     ) -> Result<(), GpuError> {
         let [n, c, h, wd] = self.input;
@@ -700,14 +703,14 @@ impl Conv {
             let xb = &x[b * xlen..(b + 1) * xlen];
             let yb = &mut y[b * ylen..(b + 1) * ylen];
             if self.groups == 1 {
-                self.run_image(w, bias, xb, yb)?;
+                self.run_image(w, bias, in_bias, xb, yb)?;
             } else {
                 let k = self.col_rows();
                 yb.par_chunks_mut(og * cols)
                     .enumerate()
                     .try_for_each(|(g, chunk)| {
                         with_scratch(k * cols, |col| {
-                            self.im2col(xb, g, 0..cols, col);
+                            self.im2col(xb, in_bias, g, 0..cols, col);
                             let col = Mat::row_major(col, k, cols);
                             self.product(w, bias, g, col, 0..og, chunk)
                         })
@@ -1719,13 +1722,13 @@ mod tests {
         let bias = values(s.out_channels, 3);
         let mut y = vec![f32::NAN; s.out_len()];
         if s.groups == 1 {
-            s.run_image(&wt, Some(&bias), &x, &mut y).unwrap();
+            s.run_image(&wt, Some(&bias), None, &x, &mut y).unwrap();
         } else {
             let og = s.out_channels / s.groups;
             let cols = s.out_hw[0] * s.out_hw[1];
             for (g, chunk) in y.chunks_mut(og * cols).enumerate() {
                 let mut col = vec![0.0; s.col_rows() * cols];
-                s.im2col(&x, g, 0..cols, &mut col);
+                s.im2col(&x, None, g, 0..cols, &mut col);
                 let col = Mat::row_major(&col, s.col_rows(), cols);
                 s.product(&wt, Some(&bias), g, col, 0..og, chunk).unwrap();
             }
@@ -2122,11 +2125,11 @@ mod tests {
             let n = cv.out_hw[0] * cv.out_hw[1];
             let x = values(c * h * w, 5);
             let mut whole = vec![f32::NAN; cv.col_rows() * n];
-            cv.im2col(&x, 0, 0..n, &mut whole);
+            cv.im2col(&x, None, 0, 0..n, &mut whole);
             let start = ((n as f64 * cut) as usize).min(n - 1);
             let end = start + 1 + ((n - start - 1) as f64 * len) as usize;
             let mut part = vec![f32::NAN; cv.col_rows() * (end - start)];
-            cv.im2col(&x, 0, start..end, &mut part);
+            cv.im2col(&x, None, 0, start..end, &mut part);
             for (r, row) in part.chunks(end - start).enumerate() {
                 prop_assert_eq!(row, &whole[r * n + start..r * n + end]);
             }

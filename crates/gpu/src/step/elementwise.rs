@@ -41,12 +41,32 @@ pub struct ChannelBias {
 }
 
 impl ChannelBias {
-    /// The bias of every element of `y` (`len` of them, from element `first` of the value).
+    /// Add its bias to every element of `y`, which holds the value's elements from element
+    /// `first` on: a run of one channel at a time, or channels last a run of consecutive
+    /// channels (no division per element).
     pub(crate) fn add_to(&self, bias: &[f32], first: usize, y: &mut [f32]) {
         let inner = self.inner.max(1);
         let channels = self.channels.max(1);
-        for (t, v) in (first..).zip(y.iter_mut()) {
-            *v += bias[(t / inner) % channels];
+        let mut t = first;
+        let mut rest = y;
+        while !rest.is_empty() {
+            let len = match inner {
+                1 => {
+                    let c = t % channels;
+                    let len = (channels - c).min(rest.len());
+                    let bias = &bias[c..c + len];
+                    rest[..len].iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+                    len
+                }
+                _ => {
+                    let len = (inner - t % inner).min(rest.len());
+                    let b = bias[(t / inner) % channels];
+                    rest[..len].iter_mut().for_each(|v| *v += b);
+                    len
+                }
+            };
+            t += len;
+            rest = &mut rest[len..];
         }
     }
 }
@@ -277,5 +297,33 @@ impl Enqueue for CudaElementwise {
         // layout checked that they fit its parent); the bias, where not null, holds `channels`
         // values.
         launched(unsafe { b.launch(grid(self.n as usize)) }, name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Element `t` of a value gets `bias[(t / inner) % channels]` from any first element on,
+    /// in both layouts' runs.
+    #[test]
+    fn a_channel_bias_adds_each_elements_channels_value() {
+        let bias = [1.0, 10.0, 100.0];
+        for inner in [1, 4, 5] {
+            let cb = ChannelBias {
+                buf: 0,
+                channels: 3,
+                inner,
+            };
+            let len = 2 * 3 * inner;
+            for first in [0, 1, inner + 2, len - 1] {
+                let mut y = vec![0.5; len - first];
+                cb.add_to(&bias, first, &mut y);
+                for (i, v) in y.iter().enumerate() {
+                    let t = first + i;
+                    assert_eq!(*v, 0.5 + bias[(t / inner) % 3], "inner {inner}, t {t}");
+                }
+            }
+        }
     }
 }
