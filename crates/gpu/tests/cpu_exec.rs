@@ -470,14 +470,67 @@ fn layer_norm_graph() -> Graph {
     b.finish().unwrap()
 }
 
+/// Convolutions that leave their bias to every kind of reader that adds one
+/// (`opsched_graph::fusion::deferred_bias`) at batch 2: a separable convolution read by the
+/// next one's depthwise kernel (after its input relu), by a plain depthwise convolution, sums
+/// in a concatenation's terms (each writing its strided slice) and in an activation's input,
+/// and an element-wise add with its relu fused.
+fn deferred_bias_graph() -> Graph {
+    let sep = |c: usize| {
+        vec![
+            Op::Activation {
+                act: Activation::Relu,
+            },
+            Op::Conv2d(Conv2d::new(c, 3).groups(c).bias(true)),
+            Op::Conv2d(Conv2d::new(c, 1).bias(true)),
+        ]
+    };
+    let mut b = GraphBuilder::new("deferred-bias", DType::F32);
+    let x = b.input("x", vec![2, 6, 7, 7]);
+    let s1 = b.sequential("s1", x, sep(6));
+    let s2 = b.sequential("s2", s1, sep(6));
+    let s3 = b.sequential("s3", x, sep(6));
+    let sum = |a: NodeId, c: NodeId| vec![Value::whole(a), Value::whole(c)];
+    let cell = b.node(
+        "cell",
+        Op::Identity,
+        vec![sum(s2, s3), vec![Value::whole(x)], sum(s3, x)],
+    );
+    let c1 = b.conv("c1", cell, Conv2d::new(6, 1).bias(true));
+    let c2 = b.conv("c2", cell, Conv2d::new(6, 3).stride(2).bias(true));
+    let c3 = b.conv("c3", cell, Conv2d::new(6, 3).stride(2).bias(true));
+    let add = b.add("add", &[c2, c3]);
+    b.act("add_relu", add, Activation::Relu);
+    let dw = b.conv("dw", c1, Conv2d::new(6, 5).groups(6).bias(true).relu());
+    let c4 = b.conv("c4", dw, Conv2d::new(6, 1).bias(true));
+    let c5 = b.conv("c5", dw, Conv2d::new(6, 1).bias(true));
+    b.node(
+        "sig",
+        Op::Activation {
+            act: Activation::Sigmoid,
+        },
+        vec![sum(c4, c5)],
+    );
+    let g = b.finish().unwrap();
+    for n in [s1, s2, s3, c1, c2, c3, c4, c5] {
+        assert!(
+            opsched_graph::fusion::deferred_bias(&g, n).is_some(),
+            "{}",
+            g.node(n).name
+        );
+    }
+    g
+}
+
 /// The graphs that hold every operator kind and fusion between them.
-fn op_graphs() -> [Graph; 5] {
+fn op_graphs() -> [Graph; 6] {
     [
         every_op_graph(),
         attention_graph(),
         attention_graph_of(1),
         onnx_semantics_graph(),
         layer_norm_graph(),
+        deferred_bias_graph(),
     ]
 }
 
@@ -1092,5 +1145,75 @@ fn gpu_every_op_matches_the_reference() {
             let p = GraphProgram::build(&g, &placement, &xfers).unwrap();
             check_program(&dev, &g, &p, &precise, 1e-3);
         }
+    }
+}
+
+/// A random CNN of `kinds.len()` operators on 4 channels (batch `batch`, 6x6), each reading
+/// earlier values picked by `picks`: 0 a 1x1 convolution with a bias, 1 a 3x3 one with a bias
+/// and a relu, 2 a relu + separable convolution (NASNet's), 3 a depthwise convolution, 4 an
+/// element-wise add, 5 a sum read by a relu, 6 an identity concatenating a sum and a value
+/// (read back to 4 channels by a 1x1 convolution), 7 a max pool. Convolutions with a bias and
+/// no activation leave it to whichever readers add it.
+fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
+    let mut b = GraphBuilder::new("random-cnn", DType::F32);
+    let mut vals = vec![b.input("x", vec![batch, 4, 6, 6])];
+    for (i, (&k, &(p, q))) in kinds.iter().zip(picks).enumerate() {
+        let (a, c) = (vals[p % vals.len()], vals[q % vals.len()]);
+        let name = format!("n{i}");
+        let sum = vec![Value::whole(a), Value::whole(c)];
+        let v = match k % 8 {
+            0 => b.conv(&name, a, Conv2d::new(4, 1).bias(true)),
+            1 => b.conv(&name, a, Conv2d::new(4, 3).bias(true).relu()),
+            2 => b.sequential(
+                &name,
+                a,
+                vec![
+                    Op::Activation {
+                        act: Activation::Relu,
+                    },
+                    Op::Conv2d(Conv2d::new(4, 3).groups(4).bias(true)),
+                    Op::Conv2d(Conv2d::new(4, 1).bias(true)),
+                ],
+            ),
+            3 => b.conv(&name, a, Conv2d::new(4, 3).groups(4).bias(true)),
+            4 => b.add(&name, &[a, c]),
+            5 => b.node(
+                &name,
+                Op::Activation {
+                    act: Activation::Relu,
+                },
+                vec![sum],
+            ),
+            6 => {
+                let cat = b.node(&name, Op::Identity, vec![sum, vec![Value::whole(c)]]);
+                b.conv(&format!("{name}_back"), cat, Conv2d::new(4, 1).bias(true))
+            }
+            _ => b.pool(&name, a, Pool2d::max(3, 1, 1)),
+        };
+        vals.push(v);
+    }
+    b.finish().unwrap()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Whatever reads a convolution's value, every reader that the rule lets add its bias does
+    /// (the program builds: its check finds none missed), and every value the program keeps
+    /// equals the reference's, on one GPU and on two with transfers between them.
+    #[test]
+    fn random_cnns_with_deferred_biases_match_the_reference(
+        kinds in proptest::collection::vec(0u8..8, 2..14),
+        picks in proptest::collection::vec((0usize..64, 0usize..64), 14),
+        batch in 1usize..3,
+    ) {
+        let g = random_cnn(&kinds, &picks, batch);
+        let p = GraphProgram::single_gpu(&g).unwrap();
+        check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
+        let launches: u32 = g.ops().map(|o| opsched_cost::launches::launches(&g, o)).sum();
+        proptest::prop_assert_eq!(p.kernels(), launches as usize);
+        let (placement, xfers) = two_gpu_placement(&g);
+        let p = GraphProgram::build(&g, &placement, &xfers).unwrap();
+        check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
     }
 }
