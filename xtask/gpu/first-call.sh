@@ -84,7 +84,8 @@ run "check nhwc ios squeezenet b2" 60 squeezenet --batch 2 --algo ios --layout n
 save_cache
 
 # Deferred biases (new since 2026-11-27: a convolution leaves its bias to the add or depthwise
-# kernel that reads it; NASNet 988 kernels to 766, RandWire 405 to 292, ResNet-50 68 to 60),
+# kernel that reads it; NASNet 988 kernels to 766, RandWire 405 to 292, ResNet-50 68 to 60;
+# and RandWire's depthwise kernels read the sums before them: 292 to 233),
 # NCHW at batch 1, against the revision staged as gpu-carry/opsched-before (`BEFORE=rev
 # xtask/gpu/stage.sh`), processes alternating, two each. Without it, this revision alone.
 for case in "nasnet lios" "resnet50 sequential" "randwire lios"; do

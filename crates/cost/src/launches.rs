@@ -18,7 +18,8 @@
 //! - an activation that runs inside the kernel of the element-wise operator it reads, and a sum
 //!   that the convolution feeding it computes (`opsched_graph::fusion`), launch nothing; a
 //!   convolution whose bias its readers add (`opsched_graph::fusion::deferred_bias`) runs no
-//!   bias kernel;
+//!   bias kernel, and a sum that a depthwise convolution reads value by value
+//!   (`opsched_graph::fusion::depthwise_reads_sum`) no add kernel;
 //! - main kernels: a depthwise convolution 1 (our kernel: bias and activations included); any
 //!   other convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
 //!   activation kernel when there is a bias or a non-relu activation: 2; the CUDA device also
@@ -37,9 +38,11 @@ use opsched_graph::{Activation, Graph, NodeId, Op, Shape, Term};
 
 /// Kernel launches of `op` on the GPU backend (0 for graph inputs).
 pub fn launches(g: &Graph, op: NodeId) -> u32 {
-    // A convolution whose readers add its bias runs no bias kernel of its own.
+    // A convolution whose readers add its bias runs no bias kernel of its own; a depthwise
+    // kernel that reads the values of its input's sum needs no add kernel before it.
     let deferred = opsched_graph::fusion::deferred_bias(g, op).is_some();
-    own_launches(g, op).saturating_sub(u32::from(deferred))
+    let reads_sum = opsched_graph::fusion::depthwise_reads_sum(g, op);
+    own_launches(g, op).saturating_sub(u32::from(deferred) + u32::from(reads_sum))
 }
 
 /// [`launches`] with every bias run by its convolution.

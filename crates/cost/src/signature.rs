@@ -20,7 +20,8 @@
 //!   (and the sum's activation), and that sum adds `,fused`; a convolution (or a `sequential`
 //!   chain ending in one) whose readers add its bias (`opsched_graph::fusion::deferred_bias`)
 //!   adds `bias=readers` (its readers' kernels, which add a bias per channel to what they
-//!   read, keep their keys); a reshape that is a view of its
+//!   read, keep their keys), and one whose depthwise kernel reads the values of its input's
+//!   sum (`opsched_graph::fusion::depthwise_reads_sum`) `sum=read`; a reshape that is a view of its
 //!   input (`opsched_graph::inplace::reshape_source`) adds `,view` (`identity(view)`); a batch
 //!   matmul that reads or writes through a head transpose adds `,strided=in`, `=out` or
 //!   `=in+out`, and that transpose `,fused`;
@@ -184,9 +185,19 @@ fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
             }
         }
         Op::Conv2d(_) | Op::Sequential { .. }
-            if opsched_graph::fusion::deferred_bias(g, op).is_some() =>
+            if opsched_graph::fusion::deferred_bias(g, op).is_some()
+                || opsched_graph::fusion::depthwise_reads_sum(g, op) =>
         {
-            "bias=readers".to_string()
+            let deferred = opsched_graph::fusion::deferred_bias(g, op).is_some();
+            let marks = [
+                (
+                    opsched_graph::fusion::depthwise_reads_sum(g, op),
+                    "sum=read",
+                ),
+                (deferred, "bias=readers"),
+            ];
+            let marks: Vec<&str> = marks.iter().filter(|m| m.0).map(|m| m.1).collect();
+            marks.join(",")
         }
         Op::Conv2d(_) | Op::Linear { .. } => match residual_of(g, op) {
             Some((_, opsched_graph::Activation::None)) => "residual".to_string(),
@@ -447,23 +458,41 @@ mod tests {
     }
 
     #[test]
-    fn a_bias_left_to_the_readers_says_so() {
+    fn a_bias_left_to_the_readers_and_a_sum_read_by_a_depthwise_kernel_say_so() {
         let mut b = GraphBuilder::new("m", DType::F32);
         let x = b.input("x", vec![1, 8, 4, 4]);
         let c1 = b.conv("c1", x, Conv2d::new(8, 1).bias(true));
         let c2 = b.conv("c2", x, Conv2d::new(8, 1).bias(true));
         let sum = b.add("sum", &[c1, c2]);
+        // A depthwise kernel that reads the values of its input's sum says so too.
+        let relu = Op::Activation {
+            act: opsched_graph::Activation::Relu,
+        };
+        let dw = Op::Conv2d(Conv2d::new(8, 3).groups(8));
+        let both = vec![Value::whole(c1), Value::whole(c2)];
+        let sep = b.node(
+            "sep",
+            Op::Sequential {
+                ops: vec![relu, dw],
+            },
+            vec![both],
+        );
         let g = b.finish().unwrap();
         assert_eq!(
             op_signature(&g, c1),
             "conv2d(oc=8,k=1x1,s=1x1,p=0x0,d=1x1,g=1,bias,bias=readers)[1x8x4x4]f32"
+        );
+        assert_eq!(
+            op_signature(&g, sep),
+            "sequential{activation(relu);conv2d(oc=8,k=3x3,s=1x1,p=1x1,d=1x1,g=8)}(sum=read)\
+             [1x8x4x4(sum2)]f32"
         );
         // An output of the graph keeps its bias.
         let out = |n: NodeId| opsched_graph::GraphOutput {
             name: g.node(n).name.clone(),
             value: Value::whole(n),
         };
-        let outputs = vec![out(c1), out(sum)];
+        let outputs = vec![out(c1), out(sum), out(sep)];
         let g = g.with_outputs(outputs).unwrap();
         assert_eq!(
             op_signature(&g, c1),

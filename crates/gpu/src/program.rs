@@ -1847,6 +1847,12 @@ impl Builder<'_> {
         self.deferred.get(&at.node) == Some(&at.inner)
     }
 
+    /// Whether operator `n`'s depthwise kernel reads the values of its input's sum itself
+    /// ([`opsched_graph::fusion::depthwise_reads_sum`]).
+    pub(crate) fn depthwise_reads_sum(&self, n: NodeId) -> bool {
+        opsched_graph::fusion::depthwise_reads_sum(self.g, n)
+    }
+
     /// An error unless every reader that was lowered added the biases left to it (a lowering
     /// that reads such a value without adding its bias would compute without it).
     fn check_deferred_biases(&self) -> Result<(), GpuError> {

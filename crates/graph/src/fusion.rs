@@ -40,6 +40,10 @@
 //! instead of two, as in PyTorch's compiled graphs, whose convolutions leave their bias to the
 //! element-wise kernel after them (NASNet's separable convolutions end in such biases: 222 of
 //! its 268 convolutions that cuDNN runs).
+//!
+//! A depthwise convolution whose input is a sum of whole values reads the values and adds
+//! them itself ([`depthwise_reads_sum`]: RandWire's nodes sum their inputs, then run relu and
+//! a separable convolution): the sum launches no add kernel.
 
 use crate::{Conv2d, Graph, NodeId, Op, Shape};
 
@@ -322,27 +326,51 @@ fn adds_bias_of(g: &Graph, c: NodeId, term: &[crate::Value]) -> bool {
             shapes.iter().all(|s| s.as_slice() == node.shape.as_slice())
                 && residual_source(g, c).is_none()
         }
-        _ if node.inputs.len() != 1 => false,
-        Op::Conv2d(conv) => {
-            let [one] = shapes.as_slice() else {
-                return false;
-            };
-            one.len() == 4 && is_depthwise(conv, one[1]) && residual_of(g, c).is_none()
-        }
+        _ => first_kernel_is_depthwise(g, c),
+    }
+}
+
+/// Whether the first kernel of operator `c`, which reads one input term, is our depthwise
+/// convolution: `c` is one (computing no residual), or a `sequential` chain whose first kernel
+/// is one (after the activations it applies to what it reads, [`pre_activations`]).
+fn first_kernel_is_depthwise(g: &Graph, c: NodeId) -> bool {
+    let node = g.node(c);
+    let shapes = g.input_shapes(c);
+    let ([_], [one]) = (node.inputs.as_slice(), shapes.as_slice()) else {
+        return false;
+    };
+    if one.len() != 4 {
+        return false;
+    }
+    match &node.op {
+        Op::Conv2d(conv) => is_depthwise(conv, one[1]) && residual_of(g, c).is_none(),
         Op::Sequential { ops } => {
-            let [one] = shapes.as_slice() else {
-                return false;
-            };
             let fused = pre_activations(ops, one);
-            let first = fused.iter().position(|f| !f);
-            match first.map(|i| (i, &ops[i])) {
-                // The shape a chain's first kernel reads is the node's input: activations keep it.
-                Some((_, Op::Conv2d(conv))) => one.len() == 4 && is_depthwise(conv, one[1]),
+            // The shape a chain's first kernel reads is the node's input: activations keep it.
+            match fused.iter().position(|f| !f).map(|i| &ops[i]) {
+                Some(Op::Conv2d(conv)) => is_depthwise(conv, one[1]),
                 _ => false,
             }
         }
         _ => false,
     }
+}
+
+/// Whether operator `c`'s depthwise kernel reads the values its only input term sums, adding
+/// them as it reads (RandWire's nodes: the sum of their inputs, relu, separable convolution),
+/// so that no add kernel computes the sum first: the term sums several whole values, none
+/// written in place as a strided slice of a concatenation (the kernel reads the others at the
+/// first one's offsets: all dense), and `c`'s first kernel is our depthwise convolution.
+pub fn depthwise_reads_sum(g: &Graph, c: NodeId) -> bool {
+    let node = g.node(c);
+    let dense = |v: &crate::Value| {
+        v.channels.is_none() && crate::inplace::slice_of(g, v.node).is_none_or(|s| s.rows <= 1)
+    };
+    let summed = match node.inputs.as_slice() {
+        [t] => t.len() > 1 && t.iter().all(dense),
+        _ => false,
+    };
+    summed && first_kernel_is_depthwise(g, c)
 }
 
 /// The convolution whose bias the readers of operator `p` add instead of it, as its inner
@@ -604,6 +632,45 @@ mod tests {
         let g = b.finish().unwrap();
         assert!(residual_of(&g, c).is_some());
         assert_eq!(deferred_bias(&g, c), None);
+    }
+
+    #[test]
+    fn a_depthwise_kernel_reads_a_sum_of_dense_whole_values() {
+        let relu = || Op::Activation {
+            act: Activation::Relu,
+        };
+        let dw = || Op::Conv2d(Conv2d::new(8, 3).groups(8).bias(true));
+        for batch in [1, 2] {
+            let mut b = GraphBuilder::new("sums", DType::F32);
+            let x = b.input("x", vec![batch, 8, 6, 6]);
+            let a = b.conv("a", x, Conv2d::new(8, 1).bias(true));
+            let c = b.conv("c", x, Conv2d::new(8, 3).bias(true));
+            let sum = |p: NodeId, q: NodeId| vec![Value::whole(p), Value::whole(q)];
+            let node = |b: &mut GraphBuilder, name: &str, ops: Vec<Op>, t: Vec<Value>| {
+                b.node(name, Op::Sequential { ops }, vec![t])
+            };
+            let reads = node(&mut b, "reads", vec![relu(), dw()], sum(a, c));
+            let plain = b.node(
+                "plain",
+                Op::Conv2d(Conv2d::new(8, 3).groups(8)),
+                vec![sum(a, c)],
+            );
+            // Not: a chain whose first kernel is a 1x1 convolution, a sum with a channel slice.
+            let pw = vec![relu(), Op::Conv2d(Conv2d::new(8, 1))];
+            let pointwise = node(&mut b, "pointwise", pw, sum(a, c));
+            let sliced = vec![Value::slice(a, 0, 8), Value::whole(c)];
+            let sliced = node(&mut b, "sliced", vec![relu(), dw()], sliced);
+            // `d` writes its slice of `cat` in place: one run per image at batch 2.
+            let d = b.conv("d", x, Conv2d::new(8, 3).bias(true));
+            let e = b.conv("e", x, Conv2d::new(8, 3).bias(true));
+            let _cat = b.concat("cat", &[d, e]);
+            let strided = node(&mut b, "strided", vec![relu(), dw()], sum(d, a));
+            let g = b.finish().unwrap();
+            assert!(depthwise_reads_sum(&g, reads) && depthwise_reads_sum(&g, plain));
+            assert!(!depthwise_reads_sum(&g, pointwise) && !depthwise_reads_sum(&g, sliced));
+            assert_eq!(crate::inplace::slice_of(&g, d).map(|s| s.rows), Some(batch));
+            assert_eq!(depthwise_reads_sum(&g, strided), batch == 1);
+        }
     }
 
     #[test]

@@ -504,8 +504,9 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
 }
 
 // Depthwise convolution (one group per channel, one output channel per group): one thread
-// per output element. `in_bias` (when not null: the bias a convolution before it left to it)
-// is added to every input element read, then `pre` (act_f code and parameters) applies to it
+// per output element. The `nmore` arrays of `more` (dense, as x) are added to every input
+// element read (the values of a sum it reads), then `in_bias` (when not null: the bias a
+// convolution before it left to it), then `pre` (act_f code and parameters) applies to it
 // (padding stays zero); then the bias (when not null) and `act`. g: h, w, oh, ow, kh, kw, sh,
 // sw, ph, pw (padding before), dh, dw. NCHW, or channels last (NHWC: x and y `[n, h, w, c]`,
 // the weights `[kh, kw, c]`; channels fastest, so that a warp reads neighbouring channels of
@@ -516,7 +517,8 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
                                                  const float* bias, I nc, int c, I ximage,
                                                  int xpix, Geo12 g, int pre, float q0,
                                                  float q1, int act, float p0, float p1,
-                                                 const float* in_bias) {
+                                                 const float* in_bias,
+                                                 const float* const* more, int nmore) {
     int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4], kw = g.v[5];
     int sh = g.v[6], sw = g.v[7], ph = g.v[8], pw = g.v[9], dh = g.v[10], dw = g.v[11];
     I total = nc * oh * ow;
@@ -539,7 +541,8 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
             ch = (int)(plane % c);
             image = plane / c;
         }
-        const float* xp = x + image * ximage + (NHWC ? (I)ch : (I)ch * h * w);
+        const I xoff = image * ximage + (NHWC ? (I)ch : (I)ch * h * w);
+        const float* xp = x + xoff;
         const float* wp = NHWC ? wt + ch : wt + (i64)ch * kh * kw;
         const float ib = in_bias ? in_bias[ch] : 0.0f;
         float acc = 0.0f;
@@ -549,7 +552,9 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
             for (int q = 0; q < kw; ++q) {
                 int s = j * sw - pw + q * dw;
                 if (s < 0 || s >= w) continue;
-                float v = xp[((I)r * w + s) * step];
+                const I o = ((I)r * w + s) * step;
+                float v = xp[o];
+                for (int k = 0; k < nmore; ++k) v += more[k][xoff + o];
                 if (in_bias) v += ib;
                 acc += act_f(v, pre, q0, q1) * wp[(p * kw + q) * wstep];
             }
@@ -566,28 +571,30 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
 extern "C" __global__ void depthwise_conv(float* y, const float* x, const float* wt,
                                           const float* bias, i64 nc, int c, i64 ximage, int xpix,
                                           Geo12 g, int pre, float q0, float q1, int act, float p0,
-                                          float p1, const float* in_bias) {
+                                          float p1, const float* in_bias,
+                                          const float* const* more, int nmore) {
     bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
     if (small)
         depthwise_conv_t<unsigned, false>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1,
-                                          act, p0, p1, in_bias);
+                                          act, p0, p1, in_bias, more, nmore);
     else
         depthwise_conv_t<i64, false>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act,
-                                     p0, p1, in_bias);
+                                     p0, p1, in_bias, more, nmore);
 }
 
 extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const float* wt,
                                                const float* bias, i64 nc, int c, i64 ximage,
                                                int xpix, Geo12 g, int pre, float q0, float q1,
                                                int act, float p0, float p1,
-                                               const float* in_bias) {
+                                               const float* in_bias,
+                                               const float* const* more, int nmore) {
     bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
     if (small)
         depthwise_conv_t<unsigned, true>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1,
-                                         act, p0, p1, in_bias);
+                                         act, p0, p1, in_bias, more, nmore);
     else
         depthwise_conv_t<i64, true>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act,
-                                    p0, p1, in_bias);
+                                    p0, p1, in_bias, more, nmore);
 }
 
 // Abstract operators: every block waits until `ns` nanoseconds have passed.

@@ -419,11 +419,11 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
                     .arg(&geo);
                 b.arg(&pre.0).arg(&pre.1).arg(&pre.2);
                 b.arg(&post.0).arg(&post.1).arg(&post.2);
-                let no_input_bias = 0u64;
-                b.arg(&no_input_bias);
+                let (no_input_bias, no_sum, none) = (0u64, 0u64, 0i32);
+                b.arg(&no_input_bias).arg(&no_sum).arg(&none);
                 // SAFETY: x holds n x c x hw x hw values (dense: images c x hw x hw apart,
                 // pixels c apart), y n x c x out x out, the weights c x k x k, the bias c, no
-                // input bias (null); Geo12 is twelve ints by value.
+                // input bias and no summed inputs (null); Geo12 is twelve ints by value.
                 unsafe { b.launch(grid(len)) }.unwrap();
             }
         };

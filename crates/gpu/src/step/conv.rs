@@ -80,6 +80,10 @@ pub struct Conv {
     /// zero): the bias that the convolution before it left to it
     /// (`opsched_graph::fusion::deferred_bias`; our depthwise kernel only).
     pub in_bias: Option<BufId>,
+    /// Further inputs, dense like `x`, added to it element by element as it is read (before
+    /// `in_bias` and `pre_act`): the values of the sum it reads
+    /// (`opsched_graph::fusion::depthwise_reads_sum`; our depthwise kernel only).
+    pub sum_with: Vec<BufId>,
     /// Added to the output (with the bias) before `act`: the residual sum the convolution
     /// computes (`opsched_graph::fusion::residual_source`).
     pub residual: Option<BufId>,
@@ -110,7 +114,27 @@ pub(crate) fn lower(
     out: BufId,
     out_shape: &[usize],
 ) -> Result<(), GpuError> {
-    let (x, xs) = b.single_strided(steps, at, src)?;
+    // A sum our depthwise kernel reads value by value (no add kernel): its first value is `x`,
+    // the others `sum_with`, all dense.
+    let summed = match src {
+        Src::Terms([t]) if t.len() > 1 && b.depthwise_reads_sum(at.node) => Some(t.as_slice()),
+        _ => None,
+    };
+    let (x, xs, sum_with) = match summed {
+        Some(t) => {
+            let mut bufs = Vec::with_capacity(t.len());
+            for v in t {
+                let buf = b.source(steps, at, v.node)?;
+                bufs.push(b.readable(steps, at, buf));
+            }
+            let x = bufs.remove(0);
+            (x, b.value_shape(&t[0]), bufs)
+        }
+        None => {
+            let (x, xs) = b.single_strided(steps, at, src)?;
+            (x, xs, Vec::new())
+        }
+    };
     let [n, ch, h, w] = b.four(at, &xs)?;
     let [_, oc, oh, ow] = b.four(at, out_shape)?;
     let groups = c.groups.max(1);
@@ -143,10 +167,13 @@ pub(crate) fn lower(
     // reads (where another kernel reads it, the program's check reports the bias missed).
     let depthwise = opsched_graph::fusion::is_depthwise(c, ch) && fusion.residual.is_none();
     let in_bias = match src {
-        Src::Terms([t]) if depthwise => match t.as_slice() {
-            [v] if v.channels.is_none() => b.deferred_bias(at, &[v.node], &xs)?.map(|cb| cb.buf),
-            _ => None,
-        },
+        Src::Terms([t]) if depthwise && (t.len() == 1 || summed.is_some()) => {
+            let whole = t.iter().all(|v| v.channels.is_none());
+            match whole {
+                true => b.term_bias(at, t, &xs)?.map(|cb| cb.buf),
+                false => None,
+            }
+        }
         _ => None,
     };
     let (residual, act) = match fusion.residual {
@@ -174,6 +201,7 @@ pub(crate) fn lower(
             act,
             pre_act: fusion.pre_act,
             in_bias,
+            sum_with,
             residual,
             nhwc: b.channels_last_at(at.node),
         }
@@ -240,6 +268,7 @@ pub(crate) fn lower_merged(
             act: c.act,
             pre_act: Activation::None,
             in_bias: None,
+            sum_with: Vec::new(),
             residual: None,
             nhwc: b.channels_last_at(at.node),
         }
@@ -578,6 +607,8 @@ impl StepKernel for Conv {
         ];
         reads.extend(self.bias.map(|b| (b, self.out_channels)));
         reads.extend(self.in_bias.map(|b| (b, self.input[1])));
+        let input: usize = self.input.iter().product();
+        reads.extend(self.sum_with.iter().map(|&b| (b, input)));
         reads.extend(self.residual.map(|z| (z, self.out_len())));
         Access {
             reads,
@@ -608,6 +639,21 @@ impl StepKernel for Conv {
             return Ok(());
         }
         let x = io.read(self.x)?;
+        // The sum it reads, in storage order (any layout), where it reads one.
+        let summed: Vec<f32>;
+        let x = match self.sum_with.as_slice() {
+            [] => x,
+            more => {
+                let len: usize = self.input.iter().product();
+                let mut v = x[..len].to_vec();
+                for &b in more {
+                    let src = &io.read(b)?[..len];
+                    v.iter_mut().zip(src).for_each(|(a, s)| *a += s);
+                }
+                summed = v;
+                &summed[..]
+            }
+        };
         let w = io.read(self.w)?;
         let bias = self.bias.map(|b| io.read(b)).transpose()?;
         let in_bias = self.in_bias.map(|b| io.read(b)).transpose()?;
@@ -633,10 +679,10 @@ impl StepKernel for Conv {
         if self.is_depthwise() && self.residual.is_none() {
             return Ok(Box::new(CudaDepthwise::new(self, cx)?));
         }
-        if self.pre_act != Activation::None || self.in_bias.is_some() {
-            return Err(
-                cx.no_kernel("an input activation or bias of a convolution that is not depthwise")
-            );
+        if self.pre_act != Activation::None || self.in_bias.is_some() || !self.sum_with.is_empty() {
+            return Err(cx.no_kernel(
+                "an input activation, bias or sum of a convolution that is not depthwise",
+            ));
         }
         let (x, y) = (cx.strided(self.x)?, cx.strided(self.y)?);
         if x.1.is_none() && y.1.is_none() {
@@ -796,6 +842,11 @@ struct CudaDepthwise {
     act: (i32, f32, f32),
     /// The bias added to what it reads (0: none).
     in_bias: u64,
+    /// The device array of the further inputs it sums as it reads (kept alive with the
+    /// operator), its pointer (0: none) and length.
+    _more: Option<CudaSlice<u64>>,
+    more: u64,
+    nmore: i32,
     total: usize,
 }
 
@@ -832,6 +883,21 @@ impl CudaDepthwise {
                 (hp, Some(held))
             }
         };
+        let (held_more, more) = match s.sum_with.as_slice() {
+            [] => (None, 0),
+            bufs => {
+                if x_runs.is_some() {
+                    return Err(cx.no_kernel("a strided input of a depthwise convolution's sum"));
+                }
+                let ptrs = bufs
+                    .iter()
+                    .map(|&b| cx.ptr(b))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let dev = cx.gpu.upload(&ptrs)?;
+                let (p, _) = dev.device_ptr(&cx.gpu.alloc_stream);
+                (Some(dev), p)
+            }
+        };
         Ok(CudaDepthwise {
             kernel: s.nvrtc_kernel().unwrap_or("depthwise_conv"),
             y: cx.ptr(s.y)?,
@@ -847,6 +913,9 @@ impl CudaDepthwise {
             pre: act_params(s.pre_act),
             act: act_params(s.act),
             in_bias: s.in_bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
+            _more: held_more,
+            more,
+            nmore: c_int(s.sum_with.len(), "summed inputs")?,
             total: s.out_len(),
         })
     }
@@ -870,13 +939,16 @@ impl Enqueue for CudaDepthwise {
             .arg(&self.act.0)
             .arg(&self.act.1)
             .arg(&self.act.2)
-            .arg(&self.in_bias);
+            .arg(&self.in_bias)
+            .arg(&self.more)
+            .arg(&self.nmore);
         // SAFETY: matches `depthwise_conv` and `depthwise_conv_nhwc` (x's image and pixel
         // strides, then Geo12: twelve ints by value); the step's access (checked at
         // preparation) covers the input (a strided view's runs checked by the layout),
         // `c * kh * kw` weights (or the held permuted copy, as long), `c` biases and `c` input
         // biases (or null pointers) and the output, and every read index is clipped to the
-        // input plane.
+        // input plane; the summed inputs (the held pointer array, `nmore` of them, dense)
+        // hold as many elements as x.
         launched(unsafe { b.launch(grid(self.total)) }, self.kernel)
     }
 }
@@ -1703,6 +1775,7 @@ mod tests {
             act: Activation::Relu,
             pre_act: Activation::None,
             in_bias: None,
+            sum_with: Vec::new(),
             residual: None,
             nhwc: false,
         }
@@ -1753,9 +1826,9 @@ mod tests {
         if s.is_depthwise() {
             let out = [1, s.out_channels, s.out_hw[0], s.out_hw[1]];
             for gap in [0, 3] {
-                let nchw = depthwise_like_the_kernel(s, &x, &wt, &bias, None, false, gap);
+                let nchw = depthwise_like_the_kernel(s, &x, None, &wt, &bias, None, false, gap);
                 assert_close(s, &nchw, &want);
-                let nhwc = depthwise_like_the_kernel(s, &x, &wt, &bias, None, true, gap);
+                let nhwc = depthwise_like_the_kernel(s, &x, None, &wt, &bias, None, true, gap);
                 assert_close(s, &crate::program::nhwc_to_nchw(&nhwc, out), &want);
             }
         }
@@ -1864,9 +1937,13 @@ mod tests {
     /// weights `[kh, kw, c]`), `x` a strided view with `gap` unread elements after each image
     /// (NCHW) or pixel (channels last), NaN; its output is in the kernel's layout. Its
     /// indexing, strides, padding and fusions against the reference.
+    /// The CUDA depthwise kernel's loop on the host: `x` (NCHW) and the summed input `more`
+    /// (laid out as x) laid out in the kernel's layout, runs `gap` apart.
+    #[allow(clippy::too_many_arguments)]
     fn depthwise_like_the_kernel(
         s: &Conv,
         x: &[f32],
+        more: Option<&[f32]>,
         wt: &[f32],
         bias: &[f32],
         in_bias: Option<&[f32]>,
@@ -1875,23 +1952,28 @@ mod tests {
     ) -> Vec<f32> {
         let taps = s.kernel[0] * s.kernel[1];
         let [n, c, h, w] = s.input;
-        let (dense, wt) = match nhwc {
-            false => (x.to_vec(), wt.to_vec()),
-            true => {
-                let mut xl = vec![0.0; x.len()];
-                crate::program::nchw_to_nhwc(x, s.input, &mut xl);
-                (
-                    xl,
-                    (0..taps * c).map(|t| wt[(t % c) * taps + t / c]).collect(),
-                )
-            }
+        let wt: Vec<f32> = match nhwc {
+            false => wt.to_vec(),
+            true => (0..taps * c).map(|t| wt[(t % c) * taps + t / c]).collect(),
         };
         // The strided view: runs of an image (NCHW) or of a pixel's channels, `gap` apart.
         let run = if nhwc { c } else { c * h * w };
-        let x: Vec<f32> = dense
-            .chunks(run)
-            .flat_map(|r| r.iter().copied().chain(std::iter::repeat_n(f32::NAN, gap)))
-            .collect();
+        let lay_out = |x: &[f32]| -> Vec<f32> {
+            let dense = match nhwc {
+                false => x.to_vec(),
+                true => {
+                    let mut xl = vec![0.0; x.len()];
+                    crate::program::nchw_to_nhwc(x, s.input, &mut xl);
+                    xl
+                }
+            };
+            dense
+                .chunks(run)
+                .flat_map(|r| r.iter().copied().chain(std::iter::repeat_n(f32::NAN, gap)))
+                .collect()
+        };
+        let x = lay_out(x);
+        let more = more.map(lay_out);
         let (ximage, xpix) = match nhwc {
             true => ((h * w * (c + gap)) as i64, (c + gap) as i64),
             false => ((c * h * w + gap) as i64, c as i64),
@@ -1932,7 +2014,11 @@ mod tests {
                         if col < 0 || col >= w {
                             continue;
                         }
-                        let mut v = x[(x0 + (r * w + col) * step) as usize];
+                        let at = (x0 + (r * w + col) * step) as usize;
+                        let mut v = x[at];
+                        if let Some(m) = &more {
+                            v += m[at];
+                        }
                         if let Some(ib) = in_bias {
                             v += ib[ch as usize];
                         }
@@ -1963,12 +2049,12 @@ mod tests {
         c
     }
 
-    /// A bias left to a depthwise convolution (`in_bias`) is added to every input element it
-    /// reads, before its input activation, and not to the padding: the CPU step in both
-    /// layouts and the CUDA kernel's formula equal the reference convolution of
-    /// `pre_act(x + in_bias)` zero-padded.
+    /// The values of a sum a depthwise convolution reads (`x` and `sum_with`) and a bias left
+    /// to it (`in_bias`) are added to every input element it reads, before its input
+    /// activation, and not to the padding: the CPU step in both layouts and the CUDA kernel's
+    /// formula equal the reference convolution of `pre_act(x + x2 + in_bias)` zero-padded.
     #[test]
-    fn a_bias_left_to_a_depthwise_convolution_is_added_to_what_it_reads() {
+    fn a_sum_and_a_bias_left_to_a_depthwise_convolution_are_added_to_what_it_reads() {
         let (c, hw) = (3, [5, 4]);
         for (k, stride, pad) in [(3, 1, 1), (5, 2, 2), (3, 2, 0)] {
             let base = Conv {
@@ -1976,6 +2062,7 @@ mod tests {
                 pre_act: Activation::Relu,
                 act: Activation::None,
                 in_bias: Some(4),
+                sum_with: vec![5],
                 ..conv(
                     c,
                     hw,
@@ -1988,13 +2075,17 @@ mod tests {
                     c,
                 )
             };
-            let x = values(2 * c * hw[0] * hw[1], 1);
+            let (x, x2) = (
+                values(2 * c * hw[0] * hw[1], 1),
+                values(2 * c * hw[0] * hw[1], 6),
+            );
             let (wt, bias, in_bias) = (values(c * k * k, 2), values(c, 3), values(c, 5));
             let plane = hw[0] * hw[1];
             let xb: Vec<f32> = x
                 .iter()
+                .zip(&x2)
                 .enumerate()
-                .map(|(i, v)| act(v + in_bias[(i / plane) % c], Activation::Relu))
+                .map(|(i, (v, v2))| act(v + v2 + in_bias[(i / plane) % c], Activation::Relu))
                 .collect();
             let want = crate::reference::conv2d(
                 &xb,
@@ -2016,20 +2107,22 @@ mod tests {
                     nhwc,
                     ..base.clone()
                 };
-                let xs = match nhwc {
-                    false => x.clone(),
+                let stored = |x: &[f32]| match nhwc {
+                    false => x.to_vec(),
                     true => {
                         let mut v = vec![0.0; x.len()];
-                        crate::program::nchw_to_nhwc(&x, s.input, &mut v);
+                        crate::program::nchw_to_nhwc(x, s.input, &mut v);
                         v
                     }
                 };
+                let (xs, x2s) = (stored(&x), stored(&x2));
                 let mut y = vec![f32::NAN; s.out_len()];
                 let reads = vec![
                     (0, &xs[..]),
                     (1, &wt[..]),
                     (2, &bias[..]),
                     (4, &in_bias[..]),
+                    (5, &x2s[..]),
                 ];
                 s.run_cpu(&mut CpuIo::of(reads, vec![(3, &mut y[..])]))
                     .unwrap();
@@ -2044,10 +2137,11 @@ mod tests {
                 input: [1, c, hw[0], hw[1]],
                 ..base.clone()
             };
-            for (image, want) in x.chunks(c * plane).zip(want.chunks(one.out_len())) {
+            let images = x.chunks(c * plane).zip(x2.chunks(c * plane));
+            for ((image, image2), want) in images.zip(want.chunks(one.out_len())) {
                 for nhwc in [false, true] {
-                    let got =
-                        depthwise_like_the_kernel(&one, image, &wt, &bias, Some(&in_bias), nhwc, 2);
+                    let (ib, more) = (Some(&in_bias[..]), Some(image2));
+                    let got = depthwise_like_the_kernel(&one, image, more, &wt, &bias, ib, nhwc, 2);
                     let got = match nhwc {
                         false => got,
                         true => crate::program::nhwc_to_nchw(&got, [1, out[1], out[2], out[3]]),
