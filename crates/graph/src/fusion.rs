@@ -278,28 +278,36 @@ fn is_ancestor(g: &Graph, anc: NodeId, node: NodeId) -> bool {
     false
 }
 
-/// The convolution of operator `p` whose bias its readers add ([`deferred_bias`]): `p` itself
-/// (inner index 0) or the last operator of a `sequential` chain (its index), with the channels
-/// it reads.
-fn bias_only_conv(g: &Graph, p: NodeId) -> Option<(usize, &Conv2d, usize)> {
-    let node = g.node(p);
-    let in_channels = |shapes: &[Shape]| shapes.iter().filter_map(|s| s.get(1)).sum::<usize>();
-    let (inner, c, channels) = match &node.op {
-        Op::Conv2d(c) => (0, c, in_channels(&g.input_shapes(p))),
-        Op::Sequential { ops } => {
-            let Some((Op::Conv2d(c), before)) = ops.split_last() else {
-                return None;
-            };
-            let mut shapes = g.input_shapes(p);
-            for op in before {
-                shapes = vec![op.infer_shape(&shapes).ok()?];
-            }
-            (ops.len() - 1, c, in_channels(&shapes))
-        }
+/// The inner index of operator `p`'s convolution whose bias its readers may add
+/// ([`deferred_bias`]): `p` itself (0) or the last operator of a `sequential` chain, where that
+/// convolution has a bias and no activation and is not depthwise.
+fn bias_only_conv(g: &Graph, p: NodeId) -> Option<usize> {
+    let (inner, c) = match &g.node(p).op {
+        Op::Conv2d(c) => (0, c),
+        Op::Sequential { ops } => match ops.last() {
+            Some(Op::Conv2d(c)) => (ops.len() - 1, c),
+            _ => return None,
+        },
         _ => return None,
     };
-    let bias_only = c.bias && c.act == crate::Activation::None;
-    (bias_only && !is_depthwise(c, channels)).then_some((inner, c, channels))
+    if !c.bias || c.act != crate::Activation::None {
+        return None;
+    }
+    // Only a grouped convolution can be depthwise: the channels it reads matter then alone
+    // (the launch count asks this of every operator, every time a cost is wanted).
+    if c.groups > 1 {
+        let mut shapes = g.input_shapes(p);
+        if let Op::Sequential { ops } = &g.node(p).op {
+            for op in &ops[..inner] {
+                shapes = vec![op.infer_shape(&shapes).ok()?];
+            }
+        }
+        let channels = shapes.iter().filter_map(|s| s.get(1)).sum::<usize>();
+        if is_depthwise(c, channels) {
+            return None;
+        }
+    }
+    Some(inner)
 }
 
 /// Whether consumer `c` adds a bias per channel to `term`, which holds `p`'s whole value, as it
@@ -335,8 +343,10 @@ fn adds_bias_of(g: &Graph, c: NodeId, term: &[crate::Value]) -> bool {
 /// is one (after the activations it applies to what it reads, [`pre_activations`]).
 fn first_kernel_is_depthwise(g: &Graph, c: NodeId) -> bool {
     let node = g.node(c);
-    let shapes = g.input_shapes(c);
-    let ([_], [one]) = (node.inputs.as_slice(), shapes.as_slice()) else {
+    let [term] = node.inputs.as_slice() else {
+        return false;
+    };
+    let Some(one) = term.first().and_then(|v| g.value_shape(v).ok()) else {
         return false;
     };
     if one.len() != 4 {
@@ -344,14 +354,14 @@ fn first_kernel_is_depthwise(g: &Graph, c: NodeId) -> bool {
     }
     match &node.op {
         Op::Conv2d(conv) => is_depthwise(conv, one[1]) && residual_of(g, c).is_none(),
-        Op::Sequential { ops } => {
-            let fused = pre_activations(ops, one);
-            // The shape a chain's first kernel reads is the node's input: activations keep it.
-            match fused.iter().position(|f| !f).map(|i| &ops[i]) {
-                Some(Op::Conv2d(conv)) => is_depthwise(conv, one[1]),
-                _ => false,
+        // The first kernel, after an activation it applies ([`pre_activations`]: one directly
+        // before a depthwise convolution, which reads the node's shape: activations keep it).
+        Op::Sequential { ops } => match ops.as_slice() {
+            [Op::Conv2d(conv), ..] | [Op::Activation { .. }, Op::Conv2d(conv), ..] => {
+                is_depthwise(conv, one[1])
             }
-        }
+            _ => false,
+        },
         _ => false,
     }
 }
@@ -363,14 +373,15 @@ fn first_kernel_is_depthwise(g: &Graph, c: NodeId) -> bool {
 /// first one's offsets: all dense), and `c`'s first kernel is our depthwise convolution.
 pub fn depthwise_reads_sum(g: &Graph, c: NodeId) -> bool {
     let node = g.node(c);
-    let dense = |v: &crate::Value| {
-        v.channels.is_none() && crate::inplace::slice_of(g, v.node).is_none_or(|s| s.rows <= 1)
+    let [t] = node.inputs.as_slice() else {
+        return false;
     };
-    let summed = match node.inputs.as_slice() {
-        [t] => t.len() > 1 && t.iter().all(dense),
-        _ => false,
-    };
-    summed && first_kernel_is_depthwise(g, c)
+    let summed = t.len() > 1 && t.iter().all(|v| v.channels.is_none());
+    // The in-place rules last: they are the costliest to ask.
+    summed
+        && first_kernel_is_depthwise(g, c)
+        && t.iter()
+            .all(|v| crate::inplace::slice_of(g, v.node).is_none_or(|s| s.rows <= 1))
 }
 
 /// The convolution whose bias the readers of operator `p` add instead of it, as its inner
@@ -383,11 +394,8 @@ pub fn depthwise_reads_sum(g: &Graph, c: NodeId) -> bool {
 ///
 /// `p`'s own value (without the bias) is then never kept: the readers see the value with it.
 pub fn deferred_bias(g: &Graph, p: NodeId) -> Option<usize> {
-    let (inner, _, _) = bias_only_conv(g, p)?;
+    let inner = bias_only_conv(g, p)?;
     if is_output(g, p) || g.succs(p).next().is_none() {
-        return None;
-    }
-    if matches!(g.node(p).op, Op::Conv2d(_)) && residual_of(g, p).is_some() {
         return None;
     }
     let readers_add_it = g.succs(p).all(|c| {
@@ -397,7 +405,7 @@ pub fn deferred_bias(g: &Graph, p: NodeId) -> Option<usize> {
             .filter(|t| t.iter().any(|v| v.node == p))
             .all(|t| adds_bias_of(g, c, t))
     });
-    readers_add_it.then_some(inner)
+    (readers_add_it && residual_of(g, p).is_none()).then_some(inner)
 }
 
 /// [`deferred_bias`] for every node.
