@@ -184,26 +184,24 @@ fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
                 (true, true) => "strided=in+out".to_string(),
             }
         }
-        Op::Conv2d(_) | Op::Sequential { .. }
-            if opsched_graph::fusion::deferred_bias(g, op).is_some()
-                || opsched_graph::fusion::depthwise_reads_sum(g, op) =>
-        {
-            let deferred = opsched_graph::fusion::deferred_bias(g, op).is_some();
-            let marks = [
-                (
-                    opsched_graph::fusion::depthwise_reads_sum(g, op),
-                    "sum=read",
-                ),
-                (deferred, "bias=readers"),
-            ];
-            let marks: Vec<&str> = marks.iter().filter(|m| m.0).map(|m| m.1).collect();
+        Op::Conv2d(_) | Op::Sequential { .. } | Op::Linear { .. } => {
+            use opsched_graph::fusion::{deferred_bias, depthwise_reads_sum};
+            let marks: Vec<String> = [
+                depthwise_reads_sum(g, op).then(|| "sum=read".to_string()),
+                deferred_bias(g, op).map(|_| "bias=readers".to_string()),
+                residual_of(g, op).map(|(_, act)| match act {
+                    opsched_graph::Activation::None => "residual".to_string(),
+                    act => format!("residual,act={act}"),
+                }),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            if marks.is_empty() {
+                return;
+            }
             marks.join(",")
         }
-        Op::Conv2d(_) | Op::Linear { .. } => match residual_of(g, op) {
-            Some((_, opsched_graph::Activation::None)) => "residual".to_string(),
-            Some((_, act)) => format!("residual,act={act}"),
-            None => return,
-        },
         Op::Elementwise { .. } => match opsched_graph::fusion::fused_activation(g, op) {
             Some(act) => format!("act={act}"),
             None => return,
