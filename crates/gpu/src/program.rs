@@ -575,6 +575,19 @@ impl<'g> Builder<'g> {
         self.alloc(at.gpu, len, role, init)
     }
 
+    /// How the bias (`len` values) of the operator at `at` starts ([`Builder::param_init`]): in
+    /// one place, so that a merged stage and the readers a bias is left to take the values the
+    /// operator's own lowering gives it.
+    pub(crate) fn bias_init(&self, at: At, len: usize) -> Result<Init, GpuError> {
+        self.param_init(at, "bias", len, 0.0, 0.1)
+    }
+
+    /// The bias parameter (`len` values) of the operator at `at` ([`Builder::bias_init`]).
+    pub(crate) fn bias_param(&mut self, at: At, len: usize) -> Result<BufId, GpuError> {
+        let init = self.bias_init(at, len)?;
+        Ok(self.param_buffer(at, "bias", len, init))
+    }
+
     /// A merged stage's member's weights (`wlen` of them, of fan-in `fan_in`) and its `bias`
     /// biases (none: empty), the values its own lowering would have ([`Builder::param_init`]).
     pub(crate) fn member_params(
@@ -584,13 +597,10 @@ impl<'g> Builder<'g> {
         fan_in: usize,
         bias: Option<usize>,
     ) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
-        let values = |what, len, center, half_width| -> Result<Vec<f32>, GpuError> {
-            let init = self.param_init(at, what, len, center, half_width)?;
-            Ok(init.values(len).unwrap_or_default())
-        };
-        let w = values("weight", wlen, 0.0, weight_half_width(fan_in))?;
+        let init = self.param_init(at, "weight", wlen, 0.0, weight_half_width(fan_in))?;
+        let w = init.values(wlen).unwrap_or_default();
         let b = match bias {
-            Some(n) => values("bias", n, 0.0, 0.1)?,
+            Some(n) => self.bias_init(at, n)?.values(n).unwrap_or_default(),
             None => Vec::new(),
         };
         Ok((w, b))
@@ -949,8 +959,10 @@ impl<'g> Builder<'g> {
                 gpu: at.gpu,
                 inner,
             };
-            let init = self.param_init(own, "bias", channels, 0.0, 0.1)?;
-            let values = init.values(channels).unwrap_or_default();
+            let values = self
+                .bias_init(own, channels)?
+                .values(channels)
+                .unwrap_or_default();
             match sum.as_mut() {
                 None => sum = Some(values),
                 Some(s) if s.len() == values.len() => {

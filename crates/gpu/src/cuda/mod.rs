@@ -209,6 +209,17 @@ impl Gpu {
         Ok(d)
     }
 
+    /// [`Gpu::upload`], with the array's device pointer: an array a kernel reads through a
+    /// pointer argument (held by the prepared operator as long as it launches).
+    pub(crate) fn upload_array<T: cudarc::driver::DeviceRepr>(
+        &self,
+        v: &[T],
+    ) -> Result<(u64, CudaSlice<T>), GpuError> {
+        let d = self.upload(v)?;
+        let (p, _) = d.device_ptr(&self.alloc_stream);
+        Ok((p, d))
+    }
+
     fn sync_alloc(&self) -> Result<(), GpuError> {
         self.alloc_stream
             .synchronize()

@@ -161,18 +161,18 @@ pub(crate) fn lower(
     let wb = b.param(at, "weight", wlen, 0.0, weight_half_width(fan_in))?;
     // A bias its readers add (`opsched_graph::fusion::deferred_bias`) is not its own.
     let bias = (c.bias && !b.bias_deferred(at))
-        .then(|| b.param(at, "bias", oc, 0.0, 0.1))
+        .then(|| b.bias_param(at, oc))
         .transpose()?;
     // The bias the convolution before it left to it, which our depthwise kernel adds as it
     // reads (where another kernel reads it, the program's check reports the bias missed).
     let depthwise = opsched_graph::fusion::is_depthwise(c, ch) && fusion.residual.is_none();
     let in_bias = match src {
-        Src::Terms([t]) if depthwise && (t.len() == 1 || summed.is_some()) => {
-            let whole = t.iter().all(|v| v.channels.is_none());
-            match whole {
-                true => b.term_bias(at, t, &xs)?.map(|cb| cb.buf),
-                false => None,
-            }
+        Src::Terms([t])
+            if depthwise
+                && (t.len() == 1 || summed.is_some())
+                && t.iter().all(|v| v.channels.is_none()) =>
+        {
+            b.term_bias(at, t, &xs)?.map(|cb| cb.buf)
         }
         _ => None,
     };
@@ -893,8 +893,7 @@ impl CudaDepthwise {
                     .iter()
                     .map(|&b| cx.ptr(b))
                     .collect::<Result<Vec<_>, _>>()?;
-                let dev = cx.gpu.upload(&ptrs)?;
-                let (p, _) = dev.device_ptr(&cx.gpu.alloc_stream);
+                let (p, dev) = cx.gpu.upload_array(&ptrs)?;
                 (Some(dev), p)
             }
         };

@@ -3,7 +3,7 @@
 //! (`opsched_graph::fusion`).
 #![allow(unsafe_code)]
 
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 use opsched_graph::{Activation, ElementwiseKind, NodeId};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -190,8 +190,7 @@ impl StepKernel for Elementwise {
             .map(|&b| cx.strided(b))
             .collect::<Result<Vec<_>, _>>()?;
         let ptrs: Vec<u64> = srcs.iter().map(|s| s.0).collect();
-        let dev = cx.gpu.upload(&ptrs)?;
-        let (srcs_ptr, _) = dev.device_ptr(&cx.gpu.alloc_stream);
+        let (srcs_ptr, dev) = cx.gpu.upload_array(&ptrs)?;
         // Strided sources: each one's run and stride (0, 0 where dense), for
         // `elementwise_views`.
         let views = match srcs.iter().any(|s| s.1.is_some()) {
@@ -202,9 +201,7 @@ impl StepKernel for Elementwise {
                     let (run, stride) = runs_args(s.1)?.unwrap_or((0, 0));
                     pairs.extend([run, stride]);
                 }
-                let views = cx.gpu.upload(&pairs)?;
-                let (p, _) = views.device_ptr(&cx.gpu.alloc_stream);
-                Some((p, views))
+                Some(cx.gpu.upload_array(&pairs)?)
             }
         };
         let (y, runs) = cx.strided(self.y)?;

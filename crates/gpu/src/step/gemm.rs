@@ -99,9 +99,7 @@ pub(crate) fn lower_linear(
     let k = xs.last().copied().unwrap_or(1);
     let nf = out_features;
     let w = b.param(at, "weight", nf * k, 0.0, weight_half_width(k))?;
-    let bias = bias
-        .then(|| b.param(at, "bias", nf, 0.0, 0.1))
-        .transpose()?;
+    let bias = bias.then(|| b.bias_param(at, nf)).transpose()?;
     push_linear(steps, (x, &xs), w, bias, nf, act, residual, out);
     Ok(())
 }
