@@ -522,6 +522,13 @@ impl PrepareCx<'_> {
         }
     }
 
+    /// The device pointer of the first element of buffer `id`, a strided view or not, for a
+    /// kernel whose own strides read the view's runs (a product whose leading dimension is
+    /// the runs' stride: [`crate::step::gemm`]'s `over_runs`).
+    pub(crate) fn first(&self, id: BufId) -> Result<u64, GpuError> {
+        Ok(self.strided(id)?.0)
+    }
+
     /// The device pointer of buffer `id` (its first element), which must live on this GPU,
     /// and its runs where it is a strided view.
     pub(crate) fn strided(

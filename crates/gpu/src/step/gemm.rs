@@ -666,9 +666,13 @@ impl Gemm {
 }
 
 impl CudaGemm {
-    /// The product `s` describes (its epilogue aside), on the buffers of `cx`.
+    /// The product `s` describes (its epilogue aside), on the buffers of `cx`: A and B read
+    /// from their first elements through `s`'s strides, which reach a strided view's runs
+    /// where one is ([`Gemm::over_runs`]).
     pub(crate) fn new(s: &Gemm, cx: &PrepareCx<'_>) -> Result<CudaGemm, GpuError> {
-        let (a, b, c) = (cx.ptr(s.a)?, cx.ptr(s.b)?, cx.ptr(s.c)?);
+        // A and B may be strided views whose runs `s`'s leading dimensions already read
+        // (`Gemm::prepare_cuda`); C is dense or written through its own strides.
+        let (a, b, c) = (cx.first(s.a)?, cx.first(s.b)?, cx.ptr(s.c)?);
         // Groups of products: one batched call over every matrix's address (on the device,
         // where cuBLAS reads them), since no single stride reaches them all.
         let pointers = match s.outer {
@@ -1008,7 +1012,9 @@ impl CudaLtGemm {
             layout(br, bc, s.ldb, s.stride_b)?,
             layout(s.m, s.n, s.ldc, s.stride_c)?,
         ];
-        let (a, b, c) = (cx.ptr(s.a)?, cx.ptr(s.b)?, cx.ptr(s.c)?);
+        // A and B may be strided views whose runs `s`'s leading dimensions already read
+        // (`Gemm::prepare_cuda`); C is dense or written through its own strides.
+        let (a, b, c) = (cx.first(s.a)?, cx.first(s.b)?, cx.ptr(s.c)?);
         let (z, beta) = match e.residual {
             Some(r) => (cx.ptr(r)?, 1.0),
             None => (c, 0.0),
