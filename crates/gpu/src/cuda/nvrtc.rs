@@ -507,12 +507,14 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
 // per output element. The `nmore` arrays of `more` (dense, as x) are added to every input
 // element read (the values of a sum it reads), then `in_bias` (when not null: the bias a
 // convolution before it left to it), then `pre` (act_f code and parameters) applies to it
-// (padding stays zero); then the bias (when not null) and `act`. g: h, w, oh, ow, kh, kw, sh,
+// (padding stays zero); then the bias (when not null) and `act`. Those two inputs are a
+// template case of their own (EXTRA), so that a convolution without them runs the loop it ran
+// before they came (on an H100, NASNet with them ran slower than without: 2026-11-27b). g: h, w, oh, ow, kh, kw, sh,
 // sw, ph, pw (padding before), dh, dw. NCHW, or channels last (NHWC: x and y `[n, h, w, c]`,
 // the weights `[kh, kw, c]`; channels fastest, so that a warp reads neighbouring channels of
 // one pixel in one transaction, and their weights alike).
 struct Geo12 { int v[12]; };
-template <typename I, bool NHWC>
+template <typename I, bool NHWC, bool EXTRA>
 __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const float* wt,
                                                  const float* bias, I nc, int c, I ximage,
                                                  int xpix, Geo12 g, int pre, float q0,
@@ -544,7 +546,7 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
         const I xoff = image * ximage + (NHWC ? (I)ch : (I)ch * h * w);
         const float* xp = x + xoff;
         const float* wp = NHWC ? wt + ch : wt + (i64)ch * kh * kw;
-        const float ib = in_bias ? in_bias[ch] : 0.0f;
+        const float ib = EXTRA && in_bias ? in_bias[ch] : 0.0f;
         float acc = 0.0f;
         for (int p = 0; p < kh; ++p) {
             int r = i * sh - ph + p * dh;
@@ -554,8 +556,10 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
                 if (s < 0 || s >= w) continue;
                 const I o = ((I)r * w + s) * step;
                 float v = xp[o];
-                for (int k = 0; k < nmore; ++k) v += more[k][xoff + o];
-                if (in_bias) v += ib;
+                if (EXTRA) {
+                    for (int k = 0; k < nmore; ++k) v += more[k][xoff + o];
+                    v += ib;
+                }
                 acc += act_f(v, pre, q0, q1) * wp[(p * kw + q) * wstep];
             }
         }
@@ -567,19 +571,27 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
 // x's images are `ximage` elements apart (c * h * w where dense; more where x is a strided
 // view: NCHW one run per image, channels last one run of channels per pixel, the pixels
 // `xpix` elements apart). One entry point per layout (written out: the kernels are found by
-// name).
+// name), each choosing the index width and whether the extra inputs are read.
+#define DEPTHWISE_CASE(I, NHWC, EXTRA)                                                      \
+    depthwise_conv_t<I, NHWC, EXTRA>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act, \
+                                     p0, p1, in_bias, more, nmore)
+#define DEPTHWISE_CASES(NHWC)                                                               \
+    bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);                   \
+    bool extra = in_bias != nullptr || nmore > 0;                                           \
+    if (small && extra)                                                                     \
+        DEPTHWISE_CASE(unsigned, NHWC, true);                                               \
+    else if (small)                                                                         \
+        DEPTHWISE_CASE(unsigned, NHWC, false);                                              \
+    else if (extra)                                                                         \
+        DEPTHWISE_CASE(i64, NHWC, true);                                                    \
+    else                                                                                    \
+        DEPTHWISE_CASE(i64, NHWC, false)
 extern "C" __global__ void depthwise_conv(float* y, const float* x, const float* wt,
                                           const float* bias, i64 nc, int c, i64 ximage, int xpix,
                                           Geo12 g, int pre, float q0, float q1, int act, float p0,
                                           float p1, const float* in_bias,
                                           const float* const* more, int nmore) {
-    bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
-    if (small)
-        depthwise_conv_t<unsigned, false>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1,
-                                          act, p0, p1, in_bias, more, nmore);
-    else
-        depthwise_conv_t<i64, false>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act,
-                                     p0, p1, in_bias, more, nmore);
+    DEPTHWISE_CASES(false);
 }
 
 extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const float* wt,
@@ -588,13 +600,7 @@ extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const f
                                                int act, float p0, float p1,
                                                const float* in_bias,
                                                const float* const* more, int nmore) {
-    bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
-    if (small)
-        depthwise_conv_t<unsigned, true>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1,
-                                         act, p0, p1, in_bias, more, nmore);
-    else
-        depthwise_conv_t<i64, true>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act,
-                                    p0, p1, in_bias, more, nmore);
+    DEPTHWISE_CASES(true);
 }
 
 // Abstract operators: every block waits until `ns` nanoseconds have passed.
