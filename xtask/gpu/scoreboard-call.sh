@@ -13,14 +13,15 @@ source xtask/gpu/env.sh
 # kept outside $OUT while running (its lock file), copied out at the end.
 mkdir -p /tmp/opsched-caches
 cache=gpu-carry/cost-cache.bin
-[ -e "$cache" ] || cache=fixtures/gpu/h100-2026-11-26/cost-cache.bin
+[ -e "$cache" ] || cache=fixtures/gpu/h100-2026-11-27b/cost-cache.bin
 cp "$cache" /tmp/opsched-caches/board.bin
 export OPSCHED_CACHE=/tmp/opsched-caches/board.bin
 # How the products choose their kernel (bench-gpu --gemm) and how activations are stored
-# (--layout): the committed table's measured nothing and stored NCHW, so only `heuristic` with
-# `nchw` merges into it; GEMM=measured or LAYOUT=nhwc starts a table of its own.
-gemm=${GEMM:-heuristic} layout=${LAYOUT:-nchw} merge=
-if [ "$gemm" = heuristic ] && [ "$layout" = nchw ]; then
+# (--layout): the committed table's products measured nothing and its activations were
+# channels last, so only `heuristic` with `nhwc` merges into it; GEMM=measured or LAYOUT=nchw
+# starts a table of its own.
+gemm=${GEMM:-heuristic} layout=${LAYOUT:-nhwc} merge=
+if [ "$gemm" = heuristic ] && [ "$layout" = nhwc ]; then
     cp fixtures/gpu/nvidia-h100-80gb-hbm3.* "$OUT/" && chmod u+w "$OUT"/*
     merge=--merge
 fi

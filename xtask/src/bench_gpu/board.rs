@@ -814,14 +814,25 @@ mod tests {
         assert!(err.to_string().starts_with("gpu.json: format"), "{err}");
     }
 
-    /// The committed H100 table reads back, and each row's headline figures and ratios are
-    /// what its own per-schedule and PyTorch results give.
+    /// The committed H100 tables read back (today's, channels last, and the NCHW one of
+    /// 2026-11-26), and each row's headline figures and ratios are what its own per-schedule
+    /// and PyTorch results give.
     #[test]
-    fn the_committed_h100_table_is_consistent() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../fixtures/gpu/nvidia-h100-80gb-hbm3.json"
+    fn the_committed_h100_tables_are_consistent() {
+        let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/gpu");
+        let table = |path: String, layout: &str| {
+            let b = committed_table(&path);
+            assert_eq!(b.header.layout, layout, "{path}");
+        };
+        table(format!("{fixtures}/nvidia-h100-80gb-hbm3.json"), "nhwc");
+        table(
+            format!("{fixtures}/h100-2026-11-26/scoreboard-nchw.json"),
+            "nchw",
         );
+    }
+
+    /// The committed table at `path`, checked against itself.
+    fn committed_table(path: &str) -> Scoreboard {
         let text = std::fs::read_to_string(path).expect("the committed table");
         let b = Scoreboard::from_json(&text, path).expect("it parses");
         assert!(!b.rows.is_empty());
@@ -850,6 +861,7 @@ mod tests {
             assert_eq!(&again, r, "{} b{}", r.model, r.batch);
             assert!(r.processes >= 3, "{} b{}", r.model, r.batch);
         }
+        b
     }
 
     #[test]
