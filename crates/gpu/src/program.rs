@@ -229,6 +229,8 @@ pub struct GraphProgram {
     /// The merged groups of convolutions (or of linear layers) that run as one convolution
     /// (one product), each in its order (see [`GraphProgram::build_merged`]).
     pub merged: Vec<Vec<NodeId>>,
+    /// How it stores 4-D activations.
+    pub layout: Layout,
     /// Per node: its value is stored channels last ([`Layout::Nhwc`]; `outputs` hold it so).
     pub channels_last: Vec<bool>,
     /// Transposes between NCHW and NHWC the program runs ([`Layout::Nhwc`]).
@@ -1940,12 +1942,17 @@ impl GraphProgram {
 
     /// The program of `g` with every operator on GPU 0 and no transfers.
     pub fn single_gpu(g: &Graph) -> Result<GraphProgram, GpuError> {
+        Self::single_gpu_in(g, Layout::Nchw)
+    }
+
+    /// [`GraphProgram::single_gpu`] with 4-D activations in `layout`.
+    pub fn single_gpu_in(g: &Graph, layout: Layout) -> Result<GraphProgram, GpuError> {
         let placement: Vec<Option<usize>> = g
             .nodes()
             .iter()
             .map(|n| (!n.op.is_input()).then_some(0))
             .collect();
-        Self::build(g, &placement, &[])
+        Self::build_with(g, &placement, &[], &[], layout)
     }
 
     /// Build the program for `placement` (per node, the GPU of an operator; `None` for graph
@@ -2177,6 +2184,7 @@ impl GraphProgram {
             gpus,
             storage: Vec::new(),
             merged,
+            layout,
             channels_last: b.nhwc,
             layout_conversions: b.layout_conversions,
         };

@@ -37,7 +37,10 @@ fn sample(v: &[f64]) -> Result<Summary, RuntimeError> {
 }
 
 impl<'a, D: Device> Bench<'a, D> {
-    /// Prepare `g` on unit `unit` of `dev` with `streams` streams (at least 1).
+    /// Prepare `g` on unit `unit` of `dev` with `streams` streams (at least 1), its
+    /// activations stored as the device prefers (as `opsched run` stores them:
+    /// [`opsched_gpu::Device::preferred_layout`]), so an operator's time includes the
+    /// transposes its program runs.
     pub fn new(
         dev: &'a D,
         unit: usize,
@@ -45,7 +48,7 @@ impl<'a, D: Device> Bench<'a, D> {
         streams: usize,
         kernels: KernelOptions,
     ) -> Result<Bench<'a, D>, RuntimeError> {
-        let program = GraphProgram::single_gpu(g)?;
+        let program = GraphProgram::single_gpu_in(g, dev.preferred_layout())?;
         let mem = dev.alloc(&program, &[unit])?;
         let mut ops = Vec::with_capacity(program.ops.len());
         for op in &program.ops {

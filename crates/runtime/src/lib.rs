@@ -113,8 +113,10 @@ pub struct RunOptions {
     /// ([`opsched_gpu::memory::layout_reusing`]); the values of operators other than the graph's
     /// outputs are then gone after a run. `false` keeps every value readable.
     pub reuse_memory: bool,
-    /// How 4-D activations are stored ([`opsched_gpu::program::Layout`]).
-    pub layout: opsched_gpu::program::Layout,
+    /// How 4-D activations are stored ([`opsched_gpu::program::Layout`]); `None`: as the
+    /// device prefers ([`opsched_gpu::Device::preferred_layout`]: channels last on CUDA, NCHW
+    /// on the CPU).
+    pub layout: Option<opsched_gpu::program::Layout>,
 }
 
 impl Default for RunOptions {
@@ -130,7 +132,7 @@ impl Default for RunOptions {
             transfers: TransferMode::Auto,
             kernels: KernelOptions::default(),
             reuse_memory: true,
-            layout: opsched_gpu::program::Layout::Nchw,
+            layout: None,
         }
     }
 }

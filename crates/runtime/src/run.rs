@@ -147,8 +147,8 @@ impl<'a, D: Device> Session<'a, D> {
             })
             .collect();
         let merges = host.merged_launches();
-        let mut program =
-            GraphProgram::build_with(g, &host.gpu_of(), &specs, &merges, opts.layout)?;
+        let layout = opts.layout.unwrap_or_else(|| dev.preferred_layout());
+        let mut program = GraphProgram::build_with(g, &host.gpu_of(), &specs, &merges, layout)?;
         if opts.reuse_memory {
             let order = host.op_order(g.len());
             let keep: Vec<_> = g.outputs().iter().map(|o| o.value.node).collect();
@@ -456,7 +456,7 @@ pub fn run_plan<D: Device>(
             .iter()
             .filter(|b| b.runs.is_some())
             .count(),
-        layout: opts.layout,
+        layout: session.program.layout,
         layout_conversions: session.program.layout_conversions,
         waits: counts.waits,
         waits_dropped: session.host.waits_dropped,
@@ -526,7 +526,7 @@ fn check<D: Device>(
         graph_capture: false,
         check: CheckMode::None,
         reuse_memory: false,
-        layout: opsched_gpu::program::Layout::Nchw,
+        layout: Some(opsched_gpu::program::Layout::Nchw),
         ..opts.clone()
     };
     let seq = Session::new(dev, s.g, &seq_plan, &seq_opts)?;
@@ -537,7 +537,8 @@ fn check<D: Device>(
     // The same kernels agree to rounding; a merged convolution is another kernel, as is a
     // channels-last one (on a GPU another algorithm, whose TF32 rounding differs), so they
     // get the reference's tolerance.
-    let same_kernels = s.program.merged.is_empty() && opts.layout == seq_opts.layout;
+    let same_kernels =
+        s.program.merged.is_empty() && s.program.layout == opsched_gpu::program::Layout::Nchw;
     let tol_seq = match same_kernels {
         true => 1e-4,
         false => tol_ref.max(1e-4),

@@ -454,7 +454,7 @@ fn random_graphs_in_channels_last_equal_the_nchw_run() {
             let (want, _) = run(&g, &s, false);
             let dev = CpuDevice::new();
             let opts = RunOptions {
-                layout: Layout::Nhwc,
+                layout: Some(Layout::Nhwc),
                 ..RunOptions::default()
             };
             let plan = lower(&g, &s).unwrap();

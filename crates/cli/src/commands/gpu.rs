@@ -98,6 +98,8 @@ pub struct DeviceArgs {
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum LayoutArg {
+    /// The device's own: channels last on CUDA, NCHW on the CPU.
+    Auto,
     Nchw,
     Nhwc,
 }
@@ -265,8 +267,9 @@ pub struct RunArgs {
     /// How 4-D activations are stored: `nchw`, or `nhwc` (channels last) for the values of
     /// convolutions that cuDNN or our depthwise kernel runs, chains of them, and the
     /// element-wise operators after them, with a transpose where a value crosses to another
-    /// operator (not yet run on a GPU).
-    #[arg(long, value_enum, default_value_t = LayoutArg::Nchw)]
+    /// operator; `auto`: channels last on CUDA (faster on every CNN measured on an H100),
+    /// NCHW on the CPU.
+    #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     layout: LayoutArg,
     /// Untimed runs before timing.
     #[arg(long, default_value_t = 10)]
@@ -509,8 +512,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
         keep_outputs: a.output.is_some(),
         reuse_memory: !a.no_memory_reuse,
         layout: match a.layout {
-            LayoutArg::Nchw => Layout::Nchw,
-            LayoutArg::Nhwc => Layout::Nhwc,
+            LayoutArg::Auto => None,
+            LayoutArg::Nchw => Some(Layout::Nchw),
+            LayoutArg::Nhwc => Some(Layout::Nhwc),
         },
         ..RunOptions::default()
     };
