@@ -507,21 +507,35 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
 // per output element. The `nmore` arrays of `more` (dense, as x) are added to every input
 // element read (the values of a sum it reads), then `in_bias` (when not null: the bias a
 // convolution before it left to it), then `pre` (act_f code and parameters) applies to it
-// (padding stays zero); then the bias (when not null) and `act`. Those two inputs are a
-// template case of their own (EXTRA), so that a convolution without them runs the loop it ran
-// before they came (on an H100, NASNet with them ran slower than without: 2026-11-27b). g: h, w, oh, ow, kh, kw, sh,
+// (padding stays zero); then the bias (when not null) and `act`. g: h, w, oh, ow, kh, kw, sh,
 // sw, ph, pw (padding before), dh, dw. NCHW, or channels last (NHWC: x and y `[n, h, w, c]`,
 // the weights `[kh, kw, c]`; channels fastest, so that a warp reads neighbouring channels of
 // one pixel in one transaction, and their weights alike).
+//
+// The tap loop is the kernel's time, so what it does per tap is a template case: EXTRA (the
+// summed inputs and input bias are read), PRE (the input activation: 0 none, 1 relu, -1
+// act_f's switch) and KW (a kernel width the loop unrolls fully, as PyTorch's depthwise
+// kernel does; 0: the width is g's). The entry points run KW = 0 only: unrolling widths 3,
+// 5 and 7 in every case made NVRTC take 1.76 s per process against 0.79 (0.58 before these
+// cases), so the kernel A/B measures what unrolling gains first. On an H100 (2026-11-27b), NASNet ran 1.26x slower once the
+// loop read the extra inputs for every convolution; the A/B times these cases against that
+// loop's earlier form.
 struct Geo12 { int v[12]; };
-template <typename I, bool NHWC, bool EXTRA>
+
+template <int PRE>
+__device__ __forceinline__ float pre_f(float v, int pre, float q0, float q1) {
+    return PRE == 0 ? v : PRE == 1 ? fmaxf(v, 0.0f) : act_f(v, pre, q0, q1);
+}
+
+template <typename I, bool NHWC, bool EXTRA, int PRE, int KW>
 __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const float* wt,
                                                  const float* bias, I nc, int c, I ximage,
                                                  int xpix, Geo12 g, int pre, float q0,
                                                  float q1, int act, float p0, float p1,
                                                  const float* in_bias,
                                                  const float* const* more, int nmore) {
-    int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4], kw = g.v[5];
+    int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4];
+    const int kw = KW ? KW : g.v[5];
     int sh = g.v[6], sw = g.v[7], ph = g.v[8], pw = g.v[9], dh = g.v[10], dw = g.v[11];
     I total = nc * oh * ow;
     // Neighbouring pixels of one channel of x are `step` elements apart, neighbouring taps of
@@ -551,7 +565,8 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
         for (int p = 0; p < kh; ++p) {
             int r = i * sh - ph + p * dh;
             if (r < 0 || r >= h) continue;
-            for (int q = 0; q < kw; ++q) {
+#pragma unroll
+            for (int q = 0; q < (KW ? KW : kw); ++q) {
                 int s = j * sw - pw + q * dw;
                 if (s < 0 || s >= w) continue;
                 const I o = ((I)r * w + s) * step;
@@ -560,7 +575,7 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
                     for (int k = 0; k < nmore; ++k) v += more[k][xoff + o];
                     v += ib;
                 }
-                acc += act_f(v, pre, q0, q1) * wp[(p * kw + q) * wstep];
+                acc += pre_f<PRE>(v, pre, q0, q1) * wp[(p * kw + q) * wstep];
             }
         }
         if (bias) acc += bias[ch];
@@ -568,30 +583,46 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
     }
 }
 
+// The arguments every case takes, as the entry points have them.
+#define DEPTHWISE_ARGS                                                                      \
+    y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act, p0, p1, in_bias, more, nmore
+
 // x's images are `ximage` elements apart (c * h * w where dense; more where x is a strided
 // view: NCHW one run per image, channels last one run of channels per pixel, the pixels
-// `xpix` elements apart). One entry point per layout (written out: the kernels are found by
-// name), each choosing the index width and whether the extra inputs are read.
-#define DEPTHWISE_CASE(I, NHWC, EXTRA)                                                      \
-    depthwise_conv_t<I, NHWC, EXTRA>(y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act, \
-                                     p0, p1, in_bias, more, nmore)
-#define DEPTHWISE_CASES(NHWC)                                                               \
-    bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);                   \
-    bool extra = in_bias != nullptr || nmore > 0;                                           \
-    if (small && extra)                                                                     \
-        DEPTHWISE_CASE(unsigned, NHWC, true);                                               \
-    else if (small)                                                                         \
-        DEPTHWISE_CASE(unsigned, NHWC, false);                                              \
-    else if (extra)                                                                         \
-        DEPTHWISE_CASE(i64, NHWC, true);                                                    \
-    else                                                                                    \
-        DEPTHWISE_CASE(i64, NHWC, false)
+// `xpix` elements apart). Any other input activation, or 64-bit indices: one general case,
+// which reads the extra inputs where they are null too.
+template <bool NHWC>
+__device__ __forceinline__ void depthwise_cases(float* y, const float* x, const float* wt,
+                                                const float* bias, i64 nc, int c, i64 ximage,
+                                                int xpix, Geo12 g, int pre, float q0,
+                                                float q1, int act, float p0, float p1,
+                                                const float* in_bias,
+                                                const float* const* more, int nmore) {
+    const bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
+    const bool extra = in_bias != nullptr || nmore > 0;
+    if (!small || pre > 1) {
+        if (small)
+            depthwise_conv_t<unsigned, NHWC, true, -1, 0>(DEPTHWISE_ARGS);
+        else
+            depthwise_conv_t<i64, NHWC, true, -1, 0>(DEPTHWISE_ARGS);
+    } else if (extra && pre == 1) {
+        depthwise_conv_t<unsigned, NHWC, true, 1, 0>(DEPTHWISE_ARGS);
+    } else if (extra) {
+        depthwise_conv_t<unsigned, NHWC, true, 0, 0>(DEPTHWISE_ARGS);
+    } else if (pre == 1) {
+        depthwise_conv_t<unsigned, NHWC, false, 1, 0>(DEPTHWISE_ARGS);
+    } else {
+        depthwise_conv_t<unsigned, NHWC, false, 0, 0>(DEPTHWISE_ARGS);
+    }
+}
+
+// One entry point per layout (written out: the kernels are found by name).
 extern "C" __global__ void depthwise_conv(float* y, const float* x, const float* wt,
                                           const float* bias, i64 nc, int c, i64 ximage, int xpix,
                                           Geo12 g, int pre, float q0, float q1, int act, float p0,
                                           float p1, const float* in_bias,
                                           const float* const* more, int nmore) {
-    DEPTHWISE_CASES(false);
+    depthwise_cases<false>(DEPTHWISE_ARGS);
 }
 
 extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const float* wt,
@@ -600,7 +631,7 @@ extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const f
                                                int act, float p0, float p1,
                                                const float* in_bias,
                                                const float* const* more, int nmore) {
-    DEPTHWISE_CASES(true);
+    depthwise_cases<true>(DEPTHWISE_ARGS);
 }
 
 // Abstract operators: every block waits until `ns` nanoseconds have passed.
