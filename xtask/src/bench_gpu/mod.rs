@@ -109,8 +109,9 @@ pub struct Args {
     /// How matrix products choose their kernel (`opsched run --gemm`).
     #[arg(long, value_enum, default_value_t = GemmArg::Measured)]
     gemm: GemmArg,
-    /// How our activations are stored (`opsched run --layout`).
-    #[arg(long, value_enum, default_value_t = LayoutArg::Nchw)]
+    /// How our activations are stored (`opsched run --layout`; `auto`: channels last on
+    /// CUDA, NCHW on the CPU, as `opsched run` chooses; the header records which).
+    #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     layout: LayoutArg,
     /// Skip the PyTorch columns.
     #[arg(long = "no-torch", action = clap::ArgAction::SetFalse)]
@@ -196,15 +197,18 @@ impl GemmArg {
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum LayoutArg {
+    Auto,
     Nchw,
     Nhwc,
 }
 
-impl LayoutArg {
-    fn name(self) -> &'static str {
-        match self {
-            LayoutArg::Nchw => "nchw",
-            LayoutArg::Nhwc => "nhwc",
+impl Args {
+    /// The layout our runs store activations in: `--layout`, where `auto` is the backend's
+    /// own (`opsched_gpu::Device::preferred_layout`).
+    fn layout(&self) -> &'static str {
+        match (self.layout, self.backend) {
+            (LayoutArg::Nchw, _) | (LayoutArg::Auto, BackendArg::Cpu) => "nchw",
+            (LayoutArg::Nhwc, _) | (LayoutArg::Auto, BackendArg::Cuda) => "nhwc",
         }
     }
 }
@@ -528,7 +532,7 @@ fn run_process(
         .args(["--conv-api", args.conv_api.name()])
         .args(["--conv-gemm", args.conv_gemm.name()])
         .args(["--gemm", args.gemm.name()])
-        .args(["--layout", args.layout.name()])
+        .args(["--layout", args.layout()])
         .args(["--streams", &STREAMS.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--repeats", &args.repeats.to_string(), "--json"])
@@ -728,7 +732,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
         conv_api: args.conv_api.name().into(),
         conv_gemm: args.conv_gemm.name().into(),
         gemm: args.gemm.name().into(),
-        layout: args.layout.name().into(),
+        layout: args.layout().into(),
         opsched_version: env!("CARGO_PKG_VERSION").into(),
         earlier: Vec::new(),
     };
