@@ -85,7 +85,7 @@ save_cache
 
 # The Transformer's query, key and value projections merged into one product per layer that
 # the attention reads in place (failed on 2026-11-27: the product refused the strided view;
-# fixed in f8abacc): checked, then three processes at batch 1 (the scoreboard's ios column:
+# fixed in 8972a52): checked, then three processes at batch 1 (the scoreboard's ios column:
 # 0.828 ms on 2026-11-26), and ios-merge beside the sequential plan at batch 16 (2.209 ms).
 run "check ios transformer" 60 transformer --algo ios --check --repeats 20
 for i in 1 2 3; do
