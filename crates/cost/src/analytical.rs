@@ -143,12 +143,57 @@ impl Default for Knobs {
 /// Roofline times, thread-block SM shares and a contention law.
 #[derive(Clone, Debug)]
 pub struct AnalyticalModel {
-    pub device: DevicePreset,
-    pub link: LinkPreset,
-    pub knobs: Knobs,
+    device: DevicePreset,
+    link: LinkPreset,
+    knobs: Knobs,
     /// Parameters fitted to measurements (see [`AnalyticalModel::calibrated`]); `None`: the
     /// published figures and [`Knobs`] alone.
     calibration: Option<DeviceFile>,
+    /// Each operator's cost in the last graph asked about.
+    memo: Memo,
+}
+
+/// The operators' costs of one graph ([`Graph::id`]), each computed when first asked for: a
+/// search asks for the same operators' costs in every stage it tries (IOS on RandWire at batch
+/// 16: 54 712 queries), and an operator's cost infers shapes, counts its kernels and applies
+/// the fusion rules. The model's parameters are fixed once it is built (its `with_*` methods
+/// return a model with an empty memo), so the graph alone keys it. A clone starts empty.
+#[derive(Debug, Default)]
+struct Memo(std::sync::RwLock<Option<std::sync::Arc<GraphCosts>>>);
+
+#[derive(Debug)]
+struct GraphCosts {
+    graph: u64,
+    costs: Vec<std::sync::OnceLock<Cost>>,
+}
+
+impl Clone for Memo {
+    fn clone(&self) -> Self {
+        Memo::default()
+    }
+}
+
+impl Memo {
+    /// The table of `g`, a new one where the last was another graph's.
+    fn of(&self, g: &Graph) -> std::sync::Arc<GraphCosts> {
+        let id = g.id();
+        // A poisoned lock held a table or nothing, both valid: go on with what it holds.
+        let current =
+            |m: &Option<std::sync::Arc<GraphCosts>>| m.as_ref().filter(|t| t.graph == id).cloned();
+        if let Some(t) = current(&self.0.read().unwrap_or_else(|e| e.into_inner())) {
+            return t;
+        }
+        let mut slot = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = current(&slot) {
+            return t;
+        }
+        let t = std::sync::Arc::new(GraphCosts {
+            graph: id,
+            costs: (0..g.len()).map(|_| std::sync::OnceLock::new()).collect(),
+        });
+        *slot = Some(t.clone());
+        t
+    }
 }
 
 impl Default for AnalyticalModel {
@@ -234,6 +279,7 @@ impl AnalyticalModel {
             link,
             knobs: Knobs::default(),
             calibration: None,
+            memo: Memo::default(),
         }
     }
 
@@ -271,9 +317,25 @@ impl AnalyticalModel {
             .map_or(0.0, |c| c.overheads.kernel_launch_us.max(0.0) / 1e3)
     }
 
+    /// The device it models.
+    pub fn device(&self) -> &DevicePreset {
+        &self.device
+    }
+
+    /// The link between its GPUs.
+    pub fn link(&self) -> &LinkPreset {
+        &self.link
+    }
+
+    /// Its efficiency factors and contention law (where it is not calibrated).
+    pub fn knobs(&self) -> &Knobs {
+        &self.knobs
+    }
+
     /// The same model with other efficiency factors.
     pub fn with_knobs(mut self, knobs: Knobs) -> Self {
         self.knobs = knobs;
+        self.memo = Memo::default();
         self
     }
 
@@ -281,6 +343,7 @@ impl AnalyticalModel {
     pub fn with_efficiency(mut self, gemm: f64, memory: f64) -> Self {
         self.knobs.gemm = gemm;
         self.knobs.memory = memory;
+        self.memo = Memo::default();
         self
     }
 
@@ -498,8 +561,16 @@ impl AnalyticalModel {
         }
     }
 
-    /// The cost of a node alone.
+    /// The cost of a node alone, computed once per graph ([`Memo`]).
     fn cost(&self, g: &Graph, op: NodeId) -> Cost {
+        match self.memo.of(g).costs.get(op.index()) {
+            Some(cell) => *cell.get_or_init(|| self.cost_of(g, op)),
+            None => self.cost_of(g, op),
+        }
+    }
+
+    /// [`AnalyticalModel::cost`], computed.
+    fn cost_of(&self, g: &Graph, op: NodeId) -> Cost {
         let zero = Cost {
             time_ms: 0.0,
             sm_share: MIN_SHARE,

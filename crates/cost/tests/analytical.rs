@@ -379,8 +379,8 @@ fn presets_by_name_and_unknown_names_list_the_known_ones() {
 #[test]
 fn default_model_is_h100_over_nvlink4() {
     let m = AnalyticalModel::default();
-    assert_eq!(m.device, H100);
-    assert_eq!(m.link, NVLINK4);
+    assert_eq!(*m.device(), H100);
+    assert_eq!(*m.link(), NVLINK4);
     assert_eq!(m.name(), "analytical(h100)");
 }
 
@@ -439,4 +439,44 @@ fn a_concat_is_charged_for_the_terms_it_copies() {
     let none = concat_time(false, false);
     assert!(half < whole * 0.6, "{half} vs {whole}");
     assert!(none < half * 0.1, "{none} vs {half}");
+}
+
+/// The model keeps each operator's cost per graph: one model asked about graphs in turn
+/// answers as a fresh model does, and a graph whose outputs change is another graph (a
+/// convolution that becomes an output keeps its bias instead of leaving it to its reader, so
+/// it launches one kernel more, which the calibrated model charges).
+#[test]
+fn costs_kept_per_graph_follow_the_graph_asked_about() {
+    let times =
+        |m: &AnalyticalModel, g: &Graph| -> Vec<f64> { g.ops().map(|o| m.op_time(g, o)).collect() };
+    let calibrated = || {
+        let file = opsched_cost::DeviceFile::embedded("h100").unwrap();
+        AnalyticalModel::calibrated(H100, NVLINK4, file)
+    };
+    let m = calibrated();
+    let (resnet, nasnet) = (
+        zoo_model("resnet50", 1, DType::F32),
+        zoo_model("nasnet", 1, DType::F32),
+    );
+    for g in [&resnet, &nasnet, &resnet] {
+        assert_eq!(times(&m, g), times(&calibrated(), g), "{}", g.name);
+    }
+    let deferred = resnet
+        .ops()
+        .find(|&o| opsched_graph::fusion::deferred_bias(&resnet, o).is_some())
+        .expect("ResNet-50's downsampling convolutions leave their biases to the add");
+    let mut outputs = resnet.outputs().to_vec();
+    outputs.push(opsched_graph::GraphOutput {
+        name: "kept".into(),
+        value: opsched_graph::Value::whole(deferred),
+    });
+    let kept = resnet.clone().with_outputs(outputs).unwrap();
+    assert_ne!(kept.id(), resnet.id());
+    assert!(opsched_graph::fusion::deferred_bias(&kept, deferred).is_none());
+    let (before, after) = (m.op_time(&resnet, deferred), m.op_time(&kept, deferred));
+    assert!(after > before, "{after} <= {before}");
+    assert_eq!(times(&m, &kept), times(&calibrated(), &kept));
+    // A clone is the same graph: the same costs.
+    assert_eq!(resnet.clone().id(), resnet.id());
+    assert_eq!(times(&m, &resnet.clone()), times(&calibrated(), &resnet));
 }

@@ -116,6 +116,15 @@ pub struct Graph {
     weights: Weights,
     /// FLOPs, bytes and parameters per node, computed (checked) once when the graph is built.
     stats: Vec<OpStats>,
+    /// This graph's identity ([`Graph::id`]).
+    id: u64,
+}
+
+/// The next [`Graph::id`].
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn fresh_id() -> u64 {
+    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 fn nid(i: NodeIndex) -> NodeId {
@@ -258,9 +267,17 @@ impl Graph {
             outputs: Vec::new(),
             weights: Weights::default(),
             stats,
+            id: fresh_id(),
         };
         g.outputs = g.default_outputs();
         Ok(g)
+    }
+
+    /// An identity for per-graph caches (the analytical cost model keeps each operator's cost
+    /// under it): unique to each graph built in this process, new whenever a method changes the
+    /// graph, shared by clones (which are equal).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The outputs a graph has unless told otherwise: every operator no other node reads, in
@@ -294,6 +311,7 @@ impl Graph {
             value_shape(&self.nodes, &o.value).map_err(|m| GraphError::invalid(at(), m))?;
         }
         self.outputs = outputs;
+        self.id = fresh_id();
         Ok(self)
     }
 
@@ -342,6 +360,7 @@ impl Graph {
             }
         }
         self.weights = weights;
+        self.id = fresh_id();
         Ok(self)
     }
 
@@ -417,6 +436,7 @@ impl Graph {
             }
         }
         self.blocks = blocks;
+        self.id = fresh_id();
         Ok(self)
     }
 
@@ -425,6 +445,7 @@ impl Graph {
         match self.dag.find_edge(nix(src), nix(dst)) {
             Some(e) => {
                 self.dag[e].transfer_ms = Some(ms);
+                self.id = fresh_id();
                 true
             }
             None => false,
