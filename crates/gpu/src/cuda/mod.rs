@@ -20,6 +20,8 @@
 pub(crate) mod cudnn;
 pub(crate) mod engine;
 #[cfg(test)]
+mod host_check;
+#[cfg(test)]
 mod layout_ab;
 pub mod nvrtc;
 #[cfg(test)]

@@ -1,0 +1,180 @@
+//! Our depthwise kernels compiled for the host (a test; needs a C++ compiler, `c++` or
+//! `$CXX`, not a GPU): their CUDA source is plain C++ once `__global__` and friends are
+//! defined away and a grid of one thread strides over every element, so the index arithmetic
+//! of every template case (layouts, strides, widths, input biases, summed inputs, input
+//! activations) is checked in CI against an independent loop, and the candidates the kernel
+//! A/B times on a GPU (`nvrtc_ab`) against today's kernel, element for element.
+#![allow(clippy::unwrap_used)]
+
+use super::nvrtc::SOURCE;
+use super::nvrtc_ab::CANDIDATES;
+
+/// `SOURCE` from the line that starts with `from` to the one that starts with `to`
+/// (excluded): the parts the depthwise kernels need.
+fn part(from: &str, to: &str) -> &'static str {
+    let start = SOURCE
+        .find(from)
+        .unwrap_or_else(|| panic!("SOURCE has no '{from}'"));
+    let len = SOURCE[start..]
+        .find(to)
+        .unwrap_or_else(|| panic!("SOURCE has no '{to}' after '{from}'"));
+    &SOURCE[start..start + len]
+}
+
+/// What makes CUDA C++ host C++: a grid of one block of one thread, whose grid-stride loops
+/// then visit every element.
+const SHIM: &str = r#"
+#include <math.h>
+#include <stdio.h>
+#include <random>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+struct Dim { unsigned x; };
+static const Dim blockIdx{0}, threadIdx{0}, blockDim{1}, gridDim{1};
+typedef long long i64;
+#define FITS32(n) ((n) <= 0x7fffffffLL)
+"#;
+
+/// The cases, each run through today's kernel, the candidates and an independent loop.
+const DRIVER: &str = r#"
+static int failures = 0;
+
+static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhwc, bool in_bias,
+                int nmore, int pre) {
+    const int oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
+    std::mt19937 rng(n * 7 + c * 13 + h * 17 + k * 19 + stride * 23 + nmore * 3 + in_bias);
+    std::uniform_real_distribution<float> d(-2, 2);
+    std::vector<float> x(n * c * h * w), wt(c * k * k), bias(c), ib(c);
+    for (auto* v : {&x, &wt, &bias, &ib})
+        for (auto& e : *v) e = d(rng);
+    std::vector<std::vector<float>> more(nmore, std::vector<float>(x.size()));
+    std::vector<const float*> mp;
+    for (auto& m : more) {
+        for (auto& e : m) e = d(rng);
+        mp.push_back(m.data());
+    }
+    const size_t len = (size_t)n * c * oh * ow;
+    std::vector<float> y(len, 7.0f), unrolled(len, 7.0f), tiled(len, 7.0f);
+    Geo12 g{{h, w, oh, ow, k, k, stride, stride, pad, pad, 1, 1}};
+    const i64 nc = (i64)n * c, ximage = (i64)c * h * w;
+    const float* ibp = in_bias ? ib.data() : nullptr;
+    const float* const* mpp = nmore ? mp.data() : nullptr;
+    const float q0 = 0.1f, q1 = 0.0f;  // LeakyRelu's alpha where pre is 7
+    if (nhwc) {
+        depthwise_conv_nhwc(y.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, c, g,
+                            pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+        unrolled_depthwise_conv_nhwc(unrolled.data(), x.data(), wt.data(), bias.data(), nc, c,
+                                     ximage, c, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+        tiled_depthwise_conv_nhwc(tiled.data(), x.data(), wt.data(), bias.data(), nc, c, ximage,
+                                  c, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+    } else {
+        depthwise_conv(y.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, c, g, pre, q0,
+                       q1, 0, 0, 0, ibp, mpp, nmore);
+        unrolled_depthwise_conv(unrolled.data(), x.data(), wt.data(), bias.data(), nc, c,
+                                ximage, c, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+        tiled_depthwise_conv(tiled.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, c,
+                             g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+    }
+    // The independent loop: x and y [n, c, h, w] or [n, h, w, c], the weights [c, k, k] or
+    // [k, k, c]; padding adds nothing.
+    double worst = 0;
+    size_t differ_unrolled = 0, differ_tiled = 0;
+    for (int im = 0; im < n; ++im)
+        for (int ch = 0; ch < c; ++ch)
+            for (int i = 0; i < oh; ++i)
+                for (int j = 0; j < ow; ++j) {
+                    double acc = 0;
+                    for (int p = 0; p < k; ++p)
+                        for (int q = 0; q < k; ++q) {
+                            const int r = i * stride - pad + p, s = j * stride - pad + q;
+                            if (r < 0 || r >= h || s < 0 || s >= w) continue;
+                            const size_t o = nhwc ? (((size_t)im * h + r) * w + s) * c + ch
+                                                  : (((size_t)im * c + ch) * h + r) * w + s;
+                            float v = x[o];
+                            for (int m = 0; m < nmore; ++m) v += more[m][o];
+                            if (in_bias) v += ib[ch];
+                            if (pre == 1) v = v > 0 ? v : 0;
+                            if (pre == 7) v = v >= 0 ? v : q0 * v;
+                            acc += (double)v * wt[nhwc ? (p * k + q) * c + ch : (ch * k + p) * k + q];
+                        }
+                    acc += bias[ch];
+                    const size_t t = nhwc ? (((size_t)im * oh + i) * ow + j) * c + ch
+                                          : (((size_t)im * c + ch) * oh + i) * ow + j;
+                    worst = fmax(worst, fabs(y[t] - acc));
+                    differ_unrolled += unrolled[t] != y[t];
+                    differ_tiled += tiled[t] != y[t];
+                }
+    const bool ok = worst <= 1e-4 && differ_unrolled == 0 && differ_tiled == 0;
+    if (!ok) {
+        ++failures;
+        printf("%s n%d c%d %dx%d k%d s%d p%d in_bias %d sums %d pre %d: off by %g from the "
+               "loop; unrolled differs at %zu, tiled at %zu of %zu\n",
+               nhwc ? "NHWC" : "NCHW", n, c, h, w, k, stride, pad, in_bias, nmore, pre, worst,
+               differ_unrolled, differ_tiled, len);
+    }
+}
+
+int main() {
+    int cases = 0;
+    for (bool nhwc : {false, true})
+        for (int k : {3, 4, 5, 7})
+            for (int s : {1, 2})
+                for (int extra = 0; extra < 3; ++extra)
+                    for (int pre : {0, 1, 7}) {
+                        one(2, 5, 11 + k, 9 + s, k, s, k / 2, nhwc, extra == 1,
+                            extra == 2 ? 2 : 0, pre);
+                        ++cases;
+                    }
+    // No padding with odd sizes; a kernel wider than the image; NASNet's first reduction.
+    one(1, 8, 7, 6, 5, 1, 0, true, true, 1, 1);
+    one(1, 3, 4, 5, 7, 1, 3, false, true, 0, 1);
+    one(1, 96, 33, 33, 5, 2, 2, false, false, 0, 1);
+    cases += 3;
+    printf("%d cases, %d failed\n", cases, failures);
+    return failures != 0;
+}
+"#;
+
+#[test]
+fn depthwise_kernels_agree_on_the_host() {
+    let source = [
+        SHIM,
+        part(
+            "__device__ __forceinline__ float act_f",
+            "__device__ __forceinline__ float bin_f",
+        ),
+        part("#define GRID_STRIDE(", "\n\n"),
+        "\n",
+        part(
+            "// Depthwise convolution (one group",
+            "// Abstract operators",
+        ),
+        CANDIDATES,
+        DRIVER,
+    ]
+    .concat();
+    let dir = std::env::temp_dir().join(format!("opsched-host-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cpp, exe) = (dir.join("depthwise.cpp"), dir.join("depthwise"));
+    std::fs::write(&cpp, source).unwrap();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let built = std::process::Command::new(&cxx)
+        .args(["-std=c++17", "-O1", "-w", "-o"])
+        .arg(&exe)
+        .arg(&cpp)
+        .output()
+        .unwrap_or_else(|e| panic!("this test needs a C++ compiler ({cxx}, or set CXX): {e}"));
+    assert!(
+        built.status.success(),
+        "{cxx} failed on {}:\n{}",
+        cpp.display(),
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let run = std::process::Command::new(&exe).output().unwrap();
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{out}");
+    assert!(out.contains(", 0 failed"), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
