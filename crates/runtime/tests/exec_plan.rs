@@ -645,6 +645,33 @@ fn channels_last_runs_equal_the_nchw_run() {
     }
 }
 
+/// Channels last across GPUs (the default on CUDA, so what a multi-GPU user runs): values
+/// sent to another GPU in NHWC and read there in either layout; HIOS-LP's plans on two logical
+/// GPUs pass the check, as in NCHW, with the same kernels plus the transposes.
+#[test]
+fn channels_last_across_gpus_passes_the_check() {
+    let cost = h100();
+    for model in ["googlenet", "randwire"] {
+        let g = small_batch(model, 2);
+        let s = schedule(&g, "hios-lp", 2, &cost);
+        let run = |layout| {
+            let opts = RunOptions {
+                layout: Some(layout),
+                ..checked(true, 0, 1)
+            };
+            run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap()
+        };
+        let (last, first) = (run(Layout::Nhwc), run(Layout::Nchw));
+        assert!(last.transfers > 0, "{model}: HIOS-LP sends nothing");
+        assert_eq!(last.transfers, first.transfers, "{model}");
+        assert!(last.layout_conversions > 0, "{model}");
+        for r in [&last, &first] {
+            let c = r.check.clone().unwrap();
+            assert!(c.passed, "{model}, {:?}: {c:?}", r.layout);
+        }
+    }
+}
+
 #[test]
 fn outputs_do_not_depend_on_the_number_of_streams() {
     let g = small("googlenet");
