@@ -26,6 +26,7 @@ mod layout_ab;
 pub mod nvrtc;
 #[cfg(test)]
 mod nvrtc_ab;
+pub mod ptx_cache;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -67,6 +68,63 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
+/// Our NVRTC kernels as a module on `ctx`, their PTX from the kernel cache where it holds
+/// this source's for `arch` and this NVRTC ([`ptx_cache`]), else compiled and kept there.
+fn load_kernels(
+    ctx: &Arc<CudaContext>,
+    arch: Option<&'static str>,
+) -> Result<Arc<cudarc::driver::CudaModule>, GpuError> {
+    use cudarc::nvrtc::Ptx;
+    let compile = || {
+        let opts = cudarc::nvrtc::CompileOptions {
+            arch,
+            ..Default::default()
+        };
+        cudarc::nvrtc::compile_ptx_with_opts(nvrtc::SOURCE, opts)
+            .map(|p| p.to_src())
+            .map_err(|e| GpuError::Nvrtc {
+                kernel: "opsched kernels".into(),
+                log: format!("{e:?}"),
+            })
+    };
+    let load = |ptx: String| {
+        ctx.load_module(Ptx::from_src(ptx))
+            .map_err(|e| GpuError::driver("loading the NVRTC module", e))
+    };
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints through the pointers it is given, both valid
+    // (check_libraries found libnvrtc before this).
+    let asked = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    let version = match asked {
+        cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS => format!("{major}.{minor}"),
+        _ => "unknown".to_string(),
+    };
+    let key = ptx_cache::key(&[
+        nvrtc::SOURCE.as_bytes(),
+        arch.unwrap_or("default").as_bytes(),
+        version.as_bytes(),
+    ]);
+    let Some(dir) = ptx_cache::dir() else {
+        return load(compile()?);
+    };
+    // A kept module that lacks a kernel (another source under a colliding key) compiles anew.
+    let whole = |ptx: &String| {
+        nvrtc::NAMES
+            .iter()
+            .all(|n| ptx.contains(&format!(".entry {n}(")))
+    };
+    if let Some(kept) = ptx_cache::load(&dir, key).filter(whole) {
+        match load(kept) {
+            Ok(module) => return Ok(module),
+            Err(e) => tracing::warn!("the kept kernels did not load ({e}): compiling them again"),
+        }
+    }
+    let ptx = compile()?;
+    let module = load(ptx.clone())?;
+    ptx_cache::store(&dir, key, &ptx);
+    Ok(module)
+}
+
 fn arch_for(cc: (i32, i32)) -> Option<&'static str> {
     Some(match cc {
         (7, 5) => "compute_75",
@@ -99,19 +157,8 @@ impl Gpu {
         let alloc_stream = ctx
             .new_stream()
             .map_err(|e| GpuError::driver("creating the allocation stream", e))?;
-        let opts = cudarc::nvrtc::CompileOptions {
-            arch: arch_for(info.compute_capability),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(nvrtc::SOURCE, opts).map_err(|e| {
-            GpuError::Nvrtc {
-                kernel: "opsched kernels".into(),
-                log: format!("{e:?}"),
-            }
-        })?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| GpuError::driver("loading the NVRTC module", e))?;
+        let arch = arch_for(info.compute_capability);
+        let module = load_kernels(&ctx, arch)?;
         let mut funcs = HashMap::new();
         for &name in nvrtc::NAMES {
             let f = module
