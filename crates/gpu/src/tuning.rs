@@ -39,6 +39,16 @@ pub const SOFTMAX_CUDNN: u32 = 0;
 /// The candidate "our `softmax_rows` kernel, a warp per row" of a [`SOFTMAX_KEY`].
 pub const SOFTMAX_ROWS: u32 = 1;
 
+/// The prefix of a depthwise convolution's key (its geometry, layout, input strides, the
+/// inputs it sums and adds, its activations): its candidates are [`DEPTHWISE_ONE`] and
+/// [`DEPTHWISE_TILED`], for the convolutions the tiled kernel has a case for.
+pub const DEPTHWISE_KEY: &str = "depthwise.1|";
+/// The candidate "our depthwise kernel, one output a thread" of a [`DEPTHWISE_KEY`] (it wins
+/// a tie: it ran before the tiled one).
+pub const DEPTHWISE_ONE: u32 = 0;
+/// The candidate "our tiled depthwise kernel, several outputs of a row a thread".
+pub const DEPTHWISE_TILED: u32 = 1;
+
 /// The prefix of a matrix product's key (its shape, operands' layout and alignment, epilogue,
 /// math and cuBLAS version): its candidates are [`GEMM_CUBLAS`] or [`GEMM_CUBLAS_SPLIT`] and
 /// [`GEMM_LT`] plus a rank in cuBLASLt's heuristic's list, with `math` that configuration's

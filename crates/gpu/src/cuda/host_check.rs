@@ -2,8 +2,9 @@
 //! `$CXX`, not a GPU): their CUDA source is plain C++ once `__global__` and friends are
 //! defined away and a grid of one thread strides over every element, so the index arithmetic
 //! of every template case (layouts, strides, widths, input biases, summed inputs, input
-//! activations) is checked in CI against an independent loop, and the candidates the kernel
-//! A/B times on a GPU (`nvrtc_ab`) against today's kernel, element for element.
+//! activations, strided inputs) is checked in CI against an independent loop, and the tiled
+//! kernel (which the GPU chooses where it measures faster) and the candidate the kernel A/B
+//! times on a GPU (`nvrtc_ab`) against the one-output-a-thread kernel, element for element.
 #![allow(clippy::unwrap_used)]
 
 use super::nvrtc::SOURCE;
@@ -41,12 +42,16 @@ typedef long long i64;
 const DRIVER: &str = r#"
 static int failures = 0;
 
+// `spare`: x a strided view, its pixels c + spare elements apart channels last, its images
+// c * h * w + spare apart in NCHW (a slice of a concatenation).
 static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhwc, bool in_bias,
-                int nmore, int pre) {
+                int nmore, int pre, int spare = 0) {
     const int oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
     std::mt19937 rng(n * 7 + c * 13 + h * 17 + k * 19 + stride * 23 + nmore * 3 + in_bias);
     std::uniform_real_distribution<float> d(-2, 2);
-    std::vector<float> x(n * c * h * w), wt(c * k * k), bias(c), ib(c);
+    const int xpix = nhwc ? c + spare : c;
+    const i64 ximage = nhwc ? (i64)xpix * h * w : (i64)c * h * w + spare;
+    std::vector<float> x(n * ximage), wt(c * k * k), bias(c), ib(c);
     for (auto* v : {&x, &wt, &bias, &ib})
         for (auto& e : *v) e = d(rng);
     std::vector<std::vector<float>> more(nmore, std::vector<float>(x.size()));
@@ -58,24 +63,24 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
     const size_t len = (size_t)n * c * oh * ow;
     std::vector<float> y(len, 7.0f), unrolled(len, 7.0f), tiled(len, 7.0f);
     Geo12 g{{h, w, oh, ow, k, k, stride, stride, pad, pad, 1, 1}};
-    const i64 nc = (i64)n * c, ximage = (i64)c * h * w;
+    const i64 nc = (i64)n * c;
     const float* ibp = in_bias ? ib.data() : nullptr;
     const float* const* mpp = nmore ? mp.data() : nullptr;
     const float q0 = 0.1f, q1 = 0.0f;  // LeakyRelu's alpha where pre is 7
     if (nhwc) {
-        depthwise_conv_nhwc(y.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, c, g,
+        depthwise_conv_nhwc(y.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, xpix, g,
                             pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
         unrolled_depthwise_conv_nhwc(unrolled.data(), x.data(), wt.data(), bias.data(), nc, c,
-                                     ximage, c, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
-        tiled_depthwise_conv_nhwc(tiled.data(), x.data(), wt.data(), bias.data(), nc, c, ximage,
-                                  c, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+                                     ximage, xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+        depthwise_conv_tiled_nhwc(tiled.data(), x.data(), wt.data(), bias.data(), nc, c, ximage,
+                                  xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
     } else {
-        depthwise_conv(y.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, c, g, pre, q0,
+        depthwise_conv(y.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, xpix, g, pre, q0,
                        q1, 0, 0, 0, ibp, mpp, nmore);
         unrolled_depthwise_conv(unrolled.data(), x.data(), wt.data(), bias.data(), nc, c,
-                                ximage, c, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
-        tiled_depthwise_conv(tiled.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, c,
-                             g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+                                ximage, xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+        depthwise_conv_tiled(tiled.data(), x.data(), wt.data(), bias.data(), nc, c, ximage,
+                             xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
     }
     // The independent loop: x and y [n, c, h, w] or [n, h, w, c], the weights [c, k, k] or
     // [k, k, c]; padding adds nothing.
@@ -90,8 +95,8 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
                         for (int q = 0; q < k; ++q) {
                             const int r = i * stride - pad + p, s = j * stride - pad + q;
                             if (r < 0 || r >= h || s < 0 || s >= w) continue;
-                            const size_t o = nhwc ? (((size_t)im * h + r) * w + s) * c + ch
-                                                  : (((size_t)im * c + ch) * h + r) * w + s;
+                            const size_t o = nhwc ? im * ximage + ((size_t)r * w + s) * xpix + ch
+                                                  : im * ximage + ((size_t)ch * h + r) * w + s;
                             float v = x[o];
                             for (int m = 0; m < nmore; ++m) v += more[m][o];
                             if (in_bias) v += ib[ch];
@@ -127,11 +132,15 @@ int main() {
                             extra == 2 ? 2 : 0, pre);
                         ++cases;
                     }
-    // No padding with odd sizes; a kernel wider than the image; NASNet's first reduction.
+    // No padding with odd sizes; a kernel wider than the image; NASNet's first reduction;
+    // strided views of x in both layouts (summed inputs are dense: not with a view).
     one(1, 8, 7, 6, 5, 1, 0, true, true, 1, 1);
     one(1, 3, 4, 5, 7, 1, 3, false, true, 0, 1);
     one(1, 96, 33, 33, 5, 2, 2, false, false, 0, 1);
-    cases += 3;
+    for (bool nhwc : {false, true})
+        for (int k : {3, 5})
+            for (int s : {1, 2}) one(2, 6, 9, 10, k, s, k / 2, nhwc, true, 0, 1, 5);
+    cases += 11;
     printf("%d cases, %d failed\n", cases, failures);
     return failures != 0;
 }

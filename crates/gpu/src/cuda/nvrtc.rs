@@ -634,6 +634,144 @@ extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const f
     depthwise_cases<true>(DEPTHWISE_ARGS);
 }
 
+// The depthwise convolution tiled: V outputs of a row per thread (stride S, kernel width KW,
+// no dilation along the width): each input value of the row segment the V outputs read is
+// loaded, given the extra inputs and the input activation once, and kept in registers for
+// every output that reads it (a 5x5 at stride 1 with V = 4 loads 8 values per kernel row
+// instead of 20). The sums run in depthwise_conv_t's order, so the outputs are equal. One
+// thread per V outputs: the host launches a grid for len / V (step::conv's `tiled`). Which of
+// the two kernels runs a convolution is measured on the GPU (tuning's DEPTHWISE_KEY).
+template <bool NHWC, bool EXTRA, int PRE, int KW, int S, int V>
+__device__ __forceinline__ void tiled_depthwise_t(float* y, const float* x, const float* wt,
+        const float* bias, unsigned nc, int c, unsigned ximage, int xpix, Geo12 g, int pre,
+        float q0, float q1, int act, float p0, float p1, const float* in_bias,
+        const float* const* more, int nmore) {
+    const int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4];
+    const int sh = g.v[6], ph = g.v[8], pw = g.v[9], dh = g.v[10];
+    const int owv = (ow + V - 1) / V;
+    const unsigned total = nc * oh * owv;
+    const int step = NHWC ? xpix : 1, wstep = NHWC ? c : 1;
+    constexpr int SPAN = (V - 1) * S + KW;
+    GRID_STRIDE_T(unsigned, t, total) {
+        int ch, i, jt;
+        unsigned image;
+        if (NHWC) {
+            ch = (int)(t % c);
+            const unsigned rest = t / c;
+            jt = (int)(rest % owv);
+            i = (int)((rest / owv) % oh);
+            image = rest / ((unsigned)owv * oh);
+        } else {
+            jt = (int)(t % owv);
+            i = (int)((t / owv) % oh);
+            const unsigned plane = t / ((unsigned)owv * oh);
+            ch = (int)(plane % c);
+            image = plane / c;
+        }
+        const int j0 = jt * V;
+        const unsigned xoff = image * ximage + (NHWC ? (unsigned)ch : (unsigned)ch * h * w);
+        const float* xp = x + xoff;
+        const float* wp = NHWC ? wt + ch : wt + (unsigned)ch * kh * KW;
+        const float ib = EXTRA && in_bias ? in_bias[ch] : 0.0f;
+        float acc[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+        const int s0 = j0 * S - pw;
+        for (int p = 0; p < kh; ++p) {
+            const int r = i * sh - ph + p * dh;
+            if (r < 0 || r >= h) continue;
+            float xv[SPAN];
+#pragma unroll
+            for (int u = 0; u < SPAN; ++u) {
+                const int s = s0 + u;
+                float v = 0.0f;
+                if (s >= 0 && s < w) {
+                    const unsigned o = ((unsigned)r * w + s) * step;
+                    v = xp[o];
+                    if (EXTRA) {
+                        for (int k = 0; k < nmore; ++k) v += more[k][xoff + o];
+                        v += ib;
+                    }
+                    v = pre_f<PRE>(v, pre, q0, q1);
+                }
+                xv[u] = v;
+            }
+#pragma unroll
+            for (int q = 0; q < KW; ++q) {
+                const float wq = wp[(p * KW + q) * wstep];
+#pragma unroll
+                for (int v = 0; v < V; ++v) acc[v] += xv[v * S + q] * wq;
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            const int j = j0 + v;
+            if (j < ow) {
+                float a = acc[v];
+                if (bias) a += bias[ch];
+                const unsigned yt = NHWC ? ((image * oh + i) * ow + j) * c + ch
+                                         : ((image * c + ch) * oh + i) * ow + j;
+                y[yt] = act_f(a, act, p0, p1);
+            }
+        }
+    }
+}
+
+// Outputs per thread: 4 at stride 1, 2 at stride 2.
+template <bool NHWC, bool EXTRA, int KW, int S>
+__device__ __forceinline__ void tiled_one(float* y, const float* x, const float* wt,
+        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
+        float q1, int act, float p0, float p1, const float* in_bias,
+        const float* const* more, int nmore) {
+    tiled_depthwise_t<NHWC, EXTRA, 1, KW, S, S == 1 ? 4 : 2>(DEPTHWISE_ARGS);
+}
+
+template <bool NHWC, bool EXTRA>
+__device__ __forceinline__ void tiled_width(float* y, const float* x, const float* wt,
+        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
+        float q1, int act, float p0, float p1, const float* in_bias,
+        const float* const* more, int nmore) {
+    switch (g.v[5] * 10 + g.v[7]) {
+    case 31: tiled_one<NHWC, EXTRA, 3, 1>(DEPTHWISE_ARGS); break;
+    case 32: tiled_one<NHWC, EXTRA, 3, 2>(DEPTHWISE_ARGS); break;
+    case 51: tiled_one<NHWC, EXTRA, 5, 1>(DEPTHWISE_ARGS); break;
+    case 52: tiled_one<NHWC, EXTRA, 5, 2>(DEPTHWISE_ARGS); break;
+    case 71: tiled_one<NHWC, EXTRA, 7, 1>(DEPTHWISE_ARGS); break;
+    case 72: tiled_one<NHWC, EXTRA, 7, 2>(DEPTHWISE_ARGS); break;
+    default: depthwise_cases<NHWC>(DEPTHWISE_ARGS);
+    }
+}
+
+// Relu before, 32-bit indices, no dilation along the width, widths 3, 5, 7 at strides 1 and
+// 2; anything else as the entry points run it (over the same grid: it strides).
+template <bool NHWC>
+__device__ __forceinline__ void tiled_cases(float* y, const float* x, const float* wt,
+        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
+        float q1, int act, float p0, float p1, const float* in_bias,
+        const float* const* more, int nmore) {
+    const bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
+    const bool extra = in_bias != nullptr || nmore > 0;
+    if (!small || pre != 1 || g.v[11] != 1)
+        depthwise_cases<NHWC>(DEPTHWISE_ARGS);
+    else if (extra)
+        tiled_width<NHWC, true>(DEPTHWISE_ARGS);
+    else
+        tiled_width<NHWC, false>(DEPTHWISE_ARGS);
+}
+
+extern "C" __global__ void depthwise_conv_tiled(float* y, const float* x, const float* wt,
+        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
+        float q1, int act, float p0, float p1, const float* in_bias,
+        const float* const* more, int nmore) {
+    tiled_cases<false>(DEPTHWISE_ARGS);
+}
+
+extern "C" __global__ void depthwise_conv_tiled_nhwc(float* y, const float* x,
+        const float* wt, const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g,
+        int pre, float q0, float q1, int act, float p0, float p1, const float* in_bias,
+        const float* const* more, int nmore) {
+    tiled_cases<true>(DEPTHWISE_ARGS);
+}
 // Abstract operators: every block waits until `ns` nanoseconds have passed.
 extern "C" __global__ void spin(unsigned long long ns) {
     unsigned long long t0, t;
@@ -664,6 +802,8 @@ pub const NAMES: &[&str] = &[
     "pad",
     "depthwise_conv",
     "depthwise_conv_nhwc",
+    "depthwise_conv_tiled",
+    "depthwise_conv_tiled_nhwc",
     "spin",
 ];
 

@@ -134,11 +134,11 @@ extern "C" __global__ void before_depthwise_conv_nhwc(float* y, const float* x, 
 }
 "#;
 
-/// Candidates for the depthwise kernel, timed against today's: `unrolled_*`, today's kernel
+/// A candidate for the depthwise kernel, timed against today's: `unrolled_*`, today's kernel
 /// with its kernel width unrolled (`depthwise_conv_t`'s KW, which the entry points leave at 0
-/// for NVRTC's time), and `tiled_*`, several outputs of a row per thread, each for the relu
-/// before it that NASNet's and RandWire's have, at widths 3, 5 and 7; anything else as the
-/// entry points run it. `host_check` runs them on the host against today's kernel.
+/// for NVRTC's time), for the relu before it that NASNet's and RandWire's have, at widths 3, 5
+/// and 7; anything else as the entry points run it. `host_check` runs it on the host against
+/// today's kernel.
 pub(super) const CANDIDATES: &str = r#"
 template <bool NHWC>
 __device__ __forceinline__ void unrolled_cases(float* y, const float* x, const float* wt,
@@ -172,143 +172,6 @@ extern "C" __global__ void unrolled_depthwise_conv_nhwc(float* y, const float* x
     unrolled_cases<true>(DEPTHWISE_ARGS);
 }
 
-// A candidate: V outputs of a row per thread (stride S, kernel width KW, no dilation along
-// the width): each input value of the row segment the V outputs read is loaded, given the
-// extra inputs and the input activation once, and kept in registers for every output that
-// reads it (a 5x5 at stride 1 with V = 4 loads 8 values per kernel row instead of 20). The
-// sums run in today's order, so the outputs are equal. One thread per V outputs: the host
-// launches a grid for len / V.
-template <bool NHWC, bool EXTRA, int PRE, int KW, int S, int V>
-__device__ __forceinline__ void tiled_depthwise_t(float* y, const float* x, const float* wt,
-        const float* bias, unsigned nc, int c, unsigned ximage, int xpix, Geo12 g, int pre,
-        float q0, float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    const int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4];
-    const int sh = g.v[6], ph = g.v[8], pw = g.v[9], dh = g.v[10];
-    const int owv = (ow + V - 1) / V;
-    const unsigned total = nc * oh * owv;
-    const int step = NHWC ? xpix : 1, wstep = NHWC ? c : 1;
-    constexpr int SPAN = (V - 1) * S + KW;
-    GRID_STRIDE_T(unsigned, t, total) {
-        int ch, i, jt;
-        unsigned image;
-        if (NHWC) {
-            ch = (int)(t % c);
-            const unsigned rest = t / c;
-            jt = (int)(rest % owv);
-            i = (int)((rest / owv) % oh);
-            image = rest / ((unsigned)owv * oh);
-        } else {
-            jt = (int)(t % owv);
-            i = (int)((t / owv) % oh);
-            const unsigned plane = t / ((unsigned)owv * oh);
-            ch = (int)(plane % c);
-            image = plane / c;
-        }
-        const int j0 = jt * V;
-        const unsigned xoff = image * ximage + (NHWC ? (unsigned)ch : (unsigned)ch * h * w);
-        const float* xp = x + xoff;
-        const float* wp = NHWC ? wt + ch : wt + (unsigned)ch * kh * KW;
-        const float ib = EXTRA && in_bias ? in_bias[ch] : 0.0f;
-        float acc[V];
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[v] = 0.0f;
-        const int s0 = j0 * S - pw;
-        for (int p = 0; p < kh; ++p) {
-            const int r = i * sh - ph + p * dh;
-            if (r < 0 || r >= h) continue;
-            float xv[SPAN];
-#pragma unroll
-            for (int u = 0; u < SPAN; ++u) {
-                const int s = s0 + u;
-                float v = 0.0f;
-                if (s >= 0 && s < w) {
-                    const unsigned o = ((unsigned)r * w + s) * step;
-                    v = xp[o];
-                    if (EXTRA) {
-                        for (int k = 0; k < nmore; ++k) v += more[k][xoff + o];
-                        v += ib;
-                    }
-                    v = pre_f<PRE>(v, pre, q0, q1);
-                }
-                xv[u] = v;
-            }
-#pragma unroll
-            for (int q = 0; q < KW; ++q) {
-                const float wq = wp[(p * KW + q) * wstep];
-#pragma unroll
-                for (int v = 0; v < V; ++v) acc[v] += xv[v * S + q] * wq;
-            }
-        }
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-            const int j = j0 + v;
-            if (j < ow) {
-                float a = acc[v];
-                if (bias) a += bias[ch];
-                const unsigned yt = NHWC ? ((image * oh + i) * ow + j) * c + ch
-                                         : ((image * c + ch) * oh + i) * ow + j;
-                y[yt] = act_f(a, act, p0, p1);
-            }
-        }
-    }
-}
-
-// Outputs per thread: 4 at stride 1, 2 at stride 2.
-template <bool NHWC, bool EXTRA, int KW, int S>
-__device__ __forceinline__ void tiled_one(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    tiled_depthwise_t<NHWC, EXTRA, 1, KW, S, S == 1 ? 4 : 2>(DEPTHWISE_ARGS);
-}
-
-template <bool NHWC, bool EXTRA>
-__device__ __forceinline__ void tiled_width(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    switch (g.v[5] * 10 + g.v[7]) {
-    case 31: tiled_one<NHWC, EXTRA, 3, 1>(DEPTHWISE_ARGS); break;
-    case 32: tiled_one<NHWC, EXTRA, 3, 2>(DEPTHWISE_ARGS); break;
-    case 51: tiled_one<NHWC, EXTRA, 5, 1>(DEPTHWISE_ARGS); break;
-    case 52: tiled_one<NHWC, EXTRA, 5, 2>(DEPTHWISE_ARGS); break;
-    case 71: tiled_one<NHWC, EXTRA, 7, 1>(DEPTHWISE_ARGS); break;
-    case 72: tiled_one<NHWC, EXTRA, 7, 2>(DEPTHWISE_ARGS); break;
-    default: depthwise_cases<NHWC>(DEPTHWISE_ARGS);
-    }
-}
-
-// Relu before, 32-bit indices, no dilation along the width, widths 3, 5, 7 at strides 1 and
-// 2; anything else as the entry points run it (over the same grid: it strides).
-template <bool NHWC>
-__device__ __forceinline__ void tiled_cases(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    const bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
-    const bool extra = in_bias != nullptr || nmore > 0;
-    if (!small || pre != 1 || g.v[11] != 1)
-        depthwise_cases<NHWC>(DEPTHWISE_ARGS);
-    else if (extra)
-        tiled_width<NHWC, true>(DEPTHWISE_ARGS);
-    else
-        tiled_width<NHWC, false>(DEPTHWISE_ARGS);
-}
-
-extern "C" __global__ void tiled_depthwise_conv(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    tiled_cases<false>(DEPTHWISE_ARGS);
-}
-
-extern "C" __global__ void tiled_depthwise_conv_nhwc(float* y, const float* x,
-        const float* wt, const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g,
-        int pre, float q0, float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    tiled_cases<true>(DEPTHWISE_ARGS);
-}
 "#;
 
 const REPS: usize = 200;
@@ -375,8 +238,6 @@ fn the_side_by_side_kernels_compile() {
         "before_depthwise_conv_nhwc",
         "unrolled_depthwise_conv",
         "unrolled_depthwise_conv_nhwc",
-        "tiled_depthwise_conv",
-        "tiled_depthwise_conv_nhwc",
     ] {
         assert!(
             ptx.contains(&format!(".entry {name}(")),
@@ -693,7 +554,7 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
             let ptrs = [y, x, w, &bias].map(|b| b.device_ptr(&stream).0);
             let old = name.starts_with("before_");
             // A tiled kernel's thread computes 4 outputs of a row at stride 1, 2 at stride 2.
-            let items = match name.starts_with("tiled_") {
+            let items = match name.contains("_tiled") {
                 true => len.div_ceil(if stride == 1 { 4 } else { 2 }),
                 false => len,
             };
@@ -749,8 +610,12 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
                 let (t_old, t_now) = (time(&ctx, &stream, &old), time(&ctx, &stream, &now));
                 let name = format!("depthwise {k}x{k}/{stride} {shape:?} {layout}{what}");
                 report(&format!("{name} (before: ea18c6e)"), t_old, t_now, e_now);
-                for (candidate, how) in [("unrolled_", "its width unrolled"), ("tiled_", "tiled")] {
-                    let after = run(&kernel(candidate), &outputs[2], &xs, &ws, extra);
+                let candidates = [
+                    (kernel("unrolled_"), "its width unrolled"),
+                    (format!("depthwise_conv_tiled{suffix}"), "tiled"),
+                ];
+                for (candidate, how) in candidates {
+                    let after = run(&candidate, &outputs[2], &xs, &ws, extra);
                     after();
                     let e = err(&outputs[2]);
                     assert!(e <= 1e-6, "{candidate} {shape:?} {layout}{what}: {e}");

@@ -677,7 +677,7 @@ impl StepKernel for Conv {
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
         if self.is_depthwise() && self.residual.is_none() {
-            return Ok(Box::new(CudaDepthwise::new(self, cx)?));
+            return Ok(Box::new(CudaDepthwise::new(self, cx)?.measured(cx)?));
         }
         if self.pre_act != Activation::None || self.in_bias.is_some() || !self.sum_with.is_empty() {
             return Err(cx.no_kernel(
@@ -848,7 +848,12 @@ struct CudaDepthwise {
     more: u64,
     nmore: i32,
     total: usize,
+    /// Threads it launches: `total`, or one per `tiled` outputs with the tiled kernel.
+    items: usize,
 }
+
+/// GPU runs per captured graph when timing a depthwise kernel.
+const DEPTHWISE_TIMING_REPS: usize = 10;
 
 impl CudaDepthwise {
     fn new(s: &Conv, cx: &PrepareCx<'_>) -> Result<CudaDepthwise, GpuError> {
@@ -916,13 +921,89 @@ impl CudaDepthwise {
             more,
             nmore: c_int(s.sum_with.len(), "summed inputs")?,
             total: s.out_len(),
+            items: s.out_len(),
         })
     }
-}
 
-impl Enqueue for CudaDepthwise {
-    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
-        let mut b = sc.launch_builder(gpu.function(self.kernel)?);
+    /// The outputs of a row each thread of the tiled kernel computes (4 at stride 1, 2 at
+    /// stride 2) where that kernel has a case for this convolution (its `tiled_cases`: a relu
+    /// before, 32-bit indices, no dilation along the width, widths 3, 5 and 7); `None`
+    /// elsewhere.
+    fn tiled_outputs(&self) -> Option<usize> {
+        let g = &self.geo;
+        let (oh, ow, kw, sw, dw) = (g[2], g[3], g[5], g[7], g[11]);
+        let fits = |v: Option<i64>| v.is_some_and(|v| v <= i64::from(i32::MAX));
+        let outputs = self.nc.checked_mul(i64::from(oh) * i64::from(ow));
+        let images = (self.nc / i64::from(self.c.max(1))).checked_mul(self.ximage);
+        let relu = self.pre.0 == act_params(Activation::Relu).0;
+        let case = matches!(kw, 3 | 5 | 7) && matches!(sw, 1 | 2) && dw == 1;
+        (relu && case && fits(outputs) && fits(images)).then_some(if sw == 1 { 4 } else { 2 })
+    }
+
+    /// This convolution run by the kernel measured faster on this GPU for its key
+    /// ([`crate::tuning::DEPTHWISE_KEY`], kept in the cost cache so every process runs the
+    /// same): one output a thread, or tiled where that kernel has a case for it.
+    fn measured(mut self, cx: &PrepareCx<'_>) -> Result<CudaDepthwise, GpuError> {
+        use crate::tuning::{choose, Candidate, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED};
+        let Some(per_thread) = self.tiled_outputs() else {
+            return Ok(self);
+        };
+        let tiled = match self.kernel {
+            "depthwise_conv_nhwc" => "depthwise_conv_tiled_nhwc",
+            _ => "depthwise_conv_tiled",
+        };
+        let tiled_items = self.total.div_ceil(per_thread);
+        let key = format!(
+            "{DEPTHWISE_KEY}nc={}|c={}|geo={:?}|{}|ximage={}|xpix={}|pre={}|act={}|bias={}|\
+             in_bias={}|sums={}",
+            self.nc,
+            self.c,
+            self.geo,
+            self.kernel,
+            self.ximage,
+            self.xpix,
+            self.pre.0,
+            self.act.0,
+            self.bias != 0,
+            self.in_bias != 0,
+            self.nmore
+        );
+        let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
+        let candidates = cx.tuning.get_or_measure(&key, || {
+            let mut c = Vec::with_capacity(2);
+            for (code, kernel, items) in [
+                (DEPTHWISE_ONE, self.kernel, self.total),
+                (DEPTHWISE_TILED, tiled, tiled_items),
+            ] {
+                let run = || self.launch(gpu, sc, kernel, items);
+                match sc.time_ms(gpu, DEPTHWISE_TIMING_REPS, &run) {
+                    Ok(ms) => c.push(Candidate {
+                        algo: code,
+                        math: 0,
+                        ms,
+                        workspace: 0,
+                    }),
+                    Err(e) => tracing::debug!("depthwise kernel {kernel} left out: {e}"),
+                }
+            }
+            Ok::<_, GpuError>(c)
+        })?;
+        if choose(&candidates, usize::MAX).map(|c| c.algo) == Some(DEPTHWISE_TILED) {
+            (self.kernel, self.items) = (tiled, tiled_items);
+        }
+        Ok(self)
+    }
+
+    /// Launch `kernel` (one of the depthwise entry points, which all take these arguments)
+    /// over `items` threads.
+    fn launch(
+        &self,
+        gpu: &Gpu,
+        sc: &StreamCtx,
+        kernel: &'static str,
+        items: usize,
+    ) -> Result<(), GpuError> {
+        let mut b = sc.launch_builder(gpu.function(kernel)?);
         b.arg(&self.y)
             .arg(&self.x)
             .arg(&self.w)
@@ -941,14 +1022,20 @@ impl Enqueue for CudaDepthwise {
             .arg(&self.in_bias)
             .arg(&self.more)
             .arg(&self.nmore);
-        // SAFETY: matches `depthwise_conv` and `depthwise_conv_nhwc` (x's image and pixel
-        // strides, then Geo12: twelve ints by value); the step's access (checked at
-        // preparation) covers the input (a strided view's runs checked by the layout),
-        // `c * kh * kw` weights (or the held permuted copy, as long), `c` biases and `c` input
-        // biases (or null pointers) and the output, and every read index is clipped to the
-        // input plane; the summed inputs (the held pointer array, `nmore` of them, dense)
-        // hold as many elements as x.
-        launched(unsafe { b.launch(grid(self.total)) }, self.kernel)
+        // SAFETY: matches the depthwise entry points (x's image and pixel strides, then
+        // Geo12: twelve ints by value); the step's access (checked at preparation) covers the
+        // input (a strided view's runs checked by the layout), `c * kh * kw` weights (or the
+        // held permuted copy, as long), `c` biases and `c` input biases (or null pointers) and
+        // the output, and every read index is clipped to the input plane; the summed inputs
+        // (the held pointer array, `nmore` of them, dense) hold as many elements as x. Any
+        // grid is correct (the kernels stride over their work); `items` sizes it to it.
+        launched(unsafe { b.launch(grid(items)) }, kernel)
+    }
+}
+
+impl Enqueue for CudaDepthwise {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        self.launch(gpu, sc, self.kernel, self.items)
     }
 }
 
@@ -2331,5 +2418,44 @@ mod tests {
         );
         assert_eq!(search_math(true, M::CUDNN_FMA_MATH), M::CUDNN_FMA_MATH);
         assert_eq!(search_math(false, M::CUDNN_DEFAULT_MATH), M::CUDNN_FMA_MATH);
+    }
+
+    /// The tiled depthwise kernel is a candidate exactly where its `tiled_cases` has a case:
+    /// a relu before, widths 3, 5 and 7 at strides 1 and 2 without dilation along the width,
+    /// and every index within 32 bits.
+    #[test]
+    fn the_tiled_depthwise_kernel_is_timed_where_it_has_a_case() {
+        let dw = |n: i64, k: i32, s: i32, d: i32, pre: Activation| CudaDepthwise {
+            kernel: "depthwise_conv",
+            y: 0,
+            x: 0,
+            w: 0,
+            _held_w: None,
+            bias: 0,
+            nc: n * 168,
+            c: 168,
+            ximage: 168 * 42 * 42,
+            xpix: 1,
+            geo: [42, 42, 42, 42, k, k, s, s, k / 2, k / 2, d, d],
+            pre: act_params(pre),
+            act: act_params(Activation::None),
+            in_bias: 0,
+            _more: None,
+            more: 0,
+            nmore: 0,
+            total: 0,
+            items: 0,
+        };
+        let relu = Activation::Relu;
+        assert_eq!(dw(1, 5, 1, 1, relu).tiled_outputs(), Some(4));
+        assert_eq!(dw(16, 7, 1, 1, relu).tiled_outputs(), Some(4));
+        assert_eq!(dw(1, 3, 2, 1, relu).tiled_outputs(), Some(2));
+        assert_eq!(dw(1, 5, 1, 1, Activation::None).tiled_outputs(), None);
+        assert_eq!(dw(1, 5, 1, 1, Activation::Sigmoid).tiled_outputs(), None);
+        assert_eq!(dw(1, 4, 1, 1, relu).tiled_outputs(), None);
+        assert_eq!(dw(1, 5, 3, 1, relu).tiled_outputs(), None);
+        assert_eq!(dw(1, 5, 1, 2, relu).tiled_outputs(), None);
+        // 2^31 outputs or more: the kernel would take 64-bit indices.
+        assert_eq!(dw(8192, 5, 1, 1, relu).tiled_outputs(), None);
     }
 }
