@@ -67,9 +67,10 @@ timeout 60 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_s
     tee -a "$L" | grep "kernel A/B" | tee -a "$R"
 
 # NASNet and RandWire ran 1.26x and 1.10x slower at b5cad61 than at ea18c6e (same schedules;
-# deferred biases, the depthwise kernel's extra inputs): this revision's depthwise kernel
-# against ea18c6e's in whole models, NCHW (ea18c6e's layout), processes alternating, two each;
-# then this revision in its default layout (channels last), one process each.
+# deferred biases, the depthwise kernel's extra inputs): this revision's depthwise kernels
+# (since then: the relu a template case, the tiled kernel where it measures faster) against
+# ea18c6e's in whole models, NCHW (ea18c6e's layout), processes alternating, two each; then
+# this revision in its default layout (channels last), one process each.
 for case in "nasnet lios" "randwire lios" "resnet50 sequential"; do
     set -- $case
     for i in 1 2; do
