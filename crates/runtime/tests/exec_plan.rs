@@ -200,6 +200,14 @@ fn checked(graph_capture: bool, warmup: u32, repeats: u32) -> RunOptions {
     }
 }
 
+/// [`checked`] with activations in `layout`.
+fn checked_in(layout: Layout, graph_capture: bool, warmup: u32, repeats: u32) -> RunOptions {
+    RunOptions {
+        layout: Some(layout),
+        ..checked(graph_capture, warmup, repeats)
+    }
+}
+
 /// Small inputs so the CPU kernels stay fast in debug builds.
 fn small(model: &str) -> Graph {
     small_batch(model, 1)
@@ -538,10 +546,7 @@ fn merged_stages_run_as_one_convolution_channels_last() {
             assert!(nhwc > 0, "{what}");
             assert_eq!(got, want, "{what}: channels last differs");
             let run = |layout| {
-                let opts = RunOptions {
-                    layout: Some(layout),
-                    ..checked(false, 0, 1)
-                };
+                let opts = checked_in(layout, false, 0, 1);
                 run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap()
             };
             let (last, first) = (run(Layout::Nhwc), run(Layout::Nchw));
@@ -621,10 +626,7 @@ fn channels_last_runs_equal_the_nchw_run() {
                 &want,
                 &format!("{algo} on {model}, channels last"),
             );
-            let opts = RunOptions {
-                layout: Some(Layout::Nhwc),
-                ..checked(algo == "lios", 0, 1)
-            };
+            let opts = checked_in(Layout::Nhwc, algo == "lios", 0, 1);
             let s = schedule(&g, algo, 1, &cost);
             let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
             assert_eq!(r.layout, Layout::Nhwc);
@@ -655,10 +657,7 @@ fn channels_last_across_gpus_passes_the_check() {
         let g = small_batch(model, 2);
         let s = schedule(&g, "hios-lp", 2, &cost);
         let run = |layout| {
-            let opts = RunOptions {
-                layout: Some(layout),
-                ..checked(true, 0, 1)
-            };
+            let opts = checked_in(layout, true, 0, 1);
             run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap()
         };
         let (last, first) = (run(Layout::Nhwc), run(Layout::Nchw));
@@ -1124,10 +1123,7 @@ fn gpu_channels_last_matches_the_reference() {
     let mut failed = Vec::new();
     for (model, capture) in models {
         let g = small_batch(model, 2);
-        let opts = RunOptions {
-            layout: Some(Layout::Nhwc),
-            ..checked(capture, 1, 3)
-        };
+        let opts = checked_in(Layout::Nhwc, capture, 1, 3);
         let r = run_schedule(&dev, &g, &schedule(&g, "lios", 1, &h100()), &opts).unwrap();
         let c = r.check.clone().unwrap();
         if !c.passed {
@@ -1161,10 +1157,7 @@ fn gpu_deferred_biases_match_the_reference() {
         assert!(deferred > 0, "{model}");
         let s = schedule(&g, algo, 1, &h100());
         for layout in [Layout::Nchw, Layout::Nhwc] {
-            let opts = RunOptions {
-                layout: Some(layout),
-                ..checked(true, 1, 3)
-            };
+            let opts = checked_in(layout, true, 1, 3);
             let r = run_schedule(&dev, &g, &s, &opts).unwrap();
             let c = r.check.clone().unwrap();
             if !c.passed {
@@ -1308,10 +1301,7 @@ fn gpu_a_merged_stage_runs_as_one_convolution() {
     for (n, reader, merges) in cases {
         let g = three_branches(n, reader);
         for layout in [Layout::Nchw, Layout::Nhwc] {
-            let opts = RunOptions {
-                layout: Some(layout),
-                ..checked(n == 1, 1, 3)
-            };
+            let opts = checked_in(layout, n == 1, 1, 3);
             let r = run_schedule(&dev, &g, &merged_schedule(&g), &opts).unwrap();
             let c = r.check.clone().unwrap();
             if !c.passed {
@@ -1330,10 +1320,7 @@ fn gpu_a_merged_stage_runs_as_one_convolution() {
     let plan = lower(&g, &s).unwrap();
     let stages = HostProgram::new(&g, &plan).unwrap().merged_launches().len();
     for layout in [Layout::Nchw, Layout::Nhwc] {
-        let opts = RunOptions {
-            layout: Some(layout),
-            ..checked(true, 1, 3)
-        };
+        let opts = checked_in(layout, true, 1, 3);
         let r = run_schedule(&dev, &g, &s, &opts).unwrap();
         let c = r.check.clone().unwrap();
         if !c.passed {

@@ -537,6 +537,9 @@ pub(crate) trait Enqueue {
     }
 }
 
+/// One candidate kernel's run on a stream, for timing it.
+pub(crate) type Launch<'a> = dyn Fn() -> Result<(), GpuError> + 'a;
+
 /// What a step's CUDA preparation sees: its GPU, the memory, a stream for algorithm
 /// searches, the kernel options.
 pub(crate) struct PrepareCx<'a> {
@@ -569,6 +572,33 @@ impl PrepareCx<'_> {
                 self.op
             ))),
         }
+    }
+
+    /// The candidate kernels' times for tuning key `key`: kept ones where the tuning table
+    /// has them, else each `(code, run)` timed now on the preparation stream (`reps` runs per
+    /// captured graph; a candidate whose run fails is left out). For kernels that need no
+    /// workspace and no math choice; [`crate::tuning::choose`] picks among them.
+    pub(crate) fn timed(
+        &self,
+        key: &str,
+        reps: usize,
+        candidates: &[(u32, &Launch<'_>)],
+    ) -> Result<Vec<crate::tuning::Candidate>, GpuError> {
+        self.tuning.get_or_measure(key, || {
+            let mut c = Vec::with_capacity(candidates.len());
+            for &(algo, run) in candidates {
+                match self.sc.time_ms(self.gpu, reps, run) {
+                    Ok(ms) => c.push(crate::tuning::Candidate {
+                        algo,
+                        math: 0,
+                        ms,
+                        workspace: 0,
+                    }),
+                    Err(e) => tracing::debug!("candidate {algo} of {key} left out: {e}"),
+                }
+            }
+            Ok(c)
+        })
     }
 
     /// The device pointer of the first element of buffer `id`, a strided view or not, for a

@@ -522,6 +522,27 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
 // loop's earlier form.
 struct Geo12 { int v[12]; };
 
+// Where element t of a depthwise convolution's `[n, c, rows, cols]` work lies (its channel,
+// row, column and image; channels last, channels vary fastest): an output, or for the tiled
+// kernel a group of a row's outputs.
+template <typename I, bool NHWC>
+__device__ __forceinline__ void depthwise_at(I t, int c, int rows, int cols, int& ch, int& i,
+                                             int& j, I& image) {
+    if (NHWC) {
+        ch = (int)(t % c);
+        const I pixel = t / c;
+        j = (int)(pixel % cols);
+        i = (int)((pixel / cols) % rows);
+        image = pixel / ((I)rows * cols);
+    } else {
+        j = (int)(t % cols);
+        i = (int)((t / cols) % rows);
+        const I plane = t / ((I)rows * cols);
+        ch = (int)(plane % c);
+        image = plane / c;
+    }
+}
+
 template <int PRE>
 __device__ __forceinline__ float pre_f(float v, int pre, float q0, float q1) {
     return PRE == 0 ? v : PRE == 1 ? fmaxf(v, 0.0f) : act_f(v, pre, q0, q1);
@@ -544,19 +565,7 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
     GRID_STRIDE_T(I, t, total) {
         int ch, i, j;
         I image;
-        if (NHWC) {
-            ch = (int)(t % c);
-            I pixel = t / c;
-            j = (int)(pixel % ow);
-            i = (int)((pixel / ow) % oh);
-            image = pixel / ((I)oh * ow);
-        } else {
-            j = (int)(t % ow);
-            i = (int)((t / ow) % oh);
-            I plane = t / ((I)oh * ow);
-            ch = (int)(plane % c);
-            image = plane / c;
-        }
+        depthwise_at<I, NHWC>(t, c, oh, ow, ch, i, j, image);
         const I xoff = image * ximage + (NHWC ? (I)ch : (I)ch * h * w);
         const float* xp = x + xoff;
         const float* wp = NHWC ? wt + ch : wt + (i64)ch * kh * kw;
@@ -655,19 +664,7 @@ __device__ __forceinline__ void tiled_depthwise_t(float* y, const float* x, cons
     GRID_STRIDE_T(unsigned, t, total) {
         int ch, i, jt;
         unsigned image;
-        if (NHWC) {
-            ch = (int)(t % c);
-            const unsigned rest = t / c;
-            jt = (int)(rest % owv);
-            i = (int)((rest / owv) % oh);
-            image = rest / ((unsigned)owv * oh);
-        } else {
-            jt = (int)(t % owv);
-            i = (int)((t / owv) % oh);
-            const unsigned plane = t / ((unsigned)owv * oh);
-            ch = (int)(plane % c);
-            image = plane / c;
-        }
+        depthwise_at<unsigned, NHWC>(t, c, oh, owv, ch, i, jt, image);
         const int j0 = jt * V;
         const unsigned xoff = image * ximage + (NHWC ? (unsigned)ch : (unsigned)ch * h * w);
         const float* xp = x + xoff;

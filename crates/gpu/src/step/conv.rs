@@ -944,7 +944,7 @@ impl CudaDepthwise {
     /// ([`crate::tuning::DEPTHWISE_KEY`], kept in the cost cache so every process runs the
     /// same): one output a thread, or tiled where that kernel has a case for it.
     fn measured(mut self, cx: &PrepareCx<'_>) -> Result<CudaDepthwise, GpuError> {
-        use crate::tuning::{choose, Candidate, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED};
+        use crate::tuning::{choose, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED};
         let Some(per_thread) = self.tiled_outputs() else {
             return Ok(self);
         };
@@ -969,25 +969,18 @@ impl CudaDepthwise {
             self.nmore
         );
         let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
-        let candidates = cx.tuning.get_or_measure(&key, || {
-            let mut c = Vec::with_capacity(2);
-            for (code, kernel, items) in [
-                (DEPTHWISE_ONE, self.kernel, self.total),
-                (DEPTHWISE_TILED, tiled, tiled_items),
-            ] {
-                let run = || self.launch(gpu, sc, kernel, items);
-                match sc.time_ms(gpu, DEPTHWISE_TIMING_REPS, &run) {
-                    Ok(ms) => c.push(Candidate {
-                        algo: code,
-                        math: 0,
-                        ms,
-                        workspace: 0,
-                    }),
-                    Err(e) => tracing::debug!("depthwise kernel {kernel} left out: {e}"),
-                }
-            }
-            Ok::<_, GpuError>(c)
-        })?;
+        let candidates = cx.timed(
+            &key,
+            DEPTHWISE_TIMING_REPS,
+            &[
+                (DEPTHWISE_ONE, &|| {
+                    self.launch(gpu, sc, self.kernel, self.total)
+                }),
+                (DEPTHWISE_TILED, &|| {
+                    self.launch(gpu, sc, tiled, tiled_items)
+                }),
+            ],
+        )?;
         if choose(&candidates, usize::MAX).map(|c| c.algo) == Some(DEPTHWISE_TILED) {
             (self.kernel, self.items) = (tiled, tiled_items);
         }

@@ -111,7 +111,7 @@ impl StepKernel for Softmax {
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        use crate::tuning::{choose, Candidate, SOFTMAX_CUDNN, SOFTMAX_KEY, SOFTMAX_ROWS};
+        use crate::tuning::{choose, SOFTMAX_CUDNN, SOFTMAX_KEY, SOFTMAX_ROWS};
         let (x, y) = (cx.ptr(self.x)?, cx.ptr(self.y)?);
         let cudnn = CudaSoftmax {
             x,
@@ -140,24 +140,14 @@ impl StepKernel for Softmax {
             if self.log { "log" } else { "accurate" }
         );
         let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
-        let candidates = cx.tuning.get_or_measure(&key, || {
-            let mut c = Vec::with_capacity(2);
-            for (code, run) in [
-                (SOFTMAX_CUDNN, &cudnn as &dyn Enqueue),
-                (SOFTMAX_ROWS, &rows as &dyn Enqueue),
-            ] {
-                match sc.time_ms(gpu, TIMING_REPS, &|| run.enqueue(gpu, sc)) {
-                    Ok(ms) => c.push(Candidate {
-                        algo: code,
-                        math: 0,
-                        ms,
-                        workspace: 0,
-                    }),
-                    Err(e) => tracing::debug!("softmax kernel {code} left out: {e}"),
-                }
-            }
-            Ok::<_, GpuError>(c)
-        })?;
+        let candidates = cx.timed(
+            &key,
+            TIMING_REPS,
+            &[
+                (SOFTMAX_CUDNN, &|| cudnn.enqueue(gpu, sc)),
+                (SOFTMAX_ROWS, &|| rows.enqueue(gpu, sc)),
+            ],
+        )?;
         Ok(match choose(&candidates, usize::MAX).map(|c| c.algo) {
             Some(SOFTMAX_ROWS) => Box::new(rows),
             _ => Box::new(cudnn),
