@@ -82,6 +82,12 @@ for case in "nasnet lios" "randwire lios" "resnet50 sequential"; do
     done
     run "after nhwc $2 $1" 60 $1 --algo $2 --repeats 100
 done
+# NASNet at batch 16 took 46.7 ms channels last at b5cad61 against 37.6 NCHW the day before
+# (806bafb, before deferred biases): this revision in both layouts, one process each.
+for layout in nchw nhwc; do
+    run "b16 $layout sequential nasnet" 90 nasnet --batch 16 --algo sequential \
+        --layout $layout --repeats 20
+done
 save_cache
 
 # The Transformer's query, key and value projections merged into one product per layer that

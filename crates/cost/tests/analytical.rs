@@ -480,3 +480,34 @@ fn costs_kept_per_graph_follow_the_graph_asked_about() {
     assert_eq!(resnet.clone().id(), resnet.id());
     assert_eq!(times(&m, &resnet.clone()), times(&calibrated(), &resnet));
 }
+
+/// Threads asking one model about two graphs at once (each question may replace the kept
+/// costs another thread is reading) get the answers of a fresh model every time.
+#[test]
+fn costs_kept_per_graph_hold_under_threads() {
+    let m = model(H100);
+    let graphs = [
+        zoo_model("googlenet", 1, DType::F32),
+        zoo_model("squeezenet", 2, DType::F32),
+    ];
+    let want: Vec<Vec<f64>> = graphs
+        .iter()
+        .map(|g| {
+            let fresh = model(H100);
+            g.ops().map(|o| fresh.op_time(g, o)).collect()
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (m, graphs, want) = (&m, &graphs, &want);
+            s.spawn(move || {
+                for round in 0..20 {
+                    let i = (t + round) % 2;
+                    let g = &graphs[i];
+                    let got: Vec<f64> = g.ops().map(|o| m.op_time(g, o)).collect();
+                    assert_eq!(got, want[i], "thread {t}, round {round}, {}", g.name);
+                }
+            });
+        }
+    });
+}
