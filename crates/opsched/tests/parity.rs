@@ -4,8 +4,8 @@
 //! output within `max|ours - ort| / max|ort| <= 1e-4`. The held-out set (`fixtures/parity/
 //! heldout`: another seed, other shapes) is checked the same way and is not looked at while
 //! developing. The same models run on the CPU device under a multi-stream schedule
-//! (`opsched run --backend cpu` with `--input`), compared with onnxruntime the same way, and
-//! (ignored, `cargo xtask gpu-test`) on a GPU.
+//! (`opsched run --backend cpu` with `--input`), in NCHW and channels last, compared with
+//! onnxruntime the same way, and (ignored, `cargo xtask gpu-test`) on a GPU.
 
 #![allow(clippy::unwrap_used)]
 
@@ -63,6 +63,8 @@ enum Executor {
     Reference,
     /// The CPU device under the named scheduler's schedule.
     CpuDevice(&'static str),
+    /// The same with activations channels last (the layout a GPU runs by default).
+    CpuChannelsLast(&'static str),
     /// The first CUDA GPU under the named scheduler's schedule, with TF32 tensor cores or in
     /// strict f32 (`--precise`).
     Cuda {
@@ -83,9 +85,11 @@ fn run(g: &Graph, inputs: HashMap<NodeId, Tensor>, exec: Executor) -> Vec<(Strin
                 reference::reference_with(g, &inputs).unwrap_or_else(|e| panic!("{}: {e}", g.name));
             reference::outputs(g, &values).unwrap()
         }
-        Executor::CpuDevice(_) | Executor::Cuda { .. } => {
+        Executor::CpuDevice(_) | Executor::CpuChannelsLast(_) | Executor::Cuda { .. } => {
             let algo = match exec {
-                Executor::CpuDevice(algo) | Executor::Cuda { algo, .. } => algo,
+                Executor::CpuDevice(algo)
+                | Executor::CpuChannelsLast(algo)
+                | Executor::Cuda { algo, .. } => algo,
                 Executor::Reference => "opara",
             };
             let s = schedule(g, algo);
@@ -96,6 +100,9 @@ fn run(g: &Graph, inputs: HashMap<NodeId, Tensor>, exec: Executor) -> Vec<(Strin
                 repeats: 1,
                 ..Default::default()
             };
+            if let Executor::CpuChannelsLast(_) = exec {
+                opts.layout = Some(opsched::gpu::program::Layout::Nhwc);
+            }
             let report = match exec {
                 Executor::Cuda { tf32, .. } => {
                     opts.kernels.tf32 = tf32;
@@ -209,6 +216,28 @@ fn held_out_models_match_onnxruntime() {
 fn parity_models_on_the_cpu_device_match_onnxruntime() {
     check_all(&dir(""), 11, Executor::CpuDevice("opara"));
     check_all(&dir("heldout"), 11, Executor::CpuDevice("opara"));
+}
+
+/// The same channels last (what a GPU runs by default): the transposes at the layout's edges,
+/// the channels-last convolutions, pools and concatenations, with real weights.
+#[test]
+fn parity_models_channels_last_match_onnxruntime() {
+    check_all(&dir(""), 11, Executor::CpuChannelsLast("opara"));
+    check_all(&dir("heldout"), 11, Executor::CpuChannelsLast("opara"));
+    // The convolutions' values were channels last indeed.
+    for name in ["conv_bn_relu", "inception", "residual", "squeeze_excite"] {
+        let g = load(&dir("").join(format!("{name}.onnx")), &[], true);
+        let opts = RunOptions {
+            warmup: 0,
+            repeats: 1,
+            layout: Some(opsched::gpu::program::Layout::Nhwc),
+            ..Default::default()
+        };
+        let r =
+            opsched::runtime::run_schedule(&CpuDevice::new(), &g, &schedule(&g, "opara"), &opts)
+                .unwrap();
+        assert!(r.layout_conversions > 0, "{name}: nothing channels last");
+    }
 }
 
 /// IOS's merge-only schedule on the CPU device, with the models' real weights: the merged
