@@ -40,14 +40,17 @@ pub const SOFTMAX_CUDNN: u32 = 0;
 pub const SOFTMAX_ROWS: u32 = 1;
 
 /// The prefix of a depthwise convolution's key (its geometry, layout, input strides, the
-/// inputs it sums and adds, its activations): its candidates are [`DEPTHWISE_ONE`] and
-/// [`DEPTHWISE_TILED`], for the convolutions the tiled kernel has a case for.
+/// inputs it sums and adds, its activations): its candidates are [`DEPTHWISE_ONE`],
+/// [`DEPTHWISE_UNROLLED`] and [`DEPTHWISE_TILED`], for the convolutions the latter two have a
+/// case for.
 pub const DEPTHWISE_KEY: &str = "depthwise.1|";
 /// The candidate "our depthwise kernel, one output a thread" of a [`DEPTHWISE_KEY`] (it wins
 /// a tie: it ran before the tiled one).
 pub const DEPTHWISE_ONE: u32 = 0;
 /// The candidate "our tiled depthwise kernel, several outputs of a row a thread".
 pub const DEPTHWISE_TILED: u32 = 1;
+/// The candidate "our depthwise kernel with its kernel width unrolled".
+pub const DEPTHWISE_UNROLLED: u32 = 2;
 
 /// The prefix of a matrix product's key (its shape, operands' layout and alignment, epilogue,
 /// math and cuBLAS version): its candidates are [`GEMM_CUBLAS`] or [`GEMM_CUBLAS_SPLIT`] and

@@ -2,13 +2,12 @@
 //! `$CXX`, not a GPU): their CUDA source is plain C++ once `__global__` and friends are
 //! defined away and a grid of one thread strides over every element, so the index arithmetic
 //! of every template case (layouts, strides, widths, input biases, summed inputs, input
-//! activations, strided inputs) is checked in CI against an independent loop, and the tiled
-//! kernel (which the GPU chooses where it measures faster) and the candidate the kernel A/B
-//! times on a GPU (`nvrtc_ab`) against the one-output-a-thread kernel, element for element.
+//! activations, strided inputs) is checked in CI against an independent loop, and the
+//! unrolled and tiled kernels (which the GPU runs where they measure faster) against the
+//! one-output-a-thread kernel, element for element.
 #![allow(clippy::unwrap_used)]
 
 use super::nvrtc::SOURCE;
-use super::nvrtc_ab::CANDIDATES;
 
 /// `SOURCE` from the line that starts with `from` to the one that starts with `to`
 /// (excluded): the parts the depthwise kernels need.
@@ -70,14 +69,14 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
     if (nhwc) {
         depthwise_conv_nhwc(y.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, xpix, g,
                             pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
-        unrolled_depthwise_conv_nhwc(unrolled.data(), x.data(), wt.data(), bias.data(), nc, c,
+        depthwise_conv_unrolled_nhwc(unrolled.data(), x.data(), wt.data(), bias.data(), nc, c,
                                      ximage, xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
         depthwise_conv_tiled_nhwc(tiled.data(), x.data(), wt.data(), bias.data(), nc, c, ximage,
                                   xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
     } else {
         depthwise_conv(y.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, xpix, g, pre, q0,
                        q1, 0, 0, 0, ibp, mpp, nmore);
-        unrolled_depthwise_conv(unrolled.data(), x.data(), wt.data(), bias.data(), nc, c,
+        depthwise_conv_unrolled(unrolled.data(), x.data(), wt.data(), bias.data(), nc, c,
                                 ximage, xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
         depthwise_conv_tiled(tiled.data(), x.data(), wt.data(), bias.data(), nc, c, ximage,
                              xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
@@ -102,7 +101,8 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
                             if (in_bias) v += ib[ch];
                             if (pre == 1) v = v > 0 ? v : 0;
                             if (pre == 7) v = v >= 0 ? v : q0 * v;
-                            acc += (double)v * wt[nhwc ? (p * k + q) * c + ch : (ch * k + p) * k + q];
+                            const int tap = nhwc ? (p * k + q) * c + ch : (ch * k + p) * k + q;
+                            acc += (double)v * wt[tap];
                         }
                     acc += bias[ch];
                     const size_t t = nhwc ? (((size_t)im * oh + i) * ow + j) * c + ch
@@ -160,7 +160,6 @@ fn depthwise_kernels_agree_on_the_host() {
             "// Depthwise convolution (one group",
             "// Abstract operators",
         ),
-        CANDIDATES,
         DRIVER,
     ]
     .concat();

@@ -515,10 +515,12 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
 // The tap loop is the kernel's time, so what it does per tap is a template case: EXTRA (the
 // summed inputs and input bias are read), PRE (the input activation: 0 none, 1 relu, -1
 // act_f's switch) and KW (a kernel width the loop unrolls fully, as PyTorch's depthwise
-// kernel does; 0: the width is g's). The entry points run KW = 0 only: unrolling widths 3,
-// 5 and 7 in every case made NVRTC take 1.76 s per process against 0.79 (0.58 before these
-// cases), so the kernel A/B measures what unrolling gains first. On an H100 (2026-11-27b), NASNet ran 1.26x slower once the
-// loop read the extra inputs for every convolution; the A/B times these cases against that
+// kernel does; 0: the width is g's). depthwise_conv runs KW = 0; depthwise_conv_unrolled
+// unrolls widths 3, 5 and 7, and depthwise_conv_tiled computes several outputs a thread:
+// which of the three runs a convolution is measured on the GPU (tuning's DEPTHWISE_KEY).
+// NVRTC takes seconds for them all (0.58 s before these cases), once per machine: the PTX is
+// kept (cuda/ptx_cache.rs). On an H100 (2026-11-27b), NASNet ran 1.26x slower once the loop
+// read the extra inputs for every convolution; the kernel A/B times these cases against that
 // loop's earlier form.
 struct Geo12 { int v[12]; };
 
@@ -641,6 +643,40 @@ extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const f
                                                const float* in_bias,
                                                const float* const* more, int nmore) {
     depthwise_cases<true>(DEPTHWISE_ARGS);
+}
+
+// The depthwise convolution with its kernel width unrolled (depthwise_conv_t's KW) for a
+// relu before it, widths 3, 5 and 7, 32-bit indices; anything else as depthwise_conv runs it.
+template <bool NHWC>
+__device__ __forceinline__ void unrolled_cases(float* y, const float* x, const float* wt,
+        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
+        float q1, int act, float p0, float p1, const float* in_bias,
+        const float* const* more, int nmore) {
+    const bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
+    const bool extra = in_bias != nullptr || nmore > 0;
+    switch (small && pre == 1 ? g.v[5] * 2 + extra : 0) {
+    case 6: depthwise_conv_t<unsigned, NHWC, false, 1, 3>(DEPTHWISE_ARGS); break;
+    case 7: depthwise_conv_t<unsigned, NHWC, true, 1, 3>(DEPTHWISE_ARGS); break;
+    case 10: depthwise_conv_t<unsigned, NHWC, false, 1, 5>(DEPTHWISE_ARGS); break;
+    case 11: depthwise_conv_t<unsigned, NHWC, true, 1, 5>(DEPTHWISE_ARGS); break;
+    case 14: depthwise_conv_t<unsigned, NHWC, false, 1, 7>(DEPTHWISE_ARGS); break;
+    case 15: depthwise_conv_t<unsigned, NHWC, true, 1, 7>(DEPTHWISE_ARGS); break;
+    default: depthwise_cases<NHWC>(DEPTHWISE_ARGS);
+    }
+}
+
+extern "C" __global__ void depthwise_conv_unrolled(float* y, const float* x, const float* wt,
+        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
+        float q1, int act, float p0, float p1, const float* in_bias,
+        const float* const* more, int nmore) {
+    unrolled_cases<false>(DEPTHWISE_ARGS);
+}
+
+extern "C" __global__ void depthwise_conv_unrolled_nhwc(float* y, const float* x,
+        const float* wt, const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g,
+        int pre, float q0, float q1, int act, float p0, float p1, const float* in_bias,
+        const float* const* more, int nmore) {
+    unrolled_cases<true>(DEPTHWISE_ARGS);
 }
 
 // The depthwise convolution tiled: V outputs of a row per thread (stride S, kernel width KW,
@@ -801,6 +837,8 @@ pub const NAMES: &[&str] = &[
     "depthwise_conv_nhwc",
     "depthwise_conv_tiled",
     "depthwise_conv_tiled_nhwc",
+    "depthwise_conv_unrolled",
+    "depthwise_conv_unrolled_nhwc",
     "spin",
 ];
 

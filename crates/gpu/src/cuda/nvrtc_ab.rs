@@ -4,8 +4,8 @@
 //! should show (BERT-base at batch 16, GoogLeNet's concatenations at batch 16), and the
 //! softmax kernel beside cuDNN's softmax, which it may replace, and the depthwise kernel
 //! beside its version of ea18c6e (before the input bias and summed inputs, in each layout,
-//! with and without an input bias), beside itself with its kernel width unrolled, and in
-//! NCHW beside its channels-last form (NASNet-A large's shapes). The same inputs
+//! with and without an input bias), beside its unrolled and tiled forms, and in NCHW beside
+//! its channels-last form (NASNet-A large's shapes). The same inputs
 //! go to both; the outputs must agree; each kernel's GPU time (events around back-to-back
 //! launches, which the GPU runs slower than the host issues them) is printed with the ratio.
 #![allow(unsafe_code, clippy::unwrap_used)]
@@ -134,46 +134,6 @@ extern "C" __global__ void before_depthwise_conv_nhwc(float* y, const float* x, 
 }
 "#;
 
-/// A candidate for the depthwise kernel, timed against today's: `unrolled_*`, today's kernel
-/// with its kernel width unrolled (`depthwise_conv_t`'s KW, which the entry points leave at 0
-/// for NVRTC's time), for the relu before it that NASNet's and RandWire's have, at widths 3, 5
-/// and 7; anything else as the entry points run it. `host_check` runs it on the host against
-/// today's kernel.
-pub(super) const CANDIDATES: &str = r#"
-template <bool NHWC>
-__device__ __forceinline__ void unrolled_cases(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    const bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
-    const bool extra = in_bias != nullptr || nmore > 0;
-    switch (small && pre == 1 ? g.v[5] * 2 + extra : 0) {
-    case 6: depthwise_conv_t<unsigned, NHWC, false, 1, 3>(DEPTHWISE_ARGS); break;
-    case 7: depthwise_conv_t<unsigned, NHWC, true, 1, 3>(DEPTHWISE_ARGS); break;
-    case 10: depthwise_conv_t<unsigned, NHWC, false, 1, 5>(DEPTHWISE_ARGS); break;
-    case 11: depthwise_conv_t<unsigned, NHWC, true, 1, 5>(DEPTHWISE_ARGS); break;
-    case 14: depthwise_conv_t<unsigned, NHWC, false, 1, 7>(DEPTHWISE_ARGS); break;
-    case 15: depthwise_conv_t<unsigned, NHWC, true, 1, 7>(DEPTHWISE_ARGS); break;
-    default: depthwise_cases<NHWC>(DEPTHWISE_ARGS);
-    }
-}
-
-extern "C" __global__ void unrolled_depthwise_conv(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    unrolled_cases<false>(DEPTHWISE_ARGS);
-}
-
-extern "C" __global__ void unrolled_depthwise_conv_nhwc(float* y, const float* x,
-        const float* wt, const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g,
-        int pre, float q0, float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    unrolled_cases<true>(DEPTHWISE_ARGS);
-}
-
-"#;
-
 const REPS: usize = 200;
 
 /// Values in [-2, 2) from a seed.
@@ -217,9 +177,8 @@ fn scaled(got: &[f32], want: &[f32]) -> f64 {
     crate::reference::scaled_error(got, want)
 }
 
-/// The old kernels and the unrolled depthwise kernel compile after today's source with NVRTC
-/// (needs libnvrtc, not a GPU), so the side-by-side test below fails on a GPU for its timings
-/// only.
+/// The old kernels compile after today's source with NVRTC (needs libnvrtc, not a GPU), so
+/// the side-by-side test below fails on a GPU for its timings only.
 #[test]
 #[ignore = "needs libnvrtc: cargo xtask gpu-test"]
 fn the_side_by_side_kernels_compile() {
@@ -227,7 +186,7 @@ fn the_side_by_side_kernels_compile() {
         arch: Some("compute_90"),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(format!("{SOURCE}{BEFORE}{CANDIDATES}"), opts)
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(format!("{SOURCE}{BEFORE}"), opts)
         .unwrap_or_else(|e| panic!("{e:?}"))
         .to_src();
     for name in [
@@ -236,8 +195,6 @@ fn the_side_by_side_kernels_compile() {
         "before_layer_norm",
         "before_depthwise_conv",
         "before_depthwise_conv_nhwc",
-        "unrolled_depthwise_conv",
-        "unrolled_depthwise_conv_nhwc",
     ] {
         assert!(
             ptx.contains(&format!(".entry {name}(")),
@@ -255,8 +212,7 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
         arch: Some("compute_90"),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(format!("{SOURCE}{BEFORE}{CANDIDATES}"), opts)
-        .unwrap();
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(format!("{SOURCE}{BEFORE}"), opts).unwrap();
     let module = ctx.load_module(ptx).unwrap();
     let f = |name: &str| -> CudaFunction { module.load_function(name).unwrap() };
     let up = |v: &[f32]| stream.clone_htod(v).unwrap();
@@ -611,7 +567,10 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
                 let name = format!("depthwise {k}x{k}/{stride} {shape:?} {layout}{what}");
                 report(&format!("{name} (before: ea18c6e)"), t_old, t_now, e_now);
                 let candidates = [
-                    (kernel("unrolled_"), "its width unrolled"),
+                    (
+                        format!("depthwise_conv_unrolled{suffix}"),
+                        "its width unrolled",
+                    ),
                     (format!("depthwise_conv_tiled{suffix}"), "tiled"),
                 ];
                 for (candidate, how) in candidates {

@@ -925,34 +925,57 @@ impl CudaDepthwise {
         })
     }
 
-    /// The outputs of a row each thread of the tiled kernel computes (4 at stride 1, 2 at
-    /// stride 2) where that kernel has a case for this convolution (its `tiled_cases`: a relu
-    /// before, 32-bit indices, no dilation along the width, widths 3, 5 and 7); `None`
-    /// elsewhere.
-    fn tiled_outputs(&self) -> Option<usize> {
+    /// Whether every index fits 32 bits and a relu comes before: where the unrolled and the
+    /// tiled kernels have cases (their `*_cases` fall back to the one-output kernel else).
+    fn relu_on_32_bits(&self) -> bool {
         let g = &self.geo;
-        let (oh, ow, kw, sw, dw) = (g[2], g[3], g[5], g[7], g[11]);
         let fits = |v: Option<i64>| v.is_some_and(|v| v <= i64::from(i32::MAX));
-        let outputs = self.nc.checked_mul(i64::from(oh) * i64::from(ow));
+        let outputs = self.nc.checked_mul(i64::from(g[2]) * i64::from(g[3]));
         let images = (self.nc / i64::from(self.c.max(1))).checked_mul(self.ximage);
-        let relu = self.pre.0 == act_params(Activation::Relu).0;
-        let case = matches!(kw, 3 | 5 | 7) && matches!(sw, 1 | 2) && dw == 1;
-        (relu && case && fits(outputs) && fits(images)).then_some(if sw == 1 { 4 } else { 2 })
+        self.pre.0 == act_params(Activation::Relu).0 && fits(outputs) && fits(images)
     }
 
-    /// This convolution run by the kernel measured faster on this GPU for its key
+    /// Whether the unrolled kernel has a case for this convolution: widths 3, 5 and 7.
+    fn unrolls(&self) -> bool {
+        self.relu_on_32_bits() && matches!(self.geo[5], 3 | 5 | 7)
+    }
+
+    /// The outputs of a row each thread of the tiled kernel computes (4 at stride 1, 2 at
+    /// stride 2) where that kernel has a case for this convolution (its `tiled_cases`: also
+    /// no dilation along the width); `None` elsewhere.
+    fn tiled_outputs(&self) -> Option<usize> {
+        let (sw, dw) = (self.geo[7], self.geo[11]);
+        let case = self.unrolls() && matches!(sw, 1 | 2) && dw == 1;
+        case.then_some(if sw == 1 { 4 } else { 2 })
+    }
+
+    /// This convolution run by the kernel measured fastest on this GPU for its key
     /// ([`crate::tuning::DEPTHWISE_KEY`], kept in the cost cache so every process runs the
-    /// same): one output a thread, or tiled where that kernel has a case for it.
+    /// same): one output a thread, its width unrolled, or tiled, where those have a case.
     fn measured(mut self, cx: &PrepareCx<'_>) -> Result<CudaDepthwise, GpuError> {
-        use crate::tuning::{choose, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED};
-        let Some(per_thread) = self.tiled_outputs() else {
+        use crate::tuning::{
+            choose, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED, DEPTHWISE_UNROLLED,
+        };
+        if !self.unrolls() {
             return Ok(self);
-        };
-        let tiled = match self.kernel {
-            "depthwise_conv_nhwc" => "depthwise_conv_tiled_nhwc",
-            _ => "depthwise_conv_tiled",
-        };
-        let tiled_items = self.total.div_ceil(per_thread);
+        }
+        let nhwc = self.kernel == "depthwise_conv_nhwc";
+        let mut kernels = vec![(DEPTHWISE_ONE, self.kernel, self.total)];
+        kernels.push(match nhwc {
+            true => (
+                DEPTHWISE_UNROLLED,
+                "depthwise_conv_unrolled_nhwc",
+                self.total,
+            ),
+            false => (DEPTHWISE_UNROLLED, "depthwise_conv_unrolled", self.total),
+        });
+        if let Some(per_thread) = self.tiled_outputs() {
+            let items = self.total.div_ceil(per_thread);
+            kernels.push(match nhwc {
+                true => (DEPTHWISE_TILED, "depthwise_conv_tiled_nhwc", items),
+                false => (DEPTHWISE_TILED, "depthwise_conv_tiled", items),
+            });
+        }
         let key = format!(
             "{DEPTHWISE_KEY}nc={}|c={}|geo={:?}|{}|ximage={}|xpix={}|pre={}|act={}|bias={}|\
              in_bias={}|sums={}",
@@ -968,21 +991,20 @@ impl CudaDepthwise {
             self.in_bias != 0,
             self.nmore
         );
-        let (gpu, sc): (&Gpu, &StreamCtx) = (cx.gpu, cx.sc);
-        let candidates = cx.timed(
-            &key,
-            DEPTHWISE_TIMING_REPS,
-            &[
-                (DEPTHWISE_ONE, &|| {
-                    self.launch(gpu, sc, self.kernel, self.total)
-                }),
-                (DEPTHWISE_TILED, &|| {
-                    self.launch(gpu, sc, tiled, tiled_items)
-                }),
-            ],
-        )?;
-        if choose(&candidates, usize::MAX).map(|c| c.algo) == Some(DEPTHWISE_TILED) {
-            (self.kernel, self.items) = (tiled, tiled_items);
+        let (gpu, sc, this): (&Gpu, &StreamCtx, &Self) = (cx.gpu, cx.sc, &self);
+        let runs: Vec<_> = kernels
+            .iter()
+            .map(|&(_, kernel, items)| move || this.launch(gpu, sc, kernel, items))
+            .collect();
+        let candidates: Vec<(u32, &crate::cuda::Launch<'_>)> = kernels
+            .iter()
+            .zip(&runs)
+            .map(|(&(code, _, _), run)| (code, run as &crate::cuda::Launch<'_>))
+            .collect();
+        let timed = cx.timed(&key, DEPTHWISE_TIMING_REPS, &candidates)?;
+        let chosen = choose(&timed, usize::MAX).map(|c| c.algo);
+        if let Some(&(_, kernel, items)) = kernels.iter().find(|k| Some(k.0) == chosen) {
+            (self.kernel, self.items) = (kernel, items);
         }
         Ok(self)
     }
@@ -2413,11 +2435,11 @@ mod tests {
         assert_eq!(search_math(false, M::CUDNN_DEFAULT_MATH), M::CUDNN_FMA_MATH);
     }
 
-    /// The tiled depthwise kernel is a candidate exactly where its `tiled_cases` has a case:
-    /// a relu before, widths 3, 5 and 7 at strides 1 and 2 without dilation along the width,
-    /// and every index within 32 bits.
+    /// The unrolled and tiled depthwise kernels are candidates exactly where their `*_cases`
+    /// have a case: a relu before, widths 3, 5 and 7, every index within 32 bits; the tiled
+    /// one also at strides 1 and 2 only, without dilation along the width.
     #[test]
-    fn the_tiled_depthwise_kernel_is_timed_where_it_has_a_case() {
+    fn the_depthwise_kernels_are_timed_where_they_have_a_case() {
         let dw = |n: i64, k: i32, s: i32, d: i32, pre: Activation| CudaDepthwise {
             kernel: "depthwise_conv",
             y: 0,
@@ -2440,15 +2462,16 @@ mod tests {
             items: 0,
         };
         let relu = Activation::Relu;
-        assert_eq!(dw(1, 5, 1, 1, relu).tiled_outputs(), Some(4));
-        assert_eq!(dw(16, 7, 1, 1, relu).tiled_outputs(), Some(4));
-        assert_eq!(dw(1, 3, 2, 1, relu).tiled_outputs(), Some(2));
-        assert_eq!(dw(1, 5, 1, 1, Activation::None).tiled_outputs(), None);
-        assert_eq!(dw(1, 5, 1, 1, Activation::Sigmoid).tiled_outputs(), None);
-        assert_eq!(dw(1, 4, 1, 1, relu).tiled_outputs(), None);
-        assert_eq!(dw(1, 5, 3, 1, relu).tiled_outputs(), None);
-        assert_eq!(dw(1, 5, 1, 2, relu).tiled_outputs(), None);
-        // 2^31 outputs or more: the kernel would take 64-bit indices.
-        assert_eq!(dw(8192, 5, 1, 1, relu).tiled_outputs(), None);
+        let cases = |d: CudaDepthwise| (d.unrolls(), d.tiled_outputs());
+        assert_eq!(cases(dw(1, 5, 1, 1, relu)), (true, Some(4)));
+        assert_eq!(cases(dw(16, 7, 1, 1, relu)), (true, Some(4)));
+        assert_eq!(cases(dw(1, 3, 2, 1, relu)), (true, Some(2)));
+        assert_eq!(cases(dw(1, 5, 3, 1, relu)), (true, None));
+        assert_eq!(cases(dw(1, 5, 1, 2, relu)), (true, None));
+        assert_eq!(cases(dw(1, 5, 1, 1, Activation::None)), (false, None));
+        assert_eq!(cases(dw(1, 5, 1, 1, Activation::Sigmoid)), (false, None));
+        assert_eq!(cases(dw(1, 4, 1, 1, relu)), (false, None));
+        // 2^31 outputs or more: the kernels would take 64-bit indices.
+        assert_eq!(cases(dw(8192, 5, 1, 1, relu)), (false, None));
     }
 }
