@@ -20,7 +20,8 @@ step() { echo "=== $(date +%T) $*" >>"$L"; }
 result() { echo "$*" | tee -a "$R"; }
 save_cache() { cp $C/both.bin "$OUT/cost-cache.bin" 2>>"$L"; }
 # One process's JSON report as one line: median latency, launches, merged convolutions,
-# strided views, peak memory, cuDNN kernels, layout and its conversions, and the check.
+# strided views, peak memory, cuDNN kernels, our depthwise kernels (which of the three each
+# distinct depthwise convolution runs), layout and its conversions, and the check.
 lat() {
     python3 -c 'import json,sys
 try:
@@ -31,10 +32,11 @@ l = r["latency"]
 c = r.get("check")
 check = "" if c is None else " check %s (vs sequential %.1e at %s)" % (
     "passed" if c["passed"] else "FAILED", c["vs_sequential"], c["vs_sequential_node"])
-print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s strided %s peak %s conv %s layout %s/%s%s" % (
+print("%.4f ms (p10 %.4f p90 %.4f) launches %s kernels %s merged %s strided %s peak %s conv %s depthwise %s layout %s/%s%s" % (
       l["median_ms"], l["p10_ms"], l["p90_ms"], r.get("launches"), r.get("kernels"),
       r.get("merged_convolutions"), r.get("strided_views"), r.get("peak_memory_bytes"),
-      r.get("conv_kernels"), r.get("layout"), r.get("layout_conversions"), check))'
+      r.get("conv_kernels"), r.get("depthwise_kernels"), r.get("layout"),
+      r.get("layout_conversions"), check))'
 }
 # `run NAME LIMIT ARGS...`: one `opsched run ... --backend cuda --graph-capture --json` process
 # (of $BIN, default opsched), its line in results.txt.

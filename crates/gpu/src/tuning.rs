@@ -42,7 +42,8 @@ pub const SOFTMAX_ROWS: u32 = 1;
 /// The prefix of a depthwise convolution's key (its geometry, layout, input strides, the
 /// inputs it sums and adds, its activations): its candidates are [`DEPTHWISE_ONE`],
 /// [`DEPTHWISE_UNROLLED`] and [`DEPTHWISE_TILED`], for the convolutions the latter two have a
-/// case for.
+/// case for. A kept list is reused as it is, so a change of the candidates or of a kernel
+/// takes a new version here (`depthwise.2|`), which measures them all again.
 pub const DEPTHWISE_KEY: &str = "depthwise.1|";
 /// The candidate "our depthwise kernel, one output a thread" of a [`DEPTHWISE_KEY`] (it wins
 /// a tie: it ran before the tiled one).
@@ -148,8 +149,8 @@ pub struct Tuning {
     state: Mutex<State>,
 }
 
-/// The kind of kernel a measured choice runs: a convolution's (the first three) or a matrix
-/// product's (the last two).
+/// The kind of kernel a measured choice runs: a convolution's (the first three), a matrix
+/// product's (the next two) or a depthwise convolution's (the last three).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelFamily {
     /// A legacy-API algorithm of cuDNN.
@@ -162,6 +163,12 @@ pub enum KernelFamily {
     Cublas,
     /// A product on a configuration of cuBLASLt's heuristic.
     CublasLt,
+    /// Our depthwise kernel, one output a thread.
+    DepthwiseOne,
+    /// Our depthwise kernel with its kernel width unrolled.
+    DepthwiseUnrolled,
+    /// Our tiled depthwise kernel.
+    DepthwiseTiled,
 }
 
 /// How many distinct convolutions (tuning keys) this process runs with each kind of kernel
@@ -198,6 +205,25 @@ impl GemmKernels {
     /// Every distinct product.
     pub fn total(&self) -> usize {
         self.cublas + self.cublaslt
+    }
+}
+
+/// How many distinct depthwise convolutions (tuning keys) with a choice run each of our
+/// depthwise kernels ([`Tuning::depthwise`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DepthwiseKernels {
+    /// One output a thread.
+    pub one: usize,
+    /// The kernel width unrolled.
+    pub unrolled: usize,
+    /// Several outputs of a row a thread.
+    pub tiled: usize,
+}
+
+impl DepthwiseKernels {
+    /// Every distinct depthwise convolution with a choice.
+    pub fn total(&self) -> usize {
+        self.one + self.unrolled + self.tiled
     }
 }
 
@@ -277,6 +303,15 @@ impl Tuning {
         GemmKernels {
             cublas: self.count(KernelFamily::Cublas),
             cublaslt: self.count(KernelFamily::CublasLt),
+        }
+    }
+
+    /// The depthwise kernels chosen so far, per distinct depthwise convolution.
+    pub fn depthwise(&self) -> DepthwiseKernels {
+        DepthwiseKernels {
+            one: self.count(KernelFamily::DepthwiseOne),
+            unrolled: self.count(KernelFamily::DepthwiseUnrolled),
+            tiled: self.count(KernelFamily::DepthwiseTiled),
         }
     }
 

@@ -53,6 +53,9 @@ pub struct RunReport {
     /// The libraries its distinct measured matrix products run (CUDA only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gemm_kernels: Option<opsched_gpu::tuning::GemmKernels>,
+    /// Which of our kernels its distinct depthwise convolutions with a choice run (CUDA only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depthwise_kernels: Option<opsched_gpu::tuning::DepthwiseKernels>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check: Option<CheckReport>,
     /// The graph's outputs by name, when [`RunOptions::keep_outputs`] asked for them.
@@ -466,6 +469,10 @@ pub fn run_plan<D: Device>(
         weight_bytes: footprint.data_bytes,
         conv_kernels: dev.tuning().map(|t| t.chosen()).filter(|k| k.total() > 0),
         gemm_kernels: dev.tuning().map(|t| t.products()).filter(|k| k.total() > 0),
+        depthwise_kernels: dev
+            .tuning()
+            .map(|t| t.depthwise())
+            .filter(|k| k.total() > 0),
         check,
         outputs,
     })

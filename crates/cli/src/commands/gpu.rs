@@ -652,6 +652,16 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
             k.cublas
         )?;
     }
+    if let Some(k) = &report.depthwise_kernels {
+        writeln!(
+            out,
+            "depthwise      {} distinct: {} tiled, {} unrolled, {} one output a thread",
+            k.total(),
+            k.tiled,
+            k.unrolled,
+            k.one
+        )?;
+    }
     if let Some(c) = &report.check {
         writeln!(
             out,

@@ -954,7 +954,7 @@ impl CudaDepthwise {
     /// same): one output a thread, its width unrolled, or tiled, where those have a case.
     fn measured(mut self, cx: &PrepareCx<'_>) -> Result<CudaDepthwise, GpuError> {
         use crate::tuning::{
-            choose, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED, DEPTHWISE_UNROLLED,
+            choose, KernelFamily, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED, DEPTHWISE_UNROLLED,
         };
         if !self.unrolls() {
             return Ok(self);
@@ -1002,10 +1002,16 @@ impl CudaDepthwise {
             .map(|(&(code, _, _), run)| (code, run as &crate::cuda::Launch<'_>))
             .collect();
         let timed = cx.timed(&key, DEPTHWISE_TIMING_REPS, &candidates)?;
-        let chosen = choose(&timed, usize::MAX).map(|c| c.algo);
-        if let Some(&(_, kernel, items)) = kernels.iter().find(|k| Some(k.0) == chosen) {
+        let chosen = choose(&timed, usize::MAX).map_or(DEPTHWISE_ONE, |c| c.algo);
+        if let Some(&(_, kernel, items)) = kernels.iter().find(|k| k.0 == chosen) {
             (self.kernel, self.items) = (kernel, items);
         }
+        let family = match chosen {
+            DEPTHWISE_TILED => KernelFamily::DepthwiseTiled,
+            DEPTHWISE_UNROLLED => KernelFamily::DepthwiseUnrolled,
+            _ => KernelFamily::DepthwiseOne,
+        };
+        cx.tuning.chose(&key, family);
         Ok(self)
     }
 
