@@ -959,22 +959,16 @@ impl CudaDepthwise {
         if !self.unrolls() {
             return Ok(self);
         }
-        let nhwc = self.kernel == "depthwise_conv_nhwc";
-        let mut kernels = vec![(DEPTHWISE_ONE, self.kernel, self.total)];
-        kernels.push(match nhwc {
-            true => (
-                DEPTHWISE_UNROLLED,
-                "depthwise_conv_unrolled_nhwc",
-                self.total,
-            ),
-            false => (DEPTHWISE_UNROLLED, "depthwise_conv_unrolled", self.total),
-        });
+        let (unrolled, tiled) = match self.kernel == "depthwise_conv_nhwc" {
+            true => ("depthwise_conv_unrolled_nhwc", "depthwise_conv_tiled_nhwc"),
+            false => ("depthwise_conv_unrolled", "depthwise_conv_tiled"),
+        };
+        let mut kernels = vec![
+            (DEPTHWISE_ONE, self.kernel, self.total),
+            (DEPTHWISE_UNROLLED, unrolled, self.total),
+        ];
         if let Some(per_thread) = self.tiled_outputs() {
-            let items = self.total.div_ceil(per_thread);
-            kernels.push(match nhwc {
-                true => (DEPTHWISE_TILED, "depthwise_conv_tiled_nhwc", items),
-                false => (DEPTHWISE_TILED, "depthwise_conv_tiled", items),
-            });
+            kernels.push((DEPTHWISE_TILED, tiled, self.total.div_ceil(per_thread)));
         }
         let key = format!(
             "{DEPTHWISE_KEY}nc={}|c={}|geo={:?}|{}|ximage={}|xpix={}|pre={}|act={}|bias={}|\
