@@ -594,22 +594,28 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
     }
 }
 
-// The arguments every case takes, as the entry points have them.
+// The parameters of the entry points and of every function that picks a case, and the
+// arguments they pass on.
+#define DEPTHWISE_PARAMS                                                                    \
+    float* y, const float* x, const float* wt, const float* bias, i64 nc, int c, i64 ximage, \
+        int xpix, Geo12 g, int pre, float q0, float q1, int act, float p0, float p1,         \
+        const float* in_bias, const float* const* more, int nmore
 #define DEPTHWISE_ARGS                                                                      \
     y, x, wt, bias, nc, c, ximage, xpix, g, pre, q0, q1, act, p0, p1, in_bias, more, nmore
+
+// Whether every index of a depthwise convolution fits 32 bits (FITS32), so that the kernel
+// may divide on 32 bits.
+__device__ __forceinline__ bool depthwise_fits32(i64 nc, int c, i64 ximage, Geo12 g) {
+    return FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
+}
 
 // x's images are `ximage` elements apart (c * h * w where dense; more where x is a strided
 // view: NCHW one run per image, channels last one run of channels per pixel, the pixels
 // `xpix` elements apart). Any other input activation, or 64-bit indices: one general case,
 // which reads the extra inputs where they are null too.
 template <bool NHWC>
-__device__ __forceinline__ void depthwise_cases(float* y, const float* x, const float* wt,
-                                                const float* bias, i64 nc, int c, i64 ximage,
-                                                int xpix, Geo12 g, int pre, float q0,
-                                                float q1, int act, float p0, float p1,
-                                                const float* in_bias,
-                                                const float* const* more, int nmore) {
-    const bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
+__device__ __forceinline__ void depthwise_cases(DEPTHWISE_PARAMS) {
+    const bool small = depthwise_fits32(nc, c, ximage, g);
     const bool extra = in_bias != nullptr || nmore > 0;
     if (!small || pre > 1) {
         if (small)
@@ -628,31 +634,19 @@ __device__ __forceinline__ void depthwise_cases(float* y, const float* x, const 
 }
 
 // One entry point per layout (written out: the kernels are found by name).
-extern "C" __global__ void depthwise_conv(float* y, const float* x, const float* wt,
-                                          const float* bias, i64 nc, int c, i64 ximage, int xpix,
-                                          Geo12 g, int pre, float q0, float q1, int act, float p0,
-                                          float p1, const float* in_bias,
-                                          const float* const* more, int nmore) {
+extern "C" __global__ void depthwise_conv(DEPTHWISE_PARAMS) {
     depthwise_cases<false>(DEPTHWISE_ARGS);
 }
 
-extern "C" __global__ void depthwise_conv_nhwc(float* y, const float* x, const float* wt,
-                                               const float* bias, i64 nc, int c, i64 ximage,
-                                               int xpix, Geo12 g, int pre, float q0, float q1,
-                                               int act, float p0, float p1,
-                                               const float* in_bias,
-                                               const float* const* more, int nmore) {
+extern "C" __global__ void depthwise_conv_nhwc(DEPTHWISE_PARAMS) {
     depthwise_cases<true>(DEPTHWISE_ARGS);
 }
 
 // The depthwise convolution with its kernel width unrolled (depthwise_conv_t's KW) for a
 // relu before it, widths 3, 5 and 7, 32-bit indices; anything else as depthwise_conv runs it.
 template <bool NHWC>
-__device__ __forceinline__ void unrolled_cases(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    const bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
+__device__ __forceinline__ void unrolled_cases(DEPTHWISE_PARAMS) {
+    const bool small = depthwise_fits32(nc, c, ximage, g);
     const bool extra = in_bias != nullptr || nmore > 0;
     switch (small && pre == 1 ? g.v[5] * 2 + extra : 0) {
     case 6: depthwise_conv_t<unsigned, NHWC, false, 1, 3>(DEPTHWISE_ARGS); break;
@@ -665,17 +659,11 @@ __device__ __forceinline__ void unrolled_cases(float* y, const float* x, const f
     }
 }
 
-extern "C" __global__ void depthwise_conv_unrolled(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
+extern "C" __global__ void depthwise_conv_unrolled(DEPTHWISE_PARAMS) {
     unrolled_cases<false>(DEPTHWISE_ARGS);
 }
 
-extern "C" __global__ void depthwise_conv_unrolled_nhwc(float* y, const float* x,
-        const float* wt, const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g,
-        int pre, float q0, float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
+extern "C" __global__ void depthwise_conv_unrolled_nhwc(DEPTHWISE_PARAMS) {
     unrolled_cases<true>(DEPTHWISE_ARGS);
 }
 
@@ -684,8 +672,7 @@ extern "C" __global__ void depthwise_conv_unrolled_nhwc(float* y, const float* x
 // loaded, given the extra inputs and the input activation once, and kept in registers for
 // every output that reads it (a 5x5 at stride 1 with V = 4 loads 8 values per kernel row
 // instead of 20). The sums run in depthwise_conv_t's order, so the outputs are equal. One
-// thread per V outputs: the host launches a grid for len / V (step::conv's `tiled`). Which of
-// the two kernels runs a convolution is measured on the GPU (tuning's DEPTHWISE_KEY).
+// thread per V outputs: the host launches a grid for len / V (step::conv's `tiled_outputs`).
 template <bool NHWC, bool EXTRA, int PRE, int KW, int S, int V>
 __device__ __forceinline__ void tiled_depthwise_t(float* y, const float* x, const float* wt,
         const float* bias, unsigned nc, int c, unsigned ximage, int xpix, Geo12 g, int pre,
@@ -752,18 +739,12 @@ __device__ __forceinline__ void tiled_depthwise_t(float* y, const float* x, cons
 
 // Outputs per thread: 4 at stride 1, 2 at stride 2.
 template <bool NHWC, bool EXTRA, int KW, int S>
-__device__ __forceinline__ void tiled_one(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
+__device__ __forceinline__ void tiled_one(DEPTHWISE_PARAMS) {
     tiled_depthwise_t<NHWC, EXTRA, 1, KW, S, S == 1 ? 4 : 2>(DEPTHWISE_ARGS);
 }
 
 template <bool NHWC, bool EXTRA>
-__device__ __forceinline__ void tiled_width(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
+__device__ __forceinline__ void tiled_width(DEPTHWISE_PARAMS) {
     switch (g.v[5] * 10 + g.v[7]) {
     case 31: tiled_one<NHWC, EXTRA, 3, 1>(DEPTHWISE_ARGS); break;
     case 32: tiled_one<NHWC, EXTRA, 3, 2>(DEPTHWISE_ARGS); break;
@@ -778,11 +759,8 @@ __device__ __forceinline__ void tiled_width(float* y, const float* x, const floa
 // Relu before, 32-bit indices, no dilation along the width, widths 3, 5, 7 at strides 1 and
 // 2; anything else as the entry points run it (over the same grid: it strides).
 template <bool NHWC>
-__device__ __forceinline__ void tiled_cases(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
-    const bool small = FITS32(nc * g.v[2] * g.v[3]) && FITS32(nc / c * ximage);
+__device__ __forceinline__ void tiled_cases(DEPTHWISE_PARAMS) {
+    const bool small = depthwise_fits32(nc, c, ximage, g);
     const bool extra = in_bias != nullptr || nmore > 0;
     if (!small || pre != 1 || g.v[11] != 1)
         depthwise_cases<NHWC>(DEPTHWISE_ARGS);
@@ -792,17 +770,11 @@ __device__ __forceinline__ void tiled_cases(float* y, const float* x, const floa
         tiled_width<NHWC, false>(DEPTHWISE_ARGS);
 }
 
-extern "C" __global__ void depthwise_conv_tiled(float* y, const float* x, const float* wt,
-        const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g, int pre, float q0,
-        float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
+extern "C" __global__ void depthwise_conv_tiled(DEPTHWISE_PARAMS) {
     tiled_cases<false>(DEPTHWISE_ARGS);
 }
 
-extern "C" __global__ void depthwise_conv_tiled_nhwc(float* y, const float* x,
-        const float* wt, const float* bias, i64 nc, int c, i64 ximage, int xpix, Geo12 g,
-        int pre, float q0, float q1, int act, float p0, float p1, const float* in_bias,
-        const float* const* more, int nmore) {
+extern "C" __global__ void depthwise_conv_tiled_nhwc(DEPTHWISE_PARAMS) {
     tiled_cases<true>(DEPTHWISE_ARGS);
 }
 // Abstract operators: every block waits until `ns` nanoseconds have passed.
