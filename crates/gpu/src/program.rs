@@ -374,14 +374,9 @@ pub(crate) fn through_nchw<E>(
     Ok(())
 }
 
-/// FNV-1a 64 of a string: the seed of a named buffer.
+/// FNV-1a 64 of a string ([`opsched_cost::cache::fnv1a64`]): the seed of a named buffer.
 pub fn seed_of(text: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+    opsched_cost::cache::fnv1a64(text.as_bytes())
 }
 
 /// The seed of parameter `what` of operator `inner` of `node` (see [`BufRole::Param`]).

@@ -20,22 +20,16 @@ pub(crate) fn dir() -> Option<PathBuf> {
     }
 }
 
-/// A stable 64-bit key of `parts` (FNV-1a over each part's length and bytes: the same in
-/// every build and on every platform, which std's hasher does not promise).
+/// A stable 64-bit key of `parts`: FNV-1a ([`opsched_cost::cache::fnv1a64`], the same in every
+/// build and on every platform, which std's hasher does not promise) over each part's length
+/// and bytes.
 pub(crate) fn key(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |b: u8| {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    };
+    let mut framed = Vec::with_capacity(parts.iter().map(|p| p.len() + 8).sum());
     for part in parts {
-        (part.len() as u64)
-            .to_le_bytes()
-            .into_iter()
-            .for_each(&mut eat);
-        part.iter().copied().for_each(&mut eat);
+        framed.extend_from_slice(&(part.len() as u64).to_le_bytes());
+        framed.extend_from_slice(part);
     }
-    h
+    opsched_cost::cache::fnv1a64(&framed)
 }
 
 fn file(dir: &Path, key: u64) -> PathBuf {
@@ -53,16 +47,18 @@ pub(crate) fn load(dir: &Path, key: u64) -> Option<String> {
     (looks_like_ptx && !text.contains('\0')).then_some(text)
 }
 
-/// Keep `ptx` under `key` for the next process: written beside and renamed, so a reader never
-/// sees half a file. A failure is logged and costs the next process a compile, nothing more.
+/// Keep `ptx` under `key` for the next process, written as every output is
+/// ([`opsched_io::write`]: replaced atomically, so a reader never sees half a file). A failure
+/// is logged and costs the next process a compile, nothing more.
 pub(crate) fn store(dir: &Path, key: u64, ptx: &str) {
-    let target = file(dir, key);
-    let partial = dir.join(format!("{key:016x}.ptx.{}.partial", std::process::id()));
     let written = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&partial, ptx))
-        .and_then(|()| std::fs::rename(&partial, &target));
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            opsched_io::write(file(dir, key), ptx.as_bytes())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
     if let Err(e) = written {
-        std::fs::remove_file(&partial).ok();
         tracing::warn!(
             "could not keep the compiled kernels in {} ({e}); the next process compiles them \
              again",
@@ -107,12 +103,15 @@ mod tests {
         assert_eq!(load(&dir, 3), None);
         std::fs::write(file(&dir, 3), format!("{PTX}\0")).unwrap();
         assert_eq!(load(&dir, 3), None, "a NUL inside");
-        // Nothing half-written is left beside.
+        // Nothing half-written is left beside (opsched_io's temporary files).
         let names: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert!(names.iter().all(|n| !n.contains("partial")), "{names:?}");
+        assert!(
+            names.iter().all(|n| !n.contains("opsched-tmp")),
+            "{names:?}"
+        );
         // A directory that cannot be made (a file is in the way): logged, nothing panics.
         let blocked = dir.join("file");
         std::fs::write(&blocked, "x").unwrap();
