@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use anyhow::{Context, Result};
-use opsched::cost::{CostModel, DevicePreset, LinkPreset};
+use opsched::cost::{CostModel, DevicePreset, Layout, LinkPreset};
 use opsched::schedule::{export, ExecMode, Platform, Schedule};
 use opsched::{ratio, Calibration, CostKind, CostSpec, Evaluation, Graph};
 use serde::Serialize;
@@ -38,7 +38,9 @@ pub struct Setup {
     pub exec: ExecMode,
 }
 
-pub fn setup(g: &Graph, args: &PlatformArgs) -> Result<Setup> {
+/// `layout`: the layout whose measurements `--cost cache` and `--cost measured` answer with
+/// first (`None`: the one a GPU run uses by default).
+pub fn setup(g: &Graph, args: &PlatformArgs, layout: Option<Layout>) -> Result<Setup> {
     let device = DevicePreset::by_name(&args.device).map_err(user)?;
     let link = match &args.link {
         Some(name) => LinkPreset::by_name(name).map_err(user)?,
@@ -53,6 +55,7 @@ pub fn setup(g: &Graph, args: &PlatformArgs) -> Result<Setup> {
         },
         costs_dir: args.costs.clone(),
         measured_device: None,
+        layout,
     };
     let kind = match &args.cost {
         Some(name) => spec.parse_kind(name).map_err(facade)?,

@@ -43,6 +43,7 @@ pub use calibration::{DeviceFile, Overheads};
 pub use device::{DevicePreset, LinkPreset};
 pub use hios::HiosSimLaw;
 pub use ideal::IdealModel;
+pub use signature::Layout;
 
 /// The GPU resources an operator asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -17,6 +17,13 @@
 //! convolution), which [`CostModel::merged_time`] reads. `batch` and
 //! `dtype` may be left out (the signature already fixes them); when present, an operator only
 //! matches a row whose batch ([`batch_of`]) and dtype agree.
+//!
+//! A row measured channels last has `@nhwc` after its signature
+//! ([`measured_in`](crate::signature::measured_in)). A table answers in one layout
+//! ([`MeasuredTable::with_layout`], NCHW unless told): with the row of that layout where it
+//! has one, else with the other's (a cuDNN convolution measured in NCHW includes the layout
+//! conversions cuDNN runs around it: a pessimistic stand-in, but a measurement all the same);
+//! [`MeasuredTable::measured_op_in`] says which answered.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cache::{CostCache, Measurement};
 use crate::signature::{
-    batch_of, is_stage_signature, merged_signature, op_signature, stage_signature,
+    batch_of, is_stage_signature, merged_signature, op_signature, stage_signature, Layout,
+    NHWC_SUFFIX,
 };
 use crate::{fluid, CostModel, CostStats, ResourceDemand};
 
@@ -97,6 +105,8 @@ pub struct MeasuredTable<M: CostModel> {
     source: String,
     ops: HashMap<String, TableRow>,
     stages: HashMap<String, TableRow>,
+    /// The layout whose rows answer first.
+    layout: Layout,
     share_bound: bool,
     measured: AtomicU64,
     estimated: AtomicU64,
@@ -110,6 +120,7 @@ impl<M: CostModel> MeasuredTable<M> {
             source: "table".into(),
             ops: HashMap::new(),
             stages: HashMap::new(),
+            layout: Layout::Nchw,
             share_bound: true,
             measured: AtomicU64::new(0),
             estimated: AtomicU64::new(0),
@@ -209,6 +220,18 @@ impl<M: CostModel> MeasuredTable<M> {
         self
     }
 
+    /// Answer with the rows measured in `layout` where there are, else with the other
+    /// layout's (see the module documentation).
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// The layout whose rows answer first.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
     /// Name the table's source (shown in [`CostModel::name`]).
     pub fn with_source(mut self, source: impl Into<String>) -> Self {
         self.source = source.into();
@@ -240,14 +263,39 @@ impl<M: CostModel> MeasuredTable<M> {
         self.len() == 0
     }
 
-    /// The measured time of `op`, if the table has it.
-    pub fn measured_op(&self, g: &Graph, op: NodeId) -> Option<f64> {
+    /// The row of `signature` in `map`: measured in this table's layout, else in the other
+    /// (with the layout that answered).
+    fn lookup<'a>(
+        &self,
+        map: &'a HashMap<String, TableRow>,
+        mut signature: String,
+    ) -> Option<(&'a TableRow, Layout)> {
+        let base = signature.len();
+        for layout in [self.layout, self.layout.other()] {
+            signature.truncate(base);
+            if layout == Layout::Nhwc {
+                signature.push_str(NHWC_SUFFIX);
+            }
+            if let Some(row) = map.get(&signature) {
+                return Some((row, layout));
+            }
+        }
+        None
+    }
+
+    /// The measured time of `op` and the layout it was measured in, if the table has it.
+    pub fn measured_op_in(&self, g: &Graph, op: NodeId) -> Option<(f64, Layout)> {
         if self.ops.is_empty() {
             return None;
         }
-        let row = self.ops.get(&op_signature(g, op))?;
+        let (row, layout) = self.lookup(&self.ops, op_signature(g, op))?;
         row.matches(batch_of(g, op), &g.dtype.to_string())
-            .then_some(row.median_ms)
+            .then_some((row.median_ms, layout))
+    }
+
+    /// The measured time of `op`, if the table has it.
+    pub fn measured_op(&self, g: &Graph, op: NodeId) -> Option<f64> {
+        self.measured_op_in(g, op).map(|(ms, _)| ms)
     }
 
     /// The measured time of the one convolution a merged group runs as, if the table has it.
@@ -255,7 +303,7 @@ impl<M: CostModel> MeasuredTable<M> {
         if self.ops.is_empty() {
             return None;
         }
-        let row = self.ops.get(&merged_signature(g, ops)?)?;
+        let (row, _) = self.lookup(&self.ops, merged_signature(g, ops)?)?;
         row.matches(batch_of(g, *ops.first()?), &g.dtype.to_string())
             .then_some(row.median_ms)
     }
@@ -265,7 +313,7 @@ impl<M: CostModel> MeasuredTable<M> {
         if self.stages.is_empty() {
             return None;
         }
-        let row = self.stages.get(&stage_signature(g, groups))?;
+        let (row, _) = self.lookup(&self.stages, stage_signature(g, groups))?;
         let first = groups.iter().flatten().next()?;
         row.matches(batch_of(g, *first), &g.dtype.to_string())
             .then_some(row.median_ms)

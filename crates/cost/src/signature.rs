@@ -33,10 +33,74 @@
 //!
 //! The batch is part of the key through the input shapes; [`batch_of`] extracts it for cache
 //! keys. [`stage_signature`] combines operator signatures into the key of a concurrent stage.
+//!
+//! A measurement also depends on how its activations were stored ([`Layout`]), which is not
+//! part of what an operator computes: [`measured_in`] appends `@nhwc` to the signature of a
+//! measurement taken channels last, and leaves NCHW's unmarked (every measurement made before
+//! channels last existed was NCHW, so older caches and tables keep their meaning).
 
 use std::fmt::Write as _;
 
 use opsched_graph::{Graph, NodeId, Op, PoolKind};
+use serde::{Deserialize, Serialize};
+
+/// How 4-D activations are stored (the GPU crate's programs choose it; a measurement records
+/// it, see [`measured_in`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// `[n, c, h, w]`, the IR's order, everywhere.
+    #[default]
+    Nchw,
+    /// Channels last (`[n, h, w, c]`) for the values of convolutions that cuDNN or our
+    /// depthwise kernel runs, of `sequential` chains of them, and of the element-wise
+    /// operators, activations, pools and concatenations after them
+    /// (`opsched_gpu::program::channels_last`); the other operators, the graph's inputs and
+    /// outputs stay in NCHW, with a transpose where a value crosses over (made once per value
+    /// where its producer runs it).
+    Nhwc,
+}
+
+impl Layout {
+    /// The other layout (where a measurement in the one asked for is missing, a measured
+    /// table answers with this one's, see `MeasuredTable`).
+    pub fn other(self) -> Layout {
+        match self {
+            Layout::Nchw => Layout::Nhwc,
+            Layout::Nhwc => Layout::Nchw,
+        }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Layout::Nchw => "nchw",
+            Layout::Nhwc => "nhwc",
+        })
+    }
+}
+
+/// The suffix of the key of a measurement taken channels last.
+pub const NHWC_SUFFIX: &str = "@nhwc";
+
+/// The key of a measurement of `signature` (an operator's, a merged group's or a stage's)
+/// taken with activations stored in `layout`: `signature` itself for NCHW, followed by
+/// [`NHWC_SUFFIX`] for channels last.
+pub fn measured_in(signature: &str, layout: Layout) -> String {
+    match layout {
+        Layout::Nchw => signature.to_string(),
+        Layout::Nhwc => format!("{signature}{NHWC_SUFFIX}"),
+    }
+}
+
+/// The signature and layout of a measurement's key ([`measured_in`]'s inverse).
+pub fn split_layout(key: &str) -> (&str, Layout) {
+    match key.strip_suffix(NHWC_SUFFIX) {
+        Some(sig) => (sig, Layout::Nhwc),
+        None => (key, Layout::Nchw),
+    }
+}
 
 /// The canonical key of what `op` computes (see the module documentation for the format).
 pub fn op_signature(g: &Graph, op: NodeId) -> String {
@@ -370,6 +434,27 @@ mod tests {
             Conv2d::new(64, 3).stride(stride).bias(true).relu(),
         );
         (b.finish().unwrap(), c)
+    }
+
+    #[test]
+    fn a_layout_marks_a_measurement_key_and_nothing_else() {
+        let (g, c) = conv_model("m", 1, 1, false);
+        let sig = op_signature(&g, c);
+        assert_eq!(measured_in(&sig, Layout::Nchw), sig);
+        let nhwc = measured_in(&sig, Layout::Nhwc);
+        assert_eq!(nhwc, format!("{sig}@nhwc"));
+        for (key, layout) in [(sig.clone(), Layout::Nchw), (nhwc, Layout::Nhwc)] {
+            assert_eq!(split_layout(&key), (sig.as_str(), layout));
+        }
+        let stage = measured_in(&stage_signature(&g, &[vec![c]]), Layout::Nhwc);
+        assert!(
+            is_stage_signature(&stage) && !is_stage_signature(&measured_in(&sig, Layout::Nhwc))
+        );
+        assert_eq!(Layout::Nhwc.other(), Layout::Nchw);
+        assert_eq!(
+            (Layout::Nchw.to_string(), Layout::Nhwc.to_string()),
+            ("nchw".into(), "nhwc".into())
+        );
     }
 
     /// A merged group's key is the signature of its convolution alone on the same input.

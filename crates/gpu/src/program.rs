@@ -237,21 +237,15 @@ pub struct GraphProgram {
     pub layout_conversions: usize,
 }
 
-/// How 4-D activations are stored.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Layout {
-    /// `[n, c, h, w]`, the IR's order, everywhere.
-    #[default]
-    Nchw,
-    /// Channels last (`[n, h, w, c]`) for the values of convolutions that cuDNN or our
-    /// depthwise kernel runs, of `sequential` chains of them, and of the element-wise
-    /// operators, activations, pools and concatenations after them
-    /// ([`channels_last`]); the other operators, the graph's inputs and outputs stay in NCHW,
-    /// with a transpose where a value crosses over (made once per value where its producer
-    /// runs it).
-    Nhwc,
-}
+/// How 4-D activations are stored (defined beside the cost cache's keys, which record it:
+/// [`opsched_cost::signature::measured_in`]).
+pub use opsched_cost::Layout;
+
+/// The layout a CUDA device stores activations in unless told otherwise
+/// ([`crate::Device::preferred_layout`]): channels last ran every CNN measured on an H100
+/// faster (2026-11-27). Measured costs are looked up in it by default, since the cost cache's
+/// device presets are GPUs.
+pub const CUDA_LAYOUT: Layout = Layout::Nhwc;
 
 /// Which operators' values a program with [`Layout::Nhwc`] stores channels last: a
 /// convolution that cuDNN runs (one group, symmetric padding) or our depthwise kernel runs,

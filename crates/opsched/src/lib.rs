@@ -35,6 +35,7 @@ pub mod measure;
 
 use opsched_cost::cache::CostCache;
 use opsched_cost::measured::MeasuredTable;
+use opsched_cost::Layout;
 use opsched_cost::{
     AnalyticalModel, CostError, CostModel, DeviceFile, DevicePreset, HiosSimLaw, IdealModel,
     LinkPreset,
@@ -610,6 +611,11 @@ pub struct CostSpec {
     /// [`CostKind::Measured`]: the profiles' device (`measured:NAME`; default: the preset's
     /// name), matched like a driver's device name ([`DevicePreset::for_device_name`]).
     pub measured_device: Option<String>,
+    /// [`CostKind::Cache`] and [`CostKind::Measured`]: the layout of the measurements that
+    /// answer first (the other layout's stand in where it has none; a note counts those).
+    /// Default: the one `opsched run` stores activations in on a GPU
+    /// ([`gpu::program::CUDA_LAYOUT`]).
+    pub layout: Option<Layout>,
 }
 
 impl CostSpec {
@@ -661,6 +667,7 @@ pub fn cost_model_with(
     spec: &CostSpec,
 ) -> Result<CostSetup> {
     let base = analytical_model(device, link, &spec.calibration)?;
+    let layout = spec.layout.unwrap_or(gpu::program::CUDA_LAYOUT);
     let plain = |model: Box<dyn CostModel>| CostSetup {
         model,
         notes: Vec::new(),
@@ -674,13 +681,17 @@ pub fn cost_model_with(
         CostKind::Ideal => Ok(plain(Box::new(IdealModel::new(base)))),
         CostKind::Cache => {
             let table = measured_from_cache(device, base, spec.cache.as_deref())?;
-            Ok(with_coverage(g, table, "cache"))
+            Ok(with_coverage(g, table.with_layout(layout), "cache"))
         }
         CostKind::Measured => {
             let name = spec.measured_device.as_deref().unwrap_or(device.name);
             let dir = spec.costs_dir.clone().unwrap_or_else(committed_costs_dir);
             let table = measured_from_profiles(&dir, name, base)?;
-            Ok(with_coverage(g, table, &format!("measured:{name}")))
+            Ok(with_coverage(
+                g,
+                table.with_layout(layout),
+                &format!("measured:{name}"),
+            ))
         }
     }
 }
@@ -692,32 +703,52 @@ pub fn committed_costs_dir() -> PathBuf {
 
 /// A measured table with a note naming the operators of `g` it does not have.
 fn with_coverage(g: &Graph, table: MeasuredTable<AnalyticalModel>, what: &str) -> CostSetup {
-    let missing: Vec<&str> = g
-        .ops()
-        .filter(|&o| table.measured_op(g, o).is_none())
-        .map(|o| g.node(o).name.as_str())
-        .collect();
+    let answers: Vec<_> = g.ops().map(|o| (o, table.measured_op_in(g, o))).collect();
+    let named = |pick: &dyn Fn(Option<Layout>) -> bool| -> Vec<&str> {
+        answers
+            .iter()
+            .filter(|(_, a)| pick(a.map(|(_, l)| l)))
+            .map(|(o, _)| g.node(*o).name.as_str())
+            .collect()
+    };
+    let missing = named(&|a| a.is_none());
+    let other = table.layout().other();
+    let elsewhere = named(&|a| a == Some(other));
     let mut notes = Vec::new();
     if !missing.is_empty() {
-        const SHOWN: usize = 8;
-        let more = missing.len().saturating_sub(SHOWN);
         notes.push(format!(
-            "{what}: {} of {} operators are not measured and use the estimate of {}: {}{}",
+            "{what}: {} of {} operators are not measured and use the estimate of {}: {}",
             missing.len(),
             g.op_count(),
             table.fallback().name(),
-            missing[..missing.len().min(SHOWN)].join(", "),
-            if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            }
+            first_names(&missing)
+        ));
+    }
+    if !elsewhere.is_empty() {
+        notes.push(format!(
+            "{what}: {} of {} operators were measured in {other} only, not in the {} asked \
+             for, and use that time: {}",
+            elsewhere.len(),
+            g.op_count(),
+            table.layout(),
+            first_names(&elsewhere)
         ));
     }
     CostSetup {
         model: Box::new(table),
         notes,
     }
+}
+
+/// The first few of `names`, then how many more.
+fn first_names(names: &[&str]) -> String {
+    const SHOWN: usize = 8;
+    let more = names.len().saturating_sub(SHOWN);
+    let mut s = names[..names.len().min(SHOWN)].join(", ");
+    if more > 0 {
+        s.push_str(&format!(" and {more} more"));
+    }
+    s
 }
 
 /// The committed profiles of one device: every `DIR/<device>/*/ops.json` (the profiler's
@@ -1002,6 +1033,64 @@ mod tests {
         .unwrap()
         .to_string();
         assert!(e.contains("none.bin") && e.contains("no such file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn measured_costs_answer_in_the_layout_asked_for_and_say_where_they_cannot() {
+        let dir =
+            std::env::temp_dir().join(format!("opsched-facade-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("costs.bin");
+        let g = zoo::build("squeezenet", &zoo::ZooConfig::default()).unwrap();
+        let ops: Vec<opsched_graph::NodeId> = g.ops().collect();
+        let key = |op, layout| CacheKey {
+            device: DeviceFingerprint {
+                name: "NVIDIA H100 80GB HBM3".into(),
+                sms: 132,
+                driver: "550.54".into(),
+                cudnn: "9.1".into(),
+            },
+            signature: opsched_cost::signature::measured_in(&op_signature(&g, op), layout),
+            batch: 1,
+            dtype: "f32".into(),
+        };
+        let mut cache = CostCache::open(&path).unwrap();
+        // The first operator in both layouts, the second in NCHW only.
+        cache.insert(key(ops[0], Layout::Nchw), Measurement::exact(0.5));
+        cache.insert(key(ops[0], Layout::Nhwc), Measurement::exact(0.25));
+        cache.insert(key(ops[1], Layout::Nchw), Measurement::exact(0.75));
+        cache.save().unwrap();
+        let (h100, link) = (
+            DevicePreset::by_name("h100").unwrap(),
+            LinkPreset::by_name("nvlink4").unwrap(),
+        );
+        let setup = |layout| {
+            let spec = CostSpec {
+                cache: Some(path.clone()),
+                layout,
+                ..CostSpec::default()
+            };
+            cost_model_with(CostKind::Cache, &h100, &link, &g, &spec).unwrap()
+        };
+        let name = |op: opsched_graph::NodeId| g.node(op).name.clone();
+        // By default in the layout a GPU run uses: channels last.
+        for layout in [None, Some(Layout::Nhwc)] {
+            let s = setup(layout);
+            assert_eq!(s.model.op_time(&g, ops[0]), 0.25);
+            assert_eq!(s.model.op_time(&g, ops[1]), 0.75);
+            let note = s.notes.iter().find(|n| n.contains("only")).unwrap();
+            assert!(
+                note.contains("1 of")
+                    && note.contains("in nchw only")
+                    && note.contains(&name(ops[1])),
+                "{note}"
+            );
+        }
+        let s = setup(Some(Layout::Nchw));
+        assert_eq!(s.model.op_time(&g, ops[0]), 0.5);
+        assert_eq!(s.model.op_time(&g, ops[1]), 0.75);
+        assert!(s.notes.iter().all(|n| !n.contains("only")), "{:?}", s.notes);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

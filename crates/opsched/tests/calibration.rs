@@ -157,13 +157,22 @@ fn measured_profiles_answer_and_name_what_they_lack() {
         .count();
     // Operators with the same signature share a row; every measured one answers 1 ms.
     assert!(measured >= ops.len() - 2, "{measured}");
-    assert_eq!(setup.notes.len(), 1, "{:?}", setup.notes);
+    // The rows are unmarked (NCHW) and a GPU run stores channels last: a second note says so.
+    assert_eq!(setup.notes.len(), 2, "{:?}", setup.notes);
     let last = &g.node(ops[ops.len() - 1]).name;
     assert!(
         setup.notes[0].contains("2 of 50 operators") && setup.notes[0].contains(last.as_str()),
         "{}",
         setup.notes[0]
     );
+    assert!(
+        setup.notes[1].contains("48 of 50 operators were measured in nchw only"),
+        "{}",
+        setup.notes[1]
+    );
+    spec.layout = Some(opsched::cost::Layout::Nchw);
+    let nchw = opsched::cost_model_with(kind, &h100(), &nvlink(), &g, &spec).unwrap();
+    assert_eq!(nchw.notes, setup.notes[..1], "{:?}", nchw.notes);
     // Another device has no profiles: an error naming the directory and what it holds.
     spec.measured_device = Some("v100".into());
     let e = opsched::cost_model_with(kind, &h100(), &nvlink(), &g, &spec)

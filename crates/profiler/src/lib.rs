@@ -26,9 +26,11 @@
 //! ## Where results go
 //! - The persistent [`CostCache`] ([`ProfileOptions::cache`]), keyed by the device
 //!   fingerprint ([`opsched_gpu::DeviceReport::fingerprint`]: driver's device name, SMs,
-//!   driver and cuDNN versions), the signature, the batch ([`batch_of`]) and the dtype: operators under their
-//!   operator signature, stages under their [`stage_signature`], transfers under
-//!   [`transfer_signature`] (`transfer(bytes=N,src=A,dst=B)`).
+//!   driver and cuDNN versions), the signature, the batch ([`batch_of`]) and the dtype:
+//!   operators under their operator signature, stages under their [`stage_signature`], each
+//!   followed by `@nhwc` where measured channels last ([`measured_in`]: the layout is
+//!   [`ProfileOptions::layout`], by default the one `opsched run` uses on the device), transfers
+//!   under [`transfer_signature`] (`transfer(bytes=N,src=A,dst=B)`).
 //! - Optionally a directory of human-readable tables ([`export`], normally
 //!   `fixtures/costs/<device-slug>/`): `ops.json` (operators and stages, the
 //!   [`MeasuredTable`](opsched_cost::measured::MeasuredTable) JSON format, so
@@ -40,7 +42,8 @@ use std::path::{Path, PathBuf};
 
 use opsched_cost::cache::{CacheKey, CostCache, DeviceFingerprint, Measurement};
 use opsched_cost::measured::TableRow;
-use opsched_cost::signature::{batch_of, op_signature, stage_signature};
+use opsched_cost::signature::{batch_of, measured_in, op_signature, stage_signature};
+use opsched_cost::Layout;
 use opsched_gpu::{Device, Step, Summary};
 use opsched_graph::{Graph, NodeId};
 use opsched_runtime::bench::{time_transfer, Bench};
@@ -81,6 +84,10 @@ pub struct ProfileOptions {
     /// A directory for the exported tables (`None`: no export).
     pub export_dir: Option<PathBuf>,
     pub kernels: opsched_runtime::KernelOptions,
+    /// How activations are stored while measuring (`None`: as the device prefers and
+    /// `opsched run` stores them, [`Device::preferred_layout`]). Every key records it
+    /// ([`measured_in`]).
+    pub layout: Option<Layout>,
 }
 
 impl Default for ProfileOptions {
@@ -96,6 +103,7 @@ impl Default for ProfileOptions {
             cache: None,
             export_dir: None,
             kernels: Default::default(),
+            layout: None,
         }
     }
 }
@@ -148,6 +156,9 @@ pub struct ProfileReport {
     #[serde(default)]
     pub backend: String,
     pub fingerprint: DeviceFingerprint,
+    /// How activations were stored (every signature of the report records it too).
+    #[serde(default)]
+    pub layout: Layout,
     pub ops: Vec<Timing>,
     pub stages: Vec<Timing>,
     pub transfers: Vec<TransferTiming>,
@@ -156,22 +167,28 @@ pub struct ProfileReport {
     pub exported: Vec<PathBuf>,
 }
 
-/// The cache key of an operator of `g` measured on `device`.
-pub fn op_key(device: &DeviceFingerprint, g: &Graph, op: NodeId) -> CacheKey {
+/// The cache key of an operator of `g` measured on `device` with activations in `layout`.
+pub fn op_key(device: &DeviceFingerprint, g: &Graph, op: NodeId, layout: Layout) -> CacheKey {
     CacheKey {
         device: device.clone(),
-        signature: op_signature(g, op),
+        signature: measured_in(&op_signature(g, op), layout),
         batch: batch_of(g, op) as u32,
         dtype: g.dtype.to_string(),
     }
 }
 
-/// The cache key of a concurrent stage (batch of its first operator).
-pub fn stage_key(device: &DeviceFingerprint, g: &Graph, groups: &[Vec<NodeId>]) -> CacheKey {
+/// The cache key of a concurrent stage (batch of its first operator) measured with
+/// activations in `layout`.
+pub fn stage_key(
+    device: &DeviceFingerprint,
+    g: &Graph,
+    groups: &[Vec<NodeId>],
+    layout: Layout,
+) -> CacheKey {
     let first = groups.iter().flatten().next().copied();
     CacheKey {
         device: device.clone(),
-        signature: stage_signature(g, groups),
+        signature: measured_in(&stage_signature(g, groups), layout),
         batch: first.map_or(1, |o| batch_of(g, o) as u32),
         dtype: g.dtype.to_string(),
     }
@@ -345,12 +362,14 @@ pub fn profile<D: Device>(
     let info = dev.report();
     let fp = info.fingerprint.clone();
     let width = opts.stages.iter().map(Vec::len).max().unwrap_or(1).max(1);
-    let bench = Bench::new(dev, opts.unit, g, width, opts.kernels)?;
+    let layout = opts.layout.unwrap_or_else(|| dev.preferred_layout());
+    let bench = Bench::new_in(dev, opts.unit, g, width, opts.kernels, layout)?;
     let time = |groups: &[Vec<NodeId>]| bench.time(groups, opts.copies, opts.warmup, opts.repeats);
     let dtype = g.dtype.to_string();
     let mut ops = Vec::new();
     let mut demand = Vec::new();
     for (op, sig) in distinct_ops(g) {
+        let sig = measured_in(&sig, layout);
         let summary = time(&[vec![op]])?;
         tracing::debug!("{sig}: {:.4} ms", summary.median_ms);
         ops.push(Timing {
@@ -371,11 +390,11 @@ pub fn profile<D: Device>(
         let Some((mg, conv)) = merged_graph(g, group) else {
             continue;
         };
-        let sig = op_signature(&mg, conv);
+        let sig = measured_in(&op_signature(&mg, conv), layout);
         if seen.contains(&sig) {
             continue;
         }
-        let one = Bench::new(dev, opts.unit, &mg, 1, opts.kernels)?;
+        let one = Bench::new_in(dev, opts.unit, &mg, 1, opts.kernels, layout)?;
         let summary = one.time(&[vec![conv]], opts.copies, opts.warmup, opts.repeats)?;
         tracing::debug!("{sig} (merged): {:.4} ms", summary.median_ms);
         ops.push(Timing {
@@ -390,7 +409,7 @@ pub fn profile<D: Device>(
     let mut stages = Vec::new();
     for groups in &opts.stages {
         let summary = time(groups)?;
-        let key = stage_key(&fp, g, groups);
+        let key = stage_key(&fp, g, groups, layout);
         stages.push(Timing {
             nodes: groups
                 .iter()
@@ -428,6 +447,7 @@ pub fn profile<D: Device>(
         device: info.name.clone(),
         backend: info.backend.to_string(),
         fingerprint: fp,
+        layout,
         ops,
         stages,
         transfers,
@@ -491,32 +511,35 @@ mod tests {
         Summary::of(&[ms * 0.9, ms, ms * 1.1]).unwrap()
     }
 
-    fn report(g: &Graph) -> ProfileReport {
+    /// A report as `profile` writes it, every operator measured `scale` times 0.01 ms times
+    /// its rank, with activations in `layout`.
+    fn report_in(g: &Graph, layout: Layout, scale: f64) -> ProfileReport {
         let ops = distinct_ops(g)
             .into_iter()
             .enumerate()
             .map(|(i, (op, sig))| Timing {
                 nodes: vec![g.node(op).name.clone()],
-                signature: sig,
+                signature: measured_in(&sig, layout),
                 batch: batch_of(g, op) as u32,
                 dtype: "f32".into(),
-                summary: summary(0.01 * (i + 1) as f64),
+                summary: summary(scale * 0.01 * (i + 1) as f64),
             })
             .collect();
         let ops_list: Vec<NodeId> = g.ops().collect();
         let groups = vec![vec![ops_list[1]], vec![ops_list[2]]];
-        let key = stage_key(&fp(), g, &groups);
+        let key = stage_key(&fp(), g, &groups, layout);
         ProfileReport {
             device: fp().name,
             backend: "cuda".into(),
             fingerprint: fp(),
+            layout,
             ops,
             stages: vec![Timing {
                 nodes: vec![],
                 signature: key.signature,
                 batch: key.batch,
                 dtype: "f32".into(),
-                summary: summary(0.5),
+                summary: summary(scale * 0.5),
             }],
             transfers: vec![TransferTiming {
                 bytes: 4096,
@@ -532,6 +555,10 @@ mod tests {
         }
     }
 
+    fn report(g: &Graph) -> ProfileReport {
+        report_in(g, Layout::Nchw, 1.0)
+    }
+
     fn model() -> Graph {
         zoo::build("googlenet", &ZooConfig::default()).unwrap()
     }
@@ -540,10 +567,21 @@ mod tests {
     fn keys_reuse_the_cost_crate_signatures() {
         let g = model();
         let op = g.ops().next().unwrap();
-        let k = op_key(&fp(), &g, op);
+        let k = op_key(&fp(), &g, op, Layout::Nchw);
         assert_eq!(k.signature, op_signature(&g, op));
         assert_eq!((k.batch, k.dtype.as_str()), (1, "f32"));
         assert_eq!(k.device, fp());
+        // Channels last marks the key, and only the key.
+        let nhwc = op_key(&fp(), &g, op, Layout::Nhwc);
+        assert_eq!(nhwc.signature, format!("{}@nhwc", k.signature));
+        assert_eq!(
+            (nhwc.batch, &nhwc.dtype, &nhwc.device),
+            (k.batch, &k.dtype, &k.device)
+        );
+        assert_eq!(
+            opsched_cost::signature::split_layout(&nhwc.signature),
+            (k.signature.as_str(), Layout::Nhwc)
+        );
         assert!(transfer_signature(4096, 0, 1).starts_with("transfer(bytes=4096"));
     }
 
@@ -687,7 +725,7 @@ mod tests {
         cache.save().unwrap();
         let cache = CostCache::open(&path).unwrap();
         let op = g.ops().next().unwrap();
-        let m = cache.get(&op_key(&fp(), &g, op)).unwrap();
+        let m = cache.get(&op_key(&fp(), &g, op, Layout::Nchw)).unwrap();
         assert_eq!(m.median_ms, r.ops[0].summary.median_ms);
         let base = AnalyticalModel::new(
             DevicePreset::by_name("h100").unwrap(),
@@ -695,6 +733,65 @@ mod tests {
         );
         let t = MeasuredTable::from_cache(&cache, &fp().name, base);
         assert_eq!(t.measured_op(&g, op), Some(m.median_ms));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_cache_answers_in_the_layout_asked_for() {
+        let g = model();
+        let (nchw, nhwc) = (
+            report_in(&g, Layout::Nchw, 1.0),
+            report_in(&g, Layout::Nhwc, 3.0),
+        );
+        let dir =
+            std::env::temp_dir().join(format!("opsched-profiler-layout-{}", std::process::id()));
+        let path = dir.join("costs.bin");
+        let mut cache = CostCache::open(&path).unwrap();
+        fill_cache(&nchw, &mut cache);
+        cache.save().unwrap();
+        let base = || {
+            AnalyticalModel::new(
+                DevicePreset::by_name("h100").unwrap(),
+                LinkPreset::by_name("nvlink4").unwrap(),
+            )
+        };
+        let ops_list: Vec<NodeId> = g.ops().collect();
+        let stage = vec![vec![ops_list[2]], vec![ops_list[1]]];
+        // Only NCHW measured: a channels-last table answers with those, and says so.
+        let t = MeasuredTable::from_cache(&CostCache::open(&path).unwrap(), &fp().name, base())
+            .with_layout(Layout::Nhwc);
+        for (op, sig) in distinct_ops(&g) {
+            let want = nchw.ops.iter().find(|r| r.signature == sig).unwrap();
+            let want = Some((want.summary.median_ms, Layout::Nchw));
+            assert_eq!(t.measured_op_in(&g, op), want, "{sig}");
+        }
+        assert_eq!(
+            t.measured_stage(&g, &stage),
+            Some(nchw.stages[0].summary.median_ms)
+        );
+        // Both measured: each layout answers with its own, which kept the other's.
+        let mut cache = CostCache::open(&path).unwrap();
+        fill_cache(&nhwc, &mut cache);
+        cache.save().unwrap();
+        let cache = CostCache::open(&path).unwrap();
+        for (layout, report) in [(Layout::Nchw, &nchw), (Layout::Nhwc, &nhwc)] {
+            let t = MeasuredTable::from_cache(&cache, &fp().name, base()).with_layout(layout);
+            assert_eq!(t.layout(), layout);
+            for (op, sig) in distinct_ops(&g) {
+                let want = report
+                    .ops
+                    .iter()
+                    .find(|r| r.signature == measured_in(&sig, layout))
+                    .unwrap()
+                    .summary
+                    .median_ms;
+                assert_eq!(t.measured_op_in(&g, op), Some((want, layout)), "{sig}");
+            }
+            assert_eq!(
+                t.measured_stage(&g, &stage),
+                Some(report.stages[0].summary.median_ms)
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -12,7 +12,7 @@
 //! Every buffer of the graph is allocated and every operator prepared once, and the whole
 //! graph runs once first, so that every input holds real data.
 
-use opsched_gpu::program::{BufRole, BufSpec, Init};
+use opsched_gpu::program::{BufRole, BufSpec, Init, Layout};
 use opsched_gpu::{Device, GraphProgram, KernelOptions, Summary, TransferMode};
 use opsched_graph::{Graph, NodeId};
 
@@ -48,7 +48,19 @@ impl<'a, D: Device> Bench<'a, D> {
         streams: usize,
         kernels: KernelOptions,
     ) -> Result<Bench<'a, D>, RuntimeError> {
-        let program = GraphProgram::single_gpu_in(g, dev.preferred_layout())?;
+        Self::new_in(dev, unit, g, streams, kernels, dev.preferred_layout())
+    }
+
+    /// [`Bench::new`] with the activations stored in `layout`.
+    pub fn new_in(
+        dev: &'a D,
+        unit: usize,
+        g: &Graph,
+        streams: usize,
+        kernels: KernelOptions,
+        layout: Layout,
+    ) -> Result<Bench<'a, D>, RuntimeError> {
+        let program = GraphProgram::single_gpu_in(g, layout)?;
         let mem = dev.alloc(&program, &[unit])?;
         let mut ops = Vec::with_capacity(program.ops.len());
         for op in &program.ops {

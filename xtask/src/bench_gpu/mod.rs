@@ -23,7 +23,7 @@ use std::process::Command;
 use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
-use opsched::cost::DevicePreset;
+use opsched::cost::{DevicePreset, Layout};
 use opsched::graph::DType;
 use opsched::schedule::Platform;
 use opsched::zoo::ZooConfig;
@@ -205,10 +205,10 @@ enum LayoutArg {
 impl Args {
     /// The layout our runs store activations in: `--layout`, where `auto` is the backend's
     /// own (`opsched_gpu::Device::preferred_layout`).
-    fn layout(&self) -> &'static str {
+    fn layout(&self) -> Layout {
         match (self.layout, self.backend) {
-            (LayoutArg::Nchw, _) | (LayoutArg::Auto, BackendArg::Cpu) => "nchw",
-            (LayoutArg::Nhwc, _) | (LayoutArg::Auto, BackendArg::Cuda) => "nhwc",
+            (LayoutArg::Nchw, _) | (LayoutArg::Auto, BackendArg::Cpu) => Layout::Nchw,
+            (LayoutArg::Nhwc, _) | (LayoutArg::Auto, BackendArg::Cuda) => Layout::Nhwc,
         }
     }
 }
@@ -379,7 +379,13 @@ impl Candidate {
 /// schedule into `dir`. A scheduler that fails is a candidate with its error.
 fn search(g: &opsched::Graph, m: &Setup, args: &Args, dir: &Path) -> Result<Vec<Candidate>> {
     let link = m.preset.default_link.clone();
-    let cost = opsched::cost_model(args.cost, &m.preset, &link, g, args.cache.as_deref())?;
+    // Measured costs (`--cost cache`) answer in the layout our runs store activations in.
+    let spec = opsched::CostSpec {
+        cache: args.cache.clone(),
+        layout: Some(args.layout()),
+        ..opsched::CostSpec::default()
+    };
+    let cost = opsched::cost_model_with(args.cost, &m.preset, &link, g, &spec)?.model;
     let platform = Platform {
         gpus: 1,
         streams: STREAMS,
@@ -532,7 +538,7 @@ fn run_process(
         .args(["--conv-api", args.conv_api.name()])
         .args(["--conv-gemm", args.conv_gemm.name()])
         .args(["--gemm", args.gemm.name()])
-        .args(["--layout", args.layout()])
+        .args(["--layout", &args.layout().to_string()])
         .args(["--streams", &STREAMS.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--repeats", &args.repeats.to_string(), "--json"])
@@ -732,7 +738,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
         conv_api: args.conv_api.name().into(),
         conv_gemm: args.conv_gemm.name().into(),
         gemm: args.gemm.name().into(),
-        layout: args.layout().into(),
+        layout: args.layout().to_string(),
         opsched_version: env!("CARGO_PKG_VERSION").into(),
         earlier: Vec::new(),
     };

@@ -68,7 +68,7 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
     for name in &names {
         opsched::scheduler_with(name, &options).map_err(facade)?;
     }
-    let su = setup(&g, &a.platform)?;
+    let su = setup(&g, &a.platform, None)?;
     let platform = su.platform(a.target.gpus as usize, a.target.streams as usize);
     let bar = Bar::new(Some(names.len() as u64));
     let table = opsched::compare(

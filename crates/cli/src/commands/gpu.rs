@@ -54,6 +54,11 @@ pub struct ProfileArgs {
     /// Also write the measured tables as JSON into this directory.
     #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
+    /// How 4-D activations are stored while measuring (`opsched run --layout`; `auto`:
+    /// channels last on CUDA, NCHW on the CPU). The cache's keys record it: `--cost cache`
+    /// answers in the layout a run uses and falls back to the other's measurements.
+    #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
+    layout: LayoutArg,
     /// Device preset and cost model used to search the stages to time; `--cache` is the cost
     /// cache the measurements go to (default: $OPSCHED_CACHE, else the user's cache directory).
     #[command(flatten)]
@@ -102,6 +107,17 @@ enum LayoutArg {
     Auto,
     Nchw,
     Nhwc,
+}
+
+impl LayoutArg {
+    /// The layout asked for (`None`: the device's own).
+    fn layout(self) -> Option<Layout> {
+        match self {
+            LayoutArg::Auto => None,
+            LayoutArg::Nchw => Some(Layout::Nchw),
+            LayoutArg::Nhwc => Some(Layout::Nhwc),
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -268,7 +284,8 @@ pub struct RunArgs {
     /// convolutions that cuDNN or our depthwise kernel runs, chains of them, and the
     /// element-wise operators after them, with a transpose where a value crosses to another
     /// operator; `auto`: channels last on CUDA (faster on every CNN measured on an H100),
-    /// NCHW on the CPU.
+    /// NCHW on the CPU. `--cost cache` searches with the measurements of this layout (`auto`:
+    /// channels last's).
     #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     layout: LayoutArg,
     /// Untimed runs before timing.
@@ -350,7 +367,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     let (stages, merges) = if a.stages_from == "none" {
         (Vec::new(), Vec::new())
     } else {
-        let su = setup(&g, &a.platform)?;
+        let su = setup(&g, &a.platform, a.layout.layout())?;
         let platform = su.platform(1, 8);
         let sched = opsched::scheduler_with(&a.stages_from, &a.sched.options()).map_err(facade)?;
         let (s, _) = sched
@@ -374,6 +391,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         cache: Some(cache.clone()),
         export_dir: a.export.clone(),
         kernels: a.device.kernels(),
+        layout: a.layout.layout(),
         ..ProfileOptions::default()
     };
     let units = a.gpu.saturating_add(1);
@@ -384,11 +402,12 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{} on {} ({}): {} operators ({} merged convolutions), {} stages, {} transfer sizes \
+        "{} on {} ({}, {}): {} operators ({} merged convolutions), {} stages, {} transfer sizes \
          measured",
         g.name,
         report.device,
         report.backend,
+        report.layout,
         report.ops.len(),
         report.ops.iter().filter(|t| t.nodes.len() > 1).count(),
         report.stages.len(),
@@ -464,7 +483,7 @@ fn load_for_inference(a: &RunArgs) -> Result<(opsched::Graph, HashMap<NodeId, Te
 pub fn run(a: &RunArgs) -> Result<()> {
     let (g, inputs) = load_for_inference(a)?;
     let gpus = a.target.gpus as usize;
-    let su = setup(&g, &a.platform)?;
+    let su = setup(&g, &a.platform, a.layout.layout())?;
     let platform = su.platform(gpus, a.target.streams as usize);
     let mut labels = Vec::new();
     let mut schedules = Vec::new();
@@ -511,11 +530,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         inputs: Arc::new(inputs),
         keep_outputs: a.output.is_some(),
         reuse_memory: !a.no_memory_reuse,
-        layout: match a.layout {
-            LayoutArg::Auto => None,
-            LayoutArg::Nchw => Some(Layout::Nchw),
-            LayoutArg::Nhwc => Some(Layout::Nhwc),
-        },
+        layout: a.layout.layout(),
         ..RunOptions::default()
     };
     let job = Run {

@@ -83,7 +83,7 @@ struct ScheduleReport {
 
 pub fn schedule(a: &ScheduleArgs) -> Result<()> {
     let g = load(&a.model, &a.model_args)?;
-    let su = setup(&g, &a.platform)?;
+    let su = setup(&g, &a.platform, None)?;
     let platform = su.platform(a.target.gpus as usize, a.target.streams as usize);
     let run = scheduled(&g, &a.algo, &a.sched, &su, &platform)?;
     let (s, ev, sched_name) = (&run.schedule, &run.evaluation, run.algo.as_str());

@@ -97,7 +97,7 @@ pub fn simulate(a: &SimulateArgs) -> Result<()> {
     let streams = a
         .streams
         .map_or_else(|| opsched::schedule_streams(&s), |s| s as usize);
-    let su = setup(&g, &a.platform)?;
+    let su = setup(&g, &a.platform, None)?;
     let platform = su.platform(gpus, streams);
     // A schedule file may ask for more GPUs or streams than a platform holds.
     platform

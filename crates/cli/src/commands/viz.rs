@@ -121,7 +121,7 @@ pub fn viz(a: &VizArgs) -> Result<()> {
         }
     };
     let g = load(&a.model, &a.model_args)?;
-    let su = setup(&g, &a.platform)?;
+    let su = setup(&g, &a.platform, None)?;
     let (label, schedule, evaluation, sequential_ms, platform) = match (&a.algo, &a.schedule) {
         (_, Some(path)) => {
             let s = schedule_io::load(&g, path).map_err(user)?;

@@ -693,7 +693,7 @@ impl Device for CudaDevice {
     /// against 0.723 in NCHW, Inception-v3's 1.005 against 1.435, every checked CNN faster at
     /// batch 1 (`fixtures/gpu/h100-2026-11-27b/README.md`).
     fn preferred_layout(&self) -> crate::program::Layout {
-        crate::program::Layout::Nhwc
+        crate::program::CUDA_LAYOUT
     }
 
     fn report(&self) -> DeviceReport {
