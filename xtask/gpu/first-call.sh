@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The first device call of a GPU session (docs/gpu-session.md, step 1), about five minutes on
-# an H100 (give it 330 s): every GPU test, the kernel A/B (the depthwise kernel against its
+# The first device call of a GPU session (docs/gpu-session.md, step 1), about six minutes on
+# an H100 (give it 420 s): every GPU test, the kernel A/B (the depthwise kernel against its
 # ea18c6e version and unrolled), the depthwise kernel and deferred biases in whole models
 # against the revision staged as gpu-carry/opsched-before, the Transformer's merged
 # projections read in place, compute-sanitizer on RandWire, and where NASNet's kernel time
@@ -73,6 +73,12 @@ timeout 60 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_s
 # (since then: the relu a template case, the tiled kernel where it measures faster) against
 # ea18c6e's in whole models, NCHW (ea18c6e's layout), processes alternating, two each; then
 # this revision in its default layout (channels last), one process each.
+# The same binary with fusions left out (`--no-fusion`, the report's fusions_left_out) says
+# which fusion does it: "no-dw" leaves biases to add kernels only (not to the depthwise
+# kernel), "none" leaves out all three (bias-into-adds, bias-into-depthwise,
+# sum-into-depthwise: ea18c6e's kernels count, this revision's kernels).
+NONE="--no-fusion bias-into-adds --no-fusion bias-into-depthwise --no-fusion sum-into-depthwise"
+NODW="--no-fusion bias-into-depthwise"
 for case in "nasnet lios" "randwire lios" "resnet50 sequential"; do
     set -- $case
     for i in 1 2; do
@@ -81,15 +87,25 @@ for case in "nasnet lios" "randwire lios" "resnet50 sequential"; do
                 60 $1 --algo $2 --layout nchw --repeats 100
         fi
         run "after nchw $2 $1 process $i" 60 $1 --algo $2 --layout nchw --repeats 100
+        if [ $1 != resnet50 ]; then
+            run "after nchw no-dw $2 $1 process $i" 60 $1 --algo $2 --layout nchw --repeats 100 $NODW
+            run "after nchw none $2 $1 process $i" 60 $1 --algo $2 --layout nchw --repeats 100 $NONE
+        fi
     done
     run "after nhwc $2 $1" 60 $1 --algo $2 --repeats 100
+    if [ $1 != resnet50 ]; then
+        run "after nhwc no-dw $2 $1" 60 $1 --algo $2 --repeats 100 $NODW
+        run "after nhwc none $2 $1" 60 $1 --algo $2 --repeats 100 $NONE
+    fi
 done
 # NASNet at batch 16 took 46.7 ms channels last at b5cad61 against 37.6 NCHW the day before
-# (806bafb, before deferred biases): this revision in both layouts, one process each.
+# (806bafb, before deferred biases): this revision in both layouts, one process each, and
+# channels last without the fusions.
 for layout in nchw nhwc; do
     run "b16 $layout sequential nasnet" 90 nasnet --batch 16 --algo sequential \
         --layout $layout --repeats 20
 done
+run "b16 nhwc none sequential nasnet" 90 nasnet --batch 16 --algo sequential --repeats 20 $NONE
 save_cache
 
 # The Transformer's query, key and value projections merged into one product per layer that

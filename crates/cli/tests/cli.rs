@@ -759,6 +759,75 @@ fn profile_and_run_on_cuda_without_a_driver_name_the_missing_library() {
 }
 
 #[test]
+fn run_leaves_out_the_fusions_named_with_the_same_values() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "randwire",
+            "--backend",
+            "cpu",
+            "--algo",
+            "lios",
+            "--input-size",
+            "32",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--check",
+        ];
+        args.extend_from_slice(extra);
+        opsched(&args)
+    };
+    let kernels = |extra: &[&str]| {
+        let out = run(&[&["--json"], extra].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = stdout_json(&out);
+        assert_eq!(v["check"]["passed"], true, "{extra:?}");
+        let left_out: Vec<String> = v["fusions_left_out"]
+            .as_array()
+            .map(|a| a.iter().map(|n| n.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default();
+        (v["kernels"].as_u64().unwrap(), left_out)
+    };
+    let (all, none_left_out) = kernels(&[]);
+    assert!(none_left_out.is_empty());
+    // RandWire's depthwise kernels take biases and sums: each fusion left out adds kernels.
+    for name in [
+        "bias-into-adds",
+        "bias-into-depthwise",
+        "sum-into-depthwise",
+    ] {
+        let (fewer_fusions, left_out) = kernels(&["--no-fusion", name]);
+        assert!(fewer_fusions > all, "{name}: {fewer_fusions} vs {all}");
+        assert_eq!(left_out, [name]);
+    }
+    let out = run(&[
+        "--no-fusion",
+        "sum-into-depthwise",
+        "--no-fusion",
+        "bias-into-adds",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("fusions        left out: bias-into-adds, sum-into-depthwise"),
+        "{text}"
+    );
+    // A name that is none: exit 2, naming the ones there are.
+    let out = run(&["--no-fusion", "bias"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'bias'") && err.contains("bias-into-depthwise"),
+        "{err}"
+    );
+}
+
+#[test]
 fn run_on_the_cpu_backend_executes_and_checks_the_plan() {
     let out = opsched(&[
         "run",

@@ -11,6 +11,7 @@ use opsched_gpu::step::copy::Copy;
 use opsched_gpu::{
     ConvApi, ConvGemm, CpuDevice, Device, GemmKernel, GpuError, KernelOptions, Step, TransferMode,
 };
+use opsched_graph::fusion::Fusions;
 use opsched_graph::zoo::{self, ZooConfig};
 use opsched_graph::{
     Activation, Conv2d, DType, ElementwiseKind, Graph, GraphBuilder, NodeId, Op, Pool2d, Value,
@@ -1203,14 +1204,21 @@ proptest::proptest! {
     /// Whatever reads a convolution's value, every reader that the rule lets add its bias does
     /// (the program builds: its check finds none missed), and every value the program keeps
     /// equals the reference's, on one GPU and on two with transfers between them (sums that a
-    /// depthwise kernel reads value by value among them).
+    /// depthwise kernel reads value by value among them); with any of the fusions that can be
+    /// left out left out (`left_out`: a bit per `Fusions::NAMES` entry).
     #[test]
     fn random_cnns_with_deferred_biases_match_the_reference(
         kinds in proptest::collection::vec(0u8..9, 2..14),
         picks in proptest::collection::vec((0usize..64, 0usize..64), 14),
         batch in 1usize..3,
+        left_out in 0usize..8,
     ) {
-        let g = random_cnn(&kinds, &picks, batch);
+        let fusions = Fusions::NAMES
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| left_out >> i & 1 == 1)
+            .fold(Fusions::ALL, |f, (_, (name, _))| f.without(name).unwrap());
+        let g = random_cnn(&kinds, &picks, batch).with_fusions(fusions);
         let p = GraphProgram::single_gpu(&g).unwrap();
         check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
         let launches: u32 = g.ops().map(|o| opsched_cost::launches::launches(&g, o)).sum();

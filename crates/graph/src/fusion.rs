@@ -44,8 +44,85 @@
 //! A depthwise convolution whose input is a sum of whole values reads the values and adds
 //! them itself ([`depthwise_reads_sum`]: RandWire's nodes sum their inputs, then run relu and
 //! a separable convolution): the sum launches no add kernel.
+//!
+//! Those last two can be left out, each reader kind on its own ([`Fusions`],
+//! [`Graph::with_fusions`](crate::Graph::with_fusions), `opsched run --no-fusion`): on an
+//! H100 NASNet ran 1.26x slower once they were in, with fewer kernels, and a switch per
+//! fusion measures each in the same build.
 
 use crate::{Conv2d, Graph, NodeId, Op, Shape};
+
+/// Which of the fusions that can be left out a graph's lowering applies (all by default;
+/// [`Graph::with_fusions`](crate::Graph::with_fusions)). They change which kernels run, never
+/// a value. Every other rule of this module always applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Fusions {
+    /// Add kernels add the bias of a convolution they read ([`deferred_bias`]: a sum's add
+    /// kernel, an element-wise add).
+    pub bias_into_adds: bool,
+    /// Our depthwise kernel adds the bias of a convolution it reads ([`deferred_bias`]).
+    pub bias_into_depthwise: bool,
+    /// Our depthwise kernel reads the values of the sum before it ([`depthwise_reads_sum`]).
+    pub sum_into_depthwise: bool,
+}
+
+impl Default for Fusions {
+    fn default() -> Self {
+        Fusions::ALL
+    }
+}
+
+impl Fusions {
+    /// Every fusion.
+    pub const ALL: Fusions = Fusions {
+        bias_into_adds: true,
+        bias_into_depthwise: true,
+        sum_into_depthwise: true,
+    };
+
+    /// The fusions' names (`opsched run --no-fusion NAME`), each with what it says.
+    pub const NAMES: [(&'static str, &'static str); 3] = [
+        (
+            "bias-into-adds",
+            "add kernels add the bias of a convolution they read",
+        ),
+        (
+            "bias-into-depthwise",
+            "our depthwise kernel adds the bias of a convolution it reads",
+        ),
+        (
+            "sum-into-depthwise",
+            "our depthwise kernel reads the values of the sum before it",
+        ),
+    ];
+
+    /// These fusions without the one named `name` (one of [`Fusions::NAMES`]).
+    pub fn without(mut self, name: &str) -> Option<Fusions> {
+        let flag = match name {
+            "bias-into-adds" => &mut self.bias_into_adds,
+            "bias-into-depthwise" => &mut self.bias_into_depthwise,
+            "sum-into-depthwise" => &mut self.sum_into_depthwise,
+            _ => return None,
+        };
+        *flag = false;
+        Some(self)
+    }
+
+    /// The names of the fusions left out, in [`Fusions::NAMES`]' order.
+    pub fn left_out(self) -> Vec<&'static str> {
+        let on = [
+            self.bias_into_adds,
+            self.bias_into_depthwise,
+            self.sum_into_depthwise,
+        ];
+        Self::NAMES
+            .iter()
+            .zip(on)
+            .filter(|(_, on)| !on)
+            .map(|((name, _), _)| *name)
+            .collect()
+    }
+}
 
 /// Whether a matrix product's own epilogue (cuBLASLt's) adds its bias and residual and then
 /// applies `act`: none or relu. Other activations (GELU among them: cuBLASLt's approximates
@@ -316,12 +393,27 @@ fn bias_only_conv(g: &Graph, p: NodeId) -> Option<usize> {
 /// element-wise add of whole values of its own shape (no broadcasting) that no convolution
 /// computes ([`residual_source`]); or `term` is `c`'s only input and `c` is a depthwise
 /// convolution, or a `sequential` operator whose first kernel is one (after the activations
-/// it applies, [`pre_activations`]).
+/// it applies, [`pre_activations`]). Each kind of reader only where the graph's [`Fusions`]
+/// have it (the add kernels, the depthwise kernel, which adds the bias of a sum it reads).
 fn adds_bias_of(g: &Graph, c: NodeId, term: &[crate::Value]) -> bool {
     let node = g.node(c);
+    let f = g.fusions();
     let whole = term.iter().all(|v| v.channels.is_none());
     if term.len() > 1 {
-        return whole && !matches!(node.op, Op::Concat { axis } if axis != 1);
+        if !whole || matches!(node.op, Op::Concat { axis } if axis != 1) {
+            return false;
+        }
+        // The sum's add kernel adds it, or the depthwise kernel that reads the sum's values.
+        return match (f.bias_into_adds, f.bias_into_depthwise) {
+            (adds, depthwise) if adds == depthwise => adds,
+            (adds, depthwise) => {
+                if depthwise_reads_sum(g, c) {
+                    depthwise
+                } else {
+                    adds
+                }
+            }
+        };
     }
     if !whole {
         return false;
@@ -331,10 +423,11 @@ fn adds_bias_of(g: &Graph, c: NodeId, term: &[crate::Value]) -> bool {
         Op::Elementwise {
             kind: crate::ElementwiseKind::Add,
         } => {
-            shapes.iter().all(|s| s.as_slice() == node.shape.as_slice())
+            f.bias_into_adds
+                && shapes.iter().all(|s| s.as_slice() == node.shape.as_slice())
                 && residual_source(g, c).is_none()
         }
-        _ => first_kernel_is_depthwise(g, c),
+        _ => f.bias_into_depthwise && first_kernel_is_depthwise(g, c),
     }
 }
 
@@ -370,13 +463,15 @@ fn first_kernel_is_depthwise(g: &Graph, c: NodeId) -> bool {
 /// them as it reads (RandWire's nodes: the sum of their inputs, relu, separable convolution),
 /// so that no add kernel computes the sum first: the term sums several whole values, none
 /// written in place as a strided slice of a concatenation (the kernel reads the others at the
-/// first one's offsets: all dense), and `c`'s first kernel is our depthwise convolution.
+/// first one's offsets: all dense), and `c`'s first kernel is our depthwise convolution;
+/// unless the graph's [`Fusions`] leave it out.
 pub fn depthwise_reads_sum(g: &Graph, c: NodeId) -> bool {
     let node = g.node(c);
     let [t] = node.inputs.as_slice() else {
         return false;
     };
-    let summed = t.len() > 1 && t.iter().all(|v| v.channels.is_none());
+    let summed =
+        g.fusions().sum_into_depthwise && t.len() > 1 && t.iter().all(|v| v.channels.is_none());
     // The in-place rules last: they are the costliest to ask.
     summed
         && first_kernel_is_depthwise(g, c)
@@ -631,6 +726,24 @@ mod tests {
         for n in [k1, k2, k3, k4, k5, k6, k7, out, dw, add, cell] {
             assert_eq!(deferred_bias(&g, n), None, "{}", g.node(n).name);
         }
+        // Each reader kind can be left out on its own: the depthwise kernel reads s1 and c3,
+        // add kernels the others.
+        let by_depthwise = [s1, c3];
+        for name in ["bias-into-adds", "bias-into-depthwise"] {
+            let fewer = g.clone().with_fusions(Fusions::ALL.without(name).unwrap());
+            assert_ne!(fewer.id(), g.id());
+            for (n, inner) in deferred {
+                let kept = by_depthwise.contains(&n) == (name == "bias-into-adds");
+                let want = kept.then_some(inner);
+                assert_eq!(deferred_bias(&fewer, n), want, "{name}: {}", g.node(n).name);
+            }
+        }
+        let no_sums = g
+            .clone()
+            .with_fusions(Fusions::ALL.without("sum-into-depthwise").unwrap());
+        for (n, inner) in deferred {
+            assert_eq!(deferred_bias(&no_sums, n), Some(inner));
+        }
         // A convolution that computes the residual sum it feeds keeps its bias there.
         let mut b = GraphBuilder::new("residual", DType::F32);
         let x = b.input("x", vec![1, 8, 4, 4]);
@@ -678,7 +791,32 @@ mod tests {
             assert!(!depthwise_reads_sum(&g, pointwise) && !depthwise_reads_sum(&g, sliced));
             assert_eq!(crate::inplace::slice_of(&g, d).map(|s| s.rows), Some(batch));
             assert_eq!(depthwise_reads_sum(&g, strided), batch == 1);
+            let g = g.with_fusions(Fusions::ALL.without("sum-into-depthwise").unwrap());
+            for n in [reads, plain, strided] {
+                assert!(!depthwise_reads_sum(&g, n));
+            }
         }
+    }
+
+    #[test]
+    fn fusions_are_named_once_and_left_out_by_name() {
+        assert_eq!(Fusions::default(), Fusions::ALL);
+        assert!(Fusions::ALL.left_out().is_empty());
+        let mut f = Fusions::ALL;
+        for (i, (name, _)) in Fusions::NAMES.iter().enumerate() {
+            f = f.without(name).unwrap();
+            let names: Vec<&str> = Fusions::NAMES[..=i].iter().map(|(n, _)| *n).collect();
+            assert_eq!(f.left_out(), names);
+        }
+        assert_eq!(
+            f,
+            Fusions {
+                bias_into_adds: false,
+                bias_into_depthwise: false,
+                sum_into_depthwise: false
+            }
+        );
+        assert_eq!(Fusions::ALL.without("bias"), None);
     }
 
     #[test]

@@ -116,6 +116,8 @@ pub struct Graph {
     weights: Weights,
     /// FLOPs, bytes and parameters per node, computed (checked) once when the graph is built.
     stats: Vec<OpStats>,
+    /// Which of the optional fusions its lowering applies ([`Graph::with_fusions`]).
+    fusions: crate::fusion::Fusions,
     /// This graph's identity ([`Graph::id`]).
     id: u64,
 }
@@ -267,6 +269,7 @@ impl Graph {
             outputs: Vec::new(),
             weights: Weights::default(),
             stats,
+            fusions: crate::fusion::Fusions::default(),
             id: fresh_id(),
         };
         g.outputs = g.default_outputs();
@@ -278,6 +281,21 @@ impl Graph {
     /// graph, shared by clones (which are equal).
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Which of the optional fusions the lowering, the launch count and the signatures apply
+    /// to this graph ([`crate::fusion::Fusions`]; all unless told otherwise).
+    pub fn fusions(&self) -> crate::fusion::Fusions {
+        self.fusions
+    }
+
+    /// The graph with only `fusions` of the optional fusions (they change which kernels run,
+    /// never a value): one place that every rule reads, so a lowering, its launch count and
+    /// its cost keys always agree.
+    pub fn with_fusions(mut self, fusions: crate::fusion::Fusions) -> Graph {
+        self.fusions = fusions;
+        self.id = fresh_id();
+        self
     }
 
     /// The outputs a graph has unless told otherwise: every operator no other node reads, in

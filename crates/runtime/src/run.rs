@@ -36,6 +36,9 @@ pub struct RunReport {
     /// ran ([`opsched_gpu::program::Layout`]).
     pub layout: opsched_gpu::program::Layout,
     pub layout_conversions: usize,
+    /// The fusions its graph left out (`opsched_graph::fusion::Fusions::left_out`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fusions_left_out: Vec<&'static str>,
     pub waits: usize,
     pub waits_dropped: usize,
     pub transfers: usize,
@@ -461,6 +464,7 @@ pub fn run_plan<D: Device>(
             .count(),
         layout: session.program.layout,
         layout_conversions: session.program.layout_conversions,
+        fusions_left_out: g.fusions().left_out(),
         waits: counts.waits,
         waits_dropped: session.host.waits_dropped,
         transfers: counts.sends,

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 
 use opsched::cost::{AnalyticalModel, DevicePreset, HiosSimLaw, LinkPreset};
+use opsched::graph::fusion::Fusions;
 use opsched::graph::random::{layered_dag, LayeredDagParams};
 use opsched::graph::{DType, GraphBuilder, NodeId};
 use opsched::schedule::{
@@ -1138,7 +1139,8 @@ fn gpu_channels_last_matches_the_reference() {
 /// layouts: the add kernels that take them (NASNet's cell sums writing their slices one run
 /// per image or pixel at batch 2, ResNet-50's downsampling adds with their relu) and our
 /// depthwise kernel that adds one to what it reads (NASNet's and RandWire's second separable
-/// convolutions) pass the check against the sequential run and the reference.
+/// convolutions) pass the check against the sequential run and the reference; so do they
+/// with each fusion left out.
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn gpu_deferred_biases_match_the_reference() {
@@ -1162,6 +1164,18 @@ fn gpu_deferred_biases_match_the_reference() {
             let c = r.check.clone().unwrap();
             if !c.passed {
                 failed.push(format!("{model} at batch {batch}, {layout:?}: {c:?}"));
+            }
+        }
+        // Each fusion left out (`opsched run --no-fusion`), channels last.
+        for (name, _) in Fusions::NAMES {
+            let fewer = g.clone().with_fusions(Fusions::ALL.without(name).unwrap());
+            let opts = checked_in(Layout::Nhwc, true, 1, 3);
+            let c = run_schedule(&dev, &fewer, &s, &opts)
+                .unwrap()
+                .check
+                .unwrap();
+            if !c.passed {
+                failed.push(format!("{model} at batch {batch} without {name}: {c:?}"));
             }
         }
     }

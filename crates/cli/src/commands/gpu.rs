@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use opsched::gpu::program::Layout;
+use opsched::graph::fusion::Fusions;
 use opsched::graph::{NodeId, Tensor};
 use opsched::profiler::{ProfileError, ProfileOptions};
 use opsched::runtime::{
@@ -288,6 +289,13 @@ pub struct RunArgs {
     /// channels last's).
     #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     layout: LayoutArg,
+    /// Leave out one of the fusions being measured (repeat for several): `bias-into-adds`
+    /// (add kernels add the bias of a convolution they read), `bias-into-depthwise` (our
+    /// depthwise kernel adds it), `sum-into-depthwise` (our depthwise kernel reads the values
+    /// of the sum before it). Values and schedules stay the same; kernels change (the report's
+    /// `fusions_left_out`).
+    #[arg(long, value_name = "NAME", value_parser = fusion_names())]
+    no_fusion: Vec<String>,
     /// Untimed runs before timing.
     #[arg(long, default_value_t = 10)]
     warmup: u32,
@@ -480,8 +488,22 @@ fn load_for_inference(a: &RunArgs) -> Result<(opsched::Graph, HashMap<NodeId, Te
     Ok((g, inputs))
 }
 
+/// The names `--no-fusion` takes, with what each fusion does.
+fn fusion_names() -> clap::builder::PossibleValuesParser {
+    Fusions::NAMES
+        .iter()
+        .map(|(name, what)| clap::builder::PossibleValue::new(*name).help(*what))
+        .collect::<Vec<_>>()
+        .into()
+}
+
 pub fn run(a: &RunArgs) -> Result<()> {
     let (g, inputs) = load_for_inference(a)?;
+    let fusions = a.no_fusion.iter().try_fold(Fusions::ALL, |f, name| {
+        f.without(name)
+            .ok_or_else(|| user(anyhow::anyhow!("--no-fusion {name}: no such fusion")))
+    })?;
+    let g = g.with_fusions(fusions);
     let gpus = a.target.gpus as usize;
     let su = setup(&g, &a.platform, a.layout.layout())?;
     let platform = su.platform(gpus, a.target.streams as usize);
@@ -626,6 +648,13 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
             out,
             "layout         channels last, {n} transpose{} between NCHW and NHWC",
             if n == 1 { "" } else { "s" }
+        )?;
+    }
+    if !report.fusions_left_out.is_empty() {
+        writeln!(
+            out,
+            "fusions        left out: {}",
+            report.fusions_left_out.join(", ")
         )?;
     }
     if report.strided_views > 0 {
