@@ -19,7 +19,9 @@
 //!   that the convolution feeding it computes (`opsched_graph::fusion`), launch nothing; a
 //!   convolution whose bias its readers add (`opsched_graph::fusion::deferred_bias`) runs no
 //!   bias kernel, and a sum that a depthwise convolution reads value by value
-//!   (`opsched_graph::fusion::depthwise_reads_sum`) no add kernel;
+//!   (`opsched_graph::fusion::depthwise_reads_sum`) no add kernel; a value that its producer
+//!   activates in place (`opsched_graph::fusion::producer_activation`) one kernel more for
+//!   the producer and none for its readers' activation;
 //! - main kernels: a depthwise convolution 1 (our kernel: bias and activations included); any
 //!   other convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
 //!   activation kernel when there is a bias or a non-relu activation: 2; the CUDA device also
@@ -38,11 +40,28 @@ use opsched_graph::{Activation, Graph, NodeId, Op, Shape, Term};
 
 /// Kernel launches of `op` on the GPU backend (0 for graph inputs).
 pub fn launches(g: &Graph, op: NodeId) -> u32 {
+    use opsched_graph::fusion;
     // A convolution whose readers add its bias runs no bias kernel of its own; a depthwise
-    // kernel that reads the values of its input's sum needs no add kernel before it.
-    let deferred = opsched_graph::fusion::deferred_bias(g, op).is_some();
-    let reads_sum = opsched_graph::fusion::depthwise_reads_sum(g, op);
-    own_launches(g, op).saturating_sub(u32::from(deferred) + u32::from(reads_sum))
+    // kernel that reads the values of its input's sum needs no add kernel before it; a value
+    // its producer activates in place costs the producer a kernel, and each reader the
+    // activation kernel it would have run (none where the depthwise kernel applies it).
+    let deferred = fusion::deferred_bias(g, op).is_some();
+    let reads_sum = fusion::depthwise_reads_sum(g, op);
+    let activates = fusion::producer_activation(g, op).is_some();
+    let own = own_launches(g, op) + u32::from(activates);
+    let skipped = fusion::reads_activated(g, op) && first_activation_launches(g, op);
+    own.saturating_sub(u32::from(deferred) + u32::from(reads_sum) + u32::from(skipped))
+}
+
+/// Whether `sequential` operator `op`'s first operator, an activation, launches a kernel (our
+/// depthwise kernel applies one before it as it reads).
+fn first_activation_launches(g: &Graph, op: NodeId) -> bool {
+    match (&g.node(op).op, g.input_shapes(op).as_slice()) {
+        (Op::Sequential { ops }, [one]) => {
+            opsched_graph::fusion::pre_activations(ops, one).first() == Some(&false)
+        }
+        _ => false,
+    }
 }
 
 /// [`launches`] with every bias run by its convolution.

@@ -21,7 +21,10 @@
 //!   chain ending in one) whose readers add its bias (`opsched_graph::fusion::deferred_bias`)
 //!   adds `bias=readers` (its readers' kernels, which add a bias per channel to what they
 //!   read, keep their keys), and one whose depthwise kernel reads the values of its input's
-//!   sum (`opsched_graph::fusion::depthwise_reads_sum`) `sum=read`; a reshape that is a view of its
+//!   sum (`opsched_graph::fusion::depthwise_reads_sum`) `sum=read`; an operator that
+//!   activates its own value in place for its readers
+//!   (`opsched_graph::fusion::producer_activation`) `then=relu` (its activation), and those
+//!   readers, which skip theirs, `pre=producer`; a reshape that is a view of its
 //!   input (`opsched_graph::inplace::reshape_source`) adds `,view` (`identity(view)`); a batch
 //!   matmul that reads or writes through a head transpose adds `,strided=in`, `=out` or
 //!   `=in+out`, and that transpose `,fused`;
@@ -225,6 +228,29 @@ fn lower<T: std::fmt::Debug>(v: T) -> String {
 /// The fusion part of a signature, inside the operator's parentheses (written last, so that
 /// it can reopen them).
 fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
+    use opsched_graph::fusion::{producer_activation, reads_activated};
+    let marks: Vec<String> = [
+        kernel_mark(g, op),
+        producer_activation(g, op).map(|act| format!("then={act}")),
+        reads_activated(g, op).then(|| "pre=producer".to_string()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if marks.is_empty() {
+        return;
+    }
+    let mark = marks.join(",");
+    if s.ends_with(')') {
+        s.pop();
+        let _ = write!(s, ",{mark})");
+    } else {
+        let _ = write!(s, "({mark})");
+    }
+}
+
+/// What the kernel of `op` itself fuses, if anything.
+fn kernel_mark(g: &Graph, op: NodeId) -> Option<String> {
     use opsched_graph::fusion::{fused_source, residual_of, residual_source};
     let mark = match &g.node(op).op {
         Op::Activation { .. } if fused_source(g, op).is_some() => "fused".to_string(),
@@ -242,7 +268,7 @@ fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
             let reads = g.preds(op).any(|t| transposed_operand(g, t).is_some());
             let writes = transposed_output(g, op).is_some();
             match (reads, writes) {
-                (false, false) => return,
+                (false, false) => return None,
                 (true, false) => "strided=in".to_string(),
                 (false, true) => "strided=out".to_string(),
                 (true, true) => "strided=in+out".to_string(),
@@ -262,22 +288,17 @@ fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
             .flatten()
             .collect();
             if marks.is_empty() {
-                return;
+                return None;
             }
             marks.join(",")
         }
         Op::Elementwise { .. } => match opsched_graph::fusion::fused_activation(g, op) {
             Some(act) => format!("act={act}"),
-            None => return,
+            None => return None,
         },
-        _ => return,
+        _ => return None,
     };
-    if s.ends_with(')') {
-        s.pop();
-        let _ = write!(s, ",{mark})");
-    } else {
-        let _ = write!(s, "({mark})");
-    }
+    Some(mark)
 }
 
 fn write_op(s: &mut String, op: &Op) {

@@ -465,6 +465,10 @@ pub(crate) struct Builder<'g> {
     /// [`Builder::defer_biases`].
     deferred: HashMap<NodeId, usize>,
     added_bias: HashSet<(NodeId, NodeId)>,
+    /// Operator -> the activation its steps apply in place to its value after computing it,
+    /// and the readers that skip it: see [`Builder::activate_by_producers`].
+    producer_acts: HashMap<NodeId, Activation>,
+    activated_readers: HashSet<NodeId>,
     /// Head transpose -> the value batch matmuls read through it with strides, and batch
     /// matmul -> the head transpose it writes: see [`Builder::fold_transposes`].
     transposed_reads: HashMap<NodeId, NodeId>,
@@ -1343,10 +1347,16 @@ impl<'g> Builder<'g> {
             (Src::Terms(_), [one]) => opsched_graph::fusion::pre_activations(ops, one),
             _ => vec![false; ops.len()],
         };
+        // The first activation, where the producer applied it (in the node's own chain).
+        let activated = matches!(src, Src::Terms(_)) && self.reads_activated(at.node);
         for (i, inner_op) in ops.iter().enumerate() {
             let shape = inner_op
                 .infer_shape(&shapes)
                 .map_err(|m| self.unsupported(at, m))?;
+            if i == 0 && activated {
+                shapes = vec![shape];
+                continue;
+            }
             if let (true, Op::Activation { act }) = (fused[i], inner_op) {
                 pre_act = *act;
                 shapes = vec![shape];
@@ -1845,6 +1855,40 @@ impl Builder<'_> {
         }
     }
 
+    /// Let operators apply the activation every reader would apply first, once, in place
+    /// after their own steps ([`opsched_graph::fusion::producer_activation`]; a transfer
+    /// sends the value after them, activated), except a merged stage's member (its value is a
+    /// view of the merged output, which the group's first member computes).
+    fn activate_by_producers(&mut self) {
+        let merged: HashSet<NodeId> = self
+            .merged
+            .values()
+            .flat_map(|m| m.members.iter().map(|&(n, _)| n))
+            .chain(
+                self.merged_linear
+                    .values()
+                    .flat_map(|m| m.members.iter().map(|&(n, _)| n)),
+            )
+            .collect();
+        for i in 0..self.g.len() {
+            let p = NodeId(i as u32);
+            let Some(act) = opsched_graph::fusion::producer_activation(self.g, p) else {
+                continue;
+            };
+            if self.gpu_of(p).is_none() || merged.contains(&p) {
+                continue;
+            }
+            self.producer_acts.insert(p, act);
+            self.activated_readers.extend(self.g.succs(p));
+        }
+    }
+
+    /// Whether operator `c`'s input was activated by its producer, so that `c` skips its first
+    /// activation ([`Builder::activate_by_producers`]).
+    pub(crate) fn reads_activated(&self, c: NodeId) -> bool {
+        self.activated_readers.contains(&c)
+    }
+
     /// Whether the convolution at `at` leaves its bias to its readers.
     pub(crate) fn bias_deferred(&self, at: At) -> bool {
         self.deferred.get(&at.node) == Some(&at.inner)
@@ -2021,6 +2065,8 @@ impl GraphProgram {
             residuals: HashMap::new(),
             deferred: HashMap::new(),
             added_bias: HashSet::new(),
+            producer_acts: HashMap::new(),
+            activated_readers: HashSet::new(),
             transposed_reads: HashMap::new(),
             transposed_writes: HashMap::new(),
             merged: HashMap::new(),
@@ -2085,6 +2131,7 @@ impl GraphProgram {
         b.reshape_in_place(transfers);
         b.fold_transposes(transfers);
         b.defer_biases();
+        b.activate_by_producers();
         let mut ops: Vec<Option<OpProgram>> = vec![None; g.len()];
         for &id in g.topo_order() {
             let node = g.node(id);
@@ -2119,6 +2166,28 @@ impl GraphProgram {
                     &node.shape,
                 )?;
             }
+            // The activation every reader would apply first, once, in place.
+            if let Some(&act) = b.producer_acts.get(&id) {
+                if b.is_strided(out) {
+                    return Err(GpuError::Plan(format!(
+                        "'{}' is activated in place for its readers but is a strided view",
+                        node.name
+                    )));
+                }
+                let total = b.buffers[out].len;
+                steps.push(
+                    step::act::BiasAct {
+                        y: out,
+                        bias: None,
+                        total,
+                        channels: 1,
+                        inner: 1,
+                        act,
+                        residual: None,
+                    }
+                    .into(),
+                );
+            }
             ops[id.index()] = Some(OpProgram {
                 name: node.name.clone(),
                 gpu,
@@ -2139,16 +2208,35 @@ impl GraphProgram {
         // The own values of a sum that applies an activation, of a convolution that adds a
         // residual, of a product that writes a transpose and of a transpose read through are
         // never written; a convolution that leaves its bias to its readers writes its value
-        // without it.
+        // without it; an operator that activates its value for its readers keeps it activated.
         for n in b
             .epilogues
             .keys()
             .chain(b.residuals.keys())
             .chain(b.deferred.keys())
+            .chain(b.producer_acts.keys())
             .chain(b.transposed_writes.keys())
             .chain(b.transposed_reads.keys())
         {
             outputs[n.index()] = None;
+        }
+        // Nor are the values written in place into a value activated in place.
+        let activated: HashSet<BufId> = b
+            .producer_acts
+            .keys()
+            .filter_map(|p| b.outputs[p.index()])
+            .collect();
+        if !activated.is_empty() {
+            for slot in outputs.iter_mut() {
+                let mut within = slot.and_then(|o| b.buffers[o].within);
+                while let Some((parent, _)) = within {
+                    if activated.contains(&parent) {
+                        *slot = None;
+                        break;
+                    }
+                    within = b.buffers[parent].within;
+                }
+            }
         }
         for n in g.inputs() {
             let copy = (0..gpus).find_map(|gpu| b.input_copies.get(&(n, gpu)).copied());

@@ -45,10 +45,15 @@
 //! them itself ([`depthwise_reads_sum`]: RandWire's nodes sum their inputs, then run relu and
 //! a separable convolution): the sum launches no add kernel.
 //!
-//! Those last two can be left out, each reader kind on its own ([`Fusions`],
+//! A value that every reader activates first (each a `sequential` operator starting with the
+//! same activation) is activated once, in place, by its producer ([`producer_activation`]),
+//! and its readers skip it ([`reads_activated`]): NASNet's cell outputs, each read by the next
+//! two cells through a relu and a 1x1 convolution.
+//!
+//! Those last three can be left out one by one, the biases per reader kind ([`Fusions`],
 //! [`Graph::with_fusions`](crate::Graph::with_fusions), `opsched run --no-fusion`): on an
-//! H100 NASNet ran 1.26x slower once they were in, with fewer kernels, and a switch per
-//! fusion measures each in the same build.
+//! H100 NASNet ran 1.26x slower once the first two were in, with fewer kernels, and a switch
+//! per fusion measures each in the same build.
 
 use crate::{Conv2d, Graph, NodeId, Op, Shape};
 
@@ -64,6 +69,9 @@ pub struct Fusions {
     pub bias_into_depthwise: bool,
     /// Our depthwise kernel reads the values of the sum before it ([`depthwise_reads_sum`]).
     pub sum_into_depthwise: bool,
+    /// A value every reader activates first is activated once, in place, by its producer
+    /// ([`producer_activation`]).
+    pub act_into_producer: bool,
 }
 
 impl Default for Fusions {
@@ -78,10 +86,11 @@ impl Fusions {
         bias_into_adds: true,
         bias_into_depthwise: true,
         sum_into_depthwise: true,
+        act_into_producer: true,
     };
 
     /// The fusions' names (`opsched run --no-fusion NAME`), each with what it says.
-    pub const NAMES: [(&'static str, &'static str); 3] = [
+    pub const NAMES: [(&'static str, &'static str); 4] = [
         (
             "bias-into-adds",
             "add kernels add the bias of a convolution they read",
@@ -94,6 +103,10 @@ impl Fusions {
             "sum-into-depthwise",
             "our depthwise kernel reads the values of the sum before it",
         ),
+        (
+            "act-into-producer",
+            "a value every reader activates first is activated once, in place, by its producer",
+        ),
     ];
 
     /// These fusions without the one named `name` (one of [`Fusions::NAMES`]).
@@ -102,6 +115,7 @@ impl Fusions {
             "bias-into-adds" => &mut self.bias_into_adds,
             "bias-into-depthwise" => &mut self.bias_into_depthwise,
             "sum-into-depthwise" => &mut self.sum_into_depthwise,
+            "act-into-producer" => &mut self.act_into_producer,
             _ => return None,
         };
         *flag = false;
@@ -114,6 +128,7 @@ impl Fusions {
             self.bias_into_adds,
             self.bias_into_depthwise,
             self.sum_into_depthwise,
+            self.act_into_producer,
         ];
         Self::NAMES
             .iter()
@@ -503,6 +518,90 @@ pub fn deferred_bias(g: &Graph, p: NodeId) -> Option<usize> {
     (readers_add_it && residual_of(g, p).is_none()).then_some(inner)
 }
 
+/// The activation that every reader of operator `p` applies first, where `p`'s own steps
+/// apply it instead, once and in place, after computing `p` (its readers then skip it:
+/// [`reads_activated`]): NASNet's cell outputs, which the two next cells each read through a
+/// relu and a 1x1 convolution (two relu kernels for one value, each writing a copy). When
+/// - every reader reads `p`'s whole value as its one input, and is a `sequential` operator
+///   whose first operator is that activation, at least two of them launching a kernel for it
+///   (not the ones our depthwise kernel applies as it reads, [`pre_activations`]);
+/// - `p` is an operator, not an output of the graph, no view of another value
+///   ([`crate::inplace::reshape_source`]), and leaves no bias to its readers;
+/// - where `p` concatenates, a value that may write its slice of `p` in place (a term that is
+///   one whole value) is read by nothing but `p` and ancestors of `p`, which every schedule
+///   runs before `p`'s steps;
+/// - the graph's [`Fusions`] have it.
+///
+/// `p`'s own value (before the activation) is then never kept, nor are those of the values
+/// written in place into it.
+pub fn producer_activation(g: &Graph, p: NodeId) -> Option<crate::Activation> {
+    if !g.fusions().act_into_producer || g.node(p).op.is_input() || is_output(g, p) {
+        return None;
+    }
+    let mut act = None;
+    let mut launching = 0;
+    for c in g.succs(p) {
+        let (a, applied_by_depthwise) = leading_activation(g, c, p)?;
+        if *act.get_or_insert(a) != a {
+            return None;
+        }
+        launching += usize::from(!applied_by_depthwise);
+    }
+    if launching < 2
+        || crate::inplace::reshape_source(g, p).is_some()
+        || deferred_bias(g, p).is_some()
+    {
+        return None;
+    }
+    // A concatenation's terms of one whole value may be written in place (by their producers
+    // or by a merged convolution): whatever else reads them has read them before `p` runs.
+    let concatenates = matches!(g.node(p).op, Op::Identity | Op::Concat { .. });
+    let read_before = !concatenates
+        || g.node(p).inputs.iter().all(|term| match term.as_slice() {
+            [v] if v.channels.is_none() => g.succs(v.node).all(|r| r == p || is_ancestor(g, r, p)),
+            _ => true,
+        });
+    read_before.then_some(act).flatten()
+}
+
+/// Whether operator `c` reads a value whose producer applied `c`'s first activation to it
+/// ([`producer_activation`]): `c` then skips that activation.
+pub fn reads_activated(g: &Graph, c: NodeId) -> bool {
+    match g.node(c).inputs.as_slice() {
+        [term] => match term.as_slice() {
+            [v] => {
+                leading_activation(g, c, v.node).is_some()
+                    && producer_activation(g, v.node).is_some()
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// The activation `sequential` operator `c` applies first to `p`'s whole value, its one
+/// input, and whether our depthwise kernel applies it as it reads ([`pre_activations`]).
+fn leading_activation(g: &Graph, c: NodeId, p: NodeId) -> Option<(crate::Activation, bool)> {
+    let node = g.node(c);
+    let [term] = node.inputs.as_slice() else {
+        return None;
+    };
+    let [v] = term.as_slice() else {
+        return None;
+    };
+    let Op::Sequential { ops } = &node.op else {
+        return None;
+    };
+    let Some(Op::Activation { act }) = ops.first() else {
+        return None;
+    };
+    if v.node != p || v.channels.is_some() {
+        return None;
+    }
+    let by_depthwise = pre_activations(ops, &g.node(p).shape).first() == Some(&true);
+    Some((*act, by_depthwise))
+}
+
 /// [`deferred_bias`] for every node.
 pub fn deferred_biases(g: &Graph) -> Vec<Option<usize>> {
     (0..g.len())
@@ -799,6 +898,81 @@ mod tests {
     }
 
     #[test]
+    fn a_producer_activates_a_value_that_every_reader_activates_first() {
+        let act = |a| Op::Activation { act: a };
+        let then_conv =
+            |a, stride: usize| vec![act(a), Op::Conv2d(Conv2d::new(4, 1).stride(stride))];
+        let sep = || {
+            vec![
+                act(Activation::Relu),
+                Op::Conv2d(Conv2d::new(4, 3).groups(4)),
+            ]
+        };
+        let mut b = GraphBuilder::new("acts", DType::F32);
+        let x = b.input("x", vec![1, 4, 6, 6]);
+        let relu = Activation::Relu;
+        // Two relu + 1x1 convolutions and a separable one (its relu free): activated.
+        let v1 = b.conv("v1", x, Conv2d::new(4, 3).bias(true));
+        let r1 = b.sequential("r1", v1, then_conv(relu, 1));
+        b.sequential("r2", v1, then_conv(relu, 2));
+        let s1 = b.sequential("s1", v1, sep());
+        // One that launches its relu, one whose depthwise kernel applies it: nothing to gain.
+        let v2 = b.conv("v2", x, Conv2d::new(4, 3));
+        b.sequential("r3", v2, then_conv(relu, 1));
+        b.sequential("s2", v2, sep());
+        // Another reader kind, another activation.
+        let v3 = b.conv("v3", x, Conv2d::new(4, 3));
+        b.sequential("r4", v3, then_conv(relu, 1));
+        b.sequential("r5", v3, then_conv(relu, 1));
+        b.pool("pool", v3, crate::Pool2d::max(3, 1, 1));
+        let v4 = b.conv("v4", x, Conv2d::new(4, 3));
+        b.sequential("r6", v4, then_conv(relu, 1));
+        b.sequential("r7", v4, then_conv(Activation::Sigmoid, 1));
+        // A concatenation whose in-place term something reads after it: not activated; one
+        // whose in-place term only its ancestors read: activated.
+        let t = b.conv("t", x, Conv2d::new(4, 3));
+        let t2 = b.conv("t2", x, Conv2d::new(4, 1));
+        let cat = b.concat("cat", &[t, t2]);
+        b.sequential("r8", cat, then_conv(relu, 1));
+        b.sequential("r9", cat, then_conv(relu, 1));
+        let late = b.sequential("late", t, then_conv(relu, 1));
+        let u = b.conv("u", x, Conv2d::new(4, 3));
+        let early = b.pool("early", u, crate::Pool2d::max(3, 1, 1));
+        let cat2 = b.node(
+            "cat2",
+            Op::Identity,
+            vec![
+                vec![Value::whole(u)],
+                vec![Value::whole(early), Value::whole(x)],
+            ],
+        );
+        b.sequential("r10", cat2, then_conv(relu, 1));
+        b.sequential("r11", cat2, then_conv(relu, 1));
+        let g = b.finish().unwrap();
+        assert!(crate::inplace::slice_of(&g, t).is_some());
+        assert_eq!(producer_activation(&g, v1), Some(relu));
+        assert_eq!(producer_activation(&g, cat2), Some(relu));
+        for n in [v2, v3, v4, cat, t, late, r1] {
+            assert_eq!(producer_activation(&g, n), None, "{}", g.node(n).name);
+        }
+        assert!(reads_activated(&g, r1) && reads_activated(&g, s1));
+        assert!(!reads_activated(&g, late));
+        // Left out, or the value an output of the graph: not activated.
+        let without = g
+            .clone()
+            .with_fusions(Fusions::ALL.without("act-into-producer").unwrap());
+        assert_eq!(producer_activation(&without, v1), None);
+        assert!(!reads_activated(&without, r1));
+        let mut outputs = g.outputs().to_vec();
+        outputs.push(GraphOutput {
+            name: "v1".into(),
+            value: Value::whole(v1),
+        });
+        let g = g.with_outputs(outputs).unwrap();
+        assert_eq!(producer_activation(&g, v1), None);
+    }
+
+    #[test]
     fn fusions_are_named_once_and_left_out_by_name() {
         assert_eq!(Fusions::default(), Fusions::ALL);
         assert!(Fusions::ALL.left_out().is_empty());
@@ -813,7 +987,8 @@ mod tests {
             Fusions {
                 bias_into_adds: false,
                 bias_into_depthwise: false,
-                sum_into_depthwise: false
+                sum_into_depthwise: false,
+                act_into_producer: false,
             }
         );
         assert_eq!(Fusions::ALL.without("bias"), None);

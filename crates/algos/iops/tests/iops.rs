@@ -149,14 +149,27 @@ fn every_zoo_model() {
     }
 }
 
+/// NASNet's identical cells reuse each other's schedules. Fewer are identical where the
+/// producers of cell outputs activate them for their readers (`then=relu` in the signature):
+/// the last normal cell of a stack, whose output one cell reads, does not (3 hits instead of
+/// 7 on 2026-11-27).
 #[test]
 fn nasnet_cells_are_templates() {
     let cost = AnalyticalModel::default();
     let p = platform(8);
-    let g = zoo::build("nasnet", &ZooConfig::default()).unwrap();
-    let r = Iops::default().run(&g, &p, &cost).unwrap();
+    let all = opsched_graph::fusion::Fusions::ALL;
+    for (fusions, at_least) in [(all, 3), (all.without("act-into-producer").unwrap(), 5)] {
+        let g = zoo::build("nasnet", &ZooConfig::default())
+            .unwrap()
+            .with_fusions(fusions);
+        nasnet_templates(&g, &cost, &p, at_least);
+    }
+}
+
+fn nasnet_templates(g: &Graph, cost: &AnalyticalModel, p: &Platform, at_least: u64) {
+    let r = Iops::default().run(g, p, cost).unwrap();
     let hits = r.stats.extra["template_hits"].as_u64().unwrap();
-    assert!(hits >= 5, "only {hits} template hits");
+    assert!(hits >= at_least, "only {hits} template hits");
     let per_block = r.stats.extra["per_block"].as_array().unwrap();
     for b in per_block.iter().filter(|b| b["template_hit"] == true) {
         let from = b["template_of"].as_u64().unwrap() as usize;

@@ -289,11 +289,9 @@ pub struct RunArgs {
     /// channels last's).
     #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     layout: LayoutArg,
-    /// Leave out one of the fusions being measured (repeat for several): `bias-into-adds`
-    /// (add kernels add the bias of a convolution they read), `bias-into-depthwise` (our
-    /// depthwise kernel adds it), `sum-into-depthwise` (our depthwise kernel reads the values
-    /// of the sum before it). Values and schedules stay the same; kernels change (the report's
-    /// `fusions_left_out`).
+    /// Leave out one of the fusions being measured (repeat for several; the possible values
+    /// below say what each does). Values and schedules stay the same; kernels change (the
+    /// report's `fusions_left_out`).
     #[arg(long, value_name = "NAME", value_parser = fusion_names())]
     no_fusion: Vec<String>,
     /// Untimed runs before timing.

@@ -201,12 +201,14 @@ pub(crate) struct CudaBiasAct {
 }
 
 /// Whether `bias_act_vec4` runs this epilogue: `y` dense (no `runs`), `total` a multiple of 4,
-/// four consecutive elements sharing a bias (`inner % 4 == 0`) or reading four consecutive
-/// ones (`inner == 1`, `channels % 4 == 0`), and every pointer (0: none) 16-byte aligned.
+/// no bias, or four consecutive elements sharing one (`inner % 4 == 0`) or reading four
+/// consecutive ones (`inner == 1`, `channels % 4 == 0`), and every pointer `[y, bias,
+/// residual]` (0: none) 16-byte aligned.
 fn by_fours(total: i64, channels: i64, inner: i64, runs: bool, ptrs: [u64; 3]) -> bool {
+    let no_bias = ptrs[1] == 0;
     !runs
         && total % 4 == 0
-        && (inner % 4 == 0 || (inner == 1 && channels % 4 == 0))
+        && (no_bias || inner % 4 == 0 || (inner == 1 && channels % 4 == 0))
         && ptrs.iter().all(|p| p % 16 == 0)
 }
 
@@ -299,5 +301,8 @@ mod tests {
             "bias misaligned"
         );
         assert!(!by_fours(6, 6, 1, false, [y, b, 0]), "a total not of fours");
+        // No bias (an activation in place): any four at a time.
+        assert!(by_fours(42 * 36, 1, 1, false, [y, 0, 0]));
+        assert!(!by_fours(42 * 36, 42, 1, false, [y, b, 0]));
     }
 }
