@@ -163,7 +163,10 @@ macro_rules! with_act {
 pub(crate) use with_act;
 
 /// `y[i] = act(y[i] + bias[(i / inner) % channels])` over all of `y`, in parallel for large
-/// tensors.
+/// tensors: in chunks of about [`BIAS_CHUNK`] elements, whole rows of `inner` elements that
+/// share a bias (or, where every element has its own, `inner == 1`, whole runs of `channels`),
+/// so that a pointwise pass over a channels-last tensor or a bias-free activation is not split
+/// into a task per element.
 pub fn apply_bias_act(
     y: &mut [f32],
     bias: Option<&[f32]>,
@@ -174,17 +177,39 @@ pub fn apply_bias_act(
     if bias.is_none() && a == Activation::None {
         return;
     }
-    let inner = inner.max(1);
-    let channels = channels.max(1);
-    let f = |(row, chunk): (usize, &mut [f32])| {
-        bias_act_row(chunk, bias.map(|b| b[row % channels]), a);
-    };
-    if y.len() >= 1 << 16 {
-        y.par_chunks_mut(inner).enumerate().for_each(f);
-    } else {
-        y.chunks_mut(inner).enumerate().for_each(f);
+    let (inner, channels) = (inner.max(1), channels.max(1));
+    let parallel = y.len() >= 1 << 16;
+    match bias {
+        // One bias per element of a run of `channels` (a product's features, channels last).
+        Some(b) if inner == 1 => {
+            let chunk = BIAS_CHUNK.div_ceil(channels) * channels;
+            let f = |part: &mut [f32]| {
+                with_act!(a, |f| for run in part.chunks_mut(channels) {
+                    run.iter_mut().zip(b).for_each(|(v, &c)| *v = f(*v + c));
+                })
+            };
+            match parallel {
+                true => y.par_chunks_mut(chunk).for_each(f),
+                false => y.chunks_mut(chunk).for_each(f),
+            }
+        }
+        _ => {
+            let rows = BIAS_CHUNK.div_ceil(inner);
+            let f = |(k, part): (usize, &mut [f32])| {
+                for (r, row) in part.chunks_mut(inner).enumerate() {
+                    bias_act_row(row, bias.map(|b| b[(k * rows + r) % channels]), a);
+                }
+            };
+            match parallel {
+                true => y.par_chunks_mut(rows * inner).enumerate().for_each(f),
+                false => y.chunks_mut(rows * inner).enumerate().for_each(f),
+            }
+        }
     }
 }
+
+/// Elements [`apply_bias_act`] gives one task.
+const BIAS_CHUNK: usize = 1 << 14;
 
 /// `v = act(v + bias)` over one row that shares its bias.
 pub fn bias_act_row(row: &mut [f32], bias: Option<f32>, a: Activation) {
@@ -462,5 +487,29 @@ mod tests {
         let mut y = vec![-1.0, 1.0, -1.0, 1.0];
         apply_bias_act(&mut y, Some(&[0.5, 2.0]), 2, 2, Activation::Relu);
         assert_eq!(y, vec![0.0, 1.5, 1.0, 3.0]);
+    }
+
+    /// Every shape of bias (none, per row of `inner`, per element of a run) and size (one
+    /// chunk, several, in parallel) against the formula element by element.
+    #[test]
+    fn bias_act_in_chunks_equals_the_formula() {
+        for (len, channels, inner) in [
+            (12, 3, 2),
+            (70_000, 7, 1),
+            (70_000, 5, 3),
+            (1 << 17, 64, 49),
+            (40_000, 1, 1),
+        ] {
+            let x: Vec<f32> = (0..len).map(|i| ((i * 37 % 101) as f32) - 50.0).collect();
+            let b: Vec<f32> = (0..channels).map(|c| c as f32 * 0.25 - 1.0).collect();
+            for bias in [None, Some(b.as_slice())] {
+                let mut y = x.clone();
+                apply_bias_act(&mut y, bias, channels, inner, Activation::Relu);
+                for (i, (&got, &v)) in y.iter().zip(&x).enumerate() {
+                    let want = (v + bias.map_or(0.0, |b| b[(i / inner) % channels])).max(0.0);
+                    assert_eq!(got, want, "{len} {channels} {inner} at {i}");
+                }
+            }
+        }
     }
 }
