@@ -758,27 +758,30 @@ fn profile_and_run_on_cuda_without_a_driver_name_the_missing_library() {
     }
 }
 
+/// One small LIOS run of `model` on the CPU backend (input 32, one timed run), with `extra`
+/// flags.
+fn small_cpu_run(model: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "run",
+        model,
+        "--backend",
+        "cpu",
+        "--algo",
+        "lios",
+        "--input-size",
+        "32",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    opsched(&args)
+}
+
 #[test]
 fn run_leaves_out_the_fusions_named_with_the_same_values() {
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "randwire",
-            "--backend",
-            "cpu",
-            "--algo",
-            "lios",
-            "--input-size",
-            "32",
-            "--warmup",
-            "0",
-            "--repeats",
-            "1",
-            "--check",
-        ];
-        args.extend_from_slice(extra);
-        opsched(&args)
-    };
+    let run = |extra: &[&str]| small_cpu_run("randwire", &[&["--check"], extra].concat());
     let kernels = |extra: &[&str]| {
         let out = run(&[&["--json"], extra].concat());
         assert!(
@@ -861,24 +864,7 @@ fn run_on_the_cpu_backend_executes_and_checks_the_plan() {
     assert!(v["check"]["vs_reference"].as_f64().unwrap() < 1e-4);
     assert_eq!(v["latency"]["samples"], 2);
     // One small run, with `extra` flags.
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "squeezenet",
-            "--backend",
-            "cpu",
-            "--algo",
-            "lios",
-            "--input-size",
-            "32",
-            "--warmup",
-            "0",
-            "--repeats",
-            "1",
-        ];
-        args.extend_from_slice(extra);
-        opsched(&args)
-    };
+    let run = |extra: &[&str]| small_cpu_run("squeezenet", extra);
     // The text report says which backend ran.
     let out = run(&[]);
     assert!(out.status.success());
