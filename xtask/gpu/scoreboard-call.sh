@@ -16,17 +16,19 @@ cache=gpu-carry/cost-cache.bin
 [ -e "$cache" ] || cache=fixtures/gpu/h100-2026-11-27b/cost-cache.bin
 cp "$cache" /tmp/opsched-caches/board.bin
 export OPSCHED_CACHE=/tmp/opsched-caches/board.bin
-# How the products choose their kernel (bench-gpu --gemm) and how activations are stored
-# (--layout): the committed table's products measured nothing and its activations were
-# channels last, so only `heuristic` with `nhwc` merges into it; GEMM=measured or LAYOUT=nchw
-# starts a table of its own.
-gemm=${GEMM:-heuristic} layout=${LAYOUT:-nhwc} merge=
-if [ "$gemm" = heuristic ] && [ "$layout" = nhwc ]; then
+# How the products choose their kernel (bench-gpu --gemm), how activations are stored
+# (--layout) and which fusions our runs leave out (NOFUSION, names separated by spaces:
+# `opsched run --no-fusion`): the committed table's products measured nothing, its activations
+# were channels last and it left no fusion out, so only `heuristic` with `nhwc` and no
+# NOFUSION merges into it; GEMM=measured, LAYOUT=nchw or a NOFUSION starts a table of its own.
+gemm=${GEMM:-heuristic} layout=${LAYOUT:-nhwc} merge= nofusion=
+for f in ${NOFUSION:-}; do nofusion="$nofusion --no-fusion $f"; done
+if [ "$gemm" = heuristic ] && [ "$layout" = nhwc ] && [ -z "$nofusion" ]; then
     cp fixtures/gpu/nvidia-h100-80gb-hbm3.* "$OUT/" && chmod u+w "$OUT"/*
     merge=--merge
 fi
 start=$(date +%s)
 timeout "$limit" xtask bench-gpu --models "$models" --batches "$batches" --gemm "$gemm" \
-    --layout "$layout" $merge --out "$OUT" 2>&1 | tail -n 40
+    --layout "$layout" $nofusion $merge --out "$OUT" 2>&1 | tail -n 40
 echo "bench-gpu: $(($(date +%s) - start)) s"
 cp "$OPSCHED_CACHE" "$OUT/cost-cache.bin"

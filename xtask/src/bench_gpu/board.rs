@@ -225,14 +225,22 @@ fn convolution_method(h: &Header) -> String {
     }
 }
 
-/// How our activations were stored, in words.
-fn layout_method(h: &Header) -> &'static str {
-    match h.layout.as_str() {
+/// How our activations were stored, and the fusions our runs left out, in words.
+fn layout_method(h: &Header) -> String {
+    let mut s = match h.layout.as_str() {
         "nhwc" => {
             "; our activations were stored channels last (NHWC) where cuDNN's convolutions run"
+                .to_string()
         }
-        _ => "",
+        _ => String::new(),
+    };
+    if !h.fusions_left_out.is_empty() {
+        s.push_str(&format!(
+            "; our runs left out the fusions {} (`opsched run --no-fusion`)",
+            h.fusions_left_out.join(", ")
+        ));
     }
+    s
 }
 
 /// How our matrix products chose their kernels, in words.
@@ -305,6 +313,10 @@ pub struct Header {
     /// How our activations were stored: `nchw` or `nhwc` (tables before the option: nchw).
     #[serde(default = "nchw")]
     pub layout: String,
+    /// The fusions our runs left out (`opsched run --no-fusion`; tables before the option
+    /// had all that there were then).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fusions_left_out: Vec<String>,
     pub opsched_version: String,
     /// Runs whose rows `--merge` kept, oldest first.
     pub earlier: Vec<EarlierRun>,
@@ -357,6 +369,7 @@ impl Scoreboard {
             ("conv_gemm", a.conv_gemm == b.conv_gemm),
             ("gemm", a.gemm == b.gemm),
             ("layout", a.layout == b.layout),
+            ("fusions_left_out", a.fusions_left_out == b.fusions_left_out),
             (
                 "torch",
                 a.torch.is_none() || b.torch.is_none() || a.torch == b.torch,
@@ -654,6 +667,7 @@ mod tests {
             conv_gemm: "off".into(),
             gemm: "measured".into(),
             layout: "nchw".into(),
+            fusions_left_out: Vec::new(),
             opsched_version: "0.1.0".into(),
             earlier: Vec::new(),
         }
@@ -1045,7 +1059,23 @@ mod tests {
         let mut nhwc = now.clone();
         nhwc.header.layout = "nhwc".into();
         assert!(nhwc.markdown().contains("stored channels last (NHWC)"));
-        let err = nhwc.merge(now, "f.json").expect_err("layout differs");
+        let err = nhwc
+            .clone()
+            .merge(now.clone(), "f.json")
+            .expect_err("layout differs");
         assert!(err.to_string().contains("header.layout"), "{err}");
+        // And fusions left out: said, kept through JSON (absent: none), and merged only with
+        // the same ones.
+        assert!(!now.to_json().expect("written").contains("fusions_left_out"));
+        let mut fewer = nhwc.clone();
+        fewer.header.fusions_left_out = vec!["bias-into-depthwise".into()];
+        assert!(fewer
+            .markdown()
+            .contains("left out the fusions bias-into-depthwise"));
+        let back =
+            Scoreboard::from_json(&fewer.to_json().expect("written"), "f.json").expect("read");
+        assert_eq!(back.header, fewer.header);
+        let err = fewer.merge(nhwc, "f.json").expect_err("fusions differ");
+        assert!(err.to_string().contains("header.fusions_left_out"), "{err}");
     }
 }

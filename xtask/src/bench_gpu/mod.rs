@@ -113,6 +113,10 @@ pub struct Args {
     /// CUDA, NCHW on the CPU, as `opsched run` chooses; the header records which).
     #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     layout: LayoutArg,
+    /// Fusions our runs leave out (`opsched run --no-fusion`, repeat; the header records
+    /// them).
+    #[arg(long, value_name = "NAME", value_parser = fusion_names())]
+    no_fusion: Vec<String>,
     /// Skip the PyTorch columns.
     #[arg(long = "no-torch", action = clap::ArgAction::SetFalse)]
     torch: bool,
@@ -202,7 +206,25 @@ enum LayoutArg {
     Nhwc,
 }
 
+/// The names `--no-fusion` takes (`opsched_graph::fusion::Fusions::NAMES`).
+fn fusion_names() -> clap::builder::PossibleValuesParser {
+    opsched::graph::fusion::Fusions::NAMES
+        .iter()
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .into()
+}
+
 impl Args {
+    /// The fusions left out, each once, in `Fusions::NAMES`' order (the header's field).
+    fn fusions_left_out(&self) -> Vec<String> {
+        opsched::graph::fusion::Fusions::NAMES
+            .iter()
+            .filter(|(name, _)| self.no_fusion.iter().any(|f| f == name))
+            .map(|(name, _)| name.to_string())
+            .collect()
+    }
+
     /// The layout our runs store activations in: `--layout`, where `auto` is the backend's
     /// own (`opsched_gpu::Device::preferred_layout`).
     fn layout(&self) -> Layout {
@@ -539,6 +561,11 @@ fn run_process(
         .args(["--conv-gemm", args.conv_gemm.name()])
         .args(["--gemm", args.gemm.name()])
         .args(["--layout", &args.layout().to_string()])
+        .args(
+            args.no_fusion
+                .iter()
+                .flat_map(|f| ["--no-fusion", f.as_str()]),
+        )
         .args(["--streams", &STREAMS.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--repeats", &args.repeats.to_string(), "--json"])
@@ -739,6 +766,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
         conv_gemm: args.conv_gemm.name().into(),
         gemm: args.gemm.name().into(),
         layout: args.layout().to_string(),
+        fusions_left_out: args.fusions_left_out(),
         opsched_version: env!("CARGO_PKG_VERSION").into(),
         earlier: Vec::new(),
     };

@@ -497,7 +497,7 @@ fn fusion_names() -> clap::builder::PossibleValuesParser {
 
 pub fn run(a: &RunArgs) -> Result<()> {
     let (g, inputs) = load_for_inference(a)?;
-    let fusions = a.no_fusion.iter().try_fold(Fusions::ALL, |f, name| {
+    let fusions = a.no_fusion.iter().try_fold(g.fusions(), |f, name| {
         f.without(name)
             .ok_or_else(|| user(anyhow::anyhow!("--no-fusion {name}: no such fusion")))
     })?;
