@@ -163,7 +163,7 @@ macro_rules! with_act {
 pub(crate) use with_act;
 
 /// `y[i] = act(y[i] + bias[(i / inner) % channels])` over all of `y`, in parallel for large
-/// tensors: in chunks of about [`BIAS_CHUNK`] elements, whole rows of `inner` elements that
+/// tensors: in chunks of about `BIAS_CHUNK` elements, whole rows of `inner` elements that
 /// share a bias (or, where every element has its own, `inner == 1`, whole runs of `channels`),
 /// so that a pointwise pass over a channels-last tensor or a bias-free activation is not split
 /// into a task per element.
