@@ -180,6 +180,14 @@ pub fn apply_bias_act(
     let (inner, channels) = (inner.max(1), channels.max(1));
     let parallel = y.len() >= 1 << 16;
     match bias {
+        // The activation alone: one pass per chunk.
+        None => {
+            let f = |part: &mut [f32]| bias_act_row(part, None, a);
+            match parallel {
+                true => y.par_chunks_mut(BIAS_CHUNK).for_each(f),
+                false => y.chunks_mut(BIAS_CHUNK).for_each(f),
+            }
+        }
         // One bias per element of a run of `channels` (a product's features, channels last).
         Some(b) if inner == 1 => {
             let chunk = BIAS_CHUNK.div_ceil(channels) * channels;
@@ -193,11 +201,12 @@ pub fn apply_bias_act(
                 false => y.chunks_mut(chunk).for_each(f),
             }
         }
-        _ => {
+        // One bias per row of `inner` elements.
+        Some(b) => {
             let rows = BIAS_CHUNK.div_ceil(inner);
             let f = |(k, part): (usize, &mut [f32])| {
                 for (r, row) in part.chunks_mut(inner).enumerate() {
-                    bias_act_row(row, bias.map(|b| b[(k * rows + r) % channels]), a);
+                    bias_act_row(row, Some(b[(k * rows + r) % channels]), a);
                 }
             };
             match parallel {
