@@ -701,7 +701,8 @@ pub fn committed_costs_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/costs")
 }
 
-/// A measured table with a note naming the operators of `g` it does not have.
+/// A measured table with a note naming the operators of `g` it does not have, and one naming
+/// those it has only in the other layout than the one it answers in.
 fn with_coverage(g: &Graph, table: MeasuredTable<AnalyticalModel>, what: &str) -> CostSetup {
     let answers: Vec<_> = g.ops().map(|o| (o, table.measured_op_in(g, o))).collect();
     let named = |pick: &dyn Fn(Option<Layout>) -> bool| -> Vec<&str> {
