@@ -1252,9 +1252,10 @@ fn gpu_every_op_matches_the_reference() {
 /// and a relu, 2 a relu + separable convolution (NASNet's), 3 a depthwise convolution, 4 an
 /// element-wise add, 5 a sum read by a relu, 6 an identity concatenating a sum and a value
 /// (read back to 4 channels by a 1x1 convolution), 7 a max pool, 8 a separable convolution of
-/// a sum (RandWire's node), 9 a relu + 1x1 convolution (NASNet's reader of a cell's output).
-/// Convolutions with a bias and no activation leave it to whichever readers add it; a value
-/// that only relu-first chains read, two of them 1x1 ones, is activated by its producer.
+/// a sum (RandWire's node), 9 a convolution read by two relu + 1x1 convolutions (NASNet's
+/// readers of a cell's output) and their sum. Convolutions with a bias and no activation leave
+/// it to whichever readers add it; a value that only relu-first chains read, two of them 1x1
+/// ones, is activated by its producer.
 fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
     let mut b = GraphBuilder::new("random-cnn", DType::F32);
     let mut vals = vec![b.input("x", vec![batch, 4, 6, 6])];
@@ -1290,11 +1291,18 @@ fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
             }
             7 => b.pool(&name, a, Pool2d::max(3, 1, 1)),
             8 => b.node(&name, Op::Sequential { ops: sep() }, vec![sum]),
-            _ => b.sequential(
-                &name,
-                a,
-                vec![sep()[0].clone(), Op::Conv2d(Conv2d::new(4, 1))],
-            ),
+            _ => {
+                // A convolution read by two relu + 1x1 convolutions (its producer activates
+                // it unless a later operator reads it too), their sum the node's value.
+                let p = b.conv(&format!("{name}_p"), a, Conv2d::new(4, 3).bias(true));
+                let mut relu_conv = |side: &str| {
+                    let ops = vec![sep()[0].clone(), Op::Conv2d(Conv2d::new(4, 1))];
+                    b.sequential(&format!("{name}_{side}"), p, ops)
+                };
+                let (l, r) = (relu_conv("l"), relu_conv("r"));
+                vals.push(p);
+                b.add(&name, &[l, r])
+            }
         };
         vals.push(v);
     }
