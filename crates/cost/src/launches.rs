@@ -49,19 +49,8 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
     let reads_sum = fusion::depthwise_reads_sum(g, op);
     let activates = fusion::producer_activation(g, op).is_some();
     let own = own_launches(g, op) + u32::from(activates);
-    let skipped = fusion::reads_activated(g, op) && first_activation_launches(g, op);
+    let skipped = fusion::skips_activation_kernel(g, op);
     own.saturating_sub(u32::from(deferred) + u32::from(reads_sum) + u32::from(skipped))
-}
-
-/// Whether `sequential` operator `op`'s first operator, an activation, launches a kernel (our
-/// depthwise kernel applies one before it as it reads).
-fn first_activation_launches(g: &Graph, op: NodeId) -> bool {
-    match (&g.node(op).op, g.input_shapes(op).as_slice()) {
-        (Op::Sequential { ops }, [one]) => {
-            opsched_graph::fusion::pre_activations(ops, one).first() == Some(&false)
-        }
-        _ => false,
-    }
 }
 
 /// [`launches`] with every bias run by its convolution.

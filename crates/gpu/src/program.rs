@@ -1841,11 +1841,7 @@ impl Builder<'_> {
     /// kernel, our depthwise convolution), but not a merged convolution's member, whose bias the
     /// merged convolution adds.
     fn defer_biases(&mut self) {
-        let merged: HashSet<NodeId> = self
-            .merged
-            .values()
-            .flat_map(|m| m.members.iter().map(|&(n, _)| n))
-            .collect();
+        let merged = self.merged_members();
         let deferred = opsched_graph::fusion::deferred_biases(self.g);
         for (i, inner) in deferred.into_iter().enumerate() {
             let n = NodeId(i as u32);
@@ -1855,21 +1851,26 @@ impl Builder<'_> {
         }
     }
 
+    /// The members of the merged convolutions and linear layers (their values are views of
+    /// the merged output, which the group's first member computes).
+    fn merged_members(&self) -> HashSet<NodeId> {
+        let convs = self
+            .merged
+            .values()
+            .flat_map(|m| m.members.iter().map(|&(n, _)| n));
+        let linears = self
+            .merged_linear
+            .values()
+            .flat_map(|m| m.members.iter().map(|&(n, _)| n));
+        convs.chain(linears).collect()
+    }
+
     /// Let operators apply the activation every reader would apply first, once, in place
     /// after their own steps ([`opsched_graph::fusion::producer_activation`]; a transfer
     /// sends the value after them, activated), except a merged stage's member (its value is a
     /// view of the merged output, which the group's first member computes).
     fn activate_by_producers(&mut self) {
-        let merged: HashSet<NodeId> = self
-            .merged
-            .values()
-            .flat_map(|m| m.members.iter().map(|&(n, _)| n))
-            .chain(
-                self.merged_linear
-                    .values()
-                    .flat_map(|m| m.members.iter().map(|&(n, _)| n)),
-            )
-            .collect();
+        let merged = self.merged_members();
         for i in 0..self.g.len() {
             let p = NodeId(i as u32);
             let Some(act) = opsched_graph::fusion::producer_activation(self.g, p) else {

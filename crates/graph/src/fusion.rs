@@ -567,16 +567,27 @@ pub fn producer_activation(g: &Graph, p: NodeId) -> Option<crate::Activation> {
 /// Whether operator `c` reads a value whose producer applied `c`'s first activation to it
 /// ([`producer_activation`]): `c` then skips that activation.
 pub fn reads_activated(g: &Graph, c: NodeId) -> bool {
-    match g.node(c).inputs.as_slice() {
-        [term] => match term.as_slice() {
-            [v] => {
-                leading_activation(g, c, v.node).is_some()
-                    && producer_activation(g, v.node).is_some()
-            }
-            _ => false,
-        },
-        _ => false,
-    }
+    activated_read(g, c).is_some()
+}
+
+/// Whether operator `c` reads an activated value ([`reads_activated`]) and so launches no
+/// kernel for its first activation (where our depthwise kernel applies it as it reads, it
+/// launched none before either).
+pub fn skips_activation_kernel(g: &Graph, c: NodeId) -> bool {
+    activated_read(g, c) == Some(false)
+}
+
+/// Where operator `c` reads a value its producer activated: whether our depthwise kernel
+/// would have applied `c`'s first activation ([`leading_activation`]).
+fn activated_read(g: &Graph, c: NodeId) -> Option<bool> {
+    let [term] = g.node(c).inputs.as_slice() else {
+        return None;
+    };
+    let [v] = term.as_slice() else {
+        return None;
+    };
+    let (_, by_depthwise) = leading_activation(g, c, v.node)?;
+    producer_activation(g, v.node).map(|_| by_depthwise)
 }
 
 /// The activation `sequential` operator `c` applies first to `p`'s whole value, its one

@@ -178,42 +178,36 @@ pub fn apply_bias_act(
         return;
     }
     let (inner, channels) = (inner.max(1), channels.max(1));
-    let parallel = y.len() >= 1 << 16;
     match bias {
         // The activation alone: one pass per chunk.
-        None => {
-            let f = |part: &mut [f32]| bias_act_row(part, None, a);
-            match parallel {
-                true => y.par_chunks_mut(BIAS_CHUNK).for_each(f),
-                false => y.chunks_mut(BIAS_CHUNK).for_each(f),
-            }
-        }
+        None => for_chunks(y, BIAS_CHUNK, |_, part| bias_act_row(part, None, a)),
         // One bias per element of a run of `channels` (a product's features, channels last).
         Some(b) if inner == 1 => {
-            let chunk = BIAS_CHUNK.div_ceil(channels) * channels;
-            let f = |part: &mut [f32]| {
+            for_chunks(y, BIAS_CHUNK.div_ceil(channels) * channels, |_, part| {
                 with_act!(a, |f| for run in part.chunks_mut(channels) {
                     run.iter_mut().zip(b).for_each(|(v, &c)| *v = f(*v + c));
                 })
-            };
-            match parallel {
-                true => y.par_chunks_mut(chunk).for_each(f),
-                false => y.chunks_mut(chunk).for_each(f),
-            }
+            })
         }
         // One bias per row of `inner` elements.
         Some(b) => {
             let rows = BIAS_CHUNK.div_ceil(inner);
-            let f = |(k, part): (usize, &mut [f32])| {
+            for_chunks(y, rows * inner, |k, part| {
                 for (r, row) in part.chunks_mut(inner).enumerate() {
                     bias_act_row(row, Some(b[(k * rows + r) % channels]), a);
                 }
-            };
-            match parallel {
-                true => y.par_chunks_mut(rows * inner).enumerate().for_each(f),
-                false => y.chunks_mut(rows * inner).enumerate().for_each(f),
-            }
+            })
         }
+    }
+}
+
+/// `f(k, chunk k)` over `y` cut in chunks of `len` elements, on rayon's pool where `y` is large
+/// (from 64K elements: below, a task's hand-off costs more than it saves).
+fn for_chunks(y: &mut [f32], len: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if y.len() >= 1 << 16 {
+        y.par_chunks_mut(len).enumerate().for_each(|(k, c)| f(k, c));
+    } else {
+        y.chunks_mut(len).enumerate().for_each(|(k, c)| f(k, c));
     }
 }
 
