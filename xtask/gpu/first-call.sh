@@ -75,12 +75,14 @@ timeout 60 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_s
 # this revision in its default layout (channels last), one process each.
 # The same binary with fusions left out (`--no-fusion`, the report's fusions_left_out) says
 # which fusion does it: "no-dw" leaves biases to add kernels only (not to the depthwise
-# kernel), "no-act" lets every reader apply its relu again (NASNet's cell outputs), "none"
-# leaves out all four (ea18c6e's kernel count, this revision's kernels).
+# kernel), "no-act" lets every reader apply its relu again (NASNet's cell outputs), "no-pool"
+# runs NASNet's pools beside their sums again (741 kernels against 673), "none" leaves out all
+# five (ea18c6e's kernel count, this revision's kernels).
 NONE="--no-fusion bias-into-adds --no-fusion bias-into-depthwise --no-fusion sum-into-depthwise"
-NONE="$NONE --no-fusion act-into-producer"
+NONE="$NONE --no-fusion act-into-producer --no-fusion pool-into-sum"
 NODW="--no-fusion bias-into-depthwise"
 NOACT="--no-fusion act-into-producer"
+NOPOOL="--no-fusion pool-into-sum"
 for case in "nasnet lios" "randwire lios" "resnet50 sequential"; do
     set -- $case
     for i in 1 2; do
@@ -101,6 +103,7 @@ for case in "nasnet lios" "randwire lios" "resnet50 sequential"; do
     fi
     if [ $1 = nasnet ]; then
         run "after nhwc no-act $2 $1" 60 $1 --algo $2 --repeats 100 $NOACT
+        run "after nhwc no-pool $2 $1" 60 $1 --algo $2 --repeats 100 $NOPOOL
     fi
 done
 # NASNet at batch 16 took 46.7 ms channels last at b5cad61 against 37.6 NCHW the day before

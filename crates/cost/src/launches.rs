@@ -21,7 +21,8 @@
 //!   bias kernel, and a sum that a depthwise convolution reads value by value
 //!   (`opsched_graph::fusion::depthwise_reads_sum`) no add kernel; a value that its producer
 //!   activates in place (`opsched_graph::fusion::producer_activation`) one kernel more for
-//!   the producer and none for its readers' activation;
+//!   the producer and none for its readers' activation; a pooling that the add kernel of its
+//!   reader's sum computes (`opsched_graph::fusion::pool_into_sum`) none;
 //! - main kernels: a depthwise convolution 1 (our kernel: bias and activations included); any
 //!   other convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
 //!   activation kernel when there is a bias or a non-relu activation: 2; the CUDA device also
@@ -85,6 +86,7 @@ fn own_launches(g: &Graph, op: NodeId) -> u32 {
             n
         }
         Op::Activation { .. } if opsched_graph::fusion::fused_source(g, op).is_some() => 0,
+        Op::Pool2d(_) if opsched_graph::fusion::pool_into_sum(g, op).is_some() => 0,
         Op::Reshape { .. } | Op::Identity
             if opsched_graph::inplace::reshape_source(g, op).is_some() =>
         {

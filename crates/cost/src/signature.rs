@@ -27,7 +27,9 @@
 //!   readers, which skip theirs, `pre=producer`; a reshape that is a view of its
 //!   input (`opsched_graph::inplace::reshape_source`) adds `,view` (`identity(view)`); a batch
 //!   matmul that reads or writes through a head transpose adds `,strided=in`, `=out` or
-//!   `=in+out`, and that transpose `,fused`;
+//!   `=in+out`, and that transpose `,fused`; a pooling that its reader's add kernel computes
+//!   (`opsched_graph::fusion::pool_into_sum`) adds `,fused`, and the reader's term that
+//!   sums it `(pooledN:` the pooling and its input's shape `)`;
 //! - the input terms in `[..]`, separated by `,`: each term's shape (after any channel slice,
 //!   batch included) joined with `x`, followed by `(sumN)` when the term sums `N > 1` values
 //!   and `(slice)` when one of its values is a channel slice (a strided read); a term of rank
@@ -119,10 +121,32 @@ pub fn op_signature(g: &Graph, op: NodeId) -> String {
         if term.iter().any(|v| v.channels.is_some()) {
             s.push_str("(slice)");
         }
+        write_pooled(&mut s, g, op, term);
     }
     s.push(']');
     let _ = write!(s, "{}", g.dtype);
     s
+}
+
+/// The poolings that `op`'s add kernel computes among the values of `term`
+/// (`opsched_graph::fusion::pool_into_sum`), which pool alike: `(pooledN:` the pooling and
+/// its input shape `)`.
+fn write_pooled(s: &mut String, g: &Graph, op: NodeId, term: &opsched_graph::Term) {
+    let pooled: Vec<NodeId> = term
+        .iter()
+        .map(|v| v.node)
+        .filter(|&p| opsched_graph::fusion::pool_into_sum(g, p) == Some(op))
+        .collect();
+    let Some(&first) = pooled.first() else {
+        return;
+    };
+    let _ = write!(s, "(pooled{}:", pooled.len());
+    write_op(s, &g.node(first).op);
+    s.push('[');
+    if let Some(shape) = g.input_shapes(first).first() {
+        write_shape(s, shape);
+    }
+    s.push_str("])");
 }
 
 /// The canonical key of a concurrent stage: `stage[<group> | <group> ...]`, where a group is
@@ -246,6 +270,9 @@ fn kernel_mark(g: &Graph, op: NodeId) -> Option<String> {
     use opsched_graph::fusion::{fused_source, residual_of, residual_source};
     let mark = match &g.node(op).op {
         Op::Activation { .. } if fused_source(g, op).is_some() => "fused".to_string(),
+        Op::Pool2d(_) if opsched_graph::fusion::pool_into_sum(g, op).is_some() => {
+            "fused".to_string()
+        }
         Op::Elementwise { .. } if residual_source(g, op).is_some() => "fused".to_string(),
         Op::Reshape { .. } | Op::Identity
             if opsched_graph::inplace::reshape_source(g, op).is_some() =>
@@ -652,6 +679,38 @@ mod tests {
             "activation(relu,fused)[1x8x4x4]f32"
         );
         assert_eq!(op_signature(&g, alone), "activation(relu)[1x8x4x4]f32");
+    }
+
+    #[test]
+    fn a_pooling_an_add_kernel_computes_is_part_of_both_keys() {
+        let mut b = GraphBuilder::new("m", DType::F32);
+        let x = b.input("x", vec![1, 8, 8, 8]);
+        let p = b.pool("p", x, Pool2d::avg(3, 2, 1));
+        let y = b.conv("y", x, Conv2d::new(8, 3).stride(2));
+        let sum = b.node(
+            "sum",
+            Op::Identity,
+            vec![vec![Value::whole(p), Value::whole(y)]],
+        );
+        let g = b.finish().unwrap();
+        assert_eq!(
+            op_signature(&g, p),
+            "pool2d(avg,k=3x3,s=2x2,p=1x1,fused)[1x8x8x8]f32"
+        );
+        assert_eq!(
+            op_signature(&g, sum),
+            "identity[1x8x4x4(sum2)(pooled1:pool2d(avg,k=3x3,s=2x2,p=1x1)[1x8x8x8])]f32"
+        );
+        let g = g.with_fusions(
+            opsched_graph::fusion::Fusions::ALL
+                .without("pool-into-sum")
+                .unwrap(),
+        );
+        assert_eq!(
+            op_signature(&g, p),
+            "pool2d(avg,k=3x3,s=2x2,p=1x1)[1x8x8x8]f32"
+        );
+        assert_eq!(op_signature(&g, sum), "identity[1x8x4x4(sum2)]f32");
     }
 
     #[test]

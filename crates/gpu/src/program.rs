@@ -233,7 +233,8 @@ pub struct GraphProgram {
     pub layout: Layout,
     /// Per node: its value is stored channels last ([`Layout::Nhwc`]; `outputs` hold it so).
     pub channels_last: Vec<bool>,
-    /// Transposes between NCHW and NHWC the program runs ([`Layout::Nhwc`]).
+    /// Kernels that convert values between NCHW and NHWC ([`Layout::Nhwc`]): the transposes,
+    /// and the gather of a strided view before its transpose.
     pub layout_conversions: usize,
 }
 
@@ -253,7 +254,8 @@ pub const CUDA_LAYOUT: Layout = Layout::Nhwc;
 /// convolutions, activations and pools, reading the same, where it has a convolution or reads
 /// a channels-last value (NASNet's and RandWire's relu + separable convolution); and, where it
 /// reads at least one channels-last value and only whole values, an element-wise operator (no
-/// broadcasting) or activation of 4-D values, a pooling, a concatenation of several terms
+/// broadcasting; not one whose fused activation is a graph output) or activation of 4-D
+/// values, a pooling, a concatenation of several terms
 /// along channels (a branch that may write a strided slice writes its own in place, a run of
 /// channels per pixel; the others are copied), and IOS's identity of terms that are whole
 /// values or sums of them (NASNet's cell outputs); never a graph output.
@@ -287,7 +289,15 @@ pub fn channels_last(g: &Graph) -> Vec<bool> {
                 let convolves = ops.iter().any(|o| matches!(o, Op::Conv2d(_)));
                 one_input && (convolves || reads_nhwc) && chain_channels_last(ops, input())
             }
-            Op::Elementwise { .. } | Op::Activation { .. } => whole && reads_nhwc && same_shape(),
+            // An element-wise operator whose activation is fused into it stores its value as
+            // that activation does (a graph output's is NCHW), so the fusion holds.
+            Op::Elementwise { .. } => {
+                let fused_output = g.succs(id).any(|a| {
+                    outputs.contains(&a) && opsched_graph::fusion::fused_source(g, a) == Some(id)
+                });
+                whole && reads_nhwc && same_shape() && !fused_output
+            }
+            Op::Activation { .. } => whole && reads_nhwc && same_shape(),
             Op::Pool2d(_) => whole && reads_nhwc && terms == 1,
             // A concatenation along channels copies channels-last values as they are.
             Op::Concat { axis: 1 } => whole && reads_nhwc && terms > 1,
@@ -469,6 +479,8 @@ pub(crate) struct Builder<'g> {
     /// and the readers that skip it: see [`Builder::activate_by_producers`].
     producer_acts: HashMap<NodeId, Activation>,
     activated_readers: HashSet<NodeId>,
+    /// Poolings that the add kernel of their reader computes: see [`Builder::fuse_pools`].
+    pooled: HashSet<NodeId>,
     /// Head transpose -> the value batch matmuls read through it with strides, and batch
     /// matmul -> the head transpose it writes: see [`Builder::fold_transposes`].
     transposed_reads: HashMap<NodeId, NodeId>,
@@ -656,6 +668,11 @@ impl<'g> Builder<'g> {
         self.buffers[b].runs.is_some()
     }
 
+    /// The graph being lowered.
+    pub(crate) fn graph(&self) -> &'g Graph {
+        self.g
+    }
+
     /// Whether node `n`'s value is stored channels last ([`Layout::Nhwc`]).
     pub(crate) fn channels_last_at(&self, n: NodeId) -> bool {
         self.nhwc.get(n.index()).copied().unwrap_or(false)
@@ -709,12 +726,12 @@ impl<'g> Builder<'g> {
             None => raw,
         };
         convert.push(step::transpose::Transpose::of(src, y, in_shape, &perm).into());
+        self.layout_conversions += convert.len();
         self.conversions
             .entry(producer)
             .or_default()
             .extend(convert);
         self.other_layout.insert(producer, y);
-        self.layout_conversions += 1;
         Ok(y)
     }
 
@@ -903,22 +920,42 @@ impl<'g> Builder<'g> {
         None
     }
 
-    /// The buffers of a term that sums several whole values, which one element-wise add reads
-    /// in place (`None` for one value, or a sum with a channel slice: copied value by value).
-    pub(crate) fn whole_sum(
+    /// Where `term` sums several whole values, one add kernel that writes `act(` their sum `+`
+    /// the biases left to it `)` into `y` (of `shape`, its elements in `y`'s order), reading
+    /// strided views in place: the element-wise add, or the pooling kernel that pools the
+    /// values that are poolings given to this reader ([`Builder::fuse_pools`]). `false` (and
+    /// nothing done) for one value, or a sum with a channel slice (copied value by value).
+    pub(crate) fn sum_into(
         &mut self,
         steps: &mut Vec<Step>,
         at: At,
         term: &[Value],
-    ) -> Result<Option<Vec<BufId>>, GpuError> {
+        y: BufId,
+        shape: &[usize],
+        act: Activation,
+    ) -> Result<bool, GpuError> {
         if term.len() < 2 || term.iter().any(|v| v.channels.is_some()) {
-            return Ok(None);
+            return Ok(false);
         }
-        // The add kernel reads strided views in place (`elementwise_views`).
-        term.iter()
+        let (pooled, added): (Vec<Value>, Vec<Value>) =
+            term.iter().partition(|v| self.pooled_by_reader(v.node));
+        let srcs = added
+            .iter()
             .map(|v| self.source(steps, at, v.node))
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
+            .collect::<Result<Vec<_>, _>>()?;
+        if !pooled.is_empty() {
+            step::pool::lower_sum(self, steps, at, &pooled, &added, srcs, y, shape, act)?;
+            return Ok(true);
+        }
+        let bias = self.term_bias(at, term, shape)?;
+        let sum = step::elementwise::Elementwise::sum(srcs, y, numel(shape), act, bias);
+        steps.push(sum.into());
+        Ok(true)
+    }
+
+    /// Whether a term sums several whole values ([`Builder::sum_into`]).
+    fn is_whole_sum(term: &[Value]) -> bool {
+        term.len() > 1 && term.iter().all(|v| v.channels.is_none())
     }
 
     /// The biases that the values of `term` (summed by one add kernel of the reader at `at`)
@@ -1014,11 +1051,7 @@ impl<'g> Builder<'g> {
             return Ok((self.source(steps, at, first.node)?, shape));
         }
         let dst = self.scratch(at, numel(&shape));
-        if let Some(srcs) = self.whole_sum(steps, at, term)? {
-            let len = numel(&shape);
-            let bias = self.term_bias(at, term, &shape)?;
-            let sum = step::elementwise::Elementwise::sum(srcs, dst, len, Activation::None, bias);
-            steps.push(sum.into());
+        if self.sum_into(steps, at, term, dst, &shape, Activation::None)? {
             return Ok((dst, shape));
         }
         let axis = shape.get(1).copied().unwrap_or(0);
@@ -1049,12 +1082,7 @@ impl<'g> Builder<'g> {
         let mut off = 0;
         for (t, shape) in terms.iter().zip(&shapes) {
             let channels = axis == 1 && shape.len() >= 2;
-            let sum = if channels {
-                self.whole_sum(steps, at, t)?
-            } else {
-                None
-            };
-            if let Some(srcs) = sum {
+            if channels && Self::is_whole_sum(t) {
                 // A sum of whole values: one add kernel writing a view of its slice (strided,
                 // one run per image at batch > 1, one run per pixel channels last), not a copy
                 // per value (NASNet's cell outputs).
@@ -1069,9 +1097,7 @@ impl<'g> Builder<'g> {
                 if len > run && run < stride {
                     self.buffers[y].runs = Some(Runs { run, stride });
                 }
-                let bias = self.term_bias(at, t, shape)?;
-                let sum = step::elementwise::Elementwise::sum(srcs, y, len, Activation::None, bias);
-                steps.push(sum.into());
+                self.sum_into(steps, at, t, y, shape, Activation::None)?;
             } else if axis == 1 && shape.len() >= 2 {
                 for (j, v) in t.iter().enumerate() {
                     self.copy_value(steps, at, v, dst, out[1], off, j > 0)?;
@@ -1884,6 +1910,34 @@ impl Builder<'_> {
         }
     }
 
+    /// Let the add kernel of each pooling's reader pool it
+    /// ([`opsched_graph::fusion::pool_into_sum`]) where the pooling, its reader and the
+    /// pooling's input (unless a graph input) run on one GPU: the kernel reads the input where
+    /// the pooling would, and the pooling has no steps (its value is never written).
+    fn fuse_pools(&mut self) {
+        for (i, reader) in opsched_graph::fusion::pools_into_sums(self.g)
+            .into_iter()
+            .enumerate()
+        {
+            let (p, Some(c)) = (NodeId(i as u32), reader) else {
+                continue;
+            };
+            let x = self.g.preds(p).next();
+            let gpu = self.gpu_of(p);
+            let input_here =
+                x.is_some_and(|x| self.g.node(x).op.is_input() || self.gpu_of(x) == gpu);
+            if gpu.is_some() && self.gpu_of(c) == gpu && input_here {
+                self.pooled.insert(p);
+                self.fused.insert(p);
+            }
+        }
+    }
+
+    /// Whether the add kernel of pooling `p`'s reader pools it ([`Builder::fuse_pools`]).
+    pub(crate) fn pooled_by_reader(&self, p: NodeId) -> bool {
+        self.pooled.contains(&p)
+    }
+
     /// Whether operator `c`'s input was activated by its producer, so that `c` skips its first
     /// activation ([`Builder::activate_by_producers`]).
     pub(crate) fn reads_activated(&self, c: NodeId) -> bool {
@@ -2068,6 +2122,7 @@ impl GraphProgram {
             added_bias: HashSet::new(),
             producer_acts: HashMap::new(),
             activated_readers: HashSet::new(),
+            pooled: HashSet::new(),
             transposed_reads: HashMap::new(),
             transposed_writes: HashMap::new(),
             merged: HashMap::new(),
@@ -2133,6 +2188,7 @@ impl GraphProgram {
         b.fold_transposes(transfers);
         b.defer_biases();
         b.activate_by_producers();
+        b.fuse_pools();
         let mut ops: Vec<Option<OpProgram>> = vec![None; g.len()];
         for &id in g.topo_order() {
             let node = g.node(id);
@@ -2218,6 +2274,7 @@ impl GraphProgram {
             .chain(b.producer_acts.keys())
             .chain(b.transposed_writes.keys())
             .chain(b.transposed_reads.keys())
+            .chain(b.pooled.iter())
         {
             outputs[n.index()] = None;
         }

@@ -579,8 +579,77 @@ fn producer_activation_graph() -> Graph {
     g
 }
 
+/// Poolings that the add kernel of their reader computes
+/// (`opsched_graph::fusion::pool_into_sum`) at batch 2: NASNet's cell (a concatenation whose
+/// first term a convolution writes in place, strided, while pools read it, summed with a
+/// value whose bias is left to the sum, and two alike pools summed), a strided average pool
+/// beside a strided convolution, an element-wise add of a max pool with its relu fused, a
+/// sigmoid of a sum, and global pools; with the pools each pooling differently, in a
+/// concatenation along another axis, which keep their kernels.
+fn pooled_sum_graph() -> Graph {
+    let mut b = GraphBuilder::new("pooled-sums", DType::F32);
+    let x = b.input("x", vec![2, 6, 7, 7]);
+    let a = b.conv("a", x, Conv2d::new(6, 3).bias(true));
+    let y = b.conv("y", x, Conv2d::new(6, 1).bias(true));
+    let z = b.conv("z", x, Conv2d::new(6, 1).bias(true));
+    let mut avg = Pool2d::avg(3, 1, 1);
+    avg.count_include_pad = false;
+    let p1 = b.pool("p1", a, avg.clone());
+    let p2 = b.pool("p2", a, avg.clone());
+    let p3 = b.pool("p3", a, avg.clone());
+    let p4 = b.pool("p4", y, Pool2d::max(3, 1, 1));
+    let sum = |p: NodeId, q: NodeId| vec![Value::whole(p), Value::whole(q)];
+    let cell = b.node(
+        "cell",
+        Op::Identity,
+        vec![vec![Value::whole(a)], sum(p1, z), sum(p2, p3), sum(p4, x)],
+    );
+    b.conv("after", cell, Conv2d::new(6, 1));
+    let p5 = b.pool("p5", x, Pool2d::avg(3, 2, 1));
+    let s2 = b.conv("s2", x, Conv2d::new(6, 3).stride(2).bias(true));
+    b.node("strided", Op::Identity, vec![sum(p5, s2)]);
+    let p6 = b.pool("p6", x, Pool2d::max(3, 1, 1));
+    let add = b.add("add", &[p6, y]);
+    b.act("add_relu", add, Activation::Relu);
+    let p7 = b.pool("p7", y, Pool2d::avg(3, 1, 1));
+    b.node(
+        "sig",
+        Op::Activation {
+            act: Activation::Sigmoid,
+        },
+        vec![sum(p7, x)],
+    );
+    let g1 = b.pool("g1", x, Pool2d::global_avg());
+    let g2 = b.pool("g2", a, Pool2d::global_avg());
+    b.node("gsum", Op::Identity, vec![sum(g1, g2)]);
+    // Not pooled by their reader: two poolings that pool differently, a concatenation along
+    // the width.
+    let q1 = b.pool("q1", x, Pool2d::max(3, 1, 1));
+    let q2 = b.pool("q2", x, Pool2d::avg(3, 1, 1));
+    b.node("mixed", Op::Identity, vec![sum(q1, q2)]);
+    let q3 = b.pool("q3", y, Pool2d::avg(3, 1, 1));
+    b.node(
+        "wide",
+        Op::Concat { axis: 3 },
+        vec![sum(q3, x), vec![Value::whole(x)]],
+    );
+    let g = b.finish().unwrap();
+    use opsched_graph::fusion::pool_into_sum;
+    for p in [p1, p2, p3, p4, p5, p6, p7, g1, g2, q3] {
+        assert!(pool_into_sum(&g, p).is_some(), "{}", g.node(p).name);
+    }
+    for p in [q1, q2] {
+        assert!(pool_into_sum(&g, p).is_none(), "{}", g.node(p).name);
+    }
+    assert!(opsched_graph::inplace::slice_of(&g, a).is_some());
+    for c in [z, s2] {
+        assert!(opsched_graph::fusion::deferred_bias(&g, c).is_some());
+    }
+    g
+}
+
 /// The graphs that hold every operator kind and fusion between them.
-fn op_graphs() -> [Graph; 7] {
+fn op_graphs() -> [Graph; 8] {
     [
         every_op_graph(),
         attention_graph(),
@@ -589,6 +658,7 @@ fn op_graphs() -> [Graph; 7] {
         layer_norm_graph(),
         deferred_bias_graph(),
         producer_activation_graph(),
+        pooled_sum_graph(),
     ]
 }
 
@@ -618,7 +688,8 @@ fn values_activated_by_their_producers_run_fewer_kernels_with_the_same_outputs()
             "{layout:?}"
         );
     }
-    // The values activated in place, and the one written in place into the cell, are not kept.
+    // The values activated in place, and the one written in place into the cell, are not
+    // kept; nor is the pool that the cell's add kernel computes.
     let p = GraphProgram::single_gpu(&g).unwrap();
     let values = execute(&cpu(), &g, &p, &KernelOptions::default()).unwrap();
     for (name, kept) in [
@@ -626,8 +697,43 @@ fn values_activated_by_their_producers_run_fewer_kernels_with_the_same_outputs()
         ("a", false),
         ("d", false),
         ("e", true),
-        ("p", true),
+        ("p", false),
     ] {
+        let n = g.find(name).unwrap();
+        assert_eq!(values[n.index()].is_some(), kept, "{name}");
+    }
+}
+
+#[test]
+fn poolings_that_their_readers_add_run_no_kernel_with_the_same_outputs() {
+    let g = pooled_sum_graph();
+    let without = g
+        .clone()
+        .with_fusions(Fusions::ALL.without("pool-into-sum").unwrap());
+    let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
+    // p1..p7, g1, g2 and q3: ten pooling kernels fewer; q1 and q2 keep theirs.
+    assert_eq!(kernels(&without) - kernels(&g), 10);
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for g in [&without, &g] {
+            let p = GraphProgram::build_with(g, &vec![Some(0); g.len()], &[], &[], layout).unwrap();
+            check_program(&cpu(), g, &p, &KernelOptions::default(), 1e-5);
+            let launches: u32 = g
+                .ops()
+                .map(|o| opsched_cost::launches::launches(g, o))
+                .sum();
+            // Channels last adds its transposes between the layouts.
+            assert_eq!(
+                p.kernels(),
+                launches as usize + p.layout_conversions,
+                "{layout:?}, left out {:?}",
+                g.fusions().left_out()
+            );
+        }
+    }
+    // The poolings' own values are never written, nor kept.
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    let values = execute(&cpu(), &g, &p, &KernelOptions::default()).unwrap();
+    for (name, kept) in [("p1", false), ("g2", false), ("q3", false), ("q1", true)] {
         let n = g.find(name).unwrap();
         assert_eq!(values[n.index()].is_some(), kept, "{name}");
     }
@@ -1253,7 +1359,9 @@ fn gpu_every_op_matches_the_reference() {
 /// element-wise add, 5 a sum read by a relu, 6 an identity concatenating a sum and a value
 /// (read back to 4 channels by a 1x1 convolution), 7 a max pool, 8 a separable convolution of
 /// a sum (RandWire's node), 9 a convolution read by two relu + 1x1 convolutions (NASNet's
-/// readers of a cell's output) and their sum. Convolutions with a bias and no activation leave
+/// readers of a cell's output) and their sum, 10 NASNet's pooled sums (an average pool plus a
+/// value, two alike max pools summed, concatenated and read back to 4 channels by a 1x1
+/// convolution). Convolutions with a bias and no activation leave
 /// it to whichever readers add it; a value that only relu-first chains read, two of them 1x1
 /// ones, is activated by its producer.
 fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
@@ -1272,7 +1380,7 @@ fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
                 Op::Conv2d(Conv2d::new(4, 1).bias(true)),
             ]
         };
-        let v = match k % 10 {
+        let v = match k % 11 {
             0 => b.conv(&name, a, Conv2d::new(4, 1).bias(true)),
             1 => b.conv(&name, a, Conv2d::new(4, 3).bias(true).relu()),
             2 => b.sequential(&name, a, sep()),
@@ -1291,6 +1399,18 @@ fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
             }
             7 => b.pool(&name, a, Pool2d::max(3, 1, 1)),
             8 => b.node(&name, Op::Sequential { ops: sep() }, vec![sum]),
+            10 => {
+                let pool = |b: &mut GraphBuilder, side: &str, v: NodeId, p: Pool2d| {
+                    b.pool(&format!("{name}_{side}"), v, p)
+                };
+                let avg = pool(&mut b, "avg", a, Pool2d::avg(3, 1, 1));
+                let m1 = pool(&mut b, "m1", c, Pool2d::max(3, 1, 1));
+                let m2 = pool(&mut b, "m2", c, Pool2d::max(3, 1, 1));
+                let pooled = |p: NodeId, q: NodeId| vec![Value::whole(p), Value::whole(q)];
+                let terms = vec![pooled(avg, c), pooled(m1, m2)];
+                let cat = b.node(&format!("{name}_cat"), Op::Identity, terms);
+                b.conv(&name, cat, Conv2d::new(4, 1).bias(true))
+            }
             _ => {
                 // A convolution read by two relu + 1x1 convolutions (its producer activates
                 // it unless a later operator reads it too), their sum the node's value.
@@ -1319,10 +1439,10 @@ proptest::proptest! {
     /// left out left out (`left_out`: a bit per `Fusions::NAMES` entry).
     #[test]
     fn random_cnns_with_deferred_biases_match_the_reference(
-        kinds in proptest::collection::vec(0u8..10, 2..14),
+        kinds in proptest::collection::vec(0u8..11, 2..14),
         picks in proptest::collection::vec((0usize..64, 0usize..64), 14),
         batch in 1usize..3,
-        left_out in 0usize..16,
+        left_out in 0usize..32,
     ) {
         let fusions = Fusions::NAMES
             .iter()

@@ -50,7 +50,11 @@
 //! and its readers skip it ([`reads_activated`]): NASNet's cell outputs, each read by the next
 //! two cells through a relu and a 1x1 convolution.
 //!
-//! Those last three can be left out one by one, the biases per reader kind ([`Fusions`],
+//! A pooling whose only reader adds it to other values in one add kernel is pooled by that
+//! kernel ([`pool_into_sum`]): NASNet's `avgpool(x) + y` and `avgpool(x) + avgpool(x)` are one
+//! kernel each, the poolings none.
+//!
+//! Those last four can be left out one by one, the biases per reader kind ([`Fusions`],
 //! [`Graph::with_fusions`](crate::Graph::with_fusions), `opsched run --no-fusion`): on an
 //! H100 NASNet ran 1.26x slower once the first two were in, with fewer kernels, and a switch
 //! per fusion measures each in the same build.
@@ -72,6 +76,8 @@ pub struct Fusions {
     /// A value every reader activates first is activated once, in place, by its producer
     /// ([`producer_activation`]).
     pub act_into_producer: bool,
+    /// The add kernel of a sum pools the pools it adds ([`pool_into_sum`]).
+    pub pool_into_sum: bool,
 }
 
 impl Default for Fusions {
@@ -87,10 +93,11 @@ impl Fusions {
         bias_into_depthwise: true,
         sum_into_depthwise: true,
         act_into_producer: true,
+        pool_into_sum: true,
     };
 
     /// The fusions' names (`opsched run --no-fusion NAME`), each with what it says.
-    pub const NAMES: [(&'static str, &'static str); 4] = [
+    pub const NAMES: [(&'static str, &'static str); 5] = [
         (
             "bias-into-adds",
             "add kernels add the bias of a convolution they read",
@@ -107,6 +114,10 @@ impl Fusions {
             "act-into-producer",
             "a value every reader activates first is activated once, in place, by its producer",
         ),
+        (
+            "pool-into-sum",
+            "the add kernel of a sum pools the pools it adds",
+        ),
     ];
 
     /// These fusions without the one named `name` (one of [`Fusions::NAMES`]).
@@ -116,6 +127,7 @@ impl Fusions {
             "bias-into-depthwise" => &mut self.bias_into_depthwise,
             "sum-into-depthwise" => &mut self.sum_into_depthwise,
             "act-into-producer" => &mut self.act_into_producer,
+            "pool-into-sum" => &mut self.pool_into_sum,
             _ => return None,
         };
         *flag = false;
@@ -129,6 +141,7 @@ impl Fusions {
             self.bias_into_depthwise,
             self.sum_into_depthwise,
             self.act_into_producer,
+            self.pool_into_sum,
         ];
         Self::NAMES
             .iter()
@@ -613,6 +626,90 @@ fn leading_activation(g: &Graph, c: NodeId, p: NodeId) -> Option<(crate::Activat
     Some((*act, by_depthwise))
 }
 
+/// The operator whose add kernel computes pooling `p` as it sums `p`'s value with others,
+/// so that `p` launches nothing and its value is never written (NASNet's cells add average
+/// and max pools to other branches: `avgpool(x) + y`, `avgpool(x) + avgpool(x)`), when
+/// - `p` pools one whole value into a 4-D one and is not an output of the graph;
+/// - one operator `c` reads `p`, once, and one add kernel of `c` sums `p`'s value with other
+///   whole values: a term of `c` that sums them (unless `c`'s depthwise kernel reads them,
+///   [`depthwise_reads_sum`]), or `c` is an element-wise add of whole values of its shape,
+///   each a term (unless a convolution computes it, [`residual_source`]);
+/// - every pooling that kernel could take this way pools alike (the same pooling of inputs
+///   of one shape: the kernel pools each input with one set of windows);
+/// - the graph's [`Fusions`] have it.
+///
+/// `c` is returned. The pooling's input is an ancestor of `c`, so every schedule has it when
+/// `c` runs.
+pub fn pool_into_sum(g: &Graph, p: NodeId) -> Option<NodeId> {
+    if !g.fusions().pool_into_sum {
+        return None;
+    }
+    let (c, values) = pool_reader(g, p)?;
+    let alike = |q: NodeId| g.node(q).op == g.node(p).op && g.input_shapes(q) == g.input_shapes(p);
+    values
+        .iter()
+        .filter(|v| v.node != p && pool_reader(g, v.node).is_some_and(|(r, _)| r == c))
+        .all(|v| alike(v.node))
+        .then_some(c)
+}
+
+/// For pooling `p`, the one reader and the values one add kernel of that reader sums with
+/// `p`'s ([`pool_into_sum`]'s conditions but the last two).
+fn pool_reader(g: &Graph, p: NodeId) -> Option<(NodeId, Vec<crate::Value>)> {
+    let node = g.node(p);
+    let (Op::Pool2d(_), [term]) = (&node.op, node.inputs.as_slice()) else {
+        return None;
+    };
+    if !matches!(term.as_slice(), [x] if x.channels.is_none())
+        || node.shape.len() != 4
+        || is_output(g, p)
+    {
+        return None;
+    }
+    let c = g.succs(p).next()?;
+    let reads = g.node(c).inputs.iter().flatten().filter(|v| v.node == p);
+    if g.succs(p).any(|r| r != c) || reads.count() != 1 {
+        return None;
+    }
+    summed_with(g, c, p).map(|values| (c, values))
+}
+
+/// The whole values that one add kernel of operator `c` sums, `p`'s among them: the term of
+/// `c` that holds `p`, where it sums whole values that `c`'s depthwise kernel does not read
+/// itself; or, where that term is `p` alone, every term of an element-wise add of whole
+/// values of its shape that no convolution computes.
+fn summed_with(g: &Graph, c: NodeId, p: NodeId) -> Option<Vec<crate::Value>> {
+    let node = g.node(c);
+    let term = node.inputs.iter().find(|t| t.iter().any(|v| v.node == p))?;
+    if term.len() > 1 {
+        let whole = term.iter().all(|v| v.channels.is_none());
+        return (whole && !depthwise_reads_sum(g, c)).then(|| term.clone());
+    }
+    let add = matches!(
+        node.op,
+        Op::Elementwise {
+            kind: crate::ElementwiseKind::Add
+        }
+    );
+    let values: Vec<crate::Value> = node
+        .inputs
+        .iter()
+        .filter_map(|t| match t.as_slice() {
+            [v] if v.channels.is_none() && g.node(v.node).shape == node.shape => Some(*v),
+            _ => None,
+        })
+        .collect();
+    let all_whole = values.len() == node.inputs.len() && values.len() > 1;
+    (add && all_whole && residual_source(g, c).is_none()).then_some(values)
+}
+
+/// [`pool_into_sum`] for every node.
+pub fn pools_into_sums(g: &Graph) -> Vec<Option<NodeId>> {
+    (0..g.len())
+        .map(|i| pool_into_sum(g, NodeId(i as u32)))
+        .collect()
+}
+
 /// [`deferred_bias`] for every node.
 pub fn deferred_biases(g: &Graph) -> Vec<Option<usize>> {
     (0..g.len())
@@ -984,6 +1081,60 @@ mod tests {
     }
 
     #[test]
+    fn an_add_kernel_pools_the_poolings_only_it_reads() {
+        let mut b = GraphBuilder::new("pools", DType::F32);
+        let x = b.input("x", vec![1, 4, 6, 6]);
+        let y = b.conv("y", x, Conv2d::new(4, 3));
+        let avg =
+            |b: &mut GraphBuilder, name: &str, v| b.pool(name, v, crate::Pool2d::avg(3, 1, 1));
+        let max =
+            |b: &mut GraphBuilder, name: &str, v| b.pool(name, v, crate::Pool2d::max(3, 1, 1));
+        let sum = |p: NodeId, q: NodeId| vec![Value::whole(p), Value::whole(q)];
+        // NASNet's cell: avgpool(x) + y, and two alike poolings summed.
+        let p1 = avg(&mut b, "p1", x);
+        let p2 = avg(&mut b, "p2", y);
+        let p3 = avg(&mut b, "p3", y);
+        let cell = b.node("cell", Op::Identity, vec![sum(p1, y), sum(p2, p3)]);
+        // An element-wise add of a max pool and a value.
+        let p4 = max(&mut b, "p4", y);
+        let add = b.add("add", &[p4, x]);
+        // Not: poolings that pool differently in one sum, a pooling read in two sums, one
+        // alone in a concatenation's term, one in a sum a depthwise kernel reads, one that
+        // another operator reads too.
+        let q1 = max(&mut b, "q1", y);
+        let q2 = avg(&mut b, "q2", y);
+        b.node("mixed", Op::Identity, vec![sum(q1, q2)]);
+        let r = avg(&mut b, "r", x);
+        b.node("twice", Op::Identity, vec![sum(r, y), sum(r, x)]);
+        let s = avg(&mut b, "s", y);
+        b.concat("alone", &[s, y]);
+        let t = avg(&mut b, "t", y);
+        let dw = vec![
+            Op::Activation {
+                act: Activation::Relu,
+            },
+            Op::Conv2d(Conv2d::new(4, 3).groups(4)),
+        ];
+        let reads = b.node("reads", Op::Sequential { ops: dw }, vec![sum(t, x)]);
+        let u = avg(&mut b, "u", y);
+        b.node("u_sum", Op::Identity, vec![sum(u, x)]);
+        b.conv("u_too", u, Conv2d::new(4, 1));
+        let g = b.finish().unwrap();
+        assert!(depthwise_reads_sum(&g, reads));
+        for (p, c) in [(p1, cell), (p2, cell), (p3, cell), (p4, add)] {
+            assert_eq!(pool_into_sum(&g, p), Some(c), "{}", g.node(p).name);
+        }
+        for p in [q1, q2, r, s, t, u] {
+            assert_eq!(pool_into_sum(&g, p), None, "{}", g.node(p).name);
+        }
+        // Without a depthwise kernel reading the sum, its add kernel pools; left out, none.
+        let g = g.with_fusions(Fusions::ALL.without("sum-into-depthwise").unwrap());
+        assert_eq!(pool_into_sum(&g, t), Some(reads));
+        let g = g.with_fusions(Fusions::ALL.without("pool-into-sum").unwrap());
+        assert!(pools_into_sums(&g).iter().all(Option::is_none));
+    }
+
+    #[test]
     fn fusions_are_named_once_and_left_out_by_name() {
         assert_eq!(Fusions::default(), Fusions::ALL);
         assert!(Fusions::ALL.left_out().is_empty());
@@ -1000,6 +1151,7 @@ mod tests {
                 bias_into_depthwise: false,
                 sum_into_depthwise: false,
                 act_into_producer: false,
+                pool_into_sum: false,
             }
         );
         assert_eq!(Fusions::ALL.without("bias"), None);

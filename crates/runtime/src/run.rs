@@ -32,8 +32,8 @@ pub struct RunReport {
     /// convolution's output and members at batch > 1, and a merged product's members (a run
     /// per row) with the head reshapes and transposes that read them.
     pub strided_views: usize,
-    /// How its 4-D activations were stored, and how many transposes between NCHW and NHWC it
-    /// ran ([`opsched_gpu::program::Layout`]).
+    /// How its 4-D activations were stored, and how many kernels converting between NCHW and
+    /// NHWC it ran ([`opsched_gpu::program::Layout`]).
     pub layout: opsched_gpu::program::Layout,
     pub layout_conversions: usize,
     /// The fusions its graph left out (`opsched_graph::fusion::Fusions::left_out`).

@@ -178,8 +178,8 @@ fn assert_same(
 
 /// Whether a fusion leaves `id`'s own value unwritten on one GPU: a sum whose kernel wrote
 /// its activation's instead, a convolution's that wrote the sum it feeds, a product's that
-/// wrote the head transpose after it and a head transpose's that products read through; or
-/// unkept: a convolution's that its readers complete with its bias, a value its producer
+/// wrote the head transpose after it, a head transpose's that products read through and a
+/// pooling's that its reader's add kernel computes; or unkept: a convolution's that its readers complete with its bias, a value its producer
 /// activates for its readers and one that may be written in place into such a value.
 fn unkept(g: &Graph, id: NodeId) -> bool {
     use opsched::graph::fusion;
@@ -189,6 +189,7 @@ fn unkept(g: &Graph, id: NodeId) -> bool {
         || activated_in_place(g, id)
         || fusion::transposed_output(g, id).is_some()
         || fusion::transposed_operand(g, id).is_some()
+        || fusion::pool_into_sum(g, id).is_some()
 }
 
 /// Whether `id`'s value is activated in place by its producer, or may be written in place into

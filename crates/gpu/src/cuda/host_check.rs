@@ -1,4 +1,4 @@
-//! Our depthwise kernels compiled for the host (a test; needs a C++ compiler, `c++` or
+//! Our depthwise and pooling-sum kernels compiled for the host (a test; needs a C++ compiler, `c++` or
 //! `$CXX`, not a GPU): their CUDA source is plain C++ once `__global__` and friends are
 //! defined away and a grid of one thread strides over every element, so the index arithmetic
 //! of every template case (layouts, strides, widths, input biases, summed inputs, input
@@ -26,6 +26,7 @@ fn part(from: &str, to: &str) -> &'static str {
 const SHIM: &str = r#"
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <random>
 #include <vector>
 #define __device__
@@ -35,6 +36,7 @@ struct Dim { unsigned x; };
 static const Dim blockIdx{0}, threadIdx{0}, blockDim{1}, gridDim{1};
 typedef long long i64;
 #define FITS32(n) ((n) <= 0x7fffffffLL)
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
 "#;
 
 /// The cases, each run through today's kernel, the candidates and an independent loop.
@@ -163,9 +165,151 @@ fn depthwise_kernels_agree_on_the_host() {
         DRIVER,
     ]
     .concat();
-    let dir = std::env::temp_dir().join(format!("opsched-host-check-{}", std::process::id()));
+    compile_and_run("depthwise", &source);
+}
+
+/// The `pool2d_sum` cases: every input pooled, the values added, the bias and a relu, against
+/// an independent loop; both layouts, strided inputs, values and output (their gaps must stay
+/// untouched), max and both averages, padding, strides, a global window, 32- and 64-bit
+/// indices.
+const POOL_SUM_DRIVER: &str = r#"
+static int failures = 0;
+
+// `spare`: the inputs, the first value added and y are strided views with `spare` elements
+// after each image (NCHW) or pixel (channels last).
+static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_max,
+                bool count_pad, bool nhwc, int npool, int nadd, bool with_bias, int spare,
+                int narrow) {
+    const int oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
+    std::mt19937 rng(n * 7 + c * 13 + h * 17 + k * 19 + stride * 23 + npool * 3 + nadd);
+    std::uniform_real_distribution<float> d(-2, 2);
+    const i64 xstride = nhwc ? c + spare : (i64)c * h * w + spare;
+    const i64 ximages = nhwc ? (i64)h * w * xstride : xstride;
+    std::vector<std::vector<float>> xs(npool, std::vector<float>(n * ximages));
+    for (auto& x : xs)
+        for (auto& e : x) e = d(rng);
+    const i64 len = (i64)n * c * oh * ow;
+    // y and the first value added: runs of an image (NCHW) or a pixel's channels.
+    const i64 run = spare ? (nhwc ? c : (i64)c * oh * ow) : 0, vstride = spare ? run + spare : 0;
+    auto at = [&](i64 t, bool view) { return view && run ? (t / run) * vstride + t % run : t; };
+    const i64 vlen = spare ? len / run * vstride : len;
+    std::vector<std::vector<float>> adds(nadd);
+    for (int a = 0; a < nadd; ++a) {
+        adds[a].assign(a == 0 ? vlen : len, 0.0f);
+        for (auto& e : adds[a]) e = d(rng);
+    }
+    std::vector<float> bias(c), y(vlen, 7.0f);
+    for (auto& e : bias) e = d(rng);
+    std::vector<const float*> ptrs;
+    std::vector<i64> meta;
+    for (auto& x : xs) {
+        ptrs.push_back(x.data());
+        meta.push_back(xstride);
+    }
+    for (int a = 0; a < nadd; ++a) {
+        ptrs.push_back(adds[a].data());
+        meta.push_back(a == 0 ? run : 0);
+        meta.push_back(a == 0 ? vstride : 0);
+    }
+    pool2d_sum(y.data(), run, vstride, ptrs.data(), meta.data(), npool, nadd, n, c, nhwc, h, w,
+               oh, ow, k, k, stride, stride, pad, pad, pad, pad, count_pad, is_max, 1, 0, 0,
+               with_bias ? bias.data() : nullptr, c, nhwc ? 1 : oh * ow, narrow);
+    double worst = 0;
+    size_t gaps = 0;
+    for (int im = 0; im < n; ++im)
+        for (int ch = 0; ch < c; ++ch)
+            for (int i = 0; i < oh; ++i)
+                for (int j = 0; j < ow; ++j) {
+                    const i64 t = nhwc ? (((i64)im * oh + i) * ow + j) * c + ch
+                                       : (((i64)im * c + ch) * oh + i) * ow + j;
+                    double acc = 0;
+                    for (auto& x : xs) {
+                        double m = -INFINITY, s = 0;
+                        int inside = 0, padded = 0;
+                        for (int p = 0; p < k; ++p)
+                            for (int q = 0; q < k; ++q) {
+                                const int r = i * stride - pad + p, u = j * stride - pad + q;
+                                if (r >= h + pad || u >= w + pad) continue;
+                                ++padded;
+                                if (r < 0 || r >= h || u < 0 || u >= w) continue;
+                                ++inside;
+                                const i64 o = nhwc ? im * ximages + ((i64)r * w + u) * xstride + ch
+                                                   : im * ximages + ((i64)ch * h + r) * w + u;
+                                m = fmax(m, x[o]);
+                                s += x[o];
+                            }
+                        acc += is_max ? m : s / (count_pad ? padded : inside);
+                    }
+                    for (int a = 0; a < nadd; ++a) acc += adds[a][at(t, a == 0)];
+                    if (with_bias) acc += bias[ch];
+                    acc = acc > 0 ? acc : 0;
+                    worst = fmax(worst, fabs(y[at(t, true)] - acc));
+                }
+    if (spare)
+        for (i64 e = 0; e < vlen; ++e) gaps += e % vstride >= run && y[e] != 7.0f;
+    if (worst > 1e-4 || gaps) {
+        ++failures;
+        printf("%s n%d c%d %dx%d k%d s%d p%d max %d count_pad %d pools %d adds %d bias %d "
+               "spare %d narrow %d: off by %g, %zu gap elements written\n",
+               nhwc ? "NHWC" : "NCHW", n, c, h, w, k, stride, pad, is_max, count_pad, npool,
+               nadd, with_bias, spare, narrow, worst, gaps);
+    }
+}
+
+int main() {
+    int cases = 0;
+    for (bool nhwc : {false, true})
+        for (int kind = 0; kind < 3; ++kind)
+            for (int s : {1, 2})
+                for (int spare : {0, 3})
+                    for (int narrow : {0, 1}) {
+                        // NASNet's: an average plus a value; two alike pools; a pool, two values
+                        // and a bias.
+                        one(2, 5, 9, 8, 3, s, 1, kind == 1, kind == 0, nhwc, 1 + (kind == 1),
+                            kind == 1 ? 0 : 1 + (kind == 2), kind == 2, spare, narrow);
+                        ++cases;
+                    }
+    // A window wider than the padding allows at the edge; a global window (one output pixel).
+    one(1, 3, 6, 7, 4, 3, 2, false, true, false, 2, 1, true, 0, 1);
+    one(2, 4, 5, 5, 5, 1, 0, false, true, true, 1, 1, true, 0, 1);
+    cases += 2;
+    printf("%d cases, %d failed\n", cases, failures);
+    return failures != 0;
+}
+"#;
+
+#[test]
+fn the_pooling_sum_kernel_agrees_with_a_loop_on_the_host() {
+    let source = [
+        SHIM,
+        part(
+            "__device__ __forceinline__ float act_f",
+            "__device__ __forceinline__ float bin_f",
+        ),
+        part("#define GRID_STRIDE(", "\n\n"),
+        // CUDA's integer min and max.
+        "\n#include <algorithm>\nusing std::max;\nusing std::min;\n",
+        part(
+            "// The window of pool2d's output pixel",
+            "// x's images are `ximage`",
+        ),
+        part(
+            "// The add kernel of a sum that pools",
+            "// The sum of `v` over the block",
+        ),
+        POOL_SUM_DRIVER,
+    ]
+    .concat();
+    compile_and_run("pool_sum", &source);
+}
+
+/// Compile C++ `source` with the host's compiler (`c++`, or `$CXX`), run it, and check that it
+/// says that none of its cases failed.
+fn compile_and_run(name: &str, source: &str) {
+    let dir =
+        std::env::temp_dir().join(format!("opsched-host-check-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (cpp, exe) = (dir.join("depthwise.cpp"), dir.join("depthwise"));
+    let (cpp, exe) = (dir.join(format!("{name}.cpp")), dir.join(name));
     std::fs::write(&cpp, source).unwrap();
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let built = std::process::Command::new(&cxx)

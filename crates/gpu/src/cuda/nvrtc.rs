@@ -358,6 +358,86 @@ extern "C" __global__ void elementwise_views(float* y, const float* const* srcs,
     }
 }
 
+// The add kernel of a sum that pools the poolings it adds (opsched_graph::fusion::
+// pool_into_sum): y = act(pool(x_0) + ... + pool(x_{npool-1}) + add_0 + ... + bias), every x
+// pooled with pool2d's windows, in NCHW or channels last (`nhwc`). `ptrs` holds the npool
+// inputs, then the nadd values added; `meta` each input's image stride (NCHW) or pixel stride
+// (channels last), then each added value's run and stride (0, 0 where dense: element t at
+// (t / run) * stride + t % run); y's element t (in its layout's order) is written there for
+// (y_run, y_stride). `narrow`: every index fits 32 bits (the host checked each buffer's extent).
+template <typename I>
+__device__ __forceinline__ I view_at_t(I t, I run, I stride) {
+    return run ? (t / run) * stride + t % run : t;
+}
+
+template <typename I>
+__device__ __forceinline__ void pool2d_sum_t(float* y, I y_run, I y_stride,
+                                             const float* const* ptrs, const i64* meta,
+                                             int npool, int nadd, I n, int c, int nhwc, int h,
+                                             int w, int oh, int ow, int kh, int kw, int sh,
+                                             int sw, int ph, int pw, int eh, int ew,
+                                             int count_pad, int is_max, int act, float p0,
+                                             float p1, const float* bias, I channels, I inner) {
+    I total = n * c * oh * ow;
+    GRID_STRIDE_T(I, t, total) {
+        int ch, i, j;
+        I b;
+        if (nhwc) {
+            ch = (int)(t % c);
+            I pix = t / c;
+            j = (int)(pix % ow);
+            i = (int)((pix / ow) % oh);
+            b = pix / ((I)oh * ow);
+        } else {
+            j = (int)(t % ow);
+            i = (int)((t / ow) % oh);
+            I bc = t / ((I)oh * ow);
+            ch = (int)(bc % c);
+            b = bc / c;
+        }
+        PoolWin win = pool_window(i, j, h, w, kh, kw, sh, sw, ph, pw, eh, ew, count_pad);
+        float acc = 0.0f;
+        for (int k = 0; k < npool; ++k) {
+            I s = (I)meta[k];
+            const float* xp = nhwc ? ptrs[k] + b * h * w * s + ch
+                                   : ptrs[k] + b * s + (I)ch * h * w;
+            I step = nhwc ? s : 1;
+            float m = -__int_as_float(0x7f800000), sum = 0.0f;
+            for (int p = win.hs; p < win.he; ++p)
+                for (int q = win.ws; q < win.we; ++q) {
+                    float v = xp[((I)p * w + q) * step];
+                    m = fmaxf(m, v);
+                    sum += v;
+                }
+            acc += is_max ? m : sum / (float)win.size;
+        }
+        for (int k = 0; k < nadd; ++k) {
+            const i64* v = meta + npool + 2 * k;
+            acc += ptrs[npool + k][view_at_t<I>(t, (I)v[0], (I)v[1])];
+        }
+        if (bias) acc += bias[(t / inner) % channels];
+        y[view_at_t<I>(t, y_run, y_stride)] = act_f(acc, act, p0, p1);
+    }
+}
+
+extern "C" __global__ void pool2d_sum(float* y, i64 y_run, i64 y_stride,
+                                      const float* const* ptrs, const i64* meta, int npool,
+                                      int nadd, i64 n, int c, int nhwc, int h, int w, int oh,
+                                      int ow, int kh, int kw, int sh, int sw, int ph, int pw,
+                                      int eh, int ew, int count_pad, int is_max, int act,
+                                      float p0, float p1, const float* bias, i64 channels,
+                                      i64 inner, int narrow) {
+    if (narrow)
+        pool2d_sum_t<unsigned>(y, (unsigned)y_run, (unsigned)y_stride, ptrs, meta, npool, nadd,
+                               (unsigned)n, c, nhwc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh,
+                               ew, count_pad, is_max, act, p0, p1, bias, (unsigned)channels,
+                               (unsigned)inner);
+    else
+        pool2d_sum_t<i64>(y, y_run, y_stride, ptrs, meta, npool, nadd, n, c, nhwc, h, w, oh, ow,
+                          kh, kw, sh, sw, ph, pw, eh, ew, count_pad, is_max, act, p0, p1, bias,
+                          channels, inner);
+}
+
 // The sum of `v` over the block (every thread gets it): warp shuffles, then one value per warp
 // through `red` (32 floats). blockDim.x must be a multiple of 32; every thread must call it.
 __device__ __forceinline__ float block_sum(float v, float* red) {
@@ -800,6 +880,7 @@ pub const NAMES: &[&str] = &[
     "elementwise",
     "elementwise_runs",
     "elementwise_views",
+    "pool2d_sum",
     "layer_norm",
     "softmax_rows",
     "permute",

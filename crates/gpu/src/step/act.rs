@@ -50,11 +50,8 @@ pub(crate) fn lower(
 ) -> Result<(), GpuError> {
     // A sum of whole values and its activation are one kernel.
     if let Src::Terms([term]) = src {
-        if let Some(srcs) = b.whole_sum(steps, at, term)? {
-            let shape = b.value_shape(&term[0]);
-            let bias = b.term_bias(at, term, &shape)?;
-            let len = shape.iter().product();
-            steps.push(super::elementwise::Elementwise::sum(srcs, out, len, a, bias).into());
+        let shape = term.first().map(|v| b.value_shape(v)).unwrap_or_default();
+        if b.sum_into(steps, at, term, out, &shape, a)? {
             return Ok(());
         }
     }

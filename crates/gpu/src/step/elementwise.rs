@@ -71,6 +71,39 @@ impl ChannelBias {
     }
 }
 
+/// `y = act(y op srcs[0] op srcs[1] ... [+ bias])` element by element (`op` a product where
+/// `mul`, else a sum; the bias added to a sum), in parallel chunks, `y` first filled with
+/// `fill` where given: an element-wise kernel on the CPU.
+pub(crate) fn combine_into(
+    y: &mut [f32],
+    fill: Option<f32>,
+    srcs: &[&[f32]],
+    mul: bool,
+    bias: Option<(ChannelBias, &[f32])>,
+    act: Activation,
+) {
+    const CHUNK: usize = 1 << 14;
+    with_act!(act, |f| y.par_chunks_mut(CHUNK).enumerate().for_each(
+        |(c, yc)| {
+            if let Some(v) = fill {
+                yc.fill(v);
+            }
+            for s in srcs {
+                let sc = &s[c * CHUNK..c * CHUNK + yc.len()];
+                if mul {
+                    yc.iter_mut().zip(sc).for_each(|(a, v)| *a *= v);
+                } else {
+                    yc.iter_mut().zip(sc).for_each(|(a, v)| *a += v);
+                }
+            }
+            if let Some((b, values)) = bias {
+                b.add_to(values, c * CHUNK, yc);
+            }
+            yc.iter_mut().for_each(|v| *v = f(*v));
+        }
+    ));
+}
+
 impl Elementwise {
     /// `y = act(srcs[0] + srcs[1] + ... + bias)`: the one kernel of a summed term.
     pub(crate) fn sum(
@@ -103,6 +136,23 @@ pub(crate) fn lower(
     out: BufId,
     out_shape: &[usize],
 ) -> Result<(), GpuError> {
+    // An add of whole values, some of them poolings it computes: the pooling kernel.
+    if let (ElementwiseKind::Add, Src::Terms(terms)) = (kind, src) {
+        let values: Vec<opsched_graph::Value> = terms
+            .iter()
+            .filter_map(|t| match t.as_slice() {
+                [v] => Some(*v),
+                _ => None,
+            })
+            .collect();
+        let pools = values.iter().any(|v| b.pooled_by_reader(v.node));
+        if pools
+            && values.len() == terms.len()
+            && b.sum_into(steps, at, &values, out, out_shape, act)?
+        {
+            return Ok(());
+        }
+    }
     let ts = b.terms_strided(steps, at, src)?;
     // The terms that are one value each are sources of this kernel (a sum of several is
     // summed before, with the biases left to it).
@@ -161,25 +211,8 @@ impl StepKernel for Elementwise {
         };
         let y = &mut io.write(self.y)?[..self.len];
         let mul = self.kind == ElementwiseKind::Mul;
-        const CHUNK: usize = 1 << 14;
-        let a = self.act;
-        with_act!(a, |f| y.par_chunks_mut(CHUNK).enumerate().for_each(
-            |(c, yc)| {
-                yc.fill(if mul { 1.0 } else { 0.0 });
-                for s in &srcs {
-                    let sc = &s[c * CHUNK..c * CHUNK + yc.len()];
-                    if mul {
-                        yc.iter_mut().zip(sc).for_each(|(a, v)| *a *= v);
-                    } else {
-                        yc.iter_mut().zip(sc).for_each(|(a, v)| *a += v);
-                    }
-                }
-                if let Some((b, values)) = bias {
-                    b.add_to(values, c * CHUNK, yc);
-                }
-                yc.iter_mut().for_each(|v| *v = f(*v));
-            }
-        ));
+        let first = if mul { 1.0 } else { 0.0 };
+        combine_into(y, Some(first), &srcs, mul, bias, self.act);
         Ok(())
     }
 

@@ -103,6 +103,7 @@ steps! {
     BiasAct(act::BiasAct),
     Act(act::Act),
     Pool(pool::Pool),
+    PoolSum(pool::PoolSum),
     Gemm(gemm::Gemm),
     Softmax(softmax::Softmax),
     LayerNorm(layer_norm::LayerNorm),

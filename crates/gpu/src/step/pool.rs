@@ -5,14 +5,16 @@
 //! Pooling is an NVRTC kernel rather than cuDNN so that these windows are exact.
 #![allow(unsafe_code)]
 
-use cudarc::driver::PushKernelArg;
-use opsched_graph::{Pool2d, PoolKind};
+use cudarc::driver::{CudaSlice, PushKernelArg};
+use opsched_graph::{Activation, Op, Pool2d, PoolKind};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::elementwise::{combine_into, ChannelBias};
 use super::{Access, Step, StepKernel};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
+use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::GpuError;
@@ -52,11 +54,88 @@ pub(crate) fn lower(
     // place: the kernels take its image or pixel stride.
     let (x, xs) = b.single_strided(steps, at, src)?;
     let x = b.view_or_copy(steps, at, x, &xs);
-    let [n, ch, h, w] = b.four(at, &xs)?;
-    let [_, _, oh, ow] = b.four(at, out_shape)?;
-    let global = p.kind.is_global();
+    steps.push(Pool::of(b, at, p, x, &xs, out, out_shape)?.into());
+    Ok(())
+}
+
+/// Lower the add kernel of a sum of whole values (a term read by the operator at `at`) that
+/// pools those that are poolings `opsched_graph::fusion::pool_into_sum` gives to it
+/// (`pooled`) and adds the others (`added`, held in `adds`) into `y` (of `shape`, 4-D), with
+/// the biases left to it and activation `act`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn lower_sum(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    pooled: &[opsched_graph::Value],
+    added: &[opsched_graph::Value],
+    adds: Vec<BufId>,
+    y: BufId,
+    shape: &[usize],
+    act: Activation,
+) -> Result<(), GpuError> {
+    // The kernel pools in the reader's layout, reading the inputs in it; a value of one
+    // pixel per channel is stored alike in both layouts, so there it pools in the first
+    // pooling's own layout, as that pooling would have (no input to convert).
+    let one_pixel = matches!(shape, [_, _, h, w] if h * w == 1);
+    let read_at = match (one_pixel, pooled.first()) {
+        (true, Some(first)) => At {
+            node: first.node,
+            ..at
+        },
+        _ => at,
+    };
+    let mut windows: Option<Pool> = None;
+    let mut more = Vec::new();
+    for v in pooled {
+        // The pooling's own input, as the reader sees it (its value is never written).
+        let node = b.graph().node(v.node);
+        let (Op::Pool2d(p), [term]) = (&node.op, node.inputs.as_slice()) else {
+            return Err(b.unsupported(at, format!("'{}' is no pooling to add", node.name)));
+        };
+        let [input] = term.as_slice() else {
+            return Err(b.unsupported(at, format!("'{}' pools a sum", node.name)));
+        };
+        let (p, input) = (p.clone(), *input);
+        let xs = b.value_shape(&input);
+        let x = b.source(steps, read_at, input.node)?;
+        let x = b.view_or_copy(steps, read_at, x, &xs);
+        match &windows {
+            None => windows = Some(Pool::of(b, read_at, &p, x, &xs, y, shape)?),
+            Some(_) => more.push(x),
+        }
+    }
+    let pool = windows.ok_or_else(|| b.unsupported(at, "a pooled sum without a pooling"))?;
+    let bias = b.term_bias(at, added, shape)?;
     steps.push(
-        Pool {
+        PoolSum {
+            pool,
+            more,
+            adds,
+            bias,
+            act,
+        }
+        .into(),
+    );
+    Ok(())
+}
+
+impl Pool {
+    /// The step that pools `x` (of shape `xs`, 4-D) into `out` with `p`'s windows (a global
+    /// pool: one window over the whole input), in the layout of the operator at `at`.
+    fn of(
+        b: &Builder<'_>,
+        at: At,
+        p: &Pool2d,
+        x: BufId,
+        xs: &[usize],
+        out: BufId,
+        out_shape: &[usize],
+    ) -> Result<Pool, GpuError> {
+        let [n, ch, h, w] = b.four(at, xs)?;
+        let [_, _, oh, ow] = b.four(at, out_shape)?;
+        let global = p.kind.is_global();
+        Ok(Pool {
             x,
             y: out,
             input: [n, ch, h, w],
@@ -68,10 +147,183 @@ pub(crate) fn lower(
             padding_end: if global { [0, 0] } else { p.pads().1 },
             count_include_pad: global || p.count_include_pad,
             nhwc: b.channels_last_at(at.node),
+        })
+    }
+}
+
+/// The add kernel of a sum that pools the poolings it adds
+/// (`opsched_graph::fusion::pool_into_sum`): `y = act(pool(x) + pool(more[0]) + ... +
+/// adds[0] + ... [+ bias])`, every input pooled with `pool`'s windows (its `x` the first, its
+/// `y` the output); `adds` hold values of `y`'s shape and layout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PoolSum {
+    pub pool: Pool,
+    pub more: Vec<BufId>,
+    pub adds: Vec<BufId>,
+    /// The biases left to the sum by convolutions among the values added, summed.
+    pub bias: Option<ChannelBias>,
+    pub act: Activation,
+}
+
+impl StepKernel for PoolSum {
+    fn kind(&self) -> &'static str {
+        "pool_sum"
+    }
+
+    fn access(&self) -> Access {
+        let [n, c, h, w] = self.pool.input;
+        let out = self.pool.out_len();
+        let inputs = std::iter::once(self.pool.x).chain(self.more.iter().copied());
+        let mut reads: Vec<(BufId, usize)> = inputs.map(|x| (x, n * c * h * w)).collect();
+        reads.extend(self.adds.iter().map(|&a| (a, out)));
+        reads.extend(self.bias.map(|b| (b.buf, b.channels)));
+        reads.sort_unstable();
+        reads.dedup();
+        Access {
+            reads,
+            writes: vec![(self.pool.y, out)],
         }
-        .into(),
-    );
-    Ok(())
+    }
+
+    fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
+        let out = self.pool.out_len();
+        let x = io.read(self.pool.x)?;
+        let more = self
+            .more
+            .iter()
+            .map(|&m| io.read(m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let adds = self
+            .adds
+            .iter()
+            .map(|&a| io.read(a).map(|v| &v[..out]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let bias = match self.bias {
+            Some(b) => Some((b, &io.read(b.buf)?[..b.channels])),
+            None => None,
+        };
+        let y = &mut io.write(self.pool.y)?[..out];
+        self.pool.pool_into(x, y)?;
+        let mut pooled = vec![0.0; if more.is_empty() { 0 } else { out }];
+        for m in more {
+            self.pool.pool_into(m, &mut pooled)?;
+            y.iter_mut().zip(&pooled).for_each(|(a, v)| *a += v);
+        }
+        combine_into(y, None, &adds, false, bias, self.act);
+        Ok(())
+    }
+
+    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        let p = &self.pool;
+        let [n, c, h, w] = p.input;
+        let out = p.out_len();
+        let (y, y_runs) = cx.strided(p.y)?;
+        // Every index the kernel computes, for its 32-bit variant: each buffer's extent.
+        let extent = |runs: Option<crate::program::Runs>, len: usize| match runs {
+            Some(r) => (len / r.run.max(1) + 1).saturating_mul(r.stride),
+            None => len,
+        };
+        let mut reach = extent(y_runs, out).max(out);
+        let (mut ptrs, mut meta) = (Vec::new(), Vec::new());
+        for &x in std::iter::once(&p.x).chain(&self.more) {
+            let (ptr, runs) = cx.strided(x)?;
+            let (ximage, xpix) = super::view_strides(p.nhwc, runs, c, h * w, "pooling input")?;
+            let stride = if p.nhwc { xpix } else { ximage };
+            reach = reach.max(n.saturating_mul(ximage));
+            ptrs.push(ptr);
+            meta.push(as_i64(stride, "pooling input stride")?);
+        }
+        for &a in &self.adds {
+            let (ptr, runs) = cx.strided(a)?;
+            reach = reach.max(extent(runs, out));
+            let (run, stride) = runs_args(runs)?.unwrap_or((0, 0));
+            ptrs.push(ptr);
+            meta.extend([run, stride]);
+        }
+        let (ptrs_ptr, ptrs_dev) = cx.gpu.upload_array(&ptrs)?;
+        let (meta_ptr, meta_dev) = cx.gpu.upload_array(&meta)?;
+        let bias = match self.bias {
+            Some(b) => (
+                cx.ptr(b.buf)?,
+                as_i64(b.channels.max(1), "bias channels")?,
+                as_i64(b.inner.max(1), "elements per channel")?,
+            ),
+            None => (0, 1, 1),
+        };
+        Ok(Box::new(CudaPoolSum {
+            y,
+            y_view: runs_args(y_runs)?.unwrap_or((0, 0)),
+            ptrs: (ptrs_ptr, ptrs_dev),
+            meta: (meta_ptr, meta_dev),
+            npool: c_int(1 + self.more.len(), "poolings")?,
+            nadd: c_int(self.adds.len(), "values added")?,
+            n: as_i64(n, "batch")?,
+            c: c_int(c, "channels")?,
+            nhwc: i32::from(p.nhwc),
+            p: p.geometry()?,
+            is_max: i32::from(p.max),
+            act: act_params(self.act),
+            bias,
+            narrow: i32::from(reach <= i32::MAX as usize),
+            total: out,
+        }))
+    }
+
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        Some("pool2d_sum")
+    }
+}
+
+/// `pool2d_sum`'s arguments.
+struct CudaPoolSum {
+    y: u64,
+    /// `y`'s run and stride (0, 0 where dense).
+    y_view: (i64, i64),
+    /// The pointers of the inputs pooled, then of the values added (the device array kept
+    /// alive with the operator).
+    ptrs: (u64, CudaSlice<u64>),
+    /// Each input's image (NCHW) or pixel (channels last) stride, then each added value's run
+    /// and stride.
+    meta: (u64, CudaSlice<i64>),
+    npool: i32,
+    nadd: i32,
+    n: i64,
+    c: i32,
+    nhwc: i32,
+    p: [i32; 13],
+    is_max: i32,
+    act: (i32, f32, f32),
+    /// The bias per channel (a null pointer where there is none), its channels and the
+    /// elements per channel run.
+    bias: (u64, i64, i64),
+    /// Every index fits 32 bits.
+    narrow: i32,
+    total: usize,
+}
+
+impl Enqueue for CudaPoolSum {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let mut b = sc.launch_builder(gpu.function("pool2d_sum")?);
+        b.arg(&self.y).arg(&self.y_view.0).arg(&self.y_view.1);
+        b.arg(&self.ptrs.0).arg(&self.meta.0);
+        b.arg(&self.npool).arg(&self.nadd).arg(&self.n).arg(&self.c);
+        b.arg(&self.nhwc);
+        for v in &self.p {
+            b.arg(v);
+        }
+        b.arg(&self.is_max);
+        let (code, p0, p1) = &self.act;
+        b.arg(code).arg(p0).arg(p1);
+        b.arg(&self.bias.0).arg(&self.bias.1).arg(&self.bias.2);
+        b.arg(&self.narrow);
+        // SAFETY: matches `pool2d_sum` (y and its view, the pointer and meta arrays, npool,
+        // nadd, n, c, nhwc, 13 ints, is_max, the activation, the bias, narrow); both arrays
+        // live in this operator, npool + nadd pointers and npool + 2 * nadd meta values; each
+        // input holds n images at its stride, each value added and y `total` elements in
+        // their runs (the layout checked that views fit their parents); the bias, where not
+        // null, holds `channels` values; `narrow` only where every extent fits 32 bits.
+        launched(unsafe { b.launch(grid(self.total)) }, "pool2d_sum")
+    }
 }
 
 impl Pool {
@@ -94,6 +346,56 @@ impl Pool {
         };
         let (ximage, xpix) = super::view_strides(self.nhwc, x, c, h * w, "pooling input")?;
         Ok(Some((ximage, xpix, ypix)))
+    }
+
+    /// The kernels' 13 ints of geometry: h, w, oh, ow, the window, its stride, the padding
+    /// before and after, whether an average counts the padding.
+    fn geometry(&self) -> Result<[i32; 13], GpuError> {
+        let [_, _, h, w] = self.input;
+        Ok([
+            c_int(h, "h")?,
+            c_int(w, "w")?,
+            c_int(self.out_hw[0], "oh")?,
+            c_int(self.out_hw[1], "ow")?,
+            c_int(self.kernel[0], "kh")?,
+            c_int(self.kernel[1], "kw")?,
+            c_int(self.stride[0], "sh")?,
+            c_int(self.stride[1], "sw")?,
+            c_int(self.padding[0], "ph")?,
+            c_int(self.padding[1], "pw")?,
+            c_int(self.padding_end[0], "eh")?,
+            c_int(self.padding_end[1], "ew")?,
+            i32::from(self.count_include_pad),
+        ])
+    }
+
+    /// Elements of the output.
+    fn out_len(&self) -> usize {
+        let [n, c, _, _] = self.input;
+        n * c * self.out_hw[0] * self.out_hw[1]
+    }
+
+    /// Pool `x` (the whole input, dense, in the step's layout) into `y` (the whole output).
+    fn pool_into(&self, x: &[f32], y: &mut [f32]) -> Result<(), GpuError> {
+        let [n, c, h, w] = self.input;
+        let (inp, outp) = (h * w, self.out_hw[0] * self.out_hw[1]);
+        if n * c * outp == 0 {
+            return Ok(());
+        }
+        let planes = |x: &[f32], y: &mut [f32]| {
+            y.par_chunks_mut(outp)
+                .enumerate()
+                .for_each(|(bc, plane)| self.plane(&x[bc * inp..(bc + 1) * inp], plane))
+        };
+        if self.nhwc {
+            let out = [n, c, self.out_hw[0], self.out_hw[1]];
+            return crate::program::through_nchw(x, self.input, y, out, |x, y| {
+                planes(x, y);
+                Ok(())
+            });
+        }
+        planes(x, y);
+        Ok(())
     }
 
     /// One output plane from one input plane.
@@ -148,31 +450,13 @@ impl StepKernel for Pool {
     }
 
     fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
-        let [n, c, h, w] = self.input;
-        let (inp, outp) = (h * w, self.out_hw[0] * self.out_hw[1]);
-        if n * c * outp == 0 {
-            return Ok(());
-        }
         let x = io.read(self.x)?;
-        let y = &mut io.write(self.y)?[..n * c * outp];
-        let planes = |x: &[f32], y: &mut [f32]| {
-            y.par_chunks_mut(outp)
-                .enumerate()
-                .for_each(|(bc, plane)| self.plane(&x[bc * inp..(bc + 1) * inp], plane))
-        };
-        if self.nhwc {
-            let out = [n, c, self.out_hw[0], self.out_hw[1]];
-            return crate::program::through_nchw(x, self.input, y, out, |x, y| {
-                planes(x, y);
-                Ok(())
-            });
-        }
-        planes(x, y);
-        Ok(())
+        let y = &mut io.write(self.y)?[..self.out_len()];
+        self.pool_into(x, y)
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
-        let [n, c, h, w] = self.input;
+        let [n, c, _, _] = self.input;
         let (y, runs) = cx.strided(self.y)?;
         let (x, x_runs) = cx.strided(self.x)?;
         let (ximage, xpix, ypix) = self
@@ -186,21 +470,7 @@ impl StepKernel for Pool {
             nc: (n * c) as i64,
             c: c_int(c, "channels")?,
             ximage: as_i64(ximage, "image stride")?,
-            p: [
-                c_int(h, "h")?,
-                c_int(w, "w")?,
-                c_int(self.out_hw[0], "oh")?,
-                c_int(self.out_hw[1], "ow")?,
-                c_int(self.kernel[0], "kh")?,
-                c_int(self.kernel[1], "kw")?,
-                c_int(self.stride[0], "sh")?,
-                c_int(self.stride[1], "sw")?,
-                c_int(self.padding[0], "ph")?,
-                c_int(self.padding[1], "pw")?,
-                c_int(self.padding_end[0], "eh")?,
-                c_int(self.padding_end[1], "ew")?,
-                i32::from(self.count_include_pad),
-            ],
+            p: self.geometry()?,
             is_max: i32::from(self.max),
             total: n * c * self.out_hw[0] * self.out_hw[1],
         }))
