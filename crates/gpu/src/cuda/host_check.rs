@@ -148,9 +148,9 @@ int main() {
 }
 "#;
 
-#[test]
-fn depthwise_kernels_agree_on_the_host() {
-    let source = [
+/// The shim, the activations and the grid-stride loop: what every kernel needs.
+fn prelude() -> String {
+    [
         SHIM,
         part(
             "__device__ __forceinline__ float act_f",
@@ -158,6 +158,14 @@ fn depthwise_kernels_agree_on_the_host() {
         ),
         part("#define GRID_STRIDE(", "\n\n"),
         "\n",
+    ]
+    .concat()
+}
+
+#[test]
+fn depthwise_kernels_agree_on_the_host() {
+    let source = [
+        &prelude(),
         part(
             "// Depthwise convolution (one group",
             "// Abstract operators",
@@ -281,14 +289,9 @@ int main() {
 #[test]
 fn the_pooling_sum_kernel_agrees_with_a_loop_on_the_host() {
     let source = [
-        SHIM,
-        part(
-            "__device__ __forceinline__ float act_f",
-            "__device__ __forceinline__ float bin_f",
-        ),
-        part("#define GRID_STRIDE(", "\n\n"),
+        &prelude(),
         // CUDA's integer min and max.
-        "\n#include <algorithm>\nusing std::max;\nusing std::min;\n",
+        "#include <algorithm>\nusing std::max;\nusing std::min;\n",
         part(
             "// The window of pool2d's output pixel",
             "// x's images are `ximage`",

@@ -41,6 +41,22 @@ pub struct ChannelBias {
 }
 
 impl ChannelBias {
+    /// What the kernels take of a bias: its pointer (null where there is none), its channels
+    /// and the elements per channel run.
+    pub(crate) fn kernel_args(
+        bias: Option<ChannelBias>,
+        cx: &PrepareCx<'_>,
+    ) -> Result<(u64, i64, i64), GpuError> {
+        Ok(match bias {
+            Some(b) => (
+                cx.ptr(b.buf)?,
+                as_i64(b.channels.max(1), "bias channels")?,
+                as_i64(b.inner.max(1), "elements per channel")?,
+            ),
+            None => (0, 1, 1),
+        })
+    }
+
     /// Add its bias to every element of `y`, which holds the value's elements from element
     /// `first` on: a run of one channel at a time, or channels last a run of consecutive
     /// channels (no division per element).
@@ -238,14 +254,7 @@ impl StepKernel for Elementwise {
             }
         };
         let (y, runs) = cx.strided(self.y)?;
-        let bias = match self.bias {
-            Some(b) => (
-                cx.ptr(b.buf)?,
-                as_i64(b.channels.max(1), "bias channels")?,
-                as_i64(b.inner.max(1), "elements per channel")?,
-            ),
-            None => (0, 1, 1),
-        };
+        let bias = ChannelBias::kernel_args(self.bias, cx)?;
         Ok(Box::new(CudaElementwise {
             y,
             _srcs: dev,

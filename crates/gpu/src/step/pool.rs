@@ -242,14 +242,7 @@ impl StepKernel for PoolSum {
         }
         let (ptrs_ptr, ptrs_dev) = cx.gpu.upload_array(&ptrs)?;
         let (meta_ptr, meta_dev) = cx.gpu.upload_array(&meta)?;
-        let bias = match self.bias {
-            Some(b) => (
-                cx.ptr(b.buf)?,
-                as_i64(b.channels.max(1), "bias channels")?,
-                as_i64(b.inner.max(1), "elements per channel")?,
-            ),
-            None => (0, 1, 1),
-        };
+        let bias = ChannelBias::kernel_args(self.bias, cx)?;
         Ok(Box::new(CudaPoolSum {
             y,
             y_view: runs_args(y_runs)?.unwrap_or((0, 0)),
