@@ -8,7 +8,7 @@
 #   bash xtask/gpu/first-call.sh
 # Each step has its own time limit and the next runs whatever happened, so one failure costs
 # one step. What comes back ($OUT, at most 8 files): log.txt (everything), results.txt (one
-# line per step or process), kernels.txt (the kernel table), kernels.tar.gz (the same as
+# line per step or process, then the whole-model lines' verdict table), kernels.txt (the kernel table), kernels.tar.gz (the same as
 # JSON) and cost-cache.bin (the measured cuDNN choices, to carry in later calls: copied out
 # after every section, so a call stopped by its limit keeps what it timed). Caches are kept
 # outside $OUT while running: their lock files would take places among the 8.
@@ -115,6 +115,9 @@ for layout in nchw nhwc; do
 done
 run "b16 nhwc none sequential nasnet" 90 nasnet --batch 16 --algo sequential --repeats 20 $NONE
 save_cache
+# The lines above as one table (xtask/gpu/verdict.py): each variant's median against the
+# default's, "faster" where leaving a fusion out (or the older binary) wins in every process.
+timeout 10 python3 xtask/gpu/verdict.py "$R" 2>>"$L" | sed 's/^/verdict /' | tee -a "$R" >/dev/null
 
 # The Transformer's query, key and value projections merged into one product per layer that
 # the attention reads in place (failed on 2026-11-27: the product refused the strided view;
