@@ -21,7 +21,9 @@
 //!   bias kernel, and a sum that a depthwise convolution reads value by value
 //!   (`opsched_graph::fusion::depthwise_reads_sum`) no add kernel; a value that its producer
 //!   activates in place (`opsched_graph::fusion::producer_activation`) one kernel more for
-//!   the producer and none for its readers' activation; a pooling that the add kernel of its
+//!   the producer (none where the add kernels of a concatenation's sums apply it to every
+//!   slice, `opsched_graph::fusion::act_by_writers`) and none for its readers' activation; a
+//!   pooling that the add kernel of its
 //!   reader's sum computes (`opsched_graph::fusion::pool_into_sum`) none;
 //! - main kernels: a depthwise convolution 1 (our kernel: bias and activations included); any
 //!   other convolution 1 (cuDNN's fused conv + bias + relu, else conv then a bias /
@@ -48,7 +50,9 @@ pub fn launches(g: &Graph, op: NodeId) -> u32 {
     // activation kernel it would have run (none where the depthwise kernel applies it).
     let deferred = fusion::deferred_bias(g, op).is_some();
     let reads_sum = fusion::depthwise_reads_sum(g, op);
-    let activates = fusion::producer_activation(g, op).is_some();
+    // (None where the add kernels of a concatenation's sums apply it to every slice.)
+    let activates =
+        fusion::producer_activation(g, op).is_some() && fusion::act_by_writers(g, op) != Some(None);
     let own = own_launches(g, op) + u32::from(activates);
     let skipped = fusion::skips_activation_kernel(g, op);
     own.saturating_sub(u32::from(deferred) + u32::from(reads_sum) + u32::from(skipped))

@@ -23,7 +23,8 @@
 //!   read, keep their keys), and one whose depthwise kernel reads the values of its input's
 //!   sum (`opsched_graph::fusion::depthwise_reads_sum`) `sum=read`; an operator that
 //!   activates its own value in place for its readers
-//!   (`opsched_graph::fusion::producer_activation`) `then=relu` (its activation), and those
+//!   (`opsched_graph::fusion::producer_activation`) `then=relu` (its activation; `then=relu/writers`
+//!   where its sums' add kernels apply it, `opsched_graph::fusion::act_by_writers`), and those
 //!   readers, which skip theirs, `pre=producer`; a reshape that is a view of its
 //!   input (`opsched_graph::inplace::reshape_source`) adds `,view` (`identity(view)`); a batch
 //!   matmul that reads or writes through a head transpose adds `,strided=in`, `=out` or
@@ -244,10 +245,13 @@ fn lower<T: std::fmt::Debug>(v: T) -> String {
 /// The fusion part of a signature, inside the operator's parentheses (written last, so that
 /// it can reopen them).
 fn write_fusion(s: &mut String, g: &Graph, op: NodeId) {
-    use opsched_graph::fusion::{producer_activation, reads_activated};
+    use opsched_graph::fusion::{act_by_writers, producer_activation, reads_activated};
     let marks: Vec<String> = [
         kernel_mark(g, op),
-        producer_activation(g, op).map(|act| format!("then={act}")),
+        producer_activation(g, op).map(|act| match act_by_writers(g, op) {
+            Some(_) => format!("then={act}/writers"),
+            None => format!("then={act}"),
+        }),
         reads_activated(g, op).then(|| "pre=producer".to_string()),
     ]
     .into_iter()

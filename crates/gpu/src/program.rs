@@ -481,6 +481,10 @@ pub(crate) struct Builder<'g> {
     activated_readers: HashSet<NodeId>,
     /// Poolings that the add kernel of their reader computes: see [`Builder::fuse_pools`].
     pooled: HashSet<NodeId>,
+    /// Concatenations activated for their readers whose sums' add kernels apply the
+    /// activation, with the one term activated in place after them, if any: see
+    /// [`Builder::activate_by_producers`].
+    writers_act: HashMap<NodeId, Option<usize>>,
     /// Head transpose -> the value batch matmuls read through it with strides, and batch
     /// matmul -> the head transpose it writes: see [`Builder::fold_transposes`].
     transposed_reads: HashMap<NodeId, NodeId>,
@@ -1061,6 +1065,73 @@ impl<'g> Builder<'g> {
         Ok((dst, shape))
     }
 
+    /// A view of `dst` (the output of the operator at `at`, of shape `out`, its terms
+    /// concatenated along channels) holding channels `off..off + shape[1]`: a term's slice,
+    /// strided where it is not contiguous (one run per image at batch > 1, one run per pixel
+    /// channels last).
+    fn channel_slice(
+        &mut self,
+        at: At,
+        dst: BufId,
+        out: &[usize],
+        off: usize,
+        shape: &[usize],
+    ) -> BufId {
+        let len = numel(shape);
+        let y = self.alloc(at.gpu, len, BufRole::Scratch(at.node), Init::Uninit);
+        let inner = match self.channels_last_at(at.node) {
+            true => 1,
+            false => numel(&shape[2..]),
+        };
+        self.buffers[y].within = Some((dst, off * inner));
+        let (run, stride) = (shape[1] * inner, out[1] * inner);
+        if len > run && run < stride {
+            self.buffers[y].runs = Some(Runs { run, stride });
+        }
+        y
+    }
+
+    /// The steps that activate, in place, operator `p`'s value for its readers
+    /// ([`Builder::activate_by_producers`]) after its own steps: the whole value, or the one
+    /// term its sums' add kernels did not activate as they wrote (none if there is none).
+    fn activate_in_place(&mut self, at: At, act: Activation) -> Result<Vec<Step>, GpuError> {
+        let p = at.node;
+        let node = self.g.node(p);
+        let out = self.outputs[p.index()]
+            .ok_or_else(|| GpuError::Plan(format!("'{}' has no output buffer", node.name)))?;
+        let y = match self.writers_act.get(&p).copied() {
+            Some(None) => return Ok(Vec::new()),
+            Some(Some(term)) => {
+                let shapes: Vec<Shape> = node
+                    .inputs
+                    .iter()
+                    .map(|t| t.first().map(|v| self.value_shape(v)).unwrap_or_default())
+                    .collect();
+                let off: usize = shapes[..term].iter().map(|s| s[1]).sum();
+                let shape = node.shape.clone();
+                self.channel_slice(at, out, &shape, off, &shapes[term])
+            }
+            None if self.is_strided(out) => {
+                return Err(GpuError::Plan(format!(
+                    "'{}' is activated in place for its readers but is a strided view",
+                    node.name
+                )))
+            }
+            None => out,
+        };
+        let total = self.buffers[y].len;
+        Ok(vec![step::act::BiasAct {
+            y,
+            bias: None,
+            total,
+            channels: 1,
+            inner: 1,
+            act,
+            residual: None,
+        }
+        .into()])
+    }
+
     /// Concatenate terms along `axis` into `dst` (which must hold the concatenated shape).
     pub(crate) fn concat_into(
         &mut self,
@@ -1085,19 +1156,18 @@ impl<'g> Builder<'g> {
             if channels && Self::is_whole_sum(t) {
                 // A sum of whole values: one add kernel writing a view of its slice (strided,
                 // one run per image at batch > 1, one run per pixel channels last), not a copy
-                // per value (NASNet's cell outputs).
-                let len = numel(shape);
-                let y = self.alloc(at.gpu, len, BufRole::Scratch(at.node), Init::Uninit);
-                let inner = match self.channels_last_at(at.node) {
-                    true => 1,
-                    false => numel(&shape[2..]),
+                // per value (NASNet's cell outputs); with the activation of a value activated
+                // for its readers where the sums apply it (`Builder::activate_by_producers`).
+                let y = self.channel_slice(at, dst, &out, off, shape);
+                let act = match self.writers_act.contains_key(&at.node) {
+                    true => self
+                        .producer_acts
+                        .get(&at.node)
+                        .copied()
+                        .unwrap_or_default(),
+                    false => Activation::None,
                 };
-                self.buffers[y].within = Some((dst, off * inner));
-                let (run, stride) = (shape[1] * inner, out[1] * inner);
-                if len > run && run < stride {
-                    self.buffers[y].runs = Some(Runs { run, stride });
-                }
-                self.sum_into(steps, at, t, y, shape, Activation::None)?;
+                self.sum_into(steps, at, t, y, shape, act)?;
             } else if axis == 1 && shape.len() >= 2 {
                 for (j, v) in t.iter().enumerate() {
                     self.copy_value(steps, at, v, dst, out[1], off, j > 0)?;
@@ -1894,7 +1964,9 @@ impl Builder<'_> {
     /// Let operators apply the activation every reader would apply first, once, in place
     /// after their own steps ([`opsched_graph::fusion::producer_activation`]; a transfer
     /// sends the value after them, activated), except a merged stage's member (its value is a
-    /// view of the merged output, which the group's first member computes).
+    /// view of the merged output, which the group's first member computes). Where a
+    /// concatenation's sums apply it as they write ([`opsched_graph::fusion::act_by_writers`]),
+    /// only its other term, if any, is activated after them.
     fn activate_by_producers(&mut self) {
         let merged = self.merged_members();
         for i in 0..self.g.len() {
@@ -1907,6 +1979,9 @@ impl Builder<'_> {
             }
             self.producer_acts.insert(p, act);
             self.activated_readers.extend(self.g.succs(p));
+            if let Some(rest) = opsched_graph::fusion::act_by_writers(self.g, p) {
+                self.writers_act.insert(p, rest);
+            }
         }
     }
 
@@ -2123,6 +2198,7 @@ impl GraphProgram {
             producer_acts: HashMap::new(),
             activated_readers: HashSet::new(),
             pooled: HashSet::new(),
+            writers_act: HashMap::new(),
             transposed_reads: HashMap::new(),
             transposed_writes: HashMap::new(),
             merged: HashMap::new(),
@@ -2225,25 +2301,7 @@ impl GraphProgram {
             }
             // The activation every reader would apply first, once, in place.
             if let Some(&act) = b.producer_acts.get(&id) {
-                if b.is_strided(out) {
-                    return Err(GpuError::Plan(format!(
-                        "'{}' is activated in place for its readers but is a strided view",
-                        node.name
-                    )));
-                }
-                let total = b.buffers[out].len;
-                steps.push(
-                    step::act::BiasAct {
-                        y: out,
-                        bias: None,
-                        total,
-                        channels: 1,
-                        inner: 1,
-                        act,
-                        residual: None,
-                    }
-                    .into(),
-                );
+                steps.extend(b.activate_in_place(at, act)?);
             }
             ops[id.index()] = Some(OpProgram {
                 name: node.name.clone(),

@@ -534,9 +534,10 @@ fn deferred_bias_graph() -> Graph {
 /// Values activated in place by their producers for their readers
 /// (`opsched_graph::fusion::producer_activation`) at batch 2: NASNet's cell output (a
 /// concatenation whose first term a convolution writes in place, strided, after a pool read
-/// it), read by two relu + 1x1 convolutions and a relu + separable convolution; a
-/// convolution's value read by two relu + 1x1 convolutions; and one that a pool reads too,
-/// which keeps its readers' relus.
+/// it, activated after its sum's add kernel activated its own slice), read by two relu + 1x1
+/// convolutions and a relu + separable convolution; a convolution's value read by two relu +
+/// 1x1 convolutions; one that a pool reads too, which keeps its readers' relus; and NASNet's
+/// reduction cell output (sums only, their add kernels activate every slice).
 fn producer_activation_graph() -> Graph {
     let relu = || Op::Activation {
         act: Activation::Relu,
@@ -570,8 +571,19 @@ fn producer_activation_graph() -> Graph {
     b.sequential("e1", e, relu_conv(1));
     b.sequential("e2", e, relu_conv(2));
     b.pool("e3", e, Pool2d::max(3, 1, 1));
+    // NASNet's reduction cell: sums only, each activated by its add kernel as it writes.
+    let f: Vec<NodeId> = (0..3)
+        .map(|i| b.conv(&format!("f{i}"), x, Conv2d::new(6, 3).bias(true)))
+        .collect();
+    let fp = b.pool("fp", x, Pool2d::avg(3, 1, 1));
+    let sum = |p: NodeId, q: NodeId| vec![Value::whole(p), Value::whole(q)];
+    let red = b.node("red", Op::Identity, vec![sum(f[0], f[1]), sum(fp, f[2])]);
+    b.sequential("red1", red, relu_conv(1));
+    b.sequential("red2", red, relu_conv(2));
     let g = b.finish().unwrap();
-    use opsched_graph::fusion::producer_activation;
+    use opsched_graph::fusion::{act_by_writers, producer_activation};
+    assert_eq!(act_by_writers(&g, cell), Some(Some(0)));
+    assert_eq!(act_by_writers(&g, red), Some(None));
     assert_eq!(producer_activation(&g, cell), Some(Activation::Relu));
     assert_eq!(producer_activation(&g, d), Some(Activation::Relu));
     assert_eq!(producer_activation(&g, e), None);
@@ -669,12 +681,18 @@ fn values_activated_by_their_producers_run_fewer_kernels_with_the_same_outputs()
         .clone()
         .with_fusions(Fusions::ALL.without("act-into-producer").unwrap());
     let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
-    // cell: 3 relu kernels (one in r3's depthwise kernel) -> 1; d: 2 -> 1.
-    assert_eq!(kernels(&without) - kernels(&g), 2);
+    // cell: 3 relu kernels (one in r3's depthwise kernel) -> 1; d: 2 -> 1; red: 2 -> 0.
+    assert_eq!(kernels(&without) - kernels(&g), 4);
+    // Without the sums' add kernels activating, red's value is activated in place: 1.
+    let whole = g
+        .clone()
+        .with_fusions(Fusions::ALL.without("act-into-writers").unwrap());
+    assert_eq!(kernels(&whole) - kernels(&g), 1);
     for layout in [Layout::Nchw, Layout::Nhwc] {
-        let p =
-            GraphProgram::build_with(&without, &vec![Some(0); g.len()], &[], &[], layout).unwrap();
-        check_program(&cpu(), &without, &p, &KernelOptions::default(), 1e-5);
+        for g in [&without, &whole] {
+            let p = GraphProgram::build_with(g, &vec![Some(0); g.len()], &[], &[], layout).unwrap();
+            check_program(&cpu(), g, &p, &KernelOptions::default(), 1e-5);
+        }
         let p = GraphProgram::build_with(&g, &vec![Some(0); g.len()], &[], &[], layout).unwrap();
         check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
         let launches: u32 = g
@@ -698,6 +716,7 @@ fn values_activated_by_their_producers_run_fewer_kernels_with_the_same_outputs()
         ("d", false),
         ("e", true),
         ("p", false),
+        ("red", false),
     ] {
         let n = g.find(name).unwrap();
         assert_eq!(values[n.index()].is_some(), kept, "{name}");
@@ -1361,7 +1380,9 @@ fn gpu_every_op_matches_the_reference() {
 /// a sum (RandWire's node), 9 a convolution read by two relu + 1x1 convolutions (NASNet's
 /// readers of a cell's output) and their sum, 10 NASNet's pooled sums (an average pool plus a
 /// value, two alike max pools summed, concatenated and read back to 4 channels by a 1x1
-/// convolution). Convolutions with a bias and no activation leave
+/// convolution), 11 a concatenation of sums (and, for odd picks, of a value too) read by two
+/// relu + 1x1 convolutions and their sum (NASNet's cell outputs: activated by the sums' add
+/// kernels as they write, the value's slice after them). Convolutions with a bias and no activation leave
 /// it to whichever readers add it; a value that only relu-first chains read, two of them 1x1
 /// ones, is activated by its producer.
 fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
@@ -1380,7 +1401,7 @@ fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
                 Op::Conv2d(Conv2d::new(4, 1).bias(true)),
             ]
         };
-        let v = match k % 11 {
+        let v = match k % 12 {
             0 => b.conv(&name, a, Conv2d::new(4, 1).bias(true)),
             1 => b.conv(&name, a, Conv2d::new(4, 3).bias(true).relu()),
             2 => b.sequential(&name, a, sep()),
@@ -1411,6 +1432,19 @@ fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
                 let cat = b.node(&format!("{name}_cat"), Op::Identity, terms);
                 b.conv(&name, cat, Conv2d::new(4, 1).bias(true))
             }
+            11 => {
+                let mut terms = vec![sum.clone(), vec![Value::whole(c), Value::whole(a)]];
+                if (p + q) % 2 == 1 {
+                    terms.push(vec![Value::whole(c)]);
+                }
+                let cat = b.node(&format!("{name}_cat"), Op::Identity, terms);
+                let mut relu_conv = |side: &str| {
+                    let ops = vec![sep()[0].clone(), Op::Conv2d(Conv2d::new(4, 1))];
+                    b.sequential(&format!("{name}_{side}"), cat, ops)
+                };
+                let (l, r) = (relu_conv("l"), relu_conv("r"));
+                b.add(&name, &[l, r])
+            }
             _ => {
                 // A convolution read by two relu + 1x1 convolutions (its producer activates
                 // it unless a later operator reads it too), their sum the node's value.
@@ -1439,10 +1473,10 @@ proptest::proptest! {
     /// left out left out (`left_out`: a bit per `Fusions::NAMES` entry).
     #[test]
     fn random_cnns_with_deferred_biases_match_the_reference(
-        kinds in proptest::collection::vec(0u8..11, 2..14),
+        kinds in proptest::collection::vec(0u8..12, 2..14),
         picks in proptest::collection::vec((0usize..64, 0usize..64), 14),
         batch in 1usize..3,
-        left_out in 0usize..32,
+        left_out in 0usize..64,
     ) {
         let fusions = Fusions::NAMES
             .iter()

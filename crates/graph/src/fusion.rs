@@ -54,7 +54,12 @@
 //! kernel ([`pool_into_sum`]): NASNet's `avgpool(x) + y` and `avgpool(x) + avgpool(x)` are one
 //! kernel each, the poolings none.
 //!
-//! Those last four can be left out one by one, the biases per reader kind ([`Fusions`],
+//! A value activated for its readers that concatenates sums of whole values is activated by
+//! their add kernels as they write their slices, the one other term, if any, in place after
+//! them ([`act_by_writers`]): NASNet's cell outputs activate one slice of six in place, its
+//! reduction cells' outputs none.
+//!
+//! Those last five can be left out one by one, the biases per reader kind ([`Fusions`],
 //! [`Graph::with_fusions`](crate::Graph::with_fusions), `opsched run --no-fusion`): on an
 //! H100 NASNet ran 1.26x slower once the first two were in, with fewer kernels, and a switch
 //! per fusion measures each in the same build.
@@ -78,6 +83,9 @@ pub struct Fusions {
     pub act_into_producer: bool,
     /// The add kernel of a sum pools the pools it adds ([`pool_into_sum`]).
     pub pool_into_sum: bool,
+    /// A concatenation activated for its readers has its sums' add kernels apply the
+    /// activation as they write ([`act_by_writers`]).
+    pub act_into_writers: bool,
 }
 
 impl Default for Fusions {
@@ -94,10 +102,11 @@ impl Fusions {
         sum_into_depthwise: true,
         act_into_producer: true,
         pool_into_sum: true,
+        act_into_writers: true,
     };
 
     /// The fusions' names (`opsched run --no-fusion NAME`), each with what it says.
-    pub const NAMES: [(&'static str, &'static str); 5] = [
+    pub const NAMES: [(&'static str, &'static str); 6] = [
         (
             "bias-into-adds",
             "add kernels add the bias of a convolution they read",
@@ -118,6 +127,10 @@ impl Fusions {
             "pool-into-sum",
             "the add kernel of a sum pools the pools it adds",
         ),
+        (
+            "act-into-writers",
+            "a concatenation activated for its readers has its sums' add kernels apply the activation",
+        ),
     ];
 
     /// These fusions without the one named `name` (one of [`Fusions::NAMES`]).
@@ -128,6 +141,7 @@ impl Fusions {
             "sum-into-depthwise" => &mut self.sum_into_depthwise,
             "act-into-producer" => &mut self.act_into_producer,
             "pool-into-sum" => &mut self.pool_into_sum,
+            "act-into-writers" => &mut self.act_into_writers,
             _ => return None,
         };
         *flag = false;
@@ -142,6 +156,7 @@ impl Fusions {
             self.sum_into_depthwise,
             self.act_into_producer,
             self.pool_into_sum,
+            self.act_into_writers,
         ];
         Self::NAMES
             .iter()
@@ -575,6 +590,32 @@ pub fn producer_activation(g: &Graph, p: NodeId) -> Option<crate::Activation> {
             _ => true,
         });
     read_before.then_some(act).flatten()
+}
+
+/// Where operator `p` concatenates along channels a value activated for its readers
+/// ([`producer_activation`]), whether the add kernels of its terms that sum whole values apply
+/// the activation as they write their slices, and which one other term, if any, is activated
+/// in place after them (its index): when at least one term is such a sum and at most one is
+/// not (written in place by its producer, or copied), and the graph's [`Fusions`] have it.
+/// NASNet's cell outputs: five sums and the left input, written in place, which other readers
+/// read before the cell's output runs; its reduction cells' outputs: four sums, no activation
+/// kernel at all. `None`: the whole value is activated in place after `p`'s steps.
+pub fn act_by_writers(g: &Graph, p: NodeId) -> Option<Option<usize>> {
+    if !g.fusions().act_into_writers || producer_activation(g, p).is_none() {
+        return None;
+    }
+    let node = g.node(p);
+    // An identity concatenates its terms along channels, as a concatenation along axis 1
+    // does; the sums of values of rank 2 or more are add kernels writing their slices.
+    let along_channels =
+        matches!(node.op, Op::Identity | Op::Concat { axis: 1 }) && node.shape.len() >= 2;
+    let summed = |t: &crate::Term| t.len() > 1 && t.iter().all(|v| v.channels.is_none());
+    let mut rest = node.inputs.iter().enumerate().filter(|(_, t)| !summed(t));
+    let sums = node.inputs.iter().filter(|t| summed(t)).count();
+    match (rest.next(), rest.next()) {
+        (first, None) if along_channels && sums > 0 => Some(first.map(|(i, _)| i)),
+        _ => None,
+    }
 }
 
 /// Whether operator `c` reads a value whose producer applied `c`'s first activation to it
@@ -1135,6 +1176,54 @@ mod tests {
     }
 
     #[test]
+    fn a_concatenations_sums_activate_their_slices_as_they_write() {
+        let relu_conv = || {
+            vec![
+                Op::Activation {
+                    act: Activation::Relu,
+                },
+                Op::Conv2d(Conv2d::new(4, 1)),
+            ]
+        };
+        let mut b = GraphBuilder::new("writers", DType::F32);
+        let x = b.input("x", vec![1, 4, 6, 6]);
+        let convs = |b: &mut GraphBuilder, name: &str| {
+            let c: Vec<NodeId> = (0..3)
+                .map(|i| b.conv(&format!("{name}{i}"), x, Conv2d::new(4, 3)))
+                .collect();
+            (c[0], c[1], c[2])
+        };
+        let sum = |p: NodeId, q: NodeId| vec![Value::whole(p), Value::whole(q)];
+        let one = |p: NodeId| vec![Value::whole(p)];
+        // NASNet's cell: the left input in place, then a sum; its reduction cell: sums only;
+        // two terms that are no sums; a sum whose output is not activated.
+        let (l, r, s) = convs(&mut b, "c");
+        let cell = b.node("cell", Op::Identity, vec![one(l), sum(r, s)]);
+        let (l, r, s) = convs(&mut b, "r");
+        let red = b.node("red", Op::Identity, vec![sum(l, r), sum(s, l)]);
+        let (l, r, s) = convs(&mut b, "t");
+        let two = b.node("two", Op::Identity, vec![one(s), sum(l, r), one(r)]);
+        let (l, r, _) = convs(&mut b, "p");
+        let plain = b.node("plain", Op::Identity, vec![sum(l, r)]);
+        for (v, name) in [(cell, "cell"), (red, "red"), (two, "two")] {
+            b.sequential(&format!("{name}_a"), v, relu_conv());
+            b.sequential(&format!("{name}_b"), v, relu_conv());
+        }
+        b.conv("plain_c", plain, Conv2d::new(4, 1));
+        let g = b.finish().unwrap();
+        for v in [cell, red, two] {
+            assert!(producer_activation(&g, v).is_some());
+        }
+        assert_eq!(act_by_writers(&g, cell), Some(Some(0)));
+        assert_eq!(act_by_writers(&g, red), Some(None));
+        assert_eq!(act_by_writers(&g, two), None);
+        assert_eq!(act_by_writers(&g, plain), None);
+        let g = g.with_fusions(Fusions::ALL.without("act-into-writers").unwrap());
+        assert_eq!(act_by_writers(&g, red), None);
+        assert!(producer_activation(&g, red).is_some());
+    }
+
+    #[test]
     fn fusions_are_named_once_and_left_out_by_name() {
         assert_eq!(Fusions::default(), Fusions::ALL);
         assert!(Fusions::ALL.left_out().is_empty());
@@ -1152,6 +1241,7 @@ mod tests {
                 sum_into_depthwise: false,
                 act_into_producer: false,
                 pool_into_sum: false,
+                act_into_writers: false,
             }
         );
         assert_eq!(Fusions::ALL.without("bias"), None);
