@@ -818,18 +818,26 @@ fn two_gpu_program_with_transfers_matches_the_reference() {
 
 #[test]
 fn zoo_models_lowered_match_the_reference() {
-    // Small inputs so the naive reference stays fast.
-    for (name, size) in [("squeezenet", 48), ("googlenet", 48), ("resnet50", 32)] {
+    // Small inputs so the naive reference stays fast; NASNet at batch 2 in both layouts (its
+    // pooled sums, its cell outputs activated by their writers, strided slices).
+    let cases = [
+        ("squeezenet", 48, 1, Layout::Nchw),
+        ("googlenet", 48, 1, Layout::Nchw),
+        ("resnet50", 32, 1, Layout::Nchw),
+        ("nasnet", 32, 2, Layout::Nchw),
+        ("nasnet", 32, 2, Layout::Nhwc),
+    ];
+    for (name, size, batch, layout) in cases {
         let g = zoo::build(
             name,
             &ZooConfig {
-                batch: 1,
+                batch,
                 input_size: Some(size),
                 dtype: DType::F32,
             },
         )
         .unwrap();
-        let p = GraphProgram::single_gpu(&g).unwrap();
+        let p = GraphProgram::build_with(&g, &vec![Some(0); g.len()], &[], &[], layout).unwrap();
         check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-4);
     }
 }
