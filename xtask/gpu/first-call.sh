@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The first device call of a GPU session (docs/gpu-session.md, step 1), about six minutes on
-# an H100 (give it 420 s): every GPU test, the kernel A/B (the depthwise kernel against its
+# an H100 (give it 450 s): every GPU test, the kernel A/B (the depthwise kernel against its
 # ea18c6e version and unrolled), the depthwise kernel and deferred biases in whole models
 # against the revision staged as gpu-carry/opsched-before, the Transformer's merged
-# projections read in place, compute-sanitizer on RandWire, and where NASNet's kernel time
-# goes. Run on the device in the repository root, gpu-carry/ carried:
+# projections read in place, compute-sanitizer on RandWire and NASNet, and where NASNet's
+# kernel time goes. Run on the device in the repository root, gpu-carry/ carried:
 #   bash xtask/gpu/first-call.sh
 # Each step has its own time limit and the next runs whatever happened, so one failure costs
 # one step. What comes back ($OUT, at most 8 files): log.txt (everything), results.txt (one
@@ -139,6 +139,12 @@ step "memcheck randwire"
 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 1 opsched run randwire \
     --backend cuda --algo lios --warmup 1 --repeats 2 >>"$L" 2>&1
 result "memcheck randwire: rc=$?"
+# And on NASNet at input 64, batch 2, channels last: its pooled sums (`pool2d_sum`), its cell
+# outputs' slices activated in place (`bias_act_runs`), strided views everywhere.
+step "memcheck nasnet"
+timeout 90 compute-sanitizer --tool memcheck --error-exitcode 1 opsched run nasnet \
+    --input-size 64 --batch 2 --backend cuda --algo lios --warmup 1 --repeats 2 >>"$L" 2>&1
+result "memcheck nasnet: rc=$?"
 
 # Where NASNet's kernel time goes channels last at batch 1, kernel by kernel (ncu, one eager
 # run; the cache holds its kernel choices, so nothing is tuned; the weights' permutations to
