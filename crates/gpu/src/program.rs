@@ -817,6 +817,15 @@ impl<'g> Builder<'g> {
         s
     }
 
+    /// The shape of each term (its first value's, after any channel slice; a sum's values
+    /// share it).
+    fn term_shapes(&self, terms: &[Vec<Value>]) -> Vec<Shape> {
+        terms
+            .iter()
+            .map(|t| t.first().map(|v| self.value_shape(v)).unwrap_or_default())
+            .collect()
+    }
+
     /// Copy (or accumulate) one value into `dst`, whose shape along axis 1 is `dst_axis` wide,
     /// at channel offset `dst_off`.
     #[allow(clippy::too_many_arguments)]
@@ -1095,21 +1104,16 @@ impl<'g> Builder<'g> {
     /// ([`Builder::activate_by_producers`]) after its own steps: the whole value, or the one
     /// term its sums' add kernels did not activate as they wrote (none if there is none).
     fn activate_in_place(&mut self, at: At, act: Activation) -> Result<Vec<Step>, GpuError> {
-        let p = at.node;
-        let node = self.g.node(p);
+        let (p, g) = (at.node, self.g);
+        let node = g.node(p);
         let out = self.outputs[p.index()]
             .ok_or_else(|| GpuError::Plan(format!("'{}' has no output buffer", node.name)))?;
         let y = match self.writers_act.get(&p).copied() {
             Some(None) => return Ok(Vec::new()),
             Some(Some(term)) => {
-                let shapes: Vec<Shape> = node
-                    .inputs
-                    .iter()
-                    .map(|t| t.first().map(|v| self.value_shape(v)).unwrap_or_default())
-                    .collect();
+                let shapes = self.term_shapes(&node.inputs);
                 let off: usize = shapes[..term].iter().map(|s| s[1]).sum();
-                let shape = node.shape.clone();
-                self.channel_slice(at, out, &shape, off, &shapes[term])
+                self.channel_slice(at, out, &node.shape, off, &shapes[term])
             }
             None if self.is_strided(out) => {
                 return Err(GpuError::Plan(format!(
@@ -1141,10 +1145,7 @@ impl<'g> Builder<'g> {
         axis: usize,
         dst: BufId,
     ) -> Result<Shape, GpuError> {
-        let shapes: Vec<Shape> = terms
-            .iter()
-            .map(|t| t.first().map(|v| self.value_shape(v)).unwrap_or_default())
-            .collect();
+        let shapes = self.term_shapes(terms);
         let out = if shapes.len() == 1 {
             shapes[0].clone()
         } else {
@@ -1245,10 +1246,7 @@ impl<'g> Builder<'g> {
             Src::Buf(b, shape) => Ok((b, shape.to_vec())),
             Src::Terms([t]) => self.term_strided(steps, at, t),
             Src::Terms(terms) => {
-                let shapes: Vec<Shape> = terms
-                    .iter()
-                    .map(|t| t.first().map(|v| self.value_shape(v)).unwrap_or_default())
-                    .collect();
+                let shapes = self.term_shapes(terms);
                 let cat = opsched_graph::op::concat_shapes(&shapes, 1)
                     .map_err(|m| self.unsupported(at, m))?;
                 let dst = self.scratch(at, numel(&cat));

@@ -674,6 +674,26 @@ fn op_graphs() -> [Graph; 8] {
     ]
 }
 
+/// `g` on one GPU in both layouts: every value against the reference, and the kernels the
+/// cost model counts (`opsched_cost::launches`) those the program runs, but for channels
+/// last's transposes between the layouts.
+fn check_in_both_layouts(g: &Graph) {
+    let launches: u32 = g
+        .ops()
+        .map(|o| opsched_cost::launches::launches(g, o))
+        .sum();
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        let p = GraphProgram::build_with(g, &vec![Some(0); g.len()], &[], &[], layout).unwrap();
+        check_program(&cpu(), g, &p, &KernelOptions::default(), 1e-5);
+        assert_eq!(
+            p.kernels(),
+            launches as usize + p.layout_conversions,
+            "{layout:?}, left out {:?}",
+            g.fusions().left_out()
+        );
+    }
+}
+
 #[test]
 fn values_activated_by_their_producers_run_fewer_kernels_with_the_same_outputs() {
     let g = producer_activation_graph();
@@ -688,23 +708,8 @@ fn values_activated_by_their_producers_run_fewer_kernels_with_the_same_outputs()
         .clone()
         .with_fusions(Fusions::ALL.without("act-into-writers").unwrap());
     assert_eq!(kernels(&whole) - kernels(&g), 1);
-    for layout in [Layout::Nchw, Layout::Nhwc] {
-        for g in [&without, &whole] {
-            let p = GraphProgram::build_with(g, &vec![Some(0); g.len()], &[], &[], layout).unwrap();
-            check_program(&cpu(), g, &p, &KernelOptions::default(), 1e-5);
-        }
-        let p = GraphProgram::build_with(&g, &vec![Some(0); g.len()], &[], &[], layout).unwrap();
-        check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
-        let launches: u32 = g
-            .ops()
-            .map(|o| opsched_cost::launches::launches(&g, o))
-            .sum();
-        // Channels last adds its transposes between the layouts.
-        assert_eq!(
-            p.kernels(),
-            launches as usize + p.layout_conversions,
-            "{layout:?}"
-        );
+    for g in [&without, &whole, &g] {
+        check_in_both_layouts(g);
     }
     // The values activated in place, and the one written in place into the cell, are not
     // kept; nor is the pool that the cell's add kernel computes.
@@ -732,22 +737,8 @@ fn poolings_that_their_readers_add_run_no_kernel_with_the_same_outputs() {
     let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
     // p1..p7, g1, g2 and q3: ten pooling kernels fewer; q1 and q2 keep theirs.
     assert_eq!(kernels(&without) - kernels(&g), 10);
-    for layout in [Layout::Nchw, Layout::Nhwc] {
-        for g in [&without, &g] {
-            let p = GraphProgram::build_with(g, &vec![Some(0); g.len()], &[], &[], layout).unwrap();
-            check_program(&cpu(), g, &p, &KernelOptions::default(), 1e-5);
-            let launches: u32 = g
-                .ops()
-                .map(|o| opsched_cost::launches::launches(g, o))
-                .sum();
-            // Channels last adds its transposes between the layouts.
-            assert_eq!(
-                p.kernels(),
-                launches as usize + p.layout_conversions,
-                "{layout:?}, left out {:?}",
-                g.fusions().left_out()
-            );
-        }
+    for g in [&without, &g] {
+        check_in_both_layouts(g);
     }
     // The poolings' own values are never written, nor kept.
     let p = GraphProgram::single_gpu(&g).unwrap();

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::elementwise::{combine_into, ChannelBias};
 use super::{Access, Step, StepKernel};
+use crate::cpu::math::with_scratch;
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
 use crate::cuda::nvrtc::act_params;
@@ -204,10 +205,13 @@ impl StepKernel for PoolSum {
         };
         let y = &mut io.write(self.pool.y)?[..out];
         self.pool.pool_into(x, y)?;
-        let mut pooled = vec![0.0; if more.is_empty() { 0 } else { out }];
+        // Each further input pooled into this thread's scratch (no allocation per run).
         for m in more {
-            self.pool.pool_into(m, &mut pooled)?;
-            y.iter_mut().zip(&pooled).for_each(|(a, v)| *a += v);
+            with_scratch(out, |pooled| {
+                self.pool.pool_into(m, pooled)?;
+                y.iter_mut().zip(&*pooled).for_each(|(a, v)| *a += v);
+                Ok::<(), GpuError>(())
+            })?;
         }
         combine_into(y, None, &adds, false, bias, self.act);
         Ok(())
