@@ -993,8 +993,20 @@ impl<'g> Builder<'g> {
         nodes: &[NodeId],
         shape: &[usize],
     ) -> Result<Option<ChannelBias>, GpuError> {
+        let read: Vec<(NodeId, NodeId)> = nodes.iter().map(|&p| (p, at.node)).collect();
+        self.biases_read_by(at, &read, shape)
+    }
+
+    /// [`Builder::deferred_bias`] of the values `(p, reader)`, each read by the operator
+    /// beside it whose work the kernel at `at` does (a pooling it pools).
+    pub(crate) fn biases_read_by(
+        &mut self,
+        at: At,
+        read: &[(NodeId, NodeId)],
+        shape: &[usize],
+    ) -> Result<Option<ChannelBias>, GpuError> {
         let mut sum: Option<Vec<f32>> = None;
-        for &p in nodes {
+        for &(p, reader) in read {
             let Some(&inner) = self.deferred.get(&p) else {
                 continue;
             };
@@ -1015,7 +1027,7 @@ impl<'g> Builder<'g> {
                 }
                 Some(_) => return Err(self.unsupported(at, "sums biases of different widths")),
             }
-            self.added_bias.insert((p, at.node));
+            self.added_bias.insert((p, reader));
         }
         let Some(sum) = sum else {
             return Ok(None);
@@ -1102,18 +1114,22 @@ impl<'g> Builder<'g> {
 
     /// The steps that activate, in place, operator `p`'s value for its readers
     /// ([`Builder::activate_by_producers`]) after its own steps: the whole value, or the one
-    /// term its sums' add kernels did not activate as they wrote (none if there is none).
+    /// term its sums' add kernels did not activate as they wrote (none if there is none),
+    /// adding the bias its convolution left to it.
     fn activate_in_place(&mut self, at: At, act: Activation) -> Result<Vec<Step>, GpuError> {
         let (p, g) = (at.node, self.g);
         let node = g.node(p);
         let out = self.outputs[p.index()]
             .ok_or_else(|| GpuError::Plan(format!("'{}' has no output buffer", node.name)))?;
-        let y = match self.writers_act.get(&p).copied() {
+        let (y, bias) = match self.writers_act.get(&p).copied() {
             Some(None) => return Ok(Vec::new()),
             Some(Some(term)) => {
                 let shapes = self.term_shapes(&node.inputs);
                 let off: usize = shapes[..term].iter().map(|s| s[1]).sum();
-                self.channel_slice(at, out, &node.shape, off, &shapes[term])
+                let y = self.channel_slice(at, out, &node.shape, off, &shapes[term]);
+                // The term's bias, where its convolution left it to this slice.
+                let nodes: Vec<NodeId> = node.inputs[term].iter().map(|v| v.node).collect();
+                (y, self.deferred_bias(at, &nodes, &shapes[term])?)
             }
             None if self.is_strided(out) => {
                 return Err(GpuError::Plan(format!(
@@ -1121,15 +1137,15 @@ impl<'g> Builder<'g> {
                     node.name
                 )))
             }
-            None => out,
+            None => (out, None),
         };
         let total = self.buffers[y].len;
         Ok(vec![step::act::BiasAct {
             y,
-            bias: None,
+            bias: bias.map(|b| b.buf),
             total,
-            channels: 1,
-            inner: 1,
+            channels: bias.map_or(1, |b| b.channels),
+            inner: bias.map_or(1, |b| b.inner),
             act,
             residual: None,
         }
@@ -1934,12 +1950,23 @@ impl Builder<'_> {
     /// [`opsched_graph::fusion::deferred_bias`] says every reader adds it as it reads (an add
     /// kernel, our depthwise convolution), but not a merged convolution's member, whose bias the
     /// merged convolution adds.
+    /// A concatenation reading the value as a term of its own must activate that slice in
+    /// place ([`Builder::activate_by_producers`], which the rule asks of the graph alone).
     fn defer_biases(&mut self) {
         let merged = self.merged_members();
         let deferred = opsched_graph::fusion::deferred_biases(self.g);
         for (i, inner) in deferred.into_iter().enumerate() {
             let n = NodeId(i as u32);
-            if let (Some(inner), false) = (inner, merged.contains(&n)) {
+            let slices_activated = self.g.succs(n).all(|c| {
+                let alone = [Value::whole(n)];
+                match self.g.node(c).inputs.iter().position(|t| t[..] == alone) {
+                    Some(t) if matches!(self.g.node(c).op, Op::Identity | Op::Concat { .. }) => {
+                        self.writers_act.get(&c) == Some(&Some(t))
+                    }
+                    _ => true,
+                }
+            });
+            if let (Some(inner), false, true) = (inner, merged.contains(&n), slices_activated) {
                 self.deferred.insert(n, inner);
             }
         }
@@ -2035,9 +2062,10 @@ impl Builder<'_> {
             if self.gpu_of(p).is_none() {
                 continue;
             }
+            // A pooling fused into a sum has no steps, but the sum's kernel adds its bias.
             let missed = self.g.succs(p).find(|&c| {
                 self.gpu_of(c).is_some()
-                    && !self.fused.contains(&c)
+                    && (!self.fused.contains(&c) || self.pooled.contains(&c))
                     && !self.added_bias.contains(&(p, c))
             });
             if let Some(c) = missed {
@@ -2260,9 +2288,10 @@ impl GraphProgram {
         b.fuse_residuals(transfers);
         b.reshape_in_place(transfers);
         b.fold_transposes(transfers);
-        b.defer_biases();
         b.activate_by_producers();
         b.fuse_pools();
+        // After the slices activated in place are known: they add biases left to them.
+        b.defer_biases();
         let mut ops: Vec<Option<OpProgram>> = vec![None; g.len()];
         for &id in g.topo_order() {
             let node = g.node(id);

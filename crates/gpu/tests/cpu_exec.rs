@@ -588,6 +588,11 @@ fn producer_activation_graph() -> Graph {
     assert_eq!(producer_activation(&g, d), Some(Activation::Relu));
     assert_eq!(producer_activation(&g, e), None);
     assert!(opsched_graph::inplace::slice_of(&g, a).is_some());
+    // a's bias: added by the add kernel that pools p, and by the in-place activation of its
+    // slice of the cell; e's pool keeps its kernel, and e its bias.
+    use opsched_graph::fusion::deferred_bias;
+    assert!(deferred_bias(&g, a).is_some());
+    assert!(deferred_bias(&g, e).is_none());
     g
 }
 
@@ -597,7 +602,9 @@ fn producer_activation_graph() -> Graph {
 /// value whose bias is left to the sum, and two alike pools summed), a strided average pool
 /// beside a strided convolution, an element-wise add of a max pool with its relu fused, a
 /// sigmoid of a sum, and global pools; with the pools each pooling differently, in a
-/// concatenation along another axis, which keep their kernels.
+/// concatenation along another axis, which keep their kernels. Convolutions whose bias their
+/// poolings add (an average counting the padding, a strided max into an element-wise add, a
+/// pooling into a concatenation along another axis) besides sums reading them.
 fn pooled_sum_graph() -> Graph {
     let mut b = GraphBuilder::new("pooled-sums", DType::F32);
     let x = b.input("x", vec![2, 6, 7, 7]);
@@ -645,18 +652,26 @@ fn pooled_sum_graph() -> Graph {
         Op::Concat { axis: 3 },
         vec![sum(q3, x), vec![Value::whole(x)]],
     );
+    let v = b.conv("v", x, Conv2d::new(6, 1).bias(true));
+    let p8 = b.pool("p8", v, Pool2d::avg(3, 1, 1));
+    let p9 = b.pool("p9", v, Pool2d::max(3, 2, 1));
+    b.node("vsum", Op::Identity, vec![sum(p8, v)]);
+    let vadd = b.add("vadd", &[p9, s2]);
+    b.act("vadd_relu", vadd, Activation::Relu);
     let g = b.finish().unwrap();
     use opsched_graph::fusion::pool_into_sum;
-    for p in [p1, p2, p3, p4, p5, p6, p7, g1, g2, q3] {
+    for p in [p1, p2, p3, p4, p5, p6, p7, g1, g2, q3, p8, p9] {
         assert!(pool_into_sum(&g, p).is_some(), "{}", g.node(p).name);
     }
     for p in [q1, q2] {
         assert!(pool_into_sum(&g, p).is_none(), "{}", g.node(p).name);
     }
     assert!(opsched_graph::inplace::slice_of(&g, a).is_some());
-    for c in [z, s2] {
+    for c in [z, s2, v] {
         assert!(opsched_graph::fusion::deferred_bias(&g, c).is_some());
     }
+    // y's poolings add its bias, one of them (q3) a kernel of its own.
+    assert!(opsched_graph::fusion::deferred_bias(&g, y).is_some());
     g
 }
 
@@ -701,13 +716,15 @@ fn values_activated_by_their_producers_run_fewer_kernels_with_the_same_outputs()
         .clone()
         .with_fusions(Fusions::ALL.without("act-into-producer").unwrap());
     let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
-    // cell: 3 relu kernels (one in r3's depthwise kernel) -> 1; d: 2 -> 1; red: 2 -> 0.
-    assert_eq!(kernels(&without) - kernels(&g), 4);
-    // Without the sums' add kernels activating, red's value is activated in place: 1.
+    // cell: 3 relu kernels (one in r3's depthwise kernel) -> 1; d: 2 -> 1; red: 2 -> 0;
+    // and a's bias, which the in-place activation of its slice of the cell adds.
+    assert_eq!(kernels(&without) - kernels(&g), 5);
+    // Without the sums' add kernels activating, red's value is activated in place: 1; and a
+    // keeps its bias kernel: 1.
     let whole = g
         .clone()
         .with_fusions(Fusions::ALL.without("act-into-writers").unwrap());
-    assert_eq!(kernels(&whole) - kernels(&g), 1);
+    assert_eq!(kernels(&whole) - kernels(&g), 2);
     for g in [&without, &whole, &g] {
         check_in_both_layouts(g);
     }
@@ -735,8 +752,9 @@ fn poolings_that_their_readers_add_run_no_kernel_with_the_same_outputs() {
         .clone()
         .with_fusions(Fusions::ALL.without("pool-into-sum").unwrap());
     let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
-    // p1..p7, g1, g2 and q3: ten pooling kernels fewer; q1 and q2 keep theirs.
-    assert_eq!(kernels(&without) - kernels(&g), 10);
+    // p1..p9, g1, g2 and q3: twelve pooling kernels fewer; q1 and q2 keep theirs (the
+    // poolings add the biases left to them either way).
+    assert_eq!(kernels(&without) - kernels(&g), 12);
     for g in [&without, &g] {
         check_in_both_layouts(g);
     }
@@ -747,6 +765,28 @@ fn poolings_that_their_readers_add_run_no_kernel_with_the_same_outputs() {
         let n = g.find(name).unwrap();
         assert_eq!(values[n.index()].is_some(), kept, "{name}");
     }
+}
+
+#[test]
+fn biases_through_poolings_and_slices_run_fewer_kernels_with_the_same_outputs() {
+    let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
+    let without = |g: &Graph| {
+        g.clone()
+            .with_fusions(Fusions::ALL.without("bias-into-pools").unwrap())
+    };
+    // v's and y's bias kernels; a's (its pooled sum and its slice's in-place activation add
+    // it).
+    for (g, fewer) in [(pooled_sum_graph(), 2), (producer_activation_graph(), 1)] {
+        let kept = without(&g);
+        assert_eq!(kernels(&kept) - kernels(&g), fewer, "{}", g.name);
+        for g in [&kept, &g] {
+            check_in_both_layouts(g);
+        }
+    }
+    // Without the slice's in-place activation, a keeps its bias.
+    let g =
+        producer_activation_graph().with_fusions(Fusions::ALL.without("act-into-writers").unwrap());
+    assert!(opsched_graph::fusion::deferred_bias(&g, g.find("a").unwrap()).is_none());
 }
 
 #[test]
@@ -1475,7 +1515,7 @@ proptest::proptest! {
         kinds in proptest::collection::vec(0u8..12, 2..14),
         picks in proptest::collection::vec((0usize..64, 0usize..64), 14),
         batch in 1usize..3,
-        left_out in 0usize..64,
+        left_out in 0usize..128,
     ) {
         let fusions = Fusions::NAMES
             .iter()

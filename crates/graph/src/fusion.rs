@@ -39,7 +39,11 @@
 //! depthwise convolution (before its input activation). The convolution is then one kernel
 //! instead of two, as in PyTorch's compiled graphs, whose convolutions leave their bias to the
 //! element-wise kernel after them (NASNet's separable convolutions end in such biases: 222 of
-//! its 268 convolutions that cuDNN runs).
+//! its 268 convolutions that cuDNN runs). A pooling adds it after pooling (`pool(x + b) =
+//! pool(x) + b * share`: 1 for a max, the input elements' share of the divisor for an
+//! average), also where a sum's add kernel pools it, and the in-place activation of a
+//! concatenation's slice adds it there: NASNet's cells' 1x1 convolutions, read by separable
+//! convolutions, poolings, sums and their cell's output.
 //!
 //! A depthwise convolution whose input is a sum of whole values reads the values and adds
 //! them itself ([`depthwise_reads_sum`]: RandWire's nodes sum their inputs, then run relu and
@@ -86,6 +90,9 @@ pub struct Fusions {
     /// A concatenation activated for its readers has its sums' add kernels apply the
     /// activation as they write ([`act_by_writers`]).
     pub act_into_writers: bool,
+    /// A pooling adds the bias of the convolution it pools, and the in-place activation of a
+    /// concatenation's one other term adds that term's ([`deferred_bias`]).
+    pub bias_into_pools: bool,
 }
 
 impl Default for Fusions {
@@ -103,10 +110,11 @@ impl Fusions {
         act_into_producer: true,
         pool_into_sum: true,
         act_into_writers: true,
+        bias_into_pools: true,
     };
 
     /// The fusions' names (`opsched run --no-fusion NAME`), each with what it says.
-    pub const NAMES: [(&'static str, &'static str); 6] = [
+    pub const NAMES: [(&'static str, &'static str); 7] = [
         (
             "bias-into-adds",
             "add kernels add the bias of a convolution they read",
@@ -131,6 +139,10 @@ impl Fusions {
             "act-into-writers",
             "a concatenation activated for its readers has its sums' add kernels apply the activation",
         ),
+        (
+            "bias-into-pools",
+            "a pooling adds the bias of the convolution it pools",
+        ),
     ];
 
     /// These fusions without the one named `name` (one of [`Fusions::NAMES`]).
@@ -142,6 +154,7 @@ impl Fusions {
             "act-into-producer" => &mut self.act_into_producer,
             "pool-into-sum" => &mut self.pool_into_sum,
             "act-into-writers" => &mut self.act_into_writers,
+            "bias-into-pools" => &mut self.bias_into_pools,
             _ => return None,
         };
         *flag = false;
@@ -157,6 +170,7 @@ impl Fusions {
             self.act_into_producer,
             self.pool_into_sum,
             self.act_into_writers,
+            self.bias_into_pools,
         ];
         Self::NAMES
             .iter()
@@ -436,8 +450,10 @@ fn bias_only_conv(g: &Graph, p: NodeId) -> Option<usize> {
 /// element-wise add of whole values of its own shape (no broadcasting) that no convolution
 /// computes ([`residual_source`]); or `term` is `c`'s only input and `c` is a depthwise
 /// convolution, or a `sequential` operator whose first kernel is one (after the activations
-/// it applies, [`pre_activations`]). Each kind of reader only where the graph's [`Fusions`]
-/// have it (the add kernels, the depthwise kernel, which adds the bias of a sum it reads).
+/// it applies, [`pre_activations`]); or `c` is a pooling; or `term` is the one term of
+/// concatenation `c` activated in place after its sums ([`act_by_writers`]). Each kind of
+/// reader only where the graph's [`Fusions`] have it (the add kernels, the depthwise kernel,
+/// which adds the bias of a sum it reads, the poolings and in-place activations).
 fn adds_bias_of(g: &Graph, c: NodeId, term: &[crate::Value]) -> bool {
     let node = g.node(c);
     let f = g.fusions();
@@ -463,6 +479,15 @@ fn adds_bias_of(g: &Graph, c: NodeId, term: &[crate::Value]) -> bool {
     }
     let shapes = g.input_shapes(c);
     match &node.op {
+        // pool(x + b) = pool(x) + b * share (1 for a max; for an average, the input elements'
+        // share of what it divides by): the pooling kernel adds that, or the add kernel that
+        // pools it into a sum.
+        Op::Pool2d(_) => f.bias_into_pools,
+        // The in-place activation of the one term the sums' add kernels did not activate.
+        Op::Identity | Op::Concat { .. } => {
+            let rest = node.inputs.iter().position(|t| t.as_slice() == term);
+            f.bias_into_pools && rest.is_some() && act_by_writers(g, c) == Some(rest)
+        }
         Op::Elementwise {
             kind: crate::ElementwiseKind::Add,
         } => {
@@ -940,9 +965,10 @@ mod tests {
         let add = b.add("add", &[c1, c2]);
         let c3 = b.conv("c3", add, Conv2d::new(8, 1).bias(true));
         let dw = b.conv("dw", c3, Conv2d::new(8, 3).groups(8).bias(true));
-        // Kept: read by a pool too; with an activation; without a bias; depthwise; read by a
-        // product, by a concatenation as a whole term, by a pointwise convolution's chain; an
-        // output of the graph. (`k1_too`, read by an add, leaves its bias to it.)
+        // Kept: with an activation; without a bias; depthwise; read by a product, by a
+        // concatenation as a whole term, by a pointwise convolution's chain; an output of the
+        // graph. (`k1`, read by a pool and a depthwise kernel, leaves its bias to both;
+        // `k1_too`, read by an add, to it.)
         let k1 = b.conv("k1", dw, Conv2d::new(8, 1).bias(true));
         let pool = b.pool("pool", k1, crate::Pool2d::max(3, 1, 1));
         let k1_too = b.sequential("k1_too", k1, sep(8));
@@ -966,17 +992,18 @@ mod tests {
             (c1, 0),
             (c2, 0),
             (c3, 0),
+            (k1, 0),
             (k1_too, 2),
         ];
         for (n, inner) in deferred {
             assert_eq!(deferred_bias(&g, n), Some(inner), "{}", g.node(n).name);
         }
-        for n in [k1, k2, k3, k4, k5, k6, k7, out, dw, add, cell] {
+        for n in [k2, k3, k4, k5, k6, k7, out, dw, add, cell] {
             assert_eq!(deferred_bias(&g, n), None, "{}", g.node(n).name);
         }
-        // Each reader kind can be left out on its own: the depthwise kernel reads s1 and c3,
-        // add kernels the others.
-        let by_depthwise = [s1, c3];
+        // Each reader kind can be left out on its own: the depthwise kernel reads s1, c3 and
+        // k1 (which the pool adds too), add kernels the others.
+        let by_depthwise = [s1, c3, k1];
         for name in ["bias-into-adds", "bias-into-depthwise"] {
             let fewer = g.clone().with_fusions(Fusions::ALL.without(name).unwrap());
             assert_ne!(fewer.id(), g.id());
@@ -1224,6 +1251,72 @@ mod tests {
     }
 
     #[test]
+    fn a_bias_passes_through_pooled_sums_and_an_activated_slice() {
+        use crate::Pool2d;
+        let relu = || Op::Activation {
+            act: Activation::Relu,
+        };
+        let relu_conv = || vec![relu(), Op::Conv2d(Conv2d::new(4, 1).bias(true))];
+        let sep = || {
+            vec![
+                relu(),
+                Op::Conv2d(Conv2d::new(4, 3).groups(4).bias(true)),
+                Op::Conv2d(Conv2d::new(4, 1).bias(true)),
+            ]
+        };
+        let mut b = GraphBuilder::new("cell", DType::F32);
+        let x = b.input("x", vec![1, 4, 6, 6]);
+        let sum = |p: NodeId, q: NodeId| vec![Value::whole(p), Value::whole(q)];
+        // NASNet's normal cell: its left input read by a separable convolution, two alike
+        // average pools (padding counted) summed, a sum and the cell's output, in place.
+        let xl = b.sequential("xl", x, relu_conv());
+        let xr = b.sequential("xr", x, relu_conv());
+        let s = b.sequential("s", xl, sep());
+        let p1 = b.pool("p1", xl, Pool2d::avg(3, 1, 1));
+        let p2 = b.pool("p2", xl, Pool2d::avg(3, 1, 1));
+        let p3 = b.pool("p3", xr, Pool2d::max(3, 1, 1));
+        let cell = b.node(
+            "cell",
+            Op::Identity,
+            vec![vec![Value::whole(xl)], sum(p1, p2), sum(s, xl), sum(p3, s)],
+        );
+        for side in ["a", "b"] {
+            b.sequential(&format!("cell_{side}"), cell, relu_conv());
+        }
+        // A pooling of its own (a reader reads it twice) adds the bias as it pools too; a
+        // 1x1 convolution does not.
+        let alone = b.sequential("alone", x, relu_conv());
+        let q = b.pool("q", alone, Pool2d::max(3, 1, 1));
+        b.node("q_sums", Op::Identity, vec![sum(q, x), sum(q, alone)]);
+        let kept = b.sequential("kept", x, relu_conv());
+        b.pool("kept_pool", kept, Pool2d::max(3, 1, 1));
+        b.conv("kept_conv", kept, Conv2d::new(4, 1));
+        let g = b.finish().unwrap();
+        assert_eq!(act_by_writers(&g, cell), Some(Some(0)));
+        // The inner index of the convolution: last of each chain.
+        for (v, inner) in [(xl, 1), (xr, 1), (s, 2)] {
+            assert_eq!(deferred_bias(&g, v), Some(inner), "{}", g.node(v).name);
+        }
+        assert_eq!(pool_into_sum(&g, q), None);
+        assert_eq!(deferred_bias(&g, alone), Some(1));
+        assert_eq!(deferred_bias(&g, kept), None);
+        // Left out, the poolings keep the biases; without the slice's activation, xl's; not
+        // pooled by the sums, the poolings still add them.
+        let without = |name: &str| g.clone().with_fusions(Fusions::ALL.without(name).unwrap());
+        let g = without("bias-into-pools");
+        assert!([xl, xr, alone]
+            .iter()
+            .all(|&v| deferred_bias(&g, v).is_none()));
+        let g = without("act-into-writers");
+        assert_eq!(deferred_bias(&g, xl), None);
+        assert!(deferred_bias(&g, xr).is_some());
+        let g = without("pool-into-sum");
+        assert!([xl, xr, alone]
+            .iter()
+            .all(|&v| deferred_bias(&g, v).is_some()));
+    }
+
+    #[test]
     fn fusions_are_named_once_and_left_out_by_name() {
         assert_eq!(Fusions::default(), Fusions::ALL);
         assert!(Fusions::ALL.left_out().is_empty());
@@ -1242,6 +1335,7 @@ mod tests {
                 act_into_producer: false,
                 pool_into_sum: false,
                 act_into_writers: false,
+                bias_into_pools: false,
             }
         );
         assert_eq!(Fusions::ALL.without("bias"), None);

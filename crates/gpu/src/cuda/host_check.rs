@@ -1,4 +1,4 @@
-//! Our depthwise and pooling-sum kernels compiled for the host (a test; needs a C++ compiler, `c++` or
+//! Our depthwise and pooling kernels compiled for the host (a test; needs a C++ compiler, `c++` or
 //! `$CXX`, not a GPU): their CUDA source is plain C++ once `__global__` and friends are
 //! defined away and a grid of one thread strides over every element, so the index arithmetic
 //! of every template case (layouts, strides, widths, input biases, summed inputs, input
@@ -179,7 +179,9 @@ fn depthwise_kernels_agree_on_the_host() {
 /// The `pool2d_sum` cases: every input pooled, the values added, the bias and a relu, against
 /// an independent loop; both layouts, strided inputs, values and output (their gaps must stay
 /// untouched), max and both averages, padding, strides, a global window, 32- and 64-bit
-/// indices.
+/// indices, and a bias left to the poolings, which the loop adds to every input element it
+/// pools; and each input pooled alone by `pool2d`, `pool2d_runs` and `pool2d_nhwc` with its
+/// bias against the same loop.
 const POOL_SUM_DRIVER: &str = r#"
 static int failures = 0;
 
@@ -187,7 +189,7 @@ static int failures = 0;
 // after each image (NCHW) or pixel (channels last).
 static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_max,
                 bool count_pad, bool nhwc, int npool, int nadd, bool with_bias, int spare,
-                int narrow) {
+                int narrow, bool pooled_bias) {
     const int oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
     std::mt19937 rng(n * 7 + c * 13 + h * 17 + k * 19 + stride * 23 + npool * 3 + nadd);
     std::uniform_real_distribution<float> d(-2, 2);
@@ -206,8 +208,12 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_
         adds[a].assign(a == 0 ? vlen : len, 0.0f);
         for (auto& e : adds[a]) e = d(rng);
     }
+    // Each input's own bias left to its pooling.
     std::vector<float> bias(c), y(vlen, 7.0f);
+    std::vector<std::vector<float>> pbias(npool, std::vector<float>(c));
     for (auto& e : bias) e = d(rng);
+    for (auto& pb : pbias)
+        for (auto& e : pb) e = d(rng);
     std::vector<const float*> ptrs;
     std::vector<i64> meta;
     for (auto& x : xs) {
@@ -219,10 +225,28 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_
         meta.push_back(a == 0 ? run : 0);
         meta.push_back(a == 0 ? vstride : 0);
     }
+    for (auto& pb : pbias) ptrs.push_back(pooled_bias ? pb.data() : nullptr);
+    // Each input pooled alone (pool2d, pool2d_runs into a strided y, pool2d_nhwc), with its
+    // bias, laid out as y.
+    std::vector<std::vector<float>> alone(npool, std::vector<float>(vlen, 7.0f));
+    for (int xi = 0; xi < npool; ++xi) {
+        const float* pb = pooled_bias ? pbias[xi].data() : nullptr;
+        const float* x = xs[xi].data();
+        float* out = alone[xi].data();
+        if (nhwc)
+            pool2d_nhwc(out, x, n, c, h, w, oh, ow, k, k, stride, stride, pad, pad,
+                        pad, pad, count_pad, is_max, pb, spare ? vstride : c, xstride);
+        else if (spare)
+            pool2d_runs(out, x, (i64)n * c, c, xstride, h, w, oh, ow, k, k, stride,
+                        stride, pad, pad, pad, pad, count_pad, is_max, pb, run, vstride);
+        else
+            pool2d(out, x, (i64)n * c, c, xstride, h, w, oh, ow, k, k, stride, stride,
+                   pad, pad, pad, pad, count_pad, is_max, pb);
+    }
     pool2d_sum(y.data(), run, vstride, ptrs.data(), meta.data(), npool, nadd, n, c, nhwc, h, w,
                oh, ow, k, k, stride, stride, pad, pad, pad, pad, count_pad, is_max, 1, 0, 0,
                with_bias ? bias.data() : nullptr, c, nhwc ? 1 : oh * ow, narrow);
-    double worst = 0;
+    double worst = 0, worst_alone = 0;
     size_t gaps = 0;
     for (int im = 0; im < n; ++im)
         for (int ch = 0; ch < c; ++ch)
@@ -231,7 +255,8 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_
                     const i64 t = nhwc ? (((i64)im * oh + i) * ow + j) * c + ch
                                        : (((i64)im * c + ch) * oh + i) * ow + j;
                     double acc = 0;
-                    for (auto& x : xs) {
+                    for (int xi = 0; xi < npool; ++xi) {
+                        const auto& x = xs[xi];
                         double m = -INFINITY, s = 0;
                         int inside = 0, padded = 0;
                         for (int p = 0; p < k; ++p)
@@ -243,10 +268,13 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_
                                 ++inside;
                                 const i64 o = nhwc ? im * ximages + ((i64)r * w + u) * xstride + ch
                                                    : im * ximages + ((i64)ch * h + r) * w + u;
-                                m = fmax(m, x[o]);
-                                s += x[o];
+                                const double v = x[o] + (pooled_bias ? pbias[xi][ch] : 0.0);
+                                m = fmax(m, v);
+                                s += v;
                             }
-                        acc += is_max ? m : s / (count_pad ? padded : inside);
+                        const double pooled = is_max ? m : s / (count_pad ? padded : inside);
+                        worst_alone = fmax(worst_alone, fabs(alone[xi][at(t, true)] - pooled));
+                        acc += pooled;
                     }
                     for (int a = 0; a < nadd; ++a) acc += adds[a][at(t, a == 0)];
                     if (with_bias) acc += bias[ch];
@@ -254,13 +282,17 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_
                     worst = fmax(worst, fabs(y[at(t, true)] - acc));
                 }
     if (spare)
-        for (i64 e = 0; e < vlen; ++e) gaps += e % vstride >= run && y[e] != 7.0f;
-    if (worst > 1e-4 || gaps) {
+        for (i64 e = 0; e < vlen; ++e) {
+            gaps += e % vstride >= run && y[e] != 7.0f;
+            for (auto& a : alone) gaps += e % vstride >= run && a[e] != 7.0f;
+        }
+    if (worst > 1e-4 || worst_alone > 1e-4 || gaps) {
         ++failures;
         printf("%s n%d c%d %dx%d k%d s%d p%d max %d count_pad %d pools %d adds %d bias %d "
-               "spare %d narrow %d: off by %g, %zu gap elements written\n",
+               "spare %d narrow %d pooled bias %d: off by %g (pooled alone: %g), %zu gap "
+               "elements written\n",
                nhwc ? "NHWC" : "NCHW", n, c, h, w, k, stride, pad, is_max, count_pad, npool,
-               nadd, with_bias, spare, narrow, worst, gaps);
+               nadd, with_bias, spare, narrow, pooled_bias, worst, worst_alone, gaps);
     }
 }
 
@@ -272,14 +304,16 @@ int main() {
                 for (int spare : {0, 3})
                     for (int narrow : {0, 1}) {
                         // NASNet's: an average plus a value; two alike pools; a pool, two values
-                        // and a bias.
-                        one(2, 5, 9, 8, 3, s, 1, kind == 1, kind == 0, nhwc, 1 + (kind == 1),
-                            kind == 1 ? 0 : 1 + (kind == 2), kind == 2, spare, narrow);
+                        // and a bias. Half of them pool values whose bias was left to them
+                        // (averages counting the padding: less than the bias at the edges).
+                        one(2, 5, 9, 8, 3, s, 1, kind == 1, kind != 0, nhwc, 1 + (kind == 1),
+                            kind == 1 ? 0 : 1 + (kind == 2), kind == 2, spare, narrow,
+                            narrow == (spare == 0));
                         ++cases;
                     }
     // A window wider than the padding allows at the edge; a global window (one output pixel).
-    one(1, 3, 6, 7, 4, 3, 2, false, true, false, 2, 1, true, 0, 1);
-    one(2, 4, 5, 5, 5, 1, 0, false, true, true, 1, 1, true, 0, 1);
+    one(1, 3, 6, 7, 4, 3, 2, false, true, false, 2, 1, true, 0, 1, true);
+    one(2, 4, 5, 5, 5, 1, 0, false, true, true, 1, 1, true, 0, 1, true);
     cases += 2;
     printf("%d cases, %d failed\n", cases, failures);
     return failures != 0;
@@ -293,8 +327,12 @@ fn the_pooling_sum_kernel_agrees_with_a_loop_on_the_host() {
         // CUDA's integer min and max.
         "#include <algorithm>\nusing std::max;\nusing std::min;\n",
         part(
+            "// Where element t of a tensor is",
+            "template <typename I, typename At",
+        ),
+        part(
             "// The window of pool2d's output pixel",
-            "// x's images are `ximage`",
+            "// The activation (act_f's code",
         ),
         part(
             "// The add kernel of a sum that pools",

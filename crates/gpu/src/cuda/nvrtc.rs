@@ -194,13 +194,21 @@ __device__ __forceinline__ PoolWin pool_window(int i, int j, int h, int w, int k
     return win;
 }
 
+// What pooling x + b adds to pooling x per unit of a bias b per channel (a convolution's,
+// left to the pooling: opsched_graph::fusion::deferred_bias): 1 for a max, the input elements'
+// share of what the average divides by.
+__device__ __forceinline__ float pool_share(PoolWin win, int is_max) {
+    if (is_max) return 1.0f;
+    return (float)(max(win.he - win.hs, 0) * max(win.we - win.ws, 0)) / (float)win.size;
+}
+
 // x's images are `ximage` elements apart (c * h * w where dense; more where x is a strided
 // view, one run per image: a merged convolution's member, a slice of a concatenation).
 template <typename I, typename At = Dense<I> >
 __device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int c, I ximage, int h,
                                          int w, int oh, int ow, int kh, int kw, int sh, int sw,
                                          int ph, int pw, int eh, int ew, int count_pad,
-                                         int is_max, At at = At()) {
+                                         int is_max, const float* bias, At at = At()) {
     I total = nc * oh * ow;
     GRID_STRIDE_T(I, t, total) {
         int j = (int)(t % ow);
@@ -216,35 +224,38 @@ __device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int c, 
                 m = fmaxf(m, v);
                 s += v;
             }
-        y[at(t)] = is_max ? m : s / (float)size;
+        float v = is_max ? m : s / (float)size;
+        if (bias) v += bias[bc % c] * pool_share(win, is_max);
+        y[at(t)] = v;
     }
 }
 
 extern "C" __global__ void pool2d(float* y, const float* x, i64 nc, int c, i64 ximage, int h,
                                   int w, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
-                                  int pw, int eh, int ew, int count_pad, int is_max) {
+                                  int pw, int eh, int ew, int count_pad, int is_max,
+                                  const float* bias) {
     if (FITS32(nc * oh * ow) && FITS32(nc / c * ximage))
         pool2d_t<unsigned>(y, x, nc, c, ximage, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                           count_pad, is_max);
+                           count_pad, is_max, bias);
     else
         pool2d_t<i64>(y, x, nc, c, ximage, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                      count_pad, is_max);
+                      count_pad, is_max, bias);
 }
 
 // pool2d into a strided y (a pooling branch's slice of a concatenation at batch > 1).
 extern "C" __global__ void pool2d_runs(float* y, const float* x, i64 nc, int c, i64 ximage,
                                        int h, int w, int oh, int ow, int kh, int kw, int sh,
                                        int sw, int ph, int pw, int eh, int ew, int count_pad,
-                                       int is_max, i64 run, i64 stride) {
+                                       int is_max, const float* bias, i64 run, i64 stride) {
     i64 total = nc * oh * ow;
     if (FITS32(total) && FITS32(nc / c * ximage) && FITS32((total / run + 1) * stride)) {
         Runs<unsigned> at = {(unsigned)run, (unsigned)stride};
         pool2d_t<unsigned>(y, x, nc, c, ximage, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                           count_pad, is_max, at);
+                           count_pad, is_max, bias, at);
     } else {
         Runs<i64> at = {run, stride};
         pool2d_t<i64>(y, x, nc, c, ximage, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                      count_pad, is_max, at);
+                      count_pad, is_max, bias, at);
     }
 }
 
@@ -256,7 +267,8 @@ template <typename I>
 __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int c, int h,
                                               int w, int oh, int ow, int kh, int kw, int sh,
                                               int sw, int ph, int pw, int eh, int ew,
-                                              int count_pad, int is_max, I ypix, I xpix) {
+                                              int count_pad, int is_max, const float* bias,
+                                              I ypix, I xpix) {
     I total = n * oh * ow * c;
     GRID_STRIDE_T(I, t, total) {
         int ch = (int)(t % c);
@@ -274,20 +286,22 @@ __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int
                 m = fmaxf(m, v);
                 s += v;
             }
-        y[pix * ypix + ch] = is_max ? m : s / (float)size;
+        float v = is_max ? m : s / (float)size;
+        if (bias) v += bias[ch] * pool_share(win, is_max);
+        y[pix * ypix + ch] = v;
     }
 }
 
 extern "C" __global__ void pool2d_nhwc(float* y, const float* x, i64 n, int c, int h, int w,
                                        int oh, int ow, int kh, int kw, int sh, int sw, int ph,
                                        int pw, int eh, int ew, int count_pad, int is_max,
-                                       i64 ypix, i64 xpix) {
+                                       const float* bias, i64 ypix, i64 xpix) {
     if (FITS32(n * oh * ow * ypix) && FITS32(n * h * w * xpix))
         pool2d_nhwc_t<unsigned>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                                count_pad, is_max, (unsigned)ypix, (unsigned)xpix);
+                                count_pad, is_max, bias, (unsigned)ypix, (unsigned)xpix);
     else
         pool2d_nhwc_t<i64>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                           count_pad, is_max, ypix, xpix);
+                           count_pad, is_max, bias, ypix, xpix);
 }
 
 // The activation (act_f's code and parameters) is fused in: ResNet's add + relu is one kernel.
@@ -360,11 +374,13 @@ extern "C" __global__ void elementwise_views(float* y, const float* const* srcs,
 
 // The add kernel of a sum that pools the poolings it adds (opsched_graph::fusion::
 // pool_into_sum): y = act(pool(x_0) + ... + pool(x_{npool-1}) + add_0 + ... + bias), every x
-// pooled with pool2d's windows, in NCHW or channels last (`nhwc`). `ptrs` holds the npool
-// inputs, then the nadd values added; `meta` each input's image stride (NCHW) or pixel stride
-// (channels last), then each added value's run and stride (0, 0 where dense: element t at
-// (t / run) * stride + t % run); y's element t (in its layout's order) is written there for
-// (y_run, y_stride). `narrow`: every index fits 32 bits (the host checked each buffer's extent).
+// pooled with pool2d's windows, in NCHW or channels last (`nhwc`), each pooling adding the
+// bias left to it as pool2d does (b_k * pool_share). `ptrs` holds the npool inputs, the nadd
+// values added, then each input's bias (null where it has none); `meta` each input's image
+// stride (NCHW) or pixel stride (channels last), then each added value's run and stride (0, 0
+// where dense: element t at (t / run) * stride + t % run); y's element t (in its layout's
+// order) is written there for (y_run, y_stride). `narrow`: every index fits 32 bits (the host
+// checked each buffer's extent).
 template <typename I>
 __device__ __forceinline__ I view_at_t(I t, I run, I stride) {
     return run ? (t / run) * stride + t % run : t;
@@ -377,7 +393,8 @@ __device__ __forceinline__ void pool2d_sum_t(float* y, I y_run, I y_stride,
                                              int w, int oh, int ow, int kh, int kw, int sh,
                                              int sw, int ph, int pw, int eh, int ew,
                                              int count_pad, int is_max, int act, float p0,
-                                             float p1, const float* bias, I channels, I inner) {
+                                             float p1, const float* bias, I channels,
+                                             I inner) {
     I total = n * c * oh * ow;
     GRID_STRIDE_T(I, t, total) {
         int ch, i, j;
@@ -409,7 +426,10 @@ __device__ __forceinline__ void pool2d_sum_t(float* y, I y_run, I y_stride,
                     m = fmaxf(m, v);
                     sum += v;
                 }
-            acc += is_max ? m : sum / (float)win.size;
+            float v = is_max ? m : sum / (float)win.size;
+            const float* pb = ptrs[npool + nadd + k];
+            if (pb) v += pb[ch] * pool_share(win, is_max);
+            acc += v;
         }
         for (int k = 0; k < nadd; ++k) {
             const i64* v = meta + npool + 2 * k;

@@ -39,6 +39,9 @@ pub struct Pool {
     pub count_include_pad: bool,
     /// `x` and `y` are stored channels last ([`crate::program::Layout::Nhwc`]).
     pub nhwc: bool,
+    /// The bias the convolution that computes `x` left to this pooling, one per channel:
+    /// pooling `x + bias` adds `bias` times each window's share of input elements (1 for a max).
+    pub bias: Option<BufId>,
 }
 
 /// Lower a `pool2d` operator (a global pool is a window over the whole input).
@@ -55,7 +58,14 @@ pub(crate) fn lower(
     // place: the kernels take its image or pixel stride.
     let (x, xs) = b.single_strided(steps, at, src)?;
     let x = b.view_or_copy(steps, at, x, &xs);
-    steps.push(Pool::of(b, at, p, x, &xs, out, out_shape)?.into());
+    let mut pool = Pool::of(b, at, p, x, &xs, out, out_shape)?;
+    // The bias a convolution left to this pooling (`opsched_graph::fusion::deferred_bias`).
+    if let Src::Terms([term]) = src {
+        if let [v] = term.as_slice() {
+            pool.bias = b.deferred_bias(at, &[v.node], out_shape)?.map(|b| b.buf);
+        }
+    }
+    steps.push(pool.into());
     Ok(())
 }
 
@@ -88,6 +98,7 @@ pub(crate) fn lower_sum(
     };
     let mut windows: Option<Pool> = None;
     let mut more = Vec::new();
+    let mut biases = Vec::new();
     for v in pooled {
         // The pooling's own input, as the reader sees it (its value is never written).
         let node = b.graph().node(v.node);
@@ -98,6 +109,9 @@ pub(crate) fn lower_sum(
             return Err(b.unsupported(at, format!("'{}' pools a sum", node.name)));
         };
         let (p, input) = (p.clone(), *input);
+        // The bias the pooling's input left to it (its reader: the pooling).
+        let read = [(input.node, v.node)];
+        biases.push(b.biases_read_by(at, &read, shape)?.map(|b| b.buf));
         let xs = b.value_shape(&input);
         let x = b.source(steps, read_at, input.node)?;
         let x = b.view_or_copy(steps, read_at, x, &xs);
@@ -114,6 +128,7 @@ pub(crate) fn lower_sum(
             more,
             adds,
             bias,
+            pooled_biases: biases,
             act,
         }
         .into(),
@@ -148,6 +163,7 @@ impl Pool {
             padding_end: if global { [0, 0] } else { p.pads().1 },
             count_include_pad: global || p.count_include_pad,
             nhwc: b.channels_last_at(at.node),
+            bias: None,
         })
     }
 }
@@ -155,7 +171,8 @@ impl Pool {
 /// The add kernel of a sum that pools the poolings it adds
 /// (`opsched_graph::fusion::pool_into_sum`): `y = act(pool(x) + pool(more[0]) + ... +
 /// adds[0] + ... [+ bias])`, every input pooled with `pool`'s windows (its `x` the first, its
-/// `y` the output); `adds` hold values of `y`'s shape and layout.
+/// `y` the output; `pool.bias` unused), each pooling adding the bias left to it as a [`Pool`]
+/// step would; `adds` hold values of `y`'s shape and layout.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PoolSum {
     pub pool: Pool,
@@ -163,6 +180,8 @@ pub struct PoolSum {
     pub adds: Vec<BufId>,
     /// The biases left to the sum by convolutions among the values added, summed.
     pub bias: Option<ChannelBias>,
+    /// Per input pooled (`x`, then `more`), the bias left to its pooling ([`Pool::bias`]).
+    pub pooled_biases: Vec<Option<BufId>>,
     pub act: Activation,
 }
 
@@ -178,6 +197,7 @@ impl StepKernel for PoolSum {
         let mut reads: Vec<(BufId, usize)> = inputs.map(|x| (x, n * c * h * w)).collect();
         reads.extend(self.adds.iter().map(|&a| (a, out)));
         reads.extend(self.bias.map(|b| (b.buf, b.channels)));
+        reads.extend(self.pooled_biases.iter().flatten().map(|&b| (b, c)));
         reads.sort_unstable();
         reads.dedup();
         Access {
@@ -203,12 +223,17 @@ impl StepKernel for PoolSum {
             Some(b) => Some((b, &io.read(b.buf)?[..b.channels])),
             None => None,
         };
+        let pooled_biases = (self.pooled_biases.iter())
+            .map(|b| b.map(|b| io.read(b)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        let bias_of = |k: usize| pooled_biases.get(k).copied().flatten();
         let y = &mut io.write(self.pool.y)?[..out];
-        self.pool.pool_into(x, y)?;
-        // Each further input pooled into this thread's scratch (no allocation per run).
-        for m in more {
+        self.pool.pool_biased(x, bias_of(0), y)?;
+        // Each further input pooled into this thread's scratch (no allocation per run), then
+        // added: as a sum of the poolings' own values would.
+        for (k, m) in more.into_iter().enumerate() {
             with_scratch(out, |pooled| {
-                self.pool.pool_into(m, pooled)?;
+                self.pool.pool_biased(m, bias_of(k + 1), pooled)?;
                 y.iter_mut().zip(&*pooled).for_each(|(a, v)| *a += v);
                 Ok::<(), GpuError>(())
             })?;
@@ -244,6 +269,11 @@ impl StepKernel for PoolSum {
             ptrs.push(ptr);
             meta.extend([run, stride]);
         }
+        // Each input's pooled bias (null where it has none).
+        for k in 0..=self.more.len() {
+            let bias = self.pooled_biases.get(k).copied().flatten();
+            ptrs.push(bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0));
+        }
         let (ptrs_ptr, ptrs_dev) = cx.gpu.upload_array(&ptrs)?;
         let (meta_ptr, meta_dev) = cx.gpu.upload_array(&meta)?;
         let bias = ChannelBias::kernel_args(self.bias, cx)?;
@@ -276,8 +306,8 @@ struct CudaPoolSum {
     y: u64,
     /// `y`'s run and stride (0, 0 where dense).
     y_view: (i64, i64),
-    /// The pointers of the inputs pooled, then of the values added (the device array kept
-    /// alive with the operator).
+    /// The pointers of the inputs pooled, of the values added, then of each input's pooled
+    /// bias or null (the device array kept alive with the operator).
     ptrs: (u64, CudaSlice<u64>),
     /// Each input's image (NCHW) or pixel (channels last) stride, then each added value's run
     /// and stride.
@@ -315,10 +345,11 @@ impl Enqueue for CudaPoolSum {
         b.arg(&self.narrow);
         // SAFETY: matches `pool2d_sum` (y and its view, the pointer and meta arrays, npool,
         // nadd, n, c, nhwc, 13 ints, is_max, the activation, the bias, narrow); both arrays
-        // live in this operator, npool + nadd pointers and npool + 2 * nadd meta values; each
-        // input holds n images at its stride, each value added and y `total` elements in
+        // live in this operator, 2 * npool + nadd pointers and npool + 2 * nadd meta values;
+        // each input holds n images at its stride, each value added and y `total` elements in
         // their runs (the layout checked that views fit their parents); the bias, where not
-        // null, holds `channels` values; `narrow` only where every extent fits 32 bits.
+        // null, holds `channels` values, each pooled bias `c`; `narrow` only where every
+        // extent fits 32 bits.
         launched(unsafe { b.launch(grid(self.total)) }, "pool2d_sum")
     }
 }
@@ -395,42 +426,104 @@ impl Pool {
         Ok(())
     }
 
-    /// One output plane from one input plane.
-    fn plane(&self, x: &[f32], y: &mut [f32]) {
-        let [_, _, h, w] = self.input;
-        let [oh, ow] = self.out_hw;
-        let (h, w) = (h as isize, w as isize);
+    /// Output pixel `(i, j)`'s window: its input rows and columns (empty where it covers
+    /// padding only), and what an average divides by.
+    fn window(&self, i: usize, j: usize) -> Window {
+        let [_, _, h, w] = self.input.map(|v| v as isize);
         let [sh, sw] = self.stride.map(|v| v as isize);
         let [ph, pw] = self.padding.map(|v| v as isize);
         let [eh, ew] = self.padding_end.map(|v| v as isize);
         let [kh, kw] = self.kernel.map(|v| v as isize);
+        let hs = i as isize * sh - ph;
+        let ws = j as isize * sw - pw;
+        let he = (hs + kh).min(h + eh);
+        let we = (ws + kw).min(w + ew);
+        let padded = (he - hs) * (we - ws);
+        let (hs, ws) = (hs.max(0), ws.max(0));
+        let (he, we) = (he.min(h).max(hs), we.min(w).max(ws));
+        let inside = (he - hs) * (we - ws);
+        let size = if self.count_include_pad {
+            padded
+        } else {
+            inside
+        };
+        Window {
+            rows: hs as usize..he as usize,
+            cols: ws as usize..we as usize,
+            size: size.max(1) as f32,
+        }
+    }
+
+    /// What pooling `x + b` adds to pooling `x` per unit of a bias `b` per channel, at output
+    /// pixel `(i, j)`: 1 for a max, the input elements' share of the divisor for an average
+    /// (less than 1 where the average counts padding).
+    fn share(&self, i: usize, j: usize) -> f32 {
+        let win = self.window(i, j);
+        if self.max {
+            return 1.0;
+        }
+        (win.rows.len() * win.cols.len()) as f32 / win.size
+    }
+
+    /// [`Pool::pool_into`], then `bias` (one per channel, where a convolution left one to the
+    /// pooling) times each output pixel's [`Pool::share`] added.
+    fn pool_biased(&self, x: &[f32], bias: Option<&[f32]>, y: &mut [f32]) -> Result<(), GpuError> {
+        self.pool_into(x, y)?;
+        if let Some(b) = bias {
+            self.add_bias(b, y);
+        }
+        Ok(())
+    }
+
+    /// Add `bias` (one per channel) times each output pixel's [`Pool::share`] to `y`, the
+    /// whole output in the step's layout.
+    fn add_bias(&self, bias: &[f32], y: &mut [f32]) {
+        let [_, c, _, _] = self.input;
+        let [oh, ow] = self.out_hw;
+        let share: Vec<f32> = (0..oh * ow).map(|p| self.share(p / ow, p % ow)).collect();
+        if c == 0 || share.is_empty() {
+            return;
+        }
+        if self.nhwc {
+            for (p, pixel) in y.chunks_mut(c).enumerate() {
+                let s = share[p % share.len()];
+                pixel.iter_mut().zip(bias).for_each(|(v, b)| *v += b * s);
+            }
+        } else {
+            for (bc, plane) in y.chunks_mut(share.len()).enumerate() {
+                let b = bias[bc % c];
+                plane.iter_mut().zip(&share).for_each(|(v, s)| *v += b * s);
+            }
+        }
+    }
+
+    /// One output plane from one input plane.
+    fn plane(&self, x: &[f32], y: &mut [f32]) {
+        let [_, _, _, w] = self.input;
+        let [oh, ow] = self.out_hw;
         for i in 0..oh {
             for j in 0..ow {
-                let hs = i as isize * sh - ph;
-                let ws = j as isize * sw - pw;
-                let he = (hs + kh).min(h + eh);
-                let we = (ws + kw).min(w + ew);
-                let padded = (he - hs) * (we - ws);
-                let (hs, ws, he, we) = (hs.max(0), ws.max(0), he.min(h), we.min(w));
-                let inside = (he - hs).max(0) * (we - ws).max(0);
-                let size = if self.count_include_pad {
-                    padded
-                } else {
-                    inside
-                }
-                .max(1) as f32;
+                let win = self.window(i, j);
                 let mut m = f32::NEG_INFINITY;
                 let mut s = 0.0f32;
-                for p in hs..he {
-                    for v in &x[(p * w + ws) as usize..(p * w + we).max(p * w + ws) as usize] {
+                for p in win.rows {
+                    for v in &x[p * w + win.cols.start..p * w + win.cols.end] {
                         m = m.max(*v);
                         s += v;
                     }
                 }
-                y[i * ow + j] = if self.max { m } else { s / size };
+                y[i * ow + j] = if self.max { m } else { s / win.size };
             }
         }
     }
+}
+
+/// One output pixel's window of [`Pool`]: the input rows and columns it covers, and what an
+/// average divides by.
+struct Window {
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    size: f32,
 }
 
 impl StepKernel for Pool {
@@ -440,16 +533,19 @@ impl StepKernel for Pool {
 
     fn access(&self) -> Access {
         let [n, c, h, w] = self.input;
+        let mut reads = vec![(self.x, n * c * h * w)];
+        reads.extend(self.bias.map(|b| (b, c)));
         Access {
-            reads: vec![(self.x, n * c * h * w)],
+            reads,
             writes: vec![(self.y, n * c * self.out_hw[0] * self.out_hw[1])],
         }
     }
 
     fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
         let x = io.read(self.x)?;
+        let bias = self.bias.map(|b| io.read(b)).transpose()?;
         let y = &mut io.write(self.y)?[..self.out_len()];
-        self.pool_into(x, y)
+        self.pool_biased(x, bias, y)
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
@@ -469,6 +565,7 @@ impl StepKernel for Pool {
             ximage: as_i64(ximage, "image stride")?,
             p: self.geometry()?,
             is_max: i32::from(self.max),
+            bias: self.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
             total: n * c * self.out_hw[0] * self.out_hw[1],
         }))
     }
@@ -493,6 +590,8 @@ struct CudaPool {
     ximage: i64,
     p: [i32; 13],
     is_max: i32,
+    /// The bias left to the pooling (a null pointer where there is none).
+    bias: u64,
     total: usize,
 }
 
@@ -512,7 +611,7 @@ impl Enqueue for CudaPool {
         for v in &self.p {
             b.arg(v);
         }
-        b.arg(&self.is_max);
+        b.arg(&self.is_max).arg(&self.bias);
         match (&self.nhwc, &self.runs) {
             (Some((_, ypix, xpix)), _) => {
                 b.arg(ypix).arg(xpix);
@@ -522,10 +621,11 @@ impl Enqueue for CudaPool {
             }
             (None, None) => {}
         }
-        // SAFETY: matches `pool2d` (nc, c and x's image stride, 13 ints, then is_max;
-        // `pool2d_runs`: then y's run and stride; `pool2d_nhwc`: n and c, 13 ints, is_max,
-        // then y's and x's pixel strides); buffer sizes checked at preparation, a strided
-        // view's runs by the layout.
+        // SAFETY: matches `pool2d` (nc, c and x's image stride, 13 ints, then is_max and the
+        // bias; `pool2d_runs`: then y's run and stride; `pool2d_nhwc`: n and c, 13 ints,
+        // is_max, the bias, then y's and x's pixel strides); buffer sizes checked at
+        // preparation (the bias, where not null, holds c values), a strided view's runs by the
+        // layout.
         launched(unsafe { b.launch(grid(self.total)) }, name)
     }
 }
@@ -591,6 +691,7 @@ mod tests {
                 padding_end: [1, 1],
                 count_include_pad,
                 nhwc: true,
+                bias: None,
             };
             let x = crate::program::uniform(3, n * c * h * w, 0.0, 1.0);
             let out = [n, c, 4, 3];
@@ -639,6 +740,7 @@ mod tests {
             padding_end: [0, 0],
             count_include_pad: true,
             nhwc: true,
+            bias: None,
         };
         assert!(s
             .strides(None, Some(Runs { run: 2, stride: 8 }))
