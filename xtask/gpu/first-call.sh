@@ -76,18 +76,19 @@ timeout 60 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_s
 # The same binary with fusions left out (`--no-fusion`, the report's fusions_left_out) says
 # which fusion does it: "no-dw" leaves biases to add kernels only (not to the depthwise
 # kernel), "no-act" lets every reader apply its relu again (NASNet's cell outputs), "no-pool"
-# runs NASNet's pools beside their sums again (706 kernels against 638), "no-writers" lets its
-# cell outputs be activated whole after their sums (651), "no-bpool" lets its cells' 1x1
-# convolutions add their biases again (671), "none" leaves out all seven (ea18c6e's kernel
-# count, this revision's kernels).
+# runs NASNet's pools beside their sums again (698 kernels against 630), "no-writers" lets its
+# cell outputs be activated whole after their sums (649), "no-bpool" lets its cells' 1x1
+# convolutions add their biases again (669), "no-bcat" its factorized reductions' (638),
+# "none" leaves out all eight (ea18c6e's kernel count, this revision's kernels).
 NONE="--no-fusion bias-into-adds --no-fusion bias-into-depthwise --no-fusion sum-into-depthwise"
 NONE="$NONE --no-fusion act-into-producer --no-fusion pool-into-sum --no-fusion act-into-writers"
-NONE="$NONE --no-fusion bias-into-pools"
+NONE="$NONE --no-fusion bias-into-pools --no-fusion bias-through-concat"
 NODW="--no-fusion bias-into-depthwise"
 NOACT="--no-fusion act-into-producer"
 NOPOOL="--no-fusion pool-into-sum"
 NOWRITERS="--no-fusion act-into-writers"
 NOBPOOL="--no-fusion bias-into-pools"
+NOBCAT="--no-fusion bias-through-concat"
 for case in "nasnet lios" "randwire lios" "resnet50 sequential"; do
     set -- $case
     for i in 1 2; do
@@ -111,6 +112,7 @@ for case in "nasnet lios" "randwire lios" "resnet50 sequential"; do
         run "after nhwc no-pool $2 $1" 60 $1 --algo $2 --repeats 100 $NOPOOL
         run "after nhwc no-writers $2 $1" 60 $1 --algo $2 --repeats 100 $NOWRITERS
         run "after nhwc no-bpool $2 $1" 60 $1 --algo $2 --repeats 100 $NOBPOOL
+        run "after nhwc no-bcat $2 $1" 60 $1 --algo $2 --repeats 100 $NOBCAT
     fi
 done
 # NASNet at batch 16 took 46.7 ms channels last at b5cad61 against 37.6 NCHW the day before

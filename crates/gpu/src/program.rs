@@ -475,6 +475,9 @@ pub(crate) struct Builder<'g> {
     /// [`Builder::defer_biases`].
     deferred: HashMap<NodeId, usize>,
     added_bias: HashSet<(NodeId, NodeId)>,
+    /// Concatenations that pass their terms' biases on to their readers (the terms are in
+    /// `deferred`): see [`Builder::defer_biases`].
+    passed: HashSet<NodeId>,
     /// Operator -> the activation its steps apply in place to its value after computing it,
     /// and the readers that skip it: see [`Builder::activate_by_producers`].
     producer_acts: HashMap<NodeId, Activation>,
@@ -1007,19 +1010,9 @@ impl<'g> Builder<'g> {
     ) -> Result<Option<ChannelBias>, GpuError> {
         let mut sum: Option<Vec<f32>> = None;
         for &(p, reader) in read {
-            let Some(&inner) = self.deferred.get(&p) else {
+            let Some(values) = self.left_bias(at.gpu, p)? else {
                 continue;
             };
-            let channels = self.g.node(p).shape.get(1).copied().unwrap_or(0);
-            let own = At {
-                node: p,
-                gpu: at.gpu,
-                inner,
-            };
-            let values = self
-                .bias_init(own, channels)?
-                .values(channels)
-                .unwrap_or_default();
             match sum.as_mut() {
                 None => sum = Some(values),
                 Some(s) if s.len() == values.len() => {
@@ -1046,6 +1039,33 @@ impl<'g> Builder<'g> {
             channels,
             inner,
         }))
+    }
+
+    /// The bias value `p` leaves to its readers, one per channel: its convolution's, or where
+    /// it is a concatenation that passes its terms' biases on, theirs side by side; `None`
+    /// where it leaves none.
+    fn left_bias(&self, gpu: usize, p: NodeId) -> Result<Option<Vec<f32>>, GpuError> {
+        if self.passed.contains(&p) {
+            let mut all = Vec::new();
+            for v in self.g.node(p).inputs.iter().flatten() {
+                all.extend(self.left_bias(gpu, v.node)?.unwrap_or_default());
+            }
+            return Ok(Some(all));
+        }
+        let Some(&inner) = self.deferred.get(&p) else {
+            return Ok(None);
+        };
+        let channels = self.g.node(p).shape.get(1).copied().unwrap_or(0);
+        let own = At {
+            node: p,
+            gpu,
+            inner,
+        };
+        Ok(Some(
+            self.bias_init(own, channels)?
+                .values(channels)
+                .unwrap_or_default(),
+        ))
     }
 
     /// A buffer holding one term (in place when it is one whole value, summed by one add when
@@ -1948,26 +1968,53 @@ impl Builder<'_> {
 
     /// Let convolutions leave their bias to their readers where
     /// [`opsched_graph::fusion::deferred_bias`] says every reader adds it as it reads (an add
-    /// kernel, our depthwise convolution), but not a merged convolution's member, whose bias the
-    /// merged convolution adds.
-    /// A concatenation reading the value as a term of its own must activate that slice in
-    /// place ([`Builder::activate_by_producers`], which the rule asks of the graph alone).
+    /// kernel, our depthwise convolution, a pooling, the in-place activation of a slice), but
+    /// not a merged convolution's member, whose bias the merged convolution adds, nor a value
+    /// whose concatenation (reading it as a term of its own) does not activate that slice in
+    /// place ([`Builder::activate_by_producers`]; the rule asks it of the graph alone).
+    /// A concatenation passes its terms' biases on
+    /// ([`opsched_graph::fusion::passed_bias`]) where it may leave one and every term does;
+    /// where it cannot, its terms add their own.
     fn defer_biases(&mut self) {
         let merged = self.merged_members();
-        let deferred = opsched_graph::fusion::deferred_biases(self.g);
-        for (i, inner) in deferred.into_iter().enumerate() {
-            let n = NodeId(i as u32);
-            let slices_activated = self.g.succs(n).all(|c| {
+        let g = self.g;
+        let slices_activated = |b: &Self, n: NodeId| {
+            g.succs(n).all(|c| {
                 let alone = [Value::whole(n)];
-                match self.g.node(c).inputs.iter().position(|t| t[..] == alone) {
-                    Some(t) if matches!(self.g.node(c).op, Op::Identity | Op::Concat { .. }) => {
-                        self.writers_act.get(&c) == Some(&Some(t))
+                match g.node(c).inputs.iter().position(|t| t[..] == alone) {
+                    // A concatenation that passes it on (or, where it cannot, its terms keep
+                    // their biases: below).
+                    Some(_) if opsched_graph::fusion::passed_bias(g, c) => true,
+                    Some(t) if matches!(g.node(c).op, Op::Identity | Op::Concat { .. }) => {
+                        b.writers_act.get(&c) == Some(&Some(t))
                     }
                     _ => true,
                 }
-            });
-            if let (Some(inner), false, true) = (inner, merged.contains(&n), slices_activated) {
-                self.deferred.insert(n, inner);
+            })
+        };
+        let deferred = opsched_graph::fusion::deferred_biases(g);
+        for (i, inner) in deferred.into_iter().enumerate() {
+            let n = NodeId(i as u32);
+            if let (Some(inner), false) = (inner, merged.contains(&n)) {
+                if slices_activated(self, n) {
+                    self.deferred.insert(n, inner);
+                }
+            }
+        }
+        for i in 0..g.len() {
+            let p = NodeId(i as u32);
+            if !opsched_graph::fusion::passed_bias(g, p) {
+                continue;
+            }
+            let terms: Vec<NodeId> = g.preds(p).collect();
+            let all_left = terms.iter().all(|t| self.deferred.contains_key(t));
+            if all_left && slices_activated(self, p) {
+                self.passed.insert(p);
+                self.added_bias.extend(terms.iter().map(|&t| (t, p)));
+            } else {
+                for t in terms {
+                    self.deferred.remove(&t);
+                }
             }
         }
     }
@@ -2058,7 +2105,7 @@ impl Builder<'_> {
     /// An error unless every reader that was lowered added the biases left to it (a lowering
     /// that reads such a value without adding its bias would compute without it).
     fn check_deferred_biases(&self) -> Result<(), GpuError> {
-        for &p in self.deferred.keys() {
+        for &p in self.deferred.keys().chain(&self.passed) {
             if self.gpu_of(p).is_none() {
                 continue;
             }
@@ -2224,6 +2271,7 @@ impl GraphProgram {
             producer_acts: HashMap::new(),
             activated_readers: HashSet::new(),
             pooled: HashSet::new(),
+            passed: HashSet::new(),
             writers_act: HashMap::new(),
             transposed_reads: HashMap::new(),
             transposed_writes: HashMap::new(),
@@ -2350,12 +2398,14 @@ impl GraphProgram {
         // The own values of a sum that applies an activation, of a convolution that adds a
         // residual, of a product that writes a transpose and of a transpose read through are
         // never written; a convolution that leaves its bias to its readers writes its value
-        // without it; an operator that activates its value for its readers keeps it activated.
+        // without it, as does a concatenation that passes its terms' biases on; an operator
+        // that activates its value for its readers keeps it activated.
         for n in b
             .epilogues
             .keys()
             .chain(b.residuals.keys())
             .chain(b.deferred.keys())
+            .chain(b.passed.iter())
             .chain(b.producer_acts.keys())
             .chain(b.transposed_writes.keys())
             .chain(b.transposed_reads.keys())

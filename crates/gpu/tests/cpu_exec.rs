@@ -675,8 +675,60 @@ fn pooled_sum_graph() -> Graph {
     g
 }
 
+/// Concatenations that pass their convolutions' biases on
+/// (`opsched_graph::fusion::passed_bias`) at batch 2: NASNet's factorized reduction (two
+/// strided relu + 1x1 convolutions, each writing its slice in place) read by a separable
+/// convolution's depthwise kernel, a pooling that a sum's add kernel computes, and a cell
+/// activated for its readers whose in-place activation of that slice adds the biases; beside
+/// one read by a 1x1 convolution, whose terms keep their biases.
+fn passed_bias_graph() -> Graph {
+    let relu = || Op::Activation {
+        act: Activation::Relu,
+    };
+    let relu_conv = |out: usize, stride: usize| {
+        vec![
+            relu(),
+            Op::Conv2d(Conv2d::new(out, 1).stride(stride).bias(true)),
+        ]
+    };
+    let mut b = GraphBuilder::new("passed-bias", DType::F32);
+    let x = b.input("x", vec![2, 6, 8, 8]);
+    let one = |v: NodeId| vec![Value::whole(v)];
+    // Slices of 4 channels: channels last, each pixel's run of them stays 16-byte aligned.
+    let p1 = b.sequential("p1", x, relu_conv(4, 2));
+    let p2 = b.sequential("p2", x, relu_conv(4, 2));
+    let path = b.node("path", Op::Identity, vec![one(p1), one(p2)]);
+    let sep = vec![
+        relu(),
+        Op::Conv2d(Conv2d::new(8, 3).groups(8).bias(true)),
+        Op::Conv2d(Conv2d::new(8, 1).bias(true)),
+    ];
+    let s = b.sequential("s", path, sep);
+    let q = b.pool("q", path, Pool2d::avg(3, 1, 1));
+    let cell = b.node(
+        "cell",
+        Op::Identity,
+        vec![one(path), vec![Value::whole(q), Value::whole(s)]],
+    );
+    b.sequential("r1", cell, relu_conv(6, 1));
+    b.sequential("r2", cell, relu_conv(6, 2));
+    let k1 = b.sequential("k1", x, relu_conv(4, 2));
+    let k2 = b.sequential("k2", x, relu_conv(4, 2));
+    let kept = b.node("kept", Op::Identity, vec![one(k1), one(k2)]);
+    b.conv("kept_conv", kept, Conv2d::new(6, 1));
+    let g = b.finish().unwrap();
+    use opsched_graph::fusion::{act_by_writers, deferred_bias, passed_bias};
+    assert!(passed_bias(&g, path));
+    assert!(!passed_bias(&g, kept));
+    assert_eq!(act_by_writers(&g, cell), Some(Some(0)));
+    for (v, left) in [(p1, true), (p2, true), (k1, false), (k2, false)] {
+        assert_eq!(deferred_bias(&g, v).is_some(), left, "{}", g.node(v).name);
+    }
+    g
+}
+
 /// The graphs that hold every operator kind and fusion between them.
-fn op_graphs() -> [Graph; 8] {
+fn op_graphs() -> [Graph; 9] {
     [
         every_op_graph(),
         attention_graph(),
@@ -686,6 +738,7 @@ fn op_graphs() -> [Graph; 8] {
         deferred_bias_graph(),
         producer_activation_graph(),
         pooled_sum_graph(),
+        passed_bias_graph(),
     ]
 }
 
@@ -787,6 +840,27 @@ fn biases_through_poolings_and_slices_run_fewer_kernels_with_the_same_outputs() 
     let g =
         producer_activation_graph().with_fusions(Fusions::ALL.without("act-into-writers").unwrap());
     assert!(opsched_graph::fusion::deferred_bias(&g, g.find("a").unwrap()).is_none());
+}
+
+#[test]
+fn concatenations_passing_biases_on_run_fewer_kernels_with_the_same_outputs() {
+    let g = passed_bias_graph();
+    let kept = g
+        .clone()
+        .with_fusions(Fusions::ALL.without("bias-through-concat").unwrap());
+    let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
+    // p1's and p2's bias kernels.
+    assert_eq!(kernels(&kept) - kernels(&g), 2);
+    for g in [&kept, &g] {
+        check_in_both_layouts(g);
+    }
+    // The concatenation's own value, without the biases, is not kept.
+    let p = GraphProgram::single_gpu(&g).unwrap();
+    let values = execute(&cpu(), &g, &p, &KernelOptions::default()).unwrap();
+    for (name, kept) in [("path", false), ("p1", false), ("kept", true), ("k1", true)] {
+        let n = g.find(name).unwrap();
+        assert_eq!(values[n.index()].is_some(), kept, "{name}");
+    }
 }
 
 #[test]
@@ -1421,7 +1495,9 @@ fn gpu_every_op_matches_the_reference() {
 /// value, two alike max pools summed, concatenated and read back to 4 channels by a 1x1
 /// convolution), 11 a concatenation of sums (and, for odd picks, of a value too) read by two
 /// relu + 1x1 convolutions and their sum (NASNet's cell outputs: activated by the sums' add
-/// kernels as they write, the value's slice after them). Convolutions with a bias and no activation leave
+/// kernels as they write, the value's slice after them), 12 NASNet's factorized reduction (two
+/// relu + 1x1 convolutions of 2 channels each, concatenated: it passes their biases on where
+/// its readers add them). Convolutions with a bias and no activation leave
 /// it to whichever readers add it; a value that only relu-first chains read, two of them 1x1
 /// ones, is activated by its producer.
 fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
@@ -1440,7 +1516,7 @@ fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
                 Op::Conv2d(Conv2d::new(4, 1).bias(true)),
             ]
         };
-        let v = match k % 12 {
+        let v = match k % 13 {
             0 => b.conv(&name, a, Conv2d::new(4, 1).bias(true)),
             1 => b.conv(&name, a, Conv2d::new(4, 3).bias(true).relu()),
             2 => b.sequential(&name, a, sep()),
@@ -1484,6 +1560,15 @@ fn random_cnn(kinds: &[u8], picks: &[(usize, usize)], batch: usize) -> Graph {
                 let (l, r) = (relu_conv("l"), relu_conv("r"));
                 b.add(&name, &[l, r])
             }
+            12 => {
+                let mut half = |side: &str| {
+                    let ops = vec![sep()[0].clone(), Op::Conv2d(Conv2d::new(2, 1).bias(true))];
+                    b.sequential(&format!("{name}_{side}"), a, ops)
+                };
+                let (l, r) = (half("l"), half("r"));
+                let terms = vec![vec![Value::whole(l)], vec![Value::whole(r)]];
+                b.node(&name, Op::Identity, terms)
+            }
             _ => {
                 // A convolution read by two relu + 1x1 convolutions (its producer activates
                 // it unless a later operator reads it too), their sum the node's value.
@@ -1512,10 +1597,10 @@ proptest::proptest! {
     /// left out left out (`left_out`: a bit per `Fusions::NAMES` entry).
     #[test]
     fn random_cnns_with_deferred_biases_match_the_reference(
-        kinds in proptest::collection::vec(0u8..12, 2..14),
+        kinds in proptest::collection::vec(0u8..13, 2..14),
         picks in proptest::collection::vec((0usize..64, 0usize..64), 14),
         batch in 1usize..3,
-        left_out in 0usize..128,
+        left_out in 0usize..256,
     ) {
         let fusions = Fusions::NAMES
             .iter()

@@ -93,6 +93,9 @@ pub struct Fusions {
     /// A pooling adds the bias of the convolution it pools, and the in-place activation of a
     /// concatenation's one other term adds that term's ([`deferred_bias`]).
     pub bias_into_pools: bool,
+    /// A concatenation of convolutions passes their biases on to its readers
+    /// ([`passed_bias`]).
+    pub bias_through_concat: bool,
 }
 
 impl Default for Fusions {
@@ -111,10 +114,11 @@ impl Fusions {
         pool_into_sum: true,
         act_into_writers: true,
         bias_into_pools: true,
+        bias_through_concat: true,
     };
 
     /// The fusions' names (`opsched run --no-fusion NAME`), each with what it says.
-    pub const NAMES: [(&'static str, &'static str); 7] = [
+    pub const NAMES: [(&'static str, &'static str); 8] = [
         (
             "bias-into-adds",
             "add kernels add the bias of a convolution they read",
@@ -143,6 +147,10 @@ impl Fusions {
             "bias-into-pools",
             "a pooling adds the bias of the convolution it pools",
         ),
+        (
+            "bias-through-concat",
+            "a concatenation of convolutions passes their biases on to its readers",
+        ),
     ];
 
     /// These fusions without the one named `name` (one of [`Fusions::NAMES`]).
@@ -155,6 +163,7 @@ impl Fusions {
             "pool-into-sum" => &mut self.pool_into_sum,
             "act-into-writers" => &mut self.act_into_writers,
             "bias-into-pools" => &mut self.bias_into_pools,
+            "bias-through-concat" => &mut self.bias_through_concat,
             _ => return None,
         };
         *flag = false;
@@ -171,6 +180,7 @@ impl Fusions {
             self.pool_into_sum,
             self.act_into_writers,
             self.bias_into_pools,
+            self.bias_through_concat,
         ];
         Self::NAMES
             .iter()
@@ -451,9 +461,11 @@ fn bias_only_conv(g: &Graph, p: NodeId) -> Option<usize> {
 /// computes ([`residual_source`]); or `term` is `c`'s only input and `c` is a depthwise
 /// convolution, or a `sequential` operator whose first kernel is one (after the activations
 /// it applies, [`pre_activations`]); or `c` is a pooling; or `term` is the one term of
-/// concatenation `c` activated in place after its sums ([`act_by_writers`]). Each kind of
+/// concatenation `c` activated in place after its sums ([`act_by_writers`]); or `c` is a
+/// concatenation that passes the biases on to its readers ([`passed_bias`]). Each kind of
 /// reader only where the graph's [`Fusions`] have it (the add kernels, the depthwise kernel,
-/// which adds the bias of a sum it reads, the poolings and in-place activations).
+/// which adds the bias of a sum it reads, the poolings and in-place activations, the
+/// concatenations).
 fn adds_bias_of(g: &Graph, c: NodeId, term: &[crate::Value]) -> bool {
     let node = g.node(c);
     let f = g.fusions();
@@ -483,10 +495,12 @@ fn adds_bias_of(g: &Graph, c: NodeId, term: &[crate::Value]) -> bool {
         // share of what it divides by): the pooling kernel adds that, or the add kernel that
         // pools it into a sum.
         Op::Pool2d(_) => f.bias_into_pools,
-        // The in-place activation of the one term the sums' add kernels did not activate.
+        // The in-place activation of the one term the sums' add kernels did not activate; or
+        // the concatenation's readers, where it passes its terms' biases on.
         Op::Identity | Op::Concat { .. } => {
             let rest = node.inputs.iter().position(|t| t.as_slice() == term);
-            f.bias_into_pools && rest.is_some() && act_by_writers(g, c) == Some(rest)
+            (f.bias_into_pools && rest.is_some() && act_by_writers(g, c) == Some(rest))
+                || passed_bias(g, c)
         }
         Op::Elementwise {
             kind: crate::ElementwiseKind::Add,
@@ -571,6 +585,51 @@ pub fn deferred_bias(g: &Graph, p: NodeId) -> Option<usize> {
     (readers_add_it && residual_of(g, p).is_none()).then_some(inner)
 }
 
+/// Whether concatenation `p` passes on to its readers the biases its terms' convolutions leave
+/// to it, the biases side by side as its channels are (NASNet's factorized reductions: two
+/// strided 1x1 convolutions concatenated, read by separable convolutions, poolings, sums and
+/// the cell's output), when
+/// - `p` concatenates along channels (an identity, or a concatenation along axis 1) and is
+///   not an output of the graph, and the graph's [`Fusions`] have it;
+/// - every term is one whole value, a convolution whose bias its readers may add
+///   (`bias_only_conv`: no activation, not depthwise) and no residual sum computes, which `p`
+///   alone reads, once, and which is not an output;
+/// - `p` has readers, and every term of every reader that holds `p` holds its whole value and
+///   adds a bias as it reads (see `adds_bias_of`).
+///
+/// The terms' convolutions then leave their biases ([`deferred_bias`]), and `p`'s own value
+/// (without them) is never kept.
+pub fn passed_bias(g: &Graph, p: NodeId) -> bool {
+    let node = g.node(p);
+    let along_channels =
+        matches!(node.op, Op::Identity | Op::Concat { axis: 1 }) && node.shape.len() == 4;
+    if !g.fusions().bias_through_concat || !along_channels || is_output(g, p) {
+        return false;
+    }
+    let terms_leave_biases = node.inputs.iter().all(|t| match t.as_slice() {
+        [v] => {
+            let reads = node.inputs.iter().flatten().filter(|u| u.node == v.node);
+            v.channels.is_none()
+                && reads.count() == 1
+                && bias_only_conv(g, v.node).is_some()
+                && g.succs(v.node).all(|r| r == p)
+                && !is_output(g, v.node)
+                && residual_of(g, v.node).is_none()
+        }
+        _ => false,
+    });
+    // The readers last: asking them may ask other rules.
+    terms_leave_biases
+        && g.succs(p).next().is_some()
+        && g.succs(p).all(|c| {
+            g.node(c)
+                .inputs
+                .iter()
+                .filter(|t| t.iter().any(|v| v.node == p))
+                .all(|t| adds_bias_of(g, c, t))
+        })
+}
+
 /// The activation that every reader of operator `p` applies first, where `p`'s own steps
 /// apply it instead, once and in place, after computing `p` (its readers then skip it:
 /// [`reads_activated`]): NASNet's cell outputs, which the two next cells each read through a
@@ -579,7 +638,8 @@ pub fn deferred_bias(g: &Graph, p: NodeId) -> Option<usize> {
 ///   whose first operator is that activation, at least two of them launching a kernel for it
 ///   (not the ones our depthwise kernel applies as it reads, [`pre_activations`]);
 /// - `p` is an operator, not an output of the graph, no view of another value
-///   ([`crate::inplace::reshape_source`]), and leaves no bias to its readers;
+///   ([`crate::inplace::reshape_source`]), and leaves no bias to its readers (nor passes
+///   one on, [`passed_bias`]);
 /// - where `p` concatenates, a value that may write its slice of `p` in place (a term that is
 ///   one whole value) is read by nothing but `p` and ancestors of `p`, which every schedule
 ///   runs before `p`'s steps;
@@ -603,6 +663,7 @@ pub fn producer_activation(g: &Graph, p: NodeId) -> Option<crate::Activation> {
     if launching < 2
         || crate::inplace::reshape_source(g, p).is_some()
         || deferred_bias(g, p).is_some()
+        || passed_bias(g, p)
     {
         return None;
     }
@@ -1317,6 +1378,71 @@ mod tests {
     }
 
     #[test]
+    fn a_concatenation_of_convolutions_passes_their_biases_on() {
+        use crate::Pool2d;
+        let relu_conv = |out: usize| {
+            vec![
+                Op::Activation {
+                    act: Activation::Relu,
+                },
+                Op::Conv2d(Conv2d::new(out, 1).stride(2).bias(true)),
+            ]
+        };
+        let sep = || {
+            vec![
+                Op::Activation {
+                    act: Activation::Relu,
+                },
+                Op::Conv2d(Conv2d::new(4, 3).groups(4).bias(true)),
+                Op::Conv2d(Conv2d::new(4, 1).bias(true)),
+            ]
+        };
+        let mut b = GraphBuilder::new("paths", DType::F32);
+        let x = b.input("x", vec![1, 4, 8, 8]);
+        let one = |v: NodeId| vec![Value::whole(v)];
+        let path = |b: &mut GraphBuilder, name: &str| {
+            let p1 = b.sequential(&format!("{name}1"), x, relu_conv(2));
+            let p2 = b.sequential(&format!("{name}2"), x, relu_conv(2));
+            let p = b.node(name, Op::Identity, vec![one(p1), one(p2)]);
+            (p, p1, p2)
+        };
+        // NASNet's factorized reduction: read by a separable convolution, a pooling and a sum.
+        let (p, p1, p2) = path(&mut b, "p");
+        let s = b.sequential("s", p, sep());
+        let q = b.pool("q", p, Pool2d::avg(3, 1, 1));
+        b.node(
+            "sums",
+            Op::Identity,
+            vec![vec![Value::whole(s), Value::whole(q)]],
+        );
+        b.node(
+            "sum_p",
+            Op::Identity,
+            vec![vec![Value::whole(p), Value::whole(s)]],
+        );
+        // Read by a 1x1 convolution, which adds no bias as it reads.
+        let (k, k1, _) = path(&mut b, "k");
+        b.conv("k_conv", k, Conv2d::new(4, 1));
+        // A term read by another operator too.
+        let (t, t1, t2) = path(&mut b, "t");
+        b.sequential("t_sep", t, sep());
+        b.pool("t1_pool", t1, Pool2d::max(3, 1, 1));
+        let g = b.finish().unwrap();
+        assert!(passed_bias(&g, p));
+        assert_eq!(deferred_bias(&g, p1), Some(1));
+        assert_eq!(deferred_bias(&g, p2), Some(1));
+        for (c, v) in [(k, k1), (t, t2)] {
+            assert!(!passed_bias(&g, c), "{}", g.node(c).name);
+            assert_eq!(deferred_bias(&g, v), None, "{}", g.node(v).name);
+        }
+        // Nor t1, whose pooling would add it, but not t.
+        assert!(deferred_bias(&g, t1).is_none());
+        let g = g.with_fusions(Fusions::ALL.without("bias-through-concat").unwrap());
+        assert!(!passed_bias(&g, p));
+        assert_eq!(deferred_bias(&g, p1), None);
+    }
+
+    #[test]
     fn fusions_are_named_once_and_left_out_by_name() {
         assert_eq!(Fusions::default(), Fusions::ALL);
         assert!(Fusions::ALL.left_out().is_empty());
@@ -1336,6 +1462,7 @@ mod tests {
                 pool_into_sum: false,
                 act_into_writers: false,
                 bias_into_pools: false,
+                bias_through_concat: false,
             }
         );
         assert_eq!(Fusions::ALL.without("bias"), None);

@@ -179,13 +179,16 @@ fn assert_same(
 /// Whether a fusion leaves `id`'s own value unwritten on one GPU: a sum whose kernel wrote
 /// its activation's instead, a convolution's that wrote the sum it feeds, a product's that
 /// wrote the head transpose after it, a head transpose's that products read through and a
-/// pooling's that its reader's add kernel computes; or unkept: a convolution's that its readers complete with its bias, a value its producer
-/// activates for its readers and one that may be written in place into such a value.
+/// pooling's that its reader's add kernel computes; or unkept: a convolution's that its
+/// readers complete with its bias, a concatenation's that passes its terms' biases on, a value
+/// its producer activates for its readers and one that may be written in place into such a
+/// value.
 fn unkept(g: &Graph, id: NodeId) -> bool {
     use opsched::graph::fusion;
     fusion::fused_sources(g).contains(&Some(id))
         || fusion::residual_of(g, id).is_some()
         || fusion::deferred_bias(g, id).is_some()
+        || fusion::passed_bias(g, id)
         || activated_in_place(g, id)
         || fusion::transposed_output(g, id).is_some()
         || fusion::transposed_operand(g, id).is_some()
