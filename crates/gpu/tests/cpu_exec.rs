@@ -536,8 +536,9 @@ fn deferred_bias_graph() -> Graph {
 /// concatenation whose first term a convolution writes in place, strided, after a pool read
 /// it, activated after its sum's add kernel activated its own slice), read by two relu + 1x1
 /// convolutions and a relu + separable convolution; a convolution's value read by two relu +
-/// 1x1 convolutions; one that a pool reads too, which keeps its readers' relus; and NASNet's
-/// reduction cell output (sums only, their add kernels activate every slice).
+/// 1x1 convolutions; one that a pool reads too, which keeps its readers' relus; NASNet's
+/// reduction cell output (sums only, their add kernels activate every slice); and a cell
+/// output with one reader, activated by its sums and in its first slice all the same.
 fn producer_activation_graph() -> Graph {
     let relu = || Op::Activation {
         act: Activation::Relu,
@@ -580,10 +581,25 @@ fn producer_activation_graph() -> Graph {
     let red = b.node("red", Op::Identity, vec![sum(f[0], f[1]), sum(fp, f[2])]);
     b.sequential("red1", red, relu_conv(1));
     b.sequential("red2", red, relu_conv(2));
+    // NASNet's last cell before a reduction: one reader, and still its sums activate their
+    // slices as they write, the first term after them (with its bias).
+    let a2 = b.conv("a2", x, Conv2d::new(6, 3).bias(true));
+    let p2 = b.pool("p2", a2, Pool2d::avg(3, 1, 1));
+    let c2 = b.conv("c2", x, Conv2d::new(6, 1).bias(true));
+    let lone = b.node(
+        "lone",
+        Op::Identity,
+        vec![
+            vec![Value::whole(a2)],
+            vec![Value::whole(p2), Value::whole(c2)],
+        ],
+    );
+    b.sequential("lone1", lone, relu_conv(1));
     let g = b.finish().unwrap();
     use opsched_graph::fusion::{act_by_writers, producer_activation};
     assert_eq!(act_by_writers(&g, cell), Some(Some(0)));
     assert_eq!(act_by_writers(&g, red), Some(None));
+    assert_eq!(act_by_writers(&g, lone), Some(Some(0)));
     assert_eq!(producer_activation(&g, cell), Some(Activation::Relu));
     assert_eq!(producer_activation(&g, d), Some(Activation::Relu));
     assert_eq!(producer_activation(&g, e), None);
@@ -592,6 +608,7 @@ fn producer_activation_graph() -> Graph {
     // slice of the cell; e's pool keeps its kernel, and e its bias.
     use opsched_graph::fusion::deferred_bias;
     assert!(deferred_bias(&g, a).is_some());
+    assert!(deferred_bias(&g, a2).is_some());
     assert!(deferred_bias(&g, e).is_none());
     g
 }
@@ -770,14 +787,15 @@ fn values_activated_by_their_producers_run_fewer_kernels_with_the_same_outputs()
         .with_fusions(Fusions::ALL.without("act-into-producer").unwrap());
     let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
     // cell: 3 relu kernels (one in r3's depthwise kernel) -> 1; d: 2 -> 1; red: 2 -> 0;
-    // and a's bias, which the in-place activation of its slice of the cell adds.
-    assert_eq!(kernels(&without) - kernels(&g), 5);
-    // Without the sums' add kernels activating, red's value is activated in place: 1; and a
-    // keeps its bias kernel: 1.
+    // lone: 1 -> 1 (a slice); and a's and a2's biases, which the in-place activations of
+    // their slices add.
+    assert_eq!(kernels(&without) - kernels(&g), 6);
+    // Without the sums' add kernels activating, red's value is activated in place: 1; lone's
+    // reader activates it (1 -> 1); and a and a2 keep their bias kernels: 2.
     let whole = g
         .clone()
         .with_fusions(Fusions::ALL.without("act-into-writers").unwrap());
-    assert_eq!(kernels(&whole) - kernels(&g), 2);
+    assert_eq!(kernels(&whole) - kernels(&g), 3);
     for g in [&without, &whole, &g] {
         check_in_both_layouts(g);
     }
@@ -827,9 +845,9 @@ fn biases_through_poolings_and_slices_run_fewer_kernels_with_the_same_outputs() 
         g.clone()
             .with_fusions(Fusions::ALL.without("bias-into-pools").unwrap())
     };
-    // v's and y's bias kernels; a's (its pooled sum and its slice's in-place activation add
-    // it).
-    for (g, fewer) in [(pooled_sum_graph(), 2), (producer_activation_graph(), 1)] {
+    // v's and y's bias kernels; a's and a2's (their pooled sums and their slices' in-place
+    // activations add them).
+    for (g, fewer) in [(pooled_sum_graph(), 2), (producer_activation_graph(), 2)] {
         let kept = without(&g);
         assert_eq!(kernels(&kept) - kernels(&g), fewer, "{}", g.name);
         for g in [&kept, &g] {

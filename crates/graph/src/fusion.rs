@@ -636,7 +636,9 @@ pub fn passed_bias(g: &Graph, p: NodeId) -> bool {
 /// relu and a 1x1 convolution (two relu kernels for one value, each writing a copy). When
 /// - every reader reads `p`'s whole value as its one input, and is a `sequential` operator
 ///   whose first operator is that activation, at least two of them launching a kernel for it
-///   (not the ones our depthwise kernel applies as it reads, [`pre_activations`]);
+///   (not the ones our depthwise kernel applies as it reads, [`pre_activations`]), or one
+///   where the add kernels of `p`'s sums would apply it as they write (`writers_activate`:
+///   the reader's kernel over the whole value becomes one over a slice at most);
 /// - `p` is an operator, not an output of the graph, no view of another value
 ///   ([`crate::inplace::reshape_source`]), and leaves no bias to its readers (nor passes
 ///   one on, [`passed_bias`]);
@@ -660,7 +662,8 @@ pub fn producer_activation(g: &Graph, p: NodeId) -> Option<crate::Activation> {
         }
         launching += usize::from(!applied_by_depthwise);
     }
-    if launching < 2
+    let worth_it = launching >= 2 || (launching == 1 && writers_activate(g, p).is_some());
+    if !worth_it
         || crate::inplace::reshape_source(g, p).is_some()
         || deferred_bias(g, p).is_some()
         || passed_bias(g, p)
@@ -687,7 +690,15 @@ pub fn producer_activation(g: &Graph, p: NodeId) -> Option<crate::Activation> {
 /// read before the cell's output runs; its reduction cells' outputs: four sums, no activation
 /// kernel at all. `None`: the whole value is activated in place after `p`'s steps.
 pub fn act_by_writers(g: &Graph, p: NodeId) -> Option<Option<usize>> {
-    if !g.fusions().act_into_writers || producer_activation(g, p).is_none() {
+    producer_activation(g, p)?;
+    writers_activate(g, p)
+}
+
+/// [`act_by_writers`]' conditions on `p` itself (not that its value is activated for its
+/// readers): it concatenates along channels at least one sum of whole values and at most one
+/// other term (its index), and the graph's [`Fusions`] have it.
+fn writers_activate(g: &Graph, p: NodeId) -> Option<Option<usize>> {
+    if !g.fusions().act_into_writers {
         return None;
     }
     let node = g.node(p);
@@ -1298,17 +1309,27 @@ mod tests {
             b.sequential(&format!("{name}_b"), v, relu_conv());
         }
         b.conv("plain_c", plain, Conv2d::new(4, 1));
+        // One reader: worth it where the sums activate as they write, not otherwise.
+        let (l, r, s) = convs(&mut b, "o");
+        let lone = b.node("lone", Op::Identity, vec![one(l), sum(r, s)]);
+        b.sequential("lone_a", lone, relu_conv());
+        let (l, r, _) = convs(&mut b, "n");
+        let no_sum = b.node("no_sum", Op::Identity, vec![one(l), one(r)]);
+        b.sequential("no_sum_a", no_sum, relu_conv());
         let g = b.finish().unwrap();
-        for v in [cell, red, two] {
+        for v in [cell, red, two, lone] {
             assert!(producer_activation(&g, v).is_some());
         }
+        assert_eq!(producer_activation(&g, no_sum), None);
         assert_eq!(act_by_writers(&g, cell), Some(Some(0)));
         assert_eq!(act_by_writers(&g, red), Some(None));
+        assert_eq!(act_by_writers(&g, lone), Some(Some(0)));
         assert_eq!(act_by_writers(&g, two), None);
         assert_eq!(act_by_writers(&g, plain), None);
         let g = g.with_fusions(Fusions::ALL.without("act-into-writers").unwrap());
         assert_eq!(act_by_writers(&g, red), None);
         assert!(producer_activation(&g, red).is_some());
+        assert_eq!(producer_activation(&g, lone), None);
     }
 
     #[test]
