@@ -52,7 +52,8 @@
 //! A value that every reader activates first (each a `sequential` operator starting with the
 //! same activation) is activated once, in place, by its producer ([`producer_activation`]),
 //! and its readers skip it ([`reads_activated`]): NASNet's cell outputs, each read by the next
-//! two cells through a relu and a 1x1 convolution.
+//! two cells through a relu and a 1x1 convolution (or by one, where the sums below activate
+//! as they write).
 //!
 //! A pooling whose only reader adds it to other values in one add kernel is pooled by that
 //! kernel ([`pool_into_sum`]): NASNet's `avgpool(x) + y` and `avgpool(x) + avgpool(x)` are one
