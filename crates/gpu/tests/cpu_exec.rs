@@ -779,81 +779,74 @@ fn check_in_both_layouts(g: &Graph) {
     }
 }
 
+/// `g` with fusion `name` left out runs `more` kernels more than `g`, with the same values
+/// (both checked in both layouts by [`check_in_both_layouts`]).
+fn left_out_runs_more(g: &Graph, name: &str, more: usize) {
+    let without = g.clone().with_fusions(Fusions::ALL.without(name).unwrap());
+    let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
+    assert_eq!(
+        kernels(&without) - kernels(g),
+        more,
+        "{} without {name}",
+        g.name
+    );
+    check_in_both_layouts(&without);
+}
+
+/// Which of the named values `g`'s program on one GPU keeps.
+fn assert_kept(g: &Graph, kept: &[(&str, bool)]) {
+    let p = GraphProgram::single_gpu(g).unwrap();
+    let values = execute(&cpu(), g, &p, &KernelOptions::default()).unwrap();
+    for &(name, kept) in kept {
+        let n = g.find(name).unwrap();
+        assert_eq!(values[n.index()].is_some(), kept, "{name}");
+    }
+}
+
 #[test]
 fn values_activated_by_their_producers_run_fewer_kernels_with_the_same_outputs() {
     let g = producer_activation_graph();
-    let without = g
-        .clone()
-        .with_fusions(Fusions::ALL.without("act-into-producer").unwrap());
-    let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
+    check_in_both_layouts(&g);
     // cell: 3 relu kernels (one in r3's depthwise kernel) -> 1; d: 2 -> 1; red: 2 -> 0;
     // lone: 1 -> 1 (a slice); and a's and a2's biases, which the in-place activations of
     // their slices add.
-    assert_eq!(kernels(&without) - kernels(&g), 6);
+    left_out_runs_more(&g, "act-into-producer", 6);
     // Without the sums' add kernels activating, red's value is activated in place: 1; lone's
     // reader activates it (1 -> 1); and a and a2 keep their bias kernels: 2.
-    let whole = g
-        .clone()
-        .with_fusions(Fusions::ALL.without("act-into-writers").unwrap());
-    assert_eq!(kernels(&whole) - kernels(&g), 3);
-    for g in [&without, &whole, &g] {
-        check_in_both_layouts(g);
-    }
+    left_out_runs_more(&g, "act-into-writers", 3);
     // The values activated in place, and the one written in place into the cell, are not
     // kept; nor is the pool that the cell's add kernel computes.
-    let p = GraphProgram::single_gpu(&g).unwrap();
-    let values = execute(&cpu(), &g, &p, &KernelOptions::default()).unwrap();
-    for (name, kept) in [
+    let kept = [
         ("cell", false),
         ("a", false),
         ("d", false),
         ("e", true),
         ("p", false),
         ("red", false),
-    ] {
-        let n = g.find(name).unwrap();
-        assert_eq!(values[n.index()].is_some(), kept, "{name}");
-    }
+    ];
+    assert_kept(&g, &kept);
 }
 
 #[test]
 fn poolings_that_their_readers_add_run_no_kernel_with_the_same_outputs() {
     let g = pooled_sum_graph();
-    let without = g
-        .clone()
-        .with_fusions(Fusions::ALL.without("pool-into-sum").unwrap());
-    let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
+    check_in_both_layouts(&g);
     // p1..p9, g1, g2 and q3: twelve pooling kernels fewer; q1 and q2 keep theirs (the
     // poolings add the biases left to them either way).
-    assert_eq!(kernels(&without) - kernels(&g), 12);
-    for g in [&without, &g] {
-        check_in_both_layouts(g);
-    }
+    left_out_runs_more(&g, "pool-into-sum", 12);
     // The poolings' own values are never written, nor kept.
-    let p = GraphProgram::single_gpu(&g).unwrap();
-    let values = execute(&cpu(), &g, &p, &KernelOptions::default()).unwrap();
-    for (name, kept) in [("p1", false), ("g2", false), ("q3", false), ("q1", true)] {
-        let n = g.find(name).unwrap();
-        assert_eq!(values[n.index()].is_some(), kept, "{name}");
-    }
+    assert_kept(
+        &g,
+        &[("p1", false), ("g2", false), ("q3", false), ("q1", true)],
+    );
 }
 
 #[test]
 fn biases_through_poolings_and_slices_run_fewer_kernels_with_the_same_outputs() {
-    let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
-    let without = |g: &Graph| {
-        g.clone()
-            .with_fusions(Fusions::ALL.without("bias-into-pools").unwrap())
-    };
     // v's and y's bias kernels; a's and a2's (their pooled sums and their slices' in-place
     // activations add them).
-    for (g, fewer) in [(pooled_sum_graph(), 2), (producer_activation_graph(), 2)] {
-        let kept = without(&g);
-        assert_eq!(kernels(&kept) - kernels(&g), fewer, "{}", g.name);
-        for g in [&kept, &g] {
-            check_in_both_layouts(g);
-        }
-    }
+    left_out_runs_more(&pooled_sum_graph(), "bias-into-pools", 2);
+    left_out_runs_more(&producer_activation_graph(), "bias-into-pools", 2);
     // Without the slice's in-place activation, a keeps its bias.
     let g =
         producer_activation_graph().with_fusions(Fusions::ALL.without("act-into-writers").unwrap());
@@ -863,22 +856,14 @@ fn biases_through_poolings_and_slices_run_fewer_kernels_with_the_same_outputs() 
 #[test]
 fn concatenations_passing_biases_on_run_fewer_kernels_with_the_same_outputs() {
     let g = passed_bias_graph();
-    let kept = g
-        .clone()
-        .with_fusions(Fusions::ALL.without("bias-through-concat").unwrap());
-    let kernels = |g: &Graph| GraphProgram::single_gpu(g).unwrap().kernels();
+    check_in_both_layouts(&g);
     // p1's and p2's bias kernels.
-    assert_eq!(kernels(&kept) - kernels(&g), 2);
-    for g in [&kept, &g] {
-        check_in_both_layouts(g);
-    }
+    left_out_runs_more(&g, "bias-through-concat", 2);
     // The concatenation's own value, without the biases, is not kept.
-    let p = GraphProgram::single_gpu(&g).unwrap();
-    let values = execute(&cpu(), &g, &p, &KernelOptions::default()).unwrap();
-    for (name, kept) in [("path", false), ("p1", false), ("kept", true), ("k1", true)] {
-        let n = g.find(name).unwrap();
-        assert_eq!(values[n.index()].is_some(), kept, "{name}");
-    }
+    assert_kept(
+        &g,
+        &[("path", false), ("p1", false), ("kept", true), ("k1", true)],
+    );
 }
 
 #[test]
