@@ -950,7 +950,7 @@ impl<'g> Builder<'g> {
         shape: &[usize],
         act: Activation,
     ) -> Result<bool, GpuError> {
-        if term.len() < 2 || term.iter().any(|v| v.channels.is_some()) {
+        if !Self::is_whole_sum(term) {
             return Ok(false);
         }
         let (pooled, added): (Vec<Value>, Vec<Value>) =
@@ -1972,6 +1972,7 @@ impl Builder<'_> {
     /// not a merged convolution's member, whose bias the merged convolution adds, nor a value
     /// whose concatenation (reading it as a term of its own) does not activate that slice in
     /// place ([`Builder::activate_by_producers`]; the rule asks it of the graph alone).
+    ///
     /// A concatenation passes its terms' biases on
     /// ([`opsched_graph::fusion::passed_bias`]) where it may leave one and every term does;
     /// where it cannot, its terms add their own.

@@ -202,6 +202,24 @@ __device__ __forceinline__ float pool_share(PoolWin win, int is_max) {
     return (float)(max(win.he - win.hs, 0) * max(win.we - win.ws, 0)) / (float)win.size;
 }
 
+// Pooling `win` of one input plane at xp (rows w elements wide, elements `step` apart: 1 in
+// NCHW, the pixel stride channels last), plus the bias left to the pooling (`bias`, one per
+// channel, or null) times its share: every pooling kernel's value of one output element.
+template <typename I>
+__device__ __forceinline__ float pool_value(const float* xp, PoolWin win, int w, I step,
+                                            int is_max, const float* bias, int ch) {
+    float m = -__int_as_float(0x7f800000), s = 0.0f;
+    for (int p = win.hs; p < win.he; ++p)
+        for (int q = win.ws; q < win.we; ++q) {
+            float v = xp[((I)p * w + q) * step];
+            m = fmaxf(m, v);
+            s += v;
+        }
+    float v = is_max ? m : s / (float)win.size;
+    if (bias) v += bias[ch] * pool_share(win, is_max);
+    return v;
+}
+
 // x's images are `ximage` elements apart (c * h * w where dense; more where x is a strided
 // view, one run per image: a merged convolution's member, a slice of a concatenation).
 template <typename I, typename At = Dense<I> >
@@ -215,18 +233,8 @@ __device__ __forceinline__ void pool2d_t(float* y, const float* x, I nc, int c, 
         int i = (int)((t / ow) % oh);
         I bc = t / ((I)oh * ow);
         PoolWin win = pool_window(i, j, h, w, kh, kw, sh, sw, ph, pw, eh, ew, count_pad);
-        int hs = win.hs, ws = win.ws, he = win.he, we = win.we, size = win.size;
         const float* xp = x + bc / c * ximage + (bc % c) * h * w;
-        float m = -__int_as_float(0x7f800000), s = 0.0f;
-        for (int p = hs; p < he; ++p)
-            for (int q = ws; q < we; ++q) {
-                float v = xp[p * w + q];
-                m = fmaxf(m, v);
-                s += v;
-            }
-        float v = is_max ? m : s / (float)size;
-        if (bias) v += bias[bc % c] * pool_share(win, is_max);
-        y[at(t)] = v;
+        y[at(t)] = pool_value<I>(xp, win, w, 1, is_max, bias, (int)(bc % c));
     }
 }
 
@@ -277,18 +285,8 @@ __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int
         int i = (int)((pix / ow) % oh);
         I b = pix / ((I)oh * ow);
         PoolWin win = pool_window(i, j, h, w, kh, kw, sh, sw, ph, pw, eh, ew, count_pad);
-        int hs = win.hs, ws = win.ws, he = win.he, we = win.we, size = win.size;
         const float* xp = x + b * h * w * xpix + ch;
-        float m = -__int_as_float(0x7f800000), s = 0.0f;
-        for (int p = hs; p < he; ++p)
-            for (int q = ws; q < we; ++q) {
-                float v = xp[((I)p * w + q) * xpix];
-                m = fmaxf(m, v);
-                s += v;
-            }
-        float v = is_max ? m : s / (float)size;
-        if (bias) v += bias[ch] * pool_share(win, is_max);
-        y[pix * ypix + ch] = v;
+        y[pix * ypix + ch] = pool_value<I>(xp, win, w, xpix, is_max, bias, ch);
     }
 }
 
@@ -419,17 +417,7 @@ __device__ __forceinline__ void pool2d_sum_t(float* y, I y_run, I y_stride,
             const float* xp = nhwc ? ptrs[k] + b * h * w * s + ch
                                    : ptrs[k] + b * s + (I)ch * h * w;
             I step = nhwc ? s : 1;
-            float m = -__int_as_float(0x7f800000), sum = 0.0f;
-            for (int p = win.hs; p < win.he; ++p)
-                for (int q = win.ws; q < win.we; ++q) {
-                    float v = xp[((I)p * w + q) * step];
-                    m = fmaxf(m, v);
-                    sum += v;
-                }
-            float v = is_max ? m : sum / (float)win.size;
-            const float* pb = ptrs[npool + nadd + k];
-            if (pb) v += pb[ch] * pool_share(win, is_max);
-            acc += v;
+            acc += pool_value<I>(xp, win, w, step, is_max, ptrs[npool + nadd + k], ch);
         }
         for (int k = 0; k < nadd; ++k) {
             const i64* v = meta + npool + 2 * k;

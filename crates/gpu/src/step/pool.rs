@@ -458,10 +458,10 @@ impl Pool {
     /// pixel `(i, j)`: 1 for a max, the input elements' share of the divisor for an average
     /// (less than 1 where the average counts padding).
     fn share(&self, i: usize, j: usize) -> f32 {
-        let win = self.window(i, j);
         if self.max {
             return 1.0;
         }
+        let win = self.window(i, j);
         (win.rows.len() * win.cols.len()) as f32 / win.size
     }
 
@@ -566,7 +566,7 @@ impl StepKernel for Pool {
             p: self.geometry()?,
             is_max: i32::from(self.max),
             bias: self.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
-            total: n * c * self.out_hw[0] * self.out_hw[1],
+            total: self.out_len(),
         }))
     }
 
