@@ -43,6 +43,8 @@ pub fn act(x: f32, a: Activation) -> f32 {
         }
         Activation::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
         Activation::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+        // x * sigmoid(alpha x) as one division: no 0 * inf where exp overflows.
+        Activation::Swish { alpha } => x / (1.0 + (-alpha * x).exp()),
     }
 }
 

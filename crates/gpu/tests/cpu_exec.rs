@@ -243,7 +243,7 @@ fn every_op_graph() -> Graph {
 
 /// The semantics ONNX models need beyond the zoo's: broadcasting, binary ops, pads, affine,
 /// log-softmax, asymmetric and count_include_pad = false pooling, parameterised activations
-/// (the CPU device runs them; the CUDA device refuses them with a clear error for now).
+/// (SiLU in a convolution's kernel, a swish with alpha alone).
 fn onnx_semantics_graph() -> Graph {
     let mut b = GraphBuilder::new("onnx-semantics", DType::F32);
     let x = b.input("x", vec![2, 6, 9, 9]);
@@ -291,6 +291,12 @@ fn onnx_semantics_graph() -> Graph {
     same.padding = [0, 0];
     same.padding_end = Some([1, 1]);
     b.conv("same_pad", ls, same);
+    let silu = Conv2d::new(4, 1)
+        .bias(true)
+        .act(Activation::Swish { alpha: 1.0 });
+    let silu = b.conv("silu_conv", ls, silu);
+    b.act("swish", silu, Activation::Swish { alpha: 1.702 });
+    b.act("scaled_swish", scaled, Activation::Swish { alpha: -0.5 });
     b.finish().unwrap()
 }
 

@@ -81,6 +81,12 @@ pub enum Activation {
     },
     /// `x * max(0, min(1, x / 6 + 1 / 2))`.
     HardSwish,
+    /// `x * sigmoid(alpha * x)` (ONNX `Swish`); with `alpha` 1 (the default) it is SiLU,
+    /// which PyTorch exports as `Sigmoid` and `Mul`.
+    Swish {
+        #[serde(default = "one_f32")]
+        alpha: f32,
+    },
 }
 
 impl Activation {
@@ -92,6 +98,7 @@ impl Activation {
             Activation::Clip { .. } | Activation::LeakyRelu { .. } => 2,
             Activation::HardSigmoid { .. } => 3,
             Activation::Sigmoid | Activation::Tanh | Activation::HardSwish => 4,
+            Activation::Swish { .. } => 5,
             Activation::Gelu | Activation::GeluTanh => 8,
         }
     }
@@ -115,6 +122,7 @@ impl Activation {
             Activation::LeakyRelu { alpha } => (7, [b(alpha), None]),
             Activation::HardSigmoid { alpha, beta } => (8, [b(alpha), b(beta)]),
             Activation::HardSwish => (9, [None; 2]),
+            Activation::Swish { alpha } => (10, [b(alpha), None]),
         }
     }
 }
@@ -156,6 +164,7 @@ impl std::fmt::Display for Activation {
                 f.write_str(")")
             }
             Activation::LeakyRelu { alpha } => write!(f, "leaky_relu(alpha={alpha})"),
+            Activation::Swish { alpha } => write!(f, "swish(alpha={alpha})"),
             Activation::HardSigmoid { alpha, beta } => {
                 write!(f, "hard_sigmoid(alpha={alpha},beta={beta})")
             }
@@ -202,6 +211,9 @@ pub enum BinaryKind {
 
 fn one() -> usize {
     1
+}
+fn one_f32() -> f32 {
+    1.0
 }
 fn one2() -> [usize; 2] {
     [1, 1]

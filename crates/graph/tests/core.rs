@@ -264,6 +264,25 @@ fn documented_example_loads() {
     assert_eq!(g.node(g.find("d").unwrap()).shape, vec![1, 4, 32, 32]);
 }
 
+/// Swish is written `{"swish": {"alpha": a}}`; without alpha it is SiLU (alpha 1).
+#[test]
+fn swish_reads_its_alpha_and_defaults_to_silu() {
+    let text = doc(&format!(
+        r#"{X}, {{"name": "s", "op": {{"type": "activation", "act": {{"swish": {{}}}}}}, "inputs": ["x"]}},
+            {{"name": "t", "op": {{"type": "activation", "act": {{"swish": {{"alpha": 1.5}}}}}}, "inputs": ["s"]}}"#
+    ));
+    let g = formats::from_str(&text).unwrap();
+    let act = |n: &str| match &g.node(g.find(n).unwrap()).op {
+        Op::Activation { act } => *act,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(act("s"), Activation::Swish { alpha: 1.0 });
+    assert_eq!(act("t"), Activation::Swish { alpha: 1.5 });
+    assert_eq!(act("t").to_string(), "swish(alpha=1.5)");
+    let back = formats::from_str(&json::to_string(&g)).unwrap();
+    assert_eq!(back.nodes(), g.nodes());
+}
+
 fn err_of(text: &str) -> String {
     formats::from_str(text).unwrap_err().to_string()
 }

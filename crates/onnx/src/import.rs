@@ -643,6 +643,9 @@ impl<'a> Importer<'a> {
             "Sigmoid" => Activation::Sigmoid,
             "Tanh" => Activation::Tanh,
             "HardSwish" => Activation::HardSwish,
+            "Swish" => Activation::Swish {
+                alpha: f32_attr("alpha", 1.0),
+            },
             "Gelu" => match attr_s(node, "approximate").as_deref() {
                 None | Some("none") => Activation::Gelu,
                 Some("tanh") => Activation::GeluTanh,
@@ -709,7 +712,7 @@ impl<'a> Importer<'a> {
             "Conv" => self.conv(node, ins),
             "BatchNormalization" => self.batch_norm(node, ins),
             "Relu" | "Sigmoid" | "Tanh" | "Gelu" | "Clip" | "LeakyRelu" | "HardSigmoid"
-            | "HardSwish" => {
+            | "HardSwish" | "Swish" => {
                 let act = self.activation_of(node, ins)?;
                 self.activation(node, ins, act)
             }
@@ -1945,7 +1948,7 @@ pub(crate) fn import(
             imp.value_info.insert(vi.name.clone(), t);
         }
     }
-    // Decompositions of GELU and layer norm back into one node each.
+    // Decompositions of GELU, layer norm and swish back into one node each.
     let info = |c: Option<Const>| patterns::ConstInfo {
         scalar: c.as_ref().and_then(Const::scalar),
         shape: c.and_then(|c| c.shape),

@@ -38,7 +38,7 @@
 //! | `Conv` (2-D; groups, asymmetric pads, strides, dilations, `auto_pad`) | `conv2d` |
 //! | `BatchNormalization` after a conv (or Gemm/MatMul) read only by it | folded into its weights and bias (scale, shift, epsilon, running mean and variance) |
 //! | `BatchNormalization` elsewhere | `affine` (per-channel `scale`, `shift`) |
-//! | `Relu`, `Sigmoid`, `Tanh`, `Gelu` (erf and tanh forms), `Clip` (min/max), `LeakyRelu` (alpha), `HardSigmoid` (alpha, beta), `HardSwish` after a conv or linear read only by it | fused into it (`act`) |
+//! | `Relu`, `Sigmoid`, `Tanh`, `Gelu` (erf and tanh forms), `Clip` (min/max), `LeakyRelu` (alpha), `HardSigmoid` (alpha, beta), `HardSwish`, `Swish` (alpha) after a conv or linear read only by it | fused into it (`act`) |
 //! | the same elsewhere | `activation` |
 //! | `MaxPool`, `AveragePool` (2-D, asymmetric pads, `ceil_mode`, `count_include_pad`), `GlobalAveragePool`, `GlobalMaxPool` | `pool2d` |
 //! | `ReduceMean`/`ReduceMax` over both spatial axes of an NCHW tensor, keeping dimensions | global `pool2d` (the dynamo exporter's adaptive pool) |
@@ -57,7 +57,7 @@
 //! | `Transpose` | `transpose`; removed for the identity permutation |
 //! | `Identity`, `Dropout`, `Cast` of an activation | removed |
 //! | `Split`, `Slice` along axis 1 (channels) | removed: consumers read channel slices; other axes: `opaque` |
-//! | GELU and layer norm written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`) | rewritten into one `Gelu` / `LayerNormalization` first (only when their constants are the right ones) |
+//! | GELU, layer norm and swish written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`; `Sigmoid, Mul` as PyTorch exports SiLU, or `Mul, Sigmoid, Mul`) | rewritten into one `Gelu` / `LayerNormalization` / `Swish` first (only when their constants are the right ones) |
 //! | other element-wise ops (`Erf`, `Where`, comparisons, ...), reductions (`Reduce*`, `ArgMax`), `Gather`, `Resize`, `Expand` | `opaque` with the shape we compute (scheduling only: no executor runs them) |
 //! | `Constant`, `Shape`, `Size`, and any node whose inputs are all constants | evaluated at import (shape arithmetic), no operator |
 //! | anything else | an error listing every unsupported type with its count; with [`OnnxOptions::allow_unknown`], `opaque` |
@@ -195,7 +195,7 @@ pub struct ImportReport {
     /// Operators removed: identities, dropouts, casts, no-op reshapes, channel splits and
     /// slices, transposes folded into a matmul.
     pub removed: usize,
-    /// Decomposed GELUs and layer norms rewritten into one operator each.
+    /// Decomposed GELUs, layer norms and swishes rewritten into one operator each.
     pub rewritten_patterns: usize,
     /// Nodes evaluated at import: constants and computations on constants.
     pub constant_nodes: usize,

@@ -5,7 +5,9 @@
 //!   Mul(x) -> Mul(0.5)`, also with `Mul(x, 1/sqrt 2)` first or the `0.5` applied to `x` first;
 //! - layer normalization (`LayerNormalization` only exists from opset 17):
 //!   `ReduceMean(x) -> Sub(x, mean) -> Pow(2) -> ReduceMean -> Add(eps) -> Sqrt -> Div`, then an
-//!   optional `Mul(scale)` and `Add(bias)`.
+//!   optional `Mul(scale)` and `Add(bias)`;
+//! - swish (a `Swish` operator only exists from opset 24; PyTorch exports `SiLU` so):
+//!   `Sigmoid(x) -> Mul(x)`, also with `Mul(x, alpha)` before the sigmoid.
 //!
 //! A pattern matches only when every intermediate tensor is read by the pattern alone (and is
 //! not a graph output), the operands outside the chain are constants, and the constants have
@@ -170,6 +172,28 @@ fn match_gelu(ix: &Index<'_>, e: usize) -> Option<(Vec<usize>, String, String)> 
     ))
 }
 
+/// Swish ending at the `Mul` that reads the `Sigmoid` node `s`: `(nodes of the pattern, x,
+/// alpha, output)`.
+fn match_swish(ix: &Index<'_>, s: usize) -> Option<(Vec<usize>, String, f64, String)> {
+    let t = ix.node(s).input.first()?;
+    let s_out = ix.out(s)?;
+    let m = ix.next(s_out, "Mul")?;
+    let (x, _) = ix.other(m, s_out)?;
+    let out = ix.out(m)?.to_string();
+    if x == t {
+        // x * sigmoid(x); a constant x is the folder's.
+        return (!ix.is_const(x)).then(|| (vec![s, m], x.to_string(), 1.0, out));
+    }
+    // x * sigmoid(alpha * x)
+    let scale = *ix.producer.get(t.as_str())?;
+    if ix.node(scale).op_type != "Mul" || ix.sole_reader(t) != Some(s) || ix.is_const(x) {
+        return None;
+    }
+    let (alpha, _) = ix.other(scale, x)?;
+    let alpha = ix.scalar(alpha).filter(|a| a.is_finite())?;
+    Some((vec![scale, s, m], x.to_string(), alpha, out))
+}
+
 /// A matched layer norm: its nodes, input, output, epsilon, and the scale and shift constants
 /// (when the chain has them).
 struct LayerNormMatch {
@@ -284,6 +308,16 @@ pub fn rewrite(
             (true, "Erf") => match_gelu(&ix, i).map(|(ns, x, out)| {
                 let base = &nodes[ns[0]];
                 (ns, synthetic("Gelu", base, vec![x], &out, Vec::new()))
+            }),
+            (true, "Sigmoid") => match_swish(&ix, i).map(|(ns, x, alpha, out)| {
+                let base = &nodes[ns[0]];
+                let attrs = vec![AttributeProto {
+                    name: "alpha".into(),
+                    f: alpha as f32,
+                    r#type: 1,
+                    ..AttributeProto::default()
+                }];
+                (ns, synthetic("Swish", base, vec![x], &out, attrs))
             }),
             (true, "ReduceMean") => match_layer_norm(&ix, i).map(|m| {
                 let base = &nodes[m.nodes[0]];

@@ -771,6 +771,96 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
     );
 }
 
+/// PyTorch's SiLU (`Sigmoid, Mul` of the same value) after a convolution becomes the
+/// convolution's activation; `Mul(alpha), Sigmoid, Mul` a swish with that alpha; ONNX's own
+/// `Swish` (opset 24) maps alike. A sigmoid that gates another value, or whose output is seen
+/// elsewhere (a graph output), stays a sigmoid and a product.
+#[test]
+fn swish_written_out_or_native_is_one_activation() {
+    let alpha = TensorProto {
+        name: "alpha".into(),
+        dims: vec![],
+        data_type: data_type::FLOAT,
+        float_data: vec![1.702],
+        ..TensorProto::default()
+    };
+    let f = |v: f32| AttributeProto {
+        name: "alpha".into(),
+        f: v,
+        r#type: 1,
+        ..AttributeProto::default()
+    };
+    let nodes = |native: bool| {
+        let mut v = vec![
+            node(
+                "Conv",
+                "conv",
+                &["x", "w"],
+                vec![ints("kernel_shape", &[1, 1])],
+            ),
+            node("Sigmoid", "silu", &["conv_out"], vec![]),
+            node("Mul", "silu_mul", &["silu_out", "conv_out"], vec![]),
+        ];
+        if native {
+            v.push(node("Swish", "scaled", &["silu_mul_out"], vec![f(1.702)]));
+            v.push(node("Identity", "scaled_mul", &["scaled_out"], vec![]));
+        } else {
+            v.push(node("Mul", "scaled", &["silu_mul_out", "alpha"], vec![]));
+            v.push(node("Sigmoid", "scaled_sig", &["scaled_out"], vec![]));
+            v.push(node(
+                "Mul",
+                "scaled_mul",
+                &["silu_mul_out", "scaled_sig_out"],
+                vec![],
+            ));
+        }
+        v.extend([
+            // Gates another value: no swish.
+            node("Sigmoid", "gate", &["scaled_mul_out"], vec![]),
+            node("Mul", "gated", &["gate_out", "x"], vec![]),
+            // The sigmoid is an output of the graph: no swish.
+            node("Sigmoid", "seen", &["gated_out"], vec![]),
+            node("Mul", "seen_mul", &["gated_out", "seen_out"], vec![]),
+        ]);
+        v
+    };
+    for (opset, native) in [(17, false), (24, true)] {
+        let mut m = model(
+            opset,
+            nodes(native),
+            vec![weight("w", &[8, 8, 1, 1]), alpha.clone()],
+            vec![value("x", &[dim(1), dim(8), dim(4), dim(4)])],
+        );
+        let shape = [dim(1), dim(8), dim(4), dim(4)];
+        let graph = m.graph.as_mut().unwrap();
+        graph.output = vec![value("seen_out", &shape), value("seen_mul_out", &shape)];
+        let i = import(&m, &OnnxOptions::default()).unwrap();
+        let g = &i.graph;
+        assert_eq!(i.report.rewritten_patterns, if native { 1 } else { 2 });
+        let Op::Conv2d(c) = op(g, "conv") else {
+            panic!("conv: {:?}", op(g, "conv"))
+        };
+        assert_eq!(c.act, Activation::Swish { alpha: 1.0 });
+        assert_eq!(
+            op(g, "scaled"),
+            &Op::Activation {
+                act: Activation::Swish { alpha: 1.702 }
+            }
+        );
+        assert_eq!(
+            types(g),
+            BTreeMap::from([("activation", 3), ("conv2d", 1), ("elementwise", 2)]),
+            "opset {opset}"
+        );
+        assert_eq!(
+            op(g, "gate"),
+            &Op::Activation {
+                act: Activation::Sigmoid
+            }
+        );
+    }
+}
+
 #[test]
 fn dynamo_exports_give_blocks_from_name_scope_metadata_and_reduce_mean_pools() {
     let scoped = |mut n: NodeProto, scopes: &str| {

@@ -5,8 +5,9 @@
 //! depthwise convolution) switch to 32-bit indices where every index of the launch fits, since
 //! a GPU emulates 64-bit division (`FITS32`). Activations are a code and two parameters
 //! ([`act_params`]): 0 none, 1 relu, 2 sigmoid, 3 tanh, 4 gelu (erf form), 5 gelu (tanh
-//! form), 6 clip(p0, p1), 7 leaky relu(p0), 8 hard sigmoid(p0, p1), 9 hard swish; each is the
-//! CPU kernel's formula ([`crate::reference::act`]).
+//! form), 6 clip(p0, p1), 7 leaky relu(p0), 8 hard sigmoid(p0, p1), 9 hard swish, 10
+//! swish(p0) (SiLU where p0 is 1); each is the CPU kernel's formula
+//! ([`crate::reference::act`]).
 
 use opsched_graph::Activation;
 
@@ -27,6 +28,7 @@ __device__ __forceinline__ float act_f(float x, int a, float p0, float p1) {
     case 7: return x >= 0.0f ? x : p0 * x;
     case 8: return fminf(fmaxf(p0 * x + p1, 0.0f), 1.0f);
     case 9: return x * fminf(fmaxf(x / 6.0f + 0.5f, 0.0f), 1.0f);
+    case 10: return x / (1.0f + expf(-p0 * x));
     default: return x;
     }
 }
@@ -923,6 +925,7 @@ pub fn act_params(a: Activation) -> (i32, f32, f32) {
         Activation::LeakyRelu { alpha } => (7, alpha, 0.0),
         Activation::HardSigmoid { alpha, beta } => (8, alpha, beta),
         Activation::HardSwish => (9, 0.0, 0.0),
+        Activation::Swish { alpha } => (10, alpha, 0.0),
     }
 }
 
@@ -947,6 +950,7 @@ pub(crate) fn act_f_host(x: f32, (a, p0, p1): (i32, f32, f32)) -> f32 {
         }
         8 => (p0 * x + p1).max(0.0).min(1.0),
         9 => x * (x / 6.0 + 0.5).max(0.0).min(1.0),
+        10 => x / (1.0 + (-p0 * x).exp()),
         _ => x,
     }
 }
@@ -1050,6 +1054,8 @@ mod tests {
                 beta: 0.5,
             },
             Activation::HardSwish,
+            Activation::Swish { alpha: 1.0 },
+            Activation::Swish { alpha: 1.702 },
         ];
         for a in all {
             for i in -40..=40 {
