@@ -226,6 +226,7 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
         // The sum and the activation are one kernel.
         Op::Activation { .. } if matches!(input, Input::Terms([t], _) if is_whole_sum(t)) => 1,
         Op::Pool2d(_)
+        | Op::Resize(_)
         | Op::Activation { .. }
         | Op::Softmax { .. }
         | Op::LogSoftmax { .. }

@@ -346,6 +346,9 @@ fn write_op(s: &mut String, op: &Op) {
         Op::LogSoftmax { axis } => {
             let _ = write!(s, "(axis={axis})");
         }
+        Op::Resize(r) => {
+            let _ = write!(s, "({r})");
+        }
         Op::Conv2d(c) => {
             let _ = write!(
                 s,

@@ -255,7 +255,7 @@ pub const CUDA_LAYOUT: Layout = Layout::Nhwc;
 /// a channels-last value (NASNet's and RandWire's relu + separable convolution); and, where it
 /// reads at least one channels-last value and only whole values, an element-wise operator (no
 /// broadcasting; not one whose fused activation is a graph output) or activation of 4-D
-/// values, a pooling, a concatenation of several terms
+/// values, a pooling or resize, a concatenation of several terms
 /// along channels (a branch that may write a strided slice writes its own in place, a run of
 /// channels per pixel; the others are copied), and IOS's identity of terms that are whole
 /// values or sums of them (NASNet's cell outputs); never a graph output.
@@ -298,7 +298,7 @@ pub fn channels_last(g: &Graph) -> Vec<bool> {
                 whole && reads_nhwc && same_shape() && !fused_output
             }
             Op::Activation { .. } => whole && reads_nhwc && same_shape(),
-            Op::Pool2d(_) => whole && reads_nhwc && terms == 1,
+            Op::Pool2d(_) | Op::Resize(_) => whole && reads_nhwc && terms == 1,
             // A concatenation along channels copies channels-last values as they are.
             Op::Concat { axis: 1 } => whole && reads_nhwc && terms > 1,
             // Terms of whole values or sums of them: each sum one add writing its slice (a run
@@ -1407,6 +1407,7 @@ impl<'g> Builder<'g> {
             Op::Pad { begin, end, value } => {
                 step::pad::lower(self, steps, at, begin, end, *value, src, out)
             }
+            Op::Resize(r) => step::resize::lower(self, steps, at, r, src, out),
             // A foreign ONNX operator has a shape but no semantics we could run.
             Op::Opaque { op_type, .. } => Err(self.unsupported(
                 at,

@@ -297,6 +297,26 @@ pub fn pad(x: &[f32], shape: &[usize], begin: &[usize], end: &[usize], value: f3
     y
 }
 
+/// Resize of `[n, c, h, w]` by `r`: per output element, its row's and column's taps
+/// ([`opsched_graph::Resize::taps`]) blended ([`opsched_graph::resize::Tap::blend`]).
+pub fn resize(x: &[f32], shape: &[usize], r: &opsched_graph::Resize) -> Vec<f32> {
+    let [n, c, h, w] = shape else {
+        return Vec::new();
+    };
+    let (rows, cols) = (r.taps(0, *h), r.taps(1, *w));
+    let mut y = Vec::with_capacity(n * c * rows.len() * cols.len());
+    for plane in x.chunks(h * w).take(n * c) {
+        for rt in &rows {
+            let (lo, hi) = (&plane[rt.lo * w..][..*w], &plane[rt.hi * w..][..*w]);
+            for ct in &cols {
+                let v = [lo[ct.lo], lo[ct.hi], hi[ct.lo], hi[ct.hi]];
+                y.push(opsched_graph::resize::Tap::blend(r.mode, rt, ct, v));
+            }
+        }
+    }
+    y
+}
+
 /// Layer norm over the last axis of `[rows, dim]` (biased variance, as PyTorch).
 pub fn layer_norm(
     x: &[f32],
@@ -601,6 +621,10 @@ fn eval(
         Op::Pad { begin, end, value } => {
             let (x, s) = single();
             pad(&x, &s, begin, end, *value)
+        }
+        Op::Resize(r) => {
+            let (x, s) = single();
+            resize(&x, &s, r)
         }
         Op::Concat { axis } => concat(&inputs, *axis).0,
         Op::Identity | Op::Reshape { .. } => single().0,

@@ -750,8 +750,51 @@ fn passed_bias_graph() -> Graph {
     g
 }
 
+/// An FPN's top-down path at batch 2: a coarse level resized to the lateral's size (nearest,
+/// PyTorch's rule), added to it and convolved; a bilinear enlargement and a shrinking read by
+/// convolutions (each resize reads and writes channels last there), and a resize that is an
+/// output.
+fn resize_graph() -> Graph {
+    use opsched_graph::{NearestMode, Resize, ResizeCoord};
+    let mut b = GraphBuilder::new("resize", DType::F32);
+    let x = b.input("x", vec![2, 4, 9, 7]);
+    let fine = b.conv("fine", x, Conv2d::new(8, 3).padding(1, 1).bias(true).relu());
+    let coarse = b.conv("coarse", fine, Conv2d::new(8, 3).stride(2).bias(true));
+    let nearest = Resize::nearest([9, 7], ResizeCoord::Asymmetric, NearestMode::Floor);
+    let up = b.op("up", Op::Resize(nearest), &[coarse]);
+    let lateral = b.conv("lateral", fine, Conv2d::new(8, 1).bias(true));
+    let sum = b.add("sum", &[up, lateral]);
+    let smooth = b.conv("smooth", sum, Conv2d::new(8, 3).padding(1, 1).bias(true));
+    let mut bilinear = Resize::linear([14, 11], ResizeCoord::PytorchHalfPixel);
+    bilinear.scale = Some([1.5, 1.6]);
+    let big = b.op("big", Op::Resize(bilinear), &[smooth]);
+    b.conv("big_conv", big, Conv2d::new(4, 1));
+    let small = Resize::linear([4, 3], ResizeCoord::AlignCorners);
+    let small = b.op("small", Op::Resize(small), &[smooth]);
+    b.conv("small_conv", small, Conv2d::new(4, 1));
+    let last = Resize::nearest([5, 5], ResizeCoord::HalfPixel, NearestMode::RoundPreferCeil);
+    b.op("last", Op::Resize(last), &[smooth]);
+    b.finish().unwrap()
+}
+
+#[test]
+fn resizes_match_the_reference_in_both_layouts() {
+    let g = resize_graph();
+    check_in_both_layouts(&g);
+    let p = GraphProgram::build_with(&g, &vec![Some(0); g.len()], &[], &[], Layout::Nhwc).unwrap();
+    for (name, nhwc) in [
+        ("up", true),
+        ("big", true),
+        ("small", true),
+        ("last", false),
+    ] {
+        let id = g.find(name).unwrap();
+        assert_eq!(p.channels_last[id.index()], nhwc, "{name}");
+    }
+}
+
 /// The graphs that hold every operator kind and fusion between them.
-fn op_graphs() -> [Graph; 9] {
+fn op_graphs() -> [Graph; 10] {
     [
         every_op_graph(),
         attention_graph(),
@@ -762,6 +805,7 @@ fn op_graphs() -> [Graph; 9] {
         producer_activation_graph(),
         pooled_sum_graph(),
         passed_bias_graph(),
+        resize_graph(),
     ]
 }
 

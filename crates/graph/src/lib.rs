@@ -51,6 +51,7 @@ pub mod merge;
 pub mod names;
 pub mod op;
 pub mod random;
+pub mod resize;
 pub mod rng;
 pub mod weights;
 pub mod zoo;
@@ -62,4 +63,5 @@ pub use graph::{Block, Edge, Graph, GraphOutput, Node, NodeDef, NodeId, Term, Va
 pub use op::{
     Activation, BinaryKind, Conv2d, DType, ElementwiseKind, Op, OpStats, Pool2d, PoolKind, Shape,
 };
+pub use resize::{NearestMode, Resize, ResizeCoord, ResizeMode};
 pub use weights::{Tensor, Weights};

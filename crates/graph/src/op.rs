@@ -15,6 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::limits::{self, add, check_param, count, mul, numel};
+use crate::resize::Resize;
 
 /// A tensor shape, batch dimension included.
 pub type Shape = Vec<usize>;
@@ -403,6 +404,8 @@ pub enum Op {
     },
     Conv2d(Conv2d),
     Pool2d(Pool2d),
+    /// Resize of the spatial axes (nearest or bilinear; see [`crate::resize`]).
+    Resize(Resize),
     /// A standalone activation.
     Activation {
         act: Activation,
@@ -619,6 +622,7 @@ impl Op {
             Op::LogSoftmax { .. } => "log_softmax",
             Op::Conv2d(_) => "conv2d",
             Op::Pool2d(_) => "pool2d",
+            Op::Resize(_) => "resize",
             Op::Activation { .. } => "activation",
             Op::Elementwise { .. } => "elementwise",
             Op::Concat { .. } => "concat",
@@ -791,6 +795,7 @@ impl Op {
                 )?;
                 Ok(vec![x[0], c.out_channels, h, w])
             }
+            Op::Resize(r) => r.out_shape(x),
             Op::Pool2d(p) => {
                 require_rank(x, 4, "pool2d")?;
                 if p.kind.is_global() {
@@ -1000,6 +1005,11 @@ impl Op {
                 }
             }
             Op::Activation { act } => (mul("FLOPs", out_elems, act.flops_per_element())?, 0),
+            // Bilinear: four products and three sums per element; nearest moves data only.
+            Op::Resize(r) => match r.mode {
+                crate::ResizeMode::Nearest => (0, 0),
+                crate::ResizeMode::Linear => (mul("FLOPs", out_elems, 7)?, 0),
+            },
             Op::Opaque { .. } => (out_elems, 0),
             Op::Elementwise { .. } => (
                 mul("FLOPs", out_elems, count(terms.len()).saturating_sub(1))?,

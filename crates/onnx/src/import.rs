@@ -4,8 +4,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use opsched_graph::{
-    Activation, BinaryKind, Block, Conv2d, DType, ElementwiseKind, Graph, GraphOutput, NodeDef,
-    NodeId, Op, Pool2d, PoolKind, Shape, Tensor, Term, Value, Weights,
+    Activation, BinaryKind, Block, Conv2d, DType, ElementwiseKind, Graph, GraphOutput, NearestMode,
+    NodeDef, NodeId, Op, Pool2d, PoolKind, Resize, ResizeCoord, ResizeMode, Shape, Tensor, Term,
+    Value, Weights,
 };
 
 use crate::consts::{self, Const};
@@ -820,39 +821,7 @@ impl<'a> Importer<'a> {
                 self.opaque(node, ins, Some(shape))
             }
             "Pad" => self.pad(node, ins),
-            "Resize" | "Upsample" => {
-                let x = self.act(ins, 0)?;
-                let (scales_at, sizes_at) = if op_type == "Upsample" || self.opset < 11 {
-                    (1, usize::MAX)
-                } else {
-                    (2, 3)
-                };
-                let shape: Shape = if node.input.get(sizes_at).is_some_and(|s| !s.is_empty()) {
-                    Self::ints(ins, sizes_at, "sizes")?
-                        .iter()
-                        .map(|&d| to_usize(d, "size"))
-                        .collect::<std::result::Result<_, _>>()?
-                } else {
-                    let scales = match attr(node, "scales") {
-                        Some(a) => a.floats.iter().map(|&f| f64::from(f)).collect(),
-                        None => Self::konst(ins, scales_at)
-                            .and_then(Const::as_floats)
-                            .ok_or_else(|| Fail::Error("needs constant scales or sizes".into()))?,
-                    };
-                    if scales.len() != x.shape.len() {
-                        return Err(Fail::Error(format!(
-                            "scales {scales:?} do not fit {:?}",
-                            x.shape
-                        )));
-                    }
-                    x.shape
-                        .iter()
-                        .zip(&scales)
-                        .map(|(&d, &s)| (d as f64 * s).floor().max(1.0) as usize)
-                        .collect()
-                };
-                self.opaque(node, &ins[..1], Some(shape))
-            }
+            "Resize" | "Upsample" => self.resize(node, ins),
             "Expand" => {
                 let x = self.act(ins, 0)?;
                 let target = Self::ints(ins, 1, "target shape")?;
@@ -1087,6 +1056,160 @@ impl<'a> Importer<'a> {
             }
             _ => self.opaque(node, &ins[..1], Some(shape)),
         }
+    }
+
+    /// `Resize` (and opset 7-10's `Upsample` and `Resize`): a `resize` of the spatial axes of
+    /// a 4-D tensor where its modes are ones we compute (nearest and linear; every coordinate
+    /// mode but `tf_crop_and_resize`; no antialiasing); otherwise, or on other axes, an opaque
+    /// operator of the shape it computes.
+    fn resize(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let x = self.act(ins, 0)?;
+        let rank = x.shape.len();
+        let older = node.op_type == "Upsample" || self.opset < 11;
+        let (scales_at, sizes_at) = if older { (1, usize::MAX) } else { (2, 3) };
+        // Opset 18's `axes`: which axes the scales or sizes are for (the others keep theirs).
+        let axes: Vec<usize> = match attr_ints(node, "axes") {
+            Some(a) => a
+                .iter()
+                .map(|&v| shapes::axis(v, rank))
+                .collect::<std::result::Result<_, _>>()?,
+            None => (0..rank).collect(),
+        };
+        let full = |given: &[f64], fill: f64, what: &str| {
+            if given.len() != axes.len() {
+                return Err(Fail::Error(format!(
+                    "{what} {given:?} do not fit {:?}",
+                    x.shape
+                )));
+            }
+            let mut v = vec![fill; rank];
+            for (&a, &g) in axes.iter().zip(given) {
+                v[a] = g;
+            }
+            Ok(v)
+        };
+        let sizes_given = node.input.get(sizes_at).is_some_and(|s| !s.is_empty());
+        let (shape, scales): (Shape, Option<Vec<f32>>) = if sizes_given {
+            let sizes = Self::ints(ins, sizes_at, "sizes")?;
+            let sizes = full(
+                &sizes.iter().map(|&d| d as f64).collect::<Vec<_>>(),
+                -1.0,
+                "sizes",
+            )?;
+            let shape = sizes
+                .iter()
+                .zip(&x.shape)
+                .map(|(&s, &d)| {
+                    if s < 0.0 {
+                        Ok(d)
+                    } else {
+                        to_usize(s as i64, "size")
+                    }
+                })
+                .collect::<std::result::Result<_, _>>()?;
+            (shape, None)
+        } else {
+            let given: Vec<f64> = match attr(node, "scales") {
+                Some(a) => a.floats.iter().map(|&f| f64::from(f)).collect(),
+                None => Self::konst(ins, scales_at)
+                    .and_then(Const::as_floats)
+                    .ok_or_else(|| Fail::Error("needs constant scales or sizes".into()))?,
+            };
+            let scales: Vec<f32> = full(&given, 1.0, "scales")?
+                .iter()
+                .map(|&s| s as f32)
+                .collect();
+            if let Some(bad) = scales.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+                return Err(Fail::Error(format!(
+                    "scale {bad} must be finite and positive"
+                )));
+            }
+            // onnxruntime's output size: the f32 product, truncated.
+            let shape = x
+                .shape
+                .iter()
+                .zip(&scales)
+                .map(|(&d, &s)| ((d as f32 * s) as usize).max(1))
+                .collect();
+            (shape, Some(scales))
+        };
+        check_size(&shape)?;
+        match self.resize_op(node, &x.shape, &shape, scales.as_deref(), older) {
+            Some(op) => {
+                self.push(node, Self::out0(node)?, Op::Resize(op), vec![x.term()])?;
+                Ok(())
+            }
+            None => self.opaque(node, &ins[..1], Some(shape)),
+        }
+    }
+
+    /// The `resize` operator of a `Resize`/`Upsample` node from `input` to `out`, where we
+    /// compute what it does (see [`Importer::resize`]).
+    fn resize_op(
+        &self,
+        node: &NodeProto,
+        input: &[usize],
+        out: &[usize],
+        scales: Option<&[f32]>,
+        older: bool,
+    ) -> Option<Resize> {
+        if input.len() != 4 || input[..2] != out[..2] {
+            return None;
+        }
+        if scales.is_some_and(|s| s[0] != 1.0 || s[1] != 1.0) {
+            return None;
+        }
+        let mode = match attr_s(node, "mode").as_deref() {
+            None | Some("nearest") => ResizeMode::Nearest,
+            Some("linear" | "bilinear") => ResizeMode::Linear,
+            Some(_) => return None,
+        };
+        if attr_i(node, "antialias", 0) != 0
+            || attr_s(node, "keep_aspect_ratio_policy").is_some_and(|p| p != "stretch")
+        {
+            return None;
+        }
+        let size = [out[2], out[3]];
+        let scale = scales.map(|s| [s[2], s[3]]);
+        let spatial = scale.unwrap_or([
+            out[2] as f32 / input[2] as f32,
+            out[3] as f32 / input[3] as f32,
+        ]);
+        let (coord, nearest) = if older {
+            // Before opset 11: asymmetric coordinates; nearest truncates when enlarging and
+            // rounds up when shrinking (onnxruntime's), one rule for both axes.
+            let nearest = match spatial {
+                [a, b] if a >= 1.0 && b >= 1.0 => NearestMode::Floor,
+                [a, b] if a < 1.0 && b < 1.0 => NearestMode::Ceil,
+                _ => return None,
+            };
+            (ResizeCoord::Asymmetric, nearest)
+        } else {
+            let coord = match attr_s(node, "coordinate_transformation_mode").as_deref() {
+                None | Some("half_pixel") => ResizeCoord::HalfPixel,
+                Some("pytorch_half_pixel") => ResizeCoord::PytorchHalfPixel,
+                Some("align_corners") => ResizeCoord::AlignCorners,
+                Some("asymmetric") => ResizeCoord::Asymmetric,
+                Some("tf_half_pixel_for_nn") => ResizeCoord::TfHalfPixelForNn,
+                Some("half_pixel_symmetric") => ResizeCoord::HalfPixelSymmetric,
+                Some(_) => return None,
+            };
+            let nearest = match attr_s(node, "nearest_mode").as_deref() {
+                None | Some("round_prefer_floor") => NearestMode::RoundPreferFloor,
+                Some("round_prefer_ceil") => NearestMode::RoundPreferCeil,
+                Some("floor") => NearestMode::Floor,
+                Some("ceil") => NearestMode::Ceil,
+                Some(_) => return None,
+            };
+            (coord, nearest)
+        };
+        Some(Resize {
+            size,
+            scale,
+            mode,
+            coord,
+            nearest,
+        })
     }
 
     fn reshape(&mut self, node: &NodeProto, x: Act, shape: Shape) -> Mapped {

@@ -424,6 +424,15 @@ fn int(name: &str, v: i64) -> AttributeProto {
     }
 }
 
+fn text(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        s: v.as_bytes().to_vec(),
+        r#type: 3,
+        ..AttributeProto::default()
+    }
+}
+
 fn weight(name: &str, dims: &[i64]) -> TensorProto {
     TensorProto {
         name: name.into(),
@@ -725,7 +734,13 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
             node("HardSwish", "hswish", &["x"], vec![]),
             node("LeakyRelu", "leaky", &["hswish_out"], vec![f("alpha", 0.1)]),
             node("Pad", "pad", &["leaky_out", "pads"], vec![]),
-            node("Resize", "resize", &["pad_out", "", "scales"], vec![]),
+            // Cubic: a resize we do not compute.
+            node(
+                "Resize",
+                "resize",
+                &["pad_out", "", "scales"],
+                vec![text("mode", "cubic")],
+            ),
             node(
                 "ReduceMean",
                 "mean",
@@ -859,6 +874,181 @@ fn swish_written_out_or_native_is_one_activation() {
             }
         );
     }
+}
+
+/// `Resize` and `Upsample` become `resize` operators with ONNX's modes (before opset 11: the
+/// asymmetric coordinates and truncation, or rounding up when shrinking), given scales or sizes,
+/// also through `axes`; what we do not compute (channels resized, cubic, crop and resize,
+/// mixed enlarging and shrinking before opset 11) stays opaque; bad scales are errors.
+#[test]
+fn resizes_map_their_modes_scales_and_sizes() {
+    let floats = |name: &str, v: &[f32]| TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: data_type::FLOAT,
+        float_data: v.to_vec(),
+        ..TensorProto::default()
+    };
+    let int64s = |name: &str, v: &[i64]| TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: data_type::INT64,
+        int64_data: v.to_vec(),
+        ..TensorProto::default()
+    };
+    let one = |opset: i64, op: &str, inputs: &[&str], attrs, inits| {
+        let m = model(
+            opset,
+            vec![node(op, "r", inputs, attrs)],
+            inits,
+            vec![value("x", &[dim(1), dim(8), dim(4), dim(6)])],
+        );
+        import(&m, &OnnxOptions::default())
+            .map(|i| i.graph.node(i.graph.find("r").unwrap()).clone())
+    };
+    let resize = |n: &opsched::graph::Node| match &n.op {
+        Op::Resize(r) => Some(*r),
+        _ => None,
+    };
+    use opsched::graph::{NearestMode, ResizeCoord, ResizeMode};
+    // Upsample (opset 9): PyTorch's old nearest.
+    let n = one(
+        9,
+        "Upsample",
+        &["x", "s"],
+        vec![],
+        vec![floats("s", &[1.0, 1.0, 2.0, 2.0])],
+    )
+    .unwrap();
+    let r = resize(&n).unwrap();
+    assert_eq!(n.shape, vec![1, 8, 8, 12]);
+    assert_eq!(
+        (r.coord, r.nearest, r.scale),
+        (
+            ResizeCoord::Asymmetric,
+            NearestMode::Floor,
+            Some([2.0, 2.0])
+        )
+    );
+    // Resize-10 shrinking rounds up.
+    let n = one(
+        10,
+        "Resize",
+        &["x", "s"],
+        vec![],
+        vec![floats("s", &[1.0, 1.0, 0.5, 0.5])],
+    )
+    .unwrap();
+    assert_eq!(resize(&n).unwrap().nearest, NearestMode::Ceil);
+    assert_eq!(n.shape, vec![1, 8, 2, 3]);
+    // Sizes, bilinear as PyTorch exports it: the scale is the sizes' ratio.
+    let attrs = vec![
+        text("mode", "linear"),
+        text("coordinate_transformation_mode", "pytorch_half_pixel"),
+    ];
+    let n = one(
+        13,
+        "Resize",
+        &["x", "", "", "z"],
+        attrs,
+        vec![int64s("z", &[1, 8, 3, 5])],
+    )
+    .unwrap();
+    let r = resize(&n).unwrap();
+    assert_eq!(
+        (r.mode, r.coord, r.scale, r.size),
+        (
+            ResizeMode::Linear,
+            ResizeCoord::PytorchHalfPixel,
+            None,
+            [3, 5]
+        )
+    );
+    // Opset 18's axes: scales for the spatial axes only, ONNX's defaults otherwise.
+    let attrs = vec![ints("axes", &[-2, -1])];
+    let n = one(
+        18,
+        "Resize",
+        &["x", "", "s"],
+        attrs,
+        vec![floats("s", &[1.5, 0.5])],
+    )
+    .unwrap();
+    let r = resize(&n).unwrap();
+    assert_eq!(n.shape, vec![1, 8, 6, 3]);
+    assert_eq!(
+        (r.coord, r.nearest, r.scale),
+        (
+            ResizeCoord::HalfPixel,
+            NearestMode::RoundPreferFloor,
+            Some([1.5, 0.5])
+        )
+    );
+    // Opaque, with the shape computed.
+    let s = |v: &[f32]| vec![floats("s", v)];
+    for (opset, op, attrs, scales, shape) in [
+        (
+            13,
+            "Resize",
+            vec![],
+            s(&[1.0, 2.0, 1.0, 1.0]),
+            vec![1, 16, 4, 6],
+        ),
+        (
+            13,
+            "Resize",
+            vec![text("mode", "cubic")],
+            s(&[1.0, 1.0, 2.0, 2.0]),
+            vec![1, 8, 8, 12],
+        ),
+        (
+            13,
+            "Resize",
+            vec![text("coordinate_transformation_mode", "tf_crop_and_resize")],
+            s(&[1.0, 1.0, 2.0, 2.0]),
+            vec![1, 8, 8, 12],
+        ),
+        (
+            9,
+            "Upsample",
+            vec![],
+            s(&[1.0, 1.0, 2.0, 0.5]),
+            vec![1, 8, 8, 3],
+        ),
+    ] {
+        let inputs: &[&str] = if opset < 11 {
+            &["x", "s"]
+        } else {
+            &["x", "", "s"]
+        };
+        let n = one(opset, op, inputs, attrs, scales).unwrap();
+        assert!(matches!(n.op, Op::Opaque { .. }), "{:?}", n.op);
+        assert_eq!(n.shape, shape);
+    }
+    // Scales that are no scales.
+    for bad in [0.0, -2.0, f32::NAN, f32::INFINITY] {
+        let e = one(
+            13,
+            "Resize",
+            &["x", "", "s"],
+            vec![],
+            s(&[1.0, 1.0, bad, 1.0]),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("'r'") && e.to_string().contains("scale"),
+            "{e}"
+        );
+    }
+    let e = one(
+        13,
+        "Resize",
+        &["x", "", "s"],
+        vec![],
+        s(&[1.0, 1.0, 1e30, 1.0]),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("implausibly large"), "{e}");
 }
 
 #[test]

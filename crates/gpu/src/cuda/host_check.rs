@@ -371,3 +371,102 @@ fn compile_and_run(name: &str, source: &str) {
     assert!(out.contains(", 0 failed"), "{out}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The `resize2d` kernels (both layouts, nearest and bilinear, enlarging and shrinking, one
+/// and several images) against the reference executor's resize, element for element: the
+/// inputs, the tap tables the step uploads and the reference's outputs are written into the
+/// driver as literals.
+#[test]
+fn the_resize_kernels_agree_with_the_reference_on_the_host() {
+    use opsched_graph::{NearestMode, Resize, ResizeCoord};
+    use std::fmt::Write;
+    let floats = |v: &[f32]| {
+        v.iter()
+            .map(|x| format!("{x:?}f"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut driver = String::from(
+        "static int failures = 0, cases = 0;\n\
+         static void check(const float* x, const int* index, const float* weight,\n\
+                           const float* want, int n, int c, int h, int w, int oh, int ow,\n\
+                           int linear, bool nhwc) {\n\
+             std::vector<float> y((size_t)n * c * oh * ow, 7.0f);\n\
+             if (nhwc) resize2d_nhwc(y.data(), x, n, c, h, w, oh, ow, index, weight, linear);\n\
+             else resize2d(y.data(), x, n, c, h, w, oh, ow, index, weight, linear);\n\
+             size_t bad = 0;\n\
+             for (size_t t = 0; t < y.size(); ++t) bad += fabs(y[t] - want[t]) > 1e-6;\n\
+             if (bad) { ++failures; printf(\"case %d: %zu of %zu differ\\n\", cases, bad, y.size()); }\n\
+             ++cases;\n\
+         }\n\
+         int main() {\n",
+    );
+    let cases = [
+        (
+            [2, 3, 5, 4],
+            Resize::nearest([9, 7], ResizeCoord::Asymmetric, NearestMode::Floor),
+        ),
+        (
+            [1, 4, 6, 6],
+            Resize::linear([9, 13], ResizeCoord::PytorchHalfPixel),
+        ),
+        (
+            [2, 2, 7, 9],
+            Resize::linear([3, 4], ResizeCoord::AlignCorners),
+        ),
+        (
+            [3, 5, 4, 4],
+            Resize::nearest([2, 7], ResizeCoord::HalfPixel, NearestMode::Ceil),
+        ),
+    ];
+    let mut seed = 1u32;
+    for (shape, r) in cases {
+        let [n, c, h, w] = shape;
+        let x: Vec<f32> = (0..n * c * h * w)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 8) as f32 / (1 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect();
+        let want = crate::reference::resize(&x, &shape, &r);
+        let (rows, cols) = (r.taps(0, h), r.taps(1, w));
+        let taps = || rows.iter().chain(&cols);
+        let index: Vec<String> = taps()
+            .flat_map(|t| [t.lo, t.hi])
+            .map(|v| v.to_string())
+            .collect();
+        let weight: Vec<f32> = taps().flat_map(|t| [t.w_lo, t.w_hi]).collect();
+        let [oh, ow] = r.size;
+        let linear = i32::from(r.mode == opsched_graph::ResizeMode::Linear);
+        for nhwc in [false, true] {
+            let (mut xs, mut ys) = (x.clone(), want.clone());
+            if nhwc {
+                crate::program::nchw_to_nhwc(&x, shape, &mut xs);
+                crate::program::nchw_to_nhwc(&want, [n, c, oh, ow], &mut ys);
+            }
+            let _ = writeln!(
+                driver,
+                "{{ static const float x[] = {{{}}}; static const int index[] = {{{}}};\n\
+                 static const float weight[] = {{{}}}; static const float want[] = {{{}}};\n\
+                 check(x, index, weight, want, {n}, {c}, {h}, {w}, {oh}, {ow}, {linear}, {nhwc}); }}",
+                floats(&xs),
+                index.join(","),
+                floats(&weight),
+                floats(&ys),
+            );
+        }
+    }
+    driver.push_str(
+        "printf(\"%d cases, %d failed\\n\", cases, failures);\nreturn failures != 0;\n}\n",
+    );
+    let source = [
+        &prelude(),
+        part(
+            "// Resize of the spatial axes",
+            "extern \"C\" __global__ void pad(",
+        ),
+        &driver,
+    ]
+    .concat();
+    compile_and_run("resize", &source);
+}

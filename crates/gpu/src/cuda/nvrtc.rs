@@ -577,6 +577,68 @@ extern "C" __global__ void broadcast(float* y, const float* a, const float* b, i
 
 // Constant padding: y (out_dims) is x (in_dims) shifted by `begin` on every axis, `value`
 // around it.
+// Resize of the spatial axes (step/resize.rs): output element (i, j) of a plane reads input
+// rows rows[i] = (lo, hi) and columns cols[j], with weights alike; tables `index` and `weight`
+// hold oh row pairs, then ow column pairs. Bilinear: the products of weights first, summed in
+// Tap::blend's order (onnxruntime's); nearest: x[lo, lo] as it is.
+template <typename I, bool NHWC>
+__device__ __forceinline__ void resize2d_t(float* y, const float* x, I images, int c, int h,
+                                           int w, int oh, int ow, const int* index,
+                                           const float* weight, int linear) {
+    const I total = images * c * oh * ow;
+    GRID_STRIDE_T(I, t, total) {
+        int ch, i, j;
+        I image;
+        if (NHWC) {
+            ch = (int)(t % c);
+            const I pixel = t / c;
+            j = (int)(pixel % ow);
+            i = (int)((pixel / ow) % oh);
+            image = pixel / ((I)oh * ow);
+        } else {
+            j = (int)(t % ow);
+            i = (int)((t / ow) % oh);
+            const I plane = t / ((I)oh * ow);
+            ch = (int)(plane % c);
+            image = plane / c;
+        }
+        const int r0 = index[2 * i], r1 = index[2 * i + 1];
+        const int c0 = index[2 * (oh + j)], c1 = index[2 * (oh + j) + 1];
+        // Element (r, s) of this image and channel.
+        const float* p = NHWC ? x + image * h * w * c + ch : x + (image * c + ch) * h * w;
+        const int step = NHWC ? c : 1;
+        const float x00 = p[((I)r0 * w + c0) * step];
+        if (!linear) {
+            y[t] = x00;
+            continue;
+        }
+        const float x01 = p[((I)r0 * w + c1) * step], x10 = p[((I)r1 * w + c0) * step];
+        const float x11 = p[((I)r1 * w + c1) * step];
+        const float wr0 = weight[2 * i], wr1 = weight[2 * i + 1];
+        const float wc0 = weight[2 * (oh + j)], wc1 = weight[2 * (oh + j) + 1];
+        y[t] = wr0 * wc0 * x00 + wr0 * wc1 * x01 + wr1 * wc0 * x10 + wr1 * wc1 * x11;
+    }
+}
+
+#define RESIZE_PARAMS                                                                       \
+    float* y, const float* x, i64 images, int c, int h, int w, int oh, int ow,              \
+        const int* index, const float* weight, int linear
+#define RESIZE_ARGS y, x, images, c, h, w, oh, ow, index, weight, linear
+
+template <bool NHWC>
+__device__ __forceinline__ void resize2d_cases(RESIZE_PARAMS) {
+    const i64 most = images * c * (i64)(h * (i64)w > oh * (i64)ow ? h * (i64)w : oh * (i64)ow);
+    if (FITS32(most))
+        resize2d_t<unsigned, NHWC>(y, x, (unsigned)images, c, h, w, oh, ow, index, weight,
+                                   linear);
+    else
+        resize2d_t<i64, NHWC>(RESIZE_ARGS);
+}
+
+extern "C" __global__ void resize2d(RESIZE_PARAMS) { resize2d_cases<false>(RESIZE_ARGS); }
+
+extern "C" __global__ void resize2d_nhwc(RESIZE_PARAMS) { resize2d_cases<true>(RESIZE_ARGS); }
+
 extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Dims6 out_dims,
                                Dims6 in_dims, Dims6 begin, float value) {
     GRID_STRIDE(t, total) {
@@ -896,6 +958,8 @@ pub const NAMES: &[&str] = &[
     "permute",
     "broadcast",
     "pad",
+    "resize2d",
+    "resize2d_nhwc",
     "depthwise_conv",
     "depthwise_conv_nhwc",
     "depthwise_conv_tiled",

@@ -24,6 +24,7 @@ pub mod gemm;
 pub mod layer_norm;
 pub mod pad;
 pub mod pool;
+pub mod resize;
 pub mod softmax;
 pub mod spin;
 pub mod transpose;
@@ -104,6 +105,7 @@ steps! {
     Act(act::Act),
     Pool(pool::Pool),
     PoolSum(pool::PoolSum),
+    Resize(resize::Resize),
     Gemm(gemm::Gemm),
     Softmax(softmax::Softmax),
     LayerNorm(layer_norm::LayerNorm),

@@ -54,6 +54,7 @@ fn describe(op: &Op) -> String {
         Op::Affine => "affine".into(),
         Op::Pad { begin, end, value } => format!("pad {begin:?} {end:?} value {value}"),
         Op::LogSoftmax { axis } => format!("log_softmax axis {axis}"),
+        Op::Resize(r) => format!("resize {r}"),
         Op::Conv2d(c) => {
             let mut s = format!(
                 "conv2d {} {}x{} s{} p{}",
