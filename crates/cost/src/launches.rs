@@ -227,6 +227,7 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
         Op::Activation { .. } if matches!(input, Input::Terms([t], _) if is_whole_sum(t)) => 1,
         Op::Pool2d(_)
         | Op::Resize(_)
+        | Op::Embedding { .. }
         | Op::Activation { .. }
         | Op::Softmax { .. }
         | Op::LogSoftmax { .. }

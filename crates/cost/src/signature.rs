@@ -349,6 +349,9 @@ fn write_op(s: &mut String, op: &Op) {
         Op::Resize(r) => {
             let _ = write!(s, "({r})");
         }
+        Op::Embedding { rows, dim } => {
+            let _ = write!(s, "(rows={rows},dim={dim})");
+        }
         Op::Conv2d(c) => {
             let _ = write!(
                 s,

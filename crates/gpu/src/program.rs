@@ -74,6 +74,8 @@ pub enum Init {
         center: f32,
         half_width: f32,
     },
+    /// Integers uniform in `[0, below)`, from a seed: the indices of an embedding table.
+    Indices { seed: u64, below: usize },
 }
 
 impl Init {
@@ -87,7 +89,26 @@ impl Init {
                 center,
                 half_width,
             } => Some(uniform(seed, len, center, half_width)),
+            Init::Indices { seed, below } => Some(indices(seed, len, below)),
         }
+    }
+}
+
+/// How graph input `id` starts unless the caller gives its values: uniform in [-1, 1], or
+/// where an embedding reads it, indices of the smallest table that does.
+pub fn input_init(g: &Graph, id: NodeId) -> Init {
+    let seed = input_seed(g, id);
+    let tables = g.succs(id).filter_map(|s| match g.node(s).op {
+        Op::Embedding { rows, .. } => Some(rows),
+        _ => None,
+    });
+    match tables.min() {
+        Some(below) => Init::Indices { seed, below },
+        None => Init::Uniform {
+            seed,
+            center: 0.0,
+            half_width: 1.0,
+        },
     }
 }
 
@@ -772,11 +793,7 @@ impl<'g> Builder<'g> {
                     ))
                 }
                 Some(t) => Init::Data(t.data.clone()),
-                None => Init::Uniform {
-                    seed: input_seed(self.g, producer),
-                    center: 0.0,
-                    half_width: 1.0,
-                },
+                None => input_init(self.g, producer),
             };
             let b = self.alloc(gpu, len, BufRole::Input(producer), init);
             self.input_copies.insert((producer, gpu), b);
@@ -1408,6 +1425,9 @@ impl<'g> Builder<'g> {
                 step::pad::lower(self, steps, at, begin, end, *value, src, out)
             }
             Op::Resize(r) => step::resize::lower(self, steps, at, r, src, out),
+            Op::Embedding { rows, dim } => {
+                step::embedding::lower(self, steps, at, *rows, *dim, src, out)
+            }
             // A foreign ONNX operator has a shape but no semantics we could run.
             Op::Opaque { op_type, .. } => Err(self.unsupported(
                 at,
@@ -2503,6 +2523,14 @@ pub fn check_access(p: &GraphProgram, step: &Step) -> Result<(), GpuError> {
         )));
     }
     Ok(())
+}
+
+/// `len` integers uniform in `[0, below)` from `seed`, as `f32` (exact below 2^24).
+pub fn indices(seed: u64, len: usize, below: usize) -> Vec<f32> {
+    let mut rng = opsched_graph::rng::SplitMix64::new(seed);
+    (0..len)
+        .map(|_| ((rng.next_f64() * below as f64) as usize).min(below.saturating_sub(1)) as f32)
+        .collect()
 }
 
 /// `len` values uniform in `[center - half_width, center + half_width]` from `seed`.

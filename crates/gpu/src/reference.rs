@@ -15,7 +15,7 @@ use opsched_graph::{
     Activation, BinaryKind, ElementwiseKind, Graph, NodeId, Op, PoolKind, Shape, Tensor, Value,
 };
 
-use crate::program::{input_seed, param_seed, uniform, weight_half_width};
+use crate::program::{input_init, param_seed, uniform, weight_half_width};
 use crate::GpuError;
 
 /// The activation of one value. GELU is the exact (erf) form, as PyTorch's default.
@@ -626,6 +626,18 @@ fn eval(
             let (x, s) = single();
             resize(&x, &s, r)
         }
+        Op::Embedding { rows, dim } => {
+            let (x, _) = single();
+            let w = param(g, node, inner, "weight", rows * dim, 0.0, 1.0)?;
+            let mut y = Vec::with_capacity(x.len() * dim);
+            for &v in &x {
+                let r = opsched_graph::op::table_row(v, *rows).ok_or_else(|| {
+                    unsup(&format!("index {v} is no row of its {rows}-row table"))
+                })?;
+                y.extend_from_slice(&w[r * dim..][..*dim]);
+            }
+            y
+        }
         Op::Concat { axis } => concat(&inputs, *axis).0,
         Op::Identity | Op::Reshape { .. } => single().0,
         Op::Linear {
@@ -760,11 +772,13 @@ pub fn reference_with(
         let y = match &node.op {
             Op::Input { .. } => match inputs.get(&id) {
                 Some(t) => t.data.to_vec(),
-                None => uniform(input_seed(g, id), numel(&node.shape), 0.0, 1.0),
+                None => input_init(g, id)
+                    .values(numel(&node.shape))
+                    .unwrap_or_default(),
             },
             Op::Constant { shape } => match g.weights().get(id, 0, "value") {
                 Some(t) => t.data.to_vec(),
-                None => uniform(input_seed(g, id), numel(shape), 0.0, 1.0),
+                None => input_init(g, id).values(numel(shape)).unwrap_or_default(),
             },
             op => {
                 let inputs = node

@@ -793,8 +793,60 @@ fn resizes_match_the_reference_in_both_layouts() {
     }
 }
 
+/// Token ids read by two tables (the default ids are rows of the smaller), their vectors
+/// summed, normalized and projected; the first token taken as a channel slice.
+fn embedding_graph() -> Graph {
+    let mut b = GraphBuilder::new("embedding", DType::F32);
+    let ids = b.input("ids", vec![2, 5]);
+    let words = b.op("words", Op::Embedding { rows: 11, dim: 8 }, &[ids]);
+    let types = b.op("types", Op::Embedding { rows: 3, dim: 8 }, &[ids]);
+    let sum = b.add("sum", &[words, types]);
+    let norm = b.op("norm", Op::LayerNorm { eps: 1e-5 }, &[sum]);
+    let first = b.node(
+        "first",
+        Op::Reshape { shape: vec![2, 8] },
+        vec![vec![Value::slice(norm, 0, 1)]],
+    );
+    b.op(
+        "pool",
+        Op::Linear {
+            out_features: 4,
+            bias: true,
+            act: Activation::Tanh,
+        },
+        &[first],
+    );
+    b.finish().unwrap()
+}
+
+#[test]
+fn embeddings_look_up_their_rows_and_refuse_other_indices() {
+    let g = embedding_graph();
+    check_in_both_layouts(&g);
+    // The default ids are rows of the 3-row table.
+    let ids = opsched_gpu::program::input_init(&g, g.find("ids").unwrap());
+    let v = ids.values(10).unwrap();
+    assert!(
+        v.iter().all(|&i| i == i.trunc() && (0.0..3.0).contains(&i)),
+        "{v:?}"
+    );
+    assert!(v.iter().any(|&i| i > 0.0), "{v:?}");
+    // An id of the larger table only: the smaller one's lookup is refused, naming it.
+    let mut inputs = std::collections::HashMap::new();
+    let bad = opsched_graph::Tensor::new(
+        vec![2, 5],
+        vec![0.0, 1.0, 2.0, 7.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    )
+    .unwrap();
+    inputs.insert(g.find("ids").unwrap(), bad);
+    let e = reference::reference_with(&g, &inputs)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("'types'") && e.contains("index 7"), "{e}");
+}
+
 /// The graphs that hold every operator kind and fusion between them.
-fn op_graphs() -> [Graph; 10] {
+fn op_graphs() -> [Graph; 11] {
     [
         every_op_graph(),
         attention_graph(),
@@ -806,6 +858,7 @@ fn op_graphs() -> [Graph; 10] {
         pooled_sum_graph(),
         passed_bias_graph(),
         resize_graph(),
+        embedding_graph(),
     ]
 }
 

@@ -444,6 +444,14 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Activation::is_none")]
         act: Activation,
     },
+    /// A lookup table of `rows` vectors of `dim` values (parameter `weight`, `[rows, dim]`:
+    /// PyTorch's `nn.Embedding`, ONNX's `Gather` of a table by token ids): each input value is
+    /// a row's index (an integer, stored as `f32` like every value; a negative one counts from
+    /// the end), replaced by that row; output: the input's shape with `dim` appended.
+    Embedding {
+        rows: usize,
+        dim: usize,
+    },
     /// Batched matrix product of two inputs: `[.., M, K] x [.., K, N] -> [.., M, N]`
     /// (`[.., N, K]` for the second when `transpose_b`).
     BatchMatmul {
@@ -503,6 +511,18 @@ pub struct OpStats {
     pub bytes_read: u64,
     pub bytes_written: u64,
     pub params: u64,
+}
+
+/// The row of an `embedding` table of `rows` rows that index value `v` names: an integer in
+/// `[-rows, rows)`, a negative one counting from the end (ONNX's `Gather`); `None` for any
+/// other value.
+pub fn table_row(v: f32, rows: usize) -> Option<usize> {
+    let r = rows as f64;
+    let v = f64::from(v);
+    if v != v.trunc() || v < -r || v >= r {
+        return None;
+    }
+    Some(if v < 0.0 { v + r } else { v } as usize)
 }
 
 /// Output size of a window of `k` taps dilated by `d`, moved by `s` over `input` padded by
@@ -628,6 +648,7 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::Identity => "identity",
             Op::Linear { .. } => "linear",
+            Op::Embedding { .. } => "embedding",
             Op::BatchMatmul { .. } => "batch_matmul",
             Op::Softmax { .. } => "softmax",
             Op::LayerNorm { .. } => "layer_norm",
@@ -851,6 +872,18 @@ impl Op {
                     })
                     .collect()
             }
+            Op::Embedding { rows, dim } => {
+                check_param("rows", *rows)?;
+                check_param("dim", *dim)?;
+                if *rows == 0 || *dim == 0 {
+                    return Err(format!(
+                        "embedding of {rows} rows of {dim} must not be empty"
+                    ));
+                }
+                let mut out = x.clone();
+                out.push(*dim);
+                Ok(out)
+            }
             Op::Linear { out_features, .. } => {
                 check_param("out_features", *out_features)?;
                 if x.len() < 2 {
@@ -954,6 +987,7 @@ impl Op {
                 let d = terms.first().and_then(|s| s.last()).copied().unwrap_or(0);
                 vec![("gamma", vec![d]), ("beta", vec![d])]
             }
+            Op::Embedding { rows, dim } => vec![("weight", vec![*rows, *dim])],
             Op::Affine => {
                 let c: usize = terms.iter().map(|s| s.get(1).copied().unwrap_or(0)).sum();
                 vec![("scale", vec![c]), ("shift", vec![c])]
@@ -1045,6 +1079,7 @@ impl Op {
                 (mul("FLOPs", mul("FLOPs", 2, out_elems)?, k)?, 0)
             }
             Op::Softmax { .. } => (mul("FLOPs", 5, out_elems)?, 0),
+            Op::Embedding { rows, dim } => (0, mul("parameters", count(*rows), count(*dim))?),
             Op::LayerNorm { .. } => {
                 let d = count(out.last().copied().unwrap_or(0));
                 (mul("FLOPs", 8, out_elems)?, mul("parameters", 2, d)?)
@@ -1072,10 +1107,15 @@ impl Op {
             self,
             Op::Input { .. } | Op::Constant { .. } | Op::Abstract { .. }
         );
+        // A lookup reads the rows it copies, not its whole table.
+        let params_read = match self {
+            Op::Embedding { .. } => params.min(out_elems),
+            _ => params,
+        };
         Ok(OpStats {
             flops,
             bytes_read: if moves_data {
-                mul("bytes read", add("bytes read", in_elems, params)?, e)?
+                mul("bytes read", add("bytes read", in_elems, params_read)?, e)?
             } else {
                 0
             },

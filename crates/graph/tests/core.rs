@@ -576,3 +576,22 @@ fn absurd_shapes_are_refused_not_overflowed() {
         );
     }
 }
+
+/// A token-id lookup appends the table's width to the ids' shape and reads the rows it copies,
+/// not its whole table (a BERT vocabulary: 94 MB).
+#[test]
+fn an_embedding_reads_the_rows_it_copies() {
+    let op = Op::Embedding {
+        rows: 30522,
+        dim: 768,
+    };
+    let ids = vec![2, 128];
+    let out = op.infer_shape(std::slice::from_ref(&ids)).unwrap();
+    assert_eq!(out, vec![2, 128, 768]);
+    let s = op.stats(&[ids], &out, DType::F32).unwrap();
+    assert_eq!(s.params, 30522 * 768);
+    assert_eq!(s.bytes_read, (2 * 128 + 2 * 128 * 768) * 4);
+    assert_eq!(s.bytes_written, 2 * 128 * 768 * 4);
+    let empty = Op::Embedding { rows: 0, dim: 4 };
+    assert!(empty.infer_shape(&[vec![3]]).unwrap_err().contains("empty"));
+}

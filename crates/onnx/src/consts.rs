@@ -511,6 +511,41 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                     }
                 }
             }
+            // Rows of a loaded table by known indices (BERT's position embeddings by the
+            // position ids): the rows' values.
+            let loaded_ints = || {
+                let t = idx.values.as_ref()?;
+                let v: Vec<i64> = t.data.iter().map(|&v| v as i64).collect();
+                t.data
+                    .iter()
+                    .zip(&v)
+                    .all(|(&f, &i)| f == i as f32)
+                    .then_some(v)
+            };
+            if let (Some(t), Some(iv), Some(d), Some(o), 0) = (
+                &data.values,
+                idx.as_ints().or_else(loaded_ints),
+                &ds,
+                &out,
+                axis,
+            ) {
+                let width: usize = d[1..].iter().product();
+                let rows = d.first().copied().unwrap_or(0);
+                let picked: Option<Vec<f32>> = iv
+                    .iter()
+                    .map(|&k| {
+                        let k = if k < 0 { k + rows as i64 } else { k };
+                        let k = usize::try_from(k).ok().filter(|&k| k < rows)?;
+                        t.data.get(k * width..(k + 1) * width)
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .map(|v| v.concat());
+                if let Some(v) = picked {
+                    let mut c = Const::shape_only(Some(o.clone()));
+                    c.values = Tensor::new(o.clone(), v).ok();
+                    return one(c);
+                }
+            }
             one(Const::shape_only(out))
         }
         "Slice" => {
@@ -552,6 +587,16 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                         }
                         Data::Unknown => {}
                     }
+                }
+            }
+            // A loaded tensor sliced (BERT's position ids cut to the sequence): its values.
+            if let (Some(t), Some(o)) = (x.and_then(|c| c.values.as_ref()), &out) {
+                let picked =
+                    slice_values(&t.data, &s, &starts, &ends, ax.as_deref(), steps.as_deref());
+                if let Some(v) = picked {
+                    let mut c = Const::shape_only(Some(o.clone()));
+                    c.values = Tensor::new(o.clone(), v).ok();
+                    return one(c);
                 }
             }
             one(Const::shape_only(out))
@@ -722,6 +767,42 @@ pub fn transpose_values(t: &Tensor, perm: &[usize]) -> Tensor {
 pub type SliceArgs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>, Option<Vec<i64>>);
 
 /// The arguments of a `Slice` from its attributes (opset < 10) or inputs.
+/// The values of `x` (of shape `shape`, row-major) that a `Slice` selects, in order; `None`
+/// where the arguments do not fit the shape.
+fn slice_values(
+    x: &[f32],
+    shape: &[usize],
+    starts: &[i64],
+    ends: &[i64],
+    axes: Option<&[i64]>,
+    steps: Option<&[i64]>,
+) -> Option<Vec<f32>> {
+    // Per axis, the indices kept (all of an axis not sliced).
+    let mut kept: Vec<Vec<usize>> = shape.iter().map(|&d| (0..d).collect()).collect();
+    for (k, (&b, &e)) in starts.iter().zip(ends).enumerate() {
+        let a = match axes {
+            Some(ax) => shapes::axis(*ax.get(k)?, shape.len()).ok()?,
+            None => k,
+        };
+        let step = steps.and_then(|v| v.get(k).copied()).unwrap_or(1);
+        let (b, e, st) = shapes::slice_range(*shape.get(a)?, b, e, step)?;
+        *kept.get_mut(a)? = shapes::range_indices(b, e, st, x.len())?;
+    }
+    if x.len() != shape.iter().product::<usize>() {
+        return None;
+    }
+    // The flat source offsets, axis by axis (row-major: the last axis fastest).
+    let mut offsets = vec![0usize];
+    for (a, idx) in kept.iter().enumerate() {
+        let stride: usize = shape[a + 1..].iter().product();
+        offsets = offsets
+            .iter()
+            .flat_map(|&o| idx.iter().map(move |&i| o + i * stride))
+            .collect();
+    }
+    Some(offsets.iter().map(|&o| x[o]).collect())
+}
+
 pub fn slice_args(node: &NodeProto, ins: &[Option<&Const>]) -> Option<SliceArgs> {
     if let (Some(s), Some(e)) = (attr(node, "starts"), attr(node, "ends")) {
         return Some((

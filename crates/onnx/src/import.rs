@@ -802,24 +802,7 @@ impl<'a> Importer<'a> {
                 Ok(())
             }
             "Split" => self.split(node, ins),
-            "Gather" => {
-                // Indexing an activation (`x[:, 0]`), or a table by activation indices (an
-                // embedding lookup): a copy, costed by the tensor sizes.
-                let shape_of = |v: &Option<Val>| match v {
-                    Some(Val::Act(a)) => Some(a.shape.clone()),
-                    Some(Val::Const(c)) => c.shape.clone(),
-                    None => None,
-                };
-                let (data, idx) = (
-                    ins.first().and_then(shape_of),
-                    ins.get(1).and_then(shape_of),
-                );
-                let (Some(data), Some(idx)) = (data, idx) else {
-                    return Err(Fail::Error("the shape of an operand is unknown".into()));
-                };
-                let shape = shapes::gather(&data, &idx, attr_i(node, "axis", 0))?;
-                self.opaque(node, ins, Some(shape))
-            }
+            "Gather" => self.gather(node, ins),
             "Pad" => self.pad(node, ins),
             "Resize" | "Upsample" => self.resize(node, ins),
             "Expand" => {
@@ -1055,6 +1038,67 @@ impl<'a> Importer<'a> {
                 Ok(())
             }
             _ => self.opaque(node, &ins[..1], Some(shape)),
+        }
+    }
+
+    /// `Gather`: rows of a constant table by activation indices along axis 0 (an embedding
+    /// lookup: token ids) is an `embedding`; one index of an activation's axis 1 (the first
+    /// token, BERT's pooler and ViT's class token: `x[:, 0]`) is a channel slice, reshaped
+    /// where the index is a scalar; anything else a copy costed by the tensor sizes (opaque).
+    fn gather(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let shape_of = |v: &Option<Val>| match v {
+            Some(Val::Act(a)) => Some(a.shape.clone()),
+            Some(Val::Const(c)) => c.shape.clone(),
+            None => None,
+        };
+        let (data, idx) = (
+            ins.first().and_then(shape_of),
+            ins.get(1).and_then(shape_of),
+        );
+        let (Some(data), Some(idx)) = (data, idx) else {
+            return Err(Fail::Error("the shape of an operand is unknown".into()));
+        };
+        let axis = attr_i(node, "axis", 0);
+        let shape = shapes::gather(&data, &idx, axis)?;
+        let axis = shapes::axis(axis, data.len())?;
+        match (&ins[0], &ins[1]) {
+            (Some(Val::Const(table)), Some(Val::Act(ids))) if axis == 0 && data.len() == 2 => {
+                let weight = self.values(table, "table")?;
+                let op = Op::Embedding {
+                    rows: data[0],
+                    dim: data[1],
+                };
+                let id = self.push(node, Self::out0(node)?, op, vec![ids.term()])?;
+                if let Some(w) = weight {
+                    self.nodes[id].set_param("weight", w);
+                }
+                Ok(())
+            }
+            (Some(Val::Act(x)), Some(Val::Const(c))) if axis == 1 && c.numel() == Some(1) => {
+                let i = c
+                    .as_ints()
+                    .and_then(|v| v.first().copied())
+                    .ok_or_else(|| Fail::Error("its index is not known".into()))?;
+                let i = usize::try_from(if i < 0 { i + data[1] as i64 } else { i })
+                    .ok()
+                    .filter(|&i| i < data[1])
+                    .ok_or_else(|| {
+                        Fail::Error(format!("index {i} is outside axis 1 of {data:?}"))
+                    })?;
+                let base = x.channels.map_or(0, |(b, _)| b);
+                let mut sliced = x.clone();
+                sliced.shape[1] = 1;
+                sliced.channels = Some((base + i, base + i + 1));
+                if c.shape.as_ref().is_some_and(|s| s.is_empty()) {
+                    self.reshape(node, sliced, shape)
+                } else {
+                    self.vals
+                        .insert(Self::out0(node)?.to_string(), Val::Act(sliced));
+                    self.report.removed += 1;
+                    Ok(())
+                }
+            }
+            _ => self.opaque(node, ins, Some(shape)),
         }
     }
 

@@ -52,6 +52,8 @@
 //! | `MatMul` of two activations | `batch_matmul`; a `Transpose` of the last two axes before it becomes `transpose_b` |
 //! | `Softmax`, `LogSoftmax` | `softmax`, `log_softmax` |
 //! | `LayerNormalization` | `layer_norm` |
+//! | `Gather` of a constant 2-D table by activation indices along axis 0 (token ids) | `embedding` (the table its `weight`) |
+//! | `Gather` of one constant index along axis 1 of an activation (the first token: BERT's pooler, ViT's class token) | removed: the consumers read that channel slice (a `reshape` of it for a scalar index) |
 //! | `Pad` (constant mode) | `pad` |
 //! | `Resize` of the spatial axes of a 4-D tensor, nearest (every `nearest_mode`) or linear, every `coordinate_transformation_mode` but `tf_crop_and_resize`, `scales` or `sizes` (also through `axes`), no `antialias`; `Upsample` and opset 10's `Resize` (asymmetric, truncating when enlarging and rounding up when shrinking) | `resize` (the given scales kept: the coordinates divide by them) |
 //! | `Reshape`, `Flatten`, `Squeeze`, `Unsqueeze` | `reshape` (a view); removed when the shape does not change |
@@ -59,7 +61,7 @@
 //! | `Identity`, `Dropout`, `Cast` of an activation | removed |
 //! | `Split`, `Slice` along axis 1 (channels) | removed: consumers read channel slices; other axes: `opaque` |
 //! | GELU, layer norm and swish written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`; `Sigmoid, Mul` as PyTorch exports SiLU, or `Mul, Sigmoid, Mul`) | rewritten into one `Gelu` / `LayerNormalization` / `Swish` first (only when their constants are the right ones) |
-//! | other element-wise ops (`Erf`, `Where`, comparisons, ...), reductions (`Reduce*`, `ArgMax`), `Gather`, other resizes (cubic, crop and resize, of the batch or channels), `Expand` | `opaque` with the shape we compute (scheduling only: no executor runs them) |
+//! | other element-wise ops (`Erf`, `Where`, comparisons, ...), reductions (`Reduce*`, `ArgMax`), other `Gather`s, other resizes (cubic, crop and resize, of the batch or channels), `Expand` | `opaque` with the shape we compute (scheduling only: no executor runs them) |
 //! | `Constant`, `Shape`, `Size`, and any node whose inputs are all constants | evaluated at import (shape arithmetic), no operator |
 //! | anything else | an error listing every unsupported type with its count; with [`OnnxOptions::allow_unknown`], `opaque` |
 //!

@@ -747,11 +747,12 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
                 &["resize_out"],
                 vec![int("keepdims", 0), ints("axes", &[2, 3])],
             ),
+            // The first image: an index of axis 0, a copy we do not run.
             node(
                 "Gather",
                 "first",
                 &["mean_out", "index"],
-                vec![int("axis", 1)],
+                vec![int("axis", 0)],
             ),
         ],
         vec![pads, scales, index],
@@ -765,7 +766,7 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
     assert_eq!(shape("pad"), vec![2, 8, 8, 10]);
     assert_eq!(shape("resize"), vec![2, 8, 16, 20]);
     assert_eq!(shape("mean"), vec![2, 8]);
-    assert_eq!(shape("first"), vec![2]);
+    assert_eq!(shape("first"), vec![8]);
     assert_eq!(
         types(g),
         BTreeMap::from([("activation", 2), ("opaque", 3), ("pad", 1)])
@@ -906,84 +907,54 @@ fn resizes_map_their_modes_scales_and_sizes() {
         import(&m, &OnnxOptions::default())
             .map(|i| i.graph.node(i.graph.find("r").unwrap()).clone())
     };
-    let resize = |n: &opsched::graph::Node| match &n.op {
-        Op::Resize(r) => Some(*r),
-        _ => None,
+    use opsched::graph::{NearestMode, Resize, ResizeCoord, ResizeMode};
+    // The resize a node maps to, with its output shape.
+    let mapped = |opset, op, inputs, attrs, inits| -> (Resize, Vec<usize>) {
+        let n = one(opset, op, inputs, attrs, inits).unwrap();
+        match n.op {
+            Op::Resize(r) => (r, n.shape),
+            other => panic!("{other:?}"),
+        }
     };
-    use opsched::graph::{NearestMode, ResizeCoord, ResizeMode};
     // Upsample (opset 9): PyTorch's old nearest.
-    let n = one(
-        9,
-        "Upsample",
-        &["x", "s"],
-        vec![],
-        vec![floats("s", &[1.0, 1.0, 2.0, 2.0])],
-    )
-    .unwrap();
-    let r = resize(&n).unwrap();
-    assert_eq!(n.shape, vec![1, 8, 8, 12]);
-    assert_eq!(
-        (r.coord, r.nearest, r.scale),
-        (
-            ResizeCoord::Asymmetric,
-            NearestMode::Floor,
-            Some([2.0, 2.0])
-        )
+    let s4 = floats("s", &[1.0, 1.0, 2.0, 2.0]);
+    let (r, shape) = mapped(9, "Upsample", &["x", "s"], vec![], vec![s4]);
+    assert_eq!(shape, vec![1, 8, 8, 12]);
+    let want = (
+        ResizeCoord::Asymmetric,
+        NearestMode::Floor,
+        Some([2.0, 2.0]),
     );
+    assert_eq!((r.coord, r.nearest, r.scale), want);
     // Resize-10 shrinking rounds up.
-    let n = one(
-        10,
-        "Resize",
-        &["x", "s"],
-        vec![],
-        vec![floats("s", &[1.0, 1.0, 0.5, 0.5])],
-    )
-    .unwrap();
-    assert_eq!(resize(&n).unwrap().nearest, NearestMode::Ceil);
-    assert_eq!(n.shape, vec![1, 8, 2, 3]);
+    let half = floats("s", &[1.0, 1.0, 0.5, 0.5]);
+    let (r, shape) = mapped(10, "Resize", &["x", "s"], vec![], vec![half]);
+    assert_eq!((r.nearest, shape), (NearestMode::Ceil, vec![1, 8, 2, 3]));
     // Sizes, bilinear as PyTorch exports it: the scale is the sizes' ratio.
     let attrs = vec![
         text("mode", "linear"),
         text("coordinate_transformation_mode", "pytorch_half_pixel"),
     ];
-    let n = one(
-        13,
-        "Resize",
-        &["x", "", "", "z"],
-        attrs,
-        vec![int64s("z", &[1, 8, 3, 5])],
-    )
-    .unwrap();
-    let r = resize(&n).unwrap();
-    assert_eq!(
-        (r.mode, r.coord, r.scale, r.size),
-        (
-            ResizeMode::Linear,
-            ResizeCoord::PytorchHalfPixel,
-            None,
-            [3, 5]
-        )
+    let sizes = int64s("z", &[1, 8, 3, 5]);
+    let (r, _) = mapped(13, "Resize", &["x", "", "", "z"], attrs, vec![sizes]);
+    let want = (
+        ResizeMode::Linear,
+        ResizeCoord::PytorchHalfPixel,
+        None,
+        [3, 5],
     );
+    assert_eq!((r.mode, r.coord, r.scale, r.size), want);
     // Opset 18's axes: scales for the spatial axes only, ONNX's defaults otherwise.
     let attrs = vec![ints("axes", &[-2, -1])];
-    let n = one(
-        18,
-        "Resize",
-        &["x", "", "s"],
-        attrs,
-        vec![floats("s", &[1.5, 0.5])],
-    )
-    .unwrap();
-    let r = resize(&n).unwrap();
-    assert_eq!(n.shape, vec![1, 8, 6, 3]);
-    assert_eq!(
-        (r.coord, r.nearest, r.scale),
-        (
-            ResizeCoord::HalfPixel,
-            NearestMode::RoundPreferFloor,
-            Some([1.5, 0.5])
-        )
+    let two = floats("s", &[1.5, 0.5]);
+    let (r, shape) = mapped(18, "Resize", &["x", "", "s"], attrs, vec![two]);
+    assert_eq!(shape, vec![1, 8, 6, 3]);
+    let want = (
+        ResizeCoord::HalfPixel,
+        NearestMode::RoundPreferFloor,
+        Some([1.5, 0.5]),
     );
+    assert_eq!((r.coord, r.nearest, r.scale), want);
     // Opaque, with the shape computed.
     let s = |v: &[f32]| vec![floats("s", v)];
     for (opset, op, attrs, scales, shape) in [
@@ -1049,6 +1020,105 @@ fn resizes_map_their_modes_scales_and_sizes() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("implausibly large"), "{e}");
+}
+
+/// `Gather`: a constant table by activation ids is an `embedding` (with the table as its
+/// weight); one index of an activation's axis 1 (the first token) a channel slice, reshaped
+/// for a scalar index; other axes stay opaque copies; an index outside the axis is an error.
+#[test]
+fn gathers_are_embeddings_first_tokens_or_opaque_copies() {
+    let table = TensorProto {
+        name: "table".into(),
+        dims: vec![10, 4],
+        data_type: data_type::FLOAT,
+        float_data: (0..40).map(|v| v as f32).collect(),
+        ..TensorProto::default()
+    };
+    let index = |name: &str, dims: Vec<i64>, v: i64| TensorProto {
+        name: name.into(),
+        dims,
+        data_type: data_type::INT64,
+        int64_data: vec![v],
+        ..TensorProto::default()
+    };
+    let m = model(
+        17,
+        vec![
+            node("Gather", "words", &["table", "ids"], vec![]),
+            node(
+                "Gather",
+                "first",
+                &["words_out", "zero"],
+                vec![int("axis", 1)],
+            ),
+            node(
+                "Gather",
+                "last",
+                &["words_out", "minus_one"],
+                vec![int("axis", 1)],
+            ),
+            node("Relu", "act", &["last_out"], vec![]),
+            node(
+                "Gather",
+                "column",
+                &["words_out", "zero"],
+                vec![int("axis", 2)],
+            ),
+        ],
+        vec![
+            table,
+            index("zero", vec![], 0),
+            index("minus_one", vec![1], -1),
+        ],
+        vec![value("ids", &[dim(1), dim(3)])],
+    );
+    let opts = OnnxOptions {
+        weights: true,
+        ..OnnxOptions::default()
+    };
+    let i = import(&m, &opts).unwrap();
+    let g = &i.graph;
+    let words = g.find("words").unwrap();
+    assert_eq!(op(g, "words"), &Op::Embedding { rows: 10, dim: 4 });
+    assert_eq!(g.node(words).shape, vec![1, 3, 4]);
+    assert_eq!(g.weights().get(words, 0, "weight").unwrap().data[4], 4.0);
+    // The first token: a reshape of the slice; the last one: the slice itself.
+    let first = g.node(g.find("first").unwrap());
+    assert_eq!(
+        (&first.op, &first.shape),
+        (&Op::Reshape { shape: vec![1, 4] }, &vec![1, 4])
+    );
+    assert_eq!(first.inputs[0][0].channels, Some((0, 1)));
+    let act = g.node(g.find("act").unwrap());
+    assert_eq!(act.inputs[0][0].channels, Some((2, 3)));
+    assert!(g.find("last").is_none());
+    assert!(matches!(op(g, "column"), Op::Opaque { .. }));
+    assert_eq!(g.node(g.find("column").unwrap()).shape, vec![1, 3]);
+    // Index 3 of a 3-long axis.
+    let m = model(
+        17,
+        vec![
+            node("Gather", "words", &["table", "ids"], vec![]),
+            node(
+                "Gather",
+                "far",
+                &["words_out", "three"],
+                vec![int("axis", 1)],
+            ),
+        ],
+        vec![
+            TensorProto {
+                name: "table".into(),
+                dims: vec![10, 4],
+                data_type: data_type::FLOAT,
+                ..TensorProto::default()
+            },
+            index("three", vec![], 3),
+        ],
+        vec![value("ids", &[dim(1), dim(3)])],
+    );
+    let e = import(&m, &OnnxOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("'far'") && e.contains("index 3"), "{e}");
 }
 
 #[test]

@@ -10,8 +10,9 @@
 //!
 //! A `.npy` file is read whole and viewed in place (its header is checked against its length
 //! before anything is allocated for the array), so a header claiming a huge shape costs
-//! nothing. Only `float32` arrays are accepted (the models compute in `f32`); another element
-//! type is an error naming the input and both types. A model whose batch dimension is symbolic
+//! nothing. `float32` arrays are taken as they are (the models compute in `f32`), `int64` and
+//! `int32` ones (token ids, attention masks) as `f32` where it holds every value exactly (up to
+//! 2^24 in magnitude); another element type, or a larger integer, is an error naming the input. A model whose batch dimension is symbolic
 //! takes the batch of the arrays: [`input_batch`] tells the loader which one.
 
 use std::collections::HashMap;
@@ -107,13 +108,41 @@ fn dtype_name(descr: &str) -> String {
     name.to_string()
 }
 
-/// Decode one `.npy` image as `f32`.
+/// The largest integer magnitude up to which `f32` holds every integer (2^24).
+const EXACT_IN_F32: i64 = 1 << 24;
+
+/// An integer array (token ids, masks) as `f32`, where `f32` holds each value exactly.
+fn ints_as_f32<T: Copy + Into<i64>>(view: ArrayViewD<'_, T>, name: &str) -> Result<Tensor, String> {
+    let shape = view.shape().to_vec();
+    let data = view
+        .iter()
+        .map(|&v| {
+            let v: i64 = v.into();
+            match v.abs() <= EXACT_IN_F32 {
+                true => Ok(v as f32),
+                false => Err(format!(
+                    "holds {name} value {v}, beyond what float32 holds exactly (2^24)"
+                )),
+            }
+        })
+        .collect::<Result<Vec<f32>, String>>()?;
+    Tensor::new(shape, data)
+}
+
+/// Decode one `.npy` image as `f32`: `float32` values as they are, `int64` and `int32` ones
+/// (token ids, masks) converted where `f32` holds them exactly.
 fn decode_npy(bytes: &[u8]) -> Result<Tensor, String> {
+    if let Ok(v) = ArrayViewD::<i64>::view_npy(bytes) {
+        return ints_as_f32(v, "int64");
+    }
+    if let Ok(v) = ArrayViewD::<i32>::view_npy(bytes) {
+        return ints_as_f32(v, "int32");
+    }
     let view = ArrayViewD::<f32>::view_npy(bytes).map_err(|e| match e {
         ViewNpyError::WrongDescriptor(d) => {
             let d = d.to_string();
             format!(
-                "holds {} values; the model takes float32",
+                "holds {} values; the model takes float32 (or int64 and int32 indices)",
                 dtype_name(d.trim_matches(['\'', '"']))
             )
         }

@@ -172,16 +172,29 @@ fn npy_image(shape: &str, data: &[u8]) -> Vec<u8> {
 }
 
 #[test]
-fn arrays_that_are_not_float32_or_not_npy_are_refused_by_file() {
+fn arrays_that_are_not_float32_or_exact_integers_or_not_npy_are_refused_by_file() {
     let dir = scratch("dtype");
     let f64_path = dir.join("double.npy");
     let a = ArrayD::<f64>::zeros(IxDyn(&[2, 3]));
     a.write_npy(std::fs::File::create(&f64_path).unwrap())
         .unwrap();
+    // Integers are indices, taken where float32 holds them exactly: not 2^24 + 1.
     let i64_path = dir.join("ints.npy");
-    let a = ArrayD::<i64>::zeros(IxDyn(&[4]));
+    let a = ArrayD::<i64>::from_shape_vec(IxDyn(&[2]), vec![3, (1 << 24) + 1]).unwrap();
     a.write_npy(std::fs::File::create(&i64_path).unwrap())
         .unwrap();
+    let ids = dir.join("ids.npy");
+    let a = ArrayD::<i64>::from_shape_vec(IxDyn(&[1, 3]), vec![101, -2, 1 << 24]).unwrap();
+    a.write_npy(std::fs::File::create(&ids).unwrap()).unwrap();
+    let t = npy::read_npy(&ids).unwrap();
+    assert_eq!(
+        (t.shape.as_slice(), &t.data[..]),
+        (&[1, 3][..], &[101.0, -2.0, 16_777_216.0][..])
+    );
+    let ids32 = dir.join("ids32.npy");
+    let a = ArrayD::<i32>::from_shape_vec(IxDyn(&[2]), vec![7, 0]).unwrap();
+    a.write_npy(std::fs::File::create(&ids32).unwrap()).unwrap();
+    assert_eq!(&npy::read_npy(&ids32).unwrap().data[..], &[7.0, 0.0]);
     // A header claiming 2^40 values over 16 bytes of data: refused before any allocation.
     let huge_path = dir.join("huge.npy");
     std::fs::write(&huge_path, npy_image("(1099511627776,)", &[0u8; 16])).unwrap();
@@ -192,7 +205,7 @@ fn arrays_that_are_not_float32_or_not_npy_are_refused_by_file() {
 
     for (path, why) in [
         (&f64_path, "float64"),
-        (&i64_path, "int64"),
+        (&i64_path, "int64 value 16777217"),
         (&huge_path, "missing 4398046511088 bytes"),
         (&malformed, "not a readable .npy array"),
         (&not_npy, "not a readable .npy array"),

@@ -314,8 +314,9 @@ pub struct RunArgs {
     model_args: ModelArgs,
     #[command(flatten)]
     sched: SchedArgs,
-    /// A model input as a float32 NumPy array: `FILE.npy` for a model with one input, else
-    /// `NAME=FILE.npy` per input (repeat). Without, inputs are pseudo-random.
+    /// A model input as a NumPy array (float32; int64 or int32 for token ids and masks):
+    /// `FILE.npy` for a model with one input, else `NAME=FILE.npy` per input (repeat).
+    /// Without, inputs are pseudo-random (token ids: rows of the table that reads them).
     #[arg(long, value_name = "[NAME=]FILE.npy")]
     input: Vec<opsched::npy::InputArg>,
     /// Write the model's outputs: a `.npy` (one output) or `.npz` (every output, by name).

@@ -538,7 +538,17 @@ fn execute(cx: &WorkerCx, job: Job) -> Result<(), GpuError> {
                 let writes: Vec<BufId> = access.writes.iter().map(|a| a.0).collect();
                 let parts: Vec<_> = writes.iter().map(|&b| (b, s.written())).collect();
                 touch(cx, &op.mem, &reads, &parts, tick, &op.name)?;
-                with_io(&op.mem, &reads, &writes, |io| s.kernel().run_cpu(io))?;
+                // A kernel that refuses its data (an index outside its table) names the
+                // operator.
+                with_io(&op.mem, &reads, &writes, |io| s.kernel().run_cpu(io)).map_err(
+                    |e| match e {
+                        GpuError::Plan(m) => GpuError::Unsupported {
+                            node: op.name.to_string(),
+                            message: m,
+                        },
+                        e => e,
+                    },
+                )?;
             }
             Ok(())
         }

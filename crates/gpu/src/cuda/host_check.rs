@@ -158,6 +158,8 @@ fn prelude() -> String {
         ),
         part("#define GRID_STRIDE(", "\n\n"),
         "\n",
+        part("// Where element t of a `[n, c, rows, cols]`", "\n\n"),
+        "\n",
     ]
     .concat()
 }
@@ -469,4 +471,53 @@ fn the_resize_kernels_agree_with_the_reference_on_the_host() {
     ]
     .concat();
     compile_and_run("resize", &source);
+}
+
+/// The `embedding` kernel against `table_row` (the CPU's rule): in-range indices, negative
+/// ones from the end, and zeros for what names no row (a fraction, one past either end).
+#[test]
+fn the_embedding_kernel_agrees_with_the_row_rule_on_the_host() {
+    use opsched_graph::op::table_row;
+    let (rows, dim) = (5usize, 3usize);
+    let table: Vec<f32> = (0..rows * dim).map(|v| v as f32 + 0.5).collect();
+    let idx = [0.0f32, 4.0, -1.0, -5.0, 2.5, 5.0, -6.0, 3.0];
+    let want: Vec<f32> = idx
+        .iter()
+        .flat_map(|&v| match table_row(v, rows) {
+            Some(r) => table[r * dim..][..dim].to_vec(),
+            None => vec![0.0; dim],
+        })
+        .collect();
+    let list = |v: &[f32]| {
+        v.iter()
+            .map(|x| format!("{x:?}f"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let driver = format!(
+        "int main() {{\n\
+         static const float table[] = {{{}}}; static const float idx[] = {{{}}};\n\
+         static const float want[] = {{{}}}; float y[{}];\n\
+         embedding(y, idx, table, {}, {rows}, {dim});\n\
+         int bad = 0;\n\
+         for (int t = 0; t < {}; ++t) bad += y[t] != want[t];\n\
+         printf(\"1 cases, %d failed\\n\", bad != 0);\n\
+         return bad != 0;\n}}\n",
+        list(&table),
+        list(&idx),
+        list(&want),
+        want.len(),
+        want.len(),
+        want.len(),
+    );
+    let source = [
+        &prelude(),
+        part(
+            "// Table lookup (step/embedding.rs)",
+            "// Resize of the spatial axes",
+        ),
+        &driver,
+    ]
+    .concat();
+    compile_and_run("embedding", &source);
 }

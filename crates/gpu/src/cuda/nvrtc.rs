@@ -55,6 +55,28 @@ __device__ __forceinline__ float bin_f(float x, float y, int op) {
 // A grid-stride step is below 2^28, so t + step stays below 2^32.
 #define FITS32(n) ((n) <= 0x7fffffffLL)
 
+// Where element t of a `[n, c, rows, cols]` tensor lies (its channel, row, column and image),
+// NCHW or channels last (NHWC: channels vary fastest): an output of the depthwise convolution or
+// a resize, or for the tiled depthwise kernel a group of a row's outputs.
+template <typename I, bool NHWC>
+__device__ __forceinline__ void element_at(I t, int c, int rows, int cols, int& ch, int& i,
+                                           int& j, I& image) {
+    if (NHWC) {
+        ch = (int)(t % c);
+        const I pixel = t / c;
+        j = (int)(pixel % cols);
+        i = (int)((pixel / cols) % rows);
+        image = pixel / ((I)rows * cols);
+    } else {
+        j = (int)(t % cols);
+        i = (int)((t / cols) % rows);
+        const I plane = t / ((I)rows * cols);
+        ch = (int)(plane % c);
+        image = plane / c;
+    }
+}
+
+
 template <typename I>
 __device__ __forceinline__ void slab_copy_t(float* dst, const float* src, I outer, I src_axis,
                                             I src_off, I dst_axis, I dst_off, I len, I inner,
@@ -399,19 +421,10 @@ __device__ __forceinline__ void pool2d_sum_t(float* y, I y_run, I y_stride,
     GRID_STRIDE_T(I, t, total) {
         int ch, i, j;
         I b;
-        if (nhwc) {
-            ch = (int)(t % c);
-            I pix = t / c;
-            j = (int)(pix % ow);
-            i = (int)((pix / ow) % oh);
-            b = pix / ((I)oh * ow);
-        } else {
-            j = (int)(t % ow);
-            i = (int)((t / ow) % oh);
-            I bc = t / ((I)oh * ow);
-            ch = (int)(bc % c);
-            b = bc / c;
-        }
+        if (nhwc)
+            element_at<I, true>(t, c, oh, ow, ch, i, j, b);
+        else
+            element_at<I, false>(t, c, oh, ow, ch, i, j, b);
         PoolWin win = pool_window(i, j, h, w, kh, kw, sh, sw, ph, pw, eh, ew, count_pad);
         float acc = 0.0f;
         for (int k = 0; k < npool; ++k) {
@@ -577,6 +590,19 @@ extern "C" __global__ void broadcast(float* y, const float* a, const float* b, i
 
 // Constant padding: y (out_dims) is x (in_dims) shifted by `begin` on every axis, `value`
 // around it.
+// Table lookup (step/embedding.rs): element d of output row i is element d of the table's row
+// that index idx[i] names (op::table_row: an integer in [-rows, rows), negative from the end),
+// zero for any other index (the CPU refuses those).
+extern "C" __global__ void embedding(float* y, const float* idx, const float* table, i64 total,
+                                     i64 rows, int dim) {
+    GRID_STRIDE(t, total) {
+        const float v = idx[t / dim];
+        const bool row = v == truncf(v) && v >= -(float)rows && v < (float)rows;
+        const i64 r = row ? (i64)v + (v < 0.0f ? rows : 0) : 0;
+        y[t] = row ? table[r * dim + t % dim] : 0.0f;
+    }
+}
+
 // Resize of the spatial axes (step/resize.rs): output element (i, j) of a plane reads input
 // rows rows[i] = (lo, hi) and columns cols[j], with weights alike; tables `index` and `weight`
 // hold oh row pairs, then ow column pairs. Bilinear: the products of weights first, summed in
@@ -589,19 +615,7 @@ __device__ __forceinline__ void resize2d_t(float* y, const float* x, I images, i
     GRID_STRIDE_T(I, t, total) {
         int ch, i, j;
         I image;
-        if (NHWC) {
-            ch = (int)(t % c);
-            const I pixel = t / c;
-            j = (int)(pixel % ow);
-            i = (int)((pixel / ow) % oh);
-            image = pixel / ((I)oh * ow);
-        } else {
-            j = (int)(t % ow);
-            i = (int)((t / ow) % oh);
-            const I plane = t / ((I)oh * ow);
-            ch = (int)(plane % c);
-            image = plane / c;
-        }
+        element_at<I, NHWC>(t, c, oh, ow, ch, i, j, image);
         const int r0 = index[2 * i], r1 = index[2 * i + 1];
         const int c0 = index[2 * (oh + j)], c1 = index[2 * (oh + j) + 1];
         // Element (r, s) of this image and channel.
@@ -676,27 +690,6 @@ extern "C" __global__ void pad(float* y, const float* x, i64 total, int rank, Di
 // loop's earlier form.
 struct Geo12 { int v[12]; };
 
-// Where element t of a depthwise convolution's `[n, c, rows, cols]` work lies (its channel,
-// row, column and image; channels last, channels vary fastest): an output, or for the tiled
-// kernel a group of a row's outputs.
-template <typename I, bool NHWC>
-__device__ __forceinline__ void depthwise_at(I t, int c, int rows, int cols, int& ch, int& i,
-                                             int& j, I& image) {
-    if (NHWC) {
-        ch = (int)(t % c);
-        const I pixel = t / c;
-        j = (int)(pixel % cols);
-        i = (int)((pixel / cols) % rows);
-        image = pixel / ((I)rows * cols);
-    } else {
-        j = (int)(t % cols);
-        i = (int)((t / cols) % rows);
-        const I plane = t / ((I)rows * cols);
-        ch = (int)(plane % c);
-        image = plane / c;
-    }
-}
-
 template <int PRE>
 __device__ __forceinline__ float pre_f(float v, int pre, float q0, float q1) {
     return PRE == 0 ? v : PRE == 1 ? fmaxf(v, 0.0f) : act_f(v, pre, q0, q1);
@@ -719,7 +712,7 @@ __device__ __forceinline__ void depthwise_conv_t(float* y, const float* x, const
     GRID_STRIDE_T(I, t, total) {
         int ch, i, j;
         I image;
-        depthwise_at<I, NHWC>(t, c, oh, ow, ch, i, j, image);
+        element_at<I, NHWC>(t, c, oh, ow, ch, i, j, image);
         const I xoff = image * ximage + (NHWC ? (I)ch : (I)ch * h * w);
         const float* xp = x + xoff;
         const float* wp = NHWC ? wt + ch : wt + (i64)ch * kh * kw;
@@ -839,7 +832,7 @@ __device__ __forceinline__ void tiled_depthwise_t(float* y, const float* x, cons
     GRID_STRIDE_T(unsigned, t, total) {
         int ch, i, jt;
         unsigned image;
-        depthwise_at<unsigned, NHWC>(t, c, oh, owv, ch, i, jt, image);
+        element_at<unsigned, NHWC>(t, c, oh, owv, ch, i, jt, image);
         const int j0 = jt * V;
         const unsigned xoff = image * ximage + (NHWC ? (unsigned)ch : (unsigned)ch * h * w);
         const float* xp = x + xoff;
@@ -960,6 +953,7 @@ pub const NAMES: &[&str] = &[
     "pad",
     "resize2d",
     "resize2d_nhwc",
+    "embedding",
     "depthwise_conv",
     "depthwise_conv_nhwc",
     "depthwise_conv_tiled",

@@ -20,6 +20,7 @@ pub mod broadcast;
 pub mod conv;
 pub mod copy;
 pub mod elementwise;
+pub mod embedding;
 pub mod gemm;
 pub mod layer_norm;
 pub mod pad;
@@ -110,6 +111,7 @@ steps! {
     Softmax(softmax::Softmax),
     LayerNorm(layer_norm::LayerNorm),
     Elementwise(elementwise::Elementwise),
+    Embedding(embedding::Embedding),
     Broadcast(broadcast::Broadcast),
     Pad(pad::Pad),
     Transpose(transpose::Transpose),

@@ -55,6 +55,7 @@ fn describe(op: &Op) -> String {
         Op::Pad { begin, end, value } => format!("pad {begin:?} {end:?} value {value}"),
         Op::LogSoftmax { axis } => format!("log_softmax axis {axis}"),
         Op::Resize(r) => format!("resize {r}"),
+        Op::Embedding { rows, dim } => format!("embedding {rows}x{dim}"),
         Op::Conv2d(c) => {
             let mut s = format!(
                 "conv2d {} {}x{} s{} p{}",
