@@ -228,6 +228,7 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
         Op::Pool2d(_)
         | Op::Resize(_)
         | Op::Embedding { .. }
+        | Op::Slice { .. }
         | Op::Activation { .. }
         | Op::Softmax { .. }
         | Op::LogSoftmax { .. }

@@ -352,6 +352,9 @@ fn write_op(s: &mut String, op: &Op) {
         Op::Embedding { rows, dim } => {
             let _ = write!(s, "(rows={rows},dim={dim})");
         }
+        Op::Slice { axis, begin, end } => {
+            let _ = write!(s, "(axis={axis},b={begin},e={end})");
+        }
         Op::Conv2d(c) => {
             let _ = write!(
                 s,

@@ -1471,6 +1471,9 @@ impl<'g> Builder<'g> {
             Op::Affine => step::broadcast::lower_affine(self, steps, at, src, out, out_shape),
             Op::LayerNorm { eps } => step::layer_norm::lower(self, steps, at, *eps, src, out),
             Op::Transpose { perm } => step::transpose::lower(self, steps, at, perm, src, out),
+            Op::Slice { axis, begin, end } => {
+                step::copy::lower_slice(self, steps, at, [*axis, *begin, *end], src, out)
+            }
             Op::Sequential { ops } => self.lower_sequential(steps, at, ops, src, out),
         }
     }

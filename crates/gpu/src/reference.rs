@@ -626,6 +626,15 @@ fn eval(
             let (x, s) = single();
             resize(&x, &s, r)
         }
+        Op::Slice { axis, begin, end } => {
+            let (x, s) = single();
+            let inner: usize = s[axis + 1..].iter().product();
+            let (dim, len) = (s[*axis], end - begin);
+            x.chunks(dim * inner)
+                .flat_map(|row| &row[begin * inner..(begin + len) * inner])
+                .copied()
+                .collect()
+        }
         Op::Embedding { rows, dim } => {
             let (x, _) = single();
             let w = param(g, node, inner, "weight", rows * dim, 0.0, 1.0)?;

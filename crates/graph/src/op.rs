@@ -477,6 +477,13 @@ pub enum Op {
     Reshape {
         shape: Vec<i64>,
     },
+    /// Elements `begin..end` of axis `axis` (ONNX's `Slice` with unit steps and `Split` along
+    /// an axis other than channels, which values slice themselves).
+    Slice {
+        axis: usize,
+        begin: usize,
+        end: usize,
+    },
     /// Permute the axes.
     Transpose {
         perm: Vec<usize>,
@@ -654,6 +661,7 @@ impl Op {
             Op::LayerNorm { .. } => "layer_norm",
             Op::Reshape { .. } => "reshape",
             Op::Transpose { .. } => "transpose",
+            Op::Slice { .. } => "slice",
             Op::Sequential { .. } => "sequential",
             Op::Abstract { .. } => "abstract",
             Op::Opaque { .. } => "opaque",
@@ -680,6 +688,7 @@ impl Op {
                 | Op::Transpose { .. }
                 | Op::Concat { .. }
                 | Op::Pad { .. }
+                | Op::Slice { .. }
         )
     }
 
@@ -929,6 +938,19 @@ impl Op {
                 }
                 Ok(out)
             }
+            Op::Slice { axis, begin, end } => {
+                let dim = *x
+                    .get(*axis)
+                    .ok_or_else(|| format!("slice axis {axis} out of range for {x:?}"))?;
+                if begin >= end || *end > dim {
+                    return Err(format!(
+                        "slice [{begin}, {end}) of axis {axis} is empty or outside {x:?}"
+                    ));
+                }
+                let mut out = x.clone();
+                out[*axis] = end - begin;
+                Ok(out)
+            }
             Op::Transpose { perm } => {
                 let mut seen = vec![false; x.len()];
                 if perm.len() != x.len() {
@@ -1049,7 +1071,11 @@ impl Op {
                 mul("FLOPs", out_elems, count(terms.len()).saturating_sub(1))?,
                 0,
             ),
-            Op::Concat { .. } | Op::Identity | Op::Reshape { .. } | Op::Transpose { .. } => (0, 0),
+            Op::Concat { .. }
+            | Op::Identity
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. } => (0, 0),
             Op::Linear {
                 out_features,
                 bias,

@@ -1889,9 +1889,10 @@ impl<'a> Importer<'a> {
                     }),
                 );
             } else if self.consumers.contains_key(out) {
-                let op = Op::Opaque {
-                    op_type: "Split".into(),
-                    shape,
+                let op = Op::Slice {
+                    axis,
+                    begin,
+                    end: begin + len,
                 };
                 self.push(node, out, op, vec![x.term()])?;
             }
@@ -1915,29 +1916,50 @@ impl<'a> Importer<'a> {
         let (starts, ends, axes, steps) = consts::slice_args(node, &cins)
             .ok_or_else(|| Fail::Error("needs constant starts and ends".into()))?;
         let out = Self::out0(node)?;
-        if let Some((1, b, e)) =
-            shapes::slice_one_axis(&x.shape, &starts, &ends, axes.as_deref(), steps.as_deref())
-        {
-            let base = x.channels.map_or(0, |(b, _)| b);
-            let mut shape = x.shape.clone();
-            shape[1] = e - b;
-            if b == 0 && e == x.shape[1] {
-                self.alias(&node.input[0], out, x);
-                return Ok(());
-            }
-            self.vals.insert(
-                out.to_string(),
-                Val::Act(Act {
-                    node: x.node,
-                    shape,
-                    channels: Some((base + b, base + e)),
-                }),
-            );
-            self.report.removed += 1;
-            return Ok(());
+        let Some(ranges) =
+            shapes::unit_slices(&x.shape, &starts, &ends, axes.as_deref(), steps.as_deref())
+        else {
+            let shape = shapes::slice(&x.shape, &starts, &ends, axes.as_deref(), steps.as_deref())?;
+            return self.opaque(node, &ins[..1], Some(shape));
+        };
+        // Unit steps: channels are a slice of the value; every other axis cut is a `slice`
+        // operator, one per axis (the last one writes `out`).
+        let cuts: Vec<(usize, usize, usize)> = ranges
+            .into_iter()
+            .filter(|&(a, b, e)| b > 0 || e < x.shape[a])
+            .collect();
+        let x_channels = x.channels;
+        let mut cur = x;
+        if let Some(&(_, b, e)) = cuts.iter().find(|c| c.0 == 1) {
+            let base = cur.channels.map_or(0, |(b, _)| b);
+            cur.shape[1] = e - b;
+            cur.channels = Some((base + b, base + e));
         }
-        let shape = shapes::slice(&x.shape, &starts, &ends, axes.as_deref(), steps.as_deref())?;
-        self.opaque(node, &ins[..1], Some(shape))
+        let others: Vec<_> = cuts.iter().filter(|c| c.0 != 1).collect();
+        for (k, &&(axis, begin, end)) in others.iter().enumerate() {
+            let tensor = match k + 1 == others.len() {
+                true => out.to_string(),
+                false => format!("{out}#axis{axis}"),
+            };
+            let op = Op::Slice { axis, begin, end };
+            let id = self.push(node, &tensor, op, vec![cur.term()])?;
+            cur = Act {
+                node: id,
+                shape: self.nodes[id].shape.clone(),
+                channels: None,
+            };
+        }
+        match (others.is_empty(), cur.channels == x_channels) {
+            // Nothing cut: the same value.
+            (true, true) => self.alias(&node.input[0], out, cur),
+            // Channels only: a slice of the value (never a fold point).
+            (true, false) => {
+                self.vals.insert(out.to_string(), Val::Act(cur));
+                self.report.removed += 1;
+            }
+            (false, _) => {}
+        }
+        Ok(())
     }
 }
 

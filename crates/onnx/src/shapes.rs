@@ -233,27 +233,31 @@ pub fn slice(
     Ok(out)
 }
 
-/// The `[begin, end)` a unit-step `Slice` of one axis selects, with the axis.
-pub fn slice_one_axis(
+/// The `(axis, begin, end)` each axis of a unit-step `Slice` keeps, one per axis named (in
+/// their order); `None` for other steps, an axis named twice, or an empty range.
+pub fn unit_slices(
     x: &[usize],
     starts: &[i64],
     ends: &[i64],
     axes: Option<&[i64]>,
     steps: Option<&[i64]>,
-) -> Option<(usize, usize, usize)> {
-    let ([s], [e]) = (starts, ends) else {
-        return None;
-    };
-    let a = match axes {
-        Some([a]) => axis(*a, x.len()).ok()?,
-        Some(_) => return None,
-        None => 0,
-    };
-    if steps.is_some_and(|v| v != [1]) {
+) -> Option<Vec<(usize, usize, usize)>> {
+    if starts.len() != ends.len() || steps.is_some_and(|v| v.iter().any(|&s| s != 1)) {
         return None;
     }
-    let (b, e, _) = slice_range(*x.get(a)?, *s, *e, 1)?;
-    (b < e).then_some((a, b as usize, e as usize))
+    let mut out: Vec<(usize, usize, usize)> = Vec::with_capacity(starts.len());
+    for (k, (&s, &e)) in starts.iter().zip(ends).enumerate() {
+        let a = match axes {
+            Some(ax) => axis(*ax.get(k)?, x.len()).ok()?,
+            None => k,
+        };
+        let (b, e, _) = slice_range(*x.get(a)?, s, e, 1)?;
+        if b >= e || out.iter().any(|c| c.0 == a) {
+            return None;
+        }
+        out.push((a, b as usize, e as usize));
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -282,8 +286,25 @@ mod tests {
             Ok(vec![10])
         );
         assert_eq!(
-            slice_one_axis(&[1, 10, 8], &[2], &[5], Some(&[-2]), None),
-            Some((1, 2, 5))
+            unit_slices(&[1, 10, 8], &[2], &[5], Some(&[-2]), None),
+            Some(vec![(1, 2, 5)])
         );
+        // A crop of both spatial axes; a step of 2, an axis twice and an empty range are not.
+        assert_eq!(
+            unit_slices(
+                &[1, 3, 8, 8],
+                &[1, 1],
+                &[-1, 7],
+                Some(&[2, 3]),
+                Some(&[1, 1])
+            ),
+            Some(vec![(2, 1, 7), (3, 1, 7)])
+        );
+        assert_eq!(unit_slices(&[8], &[0], &[8], None, Some(&[2])), None);
+        assert_eq!(
+            unit_slices(&[8, 8], &[0, 1], &[4, 5], Some(&[1, -1]), None),
+            None
+        );
+        assert_eq!(unit_slices(&[8], &[5], &[2], None, None), None);
     }
 }

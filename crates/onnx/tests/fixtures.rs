@@ -1121,6 +1121,78 @@ fn gathers_are_embeddings_first_tokens_or_opaque_copies() {
     assert!(e.contains("'far'") && e.contains("index 3"), "{e}");
 }
 
+/// Unit-step slices of axes other than channels are `slice` operators, one per axis cut
+/// (channels stay a slice of the value), and so are the parts of a split along such an axis;
+/// a reversed slice stays an opaque copy.
+#[test]
+fn slices_of_other_axes_are_slice_operators() {
+    let ints64 = |name: &str, v: &[i64]| TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: data_type::INT64,
+        int64_data: v.to_vec(),
+        ..TensorProto::default()
+    };
+    let m = model(
+        17,
+        vec![
+            // Channels 2..6 and rows 1..7 at once.
+            node("Slice", "corner", &["x", "s0", "e0", "a0"], vec![]),
+            node("Relu", "r", &["corner_out"], vec![]),
+            node("Split", "halves", &["x"], vec![int("axis", 3)]),
+            node("Slice", "reversed", &["x", "s1", "e1", "a1", "st1"], vec![]),
+        ],
+        vec![
+            ints64("s0", &[2, 1]),
+            ints64("e0", &[6, -1]),
+            ints64("a0", &[1, 2]),
+            ints64("s1", &[-1]),
+            ints64("e1", &[i64::MIN]),
+            ints64("a1", &[2]),
+            ints64("st1", &[-1]),
+        ],
+        vec![value("x", &[dim(1), dim(8), dim(8), dim(6)])],
+    );
+    let mut m = m;
+    m.graph.as_mut().unwrap().node[2].output = vec!["top".into(), "bottom".into()];
+    let outs = [
+        ("r_out", [1, 4, 6, 6]),
+        ("top", [1, 8, 8, 3]),
+        ("bottom", [1, 8, 8, 3]),
+    ];
+    m.graph.as_mut().unwrap().output = outs
+        .iter()
+        .map(|(n, s)| value(n, &s.map(|d| dim(d as i64))))
+        .chain(std::iter::once(value(
+            "reversed_out",
+            &[dim(1), dim(8), dim(8), dim(6)],
+        )))
+        .collect();
+    let i = import(&m, &OnnxOptions::default()).unwrap();
+    let g = &i.graph;
+    let corner = g.node(g.find("corner").unwrap());
+    assert_eq!(
+        corner.op,
+        Op::Slice {
+            axis: 2,
+            begin: 1,
+            end: 7
+        }
+    );
+    assert_eq!(corner.inputs[0][0].channels, Some((2, 6)));
+    assert_eq!(corner.shape, vec![1, 4, 6, 6]);
+    let half = |n: &str| g.node(g.find(n).unwrap()).op.clone();
+    assert_eq!(
+        half("halves:bottom"),
+        Op::Slice {
+            axis: 3,
+            begin: 3,
+            end: 6
+        }
+    );
+    assert!(matches!(op(g, "reversed"), Op::Opaque { .. }));
+}
+
 #[test]
 fn dynamo_exports_give_blocks_from_name_scope_metadata_and_reduce_mean_pools() {
     let scoped = |mut n: NodeProto, scopes: &str| {

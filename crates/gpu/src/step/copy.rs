@@ -46,6 +46,38 @@ pub(crate) fn lower_concat(
     Ok(())
 }
 
+/// Lower a `slice` (`[axis, begin, end]`): one slab copy, a row of `end - begin` elements of
+/// the axis per index of the axes before it.
+pub(crate) fn lower_slice(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    [axis, begin, end]: [usize; 3],
+    src: Src<'_>,
+    out: BufId,
+) -> Result<(), GpuError> {
+    let (x, shape) = b.single(steps, at, src)?;
+    let (Some(&dim), true) = (shape.get(axis), begin < end) else {
+        return Err(b.unsupported(at, format!("a slice of axis {axis} of {shape:?}")));
+    };
+    steps.push(
+        Copy {
+            src: x,
+            dst: out,
+            outer: shape[..axis].iter().product(),
+            src_axis: dim,
+            src_off: begin,
+            dst_axis: end - begin,
+            dst_off: 0,
+            len: end - begin,
+            inner: shape[axis + 1..].iter().product(),
+            accumulate: false,
+        }
+        .into(),
+    );
+    Ok(())
+}
+
 impl Copy {
     /// All of `n` elements of `src` into `dst`.
     pub fn whole(src: BufId, dst: BufId, n: usize) -> Copy {

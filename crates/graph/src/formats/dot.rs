@@ -131,6 +131,7 @@ fn describe(op: &Op) -> String {
         Op::LayerNorm { eps } => format!("layer_norm eps {eps}"),
         Op::Reshape { shape } => format!("reshape {shape:?}"),
         Op::Transpose { perm } => format!("transpose {perm:?}"),
+        Op::Slice { axis, begin, end } => format!("slice axis {axis} [{begin}, {end})"),
         Op::Sequential { ops } => {
             let inner: Vec<String> = ops.iter().map(describe).collect();
             format!("sequential [{}]", inner.join("; "))
