@@ -46,6 +46,9 @@ fn extreme_integers_anywhere_never_panic() {
         "fixtures/parity/pooling.onnx",
         "fixtures/parity/attention13.onnx",
         "fixtures/parity/mlp.onnx",
+        "fixtures/parity/resize.onnx",
+        "fixtures/parity/slices.onnx",
+        "fixtures/parity/bert_ids.onnx",
     ];
     let mut imports = 0usize;
     for rel in models {
@@ -395,6 +398,10 @@ fn byte_mutations_with_weights_never_panic() {
         "mlp",
         "attention13",
         "external_data",
+        "swish",
+        "resize",
+        "bert_ids",
+        "slices",
     ] {
         let path = repo(&format!("fixtures/parity/{name}.onnx"));
         let bytes = std::fs::read(&path).unwrap();
