@@ -229,6 +229,7 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
         | Op::Resize(_)
         | Op::Embedding { .. }
         | Op::Slice { .. }
+        | Op::Reduce { .. }
         | Op::Activation { .. }
         | Op::Softmax { .. }
         | Op::LogSoftmax { .. }

@@ -355,6 +355,14 @@ fn write_op(s: &mut String, op: &Op) {
         Op::Slice { axis, begin, end } => {
             let _ = write!(s, "(axis={axis},b={begin},e={end})");
         }
+        Op::Reduce {
+            kind,
+            begin,
+            end,
+            keep,
+        } => {
+            let _ = write!(s, "({},{begin}..{end},keep={keep})", lower(kind));
+        }
         Op::Conv2d(c) => {
             let _ = write!(
                 s,

@@ -1474,6 +1474,9 @@ impl<'g> Builder<'g> {
             Op::Slice { axis, begin, end } => {
                 step::copy::lower_slice(self, steps, at, [*axis, *begin, *end], src, out)
             }
+            Op::Reduce {
+                kind, begin, end, ..
+            } => step::reduce::lower(self, steps, at, *kind, [*begin, *end], src, out),
             Op::Sequential { ops } => self.lower_sequential(steps, at, ops, src, out),
         }
     }

@@ -626,6 +626,25 @@ fn eval(
             let (x, s) = single();
             resize(&x, &s, r)
         }
+        Op::Reduce {
+            kind, begin, end, ..
+        } => {
+            let (x, s) = single();
+            let (red, inner): (usize, usize) =
+                (s[*begin..*end].iter().product(), s[*end..].iter().product());
+            let outer = x.len() / (red * inner).max(1);
+            let mut y = Vec::with_capacity(outer * inner);
+            for o in 0..outer {
+                for i in 0..inner {
+                    let mut acc = kind.start();
+                    for r in 0..red {
+                        acc = kind.step(acc, x[(o * red + r) * inner + i]);
+                    }
+                    y.push(kind.finish(acc, red));
+                }
+            }
+            y
+        }
         Op::Slice { axis, begin, end } => {
             let (x, s) = single();
             let inner: usize = s[axis + 1..].iter().product();

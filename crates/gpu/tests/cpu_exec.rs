@@ -14,7 +14,8 @@ use opsched_gpu::{
 use opsched_graph::fusion::Fusions;
 use opsched_graph::zoo::{self, ZooConfig};
 use opsched_graph::{
-    Activation, Conv2d, DType, ElementwiseKind, Graph, GraphBuilder, NodeId, Op, Pool2d, Value,
+    Activation, Conv2d, DType, ElementwiseKind, Graph, GraphBuilder, NodeId, Op, Pool2d,
+    ReduceKind, Value,
 };
 
 fn close(a: f32, b: f32) -> bool {
@@ -794,7 +795,8 @@ fn resizes_match_the_reference_in_both_layouts() {
 }
 
 /// Token ids read by two tables (the default ids are rows of the smaller), their vectors
-/// summed, normalized and projected; the first token taken as a channel slice.
+/// summed, normalized and projected; the first token taken as a channel slice; the tokens'
+/// mean, and the largest value of each vector.
 fn embedding_graph() -> Graph {
     let mut b = GraphBuilder::new("embedding", DType::F32);
     let ids = b.input("ids", vec![2, 5]);
@@ -802,6 +804,14 @@ fn embedding_graph() -> Graph {
     let types = b.op("types", Op::Embedding { rows: 3, dim: 8 }, &[ids]);
     let sum = b.add("sum", &[words, types]);
     let norm = b.op("norm", Op::LayerNorm { eps: 1e-5 }, &[sum]);
+    let reduce = |kind, begin, end, keep| Op::Reduce {
+        kind,
+        begin,
+        end,
+        keep,
+    };
+    b.op("mean", reduce(ReduceKind::Mean, 1, 2, false), &[norm]);
+    b.op("max", reduce(ReduceKind::Max, 2, 3, true), &[norm]);
     let first = b.node(
         "first",
         Op::Reshape { shape: vec![2, 8] },

@@ -61,7 +61,8 @@ pub use builder::GraphBuilder;
 pub use error::{GraphError, Result};
 pub use graph::{Block, Edge, Graph, GraphOutput, Node, NodeDef, NodeId, Term, Value};
 pub use op::{
-    Activation, BinaryKind, Conv2d, DType, ElementwiseKind, Op, OpStats, Pool2d, PoolKind, Shape,
+    Activation, BinaryKind, Conv2d, DType, ElementwiseKind, Op, OpStats, Pool2d, PoolKind,
+    ReduceKind, Shape,
 };
 pub use resize::{NearestMode, Resize, ResizeCoord, ResizeMode};
 pub use weights::{Tensor, Weights};

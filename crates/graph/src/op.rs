@@ -198,6 +198,50 @@ pub enum ElementwiseKind {
     Mul,
 }
 
+/// How a `reduce` combines the elements it reduces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReduceKind {
+    Mean,
+    Sum,
+    Max,
+    Min,
+}
+
+impl ReduceKind {
+    /// The value a reduction starts from.
+    pub fn start(self) -> f32 {
+        match self {
+            ReduceKind::Mean | ReduceKind::Sum => 0.0,
+            ReduceKind::Max => f32::NEG_INFINITY,
+            ReduceKind::Min => f32::INFINITY,
+        }
+    }
+
+    /// `acc` combined with the next element `v` (elements in order: every executor sums
+    /// alike).
+    pub fn step(self, acc: f32, v: f32) -> f32 {
+        match self {
+            ReduceKind::Mean | ReduceKind::Sum => acc + v,
+            ReduceKind::Max => acc.max(v),
+            ReduceKind::Min => acc.min(v),
+        }
+    }
+
+    /// The result after `count` elements (a mean divides the sum by them).
+    pub fn finish(self, acc: f32, count: usize) -> f32 {
+        match self {
+            ReduceKind::Mean => acc / count as f32,
+            _ => acc,
+        }
+    }
+
+    /// The code the CUDA kernel takes (0 mean, 1 sum, 2 max, 3 min).
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+}
+
 /// Element-wise operation of two ordered inputs (shapes broadcast as in numpy): `a - b`,
 /// `a / b`, `a ^ b`, `max(a, b)`, `min(a, b)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -477,6 +521,15 @@ pub enum Op {
     Reshape {
         shape: Vec<i64>,
     },
+    /// The mean, sum, max or min over axes `begin..end` (consecutive: ONNX's `Reduce*` over
+    /// a token axis, the last axis or channels), kept with extent 1 where `keep`, else dropped.
+    Reduce {
+        kind: ReduceKind,
+        begin: usize,
+        end: usize,
+        #[serde(default, skip_serializing_if = "is_false")]
+        keep: bool,
+    },
     /// Elements `begin..end` of axis `axis` (ONNX's `Slice` with unit steps and `Split` along
     /// an axis other than channels, which values slice themselves).
     Slice {
@@ -662,6 +715,7 @@ impl Op {
             Op::Reshape { .. } => "reshape",
             Op::Transpose { .. } => "transpose",
             Op::Slice { .. } => "slice",
+            Op::Reduce { .. } => "reduce",
             Op::Sequential { .. } => "sequential",
             Op::Abstract { .. } => "abstract",
             Op::Opaque { .. } => "opaque",
@@ -938,6 +992,21 @@ impl Op {
                 }
                 Ok(out)
             }
+            Op::Reduce {
+                begin, end, keep, ..
+            } => {
+                if begin >= end || *end > x.len() {
+                    return Err(format!(
+                        "reduce axes {begin}..{end} are empty or outside {x:?}"
+                    ));
+                }
+                let mut out = x[..*begin].to_vec();
+                if *keep {
+                    out.extend(std::iter::repeat_n(1, end - begin));
+                }
+                out.extend_from_slice(&x[*end..]);
+                Ok(out)
+            }
             Op::Slice { axis, begin, end } => {
                 let dim = *x
                     .get(*axis)
@@ -1106,6 +1175,7 @@ impl Op {
             }
             Op::Softmax { .. } => (mul("FLOPs", 5, out_elems)?, 0),
             Op::Embedding { rows, dim } => (0, mul("parameters", count(*rows), count(*dim))?),
+            Op::Reduce { .. } => (in_elems, 0),
             Op::LayerNorm { .. } => {
                 let d = count(out.last().copied().unwrap_or(0));
                 (mul("FLOPs", 8, out_elems)?, mul("parameters", 2, d)?)

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use opsched_graph::{
     Activation, BinaryKind, Block, Conv2d, DType, ElementwiseKind, Graph, GraphOutput, NearestMode,
-    NodeDef, NodeId, Op, Pool2d, PoolKind, Resize, ResizeCoord, ResizeMode, Shape, Tensor, Term,
-    Value, Weights,
+    NodeDef, NodeId, Op, Pool2d, PoolKind, ReduceKind, Resize, ResizeCoord, ResizeMode, Shape,
+    Tensor, Term, Value, Weights,
 };
 
 use crate::consts::{self, Const};
@@ -844,8 +844,32 @@ impl<'a> Importer<'a> {
                     self.push(node, Self::out0(node)?, Op::Pool2d(p), vec![x.term()])?;
                     return Ok(());
                 }
-                let shape = match axes.filter(|a| !a.is_empty()) {
-                    None if attr_i(node, "noop_with_empty_axes", 0) == 1 => x.shape.clone(),
+                let axes = axes.filter(|a| !a.is_empty());
+                let noop = axes.is_none() && attr_i(node, "noop_with_empty_axes", 0) == 1;
+                let kind = match op {
+                    "ReduceMean" => Some(ReduceKind::Mean),
+                    "ReduceSum" => Some(ReduceKind::Sum),
+                    "ReduceMax" => Some(ReduceKind::Max),
+                    "ReduceMin" => Some(ReduceKind::Min),
+                    _ => None,
+                };
+                // Consecutive axes (all of them where none are named): a `reduce`.
+                let run = match &axes {
+                    None => Some((0, x.shape.len())),
+                    Some(a) => shapes::consecutive_axes(a, x.shape.len())?,
+                };
+                if let (Some(kind), Some((begin, end)), false) = (kind, run, noop) {
+                    let op = Op::Reduce {
+                        kind,
+                        begin,
+                        end,
+                        keep,
+                    };
+                    self.push(node, Self::out0(node)?, op, vec![x.term()])?;
+                    return Ok(());
+                }
+                let shape = match axes {
+                    None if noop => x.shape.clone(),
                     None => {
                         if keep {
                             vec![1; x.shape.len()]

@@ -42,6 +42,7 @@
 //! | the same elsewhere | `activation` |
 //! | `MaxPool`, `AveragePool` (2-D, asymmetric pads, `ceil_mode`, `count_include_pad`), `GlobalAveragePool`, `GlobalMaxPool` | `pool2d` |
 //! | `ReduceMean`/`ReduceMax` over both spatial axes of an NCHW tensor, keeping dimensions | global `pool2d` (the dynamo exporter's adaptive pool) |
+//! | `ReduceMean`, `ReduceSum`, `ReduceMax`, `ReduceMin` over consecutive axes (named in any order, or all), otherwise | `reduce` (the axes kept with extent 1 or dropped, as `keepdims` says) |
 //! | `Add`, `Mul`, `Sum` (numpy broadcasting) | `elementwise` |
 //! | `Sub`, `Div`, `Pow`, `Max`, `Min` of two operands (numpy broadcasting) | `binary` |
 //! | `Add`/`Sub` of a constant after a conv or linear | folded into its bias |
@@ -62,7 +63,7 @@
 //! | `Split`, `Slice` along axis 1 (channels) | removed: consumers read channel slices |
 //! | `Split`, unit-step `Slice` along other axes (GPT-2's fused query, key and value; crops) | `slice`, one per axis cut (a slab copy) |
 //! | GELU, layer norm and swish written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`; `Sigmoid, Mul` as PyTorch exports SiLU, or `Mul, Sigmoid, Mul`) | rewritten into one `Gelu` / `LayerNormalization` / `Swish` first (only when their constants are the right ones) |
-//! | other element-wise ops (`Erf`, `Where`, comparisons, ...), reductions (`Reduce*`, `ArgMax`), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels), `Expand` | `opaque` with the shape we compute (scheduling only: no executor runs them) |
+//! | other element-wise ops (`Erf`, `Where`, comparisons, ...), other reductions (of axes apart, `ReduceProd`, `ArgMax`, ...), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels), `Expand` | `opaque` with the shape we compute (scheduling only: no executor runs them) |
 //! | `Constant`, `Shape`, `Size`, and any node whose inputs are all constants | evaluated at import (shape arithmetic), no operator |
 //! | anything else | an error listing every unsupported type with its count; with [`OnnxOptions::allow_unknown`], `opaque` |
 //!

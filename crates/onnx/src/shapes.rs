@@ -233,6 +233,21 @@ pub fn slice(
     Ok(out)
 }
 
+/// `axes` (of a tensor of rank `rank`, negative from the end) as the range `begin..end` they
+/// cover where they are consecutive (in any order, each once); `Ok(None)` otherwise.
+pub fn consecutive_axes(axes: &[i64], rank: usize) -> Result<Option<(usize, usize)>, String> {
+    let mut a: Vec<usize> = axes
+        .iter()
+        .map(|&v| axis(v, rank))
+        .collect::<Result<_, _>>()?;
+    a.sort_unstable();
+    let (Some(&first), Some(&last)) = (a.first(), a.last()) else {
+        return Ok(None);
+    };
+    let each_once = a.windows(2).all(|w| w[1] == w[0] + 1);
+    Ok(each_once.then_some((first, last + 1)))
+}
+
 /// The `(axis, begin, end)` each axis of a unit-step `Slice` keeps, one per axis named (in
 /// their order); `None` for other steps, an axis named twice, or an empty range.
 pub fn unit_slices(
@@ -306,5 +321,10 @@ mod tests {
             None
         );
         assert_eq!(unit_slices(&[8], &[5], &[2], None, None), None);
+        assert_eq!(consecutive_axes(&[-1], 3), Ok(Some((2, 3))));
+        assert_eq!(consecutive_axes(&[3, 2], 4), Ok(Some((2, 4))));
+        assert_eq!(consecutive_axes(&[1, 3], 4), Ok(None));
+        assert_eq!(consecutive_axes(&[1, 1], 4), Ok(None));
+        assert!(consecutive_axes(&[4], 4).is_err());
     }
 }

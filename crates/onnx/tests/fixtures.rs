@@ -769,7 +769,17 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
     assert_eq!(shape("first"), vec![8]);
     assert_eq!(
         types(g),
-        BTreeMap::from([("activation", 2), ("opaque", 3), ("pad", 1)])
+        BTreeMap::from([("activation", 2), ("opaque", 2), ("pad", 1), ("reduce", 1)])
+    );
+    // A mean over both spatial axes that drops them: a reduce (kept, a global pool).
+    assert_eq!(
+        op(g, "mean"),
+        &Op::Reduce {
+            kind: opsched::graph::ReduceKind::Mean,
+            begin: 2,
+            end: 4,
+            keep: false
+        }
     );
     assert_eq!(
         op(g, "leaky"),

@@ -49,6 +49,7 @@ fn extreme_integers_anywhere_never_panic() {
         "fixtures/parity/resize.onnx",
         "fixtures/parity/slices.onnx",
         "fixtures/parity/bert_ids.onnx",
+        "fixtures/parity/reduce.onnx",
     ];
     let mut imports = 0usize;
     for rel in models {
@@ -402,6 +403,7 @@ fn byte_mutations_with_weights_never_panic() {
         "resize",
         "bert_ids",
         "slices",
+        "reduce",
     ] {
         let path = repo(&format!("fixtures/parity/{name}.onnx"));
         let bytes = std::fs::read(&path).unwrap();

@@ -521,3 +521,59 @@ fn the_embedding_kernel_agrees_with_the_row_rule_on_the_host() {
     .concat();
     compile_and_run("embedding", &source);
 }
+
+/// The `reduce_mid` kernel against `ReduceKind`'s rule (the CPU's), each kind over the middle
+/// axis of `[3, 5, 4]`, and over a whole tensor (outer and inner 1).
+#[test]
+fn the_reduce_kernel_agrees_with_the_kinds_on_the_host() {
+    use opsched_graph::ReduceKind;
+    let x: Vec<f32> = (0..60).map(|v| ((v * 37) % 23) as f32 - 11.5).collect();
+    let list = |v: &[f32]| {
+        v.iter()
+            .map(|x| format!("{x:?}f"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut driver = format!(
+        "int main() {{\nstatic const float x[] = {{{}}};\nint bad = 0, cases = 0;\nfloat y[60];\n",
+        list(&x)
+    );
+    for kind in [
+        ReduceKind::Mean,
+        ReduceKind::Sum,
+        ReduceKind::Max,
+        ReduceKind::Min,
+    ] {
+        for (outer, red, inner) in [(3usize, 5usize, 4usize), (1, 60, 1)] {
+            let mut want = Vec::new();
+            for o in 0..outer {
+                for i in 0..inner {
+                    let mut acc = kind.start();
+                    for r in 0..red {
+                        acc = kind.step(acc, x[(o * red + r) * inner + i]);
+                    }
+                    want.push(kind.finish(acc, red));
+                }
+            }
+            driver.push_str(&format!(
+                "{{ static const float want[] = {{{}}};\n\
+                 reduce_mid(y, x, {outer}, {red}, {inner}, {});\n\
+                 for (int t = 0; t < {}; ++t) bad += y[t] != want[t];\n++cases; }}\n",
+                list(&want),
+                kind.code(),
+                want.len()
+            ));
+        }
+    }
+    driver.push_str("printf(\"%d cases, %d failed\\n\", cases, bad != 0);\nreturn bad != 0;\n}\n");
+    let source = [
+        &prelude(),
+        part(
+            "// Reduction over the middle axis",
+            "// Table lookup (step/embedding.rs)",
+        ),
+        &driver,
+    ]
+    .concat();
+    compile_and_run("reduce", &source);
+}

@@ -590,6 +590,22 @@ extern "C" __global__ void broadcast(float* y, const float* a, const float* b, i
 
 // Constant padding: y (out_dims) is x (in_dims) shifted by `begin` on every axis, `value`
 // around it.
+// Reduction over the middle axis of [outer, red, inner] (step/reduce.rs): one output a thread,
+// the elements in order from ReduceKind::start (kind 0 mean, 1 sum, 2 max, 3 min), as the CPU.
+extern "C" __global__ void reduce_mid(float* y, const float* x, i64 outer, i64 red, i64 inner,
+                                      int kind) {
+    GRID_STRIDE(t, outer * inner) {
+        const i64 o = t / inner, i = t % inner;
+        const float* p = x + o * red * inner + i;
+        float acc = kind == 2 ? -INFINITY : kind == 3 ? INFINITY : 0.0f;
+        for (i64 r = 0; r < red; ++r) {
+            const float v = p[r * inner];
+            acc = kind == 2 ? fmaxf(acc, v) : kind == 3 ? fminf(acc, v) : acc + v;
+        }
+        y[t] = kind == 0 ? acc / (float)red : acc;
+    }
+}
+
 // Table lookup (step/embedding.rs): element d of output row i is element d of the table's row
 // that index idx[i] names (op::table_row: an integer in [-rows, rows), negative from the end),
 // zero for any other index (the CPU refuses those).
@@ -954,6 +970,7 @@ pub const NAMES: &[&str] = &[
     "resize2d",
     "resize2d_nhwc",
     "embedding",
+    "reduce_mid",
     "depthwise_conv",
     "depthwise_conv_nhwc",
     "depthwise_conv_tiled",

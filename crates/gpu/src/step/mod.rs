@@ -25,6 +25,7 @@ pub mod gemm;
 pub mod layer_norm;
 pub mod pad;
 pub mod pool;
+pub mod reduce;
 pub mod resize;
 pub mod softmax;
 pub mod spin;
@@ -107,6 +108,7 @@ steps! {
     Pool(pool::Pool),
     PoolSum(pool::PoolSum),
     Resize(resize::Resize),
+    Reduce(reduce::Reduce),
     Gemm(gemm::Gemm),
     Softmax(softmax::Softmax),
     LayerNorm(layer_norm::LayerNorm),

@@ -132,6 +132,9 @@ fn describe(op: &Op) -> String {
         Op::Reshape { shape } => format!("reshape {shape:?}"),
         Op::Transpose { perm } => format!("transpose {perm:?}"),
         Op::Slice { axis, begin, end } => format!("slice axis {axis} [{begin}, {end})"),
+        Op::Reduce {
+            kind, begin, end, ..
+        } => format!("reduce {kind:?} axes {begin}..{end}").to_lowercase(),
         Op::Sequential { ops } => {
             let inner: Vec<String> = ops.iter().map(describe).collect();
             format!("sequential [{}]", inner.join("; "))

@@ -1,0 +1,135 @@
+//! Reductions over consecutive axes (`reduce`: a mean over tokens, over the last axis or over
+//! channels), as the middle axis of `[outer, red, inner]`; on CUDA the `reduce_mid` NVRTC
+//! kernel. Every executor combines the elements in order ([`ReduceKind::step`]).
+#![allow(unsafe_code)]
+
+use cudarc::driver::PushKernelArg;
+use opsched_graph::ReduceKind;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::{product, Access, Step, StepKernel};
+use crate::cpu::CpuIo;
+use crate::cuda::cudnn::as_i64;
+use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::program::{At, BufId, Builder, Src};
+use crate::GpuError;
+
+/// `y[o, i] = kind over r of x[o, r, i]` for `x` viewed as `[outer, red, inner]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Reduce {
+    pub x: BufId,
+    pub y: BufId,
+    pub outer: usize,
+    pub red: usize,
+    pub inner: usize,
+    pub kind: ReduceKind,
+}
+
+/// Lower a `reduce` of axes `begin..end`.
+pub(crate) fn lower(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    kind: ReduceKind,
+    [begin, end]: [usize; 2],
+    src: Src<'_>,
+    out: BufId,
+) -> Result<(), GpuError> {
+    let (x, shape) = b.single(steps, at, src)?;
+    if begin >= end || end > shape.len() {
+        return Err(b.unsupported(at, format!("a reduction of axes {begin}..{end}")));
+    }
+    steps.push(
+        Reduce {
+            x,
+            y: out,
+            outer: product(&shape[..begin], "a reduction's outer axes")?,
+            red: product(&shape[begin..end], "a reduction's axes")?,
+            inner: product(&shape[end..], "a reduction's inner axes")?,
+            kind,
+        }
+        .into(),
+    );
+    Ok(())
+}
+
+impl StepKernel for Reduce {
+    fn kind(&self) -> &'static str {
+        "reduce"
+    }
+
+    fn access(&self) -> Access {
+        Access {
+            reads: vec![(self.x, self.outer * self.red * self.inner)],
+            writes: vec![(self.y, self.outer * self.inner)],
+        }
+    }
+
+    fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
+        let (red, inner, kind) = (self.red, self.inner, self.kind);
+        let x = &io.read(self.x)?[..self.outer * red * inner];
+        let y = &mut io.write(self.y)?[..self.outer * inner];
+        if y.is_empty() {
+            return Ok(());
+        }
+        // One outer index a task; its rows of `inner` elements accumulated in order.
+        y.par_chunks_mut(inner)
+            .zip(x.par_chunks(red * inner))
+            .for_each(|(yo, xo)| {
+                yo.fill(kind.start());
+                for row in xo.chunks(inner) {
+                    for (a, &v) in yo.iter_mut().zip(row) {
+                        *a = kind.step(*a, v);
+                    }
+                }
+                for a in yo.iter_mut() {
+                    *a = kind.finish(*a, red);
+                }
+            });
+        Ok(())
+    }
+
+    fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        Ok(Box::new(CudaReduce {
+            y: cx.ptr(self.y)?,
+            x: cx.ptr(self.x)?,
+            dims: [
+                as_i64(self.outer, "a reduction's outer elements")?,
+                as_i64(self.red, "a reduction's elements")?,
+                as_i64(self.inner, "a reduction's inner elements")?,
+            ],
+            total: product(&[self.outer, self.inner], "a reduction's output")?,
+            kind: self.kind.code(),
+        }))
+    }
+
+    fn nvrtc_kernel(&self) -> Option<&'static str> {
+        Some("reduce_mid")
+    }
+}
+
+struct CudaReduce {
+    y: u64,
+    x: u64,
+    /// outer, red, inner.
+    dims: [i64; 3],
+    total: usize,
+    kind: i32,
+}
+
+impl Enqueue for CudaReduce {
+    fn enqueue(&self, gpu: &Gpu, sc: &StreamCtx) -> Result<(), GpuError> {
+        let [outer, red, inner] = &self.dims;
+        let mut b = sc.launch_builder(gpu.function("reduce_mid")?);
+        b.arg(&self.y)
+            .arg(&self.x)
+            .arg(outer)
+            .arg(red)
+            .arg(inner)
+            .arg(&self.kind);
+        // SAFETY: matches `reduce_mid`; x holds outer * red * inner elements and y outer *
+        // inner (the buffers' sizes, checked at preparation).
+        launched(unsafe { b.launch(grid(self.total)) }, "reduce_mid")
+    }
+}
