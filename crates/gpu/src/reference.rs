@@ -45,7 +45,23 @@ pub fn act(x: f32, a: Activation) -> f32 {
         Activation::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
         // x * sigmoid(alpha x) as one division: no 0 * inf where exp overflows.
         Activation::Swish { alpha } => x / (1.0 + (-alpha * x).exp()),
+        Activation::Softplus => softplus(x),
+        Activation::Mish => x * softplus(x).tanh(),
+        Activation::Sqrt => x.sqrt(),
+        Activation::Reciprocal => 1.0 / x,
+        Activation::Exp => x.exp(),
+        Activation::Log => x.ln(),
+        Activation::Neg => -x,
+        Activation::Abs => x.abs(),
+        Activation::Erf => erf(x),
+        Activation::Sin => x.sin(),
+        Activation::Cos => x.cos(),
     }
+}
+
+/// `log(1 + exp(x))` without overflow: `max(x, 0) + log1p(exp(-|x|))` (onnxruntime's form).
+pub fn softplus(x: f32) -> f32 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
 }
 
 /// The error function (Abramowitz and Stegun 7.1.26 in f64; absolute error below 1.5e-7).

@@ -48,7 +48,8 @@ impl std::fmt::Display for DType {
     }
 }
 
-/// Activation function, standalone or fused into a convolution or linear layer.
+/// Activation function (any element-wise function of one value), standalone or fused into the
+/// kernel before it (a convolution, a linear layer, an element-wise operator).
 ///
 /// Serialized in snake case: the ones without parameters as a string (`"relu"`), the others as
 /// an object (`{"clip": {"min": 0.0, "max": 6.0}}`). Parameters are `f32`, as ONNX stores them.
@@ -88,6 +89,22 @@ pub enum Activation {
         #[serde(default = "one_f32")]
         alpha: f32,
     },
+    /// `log(1 + exp(x))`, computed as `max(x, 0) + log1p(exp(-|x|))` (no overflow).
+    Softplus,
+    /// `x * tanh(softplus(x))`.
+    Mish,
+    // Element-wise functions of one value that models write out (an RMS norm's square root
+    // and reciprocal, rotary embeddings' sines, a standalone erf): ONNX's operators of the
+    // same names. As activations they run in the kernel before them like any other.
+    Sqrt,
+    Reciprocal,
+    Exp,
+    Log,
+    Neg,
+    Abs,
+    Erf,
+    Sin,
+    Cos,
 }
 
 impl Activation {
@@ -100,6 +117,11 @@ impl Activation {
             Activation::HardSigmoid { .. } => 3,
             Activation::Sigmoid | Activation::Tanh | Activation::HardSwish => 4,
             Activation::Swish { .. } => 5,
+            Activation::Sqrt | Activation::Reciprocal | Activation::Neg | Activation::Abs => 1,
+            Activation::Exp | Activation::Log | Activation::Sin | Activation::Cos => 4,
+            Activation::Softplus => 6,
+            Activation::Erf => 8,
+            Activation::Mish => 10,
             Activation::Gelu | Activation::GeluTanh => 8,
         }
     }
@@ -124,6 +146,17 @@ impl Activation {
             Activation::HardSigmoid { alpha, beta } => (8, [b(alpha), b(beta)]),
             Activation::HardSwish => (9, [None; 2]),
             Activation::Swish { alpha } => (10, [b(alpha), None]),
+            Activation::Softplus => (11, [None; 2]),
+            Activation::Mish => (12, [None; 2]),
+            Activation::Sqrt => (13, [None; 2]),
+            Activation::Reciprocal => (14, [None; 2]),
+            Activation::Exp => (15, [None; 2]),
+            Activation::Log => (16, [None; 2]),
+            Activation::Neg => (17, [None; 2]),
+            Activation::Abs => (18, [None; 2]),
+            Activation::Erf => (19, [None; 2]),
+            Activation::Sin => (20, [None; 2]),
+            Activation::Cos => (21, [None; 2]),
         }
     }
 }
@@ -153,6 +186,17 @@ impl std::fmt::Display for Activation {
             Activation::Gelu => f.write_str("gelu"),
             Activation::GeluTanh => f.write_str("gelu_tanh"),
             Activation::HardSwish => f.write_str("hard_swish"),
+            Activation::Softplus => f.write_str("softplus"),
+            Activation::Mish => f.write_str("mish"),
+            Activation::Sqrt => f.write_str("sqrt"),
+            Activation::Reciprocal => f.write_str("reciprocal"),
+            Activation::Exp => f.write_str("exp"),
+            Activation::Log => f.write_str("log"),
+            Activation::Neg => f.write_str("neg"),
+            Activation::Abs => f.write_str("abs"),
+            Activation::Erf => f.write_str("erf"),
+            Activation::Sin => f.write_str("sin"),
+            Activation::Cos => f.write_str("cos"),
             Activation::Clip { min, max } => {
                 f.write_str("clip(")?;
                 if let Some(v) = min {

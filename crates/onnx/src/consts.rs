@@ -613,7 +613,8 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             };
             one(Const::shape_only(out))
         }
-        "Sqrt" | "Neg" | "Reciprocal" | "Abs" | "Exp" | "Log" | "Floor" | "Ceil" => {
+        "Sqrt" | "Neg" | "Reciprocal" | "Abs" | "Exp" | "Log" | "Floor" | "Ceil" | "Sin"
+        | "Cos" => {
             let c = x?;
             let f = |v: f64| match node.op_type.as_str() {
                 "Sqrt" => v.sqrt(),
@@ -623,6 +624,8 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                 "Exp" => v.exp(),
                 "Log" => v.ln(),
                 "Floor" => v.floor(),
+                "Sin" => v.sin(),
+                "Cos" => v.cos(),
                 _ => v.ceil(),
             };
             one(match &c.data {

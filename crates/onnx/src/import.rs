@@ -71,28 +71,17 @@ impl PNode {
 /// Element-wise operators of one input that the IR has no operator for: one pass each,
 /// imported as opaque operators with the input's shape.
 const UNARY: &[&str] = &[
-    "Abs",
     "Ceil",
     "Celu",
-    "Cos",
     "Elu",
-    "Erf",
-    "Exp",
     "Floor",
     "IsInf",
     "IsNaN",
-    "Log",
-    "Mish",
-    "Neg",
     "Not",
-    "Reciprocal",
     "Round",
     "Selu",
     "Sign",
-    "Sin",
-    "Softplus",
     "Softsign",
-    "Sqrt",
     "ThresholdedRelu",
 ];
 
@@ -647,6 +636,17 @@ impl<'a> Importer<'a> {
             "Swish" => Activation::Swish {
                 alpha: f32_attr("alpha", 1.0),
             },
+            "Softplus" => Activation::Softplus,
+            "Mish" => Activation::Mish,
+            "Sqrt" => Activation::Sqrt,
+            "Reciprocal" => Activation::Reciprocal,
+            "Exp" => Activation::Exp,
+            "Log" => Activation::Log,
+            "Neg" => Activation::Neg,
+            "Abs" => Activation::Abs,
+            "Erf" => Activation::Erf,
+            "Sin" => Activation::Sin,
+            "Cos" => Activation::Cos,
             "Gelu" => match attr_s(node, "approximate").as_deref() {
                 None | Some("none") => Activation::Gelu,
                 Some("tanh") => Activation::GeluTanh,
@@ -713,7 +713,8 @@ impl<'a> Importer<'a> {
             "Conv" => self.conv(node, ins),
             "BatchNormalization" => self.batch_norm(node, ins),
             "Relu" | "Sigmoid" | "Tanh" | "Gelu" | "Clip" | "LeakyRelu" | "HardSigmoid"
-            | "HardSwish" | "Swish" => {
+            | "HardSwish" | "Swish" | "Softplus" | "Mish" | "Sqrt" | "Reciprocal" | "Exp"
+            | "Log" | "Neg" | "Abs" | "Erf" | "Sin" | "Cos" => {
                 let act = self.activation_of(node, ins)?;
                 self.activation(node, ins, act)
             }

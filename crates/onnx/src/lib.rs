@@ -38,7 +38,7 @@
 //! | `Conv` (2-D; groups, asymmetric pads, strides, dilations, `auto_pad`) | `conv2d` |
 //! | `BatchNormalization` after a conv (or Gemm/MatMul) read only by it | folded into its weights and bias (scale, shift, epsilon, running mean and variance) |
 //! | `BatchNormalization` elsewhere | `affine` (per-channel `scale`, `shift`) |
-//! | `Relu`, `Sigmoid`, `Tanh`, `Gelu` (erf and tanh forms), `Clip` (min/max), `LeakyRelu` (alpha), `HardSigmoid` (alpha, beta), `HardSwish`, `Swish` (alpha) after a conv or linear read only by it | fused into it (`act`) |
+//! | `Relu`, `Sigmoid`, `Tanh`, `Gelu` (erf and tanh forms), `Clip` (min/max), `LeakyRelu` (alpha), `HardSigmoid` (alpha, beta), `HardSwish`, `Swish` (alpha), `Softplus`, `Mish` and the functions of one value `Sqrt`, `Reciprocal`, `Exp`, `Log`, `Neg`, `Abs`, `Erf`, `Sin`, `Cos` after a conv or linear read only by it | fused into it (`act`) |
 //! | the same elsewhere | `activation` |
 //! | `MaxPool`, `AveragePool` (2-D, asymmetric pads, `ceil_mode`, `count_include_pad`), `GlobalAveragePool`, `GlobalMaxPool` | `pool2d` |
 //! | `ReduceMean`/`ReduceMax` over both spatial axes of an NCHW tensor, keeping dimensions | global `pool2d` (the dynamo exporter's adaptive pool) |
@@ -63,7 +63,7 @@
 //! | `Split`, `Slice` along axis 1 (channels) | removed: consumers read channel slices |
 //! | `Split`, unit-step `Slice` along other axes (GPT-2's fused query, key and value; crops) | `slice`, one per axis cut (a slab copy) |
 //! | GELU, layer norm and swish written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`; `Sigmoid, Mul` as PyTorch exports SiLU, or `Mul, Sigmoid, Mul`) | rewritten into one `Gelu` / `LayerNormalization` / `Swish` first (only when their constants are the right ones) |
-//! | other element-wise ops (`Erf`, `Where`, comparisons, ...), other reductions (of axes apart, `ReduceProd`, `ArgMax`, ...), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels), `Expand` | `opaque` with the shape we compute (scheduling only: no executor runs them) |
+//! | other element-wise ops (`Where`, comparisons, `Round`, ...), other reductions (of axes apart, `ReduceProd`, `ArgMax`, ...), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels), `Expand` | `opaque` with the shape we compute (scheduling only: no executor runs them) |
 //! | `Constant`, `Shape`, `Size`, and any node whose inputs are all constants | evaluated at import (shape arithmetic), no operator |
 //! | anything else | an error listing every unsupported type with its count; with [`OnnxOptions::allow_unknown`], `opaque` |
 //!

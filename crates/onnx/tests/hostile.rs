@@ -50,6 +50,7 @@ fn extreme_integers_anywhere_never_panic() {
         "fixtures/parity/slices.onnx",
         "fixtures/parity/bert_ids.onnx",
         "fixtures/parity/reduce.onnx",
+        "fixtures/parity/math.onnx",
     ];
     let mut imports = 0usize;
     for rel in models {
@@ -404,6 +405,7 @@ fn byte_mutations_with_weights_never_panic() {
         "bert_ids",
         "slices",
         "reduce",
+        "math",
     ] {
         let path = repo(&format!("fixtures/parity/{name}.onnx"));
         let bytes = std::fs::read(&path).unwrap();

@@ -153,7 +153,7 @@ fn prelude() -> String {
     [
         SHIM,
         part(
-            "__device__ __forceinline__ float act_f",
+            "__device__ __forceinline__ float softplus_f",
             "__device__ __forceinline__ float bin_f",
         ),
         part("#define GRID_STRIDE(", "\n\n"),

@@ -6,7 +6,8 @@
 //! a GPU emulates 64-bit division (`FITS32`). Activations are a code and two parameters
 //! ([`act_params`]): 0 none, 1 relu, 2 sigmoid, 3 tanh, 4 gelu (erf form), 5 gelu (tanh
 //! form), 6 clip(p0, p1), 7 leaky relu(p0), 8 hard sigmoid(p0, p1), 9 hard swish, 10
-//! swish(p0) (SiLU where p0 is 1); each is the CPU kernel's formula
+//! swish(p0) (SiLU where p0 is 1), 11 softplus, 12 mish, 13 sqrt, 14 reciprocal, 15 exp, 16
+//! log, 17 neg, 18 abs, 19 erf, 20 sin, 21 cos; each is the CPU kernel's formula
 //! ([`crate::reference::act`]).
 
 use opsched_graph::Activation;
@@ -16,6 +17,10 @@ pub const SOURCE: &str = r#"
 typedef long long i64;
 
 struct Dims6 { i64 d[6]; };
+
+__device__ __forceinline__ float softplus_f(float x) {
+    return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+}
 
 __device__ __forceinline__ float act_f(float x, int a, float p0, float p1) {
     switch (a) {
@@ -29,6 +34,17 @@ __device__ __forceinline__ float act_f(float x, int a, float p0, float p1) {
     case 8: return fminf(fmaxf(p0 * x + p1, 0.0f), 1.0f);
     case 9: return x * fminf(fmaxf(x / 6.0f + 0.5f, 0.0f), 1.0f);
     case 10: return x / (1.0f + expf(-p0 * x));
+    case 11: return softplus_f(x);
+    case 12: return x * tanhf(softplus_f(x));
+    case 13: return sqrtf(x);
+    case 14: return 1.0f / x;
+    case 15: return expf(x);
+    case 16: return logf(x);
+    case 17: return -x;
+    case 18: return fabsf(x);
+    case 19: return erff(x);
+    case 20: return sinf(x);
+    case 21: return cosf(x);
     default: return x;
     }
 }
@@ -597,7 +613,8 @@ extern "C" __global__ void reduce_mid(float* y, const float* x, i64 outer, i64 r
     GRID_STRIDE(t, outer * inner) {
         const i64 o = t / inner, i = t % inner;
         const float* p = x + o * red * inner + i;
-        float acc = kind == 2 ? -INFINITY : kind == 3 ? INFINITY : 0.0f;
+        const float inf = __int_as_float(0x7f800000);
+        float acc = kind == 2 ? -inf : kind == 3 ? inf : 0.0f;
         for (i64 r = 0; r < red; ++r) {
             const float v = p[r * inner];
             acc = kind == 2 ? fmaxf(acc, v) : kind == 3 ? fminf(acc, v) : acc + v;
@@ -1001,6 +1018,17 @@ pub fn act_params(a: Activation) -> (i32, f32, f32) {
         Activation::HardSigmoid { alpha, beta } => (8, alpha, beta),
         Activation::HardSwish => (9, 0.0, 0.0),
         Activation::Swish { alpha } => (10, alpha, 0.0),
+        Activation::Softplus => (11, 0.0, 0.0),
+        Activation::Mish => (12, 0.0, 0.0),
+        Activation::Sqrt => (13, 0.0, 0.0),
+        Activation::Reciprocal => (14, 0.0, 0.0),
+        Activation::Exp => (15, 0.0, 0.0),
+        Activation::Log => (16, 0.0, 0.0),
+        Activation::Neg => (17, 0.0, 0.0),
+        Activation::Abs => (18, 0.0, 0.0),
+        Activation::Erf => (19, 0.0, 0.0),
+        Activation::Sin => (20, 0.0, 0.0),
+        Activation::Cos => (21, 0.0, 0.0),
     }
 }
 
@@ -1026,6 +1054,17 @@ pub(crate) fn act_f_host(x: f32, (a, p0, p1): (i32, f32, f32)) -> f32 {
         8 => (p0 * x + p1).max(0.0).min(1.0),
         9 => x * (x / 6.0 + 0.5).max(0.0).min(1.0),
         10 => x / (1.0 + (-p0 * x).exp()),
+        11 => x.max(0.0) + (-x.abs()).exp().ln_1p(),
+        12 => x * (x.max(0.0) + (-x.abs()).exp().ln_1p()).tanh(),
+        13 => x.sqrt(),
+        14 => 1.0 / x,
+        15 => x.exp(),
+        16 => x.ln(),
+        17 => -x,
+        18 => x.abs(),
+        19 => crate::reference::erf(x),
+        20 => x.sin(),
+        21 => x.cos(),
         _ => x,
     }
 }
@@ -1131,13 +1170,26 @@ mod tests {
             Activation::HardSwish,
             Activation::Swish { alpha: 1.0 },
             Activation::Swish { alpha: 1.702 },
+            Activation::Softplus,
+            Activation::Mish,
+            Activation::Sqrt,
+            Activation::Reciprocal,
+            Activation::Exp,
+            Activation::Log,
+            Activation::Neg,
+            Activation::Abs,
+            Activation::Erf,
+            Activation::Sin,
+            Activation::Cos,
         ];
         for a in all {
             for i in -40..=40 {
                 let x = i as f32 * 0.25;
                 let (got, want) = (act_f_host(x, act_params(a)), crate::reference::act(x, a));
+                // The square root and logarithm of a negative are NaN in both.
+                let same = got == want || (got.is_nan() && want.is_nan());
                 assert!(
-                    (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    same || (got - want).abs() <= 1e-6 * want.abs().max(1.0),
                     "{a:?} at {x}"
                 );
             }
