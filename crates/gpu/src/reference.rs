@@ -333,6 +333,23 @@ pub fn resize(x: &[f32], shape: &[usize], r: &opsched_graph::Resize) -> Vec<f32>
     y
 }
 
+/// `x` viewed as `[outer, red, inner]` reduced over its middle axis by `kind`, the elements
+/// in order.
+pub fn reduce(x: &[f32], red: usize, inner: usize, kind: opsched_graph::ReduceKind) -> Vec<f32> {
+    let outer = x.len() / (red * inner).max(1);
+    let mut y = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut acc = kind.start();
+            for r in 0..red {
+                acc = kind.step(acc, x[(o * red + r) * inner + i]);
+            }
+            y.push(kind.finish(acc, red));
+        }
+    }
+    y
+}
+
 /// Layer norm over the last axis of `[rows, dim]` (biased variance, as PyTorch).
 pub fn layer_norm(
     x: &[f32],
@@ -648,18 +665,7 @@ fn eval(
             let (x, s) = single();
             let (red, inner): (usize, usize) =
                 (s[*begin..*end].iter().product(), s[*end..].iter().product());
-            let outer = x.len() / (red * inner).max(1);
-            let mut y = Vec::with_capacity(outer * inner);
-            for o in 0..outer {
-                for i in 0..inner {
-                    let mut acc = kind.start();
-                    for r in 0..red {
-                        acc = kind.step(acc, x[(o * red + r) * inner + i]);
-                    }
-                    y.push(kind.finish(acc, red));
-                }
-            }
-            y
+            reduce(&x, red, inner, *kind)
         }
         Op::Slice { axis, begin, end } => {
             let (x, s) = single();

@@ -1051,10 +1051,11 @@ fn gathers_are_embeddings_first_tokens_or_opaque_copies() {
         int64_data: vec![v],
         ..TensorProto::default()
     };
+    let lookup = || node("Gather", "words", &["table", "ids"], vec![]);
     let m = model(
         17,
         vec![
-            node("Gather", "words", &["table", "ids"], vec![]),
+            lookup(),
             node(
                 "Gather",
                 "first",
@@ -1108,7 +1109,7 @@ fn gathers_are_embeddings_first_tokens_or_opaque_copies() {
     let m = model(
         17,
         vec![
-            node("Gather", "words", &["table", "ids"], vec![]),
+            lookup(),
             node(
                 "Gather",
                 "far",
