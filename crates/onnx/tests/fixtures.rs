@@ -433,6 +433,28 @@ fn text(name: &str, v: &str) -> AttributeProto {
     }
 }
 
+/// A float initializer of shape `dims` holding `v`.
+fn floats(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: data_type::FLOAT,
+        float_data: v.to_vec(),
+        ..TensorProto::default()
+    }
+}
+
+/// An int64 initializer of shape `dims` holding `v`.
+fn int64s(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: data_type::INT64,
+        int64_data: v.to_vec(),
+        ..TensorProto::default()
+    }
+}
+
 fn weight(name: &str, dims: &[i64]) -> TensorProto {
     TensorProto {
         name: name.into(),
@@ -707,27 +729,9 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
         r#type: 1,
         ..AttributeProto::default()
     };
-    let pads = TensorProto {
-        name: "pads".into(),
-        dims: vec![8],
-        data_type: data_type::INT64,
-        int64_data: vec![0, 0, 1, 2, 0, 0, 1, 2],
-        ..TensorProto::default()
-    };
-    let scales = TensorProto {
-        name: "scales".into(),
-        dims: vec![4],
-        data_type: data_type::FLOAT,
-        float_data: vec![1.0, 1.0, 2.0, 2.0],
-        ..TensorProto::default()
-    };
-    let index = TensorProto {
-        name: "index".into(),
-        dims: vec![],
-        data_type: data_type::INT64,
-        int64_data: vec![0],
-        ..TensorProto::default()
-    };
+    let pads = int64s("pads", &[8], &[0, 0, 1, 2, 0, 0, 1, 2]);
+    let scales = floats("scales", &[4], &[1.0, 1.0, 2.0, 2.0]);
+    let index = int64s("index", &[], &[0]);
     let m = model(
         18,
         vec![
@@ -803,13 +807,7 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
 /// elsewhere (a graph output), stays a sigmoid and a product.
 #[test]
 fn swish_written_out_or_native_is_one_activation() {
-    let alpha = TensorProto {
-        name: "alpha".into(),
-        dims: vec![],
-        data_type: data_type::FLOAT,
-        float_data: vec![1.702],
-        ..TensorProto::default()
-    };
+    let alpha = floats("alpha", &[], &[1.702]);
     let f = |v: f32| AttributeProto {
         name: "alpha".into(),
         f: v,
@@ -893,20 +891,8 @@ fn swish_written_out_or_native_is_one_activation() {
 /// mixed enlarging and shrinking before opset 11) stays opaque; bad scales are errors.
 #[test]
 fn resizes_map_their_modes_scales_and_sizes() {
-    let floats = |name: &str, v: &[f32]| TensorProto {
-        name: name.into(),
-        dims: vec![v.len() as i64],
-        data_type: data_type::FLOAT,
-        float_data: v.to_vec(),
-        ..TensorProto::default()
-    };
-    let int64s = |name: &str, v: &[i64]| TensorProto {
-        name: name.into(),
-        dims: vec![v.len() as i64],
-        data_type: data_type::INT64,
-        int64_data: v.to_vec(),
-        ..TensorProto::default()
-    };
+    // One-axis scales and sizes.
+    let scales = |v: &[f32]| floats("s", &[v.len() as i64], v);
     let one = |opset: i64, op: &str, inputs: &[&str], attrs, inits| {
         let m = model(
             opset,
@@ -927,7 +913,7 @@ fn resizes_map_their_modes_scales_and_sizes() {
         }
     };
     // Upsample (opset 9): PyTorch's old nearest.
-    let s4 = floats("s", &[1.0, 1.0, 2.0, 2.0]);
+    let s4 = scales(&[1.0, 1.0, 2.0, 2.0]);
     let (r, shape) = mapped(9, "Upsample", &["x", "s"], vec![], vec![s4]);
     assert_eq!(shape, vec![1, 8, 8, 12]);
     let want = (
@@ -937,7 +923,7 @@ fn resizes_map_their_modes_scales_and_sizes() {
     );
     assert_eq!((r.coord, r.nearest, r.scale), want);
     // Resize-10 shrinking rounds up.
-    let half = floats("s", &[1.0, 1.0, 0.5, 0.5]);
+    let half = scales(&[1.0, 1.0, 0.5, 0.5]);
     let (r, shape) = mapped(10, "Resize", &["x", "s"], vec![], vec![half]);
     assert_eq!((r.nearest, shape), (NearestMode::Ceil, vec![1, 8, 2, 3]));
     // Sizes, bilinear as PyTorch exports it: the scale is the sizes' ratio.
@@ -945,7 +931,7 @@ fn resizes_map_their_modes_scales_and_sizes() {
         text("mode", "linear"),
         text("coordinate_transformation_mode", "pytorch_half_pixel"),
     ];
-    let sizes = int64s("z", &[1, 8, 3, 5]);
+    let sizes = int64s("z", &[4], &[1, 8, 3, 5]);
     let (r, _) = mapped(13, "Resize", &["x", "", "", "z"], attrs, vec![sizes]);
     let want = (
         ResizeMode::Linear,
@@ -956,7 +942,7 @@ fn resizes_map_their_modes_scales_and_sizes() {
     assert_eq!((r.mode, r.coord, r.scale, r.size), want);
     // Opset 18's axes: scales for the spatial axes only, ONNX's defaults otherwise.
     let attrs = vec![ints("axes", &[-2, -1])];
-    let two = floats("s", &[1.5, 0.5]);
+    let two = scales(&[1.5, 0.5]);
     let (r, shape) = mapped(18, "Resize", &["x", "", "s"], attrs, vec![two]);
     assert_eq!(shape, vec![1, 8, 6, 3]);
     let want = (
@@ -966,7 +952,7 @@ fn resizes_map_their_modes_scales_and_sizes() {
     );
     assert_eq!((r.coord, r.nearest, r.scale), want);
     // Opaque, with the shape computed.
-    let s = |v: &[f32]| vec![floats("s", v)];
+    let s = |v: &[f32]| vec![scales(v)];
     for (opset, op, attrs, scales, shape) in [
         (
             13,
@@ -1037,20 +1023,8 @@ fn resizes_map_their_modes_scales_and_sizes() {
 /// for a scalar index; other axes stay opaque copies; an index outside the axis is an error.
 #[test]
 fn gathers_are_embeddings_first_tokens_or_opaque_copies() {
-    let table = TensorProto {
-        name: "table".into(),
-        dims: vec![10, 4],
-        data_type: data_type::FLOAT,
-        float_data: (0..40).map(|v| v as f32).collect(),
-        ..TensorProto::default()
-    };
-    let index = |name: &str, dims: Vec<i64>, v: i64| TensorProto {
-        name: name.into(),
-        dims,
-        data_type: data_type::INT64,
-        int64_data: vec![v],
-        ..TensorProto::default()
-    };
+    let values: Vec<f32> = (0..40).map(|v| v as f32).collect();
+    let table = floats("table", &[10, 4], &values);
     let lookup = || node("Gather", "words", &["table", "ids"], vec![]);
     let m = model(
         17,
@@ -1078,8 +1052,8 @@ fn gathers_are_embeddings_first_tokens_or_opaque_copies() {
         ],
         vec![
             table,
-            index("zero", vec![], 0),
-            index("minus_one", vec![1], -1),
+            int64s("zero", &[], &[0]),
+            int64s("minus_one", &[1], &[-1]),
         ],
         vec![value("ids", &[dim(1), dim(3)])],
     );
@@ -1117,15 +1091,7 @@ fn gathers_are_embeddings_first_tokens_or_opaque_copies() {
                 vec![int("axis", 1)],
             ),
         ],
-        vec![
-            TensorProto {
-                name: "table".into(),
-                dims: vec![10, 4],
-                data_type: data_type::FLOAT,
-                ..TensorProto::default()
-            },
-            index("three", vec![], 3),
-        ],
+        vec![weight("table", &[10, 4]), int64s("three", &[], &[3])],
         vec![value("ids", &[dim(1), dim(3)])],
     );
     let e = import(&m, &OnnxOptions::default()).unwrap_err().to_string();
@@ -1137,13 +1103,7 @@ fn gathers_are_embeddings_first_tokens_or_opaque_copies() {
 /// a reversed slice stays an opaque copy.
 #[test]
 fn slices_of_other_axes_are_slice_operators() {
-    let ints64 = |name: &str, v: &[i64]| TensorProto {
-        name: name.into(),
-        dims: vec![v.len() as i64],
-        data_type: data_type::INT64,
-        int64_data: v.to_vec(),
-        ..TensorProto::default()
-    };
+    let ints64 = |name: &str, v: &[i64]| int64s(name, &[v.len() as i64], v);
     let m = model(
         17,
         vec![
@@ -1213,13 +1173,7 @@ fn dynamo_exports_give_blocks_from_name_scope_metadata_and_reduce_mean_pools() {
         }];
         n
     };
-    let axes = TensorProto {
-        name: "axes".into(),
-        dims: vec![2],
-        data_type: data_type::INT64,
-        int64_data: vec![-1, -2],
-        ..TensorProto::default()
-    };
+    let axes = int64s("axes", &[2], &[-1, -2]);
     let m = model(
         18,
         vec![
