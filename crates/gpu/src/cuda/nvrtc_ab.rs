@@ -499,7 +499,8 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
         let outputs: Vec<_> = (0..3).map(|_| up(&vec![0.0; len])).collect();
         let geo = [hw, hw, out, out, k, k, stride, stride, pad, pad, 1, 1].map(|v| v as i32);
         // `name` over `x` with weights `w` into `y`; today's kernels take `extra` (an input
-        // bias or none), the old ones stop at the activation.
+        // bias or none), the old ones stop at the activation. The closure keeps the buffers'
+        // device addresses, not borrows: each buffer must outlive every call of it.
         let run = |name: &str,
                    y: &cudarc::driver::CudaSlice<f32>,
                    x: &cudarc::driver::CudaSlice<f32>,
@@ -588,14 +589,13 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
             }
         }
         let (ya, yb) = (&outputs[0], &outputs[1]);
-        let before = run("depthwise_conv", ya, &up(&x), &up(&w), None);
-        let after = run(
-            "depthwise_conv_nhwc",
-            yb,
-            &up(&last(&x)),
-            &up(&w_last),
-            None,
-        );
+        // Named, not temporaries: the closures keep the buffers' addresses, and a buffer
+        // dropped before they run is freed to the stream's pool (on 2026-11-27 the NCHW
+        // kernel read the channels-last input uploaded into its place).
+        let (xa, wa) = (up(&x), up(&w));
+        let (xb, wb) = (up(&last(&x)), up(&w_last));
+        let before = run("depthwise_conv", ya, &xa, &wa, None);
+        let after = run("depthwise_conv_nhwc", yb, &xb, &wb, None);
         before();
         after();
         let nchw = stream.clone_dtoh(ya).unwrap();
