@@ -433,7 +433,8 @@ fn write_op(s: &mut String, op: &Op) {
             }
             s.push(')');
         }
-        Op::BatchMatmul { transpose_b } => {
+        // The scale costs nothing (cuBLAS's alpha): products differing in it cost alike.
+        Op::BatchMatmul { transpose_b, .. } => {
             if *transpose_b {
                 s.push_str("(tb)");
             }
@@ -672,8 +673,22 @@ mod tests {
         let mut b = GraphBuilder::new("m", DType::F32);
         let q = b.input("q", vec![1, 5, 3, 4]);
         let qt = b.op("qt", heads(), &[q]);
-        let s = b.op("s", Op::BatchMatmul { transpose_b: true }, &[qt, qt]);
-        let c = b.op("c", Op::BatchMatmul { transpose_b: false }, &[s, qt]);
+        let s = b.op(
+            "s",
+            Op::BatchMatmul {
+                transpose_b: true,
+                alpha: 1.0,
+            },
+            &[qt, qt],
+        );
+        let c = b.op(
+            "c",
+            Op::BatchMatmul {
+                transpose_b: false,
+                alpha: 1.0,
+            },
+            &[s, qt],
+        );
         let ct = b.op("ct", heads(), &[c]);
         let g = b.finish().unwrap();
         let sig = |n| op_signature(&g, n);

@@ -1463,8 +1463,9 @@ impl<'g> Builder<'g> {
                 let linear = (*out_features, *bias, *act, residual);
                 step::gemm::lower_linear(self, steps, at, linear, src, out)
             }
-            Op::BatchMatmul { transpose_b } => {
-                step::gemm::lower_batch_matmul(self, steps, at, *transpose_b, src, out, out_shape)
+            Op::BatchMatmul { transpose_b, alpha } => {
+                let how = (*transpose_b, *alpha);
+                step::gemm::lower_batch_matmul(self, steps, at, how, src, out, out_shape)
             }
             Op::Softmax { axis } => step::softmax::lower(self, steps, at, *axis, false, src, out),
             Op::LogSoftmax { axis } => step::softmax::lower(self, steps, at, *axis, true, src, out),

@@ -716,7 +716,7 @@ fn eval(
             }
             y
         }
-        Op::BatchMatmul { transpose_b } => {
+        Op::BatchMatmul { transpose_b, alpha } => {
             let [(a, sa), (b, _)] = inputs.as_slice() else {
                 return Err(unsup("batch_matmul needs two inputs"));
             };
@@ -737,7 +737,7 @@ fn eval(
                             };
                             acc += a[bi * m * k + i * k + p] * bv;
                         }
-                        y[bi * m * n + i * n + j] = acc;
+                        y[bi * m * n + i * n + j] = alpha * acc;
                     }
                 }
             }

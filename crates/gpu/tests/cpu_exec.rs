@@ -301,7 +301,8 @@ fn onnx_semantics_graph() -> Graph {
     b.finish().unwrap()
 }
 
-/// Linear, batch matmul (plain and transposed), softmax, layer norm, reshape and transpose.
+/// Linear, batch matmul (plain, and transposed and scaled as attention's scores), softmax,
+/// layer norm, reshape and transpose.
 fn attention_graph() -> Graph {
     attention_graph_of(2)
 }
@@ -352,9 +353,20 @@ fn attention_graph_of(batch: usize) -> Graph {
         split(&mut b, "k", k),
         split(&mut b, "v", v),
     );
-    let s = b.op("scores", Op::BatchMatmul { transpose_b: true }, &[qh, kh]);
+    let scores = Op::BatchMatmul {
+        transpose_b: true,
+        alpha: 0.5,
+    };
+    let s = b.op("scores", scores, &[qh, kh]);
     let p = b.op("probs", Op::Softmax { axis: -1 }, &[s]);
-    let o = b.op("ctx", Op::BatchMatmul { transpose_b: false }, &[p, vh]);
+    let o = b.op(
+        "ctx",
+        Op::BatchMatmul {
+            transpose_b: false,
+            alpha: 1.0,
+        },
+        &[p, vh],
+    );
     let ot = b.op(
         "ctx.t",
         Op::Transpose {

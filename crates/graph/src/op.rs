@@ -313,6 +313,10 @@ fn zero2() -> [usize; 2] {
 fn is_one(v: &usize) -> bool {
     *v == 1
 }
+#[allow(clippy::float_cmp, clippy::trivially_copy_pass_by_ref)]
+fn is_one_f32(v: &f32) -> bool {
+    *v == 1.0
+}
 fn is_one2(v: &[usize; 2]) -> bool {
     *v == [1, 1]
 }
@@ -540,11 +544,15 @@ pub enum Op {
         rows: usize,
         dim: usize,
     },
-    /// Batched matrix product of two inputs: `[.., M, K] x [.., K, N] -> [.., M, N]`
-    /// (`[.., N, K]` for the second when `transpose_b`).
+    /// Batched matrix product of two inputs, scaled: `alpha [.., M, K] x [.., K, N] -> [..,
+    /// M, N]` (`[.., N, K]` for the second when `transpose_b`). `alpha` is attention's
+    /// `1 / sqrt(head size)`, which a matrix product applies for free (cuBLAS's alpha); 1 by
+    /// default.
     BatchMatmul {
         #[serde(default, skip_serializing_if = "is_false")]
         transpose_b: bool,
+        #[serde(default = "one_f32", skip_serializing_if = "is_one_f32")]
+        alpha: f32,
     },
     /// Softmax along `axis` (negative counts from the end).
     Softmax {
@@ -842,7 +850,7 @@ impl Op {
                 broadcast_shapes(terms)
             }
             Op::Concat { axis } => concat_shapes(terms, *axis),
-            Op::BatchMatmul { transpose_b } => {
+            Op::BatchMatmul { transpose_b, .. } => {
                 let [a, b] = terms else {
                     return Err(format!(
                         "batch_matmul needs exactly 2 inputs, got {}",

@@ -73,7 +73,13 @@ fn shapes_follow_bert_base() {
     assert_eq!(shape("layer5_ffn1"), [1, 128, 3072]);
     assert_eq!(shape("layer11_ffn_norm"), [1, 128, 768]);
     let scores = g.node(g.find("layer3_scores").unwrap());
-    assert_eq!(scores.op, Op::BatchMatmul { transpose_b: true });
+    assert_eq!(
+        scores.op,
+        Op::BatchMatmul {
+            transpose_b: true,
+            alpha: 0.125
+        }
+    );
     let ffn1 = g.node(g.find("layer3_ffn1").unwrap());
     assert!(matches!(
         ffn1.op,

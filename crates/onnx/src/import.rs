@@ -1535,7 +1535,7 @@ impl<'a> Importer<'a> {
 
     /// Fold `x op c` (`x` is input `i`, `op` is Add, Sub, Mul or Div) into the operator that
     /// produces `x` when nothing else reads `x`: a bias (or per-channel scale) of a convolution
-    /// or linear layer, a scalar scale of a matmul through the views before it. Returns whether
+    /// or linear layer, a scalar scale of a matmul its alpha. Returns whether
     /// it folded (the caller moves the fold point).
     fn fold_constant(
         &mut self,
@@ -1562,7 +1562,7 @@ impl<'a> Importer<'a> {
                 out.len().saturating_sub(1)
             }
             Op::BatchMatmul { .. } if !add && c.numel() == Some(1) => {
-                return self.fold_scale_through_views(n, op_type == "Div", c)
+                return self.scale_product(n, op_type == "Div", c)
             }
             _ => return Ok(false),
         };
@@ -1611,52 +1611,26 @@ impl<'a> Importer<'a> {
         Ok(())
     }
 
-    /// A scalar scale after a matmul, `(a @ b) * c`, folded into the linear layer (or
-    /// convolution) that one of its operands comes from through reshapes and transposes only,
-    /// each read by nothing else: `(a * c) @ b`. Returns whether it folded.
-    fn fold_scale_through_views(
+    /// A scalar scale after a matmul, `(a @ b) * c` or `(a @ b) / c` (attention's `1 /
+    /// sqrt(head size)`): the product's `alpha`, which it applies for free. Returns whether it
+    /// folded: not where the scalar is unknown, or a division by it is not finite.
+    fn scale_product(
         &mut self,
         matmul: usize,
         divide: bool,
         c: &Const,
     ) -> std::result::Result<bool, Fail> {
-        let operands: Vec<Term> = self.nodes[matmul].inputs.clone();
-        for term in operands {
-            let mut cur = term;
-            let target = loop {
-                let [v] = cur.as_slice() else { break None };
-                let pn = &self.nodes[v.node.index()];
-                if v.channels.is_some()
-                    || pn.dead
-                    || self.consumers.get(&pn.out_tensor).copied().unwrap_or(0) != 1
-                {
-                    break None;
-                }
-                match &pn.op {
-                    Op::Reshape { .. } | Op::Transpose { .. } | Op::Identity
-                        if pn.inputs.len() == 1 =>
-                    {
-                        cur = pn.inputs[0].clone();
-                    }
-                    Op::Linear { act, .. } if *act == Activation::None => {
-                        break Some(v.node.index())
-                    }
-                    Op::Conv2d(conv) if conv.act == Activation::None => break Some(v.node.index()),
-                    _ => break None,
-                }
-            };
-            if let Some(n) = target {
-                if let Some(t) = self.values(c, "scale")? {
-                    let rows = self.nodes[n]
-                        .param("weight")
-                        .and_then(|w| w.shape.first().copied())
-                        .unwrap_or(1);
-                    self.scale_params(n, &fold::expand(&t, rows)?, divide)?;
-                }
-                return Ok(true);
-            }
+        let Some(&v) = c.tensor().as_ref().and_then(|t| t.data.first()) else {
+            return Ok(false);
+        };
+        let s = if divide { 1.0 / v } else { v };
+        if !s.is_finite() {
+            return Ok(false);
         }
-        Ok(false)
+        if let Op::BatchMatmul { alpha, .. } = &mut self.nodes[matmul].op {
+            *alpha *= s;
+        }
+        Ok(true)
     }
 
     fn concat(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
@@ -1782,6 +1756,7 @@ impl<'a> Importer<'a> {
                 }
                 let op = Op::BatchMatmul {
                     transpose_b: trans_b,
+                    alpha: 1.0,
                 };
                 self.push(node, out, op, vec![a.term(), b.term()])?;
                 Ok(())
@@ -1852,6 +1827,7 @@ impl<'a> Importer<'a> {
                 }
                 let op = Op::BatchMatmul {
                     transpose_b: folded.is_some(),
+                    alpha: 1.0,
                 };
                 match self.push(node, out, op, vec![a.term(), b_term]) {
                     Ok(_) => {

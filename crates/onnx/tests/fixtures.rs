@@ -192,7 +192,8 @@ fn transformer_block_maps_like_a_zoo_encoder_layer_at_opsets_17_and_13() {
         assert_eq!((g.op_count(), g.edge_count()), (21, 21), "{}", g.name);
         assert_eq!(types(g), zoo_layer_types(), "{}", g.name);
         // Biases fold into the linear layers, GELU into the first FFN layer, the 1/sqrt(d)
-        // scale into the score matmul, and the key's transpose becomes transpose_b.
+        // scale (a division by 4) into the score matmul's alpha, and the key's transpose
+        // becomes transpose_b.
         assert!(matches!(
             op(g, "/layer0/ffn/fc1/MatMul"),
             Op::Linear {
@@ -203,7 +204,10 @@ fn transformer_block_maps_like_a_zoo_encoder_layer_at_opsets_17_and_13() {
         ));
         assert_eq!(
             op(g, "/layer0/attention/MatMul"),
-            &Op::BatchMatmul { transpose_b: true }
+            &Op::BatchMatmul {
+                transpose_b: true,
+                alpha: 0.25
+            }
         );
         assert_eq!(
             g.node(g.find("/layer0/attention/MatMul").unwrap()).shape,

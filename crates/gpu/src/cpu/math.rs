@@ -70,6 +70,17 @@ pub fn sgemm_strided(
     rsc: usize,
     csc: usize,
 ) -> Result<(), GpuError> {
+    sgemm_scaled(a, b, c, [rsc, csc], 1.0)
+}
+
+/// `c = alpha * a * b`, `c` as in [`sgemm_strided`] (strides `[rsc, csc]`).
+pub fn sgemm_scaled(
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [f32],
+    [rsc, csc]: [usize; 2],
+    alpha: f32,
+) -> Result<(), GpuError> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let fail = |what: &str| Err(GpuError::Plan(format!("sgemm {m}x{k}x{n}: {what}")));
     if k != b.rows {
@@ -99,11 +110,11 @@ pub fn sgemm_strided(
     // SAFETY: every element the call touches lies inside its slice (the reach checks above:
     // the largest index of each view is below its length), C's strides do not alias (checked),
     // C is borrowed mutably and A, B immutably for the whole call.
-    unsafe { raw_product(a, b, c.as_mut_ptr(), rsc, csc) };
+    unsafe { raw_product(a, b, c.as_mut_ptr(), [rsc, csc], alpha) };
     Ok(())
 }
 
-/// `c = a * b` through `gemm` on one thread (callers split the work themselves; the inner
+/// `c = alpha * a * b` through `gemm` on one thread (callers split the work themselves; the inner
 /// dimension is never split, so an element's bits depend only on the shapes), C's element
 /// `(i, j)` at `c + i * rsc + j * csc`; C's old content is never read.
 ///
@@ -111,7 +122,7 @@ pub fn sgemm_strided(
 /// `a` and `b` reach only inside their slices, `c` is valid for writes at every element
 /// `(i, j)` of `a.rows x b.cols`, these do not alias each other, and nothing else reads or
 /// writes them during the call.
-unsafe fn raw_product(a: Mat<'_>, b: Mat<'_>, c: *mut f32, rsc: usize, csc: usize) {
+unsafe fn raw_product(a: Mat<'_>, b: Mat<'_>, c: *mut f32, [rsc, csc]: [usize; 2], alpha: f32) {
     let s = |v: usize| v as isize;
     // SAFETY: the caller's contract; read_dst = false, so C is only written.
     unsafe {
@@ -130,7 +141,7 @@ unsafe fn raw_product(a: Mat<'_>, b: Mat<'_>, c: *mut f32, rsc: usize, csc: usiz
             s(b.cs),
             s(b.rs),
             0.0f32,
-            1.0f32,
+            alpha,
             false,
             false,
             false,
@@ -370,7 +381,7 @@ where
             // every other task's; no task reads C. A and the tile of B are read-only views
             // inside their slices (A's reach checked above; a view's tile ends where B's
             // columns end, a filled block is k x w).
-            unsafe { raw_product(a, bt, out.at(cols.start), n, 1) };
+            unsafe { raw_product(a, bt, out.at(cols.start), [n, 1], 1.0) };
             for r in 0..m {
                 // SAFETY: row r's part of this task's columns, inside C (r < m, cols.end <= n)
                 // and written by this task only; the product above has returned, so no other

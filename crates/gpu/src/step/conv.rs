@@ -413,6 +413,7 @@ impl Conv {
             batch: n,
             outer: 1,
             outer_stride: [0; 3],
+            alpha: 1.0,
             epilogue: None,
         }
     }

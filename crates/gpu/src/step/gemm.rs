@@ -1,5 +1,5 @@
-//! Matrix products: column-major, strided-batched `C = op(A) op(B)` with cuBLAS semantics
-//! (alpha 1, beta 0), and the lowering of `linear` and `batch_matmul` to it. A linear layer's
+//! Matrix products: column-major, strided-batched `C = alpha op(A) op(B)` with cuBLAS
+//! semantics (beta 0), and the lowering of `linear` and `batch_matmul` to it. A linear layer's
 //! bias, residual and relu are the product's epilogue ([`GemmEpilogue`]): on the GPU inside
 //! cuBLASLt's kernel, on the CPU the bias kernel's code right after the product (so both
 //! orders of evaluation match the separate kernels'); another activation keeps the bias
@@ -27,7 +27,7 @@ use serde::Serialize;
 
 use super::act::BiasAct;
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::{sgemm_strided, Mat};
+use crate::cpu::math::{sgemm_scaled, Mat};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::c_int;
 use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -35,7 +35,7 @@ use crate::program::{weight_half_width, At, BufId, Builder, Init, MergedLinear, 
 use crate::{GemmKernel, GpuError};
 
 /// A (batched) matrix product.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Gemm {
     pub a: BufId,
     pub b: BufId,
@@ -56,6 +56,8 @@ pub struct Gemm {
     /// or written through head transposes, with heads inside sequences (1 otherwise).
     pub outer: usize,
     pub outer_stride: [usize; 3],
+    /// The product's scale (cuBLAS's alpha): attention's `1 / sqrt(head size)`, else 1.
+    pub alpha: f32,
     /// What the same kernel does to `C` after the product (a single, dense product only).
     pub epilogue: Option<GemmEpilogue>,
 }
@@ -175,6 +177,7 @@ fn push_linear(
             batch: 1,
             outer: 1,
             outer_stride: [0; 3],
+            alpha: 1.0,
             epilogue: in_product.then_some(GemmEpilogue {
                 bias,
                 residual,
@@ -207,7 +210,7 @@ pub(crate) fn lower_batch_matmul(
     b: &mut Builder<'_>,
     steps: &mut Vec<Step>,
     at: At,
-    transpose_b: bool,
+    (transpose_b, alpha): (bool, f32),
     src: Src<'_>,
     out: BufId,
     out_shape: &[usize],
@@ -276,6 +279,7 @@ pub(crate) fn lower_batch_matmul(
             batch,
             outer,
             outer_stride: [outer_a, outer_b, outer_c],
+            alpha,
             epilogue: None,
         }
         .into(),
@@ -635,7 +639,7 @@ impl Gemm {
     fn group_cpu(&self, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), GpuError> {
         let one = |bi: usize, c: &mut [f32]| {
             let (va, vb) = self.views(&a[bi * self.stride_a..], &b[bi * self.stride_b..]);
-            sgemm_strided(va, vb, c, 1, self.ldc)
+            sgemm_scaled(va, vb, c, [1, self.ldc], self.alpha)
         };
         if self.batch > 1 && self.stride_c >= self.ldc * self.n {
             c[..self.batch * self.stride_c]
@@ -657,7 +661,7 @@ impl Gemm {
                     } else {
                         Mat::strided(&b[j0 * bstride_col..], self.k, nj, 1, self.ldb)
                     };
-                    sgemm_strided(va, vb, cc, 1, self.ldc)
+                    sgemm_scaled(va, vb, cc, [1, self.ldc], self.alpha)
                 })
         } else {
             (0..self.batch).try_for_each(|bi| one(bi, &mut c[bi * self.stride_c..]))
@@ -717,6 +721,7 @@ impl CudaGemm {
             strides: [s.stride_a as i64, s.stride_b as i64, s.stride_c as i64],
             batch: c_int(s.batch, "batch")?,
             tf32: cx.opts.tf32,
+            alpha: s.alpha,
         })
     }
 }
@@ -746,6 +751,7 @@ pub(crate) struct CudaGemm {
     strides: [i64; 3],
     batch: i32,
     tf32: bool,
+    alpha: f32,
 }
 
 impl Enqueue for CudaGemm {
@@ -757,7 +763,7 @@ impl Enqueue for CudaGemm {
 impl CudaGemm {
     /// Enqueue the product on `sc`'s stream.
     pub(crate) fn run(&self, sc: &StreamCtx) -> Result<(), GpuError> {
-        let (one, zero) = (1.0f32, 0.0f32);
+        let zero = 0.0f32;
         let h = sc.cublas();
         let math = if self.tf32 {
             blas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
@@ -784,7 +790,7 @@ impl CudaGemm {
                     m,
                     n,
                     k,
-                    &one,
+                    &self.alpha,
                     pa as *const *const f32,
                     self.ld[0],
                     pb as *const *const f32,
@@ -809,7 +815,7 @@ impl CudaGemm {
                     m,
                     n,
                     k,
-                    &one,
+                    &self.alpha,
                     self.a as *const f32,
                     self.ld[0],
                     self.b as *const f32,
@@ -826,7 +832,7 @@ impl CudaGemm {
                     m,
                     n,
                     k,
-                    &one,
+                    &self.alpha,
                     self.a as *const f32,
                     self.ld[0],
                     self.strides[0],
@@ -898,6 +904,7 @@ struct CudaLtGemm {
     b: u64,
     c: u64,
     z: u64,
+    alpha: f32,
     beta: f32,
 }
 
@@ -1066,6 +1073,7 @@ impl CudaLtGemm {
             b,
             c,
             z,
+            alpha: s.alpha,
             beta,
         })
     }
@@ -1132,7 +1140,6 @@ impl CudaLtGemm {
 
     /// Enqueue the product with configuration `algo` on `sc`'s stream.
     fn run(&self, algo: &lt_sys::cublasLtMatmulAlgo_t, sc: &StreamCtx) -> Result<(), GpuError> {
-        let one = 1.0f32;
         // SAFETY: descriptors and layouts describe the buffers (their reach was checked at
         // preparation, the bias pointer is set on the descriptor); `algo` came from the
         // heuristic for these descriptors with at most the stream's cuBLAS workspace, which
@@ -1142,7 +1149,7 @@ impl CudaLtGemm {
             lt::matmul(
                 self.handle.0,
                 self.desc.0,
-                (&one as *const f32).cast(),
+                (&self.alpha as *const f32).cast(),
                 (&self.beta as *const f32).cast(),
                 self.a as *const std::ffi::c_void,
                 self.layouts[0].0,
@@ -1192,6 +1199,7 @@ mod tests {
             batch: 1,
             outer: 1,
             outer_stride: [0; 3],
+            alpha: 1.0,
             epilogue: None,
         }
     }
@@ -1323,6 +1331,7 @@ mod over_runs_tests {
             batch: h,
             outer: n,
             outer_stride: [s * hd, s * hd, h * s * s],
+            alpha: 1.0,
             epilogue: None,
         };
         let run = |g: &Gemm, q: &[f32], k: &[f32]| {

@@ -120,12 +120,15 @@ fn describe(op: &Op) -> String {
             }
             s
         }
-        Op::BatchMatmul { transpose_b } => {
+        Op::BatchMatmul { transpose_b, alpha } => {
+            let mut s = String::from("batch_matmul");
             if *transpose_b {
-                "batch_matmul b^T".into()
-            } else {
-                "batch_matmul".into()
+                s.push_str(" b^T");
             }
+            if *alpha != 1.0 {
+                let _ = write!(s, " x{alpha}");
+            }
+            s
         }
         Op::Softmax { axis } => format!("softmax axis {axis}"),
         Op::LayerNorm { eps } => format!("layer_norm eps {eps}"),

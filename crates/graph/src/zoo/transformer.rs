@@ -5,8 +5,9 @@
 //! block `layer{i}` of 21 operators:
 //! - `q`, `k`, `v`: three parallel linear layers 768 -> 768 (with bias);
 //! - each reshaped to `[b, s, 12, 64]` and transposed to `[b, 12, s, 64]`;
-//! - `scores = q k^T` as `batch_matmul` with `transpose_b` -> `[b, 12, s, s]`; the scaling by
-//!   `1/sqrt(64)` is folded into the `q` projection's weights, so it is no operator;
+//! - `scores = q k^T / sqrt(64)` as `batch_matmul` with `transpose_b` and `alpha` 1/8 ->
+//!   `[b, 12, s, s]` (the product scales for free; without the scale, random weights make
+//!   logits of standard deviation 8, a softmax that TF32's rounding flips between tokens);
 //! - `softmax` over the last axis, `context = probs v` -> `[b, 12, s, 64]`;
 //! - transpose back to `[b, s, 12, 64]`, reshape to `[b, s, 768]`, output linear;
 //! - residual add, layer norm, FFN linear 3072 with GELU fused, linear 768, residual add,
@@ -62,13 +63,19 @@ fn encoder_layer(b: &mut GraphBuilder, i: usize, x: NodeId, batch: usize, seq: u
     let v = split_heads(b, &format!("{p}_v"), v, batch, seq);
     let scores = b.op(
         &format!("{p}_scores"),
-        Op::BatchMatmul { transpose_b: true },
+        Op::BatchMatmul {
+            transpose_b: true,
+            alpha: 1.0 / (HEAD_DIM as f32).sqrt(),
+        },
         &[q, k],
     );
     let probs = b.op(&format!("{p}_softmax"), Op::Softmax { axis: -1 }, &[scores]);
     let ctx = b.op(
         &format!("{p}_context"),
-        Op::BatchMatmul { transpose_b: false },
+        Op::BatchMatmul {
+            transpose_b: false,
+            alpha: 1.0,
+        },
         &[probs, v],
     );
     let ctx = b.op(
