@@ -7,8 +7,8 @@ Usage:
   verdict.py RESULTS
       RESULTS: first-call.sh's results.txt. Its whole-model lines are
       `NAME: MEDIAN ms (p10 ..., p90 ...) ...` with NAME `[before REV|after|b16] LAYOUT
-      [VARIANT] ALGO MODEL [process N]` (VARIANT: no-dw, no-act, no-pool, no-writers, no-bpool,
-      no-bcat, none);
+      [VARIANT] ALGO MODEL [process N]` (VARIANT: no-adds, no-dw, no-sum, no-act, no-pool,
+      no-writers, no-bpool, no-bcat, none);
       other lines, and failed runs, are skipped.
 
 Prints one line per variant: the case (model, batch, layout, schedule), the variant, its
@@ -21,7 +21,8 @@ import re
 import statistics
 import sys
 
-VARIANTS = {"no-dw", "no-act", "no-pool", "no-writers", "no-bpool", "no-bcat", "none"}
+VARIANTS = {"no-adds", "no-dw", "no-sum", "no-act", "no-pool", "no-writers", "no-bpool", "no-bcat",
+            "none"}
 LINE = re.compile(r"^(?P<name>[^:]+): (?P<ms>[0-9.]+) ms ")
 
 
