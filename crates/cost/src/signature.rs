@@ -673,22 +673,8 @@ mod tests {
         let mut b = GraphBuilder::new("m", DType::F32);
         let q = b.input("q", vec![1, 5, 3, 4]);
         let qt = b.op("qt", heads(), &[q]);
-        let s = b.op(
-            "s",
-            Op::BatchMatmul {
-                transpose_b: true,
-                alpha: 1.0,
-            },
-            &[qt, qt],
-        );
-        let c = b.op(
-            "c",
-            Op::BatchMatmul {
-                transpose_b: false,
-                alpha: 1.0,
-            },
-            &[s, qt],
-        );
+        let s = b.op("s", Op::batch_matmul(true), &[qt, qt]);
+        let c = b.op("c", Op::batch_matmul(false), &[s, qt]);
         let ct = b.op("ct", heads(), &[c]);
         let g = b.finish().unwrap();
         let sig = |n| op_signature(&g, n);

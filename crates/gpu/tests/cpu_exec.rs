@@ -359,14 +359,7 @@ fn attention_graph_of(batch: usize) -> Graph {
     };
     let s = b.op("scores", scores, &[qh, kh]);
     let p = b.op("probs", Op::Softmax { axis: -1 }, &[s]);
-    let o = b.op(
-        "ctx",
-        Op::BatchMatmul {
-            transpose_b: false,
-            alpha: 1.0,
-        },
-        &[p, vh],
-    );
+    let o = b.op("ctx", Op::batch_matmul(false), &[p, vh]);
     let ot = b.op(
         "ctx.t",
         Op::Transpose {

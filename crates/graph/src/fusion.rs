@@ -880,34 +880,13 @@ mod tests {
             let k = b.input("k", vec![batch, 5, 3, 4]);
             let qt = b.op("qt", heads(), &[q]);
             let kt = b.op("kt", heads(), &[k]);
-            let s = b.op(
-                "s",
-                Op::BatchMatmul {
-                    transpose_b: true,
-                    alpha: 1.0,
-                },
-                &[qt, kt],
-            );
-            let c = b.op(
-                "c",
-                Op::BatchMatmul {
-                    transpose_b: false,
-                    alpha: 1.0,
-                },
-                &[s, qt],
-            );
+            let s = b.op("s", Op::batch_matmul(true), &[qt, kt]);
+            let c = b.op("c", Op::batch_matmul(false), &[s, qt]);
             let ct = b.op("ct", heads(), &[c]);
             // A transpose something else reads too runs; so does one of another permutation.
             let kept = b.op("kept", heads(), &[k]);
             let _relu = b.act("relu", kept, Activation::Relu);
-            let s2 = b.op(
-                "s2",
-                Op::BatchMatmul {
-                    transpose_b: true,
-                    alpha: 1.0,
-                },
-                &[kept, kept],
-            );
+            let s2 = b.op("s2", Op::batch_matmul(true), &[kept, kept]);
             let other = b.op(
                 "other",
                 Op::Transpose {

@@ -743,6 +743,14 @@ pub fn concat_shapes(shapes: &[Shape], axis: usize) -> Result<Shape, String> {
 }
 
 impl Op {
+    /// A batch matmul without a scale (`alpha` 1).
+    pub fn batch_matmul(transpose_b: bool) -> Op {
+        Op::BatchMatmul {
+            transpose_b,
+            alpha: 1.0,
+        }
+    }
+
     /// The snake-case type name, as in the JSON tag.
     pub fn type_name(&self) -> &'static str {
         match self {

@@ -86,28 +86,11 @@ fn sequence_ops_infer_shapes() {
     };
     assert_eq!(infer(lin, &[x]).unwrap(), vec![2, 128, 3072]);
     let q: &[usize] = &[2, 12, 128, 64];
-    let bmm = Op::BatchMatmul {
-        transpose_b: true,
-        alpha: 1.0,
-    };
+    let bmm = Op::batch_matmul(true);
     assert_eq!(infer(bmm, &[q, q]).unwrap(), vec![2, 12, 128, 128]);
-    let bad = infer(
-        Op::BatchMatmul {
-            transpose_b: false,
-            alpha: 1.0,
-        },
-        &[q, q],
-    )
-    .unwrap_err();
+    let bad = infer(Op::batch_matmul(false), &[q, q]).unwrap_err();
     assert!(bad.contains("do not match"), "{bad}");
-    assert!(infer(
-        Op::BatchMatmul {
-            transpose_b: false,
-            alpha: 1.0
-        },
-        &[q]
-    )
-    .is_err());
+    assert!(infer(Op::batch_matmul(false), &[q]).is_err());
     assert_eq!(infer(Op::Softmax { axis: -1 }, &[q]).unwrap(), q.to_vec());
     assert!(infer(Op::Softmax { axis: 4 }, &[q]).is_err());
     assert_eq!(

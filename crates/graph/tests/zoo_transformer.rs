@@ -158,3 +158,17 @@ fn zero_sizes_are_errors() {
         assert!(e.to_string().contains("transformer"), "{e}");
     }
 }
+
+#[test]
+fn the_scores_scale_survives_json_and_an_absent_one_is_one() {
+    let g = build(1, Some(8));
+    let text = opsched_graph::formats::json::to_string(&g);
+    let back = opsched_graph::formats::from_str(&text).unwrap();
+    assert_eq!(back.nodes(), g.nodes());
+    // Graph files written before the scale existed read as unscaled products.
+    let old = text.replace("\"alpha\": 0.125,", "");
+    assert_ne!(old, text);
+    let unscaled = opsched_graph::formats::from_str(&old).unwrap();
+    let scores = unscaled.node(unscaled.find("layer0_scores").unwrap());
+    assert_eq!(scores.op, Op::batch_matmul(true));
+}

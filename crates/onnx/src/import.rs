@@ -1754,10 +1754,7 @@ impl<'a> Importer<'a> {
                 if has_c || alpha != 1.0 {
                     return Err(unsupported(node, "two activations with alpha or C"));
                 }
-                let op = Op::BatchMatmul {
-                    transpose_b: trans_b,
-                    alpha: 1.0,
-                };
+                let op = Op::batch_matmul(trans_b);
                 self.push(node, out, op, vec![a.term(), b.term()])?;
                 Ok(())
             }
@@ -1825,10 +1822,7 @@ impl<'a> Importer<'a> {
                         }
                     }
                 }
-                let op = Op::BatchMatmul {
-                    transpose_b: folded.is_some(),
-                    alpha: 1.0,
-                };
+                let op = Op::batch_matmul(folded.is_some());
                 match self.push(node, out, op, vec![a.term(), b_term]) {
                     Ok(_) => {
                         if let Some(n) = folded {

@@ -72,10 +72,7 @@ fn encoder_layer(b: &mut GraphBuilder, i: usize, x: NodeId, batch: usize, seq: u
     let probs = b.op(&format!("{p}_softmax"), Op::Softmax { axis: -1 }, &[scores]);
     let ctx = b.op(
         &format!("{p}_context"),
-        Op::BatchMatmul {
-            transpose_b: false,
-            alpha: 1.0,
-        },
+        Op::batch_matmul(false),
         &[probs, v],
     );
     let ctx = b.op(
