@@ -41,10 +41,11 @@ pub const SOFTMAX_ROWS: u32 = 1;
 
 /// The prefix of a depthwise convolution's key (its geometry, layout, input strides, the
 /// inputs it sums and adds, its activations): its candidates are [`DEPTHWISE_ONE`],
-/// [`DEPTHWISE_UNROLLED`] and [`DEPTHWISE_TILED`], for the convolutions the latter two have a
-/// case for. A kept list is reused as it is, so a change of the candidates or of a kernel
-/// takes a new version here (`depthwise.2|`), which measures them all again.
-pub const DEPTHWISE_KEY: &str = "depthwise.1|";
+/// [`DEPTHWISE_UNROLLED`], [`DEPTHWISE_TILED`] and [`DEPTHWISE_TILED4`], for the convolutions
+/// the latter three have a case for. A kept list is reused as it is, so a change of the
+/// candidates or of a kernel takes a new version here (`depthwise.3|`), which measures them
+/// all again (version 2 added the tiled kernel by fours).
+pub const DEPTHWISE_KEY: &str = "depthwise.2|";
 /// The candidate "our depthwise kernel, one output a thread" of a [`DEPTHWISE_KEY`] (it wins
 /// a tie: it ran before the tiled one).
 pub const DEPTHWISE_ONE: u32 = 0;
@@ -52,6 +53,9 @@ pub const DEPTHWISE_ONE: u32 = 0;
 pub const DEPTHWISE_TILED: u32 = 1;
 /// The candidate "our depthwise kernel with its kernel width unrolled".
 pub const DEPTHWISE_UNROLLED: u32 = 2;
+/// The candidate "our tiled depthwise kernel, four channels of a pixel a thread" (channels
+/// last, every access 16 bytes).
+pub const DEPTHWISE_TILED4: u32 = 3;
 
 /// The prefix of a matrix product's key (its shape, operands' layout and alignment, epilogue,
 /// math and cuBLAS version): its candidates are [`GEMM_CUBLAS`] or [`GEMM_CUBLAS_SPLIT`] and
@@ -169,6 +173,8 @@ pub enum KernelFamily {
     DepthwiseUnrolled,
     /// Our tiled depthwise kernel.
     DepthwiseTiled,
+    /// Our tiled depthwise kernel, four channels a thread.
+    DepthwiseTiled4,
 }
 
 /// How many distinct convolutions (tuning keys) this process runs with each kind of kernel
@@ -218,12 +224,14 @@ pub struct DepthwiseKernels {
     pub unrolled: usize,
     /// Several outputs of a row a thread.
     pub tiled: usize,
+    /// Several outputs of a row, four channels each, a thread.
+    pub tiled4: usize,
 }
 
 impl DepthwiseKernels {
     /// Every distinct depthwise convolution with a choice.
     pub fn total(&self) -> usize {
-        self.one + self.unrolled + self.tiled
+        self.one + self.unrolled + self.tiled + self.tiled4
     }
 }
 
@@ -312,6 +320,7 @@ impl Tuning {
             one: self.count(KernelFamily::DepthwiseOne),
             unrolled: self.count(KernelFamily::DepthwiseUnrolled),
             tiled: self.count(KernelFamily::DepthwiseTiled),
+            tiled4: self.count(KernelFamily::DepthwiseTiled4),
         }
     }
 

@@ -698,8 +698,10 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
     if let Some(k) = &report.depthwise_kernels {
         writeln!(
             out,
-            "depthwise      {} distinct: {} tiled, {} unrolled, {} one output a thread",
+            "depthwise      {} distinct: {} tiled by fours, {} tiled, {} unrolled, {} one output a \
+             thread",
             k.total(),
+            k.tiled4,
             k.tiled,
             k.unrolled,
             k.one

@@ -3,8 +3,8 @@
 //! defined away and a grid of one thread strides over every element, so the index arithmetic
 //! of every template case (layouts, strides, widths, input biases, summed inputs, input
 //! activations, strided inputs) is checked in CI against an independent loop, and the
-//! unrolled and tiled kernels (which the GPU runs where they measure faster) against the
-//! one-output-a-thread kernel, element for element.
+//! unrolled and tiled kernels (which the GPU runs where they measure faster; the tiled one
+//! also four channels a thread) against the one-output-a-thread kernel, element for element.
 #![allow(clippy::unwrap_used)]
 
 use super::nvrtc::SOURCE;
@@ -37,6 +37,8 @@ static const Dim blockIdx{0}, threadIdx{0}, blockDim{1}, gridDim{1};
 typedef long long i64;
 #define FITS32(n) ((n) <= 0x7fffffffLL)
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
+struct float4 { float x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 "#;
 
 /// The cases, each run through today's kernel, the candidates and an independent loop.
@@ -62,7 +64,7 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
         mp.push_back(m.data());
     }
     const size_t len = (size_t)n * c * oh * ow;
-    std::vector<float> y(len, 7.0f), unrolled(len, 7.0f), tiled(len, 7.0f);
+    std::vector<float> y(len, 7.0f), unrolled(len, 7.0f), tiled(len, 7.0f), tiled4(len, 7.0f);
     Geo12 g{{h, w, oh, ow, k, k, stride, stride, pad, pad, 1, 1}};
     const i64 nc = (i64)n * c;
     const float* ibp = in_bias ? ib.data() : nullptr;
@@ -75,6 +77,8 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
                                      ximage, xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
         depthwise_conv_tiled_nhwc(tiled.data(), x.data(), wt.data(), bias.data(), nc, c, ximage,
                                   xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+        depthwise_conv_tiled4_nhwc(tiled4.data(), x.data(), wt.data(), bias.data(), nc, c,
+                                   ximage, xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
     } else {
         depthwise_conv(y.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, xpix, g, pre, q0,
                        q1, 0, 0, 0, ibp, mpp, nmore);
@@ -86,7 +90,7 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
     // The independent loop: x and y [n, c, h, w] or [n, h, w, c], the weights [c, k, k] or
     // [k, k, c]; padding adds nothing.
     double worst = 0;
-    size_t differ_unrolled = 0, differ_tiled = 0;
+    size_t differ_unrolled = 0, differ_tiled = 0, differ_tiled4 = 0;
     for (int im = 0; im < n; ++im)
         for (int ch = 0; ch < c; ++ch)
             for (int i = 0; i < oh; ++i)
@@ -112,14 +116,16 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
                     worst = fmax(worst, fabs(y[t] - acc));
                     differ_unrolled += unrolled[t] != y[t];
                     differ_tiled += tiled[t] != y[t];
+                    differ_tiled4 += nhwc && tiled4[t] != y[t];
                 }
-    const bool ok = worst <= 1e-4 && differ_unrolled == 0 && differ_tiled == 0;
+    const bool ok = worst <= 1e-4 && differ_unrolled == 0 && differ_tiled == 0 &&
+                    differ_tiled4 == 0;
     if (!ok) {
         ++failures;
         printf("%s n%d c%d %dx%d k%d s%d p%d in_bias %d sums %d pre %d: off by %g from the "
-               "loop; unrolled differs at %zu, tiled at %zu of %zu\n",
+               "loop; unrolled differs at %zu, tiled at %zu, tiled by fours at %zu of %zu\n",
                nhwc ? "NHWC" : "NCHW", n, c, h, w, k, stride, pad, in_bias, nmore, pre, worst,
-               differ_unrolled, differ_tiled, len);
+               differ_unrolled, differ_tiled, differ_tiled4, len);
     }
 }
 
@@ -143,6 +149,18 @@ int main() {
         for (int k : {3, 5})
             for (int s : {1, 2}) one(2, 6, 9, 10, k, s, k / 2, nhwc, true, 0, 1, 5);
     cases += 11;
+    // Four channels a thread (depthwise_conv_tiled4_nhwc, where channels and strides are
+    // multiples of 4): dense, a strided view 4 past each pixel's channels, three input
+    // activations, and 12 channels; the other cases above check its fallback.
+    for (int k : {3, 5, 7})
+        for (int s : {1, 2})
+            for (int extra = 0; extra < 3; ++extra) {
+                one(2, 8, 11 + k, 9 + s, k, s, k / 2, true, extra == 1, extra == 2 ? 2 : 0, 1);
+                one(1, 12, 8 + k, 13 - s, k, s, k / 2, true, extra == 1, 0, 1, 4);
+                cases += 2;
+            }
+    for (int pre : {0, 7}) one(1, 8, 9, 9, 3, 1, 1, true, true, 1, pre);
+    cases += 2;
     printf("%d cases, %d failed\n", cases, failures);
     return failures != 0;
 }

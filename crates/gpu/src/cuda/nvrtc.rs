@@ -845,115 +845,184 @@ extern "C" __global__ void depthwise_conv_unrolled_nhwc(DEPTHWISE_PARAMS) {
     unrolled_cases<true>(DEPTHWISE_ARGS);
 }
 
+// CV consecutive channels of one pixel (channels last): one 16-byte access where CV is 4
+// (the caller checked the alignment), else one element.
+template <int CV>
+__device__ __forceinline__ void load_cv(const float* p, float* v) {
+    if (CV == 4) {
+        const float4 f = *reinterpret_cast<const float4*>(p);
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < CV; ++k) v[k] = p[k];
+    }
+}
+
+template <int CV>
+__device__ __forceinline__ void store_cv(float* p, const float* v) {
+    if (CV == 4) {
+        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < CV; ++k) p[k] = v[k];
+    }
+}
+
 // The depthwise convolution tiled: V outputs of a row per thread (stride S, kernel width KW,
-// no dilation along the width): each input value of the row segment the V outputs read is
-// loaded, given the extra inputs and the input activation once, and kept in registers for
-// every output that reads it (a 5x5 at stride 1 with V = 4 loads 8 values per kernel row
-// instead of 20). The sums run in depthwise_conv_t's order, so the outputs are equal. One
-// thread per V outputs: the host launches a grid for len / V (step::conv's `tiled_outputs`).
-template <bool NHWC, bool EXTRA, int PRE, int KW, int S, int V>
+// no dilation along the width), each of CV consecutive channels (4 only channels last, every
+// access 16 bytes): each input value of the row segment the V outputs read is loaded, given
+// the extra inputs and the input activation once, and kept in registers for every output
+// that reads it (a 5x5 at stride 1 with V = 4 loads 8 values per kernel row instead of 20).
+// The sums run in depthwise_conv_t's order, so the outputs are equal. One thread per V x CV
+// outputs: the host launches a grid for len / (V CV) (step::conv's `tiled_outputs`).
+template <bool NHWC, bool EXTRA, int PRE, int KW, int S, int V, int CV>
 __device__ __forceinline__ void tiled_depthwise_t(float* y, const float* x, const float* wt,
         const float* bias, unsigned nc, int c, unsigned ximage, int xpix, Geo12 g, int pre,
         float q0, float q1, int act, float p0, float p1, const float* in_bias,
         const float* const* more, int nmore) {
+    static_assert(CV == 1 || NHWC, "channels of one pixel are adjacent channels last only");
     const int h = g.v[0], w = g.v[1], oh = g.v[2], ow = g.v[3], kh = g.v[4];
     const int sh = g.v[6], ph = g.v[8], pw = g.v[9], dh = g.v[10];
     const int owv = (ow + V - 1) / V;
-    const unsigned total = nc * oh * owv;
+    const unsigned total = nc / CV * oh * owv;
     const int step = NHWC ? xpix : 1, wstep = NHWC ? c : 1;
     constexpr int SPAN = (V - 1) * S + KW;
     GRID_STRIDE_T(unsigned, t, total) {
         int ch, i, jt;
         unsigned image;
-        element_at<unsigned, NHWC>(t, c, oh, owv, ch, i, jt, image);
+        element_at<unsigned, NHWC>(t, c / CV, oh, owv, ch, i, jt, image);
+        ch *= CV;
         const int j0 = jt * V;
         const unsigned xoff = image * ximage + (NHWC ? (unsigned)ch : (unsigned)ch * h * w);
         const float* xp = x + xoff;
         const float* wp = NHWC ? wt + ch : wt + (unsigned)ch * kh * KW;
-        const float ib = EXTRA && in_bias ? in_bias[ch] : 0.0f;
-        float acc[V];
+        float ib[CV];
 #pragma unroll
-        for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+        for (int k = 0; k < CV; ++k) ib[k] = 0.0f;
+        if (EXTRA && in_bias) load_cv<CV>(in_bias + ch, ib);
+        float acc[V][CV];
+#pragma unroll
+        for (int v = 0; v < V; ++v)
+#pragma unroll
+            for (int k = 0; k < CV; ++k) acc[v][k] = 0.0f;
         const int s0 = j0 * S - pw;
         for (int p = 0; p < kh; ++p) {
             const int r = i * sh - ph + p * dh;
             if (r < 0 || r >= h) continue;
-            float xv[SPAN];
+            float xv[SPAN][CV];
 #pragma unroll
             for (int u = 0; u < SPAN; ++u) {
                 const int s = s0 + u;
-                float v = 0.0f;
+#pragma unroll
+                for (int k = 0; k < CV; ++k) xv[u][k] = 0.0f;
                 if (s >= 0 && s < w) {
                     const unsigned o = ((unsigned)r * w + s) * step;
-                    v = xp[o];
+                    load_cv<CV>(xp + o, xv[u]);
                     if (EXTRA) {
-                        for (int k = 0; k < nmore; ++k) v += more[k][xoff + o];
-                        v += ib;
+                        for (int m = 0; m < nmore; ++m) {
+                            float mv[CV];
+                            load_cv<CV>(more[m] + xoff + o, mv);
+#pragma unroll
+                            for (int k = 0; k < CV; ++k) xv[u][k] += mv[k];
+                        }
+#pragma unroll
+                        for (int k = 0; k < CV; ++k) xv[u][k] += ib[k];
                     }
-                    v = pre_f<PRE>(v, pre, q0, q1);
+#pragma unroll
+                    for (int k = 0; k < CV; ++k) xv[u][k] = pre_f<PRE>(xv[u][k], pre, q0, q1);
                 }
-                xv[u] = v;
             }
 #pragma unroll
             for (int q = 0; q < KW; ++q) {
-                const float wq = wp[(p * KW + q) * wstep];
+                float wq[CV];
+                load_cv<CV>(wp + (p * KW + q) * wstep, wq);
 #pragma unroll
-                for (int v = 0; v < V; ++v) acc[v] += xv[v * S + q] * wq;
+                for (int v = 0; v < V; ++v)
+#pragma unroll
+                    for (int k = 0; k < CV; ++k) acc[v][k] += xv[v * S + q][k] * wq[k];
             }
         }
+        float b[CV];
+#pragma unroll
+        for (int k = 0; k < CV; ++k) b[k] = 0.0f;
+        if (bias) load_cv<CV>(bias + ch, b);
 #pragma unroll
         for (int v = 0; v < V; ++v) {
             const int j = j0 + v;
             if (j < ow) {
-                float a = acc[v];
-                if (bias) a += bias[ch];
+                float a[CV];
+#pragma unroll
+                for (int k = 0; k < CV; ++k) {
+                    a[k] = acc[v][k];
+                    if (bias) a[k] += b[k];
+                    a[k] = act_f(a[k], act, p0, p1);
+                }
                 const unsigned yt = NHWC ? ((image * oh + i) * ow + j) * c + ch
                                          : ((image * c + ch) * oh + i) * ow + j;
-                y[yt] = act_f(a, act, p0, p1);
+                store_cv<CV>(y + yt, a);
             }
         }
     }
 }
 
 // Outputs per thread: 4 at stride 1, 2 at stride 2.
-template <bool NHWC, bool EXTRA, int KW, int S>
+template <bool NHWC, bool EXTRA, int KW, int S, int CV>
 __device__ __forceinline__ void tiled_one(DEPTHWISE_PARAMS) {
-    tiled_depthwise_t<NHWC, EXTRA, 1, KW, S, S == 1 ? 4 : 2>(DEPTHWISE_ARGS);
+    tiled_depthwise_t<NHWC, EXTRA, 1, KW, S, S == 1 ? 4 : 2, CV>(DEPTHWISE_ARGS);
 }
 
-template <bool NHWC, bool EXTRA>
+template <bool NHWC, bool EXTRA, int CV>
 __device__ __forceinline__ void tiled_width(DEPTHWISE_PARAMS) {
     switch (g.v[5] * 10 + g.v[7]) {
-    case 31: tiled_one<NHWC, EXTRA, 3, 1>(DEPTHWISE_ARGS); break;
-    case 32: tiled_one<NHWC, EXTRA, 3, 2>(DEPTHWISE_ARGS); break;
-    case 51: tiled_one<NHWC, EXTRA, 5, 1>(DEPTHWISE_ARGS); break;
-    case 52: tiled_one<NHWC, EXTRA, 5, 2>(DEPTHWISE_ARGS); break;
-    case 71: tiled_one<NHWC, EXTRA, 7, 1>(DEPTHWISE_ARGS); break;
-    case 72: tiled_one<NHWC, EXTRA, 7, 2>(DEPTHWISE_ARGS); break;
+    case 31: tiled_one<NHWC, EXTRA, 3, 1, CV>(DEPTHWISE_ARGS); break;
+    case 32: tiled_one<NHWC, EXTRA, 3, 2, CV>(DEPTHWISE_ARGS); break;
+    case 51: tiled_one<NHWC, EXTRA, 5, 1, CV>(DEPTHWISE_ARGS); break;
+    case 52: tiled_one<NHWC, EXTRA, 5, 2, CV>(DEPTHWISE_ARGS); break;
+    case 71: tiled_one<NHWC, EXTRA, 7, 1, CV>(DEPTHWISE_ARGS); break;
+    case 72: tiled_one<NHWC, EXTRA, 7, 2, CV>(DEPTHWISE_ARGS); break;
     default: depthwise_cases<NHWC>(DEPTHWISE_ARGS);
     }
 }
 
+// Whether CV = 4 channels of a pixel are one aligned 16-byte access everywhere the tiled
+// kernel reads or writes them: channels, strides and every pointer multiples of 4 floats.
+__device__ __forceinline__ bool by_fours(DEPTHWISE_PARAMS) {
+    unsigned long long bits = (unsigned long long)y | (unsigned long long)x |
+                              (unsigned long long)wt | (unsigned long long)bias |
+                              (unsigned long long)in_bias;
+    for (int m = 0; m < nmore; ++m) bits |= (unsigned long long)more[m];
+    return (bits & 15) == 0 && c % 4 == 0 && xpix % 4 == 0 && ximage % 4 == 0;
+}
+
 // Relu before, 32-bit indices, no dilation along the width, widths 3, 5, 7 at strides 1 and
-// 2; anything else as the entry points run it (over the same grid: it strides).
-template <bool NHWC>
+// 2 (and for CV = 4, channels last, `by_fours`); anything else as the entry points run it
+// (over the same grid: it strides).
+template <bool NHWC, int CV>
 __device__ __forceinline__ void tiled_cases(DEPTHWISE_PARAMS) {
+    if constexpr (CV > 1) {
+        if (!by_fours(DEPTHWISE_ARGS)) return tiled_cases<NHWC, 1>(DEPTHWISE_ARGS);
+    }
     const bool small = depthwise_fits32(nc, c, ximage, g);
     const bool extra = in_bias != nullptr || nmore > 0;
     if (!small || pre != 1 || g.v[11] != 1)
         depthwise_cases<NHWC>(DEPTHWISE_ARGS);
     else if (extra)
-        tiled_width<NHWC, true>(DEPTHWISE_ARGS);
+        tiled_width<NHWC, true, CV>(DEPTHWISE_ARGS);
     else
-        tiled_width<NHWC, false>(DEPTHWISE_ARGS);
+        tiled_width<NHWC, false, CV>(DEPTHWISE_ARGS);
 }
 
 extern "C" __global__ void depthwise_conv_tiled(DEPTHWISE_PARAMS) {
-    tiled_cases<false>(DEPTHWISE_ARGS);
+    tiled_cases<false, 1>(DEPTHWISE_ARGS);
 }
 
 extern "C" __global__ void depthwise_conv_tiled_nhwc(DEPTHWISE_PARAMS) {
-    tiled_cases<true>(DEPTHWISE_ARGS);
+    tiled_cases<true, 1>(DEPTHWISE_ARGS);
+}
+
+// Channels last, four channels of a pixel a thread: every load and store 16 bytes.
+extern "C" __global__ void depthwise_conv_tiled4_nhwc(DEPTHWISE_PARAMS) {
+    tiled_cases<true, 4>(DEPTHWISE_ARGS);
 }
 // Abstract operators: every block waits until `ns` nanoseconds have passed.
 extern "C" __global__ void spin(unsigned long long ns) {
@@ -992,6 +1061,7 @@ pub const NAMES: &[&str] = &[
     "depthwise_conv_nhwc",
     "depthwise_conv_tiled",
     "depthwise_conv_tiled_nhwc",
+    "depthwise_conv_tiled4_nhwc",
     "depthwise_conv_unrolled",
     "depthwise_conv_unrolled_nhwc",
     "spin",

@@ -4,10 +4,11 @@
 //! should show (BERT-base at batch 16, GoogLeNet's concatenations at batch 16), and the
 //! softmax kernel beside cuDNN's softmax, which it may replace, and the depthwise kernel
 //! beside its version of ea18c6e (before the input bias and summed inputs, in each layout,
-//! with and without an input bias), beside its unrolled and tiled forms, and in NCHW beside
-//! its channels-last form (NASNet-A large's shapes). The same inputs
-//! go to both; the outputs must agree; each kernel's GPU time (events around back-to-back
-//! launches, which the GPU runs slower than the host issues them) is printed with the ratio.
+//! with and without an input bias), beside its unrolled and tiled forms (channels last also
+//! tiled by fours), and in NCHW beside its channels-last form (NASNet-A large's shapes). The
+//! same inputs go to both; the outputs must agree; each kernel's GPU time (events around
+//! back-to-back launches, which the GPU runs slower than the host issues them) is printed with
+//! the ratio.
 #![allow(unsafe_code, clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -510,10 +511,13 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
             let stream = stream.clone();
             let ptrs = [y, x, w, &bias].map(|b| b.device_ptr(&stream).0);
             let old = name.starts_with("before_");
-            // A tiled kernel's thread computes 4 outputs of a row at stride 1, 2 at stride 2.
-            let items = match name.contains("_tiled") {
-                true => len.div_ceil(if stride == 1 { 4 } else { 2 }),
-                false => len,
+            // A tiled kernel's thread computes 4 outputs of a row at stride 1, 2 at stride 2,
+            // the one by fours those of four channels.
+            let row = if stride == 1 { 4 } else { 2 };
+            let items = match (name.contains("_tiled4"), name.contains("_tiled")) {
+                (true, _) => len.div_ceil(4 * row),
+                (false, true) => len.div_ceil(row),
+                _ => len,
             };
             let extra = extra.map_or(0u64, |b| b.device_ptr(&stream).0);
             let (pre, post) = (
@@ -567,13 +571,16 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
                 let (t_old, t_now) = (time(&ctx, &stream, &old), time(&ctx, &stream, &now));
                 let name = format!("depthwise {k}x{k}/{stride} {shape:?} {layout}{what}");
                 report(&format!("{name} (before: ea18c6e)"), t_old, t_now, e_now);
-                let candidates = [
+                let mut candidates = vec![
                     (
                         format!("depthwise_conv_unrolled{suffix}"),
                         "its width unrolled",
                     ),
                     (format!("depthwise_conv_tiled{suffix}"), "tiled"),
                 ];
+                if nhwc {
+                    candidates.push(("depthwise_conv_tiled4_nhwc".into(), "tiled by fours"));
+                }
                 for (candidate, how) in candidates {
                     let after = run(&candidate, &outputs[2], &xs, &ws, extra);
                     after();

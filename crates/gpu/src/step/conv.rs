@@ -851,6 +851,9 @@ struct CudaDepthwise {
     total: usize,
     /// Threads it launches: `total`, or one per `tiled` outputs with the tiled kernel.
     items: usize,
+    /// Channels last with four channels of a pixel one aligned 16-byte access wherever the
+    /// kernel reads or writes them (the tiled kernel by fours checks the same itself).
+    by_fours: bool,
 }
 
 /// GPU runs per captured graph when timing a depthwise kernel.
@@ -889,27 +892,37 @@ impl CudaDepthwise {
                 (hp, Some(held))
             }
         };
-        let (held_more, more) = match s.sum_with.as_slice() {
+        let sums = s
+            .sum_with
+            .iter()
+            .map(|&b| cx.ptr(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (held_more, more) = match sums.as_slice() {
             [] => (None, 0),
-            bufs => {
+            ptrs => {
                 if x_runs.is_some() {
                     return Err(cx.no_kernel("a strided input of a depthwise convolution's sum"));
                 }
-                let ptrs = bufs
-                    .iter()
-                    .map(|&b| cx.ptr(b))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let (p, dev) = cx.gpu.upload_array(&ptrs)?;
+                let (p, dev) = cx.gpu.upload_array(ptrs)?;
                 (Some(dev), p)
             }
         };
+        let (y, bias) = (
+            cx.ptr(s.y)?,
+            s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
+        );
+        let in_bias = s.in_bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0);
+        let pointers = [y, x, w, bias, in_bias].into_iter().chain(sums);
+        let by_fours = s.nhwc
+            && pointers.fold(0, |bits, p| bits | p) % 16 == 0
+            && [c, xpix, ximage].iter().all(|v| v % 4 == 0);
         Ok(CudaDepthwise {
             kernel: s.nvrtc_kernel().unwrap_or("depthwise_conv"),
-            y: cx.ptr(s.y)?,
+            y,
             x,
             w,
             _held_w: held_w,
-            bias: s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
+            bias,
             nc: i64::try_from(n * c).map_err(|_| GpuError::Plan("images x channels".into()))?,
             c: c_int(c, "channels")?,
             ximage: as_i64(ximage, "image stride")?,
@@ -917,12 +930,13 @@ impl CudaDepthwise {
             geo,
             pre: act_params(s.pre_act),
             act: act_params(s.act),
-            in_bias: s.in_bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
+            in_bias,
             _more: held_more,
             more,
             nmore: c_int(s.sum_with.len(), "summed inputs")?,
             total: s.out_len(),
             items: s.out_len(),
+            by_fours,
         })
     }
 
@@ -950,12 +964,22 @@ impl CudaDepthwise {
         case.then_some(if sw == 1 { 4 } else { 2 })
     }
 
+    /// The outputs each thread of the tiled kernel by fours computes (four channels of the
+    /// tiled kernel's outputs) where it has a case for this convolution.
+    fn tiled4_outputs(&self) -> Option<usize> {
+        self.tiled_outputs()
+            .filter(|_| self.by_fours)
+            .map(|v| 4 * v)
+    }
+
     /// This convolution run by the kernel measured fastest on this GPU for its key
     /// ([`crate::tuning::DEPTHWISE_KEY`], kept in the cost cache so every process runs the
-    /// same): one output a thread, its width unrolled, or tiled, where those have a case.
+    /// same): one output a thread, its width unrolled, tiled, or tiled by fours, where those
+    /// have a case.
     fn measured(mut self, cx: &PrepareCx<'_>) -> Result<CudaDepthwise, GpuError> {
         use crate::tuning::{
-            choose, KernelFamily, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED, DEPTHWISE_UNROLLED,
+            choose, KernelFamily, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED, DEPTHWISE_TILED4,
+            DEPTHWISE_UNROLLED,
         };
         if !self.unrolls() {
             return Ok(self);
@@ -971,9 +995,13 @@ impl CudaDepthwise {
         if let Some(per_thread) = self.tiled_outputs() {
             kernels.push((DEPTHWISE_TILED, tiled, self.total.div_ceil(per_thread)));
         }
+        if let Some(per_thread) = self.tiled4_outputs() {
+            let items = self.total.div_ceil(per_thread);
+            kernels.push((DEPTHWISE_TILED4, "depthwise_conv_tiled4_nhwc", items));
+        }
         let key = format!(
             "{DEPTHWISE_KEY}nc={}|c={}|geo={:?}|{}|ximage={}|xpix={}|pre={}|act={}|bias={}|\
-             in_bias={}|sums={}",
+             in_bias={}|sums={}|fours={}",
             self.nc,
             self.c,
             self.geo,
@@ -984,7 +1012,8 @@ impl CudaDepthwise {
             self.act.0,
             self.bias != 0,
             self.in_bias != 0,
-            self.nmore
+            self.nmore,
+            self.by_fours
         );
         let (gpu, sc, this): (&Gpu, &StreamCtx, &Self) = (cx.gpu, cx.sc, &self);
         let runs: Vec<_> = kernels
@@ -1003,6 +1032,7 @@ impl CudaDepthwise {
         }
         let family = match chosen {
             DEPTHWISE_TILED => KernelFamily::DepthwiseTiled,
+            DEPTHWISE_TILED4 => KernelFamily::DepthwiseTiled4,
             DEPTHWISE_UNROLLED => KernelFamily::DepthwiseUnrolled,
             _ => KernelFamily::DepthwiseOne,
         };
@@ -2438,10 +2468,11 @@ mod tests {
 
     /// The unrolled and tiled depthwise kernels are candidates exactly where their `*_cases`
     /// have a case: a relu before, widths 3, 5 and 7, every index within 32 bits; the tiled
-    /// one also at strides 1 and 2 only, without dilation along the width.
+    /// one also at strides 1 and 2 only, without dilation along the width; the tiled one by
+    /// fours where the tiled one has a case and every access is 16 bytes.
     #[test]
     fn the_depthwise_kernels_are_timed_where_they_have_a_case() {
-        let dw = |n: i64, k: i32, s: i32, d: i32, pre: Activation| CudaDepthwise {
+        let dw4 = |n: i64, k: i32, s: i32, d: i32, pre: Activation, by_fours| CudaDepthwise {
             kernel: "depthwise_conv",
             y: 0,
             x: 0,
@@ -2461,9 +2492,17 @@ mod tests {
             nmore: 0,
             total: 0,
             items: 0,
+            by_fours,
         };
+        let dw = |n, k, s, d, pre| dw4(n, k, s, d, pre, false);
         let relu = Activation::Relu;
         let cases = |d: CudaDepthwise| (d.unrolls(), d.tiled_outputs());
+        let fours = |d: CudaDepthwise| d.tiled4_outputs();
+        assert_eq!(fours(dw4(1, 5, 1, 1, relu, true)), Some(16));
+        assert_eq!(fours(dw4(1, 7, 2, 1, relu, true)), Some(8));
+        assert_eq!(fours(dw4(1, 5, 1, 1, relu, false)), None);
+        assert_eq!(fours(dw4(1, 5, 3, 1, relu, true)), None);
+        assert_eq!(fours(dw4(1, 5, 1, 1, Activation::None, true)), None);
         assert_eq!(cases(dw(1, 5, 1, 1, relu)), (true, Some(4)));
         assert_eq!(cases(dw(16, 7, 1, 1, relu)), (true, Some(4)));
         assert_eq!(cases(dw(1, 3, 2, 1, relu)), (true, Some(2)));
