@@ -108,6 +108,15 @@ pub enum Activation {
 }
 
 impl Activation {
+    /// Whether every parameter is a finite number (a clip's bounds may be infinite: no bound).
+    fn finite(self) -> bool {
+        match self {
+            Activation::LeakyRelu { alpha } | Activation::Swish { alpha } => alpha.is_finite(),
+            Activation::HardSigmoid { alpha, beta } => alpha.is_finite() && beta.is_finite(),
+            _ => true,
+        }
+    }
+
     /// FLOPs per element (a rough count of the arithmetic of a typical implementation).
     pub fn flops_per_element(self) -> u64 {
         match self {
@@ -743,6 +752,21 @@ pub fn concat_shapes(shapes: &[Shape], axis: usize) -> Result<Shape, String> {
 }
 
 impl Op {
+    /// The field of the operator's definition that holds a number that is not finite (from a
+    /// graph file: an infinity there would poison every value after it).
+    fn non_finite(&self) -> Option<&'static str> {
+        match self {
+            Op::Conv2d(Conv2d { act, .. }) | Op::Linear { act, .. } | Op::Activation { act }
+                if !act.finite() =>
+            {
+                Some("act")
+            }
+            Op::BatchMatmul { alpha, .. } if !alpha.is_finite() => Some("alpha"),
+            Op::LayerNorm { eps } if !eps.is_finite() => Some("eps"),
+            _ => None,
+        }
+    }
+
     /// A batch matmul without a scale (`alpha` 1).
     pub fn batch_matmul(transpose_b: bool) -> Op {
         Op::BatchMatmul {
@@ -808,6 +832,9 @@ impl Op {
 
     /// Output shape for the given term shapes.
     pub fn infer_shape(&self, terms: &[Shape]) -> Result<Shape, String> {
+        if let Some(field) = self.non_finite() {
+            return Err(format!("{field} must be a finite number"));
+        }
         match self {
             Op::Input { shape } => {
                 if !terms.is_empty() {

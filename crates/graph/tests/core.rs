@@ -339,6 +339,16 @@ fn bad_graphs_name_the_node() {
         e.starts_with("node 'r': channel slice [2, 9) out of range"),
         "{e}"
     );
+
+    // Numbers beyond f32 are infinities, which would poison every value after them.
+    let scaled = doc(&format!(
+        r#"{X}, {{"name": "m", "op": {{"type": "batch_matmul", "alpha": 1e39}}, "inputs": ["x", "x"]}}"#
+    ));
+    assert_eq!(err_of(&scaled), "node 'm': alpha must be a finite number");
+    let leaky = doc(&format!(
+        r#"{X}, {{"name": "l", "op": {{"type": "activation", "act": {{"leaky_relu": {{"alpha": -1e39}}}}}}, "inputs": ["x"]}}"#
+    ));
+    assert_eq!(err_of(&leaky), "node 'l': act must be a finite number");
 }
 
 #[test]
