@@ -1535,8 +1535,8 @@ impl<'a> Importer<'a> {
 
     /// Fold `x op c` (`x` is input `i`, `op` is Add, Sub, Mul or Div) into the operator that
     /// produces `x` when nothing else reads `x`: a bias (or per-channel scale) of a convolution
-    /// or linear layer, a scalar scale of a matmul its alpha. Returns whether
-    /// it folded (the caller moves the fold point).
+    /// or linear layer, a scalar scale of a matmul into its alpha. Returns whether it folded
+    /// (the caller moves the fold point).
     fn fold_constant(
         &mut self,
         node: &NodeProto,
@@ -1613,7 +1613,8 @@ impl<'a> Importer<'a> {
 
     /// A scalar scale after a matmul, `(a @ b) * c` or `(a @ b) / c` (attention's `1 /
     /// sqrt(head size)`): the product's `alpha`, which it applies for free. Returns whether it
-    /// folded: not where the scalar is unknown, or a division by it is not finite.
+    /// folded: not where the scalar is unknown or the scale would not be finite (the operator
+    /// then stays, as onnxruntime runs it).
     fn scale_product(
         &mut self,
         matmul: usize,
@@ -1623,13 +1624,14 @@ impl<'a> Importer<'a> {
         let Some(&v) = c.tensor().as_ref().and_then(|t| t.data.first()) else {
             return Ok(false);
         };
-        let s = if divide { 1.0 / v } else { v };
-        if !s.is_finite() {
+        let Op::BatchMatmul { alpha, .. } = &mut self.nodes[matmul].op else {
+            return Ok(false);
+        };
+        let scaled = if divide { *alpha / v } else { *alpha * v };
+        if !scaled.is_finite() {
             return Ok(false);
         }
-        if let Op::BatchMatmul { alpha, .. } = &mut self.nodes[matmul].op {
-            *alpha *= s;
-        }
+        *alpha = scaled;
         Ok(true)
     }
 
