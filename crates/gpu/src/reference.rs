@@ -523,9 +523,39 @@ fn normalize_axis(axis: i64, rank: usize) -> usize {
     }
 }
 
+/// The arithmetic of the products (convolutions, linear layers, batch matmuls): strict `f32`,
+/// or their operands rounded to TF32 first (10-bit mantissas, to nearest with ties away from
+/// zero, as the tensor cores' conversion does; the sums stay `f32`), which tells how far the
+/// GPU's default math may take a model's values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Math {
+    #[default]
+    F32,
+    Tf32,
+}
+
+impl Math {
+    /// `v` as the products read it.
+    fn operand(self, v: &[f32]) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            Math::F32 => v.into(),
+            Math::Tf32 => v.iter().map(|&x| tf32(x)).collect::<Vec<_>>().into(),
+        }
+    }
+}
+
+/// `x` rounded to TF32's 10-bit mantissa, to nearest with ties away from zero; infinities and
+/// NaNs unchanged.
+pub fn tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    f32::from_bits(x.to_bits().wrapping_add(0x1000) & !0x1fff)
+}
+
 fn eval(
     g: &Graph,
-    node: NodeId,
+    (node, math): (NodeId, Math),
     op: &Op,
     inner: usize,
     inputs: Vec<(Vec<f32>, Shape)>,
@@ -564,8 +594,8 @@ fn eval(
                 false => None,
             };
             conv2d(
-                &x,
-                &w,
+                &math.operand(&x),
+                &math.operand(&w),
                 b.as_deref(),
                 [s[0], s[1], s[2], s[3]],
                 c.out_channels,
@@ -700,6 +730,7 @@ fn eval(
             let rows = x.len() / k.max(1);
             let nf = *out_features;
             let w = param(g, node, inner, "weight", nf * k, 0.0, weight_half_width(k))?;
+            let (x, w) = (math.operand(&x), math.operand(&w));
             let b = match bias {
                 true => Some(param(g, node, inner, "bias", nf, 0.0, 0.1)?),
                 false => None,
@@ -720,6 +751,7 @@ fn eval(
             let [(a, sa), (b, _)] = inputs.as_slice() else {
                 return Err(unsup("batch_matmul needs two inputs"));
             };
+            let (a, b) = (math.operand(a), math.operand(b));
             let r = sa.len();
             let (m, k) = (sa[r - 2], sa[r - 1]);
             let n = *out_shape.last().unwrap_or(&1);
@@ -769,7 +801,7 @@ fn eval(
             let mut shapes: Vec<Shape> = cur.iter().map(|c| c.1.clone()).collect();
             for (i, o) in ops.iter().enumerate() {
                 let shape = o.infer_shape(&shapes).map_err(|m| unsup(&m))?;
-                let y = eval(g, node, o, i, cur, &shape)?;
+                let y = eval(g, (node, math), o, i, cur, &shape)?;
                 shapes = vec![shape.clone()];
                 cur = vec![(y, shape)];
             }
@@ -794,6 +826,15 @@ pub fn reference(g: &Graph) -> Result<Vec<Option<Vec<f32>>>, GpuError> {
 pub fn reference_with(
     g: &Graph,
     inputs: &HashMap<NodeId, Tensor>,
+) -> Result<Vec<Option<Vec<f32>>>, GpuError> {
+    reference_in(g, inputs, Math::F32)
+}
+
+/// [`reference_with`] with the products' arithmetic `math`.
+pub fn reference_in(
+    g: &Graph,
+    inputs: &HashMap<NodeId, Tensor>,
+    math: Math,
 ) -> Result<Vec<Option<Vec<f32>>>, GpuError> {
     if g.dtype != opsched_graph::DType::F32 {
         return Err(GpuError::UnsupportedDType(g.dtype.to_string()));
@@ -836,7 +877,7 @@ pub fn reference_with(
                     .iter()
                     .map(|t| term(g, &outs, t))
                     .collect::<Result<Vec<_>, _>>()?;
-                eval(g, id, op, 0, inputs, &node.shape)?
+                eval(g, (id, math), op, 0, inputs, &node.shape)?
             }
         };
         outs[id.index()] = Some(y);
