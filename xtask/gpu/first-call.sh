@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The first device call of a GPU session (docs/gpu-session.md, step 1), about four and a half
-# minutes on an H100 (give it 330 s): every GPU test, the kernel A/B (its timings were lost on
+# The first device call of a GPU session (docs/gpu-session.md, step 1), about five
+# minutes on an H100 (give it 360 s): every GPU test, the kernel A/B (its timings were lost on
 # 2026-11-27c), which fusions cost RandWire and NASNet channels last (three processes each,
 # alternating with the default), the Transformer's IOS plan checked now that its scores are
 # scaled, and compute-sanitizer on it. Run on the device in the repository root, gpu-carry/
