@@ -1806,11 +1806,20 @@ impl<'a> Importer<'a> {
                 if a.shape.len() != b.shape.len() || a.shape.len() < 2 {
                     return Err(unsupported(node, "broadcast"));
                 }
+                // Scalar scales of the operands (PyTorch's export of scaled_dot_product_attention
+                // scales both by the fourth root of the head size): the product's alpha.
+                let (a, a_scale) = self.scaled_operand(&node.input[0], &a);
+                let (b, b_scale) = self.scaled_operand(&node.input[1], b);
+                let (b_tensor, b) = match &b_scale {
+                    Some(_) => (self.nodes[b.node].out_tensor.clone(), b),
+                    None => (node.input[1].clone(), b),
+                };
+                let scales = [a_scale, b_scale];
                 // `x @ transpose(y)` with the last two axes swapped: a transposed operand.
                 let r = b.shape.len();
                 let mut b_term = b.term();
                 let mut folded = None;
-                if let Some(n) = self.fusable(&node.input[1], b) {
+                if let Some(n) = self.fusable(&b_tensor, &b) {
                     if let Op::Transpose { perm } = &self.nodes[n].op {
                         let swap_last = perm.len() == r
                             && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
@@ -1824,10 +1833,15 @@ impl<'a> Importer<'a> {
                         }
                     }
                 }
-                let op = Op::batch_matmul(folded.is_some());
+                let alpha = scales.iter().flatten().map(|&(_, s)| s).product();
+                let op = Op::BatchMatmul {
+                    transpose_b: folded.is_some(),
+                    alpha,
+                };
                 match self.push(node, out, op, vec![a.term(), b_term]) {
                     Ok(_) => {
-                        if let Some(n) = folded {
+                        let peeled = scales.iter().flatten().map(|&(n, _)| n);
+                        for n in folded.into_iter().chain(peeled) {
                             self.nodes[n].dead = true;
                             self.report.removed += 1;
                         }
@@ -1841,6 +1855,62 @@ impl<'a> Importer<'a> {
             }
             _ => Err(Fail::Error("input 1 is missing".into())),
         }
+    }
+
+    /// Operand `a` (tensor `tensor`) of a matmul of two activations, or where it is `x * c`,
+    /// `c * x` or `x / c` of a constant scalar `c` that nothing else reads, `x` and that node
+    /// with the factor (`c` or `1 / c`, where finite), for the product's alpha.
+    fn scaled_operand(&self, tensor: &str, a: &Act) -> (Act, Option<(usize, f32)>) {
+        let unscaled = (a.clone(), None);
+        let Some(n) = self.fusable(tensor, a) else {
+            return unscaled;
+        };
+        let scalar = |t: &Term| -> Option<f32> {
+            let [v] = t.as_slice() else { return None };
+            let c = &self.nodes[v.node.index()];
+            if !matches!(c.op, Op::Constant { .. }) || v.channels.is_some() {
+                return None;
+            }
+            match self.vals.get(&c.out_tensor) {
+                Some(Val::Const(k)) if k.numel() == Some(1) => k.tensor()?.data.first().copied(),
+                _ => None,
+            }
+        };
+        let pn = &self.nodes[n];
+        let (x, factor) = match (&pn.op, pn.inputs.as_slice()) {
+            (
+                Op::Elementwise {
+                    kind: ElementwiseKind::Mul,
+                },
+                [p, q],
+            ) => match (scalar(p), scalar(q)) {
+                (None, Some(c)) => (p, c),
+                (Some(c), None) => (q, c),
+                _ => return unscaled,
+            },
+            (
+                Op::Binary {
+                    kind: BinaryKind::Div,
+                },
+                [p, q],
+            ) if scalar(p).is_none() => match scalar(q) {
+                Some(c) => (p, 1.0 / c),
+                None => return unscaled,
+            },
+            _ => return unscaled,
+        };
+        let [v] = x.as_slice() else { return unscaled };
+        let xn = &self.nodes[v.node.index()];
+        // The value read whole (the transposed-operand fold after this reads its tensor).
+        if !factor.is_finite() || v.channels.is_some() || xn.shape != a.shape {
+            return unscaled;
+        }
+        let x = Act {
+            node: v.node.index(),
+            shape: xn.shape.clone(),
+            channels: None,
+        };
+        (x, Some((n, factor)))
     }
 
     fn split(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {

@@ -47,7 +47,7 @@
 //! | `Sub`, `Div`, `Pow`, `Max`, `Min` of two operands (numpy broadcasting) | `binary` |
 //! | `Add`/`Sub` of a constant after a conv or linear | folded into its bias |
 //! | `Mul`/`Div` by a scalar (or per-channel) constant after a conv or linear | folded into its weights (and bias) |
-//! | `Mul`/`Div` by a scalar constant after a `MatMul` of two activations (attention's `1 / sqrt(head size)`) | the `batch_matmul`'s `alpha` |
+//! | `Mul`/`Div` by a scalar constant after a `MatMul` of two activations (attention's `1 / sqrt(head size)`), or of its operands before it, each read by the `MatMul` only (PyTorch's export of `scaled_dot_product_attention`) | the `batch_matmul`'s `alpha` |
 //! | a constant operand that does not fold (a position embedding, an attention mask) | a `constant` node (not an operator) |
 //! | `Concat` | `concat`; a concat read only by another concat on the same axis dissolves into it |
 //! | `Gemm` (`alpha`, `beta`, `transB`; `transA` is unsupported), `MatMul` with a constant matrix | `linear` (weight in PyTorch's `[out, in]` layout; bias from `C`, or from a following `Add`) |

@@ -406,6 +406,7 @@ fn byte_mutations_with_weights_never_panic() {
         "slices",
         "reduce",
         "math",
+        "sdpa",
     ] {
         let path = repo(&format!("fixtures/parity/{name}.onnx"));
         let bytes = std::fs::read(&path).unwrap();

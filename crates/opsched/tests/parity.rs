@@ -202,28 +202,28 @@ fn check_all(dir: &Path, expected_models: usize, exec: Executor) {
 
 #[test]
 fn every_parity_model_matches_onnxruntime() {
-    check_all(&dir(""), 17, Executor::Reference);
+    check_all(&dir(""), 18, Executor::Reference);
 }
 
 #[test]
 fn held_out_models_match_onnxruntime() {
-    check_all(&dir("heldout"), 17, Executor::Reference);
+    check_all(&dir("heldout"), 18, Executor::Reference);
 }
 
 /// The CPU device under a four-stream Opara schedule, with the models' real weights and
 /// inputs: the device's kernels (im2col + sgemm, broadcasts, pads), not the reference's loops.
 #[test]
 fn parity_models_on_the_cpu_device_match_onnxruntime() {
-    check_all(&dir(""), 17, Executor::CpuDevice("opara"));
-    check_all(&dir("heldout"), 17, Executor::CpuDevice("opara"));
+    check_all(&dir(""), 18, Executor::CpuDevice("opara"));
+    check_all(&dir("heldout"), 18, Executor::CpuDevice("opara"));
 }
 
 /// The same channels last (what a GPU runs by default): the transposes at the layout's edges,
 /// the channels-last convolutions, pools and concatenations, with real weights.
 #[test]
 fn parity_models_channels_last_match_onnxruntime() {
-    check_all(&dir(""), 17, Executor::CpuChannelsLast("opara"));
-    check_all(&dir("heldout"), 17, Executor::CpuChannelsLast("opara"));
+    check_all(&dir(""), 18, Executor::CpuChannelsLast("opara"));
+    check_all(&dir("heldout"), 18, Executor::CpuChannelsLast("opara"));
     // The convolutions' values were channels last indeed.
     for name in ["conv_bn_relu", "inception", "residual", "squeeze_excite"] {
         let g = load(&dir("").join(format!("{name}.onnx")), &[], true);
@@ -246,7 +246,7 @@ fn parity_models_channels_last_match_onnxruntime() {
 /// onnxruntime; the attention blocks run their three projections as one product.
 #[test]
 fn merged_stages_with_real_weights_match_onnxruntime() {
-    check_all(&dir(""), 17, Executor::CpuDevice("ios-merge"));
+    check_all(&dir(""), 18, Executor::CpuDevice("ios-merge"));
     for name in ["attention13", "attention17"] {
         let m = dir("").join(format!("{name}.onnx"));
         let g = load(&m, &[], true);
@@ -272,11 +272,11 @@ fn merged_stages_with_real_weights_match_onnxruntime() {
 fn parity_models_on_the_gpu_match_onnxruntime() {
     for tf32 in [false, true] {
         let algo = "opara";
-        check_all(&dir(""), 17, Executor::Cuda { tf32, algo });
-        check_all(&dir("heldout"), 17, Executor::Cuda { tf32, algo });
+        check_all(&dir(""), 18, Executor::Cuda { tf32, algo });
+        check_all(&dir("heldout"), 18, Executor::Cuda { tf32, algo });
         // Merged convolutions and merged projections (the attention blocks') too.
         let algo = "ios-merge";
-        check_all(&dir(""), 17, Executor::Cuda { tf32, algo });
+        check_all(&dir(""), 18, Executor::Cuda { tf32, algo });
     }
 }
 
@@ -301,5 +301,38 @@ fn weights_do_not_change_the_graph() {
             "{}",
             m.display()
         );
+    }
+}
+
+/// PyTorch's export of scaled_dot_product_attention scales the query and the transposed key
+/// by the fourth root of 1 / head size before their product; a second product scales its
+/// query by a scalar (`c * q`), divides its transposed key by one and is divided after it:
+/// each scale becomes the product's alpha, with or without weights, and no element-wise
+/// operator is left (the values are checked against onnxruntime above).
+#[test]
+fn attention_scales_fold_into_the_products() {
+    for weights in [false, true] {
+        let g = load(&dir("").join("sdpa.onnx"), &[], weights);
+        let mut alphas: Vec<(String, f32)> = g
+            .ops()
+            .filter_map(|id| match g.node(id).op {
+                opsched::graph::Op::BatchMatmul { alpha, .. } => {
+                    Some((g.node(id).name.clone(), alpha))
+                }
+                _ => None,
+            })
+            .collect();
+        alphas.sort_by(|a, b| a.0.cmp(&b.0));
+        let head = 8f32;
+        let want = [1.0 / head.sqrt(), 1.0, 0.0625];
+        assert_eq!(alphas.len(), want.len(), "{alphas:?}");
+        for ((name, got), want) in alphas.iter().zip(want) {
+            assert!((got - want).abs() <= 1e-7, "{name}: {got} against {want}");
+        }
+        let elementwise = g
+            .ops()
+            .filter(|&id| g.node(id).op.type_name().starts_with("elementwise"))
+            .count();
+        assert_eq!(elementwise, 0);
     }
 }
