@@ -2521,12 +2521,27 @@ pub(crate) fn import(
 
 /// Emit the live nodes as a validated graph with blocks from the node scopes.
 fn finish(
-    imp: Importer<'_>,
+    mut imp: Importer<'_>,
     name: &str,
     dtype: DType,
     modules: &HashSet<String>,
     outputs: Vec<(String, Act)>,
 ) -> Result<(Graph, ImportReport)> {
+    // A constant that folds left without a reader (a scale taken into a product's alpha)
+    // goes with them.
+    let mut read = vec![false; imp.nodes.len()];
+    let live_inputs = imp.nodes.iter().filter(|n| !n.dead).flat_map(|n| n.inputs.iter());
+    for v in live_inputs.flatten() {
+        read[v.node.index()] = true;
+    }
+    for (_, a) in &outputs {
+        read[a.node] = true;
+    }
+    for (n, read) in imp.nodes.iter_mut().zip(read) {
+        if matches!(n.op, Op::Constant { .. }) && !read {
+            n.dead = true;
+        }
+    }
     let mut report = imp.report;
     let mut index = vec![u32::MAX; imp.nodes.len()];
     let mut live = 0u32;
