@@ -2530,7 +2530,11 @@ fn finish(
     // A constant that folds left without a reader (a scale taken into a product's alpha)
     // goes with them.
     let mut read = vec![false; imp.nodes.len()];
-    let live_inputs = imp.nodes.iter().filter(|n| !n.dead).flat_map(|n| n.inputs.iter());
+    let live_inputs = imp
+        .nodes
+        .iter()
+        .filter(|n| !n.dead)
+        .flat_map(|n| n.inputs.iter());
     for v in live_inputs.flatten() {
         read[v.node.index()] = true;
     }
