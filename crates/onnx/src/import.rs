@@ -1621,7 +1621,7 @@ impl<'a> Importer<'a> {
         divide: bool,
         c: &Const,
     ) -> std::result::Result<bool, Fail> {
-        let Some(&v) = c.tensor().as_ref().and_then(|t| t.data.first()) else {
+        let Some(v) = c.scalar().map(|v| v as f32) else {
             return Ok(false);
         };
         let Op::BatchMatmul { alpha, .. } = &mut self.nodes[matmul].op else {
@@ -1810,9 +1810,9 @@ impl<'a> Importer<'a> {
                 // scales both by the fourth root of the head size): the product's alpha.
                 let (a, a_scale) = self.scaled_operand(&node.input[0], &a);
                 let (b, b_scale) = self.scaled_operand(&node.input[1], b);
-                let (b_tensor, b) = match &b_scale {
-                    Some(_) => (self.nodes[b.node].out_tensor.clone(), b),
-                    None => (node.input[1].clone(), b),
+                let b_tensor = match b_scale {
+                    Some(_) => self.nodes[b.node].out_tensor.clone(),
+                    None => node.input[1].clone(),
                 };
                 let scales = [a_scale, b_scale];
                 // `x @ transpose(y)` with the last two axes swapped: a transposed operand.
@@ -1872,7 +1872,7 @@ impl<'a> Importer<'a> {
                 return None;
             }
             match self.vals.get(&c.out_tensor) {
-                Some(Val::Const(k)) if k.numel() == Some(1) => k.tensor()?.data.first().copied(),
+                Some(Val::Const(k)) => k.scalar().map(|v| v as f32),
                 _ => None,
             }
         };

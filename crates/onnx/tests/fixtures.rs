@@ -459,13 +459,9 @@ fn int64s(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
     }
 }
 
+/// A float initializer of shape `dims` without values (a weight read for its shape only).
 fn weight(name: &str, dims: &[i64]) -> TensorProto {
-    TensorProto {
-        name: name.into(),
-        dims: dims.to_vec(),
-        data_type: data_type::FLOAT,
-        ..TensorProto::default()
-    }
+    floats(name, dims, &[])
 }
 
 fn model(
