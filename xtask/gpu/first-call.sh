@@ -68,7 +68,8 @@ save_cache
 # The NVRTC kernels side by side with their earlier versions (crates/gpu/src/cuda/nvrtc_ab.rs):
 # the depthwise kernel against ea18c6e's, with and without an input bias, in both layouts,
 # unrolled, tiled and (channels last) tiled by fours, and NCHW against channels last (its
-# inputs were freed early on 2026-11-27c, which failed the test and lost its timings).
+# inputs were freed early on 2026-11-27c, which failed the test and lost its timings); then
+# NASNet's pooling sums and sums into a concatenation one channel a thread against four or two.
 step "kernel A/B"
 timeout 60 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_side 2>&1 |
     tee -a "$L" | grep "kernel A/B" | tee -a "$R"

@@ -39,6 +39,8 @@ typedef long long i64;
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
 struct float4 { float x, y, z, w; };
 static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+struct float2 { float x, y; };
+static inline float2 make_float2(float x, float y) { return {x, y}; }
 "#;
 
 /// The cases, each run through today's kernel, the candidates and an independent loop.
@@ -176,6 +178,10 @@ fn prelude() -> String {
         ),
         part("#define GRID_STRIDE(", "\n\n"),
         "\n",
+        part(
+            "// CV consecutive floats at p",
+            "// Where element t of a `[n, c, rows, cols]`",
+        ),
         part("// Where element t of a `[n, c, rows, cols]`", "\n\n"),
         "\n",
     ]
@@ -201,15 +207,18 @@ fn depthwise_kernels_agree_on_the_host() {
 /// untouched), max and both averages, padding, strides, a global window, 32- and 64-bit
 /// indices, and a bias left to the poolings, which the loop adds to every input element it
 /// pools; and each input pooled alone by `pool2d`, `pool2d_runs` and `pool2d_nhwc` with its
-/// bias against the same loop.
+/// bias against the same loop (`pool2d_nhwc` asked for four channels a thread, which it takes
+/// where the accesses allow).
 const POOL_SUM_DRIVER: &str = r#"
 static int failures = 0;
 
 // `spare`: the inputs, the first value added and y are strided views with `spare` elements
 // after each image (NCHW) or pixel (channels last).
+// `vec`: the channels a thread the kernel should take (fit_cv's answer for these accesses,
+// asked for 4); each case also runs asking for 1, 2 and 4, every output bit for bit alike.
 static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_max,
                 bool count_pad, bool nhwc, int npool, int nadd, bool with_bias, int spare,
-                int narrow, bool pooled_bias) {
+                int narrow, bool pooled_bias, int vec = 1) {
     const int oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
     std::mt19937 rng(n * 7 + c * 13 + h * 17 + k * 19 + stride * 23 + npool * 3 + nadd);
     std::uniform_real_distribution<float> d(-2, 2);
@@ -255,7 +264,7 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_
         float* out = alone[xi].data();
         if (nhwc)
             pool2d_nhwc(out, x, n, c, h, w, oh, ow, k, k, stride, stride, pad, pad,
-                        pad, pad, count_pad, is_max, pb, spare ? vstride : c, xstride);
+                        pad, pad, count_pad, is_max, pb, spare ? vstride : c, xstride, 4);
         else if (spare)
             pool2d_runs(out, x, (i64)n * c, c, xstride, h, w, oh, ow, k, k, stride,
                         stride, pad, pad, pad, pad, count_pad, is_max, pb, run, vstride);
@@ -263,9 +272,23 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_
             pool2d(out, x, (i64)n * c, c, xstride, h, w, oh, ow, k, k, stride, stride,
                    pad, pad, pad, pad, count_pad, is_max, pb);
     }
-    pool2d_sum(y.data(), run, vstride, ptrs.data(), meta.data(), npool, nadd, n, c, nhwc, h, w,
-               oh, ow, k, k, stride, stride, pad, pad, pad, pad, count_pad, is_max, 1, 0, 0,
-               with_bias ? bias.data() : nullptr, c, nhwc ? 1 : oh * ow, narrow);
+    auto sum = [&](std::vector<float>& out, int ask) {
+        pool2d_sum(out.data(), run, vstride, ptrs.data(), meta.data(), npool, nadd, n, c, nhwc,
+                   h, w, oh, ow, k, k, stride, stride, pad, pad, pad, pad, count_pad, is_max, 1,
+                   0, 0, with_bias ? bias.data() : nullptr, c, nhwc ? 1 : oh * ow, narrow, ask);
+    };
+    sum(y, 1);
+    size_t differ_vec = 0;
+    for (int ask : {2, 4}) {
+        std::vector<float> yv(vlen, 7.0f);
+        sum(yv, ask);
+        for (i64 e = 0; e < vlen; ++e) differ_vec += yv[e] != y[e];
+    }
+    // The width the kernel takes: what it reads and writes several floats at a time.
+    unsigned long long bits = ptr_bits(ptrs.data(), npool + nadd) | (unsigned long long)y.data() |
+                              (unsigned long long)(c | run | vstride) * 4;
+    for (i64 m : meta) bits |= (unsigned long long)m * 4;
+    const int took = nhwc ? fit_cv(4, bits) : 1;
     double worst = 0, worst_alone = 0;
     size_t gaps = 0;
     for (int im = 0; im < n; ++im)
@@ -306,13 +329,15 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool is_
             gaps += e % vstride >= run && y[e] != 7.0f;
             for (auto& a : alone) gaps += e % vstride >= run && a[e] != 7.0f;
         }
-    if (worst > 1e-4 || worst_alone > 1e-4 || gaps) {
+    if (worst > 1e-4 || worst_alone > 1e-4 || gaps || differ_vec || took != vec) {
         ++failures;
         printf("%s n%d c%d %dx%d k%d s%d p%d max %d count_pad %d pools %d adds %d bias %d "
                "spare %d narrow %d pooled bias %d: off by %g (pooled alone: %g), %zu gap "
-               "elements written\n",
+               "elements written, %zu differ with more channels a thread (%d of them, not "
+               "%d)\n",
                nhwc ? "NHWC" : "NCHW", n, c, h, w, k, stride, pad, is_max, count_pad, npool,
-               nadd, with_bias, spare, narrow, pooled_bias, worst, worst_alone, gaps);
+               nadd, with_bias, spare, narrow, pooled_bias, worst, worst_alone, gaps,
+               differ_vec, took, vec);
     }
 }
 
@@ -333,8 +358,19 @@ int main() {
                     }
     // A window wider than the padding allows at the edge; a global window (one output pixel).
     one(1, 3, 6, 7, 4, 3, 2, false, true, false, 2, 1, true, 0, 1, true);
-    one(2, 4, 5, 5, 5, 1, 0, false, true, true, 1, 1, true, 0, 1, true);
+    one(2, 4, 5, 5, 5, 1, 0, false, true, true, 1, 1, true, 0, 1, true, 4);
     cases += 2;
+    // Several channels a thread channels last: 4 where the channels, the views' strides and
+    // runs divide by 4, else 2 (NASNet's 42 channels); every case above with 5 or 3 channels
+    // takes one.
+    for (int c : {8, 6})
+        for (int spare : {0, 2, 4})
+            for (int kind = 0; kind < 3; ++kind) {
+                one(2, c, 7, 6, 3, 1 + (kind == 1), 1, kind == 1, kind != 0, true,
+                    1 + (kind == 1), kind == 1 ? 0 : 1 + (kind == 2), kind == 2, spare, kind % 2,
+                    kind != 1, c % 4 == 0 && spare % 4 == 0 ? 4 : 2);
+                ++cases;
+            }
     printf("%d cases, %d failed\n", cases, failures);
     return failures != 0;
 }
@@ -362,6 +398,94 @@ fn the_pooling_sum_kernel_agrees_with_a_loop_on_the_host() {
     ]
     .concat();
     compile_and_run("pool_sum", &source);
+}
+
+/// The `elementwise` and `elementwise_runs` cases: sums and products of dense sources with a
+/// bias per channel (channels last and NCHW) and a relu, into a dense y or runs of a strided
+/// one, each asking for 1, 2 and 4 elements a thread, against a loop of the same f32
+/// operations, bit for bit (the gaps between runs untouched), and the width the kernel takes.
+const ELEMENTWISE_DRIVER: &str = r#"
+static int failures = 0;
+
+static void one(i64 n, int nsrc, bool mul, i64 channels, i64 inner, i64 run, i64 stride,
+                int vec) {
+    std::mt19937 rng(n * 7 + nsrc * 13 + run * 17 + stride * 19 + mul);
+    std::uniform_real_distribution<float> d(-2, 2);
+    std::vector<std::vector<float>> src(nsrc, std::vector<float>(n));
+    std::vector<const float*> sp;
+    for (auto& v : src) {
+        for (auto& e : v) e = d(rng);
+        sp.push_back(v.data());
+    }
+    std::vector<float> bias(channels);
+    for (auto& e : bias) e = d(rng);
+    const i64 ylen = run ? n / run * stride : n;
+    std::vector<float> want(ylen, 7.0f);
+    for (i64 t = 0; t < n; ++t) {
+        float acc = mul ? 1.0f : 0.0f;
+        for (auto& v : src) acc = mul ? acc * v[t] : acc + v[t];
+        acc += bias[(t / inner) % channels];
+        want[run ? t / run * stride + t % run : t] = acc > 0 ? acc : 0;
+    }
+    size_t differ = 0;
+    for (int ask : {1, 2, 4}) {
+        std::vector<float> y(ylen, 7.0f);
+        if (run)
+            elementwise_runs(y.data(), sp.data(), nsrc, n, run, stride, mul, 1, 0, 0,
+                             bias.data(), channels, inner, ask);
+        else
+            elementwise(y.data(), sp.data(), nsrc, n, mul, 1, 0, 0, bias.data(), channels,
+                        inner, ask);
+        for (i64 e = 0; e < ylen; ++e) differ += y[e] != want[e];
+    }
+    // The width the kernel takes.
+    std::vector<float> probe(ylen);
+    const int took = fit_cv(4, ptr_bits(sp.data(), nsrc) | (unsigned long long)probe.data() |
+                                   (unsigned long long)(n | run | stride) * 4);
+    if (differ || took != vec) {
+        ++failures;
+        printf("n %lld sources %d mul %d bias %lld x %lld runs %lld of %lld: %zu differ, %d "
+               "elements a thread, not %d\n",
+               n, nsrc, mul, channels, inner, run, stride, differ, took, vec);
+    }
+}
+
+int main() {
+    int cases = 0;
+    for (bool mul : {false, true})
+        for (int nsrc : {1, 2, 3}) {
+            // Channels last (a bias per element of a pixel), dense and a concatenation's
+            // slice; NCHW (a bias per 20-element plane); lengths and runs of twos and ones.
+            one(240, nsrc, mul, 8, 1, 0, 0, 4);
+            one(240, nsrc, mul, 8, 1, 8, 24, 4);
+            one(240, nsrc, mul, 6, 1, 6, 10, 2);
+            one(240, nsrc, mul, 5, 1, 5, 7, 1);
+            one(240, nsrc, mul, 3, 20, 0, 0, 4);
+            one(242, nsrc, mul, 11, 1, 0, 0, 2);
+            one(243, nsrc, mul, 3, 27, 0, 0, 1);
+            cases += 7;
+        }
+    printf("%d cases, %d failed\n", cases, failures);
+    return failures != 0;
+}
+"#;
+
+#[test]
+fn the_elementwise_kernels_agree_with_a_loop_at_every_width_on_the_host() {
+    let source = [
+        &prelude(),
+        part(
+            "// Where element t of a tensor is",
+            "template <typename I, typename At",
+        ),
+        part(
+            "// The activation (act_f's code and parameters) is fused in",
+            "// elementwise where sources may be strided views too",
+        ),
+        ELEMENTWISE_DRIVER,
+    ]
+    .concat();
+    compile_and_run("elementwise", &source);
 }
 
 /// Compile C++ `source` with the host's compiler (`c++`, or `$CXX`), run it, and check that it

@@ -635,6 +635,26 @@ pub(crate) fn grid(n: usize) -> LaunchConfig {
     }
 }
 
+/// How many consecutive floats (4, 2 or 1) a thread of a vectorized kernel (`elementwise`,
+/// `pool2d_sum`, the tiled depthwise kernel by fours) may access at once: the widest whose
+/// accesses are all aligned, every count (channels, strides, runs, lengths) a multiple of it
+/// and every pointer (0: none) 4 x it bytes aligned. The kernels check the same themselves
+/// and fall back to narrower accesses.
+pub(crate) fn vector_width(
+    counts: impl IntoIterator<Item = usize>,
+    ptrs: impl IntoIterator<Item = u64>,
+) -> usize {
+    // Only the low 4 bits matter: wrapping keeps them.
+    let counts = counts
+        .into_iter()
+        .fold(0u64, |bits, c| bits | (c as u64).wrapping_mul(4));
+    let bits = ptrs.into_iter().fold(counts, |bits, p| bits | p);
+    [4, 2]
+        .into_iter()
+        .find(|v| bits % (4 * v) == 0)
+        .unwrap_or(1) as usize
+}
+
 /// A kernel launch's result, with the kernel's name.
 pub(crate) fn launched(
     r: Result<Option<(CudaEvent, CudaEvent)>, drv::DriverError>,
@@ -1127,4 +1147,27 @@ fn enable_peer_access(a: &Gpu, b: &Gpu) -> Result<bool, GpuError> {
         .result()
         .map_err(|e| GpuError::driver("granting peer access to the memory pool", e))?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vector_width;
+
+    #[test]
+    fn the_vector_width_is_the_widest_every_count_and_pointer_allows() {
+        let (a, b) = (0x7f00_0000_1000u64, 0x7f00_0000_2040u64);
+        // NASNet's cells channels last: 168 channels into runs of 168 of 1008.
+        assert_eq!(vector_width([168, 168, 1008], [a, b]), 4);
+        // Its stem cells' 42 channels: twos.
+        assert_eq!(vector_width([42, 42, 168], [a, b]), 2);
+        assert_eq!(vector_width([42 * 4, 41], [a]), 1, "an odd stride");
+        // A pointer 8 bytes off 16 allows twos, 4 bytes off ones; 0 (none) and dense views
+        // (run and stride 0) constrain nothing.
+        assert_eq!(vector_width([8], [a + 8, b]), 2);
+        assert_eq!(vector_width([8], [a, b + 4]), 1);
+        assert_eq!(vector_width([8, 0, 0], [a, 0]), 4);
+        // Counts beyond 2^62 keep their low bits.
+        assert_eq!(vector_width([usize::MAX - 3], [a]), 4);
+        assert_eq!(vector_width([usize::MAX], [a]), 1);
+    }
 }

@@ -71,6 +71,49 @@ __device__ __forceinline__ float bin_f(float x, float y, int op) {
 // A grid-stride step is below 2^28, so t + step stays below 2^32.
 #define FITS32(n) ((n) <= 0x7fffffffLL)
 
+// CV consecutive floats at p, kept in v: one 16- or 8-byte access where CV is 4 or 2 (the
+// caller checked the alignment), else CV of 4 bytes. The vectorized kernels' loads and stores
+// (CV channels of one pixel channels last, or CV elements of a sum).
+template <int CV>
+__device__ __forceinline__ void load_cv(const float* p, float* v) {
+    if constexpr (CV == 4) {
+        const float4 f = *reinterpret_cast<const float4*>(p);
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else if constexpr (CV == 2) {
+        const float2 f = *reinterpret_cast<const float2*>(p);
+        v[0] = f.x, v[1] = f.y;
+    } else {
+#pragma unroll
+        for (int k = 0; k < CV; ++k) v[k] = p[k];
+    }
+}
+
+template <int CV>
+__device__ __forceinline__ void store_cv(float* p, const float* v) {
+    if constexpr (CV == 4) {
+        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else if constexpr (CV == 2) {
+        *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < CV; ++k) p[k] = v[k];
+    }
+}
+
+// The vectorized kernels' own check of the width the host chose (cuda::vector_width): `bits`
+// ORs every pointer they access CV floats at and every count (stride, run, length) times 4
+// bytes; the widest of cv, cv / 2, ..., 1 whose accesses are all aligned.
+__device__ __forceinline__ int fit_cv(int cv, unsigned long long bits) {
+    while (cv > 1 && (bits & (unsigned long long)(4 * cv - 1))) cv /= 2;
+    return cv;
+}
+
+__device__ __forceinline__ unsigned long long ptr_bits(const float* const* p, int n) {
+    unsigned long long bits = 0;
+    for (int k = 0; k < n; ++k) bits |= (unsigned long long)p[k];
+    return bits;
+}
+
 // Where element t of a `[n, c, rows, cols]` tensor lies (its channel, row, column and image),
 // NCHW or channels last (NHWC: channels vary fastest): an output of the depthwise convolution or
 // a resize, or for the tiled depthwise kernel a group of a row's outputs.
@@ -244,19 +287,37 @@ __device__ __forceinline__ float pool_share(PoolWin win, int is_max) {
 
 // Pooling `win` of one input plane at xp (rows w elements wide, elements `step` apart: 1 in
 // NCHW, the pixel stride channels last), plus the bias left to the pooling (`bias`, one per
-// channel, or null) times its share: every pooling kernel's value of one output element.
+// channel, or null) times its share: every pooling kernel's value of one output element, or
+// with CV > 1 of CV consecutive channels of a pixel (channels last; xp and step aligned for
+// load_cv), into out[0..CV).
+template <typename I, int CV>
+__device__ __forceinline__ void pool_values(const float* xp, PoolWin win, int w, I step,
+                                            int is_max, const float* bias, int ch, float* out) {
+    float m[CV], s[CV];
+#pragma unroll
+    for (int k = 0; k < CV; ++k) m[k] = -__int_as_float(0x7f800000), s[k] = 0.0f;
+    for (int p = win.hs; p < win.he; ++p)
+        for (int q = win.ws; q < win.we; ++q) {
+            float v[CV];
+            load_cv<CV>(xp + ((I)p * w + q) * step, v);
+#pragma unroll
+            for (int k = 0; k < CV; ++k) {
+                m[k] = fmaxf(m[k], v[k]);
+                s[k] += v[k];
+            }
+        }
+#pragma unroll
+    for (int k = 0; k < CV; ++k) {
+        out[k] = is_max ? m[k] : s[k] / (float)win.size;
+        if (bias) out[k] += bias[ch + k] * pool_share(win, is_max);
+    }
+}
+
 template <typename I>
 __device__ __forceinline__ float pool_value(const float* xp, PoolWin win, int w, I step,
                                             int is_max, const float* bias, int ch) {
-    float m = -__int_as_float(0x7f800000), s = 0.0f;
-    for (int p = win.hs; p < win.he; ++p)
-        for (int q = win.ws; q < win.we; ++q) {
-            float v = xp[((I)p * w + q) * step];
-            m = fmaxf(m, v);
-            s += v;
-        }
-    float v = is_max ? m : s / (float)win.size;
-    if (bias) v += bias[ch] * pool_share(win, is_max);
+    float v;
+    pool_values<I, 1>(xp, win, w, step, is_max, bias, ch, &v);
     return v;
 }
 
@@ -310,15 +371,17 @@ extern "C" __global__ void pool2d_runs(float* y, const float* x, i64 nc, int c, 
 // pool2d over channels-last values: x is [n, h, w, c] with its pixels xpix elements apart,
 // y [n, oh, ow, c] with its pixels ypix elements apart (c where dense; a merged convolution's
 // member, a slice of a channels-last concatenation of that many channels); the same windows
-// as pool2d.
-template <typename I>
+// as pool2d. V consecutive channels a thread (4 or 2 where c, both pixel strides and both
+// pointers allow V-float accesses: the host's `vec`, checked by fit_cv), the same sums.
+template <typename I, int V>
 __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int c, int h,
                                               int w, int oh, int ow, int kh, int kw, int sh,
                                               int sw, int ph, int pw, int eh, int ew,
                                               int count_pad, int is_max, const float* bias,
                                               I ypix, I xpix) {
     I total = n * oh * ow * c;
-    GRID_STRIDE_T(I, t, total) {
+    GRID_STRIDE_T(I, q, total / V) {
+        const I t = q * V;
         int ch = (int)(t % c);
         I pix = t / c;
         int j = (int)(pix % ow);
@@ -326,63 +389,118 @@ __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int
         I b = pix / ((I)oh * ow);
         PoolWin win = pool_window(i, j, h, w, kh, kw, sh, sw, ph, pw, eh, ew, count_pad);
         const float* xp = x + b * h * w * xpix + ch;
-        y[pix * ypix + ch] = pool_value<I>(xp, win, w, xpix, is_max, bias, ch);
+        float v[V];
+        pool_values<I, V>(xp, win, w, xpix, is_max, bias, ch, v);
+        store_cv<V>(y + pix * ypix + ch, v);
     }
 }
+
+#define POOL_NHWC_ARGS(I)                                                                   \
+    y, x, (I)n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad, is_max, bias,    \
+        (I)ypix, (I)xpix
+
+template <typename I>
+__device__ __forceinline__ void pool2d_nhwc_vec(float* y, const float* x, i64 n, int c, int h,
+                                                int w, int oh, int ow, int kh, int kw, int sh,
+                                                int sw, int ph, int pw, int eh, int ew,
+                                                int count_pad, int is_max, const float* bias,
+                                                i64 ypix, i64 xpix, int vec) {
+    switch (fit_cv(vec, (unsigned long long)y | (unsigned long long)x |
+                            (unsigned long long)(c | ypix | xpix) * 4)) {
+    case 4: pool2d_nhwc_t<I, 4>(POOL_NHWC_ARGS(I)); break;
+    case 2: pool2d_nhwc_t<I, 2>(POOL_NHWC_ARGS(I)); break;
+    default: pool2d_nhwc_t<I, 1>(POOL_NHWC_ARGS(I));
+    }
+}
+#undef POOL_NHWC_ARGS
 
 extern "C" __global__ void pool2d_nhwc(float* y, const float* x, i64 n, int c, int h, int w,
                                        int oh, int ow, int kh, int kw, int sh, int sw, int ph,
                                        int pw, int eh, int ew, int count_pad, int is_max,
-                                       const float* bias, i64 ypix, i64 xpix) {
+                                       const float* bias, i64 ypix, i64 xpix, int vec) {
     if (FITS32(n * oh * ow * ypix) && FITS32(n * h * w * xpix))
-        pool2d_nhwc_t<unsigned>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                                count_pad, is_max, bias, (unsigned)ypix, (unsigned)xpix);
+        pool2d_nhwc_vec<unsigned>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
+                                  count_pad, is_max, bias, ypix, xpix, vec);
     else
-        pool2d_nhwc_t<i64>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
-                           count_pad, is_max, bias, ypix, xpix);
+        pool2d_nhwc_vec<i64>(y, x, n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
+                             count_pad, is_max, bias, ypix, xpix, vec);
 }
 
 // The activation (act_f's code and parameters) is fused in: ResNet's add + relu is one kernel.
 // `bias` (where not null) is added before it, element t's `bias[(t / inner) % channels]`: the
-// biases of convolutions that left theirs to the sum (NASNet's branches).
-template <typename I, typename At>
+// biases of convolutions that left theirs to the sum (NASNet's branches). V elements a thread
+// (1, 2 or 4; where V > 1, n, y's runs and their stride are multiples of V and every pointer
+// but the bias's 4V-byte aligned): one source pointer load and one y index for V elements,
+// 8- or 16-byte accesses; the same sums in the same order as V = 1.
+template <typename I, int V, typename At>
 __device__ __forceinline__ void elementwise_t(float* y, const float* const* srcs, int nsrc,
                                               I n, int is_mul, int act, float p0, float p1,
                                               At at, const float* bias, I channels, I inner) {
-    GRID_STRIDE_T(I, t, n) {
-        float acc = is_mul ? 1.0f : 0.0f;
+    GRID_STRIDE_T(I, q, n / V) {
+        const I t = q * V;
+        float acc[V];
+#pragma unroll
+        for (int u = 0; u < V; ++u) acc[u] = is_mul ? 1.0f : 0.0f;
         for (int k = 0; k < nsrc; ++k) {
-            float v = srcs[k][t];
-            acc = is_mul ? acc * v : acc + v;
+            float v[V];
+            load_cv<V>(srcs[k] + t, v);
+#pragma unroll
+            for (int u = 0; u < V; ++u) acc[u] = is_mul ? acc[u] * v[u] : acc[u] + v[u];
         }
-        if (bias) acc += bias[(t / inner) % channels];
-        y[at(t)] = act_f(acc, act, p0, p1);
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            if (bias) acc[u] += bias[((t + u) / inner) % channels];
+            acc[u] = act_f(acc[u], act, p0, p1);
+        }
+        store_cv<V>(y + at(t), acc);
+    }
+}
+
+// elementwise_t at the widest of `vec` (the host's choice), 2 and 1 that fits (fit_cv).
+template <typename I, typename At>
+__device__ __forceinline__ void elementwise_vec(float* y, const float* const* srcs, int nsrc,
+                                                I n, int is_mul, int act, float p0, float p1,
+                                                At at, const float* bias, I channels, I inner,
+                                                unsigned long long bits, int vec) {
+    switch (fit_cv(vec, bits | ptr_bits(srcs, nsrc) | (unsigned long long)y |
+                            (unsigned long long)n * 4)) {
+    case 4:
+        elementwise_t<I, 4>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels, inner);
+        break;
+    case 2:
+        elementwise_t<I, 2>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels, inner);
+        break;
+    default:
+        elementwise_t<I, 1>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels, inner);
     }
 }
 
 extern "C" __global__ void elementwise(float* y, const float* const* srcs, int nsrc, i64 n,
                                        int is_mul, int act, float p0, float p1,
-                                       const float* bias, i64 channels, i64 inner) {
+                                       const float* bias, i64 channels, i64 inner, int vec) {
     if (FITS32(n))
-        elementwise_t<unsigned>(y, srcs, nsrc, n, is_mul, act, p0, p1, Dense<unsigned>(), bias,
-                                channels, inner);
+        elementwise_vec<unsigned>(y, srcs, nsrc, n, is_mul, act, p0, p1, Dense<unsigned>(),
+                                  bias, channels, inner, 0, vec);
     else
-        elementwise_t<i64>(y, srcs, nsrc, n, is_mul, act, p0, p1, Dense<i64>(), bias, channels,
-                           inner);
+        elementwise_vec<i64>(y, srcs, nsrc, n, is_mul, act, p0, p1, Dense<i64>(), bias,
+                             channels, inner, 0, vec);
 }
 
-// elementwise into a strided y (a sum's slice of a concatenation at batch > 1).
+// elementwise into a strided y (a sum's slice of a concatenation: channels last each pixel's
+// channels are a run, in NCHW at batch > 1 each image's).
 extern "C" __global__ void elementwise_runs(float* y, const float* const* srcs, int nsrc,
                                             i64 n, i64 run, i64 stride, int is_mul, int act,
                                             float p0, float p1, const float* bias, i64 channels,
-                                            i64 inner) {
+                                            i64 inner, int vec) {
+    const unsigned long long bits = (unsigned long long)(run | stride) * 4;
     if (FITS32(n) && FITS32((n / run + 1) * stride)) {
         Runs<unsigned> at = {(unsigned)run, (unsigned)stride};
-        elementwise_t<unsigned>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels,
-                                inner);
+        elementwise_vec<unsigned>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels,
+                                  inner, bits, vec);
     } else {
         Runs<i64> at = {run, stride};
-        elementwise_t<i64>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels, inner);
+        elementwise_vec<i64>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels, inner,
+                             bits, vec);
     }
 }
 
@@ -418,13 +536,16 @@ extern "C" __global__ void elementwise_views(float* y, const float* const* srcs,
 // stride (NCHW) or pixel stride (channels last), then each added value's run and stride (0, 0
 // where dense: element t at (t / run) * stride + t % run); y's element t (in its layout's
 // order) is written there for (y_run, y_stride). `narrow`: every index fits 32 bits (the host
-// checked each buffer's extent).
+// checked each buffer's extent). Channels last, V consecutive channels of a pixel a thread
+// (V = 4 or 2 where the channels, every stride and run and every input, value and y pointer
+// allow V-float accesses: the host's `vec`, checked by fit_cv): the window's positions and
+// every index computed once for V outputs; the same sums in the same order as V = 1.
 template <typename I>
 __device__ __forceinline__ I view_at_t(I t, I run, I stride) {
     return run ? (t / run) * stride + t % run : t;
 }
 
-template <typename I>
+template <typename I, int V>
 __device__ __forceinline__ void pool2d_sum_t(float* y, I y_run, I y_stride,
                                              const float* const* ptrs, const i64* meta,
                                              int npool, int nadd, I n, int c, int nhwc, int h,
@@ -434,7 +555,8 @@ __device__ __forceinline__ void pool2d_sum_t(float* y, I y_run, I y_stride,
                                              float p1, const float* bias, I channels,
                                              I inner) {
     I total = n * c * oh * ow;
-    GRID_STRIDE_T(I, t, total) {
+    GRID_STRIDE_T(I, q, total / V) {
+        const I t = q * V;
         int ch, i, j;
         I b;
         if (nhwc)
@@ -442,20 +564,53 @@ __device__ __forceinline__ void pool2d_sum_t(float* y, I y_run, I y_stride,
         else
             element_at<I, false>(t, c, oh, ow, ch, i, j, b);
         PoolWin win = pool_window(i, j, h, w, kh, kw, sh, sw, ph, pw, eh, ew, count_pad);
-        float acc = 0.0f;
+        float acc[V], v[V];
+#pragma unroll
+        for (int u = 0; u < V; ++u) acc[u] = 0.0f;
         for (int k = 0; k < npool; ++k) {
             I s = (I)meta[k];
             const float* xp = nhwc ? ptrs[k] + b * h * w * s + ch
                                    : ptrs[k] + b * s + (I)ch * h * w;
             I step = nhwc ? s : 1;
-            acc += pool_value<I>(xp, win, w, step, is_max, ptrs[npool + nadd + k], ch);
+            pool_values<I, V>(xp, win, w, step, is_max, ptrs[npool + nadd + k], ch, v);
+#pragma unroll
+            for (int u = 0; u < V; ++u) acc[u] += v[u];
         }
         for (int k = 0; k < nadd; ++k) {
-            const i64* v = meta + npool + 2 * k;
-            acc += ptrs[npool + k][view_at_t<I>(t, (I)v[0], (I)v[1])];
+            const i64* m = meta + npool + 2 * k;
+            load_cv<V>(ptrs[npool + k] + view_at_t<I>(t, (I)m[0], (I)m[1]), v);
+#pragma unroll
+            for (int u = 0; u < V; ++u) acc[u] += v[u];
         }
-        if (bias) acc += bias[(t / inner) % channels];
-        y[view_at_t<I>(t, y_run, y_stride)] = act_f(acc, act, p0, p1);
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            if (bias) acc[u] += bias[((t + u) / inner) % channels];
+            acc[u] = act_f(acc[u], act, p0, p1);
+        }
+        store_cv<V>(y + view_at_t<I>(t, y_run, y_stride), acc);
+    }
+}
+
+#define POOL_SUM_ARGS(I)                                                                  \
+    y, (I)y_run, (I)y_stride, ptrs, meta, npool, nadd, (I)n, c, nhwc, h, w, oh, ow, kh, kw, \
+        sh, sw, ph, pw, eh, ew, count_pad, is_max, act, p0, p1, bias, (I)channels, (I)inner
+
+template <typename I>
+__device__ __forceinline__ void pool2d_sum_vec(float* y, i64 y_run, i64 y_stride,
+                                               const float* const* ptrs, const i64* meta,
+                                               int npool, int nadd, i64 n, int c, int nhwc,
+                                               int h, int w, int oh, int ow, int kh, int kw,
+                                               int sh, int sw, int ph, int pw, int eh, int ew,
+                                               int count_pad, int is_max, int act, float p0,
+                                               float p1, const float* bias, i64 channels,
+                                               i64 inner, int vec) {
+    unsigned long long bits = ptr_bits(ptrs, npool + nadd) | (unsigned long long)y |
+                              (unsigned long long)(c | y_run | y_stride) * 4;
+    for (int k = 0; k < npool + 2 * nadd; ++k) bits |= (unsigned long long)meta[k] * 4;
+    switch (nhwc ? fit_cv(vec, bits) : 1) {
+    case 4: pool2d_sum_t<I, 4>(POOL_SUM_ARGS(I)); break;
+    case 2: pool2d_sum_t<I, 2>(POOL_SUM_ARGS(I)); break;
+    default: pool2d_sum_t<I, 1>(POOL_SUM_ARGS(I));
     }
 }
 
@@ -465,17 +620,17 @@ extern "C" __global__ void pool2d_sum(float* y, i64 y_run, i64 y_stride,
                                       int ow, int kh, int kw, int sh, int sw, int ph, int pw,
                                       int eh, int ew, int count_pad, int is_max, int act,
                                       float p0, float p1, const float* bias, i64 channels,
-                                      i64 inner, int narrow) {
+                                      i64 inner, int narrow, int vec) {
     if (narrow)
-        pool2d_sum_t<unsigned>(y, (unsigned)y_run, (unsigned)y_stride, ptrs, meta, npool, nadd,
-                               (unsigned)n, c, nhwc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh,
-                               ew, count_pad, is_max, act, p0, p1, bias, (unsigned)channels,
-                               (unsigned)inner);
+        pool2d_sum_vec<unsigned>(y, y_run, y_stride, ptrs, meta, npool, nadd, n, c, nhwc, h, w,
+                                 oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad, is_max, act,
+                                 p0, p1, bias, channels, inner, vec);
     else
-        pool2d_sum_t<i64>(y, y_run, y_stride, ptrs, meta, npool, nadd, n, c, nhwc, h, w, oh, ow,
-                          kh, kw, sh, sw, ph, pw, eh, ew, count_pad, is_max, act, p0, p1, bias,
-                          channels, inner);
+        pool2d_sum_vec<i64>(y, y_run, y_stride, ptrs, meta, npool, nadd, n, c, nhwc, h, w, oh,
+                            ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad, is_max, act, p0, p1,
+                            bias, channels, inner, vec);
 }
+#undef POOL_SUM_ARGS
 
 // The sum of `v` over the block (every thread gets it): warp shuffles, then one value per warp
 // through `red` (32 floats). blockDim.x must be a multiple of 32; every thread must call it.
@@ -843,29 +998,6 @@ extern "C" __global__ void depthwise_conv_unrolled(DEPTHWISE_PARAMS) {
 
 extern "C" __global__ void depthwise_conv_unrolled_nhwc(DEPTHWISE_PARAMS) {
     unrolled_cases<true>(DEPTHWISE_ARGS);
-}
-
-// CV consecutive channels of one pixel (channels last): one 16-byte access where CV is 4
-// (the caller checked the alignment), else one element.
-template <int CV>
-__device__ __forceinline__ void load_cv(const float* p, float* v) {
-    if (CV == 4) {
-        const float4 f = *reinterpret_cast<const float4*>(p);
-        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-    } else {
-#pragma unroll
-        for (int k = 0; k < CV; ++k) v[k] = p[k];
-    }
-}
-
-template <int CV>
-__device__ __forceinline__ void store_cv(float* p, const float* v) {
-    if (CV == 4) {
-        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-#pragma unroll
-        for (int k = 0; k < CV; ++k) p[k] = v[k];
-    }
 }
 
 // The depthwise convolution tiled: V outputs of a row per thread (stride S, kernel width KW,

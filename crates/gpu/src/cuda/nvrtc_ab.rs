@@ -5,7 +5,9 @@
 //! softmax kernel beside cuDNN's softmax, which it may replace, and the depthwise kernel
 //! beside its version of ea18c6e (before the input bias and summed inputs, in each layout,
 //! with and without an input bias), beside its unrolled and tiled forms (channels last also
-//! tiled by fours), and in NCHW beside its channels-last form (NASNet-A large's shapes). The
+//! tiled by fours), and in NCHW beside its channels-last form (NASNet-A large's shapes), and
+//! the sums of NASNet's cells one channel a thread beside several (`pool2d_sum`,
+//! `elementwise_runs`, channels last into a concatenation's slice). The
 //! same inputs go to both; the outputs must agree; each kernel's GPU time (events around
 //! back-to-back launches, which the GPU runs slower than the host issues them) is printed with
 //! the ratio.
@@ -615,6 +617,126 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
             time(&ctx, &stream, &after),
             err,
         );
+    }
+    // NASNet-A large's sums channels last, into their cell's concatenation (each pixel's
+    // channels a run of the concatenation's): an average pooling 3x3 plus a value
+    // (`pool2d_sum`) and two values (`elementwise_runs`), one channel a thread against
+    // several (4, or 2 for the stem cells' 42 channels: the width the step picks).
+    for (n, c, hw, branches) in [
+        (1usize, 42usize, 83usize, 4usize),
+        (1, 168, 42, 6),
+        (1, 336, 21, 6),
+        (16, 168, 42, 6),
+    ] {
+        let vec = if c % 4 == 0 { 4i32 } else { 2 };
+        let len = n * c * hw * hw;
+        let (run, stride) = (c as i64, (c * branches) as i64);
+        let (xa, xb) = (up(&values(len, 12)), up(&values(len, 13)));
+        let bias = up(&values(c, 14));
+        let (ya, yb) = (
+            up(&vec![0.0; len * branches]),
+            up(&vec![0.0; len * branches]),
+        );
+        let xs = [&xa, &xb].map(|b| b.device_ptr(&stream).0);
+        // Pool x_a, add x_b; no bias left to the pooling.
+        let pool_ptrs = stream.clone_htod(&[xs[0], xs[1], 0u64]).unwrap();
+        let pool_meta = stream.clone_htod(&[c as i64, 0, 0]).unwrap();
+        let elem_ptrs = stream.clone_htod(&xs).unwrap();
+        let (relu, bp, channels64) = (
+            act_params(opsched_graph::Activation::Relu),
+            bias.device_ptr(&stream).0,
+            c as i64,
+        );
+        let pooled = |y: &cudarc::driver::CudaSlice<f32>, width: i32| {
+            let func = f("pool2d_sum");
+            let stream = stream.clone();
+            let yp = y.device_ptr(&stream).0;
+            let arrays = [
+                pool_ptrs.device_ptr(&stream).0,
+                pool_meta.device_ptr(&stream).0,
+            ];
+            let hw32 = hw as i32;
+            // h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad (NASNet's: no).
+            let geo = [hw32, hw32, hw32, hw32, 3, 3, 1, 1, 1, 1, 1, 1, 0];
+            move || {
+                let mut b = stream.launch_builder(&func);
+                b.arg(&yp)
+                    .arg(&run)
+                    .arg(&stride)
+                    .arg(&arrays[0])
+                    .arg(&arrays[1]);
+                let (npool, nadd, images, channels, nhwc) = (1i32, 1i32, n as i64, c as i32, 1i32);
+                b.arg(&npool)
+                    .arg(&nadd)
+                    .arg(&images)
+                    .arg(&channels)
+                    .arg(&nhwc);
+                for v in &geo {
+                    b.arg(v);
+                }
+                let (is_max, inner, narrow) = (0i32, 1i64, 1i32);
+                b.arg(&is_max).arg(&relu.0).arg(&relu.1).arg(&relu.2);
+                b.arg(&bp)
+                    .arg(&channels64)
+                    .arg(&inner)
+                    .arg(&narrow)
+                    .arg(&width);
+                // SAFETY: matches `pool2d_sum`: one input pooled (dense, pixels c apart) and
+                // one value added (dense), n x c x hw x hw each, no pooled bias; y holds
+                // n x hw x hw runs of c, `branches * c` apart; the bias c values; `width`
+                // divides c.
+                unsafe { b.launch(grid(len / width as usize)) }.unwrap();
+            }
+        };
+        let summed = |y: &cudarc::driver::CudaSlice<f32>, width: i32| {
+            let func = f("elementwise_runs");
+            let stream = stream.clone();
+            let (yp, sp) = (y.device_ptr(&stream).0, elem_ptrs.device_ptr(&stream).0);
+            move || {
+                let mut b = stream.launch_builder(&func);
+                let (nsrc, total, is_mul, inner) = (2i32, len as i64, 0i32, 1i64);
+                b.arg(&yp)
+                    .arg(&sp)
+                    .arg(&nsrc)
+                    .arg(&total)
+                    .arg(&run)
+                    .arg(&stride);
+                b.arg(&is_mul).arg(&relu.0).arg(&relu.1).arg(&relu.2);
+                b.arg(&bp).arg(&channels64).arg(&inner).arg(&width);
+                // SAFETY: matches `elementwise_runs`: two dense sources of `len` values, y
+                // `len` values in runs of c, `branches * c` apart; the bias c values;
+                // `width` divides len, the run and the stride.
+                unsafe { b.launch(grid(len / width as usize)) }.unwrap();
+            }
+        };
+        let shape = [n, hw, hw, c];
+        let kernel = |which: usize, y: &cudarc::driver::CudaSlice<f32>, width: i32| {
+            let launch: Box<dyn Fn()> = match which {
+                0 => Box::new(pooled(y, width)),
+                _ => Box::new(summed(y, width)),
+            };
+            launch
+        };
+        let names = ["pool2d_sum avg 3x3 + value", "elementwise_runs sum of two"];
+        for (which, what) in names.into_iter().enumerate() {
+            let (one, wide) = (kernel(which, &ya, 1), kernel(which, &yb, vec));
+            one();
+            wide();
+            let (a, b) = (
+                stream.clone_dtoh(&ya).unwrap(),
+                stream.clone_dtoh(&yb).unwrap(),
+            );
+            assert_eq!(a, b, "{what} {shape:?}: {vec} channels a thread differ");
+            report(
+                &format!(
+                    "{what} {shape:?} NHWC into runs of {run} of {stride} (before: one \
+                     channel a thread, after: {vec})"
+                ),
+                time(&ctx, &stream, &one),
+                time(&ctx, &stream, &wide),
+                0.0,
+            );
+        }
     }
     for r in &rows {
         println!("{r}");

@@ -913,9 +913,7 @@ impl CudaDepthwise {
         );
         let in_bias = s.in_bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0);
         let pointers = [y, x, w, bias, in_bias].into_iter().chain(sums);
-        let by_fours = s.nhwc
-            && pointers.fold(0, |bits, p| bits | p) % 16 == 0
-            && [c, xpix, ximage].iter().all(|v| v % 4 == 0);
+        let by_fours = s.nhwc && crate::cuda::vector_width([c, xpix, ximage], pointers) == 4;
         Ok(CudaDepthwise {
             kernel: s.nvrtc_kernel().unwrap_or("depthwise_conv"),
             y,

@@ -13,7 +13,7 @@ use crate::cpu::math::with_act;
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
 use crate::cuda::nvrtc::act_params;
-use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::cuda::{grid, launched, vector_width, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::reference::act;
 use crate::GpuError;
@@ -255,6 +255,17 @@ impl StepKernel for Elementwise {
         };
         let (y, runs) = cx.strided(self.y)?;
         let bias = ChannelBias::kernel_args(self.bias, cx)?;
+        let runs = runs_args(runs)?;
+        // Several elements a thread where every access allows it (the bias is read element
+        // by element; strided sources take `elementwise_views`, one at a time).
+        let (run, stride) = runs.unwrap_or((0, 0));
+        let vec = match views {
+            Some(_) => 1,
+            None => vector_width(
+                [self.len, run as usize, stride as usize],
+                std::iter::once(y).chain(ptrs.iter().copied()),
+            ),
+        };
         Ok(Box::new(CudaElementwise {
             y,
             _srcs: dev,
@@ -262,7 +273,8 @@ impl StepKernel for Elementwise {
             views,
             nsrc: c_int(ptrs.len(), "inputs")?,
             n: as_i64(self.len, "elements of a sum")?,
-            runs: runs_args(runs)?,
+            runs,
+            vec: vec as i32,
             is_mul: i32::from(self.kind == ElementwiseKind::Mul),
             act: act_params(self.act),
             bias,
@@ -286,6 +298,8 @@ struct CudaElementwise {
     n: i64,
     /// `y`'s runs and their stride, for a strided `y` (`elementwise_runs`).
     runs: Option<(i64, i64)>,
+    /// Elements a thread (4, 2 or 1: `vector_width`; 1 for `elementwise_views`).
+    vec: i32,
     is_mul: i32,
     act: (i32, f32, f32),
     /// The bias per channel (a null pointer where there is none), its channels and the
@@ -330,12 +344,15 @@ impl Enqueue for CudaElementwise {
         }
         b.arg(&self.is_mul).arg(code).arg(p0).arg(p1);
         b.arg(&self.bias.0).arg(&self.bias.1).arg(&self.bias.2);
+        b.arg(&self.vec);
         // SAFETY: matches `elementwise` (`elementwise_runs`: with the run and stride after
         // `n`); the pointer array (nsrc entries, each a buffer of at least n elements, checked
         // at preparation) lives in this operator, and y holds n (in runs of its view: the
         // layout checked that they fit its parent); the bias, where not null, holds `channels`
-        // values.
-        launched(unsafe { b.launch(grid(self.n as usize)) }, name)
+        // values; `vec` divides n (the kernel checks every access's alignment again), and the
+        // grid strides over n / vec.
+        let threads = self.n as usize / self.vec as usize;
+        launched(unsafe { b.launch(grid(threads)) }, name)
     }
 }
 

@@ -16,7 +16,7 @@ use crate::cpu::math::with_scratch;
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
 use crate::cuda::nvrtc::act_params;
-use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::cuda::{grid, launched, vector_width, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::GpuError;
 
@@ -274,12 +274,27 @@ impl StepKernel for PoolSum {
             let bias = self.pooled_biases.get(k).copied().flatten();
             ptrs.push(bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0));
         }
+        let y_view = runs_args(y_runs)?.unwrap_or((0, 0));
+        // Channels last, several channels of a pixel a thread where every access allows it
+        // (the biases are read one by one).
+        let accessed = 1 + self.more.len() + self.adds.len();
+        let vec = match p.nhwc {
+            true => vector_width(
+                [c].into_iter().chain(
+                    meta.iter()
+                        .chain([&y_view.0, &y_view.1])
+                        .map(|&v| v as usize),
+                ),
+                std::iter::once(y).chain(ptrs[..accessed].iter().copied()),
+            ),
+            false => 1,
+        };
         let (ptrs_ptr, ptrs_dev) = cx.gpu.upload_array(&ptrs)?;
         let (meta_ptr, meta_dev) = cx.gpu.upload_array(&meta)?;
         let bias = ChannelBias::kernel_args(self.bias, cx)?;
         Ok(Box::new(CudaPoolSum {
             y,
-            y_view: runs_args(y_runs)?.unwrap_or((0, 0)),
+            y_view,
             ptrs: (ptrs_ptr, ptrs_dev),
             meta: (meta_ptr, meta_dev),
             npool: c_int(1 + self.more.len(), "poolings")?,
@@ -292,6 +307,7 @@ impl StepKernel for PoolSum {
             act: act_params(self.act),
             bias,
             narrow: i32::from(reach <= i32::MAX as usize),
+            vec: vec as i32,
             total: out,
         }))
     }
@@ -325,6 +341,8 @@ struct CudaPoolSum {
     bias: (u64, i64, i64),
     /// Every index fits 32 bits.
     narrow: i32,
+    /// Channels of a pixel a thread (4, 2 or 1: `vector_width`).
+    vec: i32,
     total: usize,
 }
 
@@ -342,15 +360,17 @@ impl Enqueue for CudaPoolSum {
         let (code, p0, p1) = &self.act;
         b.arg(code).arg(p0).arg(p1);
         b.arg(&self.bias.0).arg(&self.bias.1).arg(&self.bias.2);
-        b.arg(&self.narrow);
+        b.arg(&self.narrow).arg(&self.vec);
         // SAFETY: matches `pool2d_sum` (y and its view, the pointer and meta arrays, npool,
-        // nadd, n, c, nhwc, 13 ints, is_max, the activation, the bias, narrow); both arrays
-        // live in this operator, 2 * npool + nadd pointers and npool + 2 * nadd meta values;
-        // each input holds n images at its stride, each value added and y `total` elements in
-        // their runs (the layout checked that views fit their parents); the bias, where not
-        // null, holds `channels` values, each pooled bias `c`; `narrow` only where every
-        // extent fits 32 bits.
-        launched(unsafe { b.launch(grid(self.total)) }, "pool2d_sum")
+        // nadd, n, c, nhwc, 13 ints, is_max, the activation, the bias, narrow, vec); both
+        // arrays live in this operator, 2 * npool + nadd pointers and npool + 2 * nadd meta
+        // values; each input holds n images at its stride, each value added and y `total`
+        // elements in their runs (the layout checked that views fit their parents); the bias,
+        // where not null, holds `channels` values, each pooled bias `c`; `narrow` only where
+        // every extent fits 32 bits; `vec` divides c (the kernel checks every access's
+        // alignment again), and the grid strides over total / vec.
+        let threads = self.total / self.vec as usize;
+        launched(unsafe { b.launch(grid(threads)) }, "pool2d_sum")
     }
 }
 
@@ -555,8 +575,12 @@ impl StepKernel for Pool {
         let (ximage, xpix, ypix) = self
             .strides(x_runs, runs)?
             .ok_or_else(|| cx.no_kernel("a channels-last pooling into runs other than pixels"))?;
+        // Channels last, several channels of a pixel a thread where every access allows it.
+        let vec = vector_width([c, ypix, xpix], [y, x]) as i32;
         Ok(Box::new(CudaPool {
-            nhwc: self.nhwc.then_some((n as i64, ypix as i64, xpix as i64)),
+            nhwc: self
+                .nhwc
+                .then_some((n as i64, ypix as i64, xpix as i64, vec)),
             y,
             runs: runs_args(runs)?,
             x,
@@ -578,8 +602,9 @@ impl StepKernel for Pool {
 /// `pool2d`, or `pool2d_runs` where `y` is a strided view (a pooling branch's slice of a
 /// concatenation at batch > 1).
 struct CudaPool {
-    /// Channels last: `pool2d_nhwc` with the batch, `y`'s and `x`'s pixel strides.
-    nhwc: Option<(i64, i64, i64)>,
+    /// Channels last: `pool2d_nhwc` with the batch, `y`'s and `x`'s pixel strides and the
+    /// channels a thread (4, 2 or 1: `vector_width`).
+    nhwc: Option<(i64, i64, i64, i32)>,
     y: u64,
     /// `y`'s runs and their stride, for a strided `y`.
     runs: Option<(i64, i64)>,
@@ -605,7 +630,7 @@ impl Enqueue for CudaPool {
         let mut b = sc.launch_builder(gpu.function(name)?);
         b.arg(&self.y).arg(&self.x);
         match &self.nhwc {
-            Some((n, _, _)) => b.arg(n).arg(&self.c),
+            Some((n, ..)) => b.arg(n).arg(&self.c),
             None => b.arg(&self.nc).arg(&self.c).arg(&self.ximage),
         };
         for v in &self.p {
@@ -613,8 +638,8 @@ impl Enqueue for CudaPool {
         }
         b.arg(&self.is_max).arg(&self.bias);
         match (&self.nhwc, &self.runs) {
-            (Some((_, ypix, xpix)), _) => {
-                b.arg(ypix).arg(xpix);
+            (Some((_, ypix, xpix, vec)), _) => {
+                b.arg(ypix).arg(xpix).arg(vec);
             }
             (None, Some((run, stride))) => {
                 b.arg(run).arg(stride);
@@ -623,10 +648,12 @@ impl Enqueue for CudaPool {
         }
         // SAFETY: matches `pool2d` (nc, c and x's image stride, 13 ints, then is_max and the
         // bias; `pool2d_runs`: then y's run and stride; `pool2d_nhwc`: n and c, 13 ints,
-        // is_max, the bias, then y's and x's pixel strides); buffer sizes checked at
-        // preparation (the bias, where not null, holds c values), a strided view's runs by the
-        // layout.
-        launched(unsafe { b.launch(grid(self.total)) }, name)
+        // is_max, the bias, then y's and x's pixel strides and `vec`, which divides c: the
+        // kernel checks every access's alignment again, the grid strides over total / vec);
+        // buffer sizes checked at preparation (the bias, where not null, holds c values), a
+        // strided view's runs by the layout.
+        let threads = self.total / self.nhwc.map_or(1, |v| v.3 as usize);
+        launched(unsafe { b.launch(grid(threads)) }, name)
     }
 }
 
