@@ -57,7 +57,7 @@ cp fixtures/gpu/h100-2026-11-27c/cost-cache.bin $C/both.bin
 export OPSCHED_CACHE=$C/both.bin
 # New since 2026-11-27c: batch_matmul's alpha (the every-op test's scores, the Transformer's
 # merged projections against the reference, the ONNX attention parity models' scales, sdpa's
-# among them) and the depthwise kernel tiled by fours wherever it measures fastest.
+# among them) and the depthwise kernels tiled by fours and twos wherever they measure fastest.
 for t in gpu-carry/tests/*; do
     step "$t"
     timeout 150 "$t" --ignored --test-threads 1 --skip kernels_side_by_side \
@@ -67,7 +67,7 @@ done
 save_cache
 # The NVRTC kernels side by side with their earlier versions (crates/gpu/src/cuda/nvrtc_ab.rs):
 # the depthwise kernel against ea18c6e's, with and without an input bias, in both layouts,
-# unrolled, tiled and (channels last) tiled by fours, and NCHW against channels last (its
+# unrolled, tiled and (channels last) tiled by fours and twos, and NCHW against channels last (its
 # inputs were freed early on 2026-11-27c, which failed the test and lost its timings); then
 # NASNet's pooling sums and sums into a concatenation one channel a thread against four or two.
 step "kernel A/B"

@@ -40,11 +40,12 @@ pub const SOFTMAX_CUDNN: u32 = 0;
 pub const SOFTMAX_ROWS: u32 = 1;
 
 /// The prefix of a depthwise convolution's key (its geometry, layout, input strides, the
-/// inputs it sums and adds, its activations): its candidates are [`DEPTHWISE_ONE`],
-/// [`DEPTHWISE_UNROLLED`], [`DEPTHWISE_TILED`] and [`DEPTHWISE_TILED4`], for the convolutions
-/// the latter three have a case for. A kept list is reused as it is, so a change of the
-/// candidates or of a kernel takes a new version here (`depthwise.3|`), which measures them
-/// all again (version 2 added the tiled kernel by fours).
+/// inputs it sums and adds, its activations, the channels its accesses may take at once): its
+/// candidates are [`DEPTHWISE_ONE`], [`DEPTHWISE_UNROLLED`], [`DEPTHWISE_TILED`] and
+/// [`DEPTHWISE_TILED4`] or [`DEPTHWISE_TILED2`], for the convolutions the latter have a case
+/// for. A kept list is reused as it is, so a change of the candidates or of a kernel takes a
+/// new version here (`depthwise.3|`), which measures them all again (version 2 added the
+/// tiled kernels by fours and twos).
 pub const DEPTHWISE_KEY: &str = "depthwise.2|";
 /// The candidate "our depthwise kernel, one output a thread" of a [`DEPTHWISE_KEY`] (it wins
 /// a tie: it ran before the tiled one).
@@ -56,6 +57,9 @@ pub const DEPTHWISE_UNROLLED: u32 = 2;
 /// The candidate "our tiled depthwise kernel, four channels of a pixel a thread" (channels
 /// last, every access 16 bytes).
 pub const DEPTHWISE_TILED4: u32 = 3;
+/// The candidate "our tiled depthwise kernel, two channels of a pixel a thread" (channels
+/// last, every access 8 bytes; where the channels are not a multiple of 4).
+pub const DEPTHWISE_TILED2: u32 = 4;
 
 /// The prefix of a matrix product's key (its shape, operands' layout and alignment, epilogue,
 /// math and cuBLAS version): its candidates are [`GEMM_CUBLAS`] or [`GEMM_CUBLAS_SPLIT`] and
@@ -175,6 +179,8 @@ pub enum KernelFamily {
     DepthwiseTiled,
     /// Our tiled depthwise kernel, four channels a thread.
     DepthwiseTiled4,
+    /// Our tiled depthwise kernel, two channels a thread.
+    DepthwiseTiled2,
 }
 
 /// How many distinct convolutions (tuning keys) this process runs with each kind of kernel
@@ -226,12 +232,14 @@ pub struct DepthwiseKernels {
     pub tiled: usize,
     /// Several outputs of a row, four channels each, a thread.
     pub tiled4: usize,
+    /// Several outputs of a row, two channels each, a thread.
+    pub tiled2: usize,
 }
 
 impl DepthwiseKernels {
     /// Every distinct depthwise convolution with a choice.
     pub fn total(&self) -> usize {
-        self.one + self.unrolled + self.tiled + self.tiled4
+        self.one + self.unrolled + self.tiled + self.tiled4 + self.tiled2
     }
 }
 
@@ -321,6 +329,7 @@ impl Tuning {
             unrolled: self.count(KernelFamily::DepthwiseUnrolled),
             tiled: self.count(KernelFamily::DepthwiseTiled),
             tiled4: self.count(KernelFamily::DepthwiseTiled4),
+            tiled2: self.count(KernelFamily::DepthwiseTiled2),
         }
     }
 

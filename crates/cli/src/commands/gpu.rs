@@ -698,10 +698,11 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
     if let Some(k) = &report.depthwise_kernels {
         writeln!(
             out,
-            "depthwise      {} distinct: {} tiled by fours, {} tiled, {} unrolled, {} one output a \
-             thread",
+            "depthwise      {} distinct: {} tiled by fours, {} tiled by twos, {} tiled, {} \
+             unrolled, {} one output a thread",
             k.total(),
             k.tiled4,
+            k.tiled2,
             k.tiled,
             k.unrolled,
             k.one

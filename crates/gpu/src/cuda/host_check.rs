@@ -4,7 +4,7 @@
 //! of every template case (layouts, strides, widths, input biases, summed inputs, input
 //! activations, strided inputs) is checked in CI against an independent loop, and the
 //! unrolled and tiled kernels (which the GPU runs where they measure faster; the tiled one
-//! also four channels a thread) against the one-output-a-thread kernel, element for element.
+//! also four or two channels a thread) against the one-output-a-thread kernel, element for element.
 #![allow(clippy::unwrap_used)]
 
 use super::nvrtc::SOURCE;
@@ -31,6 +31,7 @@ const SHIM: &str = r#"
 #include <vector>
 #define __device__
 #define __forceinline__ inline
+#define __noinline__
 #define __global__
 struct Dim { unsigned x; };
 static const Dim blockIdx{0}, threadIdx{0}, blockDim{1}, gridDim{1};
@@ -66,7 +67,8 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
         mp.push_back(m.data());
     }
     const size_t len = (size_t)n * c * oh * ow;
-    std::vector<float> y(len, 7.0f), unrolled(len, 7.0f), tiled(len, 7.0f), tiled4(len, 7.0f);
+    std::vector<float> y(len, 7.0f), unrolled(len, 7.0f), tiled(len, 7.0f), tiled4(len, 7.0f),
+        tiled2(len, 7.0f);
     Geo12 g{{h, w, oh, ow, k, k, stride, stride, pad, pad, 1, 1}};
     const i64 nc = (i64)n * c;
     const float* ibp = in_bias ? ib.data() : nullptr;
@@ -81,6 +83,8 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
                                   xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
         depthwise_conv_tiled4_nhwc(tiled4.data(), x.data(), wt.data(), bias.data(), nc, c,
                                    ximage, xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
+        depthwise_conv_tiled2_nhwc(tiled2.data(), x.data(), wt.data(), bias.data(), nc, c,
+                                   ximage, xpix, g, pre, q0, q1, 0, 0, 0, ibp, mpp, nmore);
     } else {
         depthwise_conv(y.data(), x.data(), wt.data(), bias.data(), nc, c, ximage, xpix, g, pre, q0,
                        q1, 0, 0, 0, ibp, mpp, nmore);
@@ -92,7 +96,7 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
     // The independent loop: x and y [n, c, h, w] or [n, h, w, c], the weights [c, k, k] or
     // [k, k, c]; padding adds nothing.
     double worst = 0;
-    size_t differ_unrolled = 0, differ_tiled = 0, differ_tiled4 = 0;
+    size_t differ_unrolled = 0, differ_tiled = 0, differ_tiled4 = 0, differ_tiled2 = 0;
     for (int im = 0; im < n; ++im)
         for (int ch = 0; ch < c; ++ch)
             for (int i = 0; i < oh; ++i)
@@ -119,15 +123,17 @@ static void one(int n, int c, int h, int w, int k, int stride, int pad, bool nhw
                     differ_unrolled += unrolled[t] != y[t];
                     differ_tiled += tiled[t] != y[t];
                     differ_tiled4 += nhwc && tiled4[t] != y[t];
+                    differ_tiled2 += nhwc && tiled2[t] != y[t];
                 }
     const bool ok = worst <= 1e-4 && differ_unrolled == 0 && differ_tiled == 0 &&
-                    differ_tiled4 == 0;
+                    differ_tiled4 == 0 && differ_tiled2 == 0;
     if (!ok) {
         ++failures;
         printf("%s n%d c%d %dx%d k%d s%d p%d in_bias %d sums %d pre %d: off by %g from the "
-               "loop; unrolled differs at %zu, tiled at %zu, tiled by fours at %zu of %zu\n",
+               "loop; unrolled differs at %zu, tiled at %zu, tiled by fours at %zu, by twos at "
+               "%zu of %zu\n",
                nhwc ? "NHWC" : "NCHW", n, c, h, w, k, stride, pad, in_bias, nmore, pre, worst,
-               differ_unrolled, differ_tiled, differ_tiled4, len);
+               differ_unrolled, differ_tiled, differ_tiled4, differ_tiled2, len);
     }
 }
 
@@ -163,6 +169,18 @@ int main() {
             }
     for (int pre : {0, 7}) one(1, 8, 9, 9, 3, 1, 1, true, true, 1, pre);
     cases += 2;
+    // Two channels a thread (depthwise_conv_tiled2_nhwc, where channels and strides are even;
+    // the cases of 8 and 12 channels above take it too): 6 and 10 channels, a view 2 past
+    // each pixel's channels, and NASNet's stem (42 channels, 5x5 at stride 2).
+    for (int k : {3, 5, 7})
+        for (int s : {1, 2})
+            for (int extra = 0; extra < 3; ++extra) {
+                one(2, 6, 10 + k, 8 + s, k, s, k / 2, true, extra == 1, extra == 2 ? 2 : 0, 1);
+                one(1, 10, 7 + k, 12 - s, k, s, k / 2, true, extra == 1, 0, 1, 2);
+                cases += 2;
+            }
+    one(1, 42, 21, 21, 5, 2, 2, true, false, 0, 1);
+    ++cases;
     printf("%d cases, %d failed\n", cases, failures);
     return failures != 0;
 }

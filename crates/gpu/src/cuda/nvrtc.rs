@@ -49,6 +49,18 @@ __device__ __forceinline__ float act_f(float x, int a, float p0, float p1) {
     }
 }
 
+// act_f where a kernel applies it to several values a thread (the depthwise kernels, sums,
+// poolings): none and relu, what those mostly end in, inline, the others a call, so that the
+// module does not hold an inlined copy of every activation per value (with them inline the
+// tiled depthwise kernels alone were 12 MB of PTX and NVRTC took half as long again).
+__device__ __noinline__ float act_call(float x, int a, float p0, float p1) {
+    return act_f(x, a, p0, p1);
+}
+
+__device__ __forceinline__ float act_lean(float x, int a, float p0, float p1) {
+    return a == 0 ? x : a == 1 ? fmaxf(x, 0.0f) : act_call(x, a, p0, p1);
+}
+
 __device__ __forceinline__ float bin_f(float x, float y, int op) {
     switch (op) {
     case 0: return x + y;
@@ -450,7 +462,7 @@ __device__ __forceinline__ void elementwise_t(float* y, const float* const* srcs
 #pragma unroll
         for (int u = 0; u < V; ++u) {
             if (bias) acc[u] += bias[((t + u) / inner) % channels];
-            acc[u] = act_f(acc[u], act, p0, p1);
+            acc[u] = act_lean(acc[u], act, p0, p1);
         }
         store_cv<V>(y + at(t), acc);
     }
@@ -585,7 +597,7 @@ __device__ __forceinline__ void pool2d_sum_t(float* y, I y_run, I y_stride,
 #pragma unroll
         for (int u = 0; u < V; ++u) {
             if (bias) acc[u] += bias[((t + u) / inner) % channels];
-            acc[u] = act_f(acc[u], act, p0, p1);
+            acc[u] = act_lean(acc[u], act, p0, p1);
         }
         store_cv<V>(y + view_at_t<I>(t, y_run, y_stride), acc);
     }
@@ -1001,8 +1013,8 @@ extern "C" __global__ void depthwise_conv_unrolled_nhwc(DEPTHWISE_PARAMS) {
 }
 
 // The depthwise convolution tiled: V outputs of a row per thread (stride S, kernel width KW,
-// no dilation along the width), each of CV consecutive channels (4 only channels last, every
-// access 16 bytes): each input value of the row segment the V outputs read is loaded, given
+// no dilation along the width), each of CV consecutive channels (4 or 2 only channels last,
+// every access 16 or 8 bytes): each input value of the row segment the V outputs read is loaded, given
 // the extra inputs and the input activation once, and kept in registers for every output
 // that reads it (a 5x5 at stride 1 with V = 4 loads 8 values per kernel row instead of 20).
 // The sums run in depthwise_conv_t's order, so the outputs are equal. One thread per V x CV
@@ -1087,7 +1099,7 @@ __device__ __forceinline__ void tiled_depthwise_t(float* y, const float* x, cons
                 for (int k = 0; k < CV; ++k) {
                     a[k] = acc[v][k];
                     if (bias) a[k] += b[k];
-                    a[k] = act_f(a[k], act, p0, p1);
+                    a[k] = act_lean(a[k], act, p0, p1);
                 }
                 const unsigned yt = NHWC ? ((image * oh + i) * ow + j) * c + ch
                                          : ((image * c + ch) * oh + i) * ow + j;
@@ -1116,23 +1128,25 @@ __device__ __forceinline__ void tiled_width(DEPTHWISE_PARAMS) {
     }
 }
 
-// Whether CV = 4 channels of a pixel are one aligned 16-byte access everywhere the tiled
-// kernel reads or writes them: channels, strides and every pointer multiples of 4 floats.
-__device__ __forceinline__ bool by_fours(DEPTHWISE_PARAMS) {
+// Whether CV channels of a pixel are one aligned access everywhere the tiled kernel reads or
+// writes them: channels, strides and every pointer multiples of CV floats.
+template <int CV>
+__device__ __forceinline__ bool by_cv(DEPTHWISE_PARAMS) {
     unsigned long long bits = (unsigned long long)y | (unsigned long long)x |
                               (unsigned long long)wt | (unsigned long long)bias |
                               (unsigned long long)in_bias;
     for (int m = 0; m < nmore; ++m) bits |= (unsigned long long)more[m];
-    return (bits & 15) == 0 && c % 4 == 0 && xpix % 4 == 0 && ximage % 4 == 0;
+    bits |= (unsigned long long)((unsigned long long)c | xpix | ximage) * 4;
+    return fit_cv(CV, bits) == CV;
 }
 
 // Relu before, 32-bit indices, no dilation along the width, widths 3, 5, 7 at strides 1 and
-// 2 (and for CV = 4, channels last, `by_fours`); anything else as the entry points run it
+// 2 (and for CV > 1, channels last, `by_cv`); anything else as the entry points run it
 // (over the same grid: it strides).
 template <bool NHWC, int CV>
 __device__ __forceinline__ void tiled_cases(DEPTHWISE_PARAMS) {
     if constexpr (CV > 1) {
-        if (!by_fours(DEPTHWISE_ARGS)) return tiled_cases<NHWC, 1>(DEPTHWISE_ARGS);
+        if (!by_cv<CV>(DEPTHWISE_ARGS)) return tiled_cases<NHWC, 1>(DEPTHWISE_ARGS);
     }
     const bool small = depthwise_fits32(nc, c, ximage, g);
     const bool extra = in_bias != nullptr || nmore > 0;
@@ -1155,6 +1169,12 @@ extern "C" __global__ void depthwise_conv_tiled_nhwc(DEPTHWISE_PARAMS) {
 // Channels last, four channels of a pixel a thread: every load and store 16 bytes.
 extern "C" __global__ void depthwise_conv_tiled4_nhwc(DEPTHWISE_PARAMS) {
     tiled_cases<true, 4>(DEPTHWISE_ARGS);
+}
+
+// Channels last, two channels of a pixel a thread, 8-byte accesses: for channels that are
+// not a multiple of 4 (NASNet's 42-channel stem cells).
+extern "C" __global__ void depthwise_conv_tiled2_nhwc(DEPTHWISE_PARAMS) {
+    tiled_cases<true, 2>(DEPTHWISE_ARGS);
 }
 // Abstract operators: every block waits until `ns` nanoseconds have passed.
 extern "C" __global__ void spin(unsigned long long ns) {
@@ -1194,6 +1214,7 @@ pub const NAMES: &[&str] = &[
     "depthwise_conv_tiled",
     "depthwise_conv_tiled_nhwc",
     "depthwise_conv_tiled4_nhwc",
+    "depthwise_conv_tiled2_nhwc",
     "depthwise_conv_unrolled",
     "depthwise_conv_unrolled_nhwc",
     "spin",

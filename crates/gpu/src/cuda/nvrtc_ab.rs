@@ -5,12 +5,11 @@
 //! softmax kernel beside cuDNN's softmax, which it may replace, and the depthwise kernel
 //! beside its version of ea18c6e (before the input bias and summed inputs, in each layout,
 //! with and without an input bias), beside its unrolled and tiled forms (channels last also
-//! tiled by fours), and in NCHW beside its channels-last form (NASNet-A large's shapes), and
-//! the sums of NASNet's cells one channel a thread beside several (`pool2d_sum`,
-//! `elementwise_runs`, channels last into a concatenation's slice). The
-//! same inputs go to both; the outputs must agree; each kernel's GPU time (events around
-//! back-to-back launches, which the GPU runs slower than the host issues them) is printed with
-//! the ratio.
+//! tiled by fours and by twos), and in NCHW beside its channels-last form (NASNet-A large's
+//! shapes), and the sums of NASNet's cells one channel a thread beside several (`pool2d_sum`,
+//! `elementwise_runs`, channels last into a concatenation's slice). The same inputs go to
+//! both; the outputs must agree; each kernel's GPU time (events around back-to-back launches,
+//! which the GPU runs slower than the host issues them) is printed with the ratio.
 #![allow(unsafe_code, clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -477,6 +476,7 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
     // and NCHW against channels last (today's kernels, the NHWC output compared in NCHW).
     for (n, c, hw, k, stride) in [
         (1usize, 96usize, 165usize, 5usize, 2usize),
+        (1, 42, 165, 5, 2),
         (1, 168, 42, 5, 1),
         (1, 672, 11, 7, 1),
         (16, 168, 42, 5, 1),
@@ -514,12 +514,16 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
             let ptrs = [y, x, w, &bias].map(|b| b.device_ptr(&stream).0);
             let old = name.starts_with("before_");
             // A tiled kernel's thread computes 4 outputs of a row at stride 1, 2 at stride 2,
-            // the one by fours those of four channels.
+            // the ones by fours and twos those of four and two channels.
             let row = if stride == 1 { 4 } else { 2 };
-            let items = match (name.contains("_tiled4"), name.contains("_tiled")) {
-                (true, _) => len.div_ceil(4 * row),
-                (false, true) => len.div_ceil(row),
-                _ => len,
+            let channels = match (name.contains("_tiled4"), name.contains("_tiled2")) {
+                (true, _) => 4,
+                (_, true) => 2,
+                _ => 1,
+            };
+            let items = match name.contains("_tiled") {
+                true => len.div_ceil(channels * row),
+                false => len,
             };
             let extra = extra.map_or(0u64, |b| b.device_ptr(&stream).0);
             let (pre, post) = (
@@ -580,8 +584,11 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
                     ),
                     (format!("depthwise_conv_tiled{suffix}"), "tiled"),
                 ];
-                if nhwc {
+                if nhwc && c % 4 == 0 {
                     candidates.push(("depthwise_conv_tiled4_nhwc".into(), "tiled by fours"));
+                }
+                if nhwc {
+                    candidates.push(("depthwise_conv_tiled2_nhwc".into(), "tiled by twos"));
                 }
                 for (candidate, how) in candidates {
                     let after = run(&candidate, &outputs[2], &xs, &ws, extra);

@@ -851,9 +851,10 @@ struct CudaDepthwise {
     total: usize,
     /// Threads it launches: `total`, or one per `tiled` outputs with the tiled kernel.
     items: usize,
-    /// Channels last with four channels of a pixel one aligned 16-byte access wherever the
-    /// kernel reads or writes them (the tiled kernel by fours checks the same itself).
-    by_fours: bool,
+    /// Channels last, the channels of a pixel one aligned access wherever the kernel reads or
+    /// writes them, 4 or 2 at a time (1: neither; `vector_width`): which tiled kernel by
+    /// several channels may run (it checks the same itself).
+    width: usize,
 }
 
 /// GPU runs per captured graph when timing a depthwise kernel.
@@ -913,7 +914,10 @@ impl CudaDepthwise {
         );
         let in_bias = s.in_bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0);
         let pointers = [y, x, w, bias, in_bias].into_iter().chain(sums);
-        let by_fours = s.nhwc && crate::cuda::vector_width([c, xpix, ximage], pointers) == 4;
+        let width = match s.nhwc {
+            true => crate::cuda::vector_width([c, xpix, ximage], pointers),
+            false => 1,
+        };
         Ok(CudaDepthwise {
             kernel: s.nvrtc_kernel().unwrap_or("depthwise_conv"),
             y,
@@ -934,7 +938,7 @@ impl CudaDepthwise {
             nmore: c_int(s.sum_with.len(), "summed inputs")?,
             total: s.out_len(),
             items: s.out_len(),
-            by_fours,
+            width,
         })
     }
 
@@ -962,22 +966,27 @@ impl CudaDepthwise {
         case.then_some(if sw == 1 { 4 } else { 2 })
     }
 
-    /// The outputs each thread of the tiled kernel by fours computes (four channels of the
-    /// tiled kernel's outputs) where it has a case for this convolution.
-    fn tiled4_outputs(&self) -> Option<usize> {
-        self.tiled_outputs()
-            .filter(|_| self.by_fours)
-            .map(|v| 4 * v)
+    /// The tiled kernel by several channels (by fours or twos: `width`) where it has a case
+    /// for this convolution: its candidate code, name and the outputs each thread computes
+    /// (that many channels of the tiled kernel's outputs).
+    fn tiled_wide(&self) -> Option<(u32, &'static str, usize)> {
+        use crate::tuning::{DEPTHWISE_TILED2, DEPTHWISE_TILED4};
+        let (code, kernel) = match self.width {
+            4 => (DEPTHWISE_TILED4, "depthwise_conv_tiled4_nhwc"),
+            2 => (DEPTHWISE_TILED2, "depthwise_conv_tiled2_nhwc"),
+            _ => return None,
+        };
+        self.tiled_outputs().map(|v| (code, kernel, self.width * v))
     }
 
     /// This convolution run by the kernel measured fastest on this GPU for its key
     /// ([`crate::tuning::DEPTHWISE_KEY`], kept in the cost cache so every process runs the
-    /// same): one output a thread, its width unrolled, tiled, or tiled by fours, where those
-    /// have a case.
+    /// same): one output a thread, its width unrolled, tiled, or tiled by fours or twos,
+    /// where those have a case.
     fn measured(mut self, cx: &PrepareCx<'_>) -> Result<CudaDepthwise, GpuError> {
         use crate::tuning::{
-            choose, KernelFamily, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED, DEPTHWISE_TILED4,
-            DEPTHWISE_UNROLLED,
+            choose, KernelFamily, DEPTHWISE_KEY, DEPTHWISE_ONE, DEPTHWISE_TILED, DEPTHWISE_TILED2,
+            DEPTHWISE_TILED4, DEPTHWISE_UNROLLED,
         };
         if !self.unrolls() {
             return Ok(self);
@@ -993,13 +1002,12 @@ impl CudaDepthwise {
         if let Some(per_thread) = self.tiled_outputs() {
             kernels.push((DEPTHWISE_TILED, tiled, self.total.div_ceil(per_thread)));
         }
-        if let Some(per_thread) = self.tiled4_outputs() {
-            let items = self.total.div_ceil(per_thread);
-            kernels.push((DEPTHWISE_TILED4, "depthwise_conv_tiled4_nhwc", items));
+        if let Some((code, kernel, per_thread)) = self.tiled_wide() {
+            kernels.push((code, kernel, self.total.div_ceil(per_thread)));
         }
         let key = format!(
             "{DEPTHWISE_KEY}nc={}|c={}|geo={:?}|{}|ximage={}|xpix={}|pre={}|act={}|bias={}|\
-             in_bias={}|sums={}|fours={}",
+             in_bias={}|sums={}|width={}",
             self.nc,
             self.c,
             self.geo,
@@ -1011,7 +1019,7 @@ impl CudaDepthwise {
             self.bias != 0,
             self.in_bias != 0,
             self.nmore,
-            self.by_fours
+            self.width
         );
         let (gpu, sc, this): (&Gpu, &StreamCtx, &Self) = (cx.gpu, cx.sc, &self);
         let runs: Vec<_> = kernels
@@ -1031,6 +1039,7 @@ impl CudaDepthwise {
         let family = match chosen {
             DEPTHWISE_TILED => KernelFamily::DepthwiseTiled,
             DEPTHWISE_TILED4 => KernelFamily::DepthwiseTiled4,
+            DEPTHWISE_TILED2 => KernelFamily::DepthwiseTiled2,
             DEPTHWISE_UNROLLED => KernelFamily::DepthwiseUnrolled,
             _ => KernelFamily::DepthwiseOne,
         };
@@ -2467,10 +2476,10 @@ mod tests {
     /// The unrolled and tiled depthwise kernels are candidates exactly where their `*_cases`
     /// have a case: a relu before, widths 3, 5 and 7, every index within 32 bits; the tiled
     /// one also at strides 1 and 2 only, without dilation along the width; the tiled one by
-    /// fours where the tiled one has a case and every access is 16 bytes.
+    /// fours (twos) where the tiled one has a case and every access is 16 (8) bytes.
     #[test]
     fn the_depthwise_kernels_are_timed_where_they_have_a_case() {
-        let dw4 = |n: i64, k: i32, s: i32, d: i32, pre: Activation, by_fours| CudaDepthwise {
+        let dw4 = |n: i64, k: i32, s: i32, d: i32, pre: Activation, width| CudaDepthwise {
             kernel: "depthwise_conv",
             y: 0,
             x: 0,
@@ -2490,17 +2499,29 @@ mod tests {
             nmore: 0,
             total: 0,
             items: 0,
-            by_fours,
+            width,
         };
-        let dw = |n, k, s, d, pre| dw4(n, k, s, d, pre, false);
+        let dw = |n, k, s, d, pre| dw4(n, k, s, d, pre, 1);
         let relu = Activation::Relu;
         let cases = |d: CudaDepthwise| (d.unrolls(), d.tiled_outputs());
-        let fours = |d: CudaDepthwise| d.tiled4_outputs();
-        assert_eq!(fours(dw4(1, 5, 1, 1, relu, true)), Some(16));
-        assert_eq!(fours(dw4(1, 7, 2, 1, relu, true)), Some(8));
-        assert_eq!(fours(dw4(1, 5, 1, 1, relu, false)), None);
-        assert_eq!(fours(dw4(1, 5, 3, 1, relu, true)), None);
-        assert_eq!(fours(dw4(1, 5, 1, 1, Activation::None, true)), None);
+        let wide = |d: CudaDepthwise| d.tiled_wide();
+        let (fours, twos) = ("depthwise_conv_tiled4_nhwc", "depthwise_conv_tiled2_nhwc");
+        use crate::tuning::{DEPTHWISE_TILED2, DEPTHWISE_TILED4};
+        assert_eq!(
+            wide(dw4(1, 5, 1, 1, relu, 4)),
+            Some((DEPTHWISE_TILED4, fours, 16))
+        );
+        assert_eq!(
+            wide(dw4(1, 7, 2, 1, relu, 4)),
+            Some((DEPTHWISE_TILED4, fours, 8))
+        );
+        assert_eq!(
+            wide(dw4(1, 5, 2, 1, relu, 2)),
+            Some((DEPTHWISE_TILED2, twos, 4))
+        );
+        assert_eq!(wide(dw4(1, 5, 1, 1, relu, 1)), None);
+        assert_eq!(wide(dw4(1, 5, 3, 1, relu, 4)), None);
+        assert_eq!(wide(dw4(1, 5, 1, 1, Activation::None, 2)), None);
         assert_eq!(cases(dw(1, 5, 1, 1, relu)), (true, Some(4)));
         assert_eq!(cases(dw(16, 7, 1, 1, relu)), (true, Some(4)));
         assert_eq!(cases(dw(1, 3, 2, 1, relu)), (true, Some(2)));
