@@ -984,12 +984,23 @@ fn concatenations_passing_biases_on_run_fewer_kernels_with_the_same_outputs() {
     );
 }
 
+/// Every operator kind lowered, in both layouts (as the GPU test runs them).
 #[test]
 fn every_op_lowered_matches_the_reference() {
+    let mut channels_last = 0;
     for g in op_graphs() {
         let p = GraphProgram::single_gpu(&g).unwrap();
         check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
+        let one_gpu = vec![Some(0); g.len()];
+        let p = GraphProgram::build_with(&g, &one_gpu, &[], &[], Layout::Nhwc).unwrap();
+        check_program(&cpu(), &g, &p, &KernelOptions::default(), 1e-5);
+        channels_last += usize::from(p.layout_conversions > 0);
     }
+    // The graphs of convolutions (not the attention, embedding or layer norm ones).
+    assert!(
+        channels_last >= 7,
+        "{channels_last} graphs stored any value channels last"
+    );
 }
 
 /// Ops alternate between GPUs; every cross-GPU edge is a transfer with its own replica.
@@ -1571,7 +1582,9 @@ fn kernels_run_concurrently_on_separate_streams() {
 /// convolutions choose among all cuDNN kernels, then among the legacy API's algorithms alone,
 /// then with cuBLAS's product for every 1x1 convolution, then among the backend API's engines
 /// alone; the matrix products run the measured choice, then the unmeasured one, then
-/// cuBLASLt's configurations at ranks 0, 1, 3 and 7 of its heuristic's list.
+/// cuBLASLt's configurations at ranks 0, 1, 3 and 7 of its heuristic's list; and once more
+/// with activations channels last (the channels-last pooling, pooling sums and sums, several
+/// channels a thread where the channels allow: two of the pooled sums' six).
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn gpu_every_op_matches_the_reference() {
@@ -1603,6 +1616,15 @@ fn gpu_every_op_matches_the_reference() {
             let p = GraphProgram::build(&g, &placement, &xfers).unwrap();
             check_program(&dev, &g, &p, &precise, 1e-3);
         }
+    }
+    let precise = KernelOptions {
+        tf32: false,
+        ..Default::default()
+    };
+    for g in op_graphs() {
+        let one_gpu = vec![Some(0); g.len()];
+        let p = GraphProgram::build_with(&g, &one_gpu, &[], &[], Layout::Nhwc).unwrap();
+        check_program(&dev, &g, &p, &precise, 1e-3);
     }
 }
 
