@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use opsched::calibrate::{fit, Params};
 use opsched::cost::calibration::{DeviceFile, Provenance};
-use opsched::cost::measurements::Measurements;
+use opsched::cost::measurements::{Measurements, RunMode};
 use opsched::runtime::Device;
 
 #[derive(Parser, Debug)]
@@ -23,7 +23,9 @@ Examples:\n  cargo xtask calibrate --out fixtures/gpu/h100-DATE/measurements.jso
 cargo xtask calibrate --backend cpu --preset h100 --models squeezenet --algos sequential,lios \
 --repeats 5 --out /tmp/m.json\n  \
 cargo xtask calibrate --fit fixtures/gpu/h100-2026-11-22/measurements.json\n  \
-cargo xtask calibrate --fit m.json --out /tmp/h100.json --evals 500"
+cargo xtask calibrate --fit m.json --out /tmp/h100.json --evals 500\n  \
+cargo xtask calibrate --fit m.json --out /tmp/held.json --models googlenet,nasnet (then \
+cargo xtask fidelity --measurements m.json --device-file /tmp/held.json --models squeezenet)"
 )]
 pub struct Args {
     /// The measurement file to fit to (without it: measure).
@@ -46,7 +48,8 @@ pub struct Args {
     /// Measuring: the preset the device is [default: matched from the GPU's name].
     #[arg(long)]
     preset: Option<String>,
-    /// Measuring: zoo models, comma-separated [default: every zoo model].
+    /// Measuring: zoo models, comma-separated [default: every zoo model]. Fitting: fit only
+    /// these models' runs (to check the fit on the others: `cargo xtask fidelity --models`).
     #[arg(long, value_delimiter = ',')]
     models: Vec<String>,
     /// Measuring: algorithms whose schedules run, comma-separated.
@@ -70,7 +73,14 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
     if crate::rerun_in_release("calibrate", args)? {
         return Ok(());
     }
-    let m = Measurements::load(path)?;
+    let mut m = Measurements::load(path)?;
+    if !a.models.is_empty() {
+        m.runs.retain(|r| a.models.contains(&r.model));
+        m.ops.retain(|o| a.models.contains(&o.model));
+        if m.runs.is_empty() {
+            bail!("{}: no runs of {}", path.display(), a.models.join(", "));
+        }
+    }
     let out = a
         .out
         .clone()
@@ -82,21 +92,31 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
         device_name: m.device_name.clone(),
         kernels_revision: m.kernels_revision.clone(),
         fitted_with: format!(
-            "cargo xtask calibrate --fit {} --batches {} --evals {}",
+            "cargo xtask calibrate --fit {} --batches {} --evals {}{}",
             path.display(),
             a.batches
                 .iter()
                 .map(usize::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
-            a.evals
+            a.evals,
+            match a.models.is_empty() {
+                true => String::new(),
+                false => format!(" --models {}", a.models.join(",")),
+            }
         ),
-        notes: vec![
-            "Fitted to the fastest process of each CUDA-graph run at the batches above, the \
-             contention samples and the per-operator samples (Huber loss of log ratios); overheads in \
-             closed form from the overhead samples. See crates/opsched/src/calibrate.rs."
-                .into(),
-        ],
+        notes: vec![format!(
+            "Fitted to the fastest process of each of {} CUDA-graph runs at the batches above, {} \
+             contention samples and {} per-operator samples (Huber loss of log ratios); overheads \
+             in closed form from {} overhead samples. See crates/opsched/src/calibrate.rs.",
+            m.runs
+                .iter()
+                .filter(|r| r.mode == RunMode::Graph && a.batches.contains(&r.batch))
+                .count(),
+            m.contention.len(),
+            m.ops.len(),
+            m.overheads.len()
+        )],
     };
     eprintln!(
         "fitting {} runs, {} contention samples, {} operator samples (at most {} evaluations)...",

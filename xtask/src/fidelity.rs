@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
 use opsched::calibrate::{
     fidelity, Fidelity, BEST_TOLERANCE, FITTED_TOLERANCE, UNFITTED_TOLERANCE,
@@ -37,6 +37,9 @@ pub struct Args {
     /// The uncalibrated formulas (what opsched predicted before device files).
     #[arg(long)]
     formulas: bool,
+    /// Only these models' runs, comma-separated [default: every run of the file].
+    #[arg(long, value_delimiter = ',')]
+    models: Vec<String>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -63,7 +66,14 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
                 })?
         }
     };
-    let m = Measurements::load(&path)?;
+    let mut m = Measurements::load(&path)?;
+    if !a.models.is_empty() {
+        m.runs.retain(|r| a.models.contains(&r.model));
+        m.ops.retain(|o| a.models.contains(&o.model));
+        if m.runs.is_empty() {
+            bail!("{}: no runs of {}", path.display(), a.models.join(", "));
+        }
+    }
     let calibration = match (&a.device_file, a.formulas) {
         (Some(p), _) => Calibration::File(p.clone()),
         (None, true) => Calibration::Formulas,

@@ -11,8 +11,8 @@
 //! ```json
 //! {
 //!   "format": "opsched-device", "version": 1, "preset": "h100",
-//!   "provenance": {"measurements": ["fixtures/gpu/h100-2026-11-22/measurements.json"],
-//!                  "measured_on": "2026-11-22", "device_name": "NVIDIA H100 80GB HBM3",
+//!   "provenance": {"measurements": ["fixtures/gpu/h100-2026-11-27c/measurements.json"],
+//!                  "measured_on": "2026-11-27", "device_name": "NVIDIA H100 80GB HBM3",
 //!                  "kernels_revision": "9d7608d", "fitted_with": "cargo xtask calibrate --fit ...",
 //!                  "notes": ["..."]},
 //!   "overheads": {"kernel_launch_us": 1.18, "event_record_us": 1.93, "event_wait_us": 0.3,
@@ -68,6 +68,22 @@ pub struct Overheads {
     pub eager_launch_us: f64,
     /// Host time to issue one event record or wait in eager mode.
     pub eager_sync_us: f64,
+}
+
+impl Overheads {
+    /// What a concurrent stage of `streams` groups pays for its fork and join in a CUDA graph
+    /// beside its operators' time, ms: two event records (the fork's and the join's, each
+    /// visible `event_record_us` after) and a wait per stream (each forked stream waits once,
+    /// the origin stream once for every other), `2 r + n w`: the simulator's events for such a
+    /// stage, and what the fit reads from the fork/join samples. Nothing for one stream. The
+    /// stage-pricing schedulers (IOS's and IOPS's dynamic programs) add it to a stage's time.
+    pub fn fork_join_ms(&self, streams: usize) -> f64 {
+        if streams < 2 {
+            return 0.0;
+        }
+        let us = 2.0 * self.event_record_us + streams as f64 * self.event_wait_us;
+        us.max(0.0) / 1e3
+    }
 }
 
 /// The contention law's parameters (see [`crate::analytical`]).

@@ -268,7 +268,9 @@ impl<'a> BlockDp<'a> {
             Some(&t) => t,
             None => {
                 self.counters.cost_queries += 1;
-                let t = self.cost.stage_time(self.g, &groups);
+                // The stage's events too: a concurrent stage pays for its fork and join.
+                let t = self.cost.stage_time(self.g, &groups)
+                    + self.cost.overheads().fork_join_ms(groups.len());
                 self.shared.stages.insert(key, t);
                 t
             }

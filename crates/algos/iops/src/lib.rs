@@ -16,7 +16,9 @@
 //! Terms: the paper's *process* (`Pro`) is our [`Stage`]; *parallel scheduling* is a
 //! [`StageStrategy::Concurrent`] stage; *operator replacement* is a [`StageStrategy::Merge`]
 //! stage (IOS's rule, [`opsched_graph::merge`]); *ProTimes* is the stage's time under the cost
-//! model.
+//! model, plus its fork and join where it runs several groups
+//! ([`Overheads::fork_join_ms`](opsched_cost::Overheads::fork_join_ms): the simulator's events;
+//! zero for an uncalibrated preset).
 //!
 //! ## The paper's limits: "4 parallel operators per process, 8 processes"
 //!
@@ -311,7 +313,9 @@ fn stage_ops(s: &Stage) -> Vec<NodeId> {
 /// Time of one stage under `cost`.
 fn stage_cost(g: &Graph, cost: &dyn CostModel, s: &Stage) -> Result<f64, ScheduleError> {
     match s.strategy {
-        StageStrategy::Concurrent => Ok(cost.stage_time(g, &s.groups)),
+        StageStrategy::Concurrent => {
+            Ok(cost.stage_time(g, &s.groups) + cost.overheads().fork_join_ms(s.groups.len()))
+        }
         StageStrategy::Merge => {
             let ops: Vec<NodeId> = s.ops().collect();
             cost.merged_stage_time(g, &ops).ok_or_else(|| {

@@ -114,7 +114,8 @@ impl StageCosts {
             return c;
         }
         self.queries += 1;
-        let c = cost.stage_time(g, groups);
+        // The stage's events too: a concurrent stage pays for its fork and join.
+        let c = cost.stage_time(g, groups) + cost.overheads().fork_join_ms(groups.len());
         let c = if c.is_finite() && c >= 0.0 {
             c
         } else {

@@ -78,7 +78,10 @@
 //! - Stage costs come from the cost model and are cached by
 //!   [`stage_signature`](opsched_cost::signature::stage_signature), so identical stages anywhere
 //!   in the model (NASNet's repeated cells) are costed once; IOS measures each distinct operator
-//!   set of each part on the GPU.
+//!   set of each part on the GPU. A concurrent stage of several groups also pays its fork and
+//!   join ([`Overheads::fork_join_ms`](opsched_cost::Overheads::fork_join_ms): the simulator's
+//!   events; zero for an uncalibrated preset), as IOS's measurement of a stage includes its
+//!   stream synchronisation.
 //! - `s` is also capped by the platform's streams; IOS's default part size is 100, ours is the
 //!   paper's 50.
 //!
