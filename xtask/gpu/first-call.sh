@@ -86,15 +86,21 @@ declare -A FUSION=(
 )
 NONE=""
 for f in "${FUSION[@]}"; do NONE="$NONE --no-fusion $f"; done
+# The plans of 2026-11-27c, so its lines compare kernels, not schedules: LIOS searched under the
+# device file of then (the committed one is fitted to the channels-last kernels since), the
+# Transformer's IOS plan as it ran (IOS prices a stage's fork and join since).
+THEN="--device-file fixtures/gpu/h100-2026-11-22/device-h100.json"
+IOS_THEN=fixtures/gpu/h100-2026-11-27c/schedules/transformer-ios.json
 for i in 1 2 3; do
-    run "after nhwc lios randwire process $i" 60 randwire --algo lios --repeats 100
-    run "after nhwc none lios randwire process $i" 60 randwire --algo lios --repeats 100 $NONE
+    run "after nhwc lios randwire process $i" 60 randwire --algo lios $THEN --repeats 100
+    run "after nhwc none lios randwire process $i" 60 randwire --algo lios $THEN --repeats 100 \
+        $NONE
     for v in no-adds no-dw no-sum no-act no-writers; do
-        run "after nhwc $v lios randwire process $i" 60 randwire --algo lios --repeats 100 \
-            --no-fusion ${FUSION[$v]}
+        run "after nhwc $v lios randwire process $i" 60 randwire --algo lios $THEN \
+            --repeats 100 --no-fusion ${FUSION[$v]}
     done
-    run "after nhwc lios nasnet process $i" 60 nasnet --algo lios --repeats 100
-    run "after nhwc no-dw lios nasnet process $i" 60 nasnet --algo lios --repeats 100 \
+    run "after nhwc lios nasnet process $i" 60 nasnet --algo lios $THEN --repeats 100
+    run "after nhwc no-dw lios nasnet process $i" 60 nasnet --algo lios $THEN --repeats 100 \
         --no-fusion bias-into-depthwise
 done
 save_cache
@@ -103,9 +109,9 @@ timeout 10 python3 xtask/gpu/verdict.py "$R" 2>>"$L" | sed 's/^/verdict /' | tee
 # The Transformer's IOS plan (merged projections read in place): its check failed on
 # 2026-11-27c for the unscaled scores' near one-hot softmaxes (TF32 flipped them); scaled by
 # 1/8 since. Checked, then timed in three processes (0.705 ms on 2026-11-27c).
-run "check ios transformer" 60 transformer --algo ios --check --repeats 20
+run "check ios transformer" 60 transformer --schedule $IOS_THEN --check --repeats 20
 for i in 1 2 3; do
-    run "ios transformer process $i" 60 transformer --algo ios --repeats 100
+    run "ios transformer process $i" 60 transformer --schedule $IOS_THEN --repeats 100
 done
 save_cache
 # compute-sanitizer on the Transformer's IOS plan at 32 tokens: scaled products read in place.
