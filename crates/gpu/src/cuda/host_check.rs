@@ -421,7 +421,9 @@ fn the_pooling_sum_kernel_agrees_with_a_loop_on_the_host() {
 /// The `elementwise` and `elementwise_runs` cases: sums and products of dense sources with a
 /// bias per channel (channels last and NCHW) and a relu, into a dense y or runs of a strided
 /// one, each asking for 1, 2 and 4 elements a thread, against a loop of the same f32
-/// operations, bit for bit (the gaps between runs untouched), and the width the kernel takes.
+/// operations, bit for bit (the gaps between runs untouched), and the width the kernel takes;
+/// and `bias_act_runs` (a convolution's bias, residual and relu on its concatenation slice) the
+/// same way.
 const ELEMENTWISE_DRIVER: &str = r#"
 static int failures = 0;
 
@@ -468,8 +470,49 @@ static void one(i64 n, int nsrc, bool mul, i64 channels, i64 inner, i64 run, i64
     }
 }
 
+// bias_act_runs: y a strided view (runs of `run`, `stride` apart) given a bias per channel
+// (channels last), a dense residual where `res`, and a relu, asking for 1, 2 and 4 elements a
+// thread, against a loop of the same f32 operations, bit for bit (the gaps untouched).
+static void one_bias(i64 n, i64 channels, i64 run, i64 stride, bool res, int vec) {
+    std::mt19937 rng(n * 3 + channels * 5 + run * 7 + stride * 11 + res);
+    std::uniform_real_distribution<float> d(-2, 2);
+    const i64 ylen = n / run * stride;
+    std::vector<float> y0(ylen), bias(channels), residual(n);
+    for (auto* v : {&y0, &bias, &residual})
+        for (auto& e : *v) e = d(rng);
+    std::vector<float> want = y0;
+    for (i64 t = 0; t < n; ++t) {
+        float& v = want[t / run * stride + t % run];
+        v += bias[t % channels];
+        if (res) v += residual[t];
+        v = v > 0 ? v : 0;
+    }
+    size_t differ = 0;
+    for (int ask : {1, 2, 4}) {
+        std::vector<float> y = y0;
+        bias_act_runs(y.data(), bias.data(), res ? residual.data() : nullptr, n, channels, 1,
+                      run, stride, 1, 0, 0, ask);
+        for (i64 e = 0; e < ylen; ++e) differ += y[e] != want[e];
+    }
+    const int took = fit_cv(4, (unsigned long long)y0.data() |
+                                   (unsigned long long)(res ? residual.data() : nullptr) |
+                                   (unsigned long long)(run | stride | n) * 4);
+    if (differ || took != vec) {
+        ++failures;
+        printf("bias_act_runs n %lld bias %lld runs %lld of %lld residual %d: %zu differ, %d "
+               "elements a thread, not %d\n",
+               n, channels, run, stride, res, differ, took, vec);
+    }
+}
+
 int main() {
     int cases = 0;
+    for (bool res : {false, true}) {
+        one_bias(240, 8, 8, 24, res, 4);
+        one_bias(240, 6, 6, 10, res, 2);
+        one_bias(240, 5, 5, 7, res, 1);
+        cases += 3;
+    }
     for (bool mul : {false, true})
         for (int nsrc : {1, 2, 3}) {
             // Channels last (a bias per element of a pixel), dense and a concatenation's
@@ -495,6 +538,10 @@ fn the_elementwise_kernels_agree_with_a_loop_at_every_width_on_the_host() {
         part(
             "// Where element t of a tensor is",
             "template <typename I, typename At",
+        ),
+        part(
+            "template <typename I, typename At = Dense<I> >",
+            "extern \"C\" __global__ void act_kernel(",
         ),
         part(
             "// The activation (act_f's code and parameters) is fused in",

@@ -252,16 +252,57 @@ extern "C" __global__ void bias_act_vec4(float* y, const float* bias, const floa
         bias_act_vec4_t<i64>(y, bias, residual, total, channels, inner, act, p0, p1);
 }
 
-// bias_act on a strided y (the residual, if any, is dense).
+// bias_act on a strided y (the residual, if any, is dense): a convolution's output written
+// into its slice of a concatenation. V elements a thread (4 or 2 where the run, its stride,
+// the total, y and the residual allow V-float accesses: the host's `vec`, checked by fit_cv;
+// the bias is read element by element), the same sums in the same order as bias_act_t.
+template <typename I, int V>
+__device__ __forceinline__ void bias_act_runs_t(float* y, const float* bias,
+                                                const float* residual, I total, I channels,
+                                                I inner, Runs<I> at, int act, float p0,
+                                                float p1) {
+    GRID_STRIDE_T(I, q, total / V) {
+        const I t = q * V;
+        float v[V], r[V];
+        load_cv<V>(y + at(t), v);
+        if (residual) load_cv<V>(residual + t, r);
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            if (bias) v[u] += bias[((t + u) / inner) % channels];
+            if (residual) v[u] += r[u];
+            v[u] = act_lean(v[u], act, p0, p1);
+        }
+        store_cv<V>(y + at(t), v);
+    }
+}
+
+template <typename I>
+__device__ __forceinline__ void bias_act_runs_vec(float* y, const float* bias,
+                                                  const float* residual, I total, I channels,
+                                                  I inner, Runs<I> at, int act, float p0,
+                                                  float p1, int vec) {
+    switch (fit_cv(vec, (unsigned long long)y | (unsigned long long)residual |
+                            (unsigned long long)(at.run | at.stride | total) * 4)) {
+    case 4:
+        bias_act_runs_t<I, 4>(y, bias, residual, total, channels, inner, at, act, p0, p1);
+        break;
+    case 2:
+        bias_act_runs_t<I, 2>(y, bias, residual, total, channels, inner, at, act, p0, p1);
+        break;
+    default: bias_act_t<I>(y, bias, residual, total, channels, inner, act, p0, p1, at);
+    }
+}
+
 extern "C" __global__ void bias_act_runs(float* y, const float* bias, const float* residual,
                                          i64 total, i64 channels, i64 inner, i64 run,
-                                         i64 stride, int act, float p0, float p1) {
+                                         i64 stride, int act, float p0, float p1, int vec) {
     if (FITS32(total) && FITS32((total / run + 1) * stride)) {
         Runs<unsigned> at = {(unsigned)run, (unsigned)stride};
-        bias_act_t<unsigned>(y, bias, residual, total, channels, inner, act, p0, p1, at);
+        bias_act_runs_vec<unsigned>(y, bias, residual, total, channels, inner, at, act, p0, p1,
+                                    vec);
     } else {
         Runs<i64> at = {run, stride};
-        bias_act_t<i64>(y, bias, residual, total, channels, inner, act, p0, p1, at);
+        bias_act_runs_vec<i64>(y, bias, residual, total, channels, inner, at, act, p0, p1, vec);
     }
 }
 

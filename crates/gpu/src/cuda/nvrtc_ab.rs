@@ -7,9 +7,10 @@
 //! with and without an input bias), beside its unrolled and tiled forms (channels last also
 //! tiled by fours and by twos), and in NCHW beside its channels-last form (NASNet-A large's
 //! shapes), and the sums of NASNet's cells one channel a thread beside several (`pool2d_sum`,
-//! `elementwise_runs`, channels last into a concatenation's slice). The same inputs go to
-//! both; the outputs must agree; each kernel's GPU time (events around back-to-back launches,
-//! which the GPU runs slower than the host issues them) is printed with the ratio.
+//! `elementwise_runs`, `bias_act_runs`, channels last into a concatenation's slice). The same
+//! inputs go to both; the outputs must agree; each kernel's GPU time (events around
+//! back-to-back launches, which the GPU runs slower than the host issues them) is printed with
+//! the ratio.
 #![allow(unsafe_code, clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -716,15 +717,46 @@ fn kernels_side_by_side_with_their_2026_11_26_versions() {
                 unsafe { b.launch(grid(len / width as usize)) }.unwrap();
             }
         };
+        // A convolution's bias and relu on its slice, in place (`bias_act_runs`).
+        let biased = |y: &cudarc::driver::CudaSlice<f32>, width: i32| {
+            let func = f("bias_act_runs");
+            let stream = stream.clone();
+            let yp = y.device_ptr(&stream).0;
+            move || {
+                let mut b = stream.launch_builder(&func);
+                let (none, total, inner) = (0u64, len as i64, 1i64);
+                b.arg(&yp)
+                    .arg(&bp)
+                    .arg(&none)
+                    .arg(&total)
+                    .arg(&channels64)
+                    .arg(&inner);
+                b.arg(&run)
+                    .arg(&stride)
+                    .arg(&relu.0)
+                    .arg(&relu.1)
+                    .arg(&relu.2);
+                b.arg(&width);
+                // SAFETY: matches `bias_act_runs`: y `len` values in runs of c, `branches *
+                // c` apart; the bias c values; no residual; `width` divides len, the run and
+                // the stride.
+                unsafe { b.launch(grid(len / width as usize)) }.unwrap();
+            }
+        };
         let shape = [n, hw, hw, c];
         let kernel = |which: usize, y: &cudarc::driver::CudaSlice<f32>, width: i32| {
             let launch: Box<dyn Fn()> = match which {
                 0 => Box::new(pooled(y, width)),
-                _ => Box::new(summed(y, width)),
+                1 => Box::new(summed(y, width)),
+                _ => Box::new(biased(y, width)),
             };
             launch
         };
-        let names = ["pool2d_sum avg 3x3 + value", "elementwise_runs sum of two"];
+        let names = [
+            "pool2d_sum avg 3x3 + value",
+            "elementwise_runs sum of two",
+            "bias_act_runs bias + relu in place",
+        ];
         for (which, what) in names.into_iter().enumerate() {
             let (one, wide) = (kernel(which, &ya, 1), kernel(which, &yb, vec));
             one();

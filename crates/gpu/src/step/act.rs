@@ -12,7 +12,7 @@ use crate::cpu::math::{apply_bias_act, with_act};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, runs_args};
 use crate::cuda::nvrtc::act_params;
-use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
+use crate::cuda::{grid, launched, vector_width, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
 use crate::reference::act;
 use crate::GpuError;
@@ -195,6 +195,8 @@ pub(crate) struct CudaBiasAct {
     act: (i32, f32, f32),
     /// Four elements at a time (`bias_act_vec4`, see [`by_fours`]).
     vec4: bool,
+    /// A strided `y`'s elements a thread (`bias_act_runs`: 4, 2 or 1, `vector_width`).
+    runs_vec: i32,
 }
 
 /// Whether `bias_act_vec4` runs this epilogue: `y` dense (no `runs`), `total` a multiple of 4,
@@ -227,6 +229,11 @@ impl CudaBiasAct {
         let channels = as_i64(s.channels.max(1), "bias kernel channels")?;
         let inner = as_i64(s.inner.max(1), "bias kernel inner size")?;
         let runs = runs_args(runs)?;
+        // Several elements a thread of a strided y where every access allows it (the bias
+        // is read element by element).
+        let runs_vec = runs.map_or(1, |(run, stride)| {
+            vector_width([total, run, stride].map(|v| v as usize), [y, residual])
+        }) as i32;
         Ok(CudaBiasAct {
             y,
             bias,
@@ -237,6 +244,7 @@ impl CudaBiasAct {
             runs,
             act: act_params(s.act),
             vec4: by_fours(total, channels, inner, runs.is_some(), [y, bias, residual]),
+            runs_vec,
         })
     }
 }
@@ -259,13 +267,19 @@ impl Enqueue for CudaBiasAct {
             b.arg(run).arg(stride);
         }
         b.arg(&self.act.0).arg(&self.act.1).arg(&self.act.2);
+        if self.runs.is_some() {
+            b.arg(&self.runs_vec);
+        }
         // SAFETY: matches `bias_act` and `bias_act_vec4` (`bias_act_runs`: with the run and
-        // stride after `inner`); bias has `channels` elements or is null, the residual `total`
-        // or is null, and y `total` (in runs of its view: the layout checked that they fit its
-        // parent); `bias_act_vec4` only where `by_fours` found them aligned and divisible.
-        let threads = match self.vec4 {
-            true => self.total as usize / 4,
-            false => self.total as usize,
+        // stride after `inner`, and the elements a thread last); bias has `channels` elements
+        // or is null, the residual `total` or is null, and y `total` (in runs of its view: the
+        // layout checked that they fit its parent); `bias_act_vec4` only where `by_fours`
+        // found them aligned and divisible; `bias_act_runs`' width divides the total (the
+        // kernel checks every access again), its grid strides over total / width.
+        let threads = match (self.runs, self.vec4) {
+            (Some(_), _) => self.total as usize / self.runs_vec as usize,
+            (None, true) => self.total as usize / 4,
+            (None, false) => self.total as usize,
         };
         launched(unsafe { b.launch(grid(threads)) }, name)
     }
