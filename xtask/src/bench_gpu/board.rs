@@ -150,6 +150,10 @@ pub struct Row {
     /// figure only where the check passed: every row since 2026-11-27, none before.
     #[serde(default)]
     pub checked: bool,
+    /// The cost model its schedules were searched under (`CostModel::name`, with the device
+    /// file's date where one calibrates the preset); empty where not recorded.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cost_model: String,
 }
 
 impl Row {
@@ -194,6 +198,7 @@ impl Row {
             torch,
             date: date.to_string(),
             checked: true,
+            cost_model: String::new(),
         }
     }
 }
@@ -500,6 +505,7 @@ impl Scoreboard {
              our memory plan, as `opsched run` reports it (cuDNN workspaces not included). n/a: not measured or failed (see below and the JSON file).\n",
         );
         md.push_str(&self.checked_note());
+        md.push_str(&self.searched_note());
         self.markdown_compared(&mut md);
         self.markdown_schedules(&mut md);
         md
@@ -533,6 +539,34 @@ impl Scoreboard {
             }
         }
         note
+    }
+
+    /// Which cost model each row's schedules were searched under, where recorded (a refit of
+    /// the device file changes the schedules a search finds).
+    fn searched_note(&self) -> String {
+        let mut models: Vec<(&str, Vec<String>)> = Vec::new();
+        for r in &self.rows {
+            let key = match r.cost_model.as_str() {
+                "" => "not recorded",
+                m => m,
+            };
+            let row = format!("{} b{}", r.model, r.batch);
+            match models.iter_mut().find(|(m, _)| *m == key) {
+                Some((_, rows)) => rows.push(row),
+                None => models.push((key, vec![row])),
+            }
+        }
+        if models.iter().all(|(m, _)| *m == "not recorded") {
+            return String::new();
+        }
+        let parts: Vec<String> = models
+            .iter()
+            .map(|(m, rows)| format!("{m} ({})", rows.join(", ")))
+            .collect();
+        format!(
+            "\nThe schedules were searched under: {}.\n",
+            parts.join("; ")
+        )
     }
 
     /// What PyTorch ran for each model, and why a cell is empty.
@@ -870,6 +904,7 @@ mod tests {
             );
             let again = Row {
                 checked: r.checked,
+                cost_model: r.cost_model.clone(),
                 ..again
             };
             assert_eq!(&again, r, "{} b{}", r.model, r.batch);
@@ -923,6 +958,19 @@ mod tests {
         );
         old.rows[0].checked = false;
         assert!(old.markdown().contains("No row's outputs were checked"));
+        // The cost model each row was searched under, where recorded (a refit changes the
+        // schedules); none recorded, no sentence.
+        assert!(!md.contains("searched under:"), "{md}");
+        let mut refit = b.clone();
+        refit.rows[0].cost_model = "analytical(h100, calibrated 2026-11-27)".into();
+        assert!(
+            refit.markdown().contains(
+                "searched under: analytical(h100, calibrated 2026-11-27) (inception_v3 b1); \
+                 not recorded (inception_v3 b16).\n"
+            ),
+            "{}",
+            refit.markdown()
+        );
         let skipped = TorchResult {
             notes: vec!["skipped: ours only".into()],
             ..Default::default()

@@ -398,8 +398,14 @@ impl Candidate {
 }
 
 /// Search sequential and every `--algos` entry for `g` under the machine's preset, save each
-/// schedule into `dir`. A scheduler that fails is a candidate with its error.
-fn search(g: &opsched::Graph, m: &Setup, args: &Args, dir: &Path) -> Result<Vec<Candidate>> {
+/// schedule into `dir`. A scheduler that fails is a candidate with its error. Also the name of
+/// the cost model they were searched under.
+fn search(
+    g: &opsched::Graph,
+    m: &Setup,
+    args: &Args,
+    dir: &Path,
+) -> Result<(Vec<Candidate>, String)> {
     let link = m.preset.default_link.clone();
     // Measured costs (`--cost cache`) answer in the layout our runs store activations in.
     let spec = opsched::CostSpec {
@@ -408,6 +414,7 @@ fn search(g: &opsched::Graph, m: &Setup, args: &Args, dir: &Path) -> Result<Vec<
         ..opsched::CostSpec::default()
     };
     let cost = opsched::cost_model_with(args.cost, &m.preset, &link, g, &spec)?.model;
+    let cost_name = cost.name();
     let platform = Platform {
         gpus: 1,
         streams: STREAMS,
@@ -443,7 +450,7 @@ fn search(g: &opsched::Graph, m: &Setup, args: &Args, dir: &Path) -> Result<Vec<
             },
         });
     }
-    Ok(out)
+    Ok((out, cost_name))
 }
 
 /// What we read of `opsched run --json`.
@@ -811,6 +818,7 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
     let mut torch_off = false;
     for model in &args.models {
         let mut per_batch = Vec::with_capacity(args.batches.len());
+        let mut searched: Vec<(u32, String)> = Vec::with_capacity(args.batches.len());
         for &batch in &args.batches {
             bar.set_message(format!("{model} b{batch}: searching"));
             let cfg = ZooConfig {
@@ -821,7 +829,9 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
             let g = opsched::load_model(model, &cfg)?;
             let dir = work.0.join(format!("b{batch}"));
             std::fs::create_dir_all(&dir)?;
-            per_batch.push((batch, search(&g, &m, args, &dir)?));
+            let (cands, cost_name) = search(&g, &m, args, &dir)?;
+            per_batch.push((batch, cands));
+            searched.push((batch, cost_name));
         }
         run_rounds(&bin, model, &mut per_batch, args, &m, &mut header, &bar)?;
         let outcome = if OURS_ONLY.contains(&model.as_str()) {
@@ -876,6 +886,14 @@ pub fn bench_gpu(args: &Args, flags: &[String]) -> Result<()> {
                 compared,
                 &date,
             );
+            let row = Row {
+                cost_model: searched
+                    .iter()
+                    .find(|(b, _)| *b == batch)
+                    .map(|(_, name)| name.clone())
+                    .unwrap_or_default(),
+                ..row
+            };
             say(&bar, summary(&row));
             rows.push(row);
         }
