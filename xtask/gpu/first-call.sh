@@ -69,9 +69,10 @@ save_cache
 # the depthwise kernel against ea18c6e's, with and without an input bias, in both layouts,
 # unrolled, tiled and (channels last) tiled by fours and twos, and NCHW against channels last (its
 # inputs were freed early on 2026-11-27c, which failed the test and lost its timings); then
-# NASNet's pooling sums and sums into a concatenation one channel a thread against four or two.
+# NASNet's pooling sums, sums and biases into a concatenation one channel a thread against four
+# or two. 90 s: NVRTC compiles the whole source again for it (about 30 s on our CPU).
 step "kernel A/B"
-timeout 60 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_side 2>&1 |
+timeout 90 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_side 2>&1 |
     tee -a "$L" | grep "kernel A/B" | tee -a "$R"
 
 # Which fusion costs what channels last (2026-11-27c, one process each: RandWire without all
