@@ -208,16 +208,16 @@ fn prelude() -> String {
 
 #[test]
 fn depthwise_kernels_agree_on_the_host() {
-    let source = [
-        &prelude(),
-        part(
-            "// Depthwise convolution (one group",
-            "// Abstract operators",
-        ),
-        DRIVER,
-    ]
-    .concat();
-    compile_and_run("depthwise", &source);
+    compile_and_run(
+        "depthwise",
+        &[
+            part(
+                "// Depthwise convolution (one group",
+                "// Abstract operators",
+            ),
+            DRIVER,
+        ],
+    );
 }
 
 /// The `pool2d_sum` cases: every input pooled, the values added, the bias and a relu, against
@@ -396,26 +396,26 @@ int main() {
 
 #[test]
 fn the_pooling_sum_kernel_agrees_with_a_loop_on_the_host() {
-    let source = [
-        &prelude(),
-        // CUDA's integer min and max.
-        "#include <algorithm>\nusing std::max;\nusing std::min;\n",
-        part(
-            "// Where element t of a tensor is",
-            "template <typename I, typename At",
-        ),
-        part(
-            "// The window of pool2d's output pixel",
-            "// The activation (act_f's code",
-        ),
-        part(
-            "// The add kernel of a sum that pools",
-            "// The sum of `v` over the block",
-        ),
-        POOL_SUM_DRIVER,
-    ]
-    .concat();
-    compile_and_run("pool_sum", &source);
+    compile_and_run(
+        "pool_sum",
+        &[
+            // CUDA's integer min and max.
+            "#include <algorithm>\nusing std::max;\nusing std::min;\n",
+            part(
+                "// Where element t of a tensor is",
+                "template <typename I, typename At",
+            ),
+            part(
+                "// The window of pool2d's output pixel",
+                "// The activation (act_f's code",
+            ),
+            part(
+                "// The add kernel of a sum that pools",
+                "// The sum of `v` over the block",
+            ),
+            POOL_SUM_DRIVER,
+        ],
+    );
 }
 
 /// The `elementwise` and `elementwise_runs` cases: sums and products of dense sources with a
@@ -533,29 +533,31 @@ int main() {
 
 #[test]
 fn the_elementwise_kernels_agree_with_a_loop_at_every_width_on_the_host() {
-    let source = [
-        &prelude(),
-        part(
-            "// Where element t of a tensor is",
-            "template <typename I, typename At",
-        ),
-        part(
-            "template <typename I, typename At = Dense<I> >",
-            "extern \"C\" __global__ void act_kernel(",
-        ),
-        part(
-            "// The activation (act_f's code and parameters) is fused in",
-            "// elementwise where sources may be strided views too",
-        ),
-        ELEMENTWISE_DRIVER,
-    ]
-    .concat();
-    compile_and_run("elementwise", &source);
+    compile_and_run(
+        "elementwise",
+        &[
+            part(
+                "// Where element t of a tensor is",
+                "template <typename I, typename At",
+            ),
+            part(
+                "template <typename I, typename At = Dense<I> >",
+                "extern \"C\" __global__ void act_kernel(",
+            ),
+            part(
+                "// The activation (act_f's code and parameters) is fused in",
+                "// elementwise where sources may be strided views too",
+            ),
+            ELEMENTWISE_DRIVER,
+        ],
+    );
 }
 
-/// Compile C++ `source` with the host's compiler (`c++`, or `$CXX`), run it, and check that it
-/// says that none of its cases failed.
-fn compile_and_run(name: &str, source: &str) {
+/// Compile the prelude and `pieces` (the kernels' parts, then a driver) as one C++ file with the
+/// host's compiler (`c++`, or `$CXX`), run it, and check that it says that none of its cases
+/// failed.
+fn compile_and_run(name: &str, pieces: &[&str]) {
+    let source = [prelude().as_str(), &pieces.concat()].concat();
     let dir =
         std::env::temp_dir().join(format!("opsched-host-check-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -668,16 +670,16 @@ fn the_resize_kernels_agree_with_the_reference_on_the_host() {
     driver.push_str(
         "printf(\"%d cases, %d failed\\n\", cases, failures);\nreturn failures != 0;\n}\n",
     );
-    let source = [
-        &prelude(),
-        part(
-            "// Resize of the spatial axes",
-            "extern \"C\" __global__ void pad(",
-        ),
-        &driver,
-    ]
-    .concat();
-    compile_and_run("resize", &source);
+    compile_and_run(
+        "resize",
+        &[
+            part(
+                "// Resize of the spatial axes",
+                "extern \"C\" __global__ void pad(",
+            ),
+            &driver,
+        ],
+    );
 }
 
 /// The `embedding` kernel against `table_row` (the CPU's rule): in-range indices, negative
@@ -717,16 +719,16 @@ fn the_embedding_kernel_agrees_with_the_row_rule_on_the_host() {
         want.len(),
         want.len(),
     );
-    let source = [
-        &prelude(),
-        part(
-            "// Table lookup (step/embedding.rs)",
-            "// Resize of the spatial axes",
-        ),
-        &driver,
-    ]
-    .concat();
-    compile_and_run("embedding", &source);
+    compile_and_run(
+        "embedding",
+        &[
+            part(
+                "// Table lookup (step/embedding.rs)",
+                "// Resize of the spatial axes",
+            ),
+            &driver,
+        ],
+    );
 }
 
 /// The `reduce_mid` kernel against the reference's reduction, each kind over the middle
@@ -764,14 +766,14 @@ fn the_reduce_kernel_agrees_with_the_kinds_on_the_host() {
         }
     }
     driver.push_str("printf(\"%d cases, %d failed\\n\", cases, bad != 0);\nreturn bad != 0;\n}\n");
-    let source = [
-        &prelude(),
-        part(
-            "// Reduction over the middle axis",
-            "// Table lookup (step/embedding.rs)",
-        ),
-        &driver,
-    ]
-    .concat();
-    compile_and_run("reduce", &source);
+    compile_and_run(
+        "reduce",
+        &[
+            part(
+                "// Reduction over the middle axis",
+                "// Table lookup (step/embedding.rs)",
+            ),
+            &driver,
+        ],
+    );
 }
