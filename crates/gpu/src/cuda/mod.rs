@@ -636,7 +636,8 @@ pub(crate) fn grid(n: usize) -> LaunchConfig {
 }
 
 /// How many consecutive floats (4, 2 or 1) a thread of a vectorized kernel (`elementwise`,
-/// `pool2d_sum`, the tiled depthwise kernel by fours) may access at once: the widest whose
+/// `elementwise_runs`, `pool2d_nhwc`, `pool2d_sum`, `bias_act_runs`, the tiled depthwise
+/// kernels by fours and twos) may access at once: the widest whose
 /// accesses are all aligned, every count (channels, strides, runs, lengths) a multiple of it
 /// and every pointer (0: none) 4 x it bytes aligned. The kernels check the same themselves
 /// and fall back to narrower accesses.
