@@ -466,7 +466,9 @@ fn brute_force(g: &Graph, cost: &dyn CostModel, r: usize, s: usize) -> f64 {
                                 .collect()
                         })
                         .collect();
-                    let c = cost.stage_time(g, &stage) + go(done | e, all, ctx, g, cost, memo);
+                    let c = cost.stage_time(g, &stage)
+                        + cost.overheads().fork_join_ms(stage.len())
+                        + go(done | e, all, ctx, g, cost, memo);
                     best = best.min(c);
                 }
             }
@@ -519,6 +521,58 @@ fn brute_force_agrees_on_a_fixed_dag() {
     for (r, s) in [(1, 1), (2, 2), (3, 8), (3, 3)] {
         compare_with_brute_force(&g, &hios, r, s);
     }
+}
+
+/// Under a calibrated model a concurrent stage also pays its fork and join: the DP's
+/// objective is still the brute force's optimum of the same stage prices, and a stage of
+/// several groups costs more than its groups' times by exactly that.
+#[test]
+fn brute_force_agrees_with_fork_and_join_priced() {
+    let (_, p) = v100();
+    let file = opsched_cost::DeviceFile::embedded("h100").unwrap();
+    let cost = AnalyticalModel::calibrated(
+        DevicePreset::by_name("h100").unwrap(),
+        LinkPreset::by_name("nvlink4").unwrap(),
+        file,
+    );
+    assert!(cost.overheads().fork_join_ms(2) > 0.0);
+    // Kernels of a few microseconds that fill little of the GPU: running side by side pays
+    // for some of them, and the stage's events are not negligible against them.
+    let g = layered_dag(&LayeredDagParams {
+        ops: 12,
+        layers: 4,
+        edges: 14,
+        time_ms: (0.002, 0.02),
+        util: (0.05, 0.3),
+        seed: 3,
+        ..LayeredDagParams::default()
+    })
+    .unwrap();
+    let mut concurrent = 0;
+    for (r, s) in [(1, 1), (2, 2), (3, 8), (3, 3)] {
+        for variant in [IosVariant::Both, IosVariant::Parallel] {
+            let sol = solve(&ios(r, s, variant), &g, &p, &cost);
+            let bf = brute_force(&g, &cost, r, s);
+            assert!(
+                close(sol.objective_ms, bf),
+                "r={r} s={s}: DP {} vs {bf}",
+                sol.objective_ms
+            );
+            let priced: f64 = sol
+                .stages
+                .iter()
+                .map(|st| {
+                    cost.stage_time(&g, &st.groups) + cost.overheads().fork_join_ms(st.groups.len())
+                })
+                .sum();
+            assert!(close(priced, sol.objective_ms), "r={r} s={s}");
+            concurrent += sol.stages.iter().filter(|st| st.groups.len() > 1).count();
+        }
+    }
+    assert!(
+        concurrent > 0,
+        "no stage ran groups side by side: nothing was priced"
+    );
 }
 
 proptest! {
