@@ -41,6 +41,18 @@ pub fn algo() -> String {
     format!("Scheduling algorithm:\n{}", schedulers())
 }
 
+/// `opsched run --algo`: one scheduler, or the best of several under the cost model.
+pub fn run_algo() -> String {
+    format!(
+        "Scheduling algorithm:\n{}\n  {:<14} the one of sequential, {} (and {} on several \
+         GPUs) whose schedule simulates fastest under the cost model (the default)",
+        schedulers(),
+        "best",
+        opsched::BEST_CANDIDATES.join(", "),
+        opsched::BEST_MULTI_GPU.join(", "),
+    )
+}
+
 /// `--algos`: several schedulers.
 pub fn algos() -> String {
     format!(

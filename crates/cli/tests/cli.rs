@@ -779,6 +779,34 @@ fn small_cpu_run(model: &str, extra: &[&str]) -> std::process::Output {
     opsched(&args)
 }
 
+/// Without `--algo`, `run` runs the schedule the cost model simulates fastest (`best`), says
+/// which and by how much in the text report, and names it in the JSON one; an algorithm given
+/// is named as it is.
+#[test]
+fn run_picks_the_best_schedule_unless_told() {
+    fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec!["run", "googlenet", "--backend", "cpu", "--input-size", "32"];
+        a.extend_from_slice(&["--warmup", "0", "--repeats", "1", "--graph-capture"]);
+        a.extend_from_slice(extra);
+        a
+    }
+    let v = stdout_json(&opsched(&args(&["--json"])));
+    let picked = v["schedule"].as_str().unwrap().to_string();
+    let algo = picked.strip_prefix("best: ").expect("best: NAME");
+    // GoogLeNet's branches run side by side in a captured graph: not the sequential plan.
+    assert!(opsched::BEST_CANDIDATES.contains(&algo), "{picked}");
+    let out = opsched(&args(&[]));
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("schedule       {picked} (simulated "))
+            && text.contains("sequential "),
+        "{text}"
+    );
+    let v = stdout_json(&small_cpu_run("squeezenet", &["--json"]));
+    assert_eq!(v["schedule"], "lios");
+}
+
 #[test]
 fn run_leaves_out_the_fusions_named_with_the_same_values() {
     let run = |extra: &[&str]| small_cpu_run("randwire", &[&["--check"], extra].concat());
@@ -946,6 +974,10 @@ fn run_takes_several_schedule_files() {
     let v = stdout_json(&out);
     let reports = v.as_array().expect("an array of reports");
     assert_eq!(reports.len(), 2);
+    // Each report names its schedule file.
+    for (r, f) in reports.iter().zip(&files) {
+        assert_eq!(r["schedule"], f.as_str());
+    }
     // The sequential plan waits for nothing; LIOS's streams do.
     assert_eq!(reports[0]["waits"], 0);
     assert!(reports[1]["waits"].as_u64().unwrap() > 0, "{}", reports[1]);

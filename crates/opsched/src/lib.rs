@@ -400,6 +400,63 @@ pub struct ComparisonTable {
     pub rows: Vec<Comparison>,
 }
 
+/// The algorithms [`best_schedule`] tries besides sequential: the single-GPU ones without their
+/// ablations and partial variants (IOS's two halves, LIOS's random orders).
+pub const BEST_CANDIDATES: &[&str] = &["greedy", "nimble", "ios", "lios", "opara", "iops"];
+/// What [`best_schedule`] adds on a platform of several GPUs.
+pub const BEST_MULTI_GPU: &[&str] = &["hios-lp", "hios-mr"];
+
+/// The schedule [`best_schedule`] picked.
+#[derive(Clone, Debug)]
+pub struct Best {
+    /// The algorithm that found it.
+    pub algo: &'static str,
+    pub schedule: Schedule,
+    /// Its simulated makespan, and the sequential schedule's, ms.
+    pub makespan_ms: f64,
+    pub sequential_ms: f64,
+}
+
+/// The schedule of `g` that simulates fastest under `cost` in execution mode `mode`: the
+/// sequential one or one of [`BEST_CANDIDATES`] (and [`BEST_MULTI_GPU`] where `platform` has
+/// several GPUs), what `opsched run --algo best` runs. A tie goes to the earlier (sequential
+/// first); an algorithm that fails (a search budget, a platform it does not fit) is skipped
+/// with a warning.
+pub fn best_schedule(
+    g: &Graph,
+    platform: &opsched_schedule::Platform,
+    cost: &dyn CostModel,
+    opts: &SchedulerOptions,
+    mode: ExecMode,
+) -> Result<Best> {
+    let gpus = platform.gpus.max(1);
+    let (schedule, _) = opsched_baselines::Sequential.schedule(g, platform, cost)?;
+    let sequential_ms = evaluate_in(g, &schedule, cost, gpus, mode)?.makespan_ms;
+    let mut best = Best {
+        algo: "sequential",
+        schedule,
+        makespan_ms: sequential_ms,
+        sequential_ms,
+    };
+    let multi = BEST_MULTI_GPU.iter().filter(|_| platform.gpus > 1);
+    for &algo in BEST_CANDIDATES.iter().chain(multi) {
+        let found = scheduler_with(algo, opts).and_then(|sched| {
+            let (s, _) = sched.schedule(g, platform, cost)?;
+            opsched_schedule::validate(g, &s, platform)?;
+            let ms = evaluate_in(g, &s, cost, gpus, mode)?.makespan_ms;
+            Ok((s, ms))
+        });
+        match found {
+            Ok((schedule, ms)) if ms < best.makespan_ms => {
+                (best.algo, best.schedule, best.makespan_ms) = (algo, schedule, ms);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("best: {algo} on {} skipped: {e}", g.name),
+        }
+    }
+    Ok(best)
+}
+
 /// Run each named scheduler on `g`, validate its schedule and simulate it under `cost` in
 /// execution mode `mode`: the one code path behind `opsched compare` and `cargo xtask
 /// bench-models`. `progress` hears each algorithm's name as a step, then the progress of its

@@ -137,3 +137,52 @@ fn every_scheduler_refuses_a_platform_without_gpus_or_streams() {
         }
     }
 }
+
+/// `best` is the fastest of its candidates under the cost model, in either execution mode, on
+/// one GPU and on two (where HIOS's are candidates too): its makespan is the smallest the
+/// comparison of the same algorithms finds, and the algorithm it names found it.
+#[test]
+fn best_is_the_fastest_of_its_candidates() {
+    use opsched::schedule::{ExecMode, NoProgress};
+    let cost = opsched::analytical_model(
+        &DevicePreset::by_name("h100").unwrap(),
+        &LinkPreset::by_name("nvlink4").unwrap(),
+        &opsched::Calibration::Committed,
+    )
+    .unwrap();
+    let opts = SchedulerOptions::default();
+    for model in ["googlenet", "squeezenet", "inception_v3"] {
+        let g = opsched::zoo::build(model, &ZooConfig::default()).unwrap();
+        for (gpus, mode) in [
+            (1, ExecMode::Graph),
+            (1, ExecMode::Eager),
+            (2, ExecMode::Graph),
+        ] {
+            let p = platform(gpus, 8);
+            let best = opsched::best_schedule(&g, &p, &cost, &opts, mode).unwrap();
+            let mut names = vec!["sequential"];
+            names.extend(opsched::BEST_CANDIDATES);
+            if gpus > 1 {
+                names.extend(opsched::BEST_MULTI_GPU);
+            }
+            let table = opsched::compare(&g, &names, &p, &cost, &opts, mode, &NoProgress).unwrap();
+            let fastest = table
+                .rows
+                .iter()
+                .map(|r| r.makespan_ms)
+                .fold(f64::INFINITY, f64::min);
+            let what = format!("{model} on {gpus} GPU(s), {mode:?}");
+            assert!(
+                (best.makespan_ms - fastest).abs() <= 1e-9 * fastest,
+                "{what}"
+            );
+            let named = table.rows.iter().find(|r| r.algo == best.algo).unwrap();
+            assert!(
+                (named.makespan_ms - best.makespan_ms).abs() <= 1e-9 * fastest,
+                "{what}"
+            );
+            assert!((best.sequential_ms - table.sequential_ms).abs() <= 1e-9 * fastest);
+            opsched::schedule::validate(&g, &best.schedule, &p).unwrap();
+        }
+    }
+}

@@ -259,12 +259,13 @@ pub struct RunArgs {
     /// Zoo model name or model file (--help lists both).
     #[arg(long_help = crate::help::model())]
     model: String,
-    /// Scheduling algorithm (--help lists them).
+    /// Scheduling algorithm (--help lists them), or `best`: the one whose schedule the cost
+    /// model simulates fastest.
     #[arg(
         long,
         value_name = "NAME",
-        required_unless_present = "schedule",
-        long_help = crate::help::algo()
+        default_value = "best",
+        long_help = crate::help::run_algo()
     )]
     algo: Option<String>,
     /// Run this schedule file (from `opsched schedule --out`) instead of searching one.
@@ -508,6 +509,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let platform = su.platform(gpus, a.target.streams as usize);
     let mut labels = Vec::new();
     let mut schedules = Vec::new();
+    // What `--algo best` chose it by, for the text report.
+    let mut best_note = None;
     match (&a.algo, a.schedule.as_slice()) {
         (_, [_, ..]) => {
             if a.schedule.len() > 1 && a.output.is_some() {
@@ -522,6 +525,23 @@ pub fn run(a: &RunArgs) -> Result<()> {
                 labels.push(path.display().to_string());
                 schedules.push(s);
             }
+        }
+        (Some(algo), []) if algo == "best" => {
+            let mode = match a.graph_capture {
+                true => opsched::schedule::ExecMode::Graph,
+                false => opsched::schedule::ExecMode::Eager,
+            };
+            let best =
+                opsched::best_schedule(&g, &platform, su.cost.as_ref(), &a.sched.options(), mode)
+                    .map_err(facade)?;
+            labels.push(format!("best: {}", best.algo));
+            best_note = Some(format!(
+                "simulated {:.4} ms, sequential {:.4} ms, under {}",
+                best.makespan_ms,
+                best.sequential_ms,
+                su.cost.name()
+            ));
+            schedules.push(best.schedule);
         }
         (Some(algo), []) => {
             let sched = opsched::scheduler_with(algo, &a.sched.options()).map_err(facade)?;
@@ -563,15 +583,32 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let failed = reports
         .iter()
         .any(|r| r.check.as_ref().is_some_and(|c| !c.passed));
+    // The JSON reports name their schedule too (the algorithm, `best: NAME`, or the file).
+    let named = |report: &opsched::runtime::RunReport, label: &str| -> Result<serde_json::Value> {
+        let mut v = serde_json::to_value(report)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("schedule".into(), label.into());
+        }
+        Ok(v)
+    };
     match (a.json, reports.as_slice()) {
-        (true, [report]) => print_json(report)?,
-        (true, _) => print_json(&reports)?,
+        (true, [report]) => print_json(&named(report, &labels[0])?)?,
+        (true, _) => print_json(
+            &labels
+                .iter()
+                .zip(&reports)
+                .map(|(l, r)| named(r, l))
+                .collect::<Result<Vec<_>>>()?,
+        )?,
         (false, _) => {
             for (i, (label, report)) in labels.iter().zip(&reports).enumerate() {
                 if i > 0 {
                     println!();
                 }
-                print_run(&g, label, report)?;
+                match &best_note {
+                    Some(note) => print_run(&g, &format!("{label} ({note})"), report)?,
+                    None => print_run(&g, label, report)?,
+                }
             }
         }
     }
