@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use opsched_graph::{
-    Activation, BinaryKind, ElementwiseKind, Graph, NodeId, Op, PoolKind, Shape, Tensor, Value,
+    Activation, ElementwiseKind, Graph, NodeId, Op, PoolKind, Shape, Tensor, Value,
 };
 
 use crate::program::{input_init, param_seed, uniform, weight_half_width};
@@ -658,14 +658,7 @@ fn eval(
             };
             let a = broadcast_to(a, sa, out_shape);
             let b = broadcast_to(b, sb, out_shape);
-            let f: fn(f32, f32) -> f32 = match kind {
-                BinaryKind::Sub => |x, y| x - y,
-                BinaryKind::Div => |x, y| x / y,
-                BinaryKind::Pow => f32::powf,
-                BinaryKind::Max => f32::max,
-                BinaryKind::Min => f32::min,
-            };
-            a.iter().zip(&b).map(|(&x, &y)| f(x, y)).collect()
+            a.iter().zip(&b).map(|(&x, &y)| kind.apply(x, y)).collect()
         }
         Op::Affine => {
             let (x, s) = single();

@@ -296,15 +296,42 @@ impl ReduceKind {
 }
 
 /// Element-wise operation of two ordered inputs (shapes broadcast as in numpy): `a - b`,
-/// `a / b`, `a ^ b`, `max(a, b)`, `min(a, b)`.
+/// `a / b`, `a ^ b`, `max(a, b)`, `min(a, b)`, and the comparisons `a == b`, `a < b`, `a > b`,
+/// `a <= b`, `a >= b`, which give 1.0 where they hold and 0.0 elsewhere (ONNX's boolean
+/// results, as the masks that multiply or select values read them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum BinaryKind {
     Sub,
     Div,
     Pow,
     Max,
     Min,
+    Equal,
+    Less,
+    Greater,
+    LessOrEqual,
+    GreaterOrEqual,
+}
+
+impl BinaryKind {
+    /// `a op b`, as every executor computes it.
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        let holds = |c: bool| if c { 1.0 } else { 0.0 };
+        match self {
+            BinaryKind::Sub => a - b,
+            BinaryKind::Div => a / b,
+            BinaryKind::Pow => a.powf(b),
+            BinaryKind::Max => a.max(b),
+            BinaryKind::Min => a.min(b),
+            #[allow(clippy::float_cmp)]
+            BinaryKind::Equal => holds(a == b),
+            BinaryKind::Less => holds(a < b),
+            BinaryKind::Greater => holds(a > b),
+            BinaryKind::LessOrEqual => holds(a <= b),
+            BinaryKind::GreaterOrEqual => holds(a >= b),
+        }
+    }
 }
 
 fn one() -> usize {

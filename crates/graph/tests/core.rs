@@ -605,3 +605,27 @@ fn an_embedding_reads_the_rows_it_copies() {
     let empty = Op::Embedding { rows: 0, dim: 4 };
     assert!(empty.infer_shape(&[vec![3]]).unwrap_err().contains("empty"));
 }
+
+/// The comparisons give 1.0 where they hold and 0.0 elsewhere (NaN compares false, as in
+/// ONNX), and their names round-trip through the graph format's snake case.
+#[test]
+fn comparisons_are_masks_of_ones_and_zeros() {
+    use opsched_graph::BinaryKind::{self, *};
+    let cases: [(BinaryKind, [f32; 3], &str); 5] = [
+        (Equal, [1.0, 0.0, 0.0], "\"equal\""),
+        (Less, [0.0, 1.0, 0.0], "\"less\""),
+        (Greater, [0.0, 0.0, 1.0], "\"greater\""),
+        (LessOrEqual, [1.0, 1.0, 0.0], "\"less_or_equal\""),
+        (GreaterOrEqual, [1.0, 0.0, 1.0], "\"greater_or_equal\""),
+    ];
+    for (kind, want, name) in cases {
+        // 2 against 2, 1 and 3.
+        let got = [2.0, 1.0, 3.0].map(|a| kind.apply(a, 2.0));
+        assert_eq!(got, want, "{kind:?}");
+        assert_eq!(kind.apply(f32::NAN, 2.0), 0.0, "{kind:?}");
+        assert_eq!(serde_json::to_string(&kind).unwrap(), name);
+        assert_eq!(serde_json::from_str::<BinaryKind>(name).unwrap(), kind);
+    }
+    assert_eq!(Sub.apply(5.0, 2.0), 3.0);
+    assert_eq!(serde_json::to_string(&Sub).unwrap(), "\"sub\"");
+}

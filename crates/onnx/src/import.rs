@@ -1505,7 +1505,23 @@ impl<'a> Importer<'a> {
                 "Min" => Op::Binary {
                     kind: BinaryKind::Min,
                 },
-                // Comparisons, logic, PRelu, Mod, ...: one pass, costed by the tensor sizes.
+                // Booleans are 1.0 and 0.0 (a Cast to float is a view of them).
+                "Equal" => Op::Binary {
+                    kind: BinaryKind::Equal,
+                },
+                "Less" => Op::Binary {
+                    kind: BinaryKind::Less,
+                },
+                "Greater" => Op::Binary {
+                    kind: BinaryKind::Greater,
+                },
+                "LessOrEqual" => Op::Binary {
+                    kind: BinaryKind::LessOrEqual,
+                },
+                "GreaterOrEqual" => Op::Binary {
+                    kind: BinaryKind::GreaterOrEqual,
+                },
+                // Logic, PRelu, Mod, Where, ...: one pass, costed by the tensor sizes.
                 _ => return self.opaque(node, ins, Some(shape)),
             },
             _ => return self.opaque(node, ins, Some(shape)),

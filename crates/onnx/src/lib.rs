@@ -44,7 +44,7 @@
 //! | `ReduceMean`/`ReduceMax` over both spatial axes of an NCHW tensor, keeping dimensions | global `pool2d` (the dynamo exporter's adaptive pool) |
 //! | `ReduceMean`, `ReduceSum`, `ReduceMax`, `ReduceMin` over consecutive axes (named in any order, or all), otherwise | `reduce` (the axes kept with extent 1 or dropped, as `keepdims` says) |
 //! | `Add`, `Mul`, `Sum` (numpy broadcasting) | `elementwise` |
-//! | `Sub`, `Div`, `Pow`, `Max`, `Min` of two operands (numpy broadcasting) | `binary` |
+//! | `Sub`, `Div`, `Pow`, `Max`, `Min`, and the comparisons `Equal`, `Less`, `Greater`, `LessOrEqual`, `GreaterOrEqual` (booleans as 1.0 and 0.0), of two operands (numpy broadcasting) | `binary` |
 //! | `Add`/`Sub` of a constant after a conv or linear | folded into its bias |
 //! | `Mul`/`Div` by a scalar (or per-channel) constant after a conv or linear | folded into its weights (and bias) |
 //! | `Mul`/`Div` by a scalar constant after a `MatMul` of two activations (attention's `1 / sqrt(head size)`), or of its operands before it, each read by the `MatMul` only (PyTorch's export of `scaled_dot_product_attention`) | the `batch_matmul`'s `alpha` |
@@ -64,7 +64,7 @@
 //! | `Split`, `Slice` along axis 1 (channels) | removed: consumers read channel slices |
 //! | `Split`, unit-step `Slice` along other axes (GPT-2's fused query, key and value; crops) | `slice`, one per axis cut (a slab copy) |
 //! | GELU, layer norm and swish written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`; `Sigmoid, Mul` as PyTorch exports SiLU, or `Mul, Sigmoid, Mul`) | rewritten into one `Gelu` / `LayerNormalization` / `Swish` first (only when their constants are the right ones) |
-//! | other element-wise ops (`Where`, comparisons, `Round`, ...), other reductions (of axes apart, `ReduceProd`, `ArgMax`, ...), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels), `Expand` | `opaque` with the shape we compute (scheduling only: no executor runs them) |
+//! | other element-wise ops (`Where`, logic, `Round`, ...), other reductions (of axes apart, `ReduceProd`, `ArgMax`, ...), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels), `Expand` | `opaque` with the shape we compute (scheduling only: no executor runs them) |
 //! | `Constant`, `Shape`, `Size`, and any node whose inputs are all constants | evaluated at import (shape arithmetic), no operator |
 //! | anything else | an error listing every unsupported type with its count; with [`OnnxOptions::allow_unknown`], `opaque` |
 //!

@@ -407,6 +407,7 @@ fn byte_mutations_with_weights_never_panic() {
         "reduce",
         "math",
         "sdpa",
+        "compare",
     ] {
         let path = repo(&format!("fixtures/parity/{name}.onnx"));
         let bytes = std::fs::read(&path).unwrap();

@@ -61,6 +61,7 @@ __device__ __forceinline__ float act_lean(float x, int a, float p0, float p1) {
     return a == 0 ? x : a == 1 ? fmaxf(x, 0.0f) : act_call(x, a, p0, p1);
 }
 
+// step::broadcast's BinOp::code: the comparisons give 1 where they hold, else 0.
 __device__ __forceinline__ float bin_f(float x, float y, int op) {
     switch (op) {
     case 0: return x + y;
@@ -69,6 +70,11 @@ __device__ __forceinline__ float bin_f(float x, float y, int op) {
     case 3: return x / y;
     case 4: return powf(x, y);
     case 5: return fmaxf(x, y);
+    case 7: return x == y ? 1.0f : 0.0f;
+    case 8: return x < y ? 1.0f : 0.0f;
+    case 9: return x > y ? 1.0f : 0.0f;
+    case 10: return x <= y ? 1.0f : 0.0f;
+    case 11: return x >= y ? 1.0f : 0.0f;
     default: return fminf(x, y);
     }
 }

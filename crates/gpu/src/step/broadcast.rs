@@ -23,11 +23,8 @@ use crate::GpuError;
 pub enum BinOp {
     Add,
     Mul,
-    Sub,
-    Div,
-    Pow,
-    Max,
-    Min,
+    /// A binary operator of the graph (its arithmetic: [`BinaryKind::apply`]).
+    Binary(BinaryKind),
 }
 
 impl BinOp {
@@ -35,11 +32,27 @@ impl BinOp {
         match self {
             BinOp::Add => x + y,
             BinOp::Mul => x * y,
-            BinOp::Sub => x - y,
-            BinOp::Div => x / y,
-            BinOp::Pow => x.powf(y),
-            BinOp::Max => x.max(y),
-            BinOp::Min => x.min(y),
+            BinOp::Binary(k) => k.apply(x, y),
+        }
+    }
+
+    /// The operation's code in `bin_f` (cuda/nvrtc.rs).
+    fn code(self) -> i32 {
+        match self {
+            BinOp::Add => 0,
+            BinOp::Mul => 1,
+            BinOp::Binary(k) => match k {
+                BinaryKind::Sub => 2,
+                BinaryKind::Div => 3,
+                BinaryKind::Pow => 4,
+                BinaryKind::Max => 5,
+                BinaryKind::Min => 6,
+                BinaryKind::Equal => 7,
+                BinaryKind::Less => 8,
+                BinaryKind::Greater => 9,
+                BinaryKind::LessOrEqual => 10,
+                BinaryKind::GreaterOrEqual => 11,
+            },
         }
     }
 }
@@ -145,13 +158,7 @@ pub(crate) fn lower_affine(
 
 impl From<BinaryKind> for BinOp {
     fn from(k: BinaryKind) -> BinOp {
-        match k {
-            BinaryKind::Sub => BinOp::Sub,
-            BinaryKind::Div => BinOp::Div,
-            BinaryKind::Pow => BinOp::Pow,
-            BinaryKind::Max => BinOp::Max,
-            BinaryKind::Min => BinOp::Min,
-        }
+        BinOp::Binary(k)
     }
 }
 
@@ -252,15 +259,7 @@ impl StepKernel for Broadcast {
             dims,
             sa,
             sb,
-            op: match self.op {
-                BinOp::Add => 0,
-                BinOp::Mul => 1,
-                BinOp::Sub => 2,
-                BinOp::Div => 3,
-                BinOp::Pow => 4,
-                BinOp::Max => 5,
-                BinOp::Min => 6,
-            },
+            op: self.op.code(),
         }))
     }
 
