@@ -335,7 +335,7 @@ fn write_op(s: &mut String, op: &Op) {
         Op::Binary { kind } => {
             let _ = write!(s, "({})", lower(kind));
         }
-        Op::Affine => {}
+        Op::Affine | Op::Where => {}
         Op::Pad { begin, end, value } => {
             s.push_str("(b=");
             write_list(s, begin);

@@ -1421,6 +1421,7 @@ impl<'g> Builder<'g> {
             Op::Binary { kind } => {
                 step::broadcast::lower(self, steps, at, (*kind).into(), src, out, out_shape)
             }
+            Op::Where => step::broadcast::lower_where(self, steps, at, src, out, out_shape),
             Op::Pad { begin, end, value } => {
                 step::pad::lower(self, steps, at, begin, end, *value, src, out)
             }

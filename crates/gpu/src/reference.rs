@@ -660,6 +660,18 @@ fn eval(
             let b = broadcast_to(b, sb, out_shape);
             a.iter().zip(&b).map(|(&x, &y)| kind.apply(x, y)).collect()
         }
+        Op::Where => {
+            let [(c, sc), (a, sa), (b, sb)] = inputs.as_slice() else {
+                return Err(unsup("where needs three inputs"));
+            };
+            let c = broadcast_to(c, sc, out_shape);
+            let a = broadcast_to(a, sa, out_shape);
+            let b = broadcast_to(b, sb, out_shape);
+            c.iter()
+                .zip(a.iter().zip(&b))
+                .map(|(&c, (&x, &y))| opsched_graph::op::select(c, x, y))
+                .collect()
+        }
         Op::Affine => {
             let (x, s) = single();
             let c = s[1];

@@ -314,6 +314,16 @@ pub enum BinaryKind {
     GreaterOrEqual,
 }
 
+/// `Where`'s element: `a` where `cond` is not 0 (a boolean's 1.0, or any other value), else
+/// `b`, as every executor computes it.
+pub fn select(cond: f32, a: f32, b: f32) -> f32 {
+    if cond != 0.0 {
+        a
+    } else {
+        b
+    }
+}
+
 impl BinaryKind {
     /// `a op b`, as every executor computes it.
     pub fn apply(self, a: f32, b: f32) -> f32 {
@@ -546,6 +556,9 @@ pub enum Op {
     Binary {
         kind: BinaryKind,
     },
+    /// ONNX's `Where` of three terms `(cond, a, b)`, shapes broadcast as in numpy: `a` where
+    /// `cond` is not 0, else `b` (masked fills: attention's causal and padding masks).
+    Where,
     /// Per-channel scale and shift along axis 1, `y = x * scale[c] + shift[c]` (parameters
     /// `scale` and `shift`): a batch normalization that cannot fold into a convolution.
     Affine,
@@ -808,6 +821,7 @@ impl Op {
             Op::Input { .. } => "input",
             Op::Constant { .. } => "constant",
             Op::Binary { .. } => "binary",
+            Op::Where => "where",
             Op::Affine => "affine",
             Op::Pad { .. } => "pad",
             Op::LogSoftmax { .. } => "log_softmax",
@@ -906,6 +920,15 @@ impl Op {
                 if terms.len() != 2 {
                     return Err(format!(
                         "binary {kind:?} needs exactly 2 inputs, got {}",
+                        terms.len()
+                    ));
+                }
+                broadcast_shapes(terms)
+            }
+            Op::Where => {
+                if terms.len() != 3 {
+                    return Err(format!(
+                        "where needs exactly 3 inputs (condition, then, else), got {}",
                         terms.len()
                     ));
                 }
@@ -1213,7 +1236,7 @@ impl Op {
         let out_elems = numel(out)?;
         let (flops, params) = match self {
             Op::Input { .. } | Op::Constant { .. } | Op::Abstract { .. } => (0, 0),
-            Op::Binary { .. } => (out_elems, 0),
+            Op::Binary { .. } | Op::Where => (out_elems, 0),
             Op::Affine => {
                 let c = count(out.get(1).copied().unwrap_or(0));
                 (mul("FLOPs", out_elems, 2)?, mul("parameters", c, 2)?)

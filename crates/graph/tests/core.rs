@@ -149,6 +149,14 @@ fn multi_input_ops() {
     };
     assert_eq!(infer(sub.clone(), &[a, &[1, 1, 4, 1]]).unwrap(), a.to_vec());
     assert!(infer(sub, &[a, a, a]).unwrap_err().contains("exactly 2"));
+    // Where: a condition, then, else, all broadcast (a causal mask over a batch of scores).
+    let causal: &[usize] = &[6, 6];
+    assert_eq!(
+        infer(Op::Where, &[causal, &[2, 6, 6], &[]]).unwrap(),
+        vec![2, 6, 6]
+    );
+    assert!(infer(Op::Where, &[a, a]).unwrap_err().contains("exactly 3"));
+    assert!(infer(Op::Where, &[&[5], a, a]).is_err());
     // A conv on several terms reads them concatenated along channels.
     assert_eq!(
         infer(Op::Conv2d(Conv2d::new(4, 1)), &[a, b]).unwrap(),
@@ -628,4 +636,10 @@ fn comparisons_are_masks_of_ones_and_zeros() {
     }
     assert_eq!(Sub.apply(5.0, 2.0), 3.0);
     assert_eq!(serde_json::to_string(&Sub).unwrap(), "\"sub\"");
+    // Where selects by any value other than 0, NaN included.
+    use opsched_graph::op::select;
+    assert_eq!(select(1.0, 2.0, 3.0), 2.0);
+    assert_eq!(select(0.0, 2.0, 3.0), 3.0);
+    assert_eq!(select(-0.0, 2.0, 3.0), 3.0);
+    assert_eq!(select(f32::NAN, 2.0, 3.0), 2.0);
 }

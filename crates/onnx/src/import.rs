@@ -1489,6 +1489,8 @@ impl<'a> Importer<'a> {
             ("Mul", _) => Op::Elementwise {
                 kind: ElementwiseKind::Mul,
             },
+            // The condition's booleans are 1.0 and 0.0.
+            ("Where", 3) => Op::Where,
             (_, 2) => match op_type {
                 "Sub" => Op::Binary {
                     kind: BinaryKind::Sub,
@@ -1521,7 +1523,7 @@ impl<'a> Importer<'a> {
                 "GreaterOrEqual" => Op::Binary {
                     kind: BinaryKind::GreaterOrEqual,
                 },
-                // Logic, PRelu, Mod, Where, ...: one pass, costed by the tensor sizes.
+                // Logic, PRelu, Mod, ...: one pass, costed by the tensor sizes.
                 _ => return self.opaque(node, ins, Some(shape)),
             },
             _ => return self.opaque(node, ins, Some(shape)),

@@ -802,19 +802,22 @@ extern "C" __global__ void permute(float* y, const float* x, i64 total, int rank
     }
 }
 
-// y = a op b with NumPy broadcasting: out_dims is the result's shape, sa/sb each operand's
-// stride per result axis (0 where it repeats).
-extern "C" __global__ void broadcast(float* y, const float* a, const float* b, i64 total,
-                                     int rank, Dims6 out_dims, Dims6 sa, Dims6 sb, int op) {
+// y = a op b with NumPy broadcasting: out_dims is the result's shape, sa/sb/sc each operand's
+// stride per result axis (0 where it repeats). Op 12 (`Where`) is c != 0 ? a : b, the
+// condition c broadcast likewise; c is null for the others.
+extern "C" __global__ void broadcast(float* y, const float* a, const float* b, const float* c,
+                                     i64 total, int rank, Dims6 out_dims, Dims6 sa, Dims6 sb,
+                                     Dims6 sc, int op) {
     GRID_STRIDE(t, total) {
-        i64 rem = t, ia = 0, ib = 0;
+        i64 rem = t, ia = 0, ib = 0, ic = 0;
         for (int d = rank - 1; d >= 0; --d) {
             i64 idx = rem % out_dims.d[d];
             rem /= out_dims.d[d];
             ia += idx * sa.d[d];
             ib += idx * sb.d[d];
+            ic += idx * sc.d[d];
         }
-        y[t] = bin_f(a[ia], b[ib], op);
+        y[t] = op == 12 ? (c[ic] != 0.0f ? a[ia] : b[ib]) : bin_f(a[ia], b[ib], op);
     }
 }
 

@@ -1,7 +1,8 @@
 //! Two-operand element-wise arithmetic with NumPy broadcasting (ONNX's `Sub`, `Div`, `Pow`,
-//! `Max`, `Min`, and `Add`/`Mul` of differently shaped operands, e.g. squeeze-and-excitation's
-//! `x * gate[n, c, 1, 1]` or a position embedding added to a batch); on CUDA the `broadcast`
-//! NVRTC kernel, up to six axes.
+//! `Max`, `Min`, the comparisons, and `Add`/`Mul` of differently shaped operands, e.g.
+//! squeeze-and-excitation's `x * gate[n, c, 1, 1]` or a position embedding added to a batch),
+//! and `Where`'s selection by a third, broadcast condition; on CUDA the `broadcast` NVRTC
+//! kernel, up to six axes.
 #![allow(unsafe_code)]
 
 use cudarc::driver::PushKernelArg;
@@ -25,6 +26,8 @@ pub enum BinOp {
     Mul,
     /// A binary operator of the graph (its arithmetic: [`BinaryKind::apply`]).
     Binary(BinaryKind),
+    /// `a` where the step's condition is not 0, else `b` (`Where`).
+    Select,
 }
 
 impl BinOp {
@@ -33,6 +36,8 @@ impl BinOp {
             BinOp::Add => x + y,
             BinOp::Mul => x * y,
             BinOp::Binary(k) => k.apply(x, y),
+            // Never asked: the step's condition chooses (`Broadcast::run_cpu`).
+            BinOp::Select => x,
         }
     }
 
@@ -53,12 +58,14 @@ impl BinOp {
                 BinaryKind::LessOrEqual => 10,
                 BinaryKind::GreaterOrEqual => 11,
             },
+            BinOp::Select => 12,
         }
     }
 }
 
 /// `y = a op b`, each operand broadcast to `out` (NumPy's rules: shapes aligned at the last
-/// axis, a dimension of 1 repeats).
+/// axis, a dimension of 1 repeats); for [`BinOp::Select`], `cond ? a : b` with the condition
+/// broadcast likewise.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Broadcast {
     pub a: BufId,
@@ -68,6 +75,8 @@ pub struct Broadcast {
     pub b_shape: Vec<usize>,
     pub out: Vec<usize>,
     pub op: BinOp,
+    /// `Where`'s condition and its shape (with [`BinOp::Select`] only).
+    pub cond: Option<(BufId, Vec<usize>)>,
 }
 
 /// Lower a `binary` operator, or an `elementwise` one whose operands differ in shape (folded
@@ -109,11 +118,47 @@ pub(crate) fn lower(
                 b_shape: shape.clone(),
                 out: joined.clone(),
                 op,
+                cond: None,
             }
             .into(),
         );
         acc = (dst, joined);
     }
+    Ok(())
+}
+
+/// Lower a `where` operator: one [`BinOp::Select`] broadcast of its three terms (condition,
+/// then, else).
+pub(crate) fn lower_where(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    src: Src<'_>,
+    out: BufId,
+    out_shape: &[usize],
+) -> Result<(), GpuError> {
+    let ts = b.terms(steps, at, src)?;
+    let [(c, cs), (x, xs), (y, ys)] = ts.as_slice() else {
+        return Err(b.unsupported(at, "where needs three operands"));
+    };
+    let joined = opsched_graph::op::broadcast_shapes(&[cs.clone(), xs.clone(), ys.clone()])
+        .map_err(|m| b.unsupported(at, m))?;
+    if joined != out_shape {
+        return Err(b.unsupported(at, "operand shapes do not broadcast to the output"));
+    }
+    steps.push(
+        Broadcast {
+            a: *x,
+            b: *y,
+            y: out,
+            a_shape: xs.clone(),
+            b_shape: ys.clone(),
+            out: joined,
+            op: BinOp::Select,
+            cond: Some((*c, cs.clone())),
+        }
+        .into(),
+    );
     Ok(())
 }
 
@@ -149,6 +194,7 @@ pub(crate) fn lower_affine(
                 b_shape: ps.clone(),
                 out: out_shape.to_vec(),
                 op,
+                cond: None,
             }
             .into(),
         );
@@ -199,6 +245,12 @@ impl StepKernel for Broadcast {
             reads.truncate(1);
             reads[0].1 = numel(&self.a_shape).max(numel(&self.b_shape));
         }
+        if let Some((c, cs)) = &self.cond {
+            match reads.iter_mut().find(|r| r.0 == *c) {
+                Some(r) => r.1 = r.1.max(numel(cs)),
+                None => reads.push((*c, numel(cs))),
+            }
+        }
         Access {
             reads,
             writes: vec![(self.y, numel(&self.out))],
@@ -207,53 +259,81 @@ impl StepKernel for Broadcast {
 
     fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
         let rank = self.out.len();
-        if self.a_shape.len() > rank || self.b_shape.len() > rank {
+        let cond_shape = self.cond.as_ref().map_or(&[][..], |(_, s)| s.as_slice());
+        if self.a_shape.len() > rank || self.b_shape.len() > rank || cond_shape.len() > rank {
             return Err(GpuError::Plan(
                 "broadcast: an operand has more axes than the result".into(),
             ));
         }
-        let (sa, sb) = (
+        let (sa, sb, sc) = (
             strides(&self.a_shape, &self.out),
             strides(&self.b_shape, &self.out),
+            strides(cond_shape, &self.out),
         );
         let a = io.read(self.a)?;
         let b = io.read(self.b)?;
+        let c = match &self.cond {
+            Some((c, _)) => Some(io.read(*c)?),
+            None => None,
+        };
         let n = numel(&self.out);
         let y = &mut io.write(self.y)?[..n];
         // One row per index of the leading axes; the last axis is the inner loop.
         let last = self.out.last().copied().unwrap_or(1).max(1);
-        let (la, lb) = (
+        let (la, lb, lc) = (
             sa.last().copied().unwrap_or(0),
             sb.last().copied().unwrap_or(0),
+            sc.last().copied().unwrap_or(0),
         );
         y.par_chunks_mut(last).enumerate().for_each(|(row, yr)| {
-            let (mut oa, mut ob, mut r) = (0, 0, row);
+            let (mut oa, mut ob, mut oc, mut r) = (0, 0, 0, row);
             for ax in (0..rank.saturating_sub(1)).rev() {
                 let d = self.out[ax].max(1);
                 let i = r % d;
                 r /= d;
                 oa += i * sa[ax];
                 ob += i * sb[ax];
+                oc += i * sc[ax];
             }
-            for (j, v) in yr.iter_mut().enumerate() {
-                *v = self.op.apply(a[oa + j * la], b[ob + j * lb]);
+            match c {
+                Some(c) => {
+                    for (j, v) in yr.iter_mut().enumerate() {
+                        let (x, y) = (a[oa + j * la], b[ob + j * lb]);
+                        *v = opsched_graph::op::select(c[oc + j * lc], x, y);
+                    }
+                }
+                None => {
+                    for (j, v) in yr.iter_mut().enumerate() {
+                        *v = self.op.apply(a[oa + j * la], b[ob + j * lb]);
+                    }
+                }
             }
         });
         Ok(())
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
+        let too_many = || {
+            cx.no_kernel(format!(
+                "broadcast of {} axes (at most {MAX_RANK})",
+                self.out.len()
+            ))
+        };
         let [dims, sa, sb] =
-            broadcast_params(&self.a_shape, &self.b_shape, &self.out).ok_or_else(|| {
-                cx.no_kernel(format!(
-                    "broadcast of {} axes (at most {MAX_RANK})",
-                    self.out.len()
-                ))
-            })?;
+            broadcast_params(&self.a_shape, &self.b_shape, &self.out).ok_or_else(too_many)?;
+        let (c, sc) = match &self.cond {
+            Some((c, cs)) => (
+                cx.ptr(*c)?,
+                broadcast_params(cs, cs, &self.out).ok_or_else(too_many)?[1],
+            ),
+            None => (0, [0; 6]),
+        };
         Ok(Box::new(CudaBroadcast {
             y: cx.ptr(self.y)?,
             a: cx.ptr(self.a)?,
             b: cx.ptr(self.b)?,
+            c,
+            sc,
             total: product(&self.out, "broadcast result")?,
             rank: self.out.len() as i32,
             dims,
@@ -272,6 +352,9 @@ struct CudaBroadcast {
     y: u64,
     a: u64,
     b: u64,
+    /// `Where`'s condition (null otherwise) and its strides.
+    c: u64,
+    sc: [i64; 6],
     total: usize,
     rank: i32,
     dims: [i64; 6],
@@ -288,14 +371,17 @@ impl Enqueue for CudaBroadcast {
         b.arg(&self.y)
             .arg(&self.a)
             .arg(&self.b)
+            .arg(&self.c)
             .arg(&total)
             .arg(&self.rank)
             .arg(&self.dims)
             .arg(&self.sa)
             .arg(&self.sb)
+            .arg(&self.sc)
             .arg(&self.op);
-        // SAFETY: matches `broadcast` (three 48-byte Dims6 structs by value); the strides stay
-        // inside each operand's shape, which the step's access checked against its buffer.
+        // SAFETY: matches `broadcast` (four 48-byte Dims6 structs by value); the strides stay
+        // inside each operand's shape, which the step's access checked against its buffer;
+        // the condition is read only by op 12 (`Select`), the only one with one.
         launched(unsafe { b.launch(grid(self.total)) }, "broadcast")
     }
 }

@@ -51,6 +51,7 @@ fn describe(op: &Op) -> String {
         Op::Input { .. } => "input".into(),
         Op::Constant { .. } => "constant".into(),
         Op::Binary { kind } => format!("binary {}", format!("{kind:?}").to_lowercase()),
+        Op::Where => "where".into(),
         Op::Affine => "affine".into(),
         Op::Pad { begin, end, value } => format!("pad {begin:?} {end:?} value {value}"),
         Op::LogSoftmax { axis } => format!("log_softmax axis {axis}"),
