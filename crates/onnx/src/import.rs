@@ -77,7 +77,6 @@ const UNARY: &[&str] = &[
     "Floor",
     "IsInf",
     "IsNaN",
-    "Not",
     "Round",
     "Selu",
     "Sign",
@@ -901,6 +900,20 @@ impl<'a> Importer<'a> {
                 let x = self.act(ins, 0)?;
                 self.opaque(node, &ins[..1], Some(x.shape))
             }
+            // Booleans are 1.0 and 0.0: `not b` is `b == 0`.
+            "Not" => {
+                let x = self.operand(node, ins, 0)?;
+                let out = Self::out0(node)?;
+                let zero = self.constant_node(
+                    &format!("{out}#zero"),
+                    &Const::floats(Vec::new(), vec![0.0]),
+                )?;
+                let op = Op::Binary {
+                    kind: BinaryKind::Equal,
+                };
+                self.push(node, out, op, vec![x.term(), zero.term()])?;
+                Ok(())
+            }
             op if BINARY.contains(&op) => self.elementwise(node, ins),
             "Slice" => self.slice(node, ins),
             _ => Err(Fail::Unsupported(op_type.to_string())),
@@ -1507,7 +1520,14 @@ impl<'a> Importer<'a> {
                 "Min" => Op::Binary {
                     kind: BinaryKind::Min,
                 },
-                // Booleans are 1.0 and 0.0 (a Cast to float is a view of them).
+                // Booleans are 1.0 and 0.0 (a Cast to float is a view of them): `and` is
+                // their minimum, `or` their maximum.
+                "And" => Op::Binary {
+                    kind: BinaryKind::Min,
+                },
+                "Or" => Op::Binary {
+                    kind: BinaryKind::Max,
+                },
                 "Equal" => Op::Binary {
                     kind: BinaryKind::Equal,
                 },
