@@ -198,7 +198,11 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
                 (*bias || *act != Activation::None) && !opsched_graph::fusion::gemm_epilogue(*act);
             single_copies(input) + 1 + u32::from(after)
         }
-        Op::Elementwise { .. } | Op::Binary { .. } | Op::Where | Op::BatchMatmul { .. } => {
+        Op::Elementwise { .. }
+        | Op::Binary { .. }
+        | Op::Where
+        | Op::Expand { .. }
+        | Op::BatchMatmul { .. } => {
             let copies = match input {
                 Input::Buffer(_) => 0,
                 Input::Terms(terms, _) => terms.iter().map(term_copies).sum(),

@@ -336,6 +336,11 @@ fn write_op(s: &mut String, op: &Op) {
             let _ = write!(s, "({})", lower(kind));
         }
         Op::Affine | Op::Where => {}
+        Op::Expand { shape } => {
+            s.push('(');
+            write_shape(s, shape);
+            s.push(')');
+        }
         Op::Pad { begin, end, value } => {
             s.push_str("(b=");
             write_list(s, begin);

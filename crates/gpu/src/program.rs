@@ -1422,6 +1422,9 @@ impl<'g> Builder<'g> {
                 step::broadcast::lower(self, steps, at, (*kind).into(), src, out, out_shape)
             }
             Op::Where => step::broadcast::lower_where(self, steps, at, src, out, out_shape),
+            Op::Expand { .. } => {
+                step::broadcast::lower_expand(self, steps, at, src, out, out_shape)
+            }
             Op::Pad { begin, end, value } => {
                 step::pad::lower(self, steps, at, begin, end, *value, src, out)
             }

@@ -660,6 +660,10 @@ fn eval(
             let b = broadcast_to(b, sb, out_shape);
             a.iter().zip(&b).map(|(&x, &y)| kind.apply(x, y)).collect()
         }
+        Op::Expand { .. } => {
+            let (x, s) = single();
+            broadcast_to(&x, &s, out_shape)
+        }
         Op::Where => {
             let [(c, sc), (a, sa), (b, sb)] = inputs.as_slice() else {
                 return Err(unsup("where needs three inputs"));

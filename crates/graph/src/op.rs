@@ -559,6 +559,11 @@ pub enum Op {
     /// ONNX's `Where` of three terms `(cond, a, b)`, shapes broadcast as in numpy: `a` where
     /// `cond` is not 0, else `b` (masked fills: attention's causal and padding masks).
     Where,
+    /// ONNX's `Expand`: the one term broadcast as in numpy against `shape` (the result's shape
+    /// is their broadcast; an attention mask expanded over heads and queries).
+    Expand {
+        shape: Vec<usize>,
+    },
     /// Per-channel scale and shift along axis 1, `y = x * scale[c] + shift[c]` (parameters
     /// `scale` and `shift`): a batch normalization that cannot fold into a convolution.
     Affine,
@@ -822,6 +827,7 @@ impl Op {
             Op::Constant { .. } => "constant",
             Op::Binary { .. } => "binary",
             Op::Where => "where",
+            Op::Expand { .. } => "expand",
             Op::Affine => "affine",
             Op::Pad { .. } => "pad",
             Op::LogSoftmax { .. } => "log_softmax",
@@ -933,6 +939,12 @@ impl Op {
                     ));
                 }
                 broadcast_shapes(terms)
+            }
+            Op::Expand { shape } => {
+                if terms.len() != 1 {
+                    return Err(format!("expand needs 1 input, got {}", terms.len()));
+                }
+                broadcast_shapes(&[terms[0].clone(), shape.clone()])
             }
             Op::Concat { axis } => concat_shapes(terms, *axis),
             Op::BatchMatmul { transpose_b, .. } => {
@@ -1237,6 +1249,7 @@ impl Op {
         let (flops, params) = match self {
             Op::Input { .. } | Op::Constant { .. } | Op::Abstract { .. } => (0, 0),
             Op::Binary { .. } | Op::Where => (out_elems, 0),
+            Op::Expand { .. } => (0, 0),
             Op::Affine => {
                 let c = count(out.get(1).copied().unwrap_or(0));
                 (mul("FLOPs", out_elems, 2)?, mul("parameters", c, 2)?)

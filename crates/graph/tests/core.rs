@@ -157,6 +157,19 @@ fn multi_input_ops() {
     );
     assert!(infer(Op::Where, &[a, a]).unwrap_err().contains("exactly 3"));
     assert!(infer(Op::Where, &[&[5], a, a]).is_err());
+    // Expand: the term against the shape, numpy's way (the result may exceed both).
+    let expand = |shape: &[usize]| Op::Expand {
+        shape: shape.to_vec(),
+    };
+    assert_eq!(
+        infer(expand(&[2, 6, 6]), &[&[2, 1, 6]]).unwrap(),
+        vec![2, 6, 6]
+    );
+    assert_eq!(infer(expand(&[3, 1]), &[&[1, 4]]).unwrap(), vec![3, 4]);
+    assert!(infer(expand(&[3]), &[&[4]]).is_err());
+    assert!(infer(expand(&[3]), &[a, a])
+        .unwrap_err()
+        .contains("1 input"));
     // A conv on several terms reads them concatenated along channels.
     assert_eq!(
         infer(Op::Conv2d(Conv2d::new(4, 1)), &[a, b]).unwrap(),

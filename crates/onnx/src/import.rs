@@ -810,7 +810,15 @@ impl<'a> Importer<'a> {
                 let target = Self::ints(ins, 1, "target shape")?;
                 let target: Shape = target.iter().map(|&d| d.max(1) as usize).collect();
                 let shape = shapes::broadcast(&x.shape, &target)?;
-                self.opaque(node, &ins[..1], Some(shape))
+                if shape == x.shape {
+                    // Nothing to repeat: a view of the input.
+                    let out = Self::out0(node)?;
+                    self.alias(&node.input[0], out, x);
+                    return Ok(());
+                }
+                let out = Self::out0(node)?;
+                self.push(node, out, Op::Expand { shape: target }, vec![x.term()])?;
+                Ok(())
             }
             op if op.starts_with("Reduce") || op == "ArgMax" || op == "ArgMin" => {
                 let x = self.act(ins, 0)?;

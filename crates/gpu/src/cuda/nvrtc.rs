@@ -75,6 +75,7 @@ __device__ __forceinline__ float bin_f(float x, float y, int op) {
     case 9: return x > y ? 1.0f : 0.0f;
     case 10: return x <= y ? 1.0f : 0.0f;
     case 11: return x >= y ? 1.0f : 0.0f;
+    case 13: return x;
     default: return fminf(x, y);
     }
 }

@@ -28,6 +28,8 @@ pub enum BinOp {
     Binary(BinaryKind),
     /// `a` where the step's condition is not 0, else `b` (`Where`).
     Select,
+    /// `a` (`Expand`: the one operand broadcast to the result).
+    Left,
 }
 
 impl BinOp {
@@ -38,6 +40,7 @@ impl BinOp {
             BinOp::Binary(k) => k.apply(x, y),
             // Never asked: the step's condition chooses (`Broadcast::run_cpu`).
             BinOp::Select => x,
+            BinOp::Left => x,
         }
     }
 
@@ -59,6 +62,7 @@ impl BinOp {
                 BinaryKind::GreaterOrEqual => 11,
             },
             BinOp::Select => 12,
+            BinOp::Left => 13,
         }
     }
 }
@@ -124,6 +128,32 @@ pub(crate) fn lower(
         );
         acc = (dst, joined);
     }
+    Ok(())
+}
+
+/// Lower an `expand` operator: one [`BinOp::Left`] broadcast of its term to the result.
+pub(crate) fn lower_expand(
+    b: &mut Builder<'_>,
+    steps: &mut Vec<Step>,
+    at: At,
+    src: Src<'_>,
+    out: BufId,
+    out_shape: &[usize],
+) -> Result<(), GpuError> {
+    let (x, xs) = b.single(steps, at, src)?;
+    steps.push(
+        Broadcast {
+            a: x,
+            b: x,
+            y: out,
+            a_shape: xs.clone(),
+            b_shape: xs,
+            out: out_shape.to_vec(),
+            op: BinOp::Left,
+            cond: None,
+        }
+        .into(),
+    );
     Ok(())
 }
 

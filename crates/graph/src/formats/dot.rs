@@ -52,6 +52,7 @@ fn describe(op: &Op) -> String {
         Op::Constant { .. } => "constant".into(),
         Op::Binary { kind } => format!("binary {}", format!("{kind:?}").to_lowercase()),
         Op::Where => "where".into(),
+        Op::Expand { shape } => format!("expand {shape:?}"),
         Op::Affine => "affine".into(),
         Op::Pad { begin, end, value } => format!("pad {begin:?} {end:?} value {value}"),
         Op::LogSoftmax { axis } => format!("log_softmax axis {axis}"),
