@@ -297,8 +297,9 @@ impl ReduceKind {
 
 /// Element-wise operation of two ordered inputs (shapes broadcast as in numpy): `a - b`,
 /// `a / b`, `a ^ b`, `max(a, b)`, `min(a, b)`, and the comparisons `a == b`, `a < b`, `a > b`,
-/// `a <= b`, `a >= b`, which give 1.0 where they hold and 0.0 elsewhere (ONNX's boolean
-/// results, as the masks that multiply or select values read them).
+/// `a <= b`, `a >= b`, `a != b` (ONNX's `Xor` of booleans), which give 1.0 where they hold and
+/// 0.0 elsewhere (ONNX's boolean results, as the masks that multiply or select values read
+/// them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BinaryKind {
@@ -312,6 +313,7 @@ pub enum BinaryKind {
     Greater,
     LessOrEqual,
     GreaterOrEqual,
+    NotEqual,
 }
 
 /// `Where`'s element: `a` where `cond` is not 0 (a boolean's 1.0, or any other value), else
@@ -340,6 +342,8 @@ impl BinaryKind {
             BinaryKind::Greater => holds(a > b),
             BinaryKind::LessOrEqual => holds(a <= b),
             BinaryKind::GreaterOrEqual => holds(a >= b),
+            #[allow(clippy::float_cmp)]
+            BinaryKind::NotEqual => holds(a != b),
         }
     }
 }

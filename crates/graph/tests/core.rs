@@ -639,6 +639,10 @@ fn comparisons_are_masks_of_ones_and_zeros() {
         (LessOrEqual, [1.0, 1.0, 0.0], "\"less_or_equal\""),
         (GreaterOrEqual, [1.0, 0.0, 1.0], "\"greater_or_equal\""),
     ];
+    assert_eq!(NotEqual.apply(1.0, 0.0), 1.0);
+    assert_eq!(NotEqual.apply(1.0, 1.0), 0.0);
+    // NaN is unequal to everything (ONNX's Xor never sees one: booleans are 0 and 1).
+    assert_eq!(NotEqual.apply(f32::NAN, 2.0), 1.0);
     for (kind, want, name) in cases {
         // 2 against 2, 1 and 3.
         let got = [2.0, 1.0, 3.0].map(|a| kind.apply(a, 2.0));

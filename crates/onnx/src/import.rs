@@ -1529,12 +1529,15 @@ impl<'a> Importer<'a> {
                     kind: BinaryKind::Min,
                 },
                 // Booleans are 1.0 and 0.0 (a Cast to float is a view of them): `and` is
-                // their minimum, `or` their maximum.
+                // their minimum, `or` their maximum, `xor` their inequality.
                 "And" => Op::Binary {
                     kind: BinaryKind::Min,
                 },
                 "Or" => Op::Binary {
                     kind: BinaryKind::Max,
+                },
+                "Xor" => Op::Binary {
+                    kind: BinaryKind::NotEqual,
                 },
                 "Equal" => Op::Binary {
                     kind: BinaryKind::Equal,

@@ -65,7 +65,7 @@
 //! | `Split`, unit-step `Slice` along other axes (GPT-2's fused query, key and value; crops) | `slice`, one per axis cut (a slab copy) |
 //! | GELU, layer norm and swish written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`; `Sigmoid, Mul` as PyTorch exports SiLU, or `Mul, Sigmoid, Mul`) | rewritten into one `Gelu` / `LayerNormalization` / `Swish` first (only when their constants are the right ones) |
 //! | `Where` (the condition's booleans 1.0 and 0.0; numpy broadcasting) | `where` |
-//! | `And`, `Or`, `Not` of booleans (1.0 and 0.0) | `binary` `min`, `max`, and `equal` to a constant 0 |
+//! | `And`, `Or`, `Xor`, `Not` of booleans (1.0 and 0.0) | `binary` `min`, `max`, `not_equal`, and `equal` to a constant 0 |
 //! | `Expand` | `expand` (one copy); removed where the shape does not change |
 //! | other element-wise ops (logic, `Round`, ...), other reductions (of axes apart, `ReduceProd`, `ArgMax`, ...), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels) | `opaque` with the shape we compute (scheduling only: no executor runs them) |
 //! | `Constant`, `Shape`, `Size`, and any node whose inputs are all constants | evaluated at import (shape arithmetic), no operator |

@@ -76,6 +76,7 @@ __device__ __forceinline__ float bin_f(float x, float y, int op) {
     case 10: return x <= y ? 1.0f : 0.0f;
     case 11: return x >= y ? 1.0f : 0.0f;
     case 13: return x;
+    case 14: return x != y ? 1.0f : 0.0f;
     default: return fminf(x, y);
     }
 }

@@ -60,6 +60,7 @@ impl BinOp {
                 BinaryKind::Greater => 9,
                 BinaryKind::LessOrEqual => 10,
                 BinaryKind::GreaterOrEqual => 11,
+                BinaryKind::NotEqual => 14,
             },
             BinOp::Select => 12,
             BinOp::Left => 13,
