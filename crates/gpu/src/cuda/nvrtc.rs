@@ -134,6 +134,15 @@ __device__ __forceinline__ unsigned long long ptr_bits(const float* const* p, in
     return bits;
 }
 
+// fn<I, V>(args...) for V = cv (4 or 2; else 1): the vectorized kernels' dispatch on the width
+// fit_cv allows.
+#define AT_WIDTH(cv, fn, I, ...)                  \
+    switch (cv) {                                 \
+    case 4: fn<I, 4>(__VA_ARGS__); break;         \
+    case 2: fn<I, 2>(__VA_ARGS__); break;         \
+    default: fn<I, 1>(__VA_ARGS__);               \
+    }
+
 // Where element t of a `[n, c, rows, cols]` tensor lies (its channel, row, column and image),
 // NCHW or channels last (NHWC: channels vary fastest): an output of the depthwise convolution or
 // a resize, or for the tiled depthwise kernel a group of a row's outputs.
@@ -289,16 +298,10 @@ __device__ __forceinline__ void bias_act_runs_vec(float* y, const float* bias,
                                                   const float* residual, I total, I channels,
                                                   I inner, Runs<I> at, int act, float p0,
                                                   float p1, int vec) {
-    switch (fit_cv(vec, (unsigned long long)y | (unsigned long long)residual |
-                            (unsigned long long)(at.run | at.stride | total) * 4)) {
-    case 4:
-        bias_act_runs_t<I, 4>(y, bias, residual, total, channels, inner, at, act, p0, p1);
-        break;
-    case 2:
-        bias_act_runs_t<I, 2>(y, bias, residual, total, channels, inner, at, act, p0, p1);
-        break;
-    default: bias_act_t<I>(y, bias, residual, total, channels, inner, act, p0, p1, at);
-    }
+    const int cv = fit_cv(vec, (unsigned long long)y | (unsigned long long)residual |
+                                   (unsigned long long)(at.run | at.stride | total) * 4);
+    AT_WIDTH(cv, bias_act_runs_t, I, y, bias, residual, total, channels, inner, at, act, p0,
+             p1);
 }
 
 extern "C" __global__ void bias_act_runs(float* y, const float* bias, const float* residual,
@@ -456,24 +459,17 @@ __device__ __forceinline__ void pool2d_nhwc_t(float* y, const float* x, I n, int
     }
 }
 
-#define POOL_NHWC_ARGS(I)                                                                   \
-    y, x, (I)n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad, is_max, bias,    \
-        (I)ypix, (I)xpix
-
 template <typename I>
 __device__ __forceinline__ void pool2d_nhwc_vec(float* y, const float* x, i64 n, int c, int h,
                                                 int w, int oh, int ow, int kh, int kw, int sh,
                                                 int sw, int ph, int pw, int eh, int ew,
                                                 int count_pad, int is_max, const float* bias,
                                                 i64 ypix, i64 xpix, int vec) {
-    switch (fit_cv(vec, (unsigned long long)y | (unsigned long long)x |
-                            (unsigned long long)(c | ypix | xpix) * 4)) {
-    case 4: pool2d_nhwc_t<I, 4>(POOL_NHWC_ARGS(I)); break;
-    case 2: pool2d_nhwc_t<I, 2>(POOL_NHWC_ARGS(I)); break;
-    default: pool2d_nhwc_t<I, 1>(POOL_NHWC_ARGS(I));
-    }
+    const int cv = fit_cv(vec, (unsigned long long)y | (unsigned long long)x |
+                                   (unsigned long long)(c | ypix | xpix) * 4);
+    AT_WIDTH(cv, pool2d_nhwc_t, I, y, x, (I)n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
+             count_pad, is_max, bias, (I)ypix, (I)xpix);
 }
-#undef POOL_NHWC_ARGS
 
 extern "C" __global__ void pool2d_nhwc(float* y, const float* x, i64 n, int c, int h, int w,
                                        int oh, int ow, int kh, int kw, int sh, int sw, int ph,
@@ -523,17 +519,10 @@ __device__ __forceinline__ void elementwise_vec(float* y, const float* const* sr
                                                 I n, int is_mul, int act, float p0, float p1,
                                                 At at, const float* bias, I channels, I inner,
                                                 unsigned long long bits, int vec) {
-    switch (fit_cv(vec, bits | ptr_bits(srcs, nsrc) | (unsigned long long)y |
-                            (unsigned long long)n * 4)) {
-    case 4:
-        elementwise_t<I, 4>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels, inner);
-        break;
-    case 2:
-        elementwise_t<I, 2>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels, inner);
-        break;
-    default:
-        elementwise_t<I, 1>(y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels, inner);
-    }
+    const int cv = fit_cv(vec, bits | ptr_bits(srcs, nsrc) | (unsigned long long)y |
+                                   (unsigned long long)n * 4);
+    AT_WIDTH(cv, elementwise_t, I, y, srcs, nsrc, n, is_mul, act, p0, p1, at, bias, channels,
+             inner);
 }
 
 extern "C" __global__ void elementwise(float* y, const float* const* srcs, int nsrc, i64 n,
@@ -652,10 +641,6 @@ __device__ __forceinline__ void pool2d_sum_t(float* y, I y_run, I y_stride,
     }
 }
 
-#define POOL_SUM_ARGS(I)                                                                  \
-    y, (I)y_run, (I)y_stride, ptrs, meta, npool, nadd, (I)n, c, nhwc, h, w, oh, ow, kh, kw, \
-        sh, sw, ph, pw, eh, ew, count_pad, is_max, act, p0, p1, bias, (I)channels, (I)inner
-
 template <typename I>
 __device__ __forceinline__ void pool2d_sum_vec(float* y, i64 y_run, i64 y_stride,
                                                const float* const* ptrs, const i64* meta,
@@ -668,11 +653,9 @@ __device__ __forceinline__ void pool2d_sum_vec(float* y, i64 y_run, i64 y_stride
     unsigned long long bits = ptr_bits(ptrs, npool + nadd) | (unsigned long long)y |
                               (unsigned long long)(c | y_run | y_stride) * 4;
     for (int k = 0; k < npool + 2 * nadd; ++k) bits |= (unsigned long long)meta[k] * 4;
-    switch (nhwc ? fit_cv(vec, bits) : 1) {
-    case 4: pool2d_sum_t<I, 4>(POOL_SUM_ARGS(I)); break;
-    case 2: pool2d_sum_t<I, 2>(POOL_SUM_ARGS(I)); break;
-    default: pool2d_sum_t<I, 1>(POOL_SUM_ARGS(I));
-    }
+    AT_WIDTH(nhwc ? fit_cv(vec, bits) : 1, pool2d_sum_t, I, y, (I)y_run, (I)y_stride, ptrs,
+             meta, npool, nadd, (I)n, c, nhwc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew,
+             count_pad, is_max, act, p0, p1, bias, (I)channels, (I)inner);
 }
 
 extern "C" __global__ void pool2d_sum(float* y, i64 y_run, i64 y_stride,
@@ -691,7 +674,6 @@ extern "C" __global__ void pool2d_sum(float* y, i64 y_run, i64 y_stride,
                             ow, kh, kw, sh, sw, ph, pw, eh, ew, count_pad, is_max, act, p0, p1,
                             bias, channels, inner, vec);
 }
-#undef POOL_SUM_ARGS
 
 // The sum of `v` over the block (every thread gets it): warp shuffles, then one value per warp
 // through `red` (32 floats). blockDim.x must be a multiple of 32; every thread must call it.
