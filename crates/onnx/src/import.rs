@@ -85,7 +85,7 @@ const UNARY: &[&str] = &[
 ];
 
 /// Element-wise operators of several inputs (with broadcasting) beyond Add, Sub, Mul, Div and
-/// Sum: `binary` operators (two-input Pow, Max, Min) or opaque passes.
+/// Sum: `binary` operators ([`BINARY_KINDS`]), `where`, or opaque passes.
 const BINARY: &[&str] = &[
     "And",
     "Equal",
@@ -102,6 +102,25 @@ const BINARY: &[&str] = &[
     "PRelu",
     "Where",
     "Xor",
+];
+
+/// The two-operand element-wise types that are `binary` operators, and their kinds.
+/// Booleans are 1.0 and 0.0 (a Cast to float is a view of them): `And` is their minimum, `Or`
+/// their maximum, `Xor` their inequality.
+const BINARY_KINDS: &[(&str, BinaryKind)] = &[
+    ("Sub", BinaryKind::Sub),
+    ("Div", BinaryKind::Div),
+    ("Pow", BinaryKind::Pow),
+    ("Max", BinaryKind::Max),
+    ("Min", BinaryKind::Min),
+    ("And", BinaryKind::Min),
+    ("Or", BinaryKind::Max),
+    ("Xor", BinaryKind::NotEqual),
+    ("Equal", BinaryKind::Equal),
+    ("Less", BinaryKind::Less),
+    ("Greater", BinaryKind::Greater),
+    ("LessOrEqual", BinaryKind::LessOrEqual),
+    ("GreaterOrEqual", BinaryKind::GreaterOrEqual),
 ];
 
 /// Why a node was not mapped.
@@ -810,13 +829,12 @@ impl<'a> Importer<'a> {
                 let target = Self::ints(ins, 1, "target shape")?;
                 let target: Shape = target.iter().map(|&d| d.max(1) as usize).collect();
                 let shape = shapes::broadcast(&x.shape, &target)?;
+                let out = Self::out0(node)?;
                 if shape == x.shape {
                     // Nothing to repeat: a view of the input.
-                    let out = Self::out0(node)?;
                     self.alias(&node.input[0], out, x);
                     return Ok(());
                 }
-                let out = Self::out0(node)?;
                 self.push(node, out, Op::Expand { shape: target }, vec![x.term()])?;
                 Ok(())
             }
@@ -1512,50 +1530,10 @@ impl<'a> Importer<'a> {
             },
             // The condition's booleans are 1.0 and 0.0.
             ("Where", 3) => Op::Where,
-            (_, 2) => match op_type {
-                "Sub" => Op::Binary {
-                    kind: BinaryKind::Sub,
-                },
-                "Div" => Op::Binary {
-                    kind: BinaryKind::Div,
-                },
-                "Pow" => Op::Binary {
-                    kind: BinaryKind::Pow,
-                },
-                "Max" => Op::Binary {
-                    kind: BinaryKind::Max,
-                },
-                "Min" => Op::Binary {
-                    kind: BinaryKind::Min,
-                },
-                // Booleans are 1.0 and 0.0 (a Cast to float is a view of them): `and` is
-                // their minimum, `or` their maximum, `xor` their inequality.
-                "And" => Op::Binary {
-                    kind: BinaryKind::Min,
-                },
-                "Or" => Op::Binary {
-                    kind: BinaryKind::Max,
-                },
-                "Xor" => Op::Binary {
-                    kind: BinaryKind::NotEqual,
-                },
-                "Equal" => Op::Binary {
-                    kind: BinaryKind::Equal,
-                },
-                "Less" => Op::Binary {
-                    kind: BinaryKind::Less,
-                },
-                "Greater" => Op::Binary {
-                    kind: BinaryKind::Greater,
-                },
-                "LessOrEqual" => Op::Binary {
-                    kind: BinaryKind::LessOrEqual,
-                },
-                "GreaterOrEqual" => Op::Binary {
-                    kind: BinaryKind::GreaterOrEqual,
-                },
-                // Logic, PRelu, Mod, ...: one pass, costed by the tensor sizes.
-                _ => return self.opaque(node, ins, Some(shape)),
+            (_, 2) => match BINARY_KINDS.iter().find(|(t, _)| *t == op_type) {
+                Some(&(_, kind)) => Op::Binary { kind },
+                // PRelu, Mod, ...: one pass, costed by the tensor sizes.
+                None => return self.opaque(node, ins, Some(shape)),
             },
             _ => return self.opaque(node, ins, Some(shape)),
         };
