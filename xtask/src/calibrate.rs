@@ -73,14 +73,7 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
     if crate::rerun_in_release("calibrate", args)? {
         return Ok(());
     }
-    let mut m = Measurements::load(path)?;
-    if !a.models.is_empty() {
-        m.runs.retain(|r| a.models.contains(&r.model));
-        m.ops.retain(|o| a.models.contains(&o.model));
-        if m.runs.is_empty() {
-            bail!("{}: no runs of {}", path.display(), a.models.join(", "));
-        }
-    }
+    let m = load_models(path, &a.models)?;
     let out = a
         .out
         .clone()
@@ -137,6 +130,20 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
     println!("overheads {:?}", fitted.file.overheads);
     println!("wrote {}", out.display());
     Ok(())
+}
+
+/// The measurement file at `path` with only `models`' runs and operator samples (all of them
+/// where `models` is empty): `--models` of `calibrate --fit` and `fidelity`.
+pub(crate) fn load_models(path: &std::path::Path, models: &[String]) -> Result<Measurements> {
+    let mut m = Measurements::load(path)?;
+    if !models.is_empty() {
+        m.runs.retain(|r| models.contains(&r.model));
+        m.ops.retain(|o| models.contains(&o.model));
+        if m.runs.is_empty() {
+            bail!("{}: no runs of {}", path.display(), models.join(", "));
+        }
+    }
+    Ok(m)
 }
 
 /// The measuring half: `opsched::measure` on the chosen device into `--out`.

@@ -3,13 +3,13 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Parser;
 use opsched::calibrate::{
     fidelity, Fidelity, BEST_TOLERANCE, FITTED_TOLERANCE, UNFITTED_TOLERANCE,
 };
 use opsched::cost::calibration::DeviceFile;
-use opsched::cost::measurements::{Measurements, RunMode};
+use opsched::cost::measurements::RunMode;
 use opsched::cost::{DevicePreset, LinkPreset};
 use opsched::Calibration;
 
@@ -66,14 +66,7 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
                 })?
         }
     };
-    let mut m = Measurements::load(&path)?;
-    if !a.models.is_empty() {
-        m.runs.retain(|r| a.models.contains(&r.model));
-        m.ops.retain(|o| a.models.contains(&o.model));
-        if m.runs.is_empty() {
-            bail!("{}: no runs of {}", path.display(), a.models.join(", "));
-        }
-    }
+    let m = crate::calibrate::load_models(&path, &a.models)?;
     let calibration = match (&a.device_file, a.formulas) {
         (Some(p), _) => Calibration::File(p.clone()),
         (None, true) => Calibration::Formulas,
