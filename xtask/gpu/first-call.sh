@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The first device call of a GPU session (docs/gpu-session.md, step 1), about five
-# minutes on an H100 (give it 360 s): every GPU test, the kernel A/B (its timings were lost on
-# 2026-11-27c), which fusions cost RandWire and NASNet channels last (three processes each,
-# alternating with the default), the Transformer's IOS plan checked now that its scores are
-# scaled, and compute-sanitizer on it. Run on the device in the repository root, gpu-carry/
+# The first device call of a GPU session whose kernels changed (docs/gpu-session.md, step 1),
+# about six minutes on an H100 (give it 420 s; on 2026-11-27d the tests alone took 4 min 20 s):
+# every GPU test, the kernel A/B, which fusions cost RandWire and NASNet channels last (three
+# processes each, alternating with the default), the Transformer's IOS plan checked and timed,
+# and compute-sanitizer on it. Run on the device in the repository root, gpu-carry/
 # carried:
 #   bash xtask/gpu/first-call.sh
 # Each step has its own time limit and the next runs whatever happened, so one failure costs
@@ -53,11 +53,10 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$L"
 
 # The committed cache of the last session that brought one back: its kernels again, and only
 # new shapes are timed (by the first process that meets them; the later ones run the same).
-cp fixtures/gpu/h100-2026-11-27c/cost-cache.bin $C/both.bin
+cp fixtures/gpu/h100-2026-11-27d/cost-cache.bin $C/both.bin
 export OPSCHED_CACHE=$C/both.bin
-# New since 2026-11-27c: batch_matmul's alpha (the every-op test's scores, the Transformer's
-# merged projections against the reference, the ONNX attention parity models' scales, sdpa's
-# among them) and the depthwise kernels tiled by fours and twos wherever they measure fastest.
+# Every GPU test (all passed on 2026-11-27d, at fcc141e): the kernels against the CPU
+# reference, plans against the sequential run, the ONNX parity models against onnxruntime.
 for t in gpu-carry/tests/*; do
     step "$t"
     timeout 150 "$t" --ignored --test-threads 1 --skip kernels_side_by_side \
@@ -67,26 +66,18 @@ done
 save_cache
 # The NVRTC kernels side by side with their earlier versions (crates/gpu/src/cuda/nvrtc_ab.rs):
 # the depthwise kernel against ea18c6e's, with and without an input bias, in both layouts,
-# unrolled, tiled and (channels last) tiled by fours and twos, and NCHW against channels last (its
-# inputs were freed early on 2026-11-27c, which failed the test and lost its timings); then
-# NASNet's pooling sums, sums and biases into a concatenation one channel a thread against four
-# or two. 90 s: NVRTC compiles the whole source again for it (about 30 s on our CPU).
+# unrolled, tiled and (channels last) tiled by fours and twos, and NCHW against channels last;
+# then NASNet's pooling sums, sums and biases into a concatenation one channel a thread against
+# four or two (58 s on 2026-11-27d). 90 s: NVRTC compiles the whole source again for it.
 step "kernel A/B"
 timeout 90 gpu-carry/tests/opsched_gpu-* --ignored --nocapture kernels_side_by_side 2>&1 |
     tee -a "$L" | grep "kernel A/B" | tee -a "$R"
 
-# Which fusion costs what channels last (2026-11-27c, one process each: RandWire without all
-# eight 0.917x the default, without bias-into-depthwise 1.050x; NASNet without
-# bias-into-depthwise 0.982x). Each variant leaves one fusion out (`--no-fusion`); three
-# processes each, alternating with the default, so a verdict of "faster" is one that held in
-# every process (xtask/gpu/verdict.py).
-declare -A FUSION=(
-    [no-adds]=bias-into-adds [no-dw]=bias-into-depthwise [no-sum]=sum-into-depthwise
-    [no-act]=act-into-producer [no-pool]=pool-into-sum [no-writers]=act-into-writers
-    [no-bpool]=bias-into-pools [no-bcat]=bias-through-concat
-)
-NONE=""
-for f in "${FUSION[@]}"; do NONE="$NONE --no-fusion $f"; done
+# Which fusion costs what channels last (2026-11-27d, three processes each: RandWire without
+# sum-into-depthwise 0.910x, since left out by default; without bias-into-depthwise RandWire
+# 1.051x, NASNet 0.968x). Each variant puts one fusion in (`with-sum`: `--fusion`) or leaves
+# one out (`no-dw`); three processes each, alternating with the default, so a verdict of
+# "faster" is one that held in every process (xtask/gpu/verdict.py).
 # The plans of 2026-11-27c, so its lines compare kernels, not schedules: LIOS searched under the
 # device file of then (the committed one is fitted to the channels-last kernels since), the
 # Transformer's IOS plan as it ran (IOS prices a stage's fork and join since).
@@ -94,12 +85,10 @@ THEN="--device-file fixtures/gpu/h100-2026-11-22/device-h100.json"
 IOS_THEN=fixtures/gpu/h100-2026-11-27c/schedules/transformer-ios.json
 for i in 1 2 3; do
     run "after nhwc lios randwire process $i" 60 randwire --algo lios $THEN --repeats 100
-    run "after nhwc none lios randwire process $i" 60 randwire --algo lios $THEN --repeats 100 \
-        $NONE
-    for v in no-adds no-dw no-sum no-act no-writers; do
-        run "after nhwc $v lios randwire process $i" 60 randwire --algo lios $THEN \
-            --repeats 100 --no-fusion ${FUSION[$v]}
-    done
+    run "after nhwc with-sum lios randwire process $i" 60 randwire --algo lios $THEN \
+        --repeats 100 --fusion sum-into-depthwise
+    run "after nhwc no-dw lios randwire process $i" 60 randwire --algo lios $THEN \
+        --repeats 100 --no-fusion bias-into-depthwise
     run "after nhwc lios nasnet process $i" 60 nasnet --algo lios $THEN --repeats 100
     run "after nhwc no-dw lios nasnet process $i" 60 nasnet --algo lios $THEN --repeats 100 \
         --no-fusion bias-into-depthwise
@@ -107,9 +96,8 @@ done
 save_cache
 timeout 10 python3 xtask/gpu/verdict.py "$R" 2>>"$L" | sed 's/^/verdict /' | tee -a "$R" >/dev/null
 
-# The Transformer's IOS plan (merged projections read in place): its check failed on
-# 2026-11-27c for the unscaled scores' near one-hot softmaxes (TF32 flipped them); scaled by
-# 1/8 since. Checked, then timed in three processes (0.705 ms on 2026-11-27c).
+# The Transformer's IOS plan (merged projections read in place, scores scaled by 1/8):
+# checked, then timed in three processes (0.702 to 0.708 ms on 2026-11-27d).
 run "check ios transformer" 60 transformer --schedule $IOS_THEN --check --repeats 20
 for i in 1 2 3; do
     run "ios transformer process $i" 60 transformer --schedule $IOS_THEN --repeats 100

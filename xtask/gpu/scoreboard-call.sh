@@ -13,7 +13,7 @@ source xtask/gpu/env.sh
 # kept outside $OUT while running (its lock file), copied out at the end.
 mkdir -p /tmp/opsched-caches
 cache=gpu-carry/cost-cache.bin
-[ -e "$cache" ] || cache=fixtures/gpu/h100-2026-11-27c/cost-cache.bin
+[ -e "$cache" ] || cache=fixtures/gpu/h100-2026-11-27d/cost-cache.bin
 cp "$cache" /tmp/opsched-caches/board.bin
 export OPSCHED_CACHE=/tmp/opsched-caches/board.bin
 # How the products choose their kernel (bench-gpu --gemm), how activations are stored

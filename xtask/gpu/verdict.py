@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """What first-call.sh's whole-model lines say (docs/gpu-session.md, step 1): per model, batch,
 layout and schedule, the median of each variant's processes and its ratio to this revision with
-every fusion (`after`), so that which fusion (or which binary) is slower reads off one table.
+the default fusions (`after`), so that which fusion (or which binary) is slower reads off one table.
 
 Usage:
   verdict.py RESULTS
       RESULTS: first-call.sh's results.txt. Its whole-model lines are
       `NAME: MEDIAN ms (p10 ..., p90 ...) ...` with NAME `[before REV|after|b16] LAYOUT
       [VARIANT] ALGO MODEL [process N]` (VARIANT: no-adds, no-dw, no-sum, no-act, no-pool,
-      no-writers, no-bpool, no-bcat, none);
+      no-writers, no-bpool, no-bcat, none: left out; with-sum: put in);
       other lines, and failed runs, are skipped.
 
 Prints one line per variant: the case (model, batch, layout, schedule), the variant, its
 medians in each process, the median of them and its ratio to the default's (above 1: slower
-than with every fusion). A variant whose every process ran below 0.98 times the default's
-fastest is marked "faster": the fusion it leaves out costs that case time.
+than with the default fusions). A variant whose every process ran below 0.98 times the default's
+fastest is marked "faster": the fusion it leaves out (puts in) costs (saves) that case time.
 Exit codes: 0 ok, 2 an unreadable file.
 """
 import re
@@ -22,7 +22,7 @@ import statistics
 import sys
 
 VARIANTS = {"no-adds", "no-dw", "no-sum", "no-act", "no-pool", "no-writers", "no-bpool", "no-bcat",
-            "none"}
+            "none", "with-sum"}
 LINE = re.compile(r"^(?P<name>[^:]+): (?P<ms>[0-9.]+) ms ")
 
 

@@ -623,7 +623,14 @@ mod tests {
             },
             vec![both],
         );
+        // By default the depthwise kernel does not read the sum (`Fusions::DEFAULT`).
         let g = b.finish().unwrap();
+        assert_eq!(
+            op_signature(&g, sep),
+            "sequential{activation(relu);conv2d(oc=8,k=3x3,s=1x1,p=1x1,d=1x1,g=8)}\
+             [1x8x4x4(sum2)]f32"
+        );
+        let g = g.with_fusions(opsched_graph::fusion::Fusions::ALL);
         assert_eq!(
             op_signature(&g, c1),
             "conv2d(oc=8,k=1x1,s=1x1,p=0x0,d=1x1,g=1,bias,bias=readers)[1x8x4x4]f32"

@@ -47,7 +47,8 @@
 //!
 //! A depthwise convolution whose input is a sum of whole values reads the values and adds
 //! them itself ([`depthwise_reads_sum`]: RandWire's nodes sum their inputs, then run relu and
-//! a separable convolution): the sum launches no add kernel.
+//! a separable convolution): the sum launches no add kernel. Not by default: on an H100 the
+//! add kernel and a depthwise kernel reading one value were faster ([`Fusions::DEFAULT`]).
 //!
 //! A value that every reader activates first (each a `sequential` operator starting with the
 //! same activation) is activated once, in place, by its producer ([`producer_activation`]),
@@ -65,14 +66,16 @@
 //! reduction cells' outputs none.
 //!
 //! Those last five can be left out one by one, the biases per reader kind ([`Fusions`],
-//! [`Graph::with_fusions`](crate::Graph::with_fusions), `opsched run --no-fusion`): on an
-//! H100 NASNet ran 1.26x slower once the first two were in, with fewer kernels, and a switch
-//! per fusion measures each in the same build.
+//! [`Graph::with_fusions`](crate::Graph::with_fusions), `opsched run --no-fusion`, and put
+//! back with `--fusion`): on an H100 NASNet ran 1.26x slower once the first two were in, with
+//! fewer kernels, and a switch per fusion measures each in the same build. One is left out by
+//! default since it measured slower ([`Fusions::DEFAULT`]: the depthwise kernel reading a
+//! sum's values).
 
 use crate::{Conv2d, Graph, NodeId, Op, Shape};
 
-/// Which of the fusions that can be left out a graph's lowering applies (all by default;
-/// [`Graph::with_fusions`](crate::Graph::with_fusions)). They change which kernels run, never
+/// Which of the fusions that can be left out a graph's lowering applies ([`Fusions::DEFAULT`]
+/// unless told otherwise: [`Graph::with_fusions`](crate::Graph::with_fusions)). They change which kernels run, never
 /// a value. Every other rule of this module always applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Fusions {
@@ -101,7 +104,7 @@ pub struct Fusions {
 
 impl Default for Fusions {
     fn default() -> Self {
-        Fusions::ALL
+        Fusions::DEFAULT
     }
 }
 
@@ -118,7 +121,19 @@ impl Fusions {
         bias_through_concat: true,
     };
 
-    /// The fusions' names (`opsched run --no-fusion NAME`), each with what it says.
+    /// The fusions a graph's lowering applies unless told otherwise: every one but
+    /// `sum-into-depthwise`. On an H100 (2026-11-27, `fixtures/gpu/h100-2026-11-27d/`)
+    /// RandWire's LIOS plan channels last ran 0.91x the time of all eight without it (the
+    /// depthwise kernel reading three or four values per tap instead of one sum), in each of
+    /// three processes; the other fusions held or won (without `bias-into-depthwise` 1.05x).
+    /// It changes no other zoo model's kernels.
+    pub const DEFAULT: Fusions = Fusions {
+        sum_into_depthwise: false,
+        ..Fusions::ALL
+    };
+
+    /// The fusions' names (`opsched run --fusion NAME`, `--no-fusion NAME`), each with what it
+    /// says.
     pub const NAMES: [(&'static str, &'static str); 8] = [
         (
             "bias-into-adds",
@@ -155,7 +170,17 @@ impl Fusions {
     ];
 
     /// These fusions without the one named `name` (one of [`Fusions::NAMES`]).
-    pub fn without(mut self, name: &str) -> Option<Fusions> {
+    pub fn without(self, name: &str) -> Option<Fusions> {
+        self.set(name, false)
+    }
+
+    /// These fusions with the one named `name` (one of [`Fusions::NAMES`]).
+    pub fn with(self, name: &str) -> Option<Fusions> {
+        self.set(name, true)
+    }
+
+    /// These fusions with the one named `name` applied or not (`on`).
+    fn set(mut self, name: &str, on: bool) -> Option<Fusions> {
         let flag = match name {
             "bias-into-adds" => &mut self.bias_into_adds,
             "bias-into-depthwise" => &mut self.bias_into_depthwise,
@@ -167,7 +192,7 @@ impl Fusions {
             "bias-through-concat" => &mut self.bias_through_concat,
             _ => return None,
         };
-        *flag = false;
+        *flag = on;
         Some(self)
     }
 
@@ -1134,7 +1159,10 @@ mod tests {
             let e = b.conv("e", x, Conv2d::new(8, 3).bias(true));
             let _cat = b.concat("cat", &[d, e]);
             let strided = node(&mut b, "strided", vec![relu(), dw()], sum(d, a));
+            // Not by default (`Fusions::DEFAULT`).
             let g = b.finish().unwrap();
+            assert!(!depthwise_reads_sum(&g, reads) && !depthwise_reads_sum(&g, plain));
+            let g = g.with_fusions(Fusions::ALL);
             assert!(depthwise_reads_sum(&g, reads) && depthwise_reads_sum(&g, plain));
             assert!(!depthwise_reads_sum(&g, pointwise) && !depthwise_reads_sum(&g, sliced));
             assert_eq!(crate::inplace::slice_of(&g, d).map(|s| s.rows), Some(batch));
@@ -1260,7 +1288,7 @@ mod tests {
         let u = avg(&mut b, "u", y);
         b.node("u_sum", Op::Identity, vec![sum(u, x)]);
         b.conv("u_too", u, Conv2d::new(4, 1));
-        let g = b.finish().unwrap();
+        let g = b.finish().unwrap().with_fusions(Fusions::ALL);
         assert!(depthwise_reads_sum(&g, reads));
         for (p, c) in [(p1, cell), (p2, cell), (p3, cell), (p4, add)] {
             assert_eq!(pool_into_sum(&g, p), Some(c), "{}", g.node(p).name);
@@ -1466,7 +1494,12 @@ mod tests {
 
     #[test]
     fn fusions_are_named_once_and_left_out_by_name() {
-        assert_eq!(Fusions::default(), Fusions::ALL);
+        assert_eq!(Fusions::default(), Fusions::DEFAULT);
+        assert_eq!(Fusions::DEFAULT.left_out(), ["sum-into-depthwise"]);
+        assert_eq!(
+            Fusions::DEFAULT.with("sum-into-depthwise"),
+            Some(Fusions::ALL)
+        );
         assert!(Fusions::ALL.left_out().is_empty());
         let mut f = Fusions::ALL;
         for (i, (name, _)) in Fusions::NAMES.iter().enumerate() {
@@ -1488,6 +1521,12 @@ mod tests {
             }
         );
         assert_eq!(Fusions::ALL.without("bias"), None);
+        assert_eq!(Fusions::ALL.with("bias"), None);
+        // Put back one by one, all of them again.
+        let back = Fusions::NAMES
+            .iter()
+            .try_fold(f, |f, (name, _)| f.with(name));
+        assert_eq!(back, Some(Fusions::ALL));
     }
 
     #[test]

@@ -284,7 +284,7 @@ impl Graph {
     }
 
     /// Which of the optional fusions the lowering, the launch count and the signatures apply
-    /// to this graph ([`crate::fusion::Fusions`]; all unless told otherwise).
+    /// to this graph ([`crate::fusion::Fusions::DEFAULT`] unless told otherwise).
     pub fn fusions(&self) -> crate::fusion::Fusions {
         self.fusions
     }

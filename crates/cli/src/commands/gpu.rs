@@ -295,6 +295,10 @@ pub struct RunArgs {
     /// report's `fusions_left_out`).
     #[arg(long, value_name = "NAME", value_parser = fusion_names())]
     no_fusion: Vec<String>,
+    /// Put in a fusion left out by default (repeat for several): `sum-into-depthwise`, which
+    /// measured slower on an H100. The values `--no-fusion` takes.
+    #[arg(long, value_name = "NAME", value_parser = fusion_names())]
+    fusion: Vec<String>,
     /// Untimed runs before timing.
     #[arg(long, default_value_t = 10)]
     warmup: u32,
@@ -499,10 +503,16 @@ fn fusion_names() -> clap::builder::PossibleValuesParser {
 
 pub fn run(a: &RunArgs) -> Result<()> {
     let (g, inputs) = load_for_inference(a)?;
-    let fusions = a.no_fusion.iter().try_fold(g.fusions(), |f, name| {
-        f.without(name)
-            .ok_or_else(|| user(anyhow::anyhow!("--no-fusion {name}: no such fusion")))
-    })?;
+    if let Some(name) = a.fusion.iter().find(|n| a.no_fusion.contains(n)) {
+        return Err(user(anyhow::anyhow!(
+            "--fusion {name} and --no-fusion {name}: name it once"
+        )));
+    }
+    // clap has checked the names (`fusion_names`).
+    let with = |f: Fusions, name: &String| f.with(name).unwrap_or(f);
+    let without = |f: Fusions, name: &String| f.without(name).unwrap_or(f);
+    let fusions = a.fusion.iter().fold(g.fusions(), with);
+    let fusions = a.no_fusion.iter().fold(fusions, without);
     let g = g.with_fusions(fusions);
     let gpus = a.target.gpus as usize;
     let su = setup(&g, &a.platform, a.layout.layout())?;
@@ -686,12 +696,12 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
             if n == 1 { "" } else { "s" }
         )?;
     }
-    if !report.fusions_left_out.is_empty() {
-        writeln!(
-            out,
-            "fusions        left out: {}",
-            report.fusions_left_out.join(", ")
-        )?;
+    // Only where they differ from the default, which the JSON report states too.
+    if report.fusions_left_out != Fusions::DEFAULT.left_out() {
+        match report.fusions_left_out.as_slice() {
+            [] => writeln!(out, "fusions        every one in")?,
+            names => writeln!(out, "fusions        left out: {}", names.join(", "))?,
+        }
     }
     if report.strided_views > 0 {
         writeln!(
