@@ -24,6 +24,7 @@ cargo xtask calibrate --backend cpu --preset h100 --models squeezenet --algos se
 --repeats 5 --out /tmp/m.json\n  \
 cargo xtask calibrate --fit fixtures/gpu/h100-2026-11-22/measurements.json\n  \
 cargo xtask calibrate --fit m.json --out /tmp/h100.json --evals 500\n  \
+cargo xtask calibrate --fit m.json --batches 1,16 --start last-h100.json (also descends from the last fit)\n  \
 cargo xtask calibrate --fit m.json --out /tmp/held.json --models googlenet,nasnet (then \
 cargo xtask fidelity --measurements m.json --device-file /tmp/held.json --models squeezenet)"
 )]
@@ -39,9 +40,14 @@ pub struct Args {
     /// it).
     #[arg(long, default_value = "1", value_delimiter = ',')]
     batches: Vec<usize>,
-    /// Most evaluations of the loss (each simulates every run).
+    /// Most evaluations of the loss (each simulates every run), per start.
     #[arg(long, default_value_t = 3000)]
     evals: usize,
+    /// Fitting: start a descent from this device file's parameters too (repeat for several),
+    /// besides the formulas'; the lowest loss wins. The search is local: the last fit is
+    /// often a better start than the formulas.
+    #[arg(long, value_name = "DEVICE_FILE")]
+    start: Vec<PathBuf>,
     /// Measuring: the device (cpu only to try the pipeline: its times describe no GPU).
     #[arg(long, value_name = "cuda|cpu", default_value = "cuda")]
     backend: String,
@@ -85,7 +91,7 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
         device_name: m.device_name.clone(),
         kernels_revision: m.kernels_revision.clone(),
         fitted_with: format!(
-            "cargo xtask calibrate --fit {} --batches {} --evals {}{}",
+            "cargo xtask calibrate --fit {} --batches {} --evals {}{}{}",
             path.display(),
             a.batches
                 .iter()
@@ -96,7 +102,11 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
             match a.models.is_empty() {
                 true => String::new(),
                 false => format!(" --models {}", a.models.join(",")),
-            }
+            },
+            a.start
+                .iter()
+                .map(|f| format!(" --start {}", f.display()))
+                .collect::<String>()
         ),
         notes: vec![format!(
             "Fitted to the fastest process of each of {} CUDA-graph runs at the batches above, {} \
@@ -118,7 +128,19 @@ pub fn run(a: &Args, args: &[String]) -> Result<()> {
         m.ops.len(),
         a.evals
     );
-    let fitted = fit(&m, &a.batches, Params::start(), a.evals, provenance)?;
+    // The formulas' start, then each --start file's parameters.
+    let mut starts = vec![Params::start()];
+    for f in &a.start {
+        let file = DeviceFile::load(f)?;
+        starts.push(Params::of_file(&file).with_context(|| {
+            format!(
+                "--start {}: not a file `calibrate --fit` writes (constant curves, element-wise \
+                 efficiency 0.5, interference cap 2)",
+                f.display()
+            )
+        })?);
+    }
+    let fitted = fit(&m, &a.batches, &starts, a.evals, provenance)?;
     let text = fitted.file.to_json();
     // The file must read back as the preset's device file.
     DeviceFile::parse(&text, &out).context("the fitted file does not check")?;

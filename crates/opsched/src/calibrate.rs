@@ -84,6 +84,8 @@ const LOG_SCALE: [bool; 11] = [
     true, true, true, true, true, true, true, true, true, true, false,
 ];
 const ELEMENTWISE_EFFICIENCY: f64 = 0.5;
+/// The cap on the interference penalty the fit writes (it fits `alpha` under it).
+const ALPHA_CAP: f64 = 2.0;
 
 impl Params {
     /// Where the fit starts: the formulas' efficiencies and a microsecond of latency.
@@ -150,6 +152,37 @@ impl Params {
         }
     }
 
+    /// The parameters of a device file this fit could have written (constant curves, the
+    /// element-wise efficiency and interference cap the fit keeps); `None` for one it could not
+    /// (a curve of several points, another element-wise efficiency or cap), so a search never
+    /// starts from a file it would misread.
+    pub fn of_file(f: &DeviceFile) -> Option<Params> {
+        let constant = |c: &Curve| match c.0.as_slice() {
+            [[_, e]] => Some(*e),
+            _ => None,
+        };
+        let fam = |f: &Family| {
+            Some(FamilyParams {
+                efficiency: constant(&f.curve)?,
+                latency_us: f.latency_us,
+            })
+        };
+        let e = &f.efficiency;
+        let kept = constant(&e.elementwise.curve)? == ELEMENTWISE_EFFICIENCY
+            && f.contention.alpha_cap == ALPHA_CAP;
+        kept.then_some(())?;
+        Some(Params {
+            conv: fam(&e.conv)?,
+            matmul: fam(&e.matmul)?,
+            depthwise: fam(&e.depthwise)?,
+            elementwise_latency_us: e.elementwise.latency_us,
+            memory: e.memory,
+            fill_exponent: e.fill_exponent,
+            share_exponent: f.contention.share_exponent,
+            alpha: f.contention.alpha,
+        })
+    }
+
     /// A device file with these parameters, the given overheads and provenance.
     pub fn device_file(
         &self,
@@ -170,7 +203,7 @@ impl Params {
             contention: opsched_cost::calibration::Contention {
                 share_exponent: self.share_exponent,
                 alpha: self.alpha,
-                alpha_cap: 2.0,
+                alpha_cap: ALPHA_CAP,
             },
             efficiency: Efficiency {
                 conv: fam(self.conv),
@@ -493,17 +526,18 @@ pub struct Fitted {
     pub file: DeviceFile,
     pub params: Params,
     pub loss: f64,
-    /// Evaluations of the loss the search used.
+    /// Evaluations of the loss the search used (every start's).
     pub evals: usize,
 }
 
 /// Fit a device file to the CUDA-graph runs of `m` at `batches` and its other samples (see the
-/// module docs), starting from `start`, evaluating the loss at most `max_evals` times;
-/// `provenance` is written into the file.
+/// module docs): a descent from each of `starts` (none: [`Params::start`]), evaluating the
+/// loss at most `max_evals` times each, the lowest loss kept; `provenance` is written into the
+/// file.
 pub fn fit(
     m: &Measurements,
     batches: &[usize],
-    start: Params,
+    starts: &[Params],
     max_evals: usize,
     provenance: Provenance,
 ) -> Result<Fitted> {
@@ -511,18 +545,31 @@ pub fn fit(
     let overheads = fit_overheads(m);
     let file_of = |p: &Params| p.device_file(&m.preset, overheads, provenance.clone());
     let objective = |v: &[f64]| work.loss(&work.model(&file_of(&Params::from_search(v))), batches);
-    let x0 = start.to_search();
-    let (best, evals) = pattern_search(objective, &x0, 0.5, 0.002, max_evals);
-    let params = Params::from_search(&best);
-    let file = file_of(&params);
-    let loss = work.loss(&work.model(&file), batches);
-    tracing::info!(evals, loss, "calibration fit done");
-    Ok(Fitted {
-        file,
-        params,
-        loss,
-        evals,
-    })
+    // The search is local: each start descends on its own (at most `max_evals` each), and the
+    // lowest loss wins, the earlier start on a tie.
+    let descend = |start: Params| {
+        let (x, evals) = pattern_search(objective, &start.to_search(), 0.5, 0.002, max_evals);
+        let params = Params::from_search(&x);
+        let file = file_of(&params);
+        let loss = work.loss(&work.model(&file), batches);
+        tracing::info!(evals, loss, ?start, "calibration descent done");
+        Fitted {
+            file,
+            params,
+            loss,
+            evals,
+        }
+    };
+    let mut fitted = descend(starts.first().copied().unwrap_or_else(Params::start));
+    for &start in starts.iter().skip(1) {
+        let other = descend(start);
+        let evals = fitted.evals + other.evals;
+        if other.loss < fitted.loss {
+            fitted = other;
+        }
+        fitted.evals = evals;
+    }
+    Ok(fitted)
 }
 
 /// One run, predicted against measured.
