@@ -1049,8 +1049,13 @@ extern "C" __global__ void depthwise_conv_unrolled_nhwc(DEPTHWISE_PARAMS) {
 // The depthwise convolution tiled: V outputs of a row per thread (stride S, kernel width KW,
 // no dilation along the width), each of CV consecutive channels (4 or 2 only channels last,
 // every access 16 or 8 bytes): each input value of the row segment the V outputs read is loaded, given
-// the extra inputs and the input activation once, and kept in registers for every output
+// the input bias (EXTRA) and the input activation once, and kept in registers for every output
 // that reads it (a 5x5 at stride 1 with V = 4 loads 8 values per kernel row instead of 20).
+// Summed inputs are not among its cases: reading them here took the tiled entry points'
+// registers from 106 to 138 by fours, 80 to 90 by twos, 80 to 89 by ones channels last (ptxas
+// -v, sm_90; an entry point is allocated its costliest case's), so 1 resident block of 256
+// threads per SM instead of 2 by fours, 2 instead of 3 by twos and ones, for every launch, for
+// a fusion that is off by default (sum-into-depthwise).
 // The sums run in depthwise_conv_t's order, so the outputs are equal. One thread per V x CV
 // outputs: the host launches a grid for len / (V CV) (step::conv's `tiled_outputs`).
 template <bool NHWC, bool EXTRA, int PRE, int KW, int S, int V, int CV>
@@ -1097,12 +1102,6 @@ __device__ __forceinline__ void tiled_depthwise_t(float* y, const float* x, cons
                     const unsigned o = ((unsigned)r * w + s) * step;
                     load_cv<CV>(xp + o, xv[u]);
                     if (EXTRA) {
-                        for (int m = 0; m < nmore; ++m) {
-                            float mv[CV];
-                            load_cv<CV>(more[m] + xoff + o, mv);
-#pragma unroll
-                            for (int k = 0; k < CV; ++k) xv[u][k] += mv[k];
-                        }
 #pragma unroll
                         for (int k = 0; k < CV; ++k) xv[u][k] += ib[k];
                     }
@@ -1175,18 +1174,17 @@ __device__ __forceinline__ bool by_cv(DEPTHWISE_PARAMS) {
 }
 
 // Relu before, 32-bit indices, no dilation along the width, widths 3, 5, 7 at strides 1 and
-// 2 (and for CV > 1, channels last, `by_cv`); anything else as the entry points run it
-// (over the same grid: it strides).
+// 2, no summed inputs (and for CV > 1, channels last, `by_cv`); anything else as the entry
+// points run it (over the same grid: it strides).
 template <bool NHWC, int CV>
 __device__ __forceinline__ void tiled_cases(DEPTHWISE_PARAMS) {
     if constexpr (CV > 1) {
         if (!by_cv<CV>(DEPTHWISE_ARGS)) return tiled_cases<NHWC, 1>(DEPTHWISE_ARGS);
     }
     const bool small = depthwise_fits32(nc, c, ximage, g);
-    const bool extra = in_bias != nullptr || nmore > 0;
-    if (!small || pre != 1 || g.v[11] != 1)
+    if (!small || pre != 1 || g.v[11] != 1 || nmore > 0)
         depthwise_cases<NHWC>(DEPTHWISE_ARGS);
-    else if (extra)
+    else if (in_bias != nullptr)
         tiled_width<NHWC, true, CV>(DEPTHWISE_ARGS);
     else
         tiled_width<NHWC, false, CV>(DEPTHWISE_ARGS);

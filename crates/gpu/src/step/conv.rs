@@ -959,10 +959,10 @@ impl CudaDepthwise {
 
     /// The outputs of a row each thread of the tiled kernel computes (4 at stride 1, 2 at
     /// stride 2) where that kernel has a case for this convolution (its `tiled_cases`: also
-    /// no dilation along the width); `None` elsewhere.
+    /// no dilation along the width, no summed inputs); `None` elsewhere.
     fn tiled_outputs(&self) -> Option<usize> {
         let (sw, dw) = (self.geo[7], self.geo[11]);
-        let case = self.unrolls() && matches!(sw, 1 | 2) && dw == 1;
+        let case = self.unrolls() && matches!(sw, 1 | 2) && dw == 1 && self.nmore == 0;
         case.then_some(if sw == 1 { 4 } else { 2 })
     }
 
