@@ -689,10 +689,18 @@ fn is_view(op: &Op, inputs: &[opsched_graph::Term]) -> bool {
 impl CostModel for AnalyticalModel {
     fn name(&self) -> String {
         match &self.calibration {
-            Some(c) => format!(
-                "analytical({}, calibrated {})",
-                self.device.name, c.provenance.measured_on
-            ),
+            // The date and the kernels measured tell two fits of one day apart (a schedule
+            // records the name of the model it was searched under).
+            Some(c) => match c.provenance.kernels_revision.as_str() {
+                "" => format!(
+                    "analytical({}, calibrated {})",
+                    self.device.name, c.provenance.measured_on
+                ),
+                kernels => format!(
+                    "analytical({}, calibrated {}, kernels {kernels})",
+                    self.device.name, c.provenance.measured_on
+                ),
+            },
             None => format!("analytical({})", self.device.name),
         }
     }

@@ -192,7 +192,20 @@ fn the_h100_preset_is_calibrated_and_other_presets_are_not() {
     let committed = Calibration::Committed;
     let m = opsched::analytical_model(&h100(), &nvlink(), &committed).unwrap();
     assert!(m.calibration().is_some());
-    assert!(m.name().contains("calibrated"), "{}", m.name());
+    // Its name says when, and on which kernels, it was measured: two fits of one day differ.
+    let p = &m.calibration().unwrap().provenance;
+    let want = format!(
+        "analytical(h100, calibrated {}, kernels {})",
+        p.measured_on, p.kernels_revision
+    );
+    assert_eq!(m.name(), want);
+    let mut file = m.calibration().unwrap().clone();
+    file.provenance.kernels_revision.clear();
+    let undated = AnalyticalModel::calibrated(h100(), nvlink(), file);
+    assert_eq!(
+        undated.name(),
+        format!("analytical(h100, calibrated {})", p.measured_on)
+    );
     assert!(m.overheads().kernel_launch_us > 0.0);
     let v100 = DevicePreset::by_name("v100").unwrap();
     let m = opsched::analytical_model(&v100, &nvlink(), &committed).unwrap();
