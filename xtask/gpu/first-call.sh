@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The first device call of a GPU session whose kernels changed (docs/gpu-session.md, step 1),
-# about six minutes on an H100 (give it 420 s; on 2026-11-27d the tests alone took 4 min 20 s):
+# about four minutes on an H100 (give it 360 s; on 2026-11-27d the tests alone took 4 min 20 s
+# one binary after another, now in two lanes at once):
 # every GPU test, the kernel A/B, which fusions cost RandWire and NASNet channels last (three
 # processes each, alternating with the default), the Transformer's IOS plan checked and timed,
 # and compute-sanitizer on it. Run on the device in the repository root, gpu-carry/
@@ -57,11 +58,26 @@ cp fixtures/gpu/h100-2026-11-27d/cost-cache.bin $C/both.bin
 export OPSCHED_CACHE=$C/both.bin
 # Every GPU test (all passed on 2026-11-27d, at fcc141e): the kernels against the CPU
 # reference, plans against the sequential run, the ONNX parity models against onnxruntime.
+# Two lanes at once (one binary after another they took 4 min 20 s on 2026-11-27d): exec_plan
+# (138 s) beside the others (120 s), on a cache of their own: what they time under each
+# other's load must not become the choices the whole-model lines below run.
+cp $C/both.bin $C/tests.bin
+gpu_test() {
+    OPSCHED_CACHE=$C/tests.bin timeout 240 "$1" --ignored --test-threads 1 \
+        --skip kernels_side_by_side --skip convolutions_in_nchw_and_in_nhwc \
+        >"$C/${1##*/}.log" 2>&1
+    echo $? >"$C/${1##*/}.rc"
+}
+step "tests (two lanes)"
+for t in gpu-carry/tests/exec_plan-*; do gpu_test "$t"; done &
+for t in gpu-carry/tests/*; do
+    case "${t##*/}" in exec_plan-*) ;; *) gpu_test "$t" ;; esac
+done
+wait
 for t in gpu-carry/tests/*; do
     step "$t"
-    timeout 150 "$t" --ignored --test-threads 1 --skip kernels_side_by_side \
-        --skip convolutions_in_nchw_and_in_nhwc >>"$L" 2>&1
-    result "test ${t##*/}: rc=$?"
+    cat "$C/${t##*/}.log" >>"$L"
+    result "test ${t##*/}: rc=$(cat "$C/${t##*/}.rc")"
 done
 save_cache
 # The NVRTC kernels side by side with their earlier versions (crates/gpu/src/cuda/nvrtc_ab.rs):
