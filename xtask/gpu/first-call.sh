@@ -49,6 +49,9 @@ run() {
     step "$name"
     result "$name: $(timeout "$limit" "${BIN:-opsched}" run "$@" --backend cuda --graph-capture \
         --json 2>>"$L" | lat)"
+    # What it timed comes back even if the call's limit stops a later step (on 2026-11-27d
+    # the limit came before a section's end, and a later call timed its choices again).
+    save_cache
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$L"
 
