@@ -5,14 +5,18 @@
 # gpu-carry/cost-cache.bin; without it, the last committed cache):
 #   bash xtask/gpu/scoreboard-call.sh MODELS BATCHES SECONDS
 # e.g. `bash xtask/gpu/scoreboard-call.sh nasnet 1 330`. SECONDS bounds bench-gpu (give the
-# call 20 more); the table is rewritten after every model, so what finished comes back.
+# call 20 more); the table is rewritten after every model, so what finished comes back. Runs
+# may follow one another in one call (`A; B`): each merges onto the table and cache the one
+# before left in $OUT.
 set -u
 models=${1:?models, comma-separated} batches=${2:?batches, comma-separated} limit=${3:-330}
 source xtask/gpu/env.sh
-# The first call's cache where it was copied into gpu-carry/, else the last committed one;
-# kept outside $OUT while running (its lock file), copied out at the end.
+# The cache an earlier run of this script left in $OUT in this call, else the first call's
+# where it was copied into gpu-carry/, else the last committed one; kept outside $OUT while
+# running (its lock file), copied out at the end.
 mkdir -p /tmp/opsched-caches
-cache=gpu-carry/cost-cache.bin
+cache=$OUT/cost-cache.bin
+[ -e "$cache" ] || cache=gpu-carry/cost-cache.bin
 [ -e "$cache" ] || cache=fixtures/gpu/h100-2026-11-27d/cost-cache.bin
 cp "$cache" /tmp/opsched-caches/board.bin
 export OPSCHED_CACHE=/tmp/opsched-caches/board.bin
@@ -24,7 +28,11 @@ export OPSCHED_CACHE=/tmp/opsched-caches/board.bin
 gemm=${GEMM:-heuristic} layout=${LAYOUT:-nhwc} merge= nofusion=
 for f in ${NOFUSION:-}; do nofusion="$nofusion --no-fusion $f"; done
 if [ "$gemm" = heuristic ] && [ "$layout" = nhwc ] && [ -z "$nofusion" ]; then
-    cp fixtures/gpu/nvidia-h100-80gb-hbm3.* "$OUT/" && chmod u+w "$OUT"/*
+    # A table an earlier run of this script wrote in this call (`...; bash
+    # xtask/gpu/scoreboard-call.sh ...`) has the committed rows and its own: merge onto it.
+    [ -e "$OUT/nvidia-h100-80gb-hbm3.json" ] ||
+        cp fixtures/gpu/nvidia-h100-80gb-hbm3.* "$OUT/"
+    chmod u+w "$OUT"/*
     merge=--merge
 fi
 start=$(date +%s)
