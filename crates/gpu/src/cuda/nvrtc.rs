@@ -1162,13 +1162,13 @@ __device__ __forceinline__ void tiled_width(DEPTHWISE_PARAMS) {
 }
 
 // Whether CV channels of a pixel are one aligned access everywhere the tiled kernel reads or
-// writes them: channels, strides and every pointer multiples of CV floats.
+// writes them: channels, strides and every pointer multiples of CV floats (summed inputs are
+// none of its cases).
 template <int CV>
 __device__ __forceinline__ bool by_cv(DEPTHWISE_PARAMS) {
     unsigned long long bits = (unsigned long long)y | (unsigned long long)x |
                               (unsigned long long)wt | (unsigned long long)bias |
                               (unsigned long long)in_bias;
-    for (int m = 0; m < nmore; ++m) bits |= (unsigned long long)more[m];
     bits |= (unsigned long long)((unsigned long long)c | xpix | ximage) * 4;
     return fit_cv(CV, bits) == CV;
 }

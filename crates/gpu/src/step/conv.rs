@@ -913,9 +913,10 @@ impl CudaDepthwise {
             s.bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0),
         );
         let in_bias = s.in_bias.map(|b| cx.ptr(b)).transpose()?.unwrap_or(0);
-        let pointers = [y, x, w, bias, in_bias].into_iter().chain(sums);
+        // The pointers the tiled kernels access several channels at (summed inputs take none
+        // of them: `tiled_outputs`).
         let width = match s.nhwc {
-            true => crate::cuda::vector_width([c, xpix, ximage], pointers),
+            true => crate::cuda::vector_width([c, xpix, ximage], [y, x, w, bias, in_bias]),
             false => 1,
         };
         Ok(CudaDepthwise {
@@ -2522,6 +2523,13 @@ mod tests {
         assert_eq!(wide(dw4(1, 5, 1, 1, relu, 1)), None);
         assert_eq!(wide(dw4(1, 5, 3, 1, relu, 4)), None);
         assert_eq!(wide(dw4(1, 5, 1, 1, Activation::None, 2)), None);
+        // Summed inputs: unrolled, never tiled.
+        let summed = CudaDepthwise {
+            nmore: 2,
+            ..dw4(1, 5, 1, 1, relu, 4)
+        };
+        assert_eq!(summed.tiled_wide(), None);
+        assert_eq!(cases(summed), (true, None));
         assert_eq!(cases(dw(1, 5, 1, 1, relu)), (true, Some(4)));
         assert_eq!(cases(dw(16, 7, 1, 1, relu)), (true, Some(4)));
         assert_eq!(cases(dw(1, 3, 2, 1, relu)), (true, Some(2)));
