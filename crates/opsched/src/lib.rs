@@ -441,14 +441,19 @@ pub fn best_schedule(
     let multi = BEST_MULTI_GPU.iter().filter(|_| platform.gpus > 1);
     for &algo in BEST_CANDIDATES.iter().chain(multi) {
         let found = scheduler_with(algo, opts).and_then(|sched| {
-            let (s, _) = sched.schedule(g, platform, cost)?;
-            opsched_schedule::validate(g, &s, platform)?;
-            let ms = evaluate_in(g, &s, cost, gpus, mode)?.makespan_ms;
-            Ok((s, ms))
+            searched(
+                g,
+                sched.as_ref(),
+                platform,
+                cost,
+                mode,
+                &opsched_schedule::NoProgress,
+            )
         });
         match found {
-            Ok((schedule, ms)) if ms < best.makespan_ms => {
-                (best.algo, best.schedule, best.makespan_ms) = (algo, schedule, ms);
+            Ok(run) if run.makespan_ms < best.makespan_ms => {
+                (best.algo, best.schedule, best.makespan_ms) =
+                    (algo, run.schedule, run.makespan_ms);
             }
             Ok(_) => {}
             Err(e) => tracing::warn!("best: {algo} on {} skipped: {e}", g.name),
@@ -478,18 +483,14 @@ pub fn compare(
     for name in names {
         progress.step(name);
         let sched = scheduler_with(name, opts)?;
-        let start = std::time::Instant::now();
-        let (s, stats) = sched.schedule_with_progress(g, platform, cost, progress)?;
-        let schedule_time_ms = start.elapsed().as_secs_f64() * 1e3;
-        opsched_schedule::validate(g, &s, platform)?;
-        let makespan_ms = evaluate_in(g, &s, cost, platform.gpus, mode)?.makespan_ms;
+        let run = searched(g, sched.as_ref(), platform, cost, mode, progress)?;
         rows.push(Comparison {
             algo: sched.name().to_string(),
-            makespan_ms,
-            speedup: ratio(sequential_ms, makespan_ms),
-            gap: ratio(makespan_ms, lower_bound.value()),
-            schedule_time_ms,
-            stats,
+            makespan_ms: run.makespan_ms,
+            speedup: ratio(sequential_ms, run.makespan_ms),
+            gap: ratio(run.makespan_ms, lower_bound.value()),
+            schedule_time_ms: run.schedule_time_ms,
+            stats: run.stats,
         });
     }
     Ok(ComparisonTable {
@@ -504,6 +505,38 @@ pub fn compare(
         sequential_ms,
         lower_bound,
         rows,
+    })
+}
+
+/// One scheduler's schedule of a graph, validated and simulated ([`searched`]).
+struct Searched {
+    schedule: Schedule,
+    stats: opsched_schedule::SchedulerStats,
+    /// How long the search took (not the validation or the simulation).
+    schedule_time_ms: f64,
+    makespan_ms: f64,
+}
+
+/// `sched`'s schedule of `g`, validated for `platform` and simulated under `cost` in `mode`:
+/// what [`compare`] tabulates and [`best_schedule`] picks from.
+fn searched(
+    g: &Graph,
+    sched: &dyn opsched_schedule::Scheduler,
+    platform: &opsched_schedule::Platform,
+    cost: &dyn CostModel,
+    mode: ExecMode,
+    progress: &dyn Progress,
+) -> Result<Searched> {
+    let start = std::time::Instant::now();
+    let (schedule, stats) = sched.schedule_with_progress(g, platform, cost, progress)?;
+    let schedule_time_ms = start.elapsed().as_secs_f64() * 1e3;
+    opsched_schedule::validate(g, &schedule, platform)?;
+    let makespan_ms = evaluate_in(g, &schedule, cost, platform.gpus, mode)?.makespan_ms;
+    Ok(Searched {
+        schedule,
+        stats,
+        schedule_time_ms,
+        makespan_ms,
     })
 }
 
