@@ -10,7 +10,7 @@
 # Each step has its own time limit and the next runs whatever happened, so one failure costs
 # one step. What comes back ($OUT, at most 8 files): log.txt (everything), results.txt (one
 # line per step or process, then the whole-model lines' verdict table) and cost-cache.bin (the
-# measured cuDNN choices, to carry in later calls: copied out after every section, so a call
+# measured cuDNN choices, to carry in later calls: copied out after every process, so a call
 # stopped by its limit keeps what it timed). Caches are kept outside $OUT while running: their
 # lock files would take places among the 8.
 set -u
@@ -82,7 +82,6 @@ for t in gpu-carry/tests/*; do
     cat "$C/${t##*/}.log" >>"$L"
     result "test ${t##*/}: rc=$(cat "$C/${t##*/}.rc")"
 done
-save_cache
 # The NVRTC kernels side by side with their earlier versions (crates/gpu/src/cuda/nvrtc_ab.rs):
 # the depthwise kernel against ea18c6e's, with and without an input bias, in both layouts,
 # unrolled, tiled and (channels last) tiled by fours and twos, and NCHW against channels last;
@@ -112,7 +111,6 @@ for i in 1 2 3; do
     run "after nhwc no-dw lios nasnet process $i" 60 nasnet --algo lios $THEN --repeats 100 \
         --no-fusion bias-into-depthwise
 done
-save_cache
 timeout 10 python3 xtask/gpu/verdict.py "$R" 2>>"$L" | sed 's/^/verdict /' | tee -a "$R" >/dev/null
 
 # The Transformer's IOS plan (merged projections read in place, scores scaled by 1/8):
@@ -121,7 +119,6 @@ run "check ios transformer" 60 transformer --schedule $IOS_THEN --check --repeat
 for i in 1 2 3; do
     run "ios transformer process $i" 60 transformer --schedule $IOS_THEN --repeats 100
 done
-save_cache
 # compute-sanitizer on the Transformer's IOS plan at 32 tokens: scaled products read in place.
 step "memcheck transformer"
 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 1 opsched run transformer \

@@ -150,8 +150,8 @@ pub struct Row {
     /// figure only where the check passed: every row since 2026-11-27, none before.
     #[serde(default)]
     pub checked: bool,
-    /// The cost model its schedules were searched under (`CostModel::name`, with the device
-    /// file's date where one calibrates the preset); empty where not recorded.
+    /// The cost model its schedules were searched under (`CostModel::name`: where a device
+    /// file calibrates the preset, its date and kernels); empty where not recorded.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cost_model: String,
 }
