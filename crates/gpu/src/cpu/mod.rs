@@ -21,6 +21,7 @@
 //!   sticky errors.
 
 pub mod math;
+pub mod window;
 
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -4,9 +4,10 @@
 //!   activation applied to each block of the output while it is in cache. Without groups the
 //!   product is split across threads (rayon) by column tiles (each task writes and packs only
 //!   its own im2col block; a 1x1 stride-1 convolution reads its input in place) or, for deep
-//!   layers with more channels than pixels, by blocks of output rows; grouped and depthwise
-//!   convolutions run the groups in parallel instead. im2col blocks live in per-thread scratch
-//!   kept between runs.
+//!   layers with more channels than pixels, by blocks of output rows; grouped convolutions
+//!   run the groups in parallel instead. im2col blocks live in per-thread scratch kept between
+//!   runs. A convolution whose groups read one channel each (depthwise) slides its windows
+//!   over each padded input plane instead (`crate::cpu::window`), the planes in parallel.
 //! - CUDA: cuDNN. The candidates are the legacy API's algorithms that work for the shape and
 //!   the engine configurations the backend API's heuristics rank highest, or list as a
 //!   fallback where none of those is allowed (`crate::cuda::engine`;
@@ -41,6 +42,7 @@ use super::{product, Access, Step, StepKernel};
 use crate::cpu::math::{
     bias_act_row, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat, TilesOfB,
 };
+use crate::cpu::window::{self, Windows};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{
     tensor4, tensor4_images, tensor4_nhwc_pixels, ActDesc, ConvDesc, FilterDesc, TensorDesc,
@@ -746,6 +748,9 @@ impl Conv {
         let cols = self.out_hw[0] * self.out_hw[1];
         let og = self.out_channels / self.groups;
         let (xlen, ylen) = (c * h * wd, self.out_channels * cols);
+        if c == self.groups {
+            return self.depthwise(x, w, bias, in_bias, y);
+        }
         for b in 0..n {
             let xb = &x[b * xlen..(b + 1) * xlen];
             let yb = &mut y[b * ylen..(b + 1) * ylen];
@@ -764,6 +769,47 @@ impl Conv {
                     })?;
             }
         }
+        Ok(())
+    }
+
+    /// [`Conv::compute`] where every group reads one input channel (depthwise, with any
+    /// number of filters per channel): each input plane padded once, then convolved with its
+    /// group's filters by sliding windows (`crate::cpu::window`), the planes in parallel.
+    fn depthwise(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        in_bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) -> Result<(), GpuError> {
+        let [_, c, h, wd] = self.input;
+        let win = Windows {
+            input: [h, wd],
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+            dilation: self.dilation,
+            out: self.out_hw,
+        };
+        let og = self.out_channels / self.groups;
+        let (taps, cols) = (
+            self.kernel[0] * self.kernel[1],
+            self.out_hw[0] * self.out_hw[1],
+        );
+        y.par_chunks_mut(og * cols)
+            .enumerate()
+            .for_each(|(t, planes)| {
+                // Image t / c, channel t % c: the group's input plane and filters.
+                let ch = t % c;
+                let plane = &x[t * h * wd..(t + 1) * h * wd];
+                with_scratch(win.scratch_len(), |buf| {
+                    window::pad_input(&win, plane, in_bias.map(|b| b[ch]), self.pre_act, buf);
+                    let filters = &w[ch * og * taps..(ch + 1) * og * taps];
+                    let bias = bias.map(|b| &b[ch * og..(ch + 1) * og]);
+                    win.convolve(buf, filters, bias, self.act, planes);
+                })
+            });
         Ok(())
     }
 
@@ -1934,18 +1980,7 @@ mod tests {
         let wt = values(s.out_channels * s.col_rows(), 2);
         let bias = values(s.out_channels, 3);
         let mut y = vec![f32::NAN; s.out_len()];
-        if s.groups == 1 {
-            s.run_image(&wt, Some(&bias), None, &x, &mut y).unwrap();
-        } else {
-            let og = s.out_channels / s.groups;
-            let cols = s.out_hw[0] * s.out_hw[1];
-            for (g, chunk) in y.chunks_mut(og * cols).enumerate() {
-                let mut col = vec![0.0; s.col_rows() * cols];
-                s.im2col(&x, None, g, 0..cols, &mut col);
-                let col = Mat::row_major(&col, s.col_rows(), cols);
-                s.product(&wt, Some(&bias), g, col, 0..og, chunk).unwrap();
-            }
-        }
+        s.compute(&x, &wt, Some(&bias), None, &mut y).unwrap();
         // The input activation is the reference's input.
         let xa: Vec<f32> = x.iter().map(|&v| act(v, s.pre_act)).collect();
         let want = crate::reference::conv2d(
@@ -2371,14 +2406,14 @@ mod tests {
 
         #[test]
         fn convolutions_match_the_reference(
-            c in 1usize..6, oc in 1usize..10, h in 3usize..20, w in 3usize..20,
-            kh in 1usize..4, kw in 1usize..4, sh in 1usize..3, sw in 1usize..3,
-            pad in proptest::array::uniform4(0usize..2), d in 1usize..3, grouped in any::<bool>(),
+            cg in 1usize..4, groups in 1usize..5, oc in 1usize..10, h in 3usize..20,
+            w in 3usize..20, kh in 1usize..4, kw in 1usize..6, sh in 1usize..3, sw in 1usize..4,
+            pad in proptest::array::uniform4(0usize..3), dh in 1usize..3, dw in 1usize..3,
         ) {
-            prop_assume!(h + pad[0] + pad[2] > d * (kh - 1) && w + pad[1] + pad[3] > d * (kw - 1));
-            let groups = if grouped { c } else { 1 };
-            let cv = conv(c, [h, w], oc * groups, [kh, kw], [sh, sw], [pad[0], pad[1]],
-                [pad[2], pad[3]], [d, d], groups);
+            // `cg` channels a group: 1 is depthwise (sliding windows), more im2col.
+            prop_assume!(h + pad[0] + pad[2] > dh * (kh - 1) && w + pad[1] + pad[3] > dw * (kw - 1));
+            let cv = conv(cg * groups, [h, w], oc * groups, [kh, kw], [sh, sw],
+                [pad[0], pad[1]], [pad[2], pad[3]], [dh, dw], groups);
             check_against_reference(&cv);
         }
     }

@@ -2,7 +2,9 @@
 //! `i * stride - begin` and end at most at `input + end`; max ignores padding; an average
 //! divides by the window counted up to that end (padding included) or, without
 //! `count_include_pad`, by the input elements it covers (`ceil_mode` windows are exact).
-//! Pooling is an NVRTC kernel rather than cuDNN so that these windows are exact.
+//! Pooling is an NVRTC kernel rather than cuDNN so that these windows are exact. On the CPU,
+//! sliding windows over each padded plane (`crate::cpu::window`): the reference's sums in the
+//! reference's order, so the same bits.
 #![allow(unsafe_code)]
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
@@ -13,6 +15,7 @@ use serde::Serialize;
 use super::elementwise::{combine_into, ChannelBias};
 use super::{Access, Step, StepKernel};
 use crate::cpu::math::with_scratch;
+use crate::cpu::window::Windows;
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
 use crate::cuda::nvrtc::act_params;
@@ -423,17 +426,45 @@ impl Pool {
         n * c * self.out_hw[0] * self.out_hw[1]
     }
 
-    /// Pool `x` (the whole input, dense, in the step's layout) into `y` (the whole output).
+    /// Pool `x` (the whole input, dense, in the step's layout) into `y` (the whole output):
+    /// each plane padded once with the reduction's identity, then reduced by sliding windows
+    /// (`crate::cpu::window`), the planes in parallel.
     fn pool_into(&self, x: &[f32], y: &mut [f32]) -> Result<(), GpuError> {
         let [n, c, h, w] = self.input;
         let (inp, outp) = (h * w, self.out_hw[0] * self.out_hw[1]);
         if n * c * outp == 0 {
             return Ok(());
         }
+        let win = Windows {
+            input: [h, w],
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+            dilation: [1, 1],
+            out: self.out_hw,
+        };
+        // An average's divisor per output row and column (a window's size is their product).
+        let [rows, cols] = [0, 1].map(|a| {
+            (0..self.out_hw[a])
+                .map(|i| {
+                    let (inside, padded) = self.extent(a, i);
+                    if self.count_include_pad {
+                        padded
+                    } else {
+                        inside.len()
+                    }
+                })
+                .collect::<Vec<_>>()
+        });
+        let divisor = |i: usize, j: usize| (rows[i] * cols[j]).max(1) as f32;
+        let fill = if self.max { f32::NEG_INFINITY } else { 0.0 };
         let planes = |x: &[f32], y: &mut [f32]| {
-            y.par_chunks_mut(outp)
-                .enumerate()
-                .for_each(|(bc, plane)| self.plane(&x[bc * inp..(bc + 1) * inp], plane))
+            y.par_chunks_mut(outp).enumerate().for_each(|(bc, plane)| {
+                with_scratch(win.scratch_len(), |buf| {
+                    win.pad(&x[bc * inp..(bc + 1) * inp], |v| v, fill, buf);
+                    win.pool(buf, self.max, divisor, plane);
+                })
+            })
         };
         if self.nhwc {
             let out = [n, c, self.out_hw[0], self.out_hw[1]];
@@ -446,32 +477,17 @@ impl Pool {
         Ok(())
     }
 
-    /// Output pixel `(i, j)`'s window: its input rows and columns (empty where it covers
-    /// padding only), and what an average divides by.
-    fn window(&self, i: usize, j: usize) -> Window {
-        let [_, _, h, w] = self.input.map(|v| v as isize);
-        let [sh, sw] = self.stride.map(|v| v as isize);
-        let [ph, pw] = self.padding.map(|v| v as isize);
-        let [eh, ew] = self.padding_end.map(|v| v as isize);
-        let [kh, kw] = self.kernel.map(|v| v as isize);
-        let hs = i as isize * sh - ph;
-        let ws = j as isize * sw - pw;
-        let he = (hs + kh).min(h + eh);
-        let we = (ws + kw).min(w + ew);
-        let padded = (he - hs) * (we - ws);
-        let (hs, ws) = (hs.max(0), ws.max(0));
-        let (he, we) = (he.min(h).max(hs), we.min(w).max(ws));
-        let inside = (he - hs) * (we - ws);
-        let size = if self.count_include_pad {
-            padded
-        } else {
-            inside
-        };
-        Window {
-            rows: hs as usize..he as usize,
-            cols: ws as usize..we as usize,
-            size: size.max(1) as f32,
-        }
+    /// The input rows (`axis` 0) or columns (1) that output row or column `i`'s windows
+    /// cover (empty where they cover padding only), and how many they span counting the
+    /// padding (up to the padding's end).
+    fn extent(&self, axis: usize, i: usize) -> (std::ops::Range<usize>, usize) {
+        let n = self.input[2 + axis] as isize;
+        let start = i as isize * self.stride[axis] as isize - self.padding[axis] as isize;
+        let end = (start + self.kernel[axis] as isize).min(n + self.padding_end[axis] as isize);
+        let padded = (end - start).max(0) as usize;
+        let first = start.max(0);
+        let last = end.min(n).max(first);
+        (first as usize..last as usize, padded)
     }
 
     /// What pooling `x + b` adds to pooling `x` per unit of a bias `b` per channel, at output
@@ -481,8 +497,13 @@ impl Pool {
         if self.max {
             return 1.0;
         }
-        let win = self.window(i, j);
-        (win.rows.len() * win.cols.len()) as f32 / win.size
+        let ((rows, padded_rows), (cols, padded_cols)) = (self.extent(0, i), self.extent(1, j));
+        let inside = rows.len() * cols.len();
+        let size = match self.count_include_pad {
+            true => padded_rows * padded_cols,
+            false => inside,
+        };
+        inside as f32 / size.max(1) as f32
     }
 
     /// [`Pool::pool_into`], then `bias` (one per channel, where a convolution left one to the
@@ -516,34 +537,6 @@ impl Pool {
             }
         }
     }
-
-    /// One output plane from one input plane.
-    fn plane(&self, x: &[f32], y: &mut [f32]) {
-        let [_, _, _, w] = self.input;
-        let [oh, ow] = self.out_hw;
-        for i in 0..oh {
-            for j in 0..ow {
-                let win = self.window(i, j);
-                let mut m = f32::NEG_INFINITY;
-                let mut s = 0.0f32;
-                for p in win.rows {
-                    for v in &x[p * w + win.cols.start..p * w + win.cols.end] {
-                        m = m.max(*v);
-                        s += v;
-                    }
-                }
-                y[i * ow + j] = if self.max { m } else { s / win.size };
-            }
-        }
-    }
-}
-
-/// One output pixel's window of [`Pool`]: the input rows and columns it covers, and what an
-/// average divides by.
-struct Window {
-    rows: std::ops::Range<usize>,
-    cols: std::ops::Range<usize>,
-    size: f32,
 }
 
 impl StepKernel for Pool {
@@ -773,5 +766,65 @@ mod tests {
             .strides(None, Some(Runs { run: 2, stride: 8 }))
             .unwrap()
             .is_none());
+    }
+
+    proptest::proptest! {
+        /// The CPU step (sliding windows over padded planes, in both layouts) gives exactly
+        /// the reference's poolings: uneven padding, windows past the end (ceil mode), max and
+        /// both averages. The same sums in the same order, so the same bits.
+        #[test]
+        fn cpu_poolings_are_the_reference_bit_for_bit(
+            n in 1usize..3, c in 1usize..4, h in 1usize..9, w in 1usize..9,
+            kh in 1usize..4, kw in 1usize..4, sh in 1usize..4, sw in 1usize..3,
+            bh in 0usize..3, bw in 0usize..3, eh in 0usize..3, ew in 0usize..3,
+            ceil in proptest::bool::ANY, kind in 0usize..3, nhwc in proptest::bool::ANY,
+        ) {
+            let (kernel, stride, begin, end) = ([kh, kw], [sh, sw], [bh, bw], [eh, ew]);
+            // A padding at least the window is not a pooling (PyTorch's and ONNX's rule).
+            proptest::prop_assume!(bh < kh && bw < kw && eh < kh && ew < kw);
+            let out = [0, 1].map(|a| {
+                let span = [h, w][a] + begin[a] + end[a];
+                let floor = span.checked_sub(kernel[a]).map(|v| v / stride[a] + 1);
+                // Ceil mode: one more window where it starts inside the input or its padding before.
+                floor.map(|o| o + usize::from(ceil && o * stride[a] < [h, w][a] + begin[a]))
+            });
+            let [Some(oh), Some(ow)] = out else {
+                return Ok(());
+            };
+            let (max, count_include_pad) = [(true, false), (false, true), (false, false)][kind];
+            let s = Pool {
+                x: 0,
+                y: 1,
+                input: [n, c, h, w],
+                out_hw: [oh, ow],
+                max,
+                kernel,
+                stride,
+                padding: begin,
+                padding_end: end,
+                count_include_pad,
+                nhwc,
+                bias: None,
+            };
+            let x = crate::program::uniform(5, n * c * h * w, -1.0, 1.0);
+            let window = crate::reference::PoolWindow { kernel, stride, begin, end, count_include_pad };
+            let want = crate::reference::pool2d_padded(&x, s.input, s.out_hw, max, &window);
+            let stored = match nhwc {
+                false => x.clone(),
+                true => {
+                    let mut v = vec![0.0; x.len()];
+                    crate::program::nchw_to_nhwc(&x, s.input, &mut v);
+                    v
+                }
+            };
+            let mut y = vec![f32::NAN; s.out_len()];
+            s.run_cpu(&mut CpuIo::of(vec![(0, &stored[..])], vec![(1, &mut y[..])])).unwrap();
+            let got = match nhwc {
+                false => y,
+                true => crate::program::nhwc_to_nchw(&y, [n, c, oh, ow]),
+            };
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            proptest::prop_assert_eq!(bits(&got), bits(&want));
+        }
     }
 }

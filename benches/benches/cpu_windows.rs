@@ -1,0 +1,66 @@
+//! The CPU device's sliding-window kernels (`opsched_gpu::cpu::window`) on one thread, per
+//! plane: NASNet's largest depthwise convolutions (7x7 and 5x5, stride 2, on a 165x165 plane)
+//! and GoogLeNet's and NASNet's poolings (3x3 max, stride 2 and 1).
+//!
+//! Run: `cargo bench -p opsched-benches --bench cpu_windows`. What it is for: comparing two
+//! builds of these loops (their vectorisation, the padding pass) on the same machine.
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use opsched::gpu::cpu::window::{pad_input, Windows};
+use opsched::graph::Activation;
+
+fn windows(side: usize, k: usize, s: usize) -> Windows {
+    let p = k / 2;
+    let out = (side + 2 * p - k) / s + 1;
+    Windows {
+        input: [side, side],
+        kernel: [k, k],
+        stride: [s, s],
+        padding: [p, p],
+        dilation: [1, 1],
+        out: [out, out],
+    }
+}
+
+fn plane(len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+fn kernels(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cpu_windows");
+    group
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
+    for (side, k, s) in [(165, 7, 2), (165, 5, 2), (83, 5, 1)] {
+        let win = windows(side, k, s);
+        let (x, w) = (plane(side * side), plane(k * k));
+        let mut buf = vec![0.0; win.scratch_len()];
+        let mut y = vec![0.0; win.out[0] * win.out[1]];
+        group.bench_function(format!("pad {k}x{k}/{s} {side}x{side}"), |b| {
+            b.iter(|| pad_input(&win, &x, Some(0.5), Activation::Relu, &mut buf))
+        });
+        group.bench_function(format!("depthwise {k}x{k}/{s} {side}x{side}"), |b| {
+            b.iter(|| win.convolve(&buf, &w, Some(&[0.1]), Activation::None, &mut y))
+        });
+    }
+    for (side, k, s) in [(112, 3, 2), (42, 3, 1)] {
+        let win = windows(side, k, s);
+        let x = plane(side * side);
+        let mut buf = vec![0.0; win.scratch_len()];
+        let mut y = vec![0.0; win.out[0] * win.out[1]];
+        group.bench_function(format!("max pool {k}x{k}/{s} {side}x{side}"), |b| {
+            b.iter(|| {
+                win.pad(&x, |v| v, f32::NEG_INFINITY, &mut buf);
+                win.pool(&buf, true, |_, _| 1.0, &mut y);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, kernels);
+criterion_main!(benches);

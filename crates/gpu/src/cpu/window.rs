@@ -1,0 +1,350 @@
+//! Sliding windows over one plane without im2col: the CPU's depthwise convolutions and
+//! poolings. The plane is copied once into scratch, padded (zeros for a convolution, the
+//! reduction's identity for a pooling) and its columns split by phase (column mod the
+//! stride), so that a window's tap reads one contiguous run of the padded plane for a whole
+//! output row. The inner loops are element-wise over such runs, compiled for the widest
+//! vectors the CPU has (`pulp`'s run-time dispatch: AVX2 where present, as `gemm` does).
+//!
+//! Every output element adds its taps in the window's row-major order, as the reference does;
+//! taps on padding add the identity.
+
+use opsched_graph::Activation;
+
+use super::math::with_act;
+use crate::reference::act;
+
+/// The windows of one plane: `out` rows and columns of windows of `kernel` taps `dilation`
+/// apart, window `(i, j)` starting at row `i * stride[0] - padding[0]` and column
+/// `j * stride[1] - padding[1]` of the `input` plane (rows, columns). Every field is at least 1
+/// but the padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Windows {
+    pub input: [usize; 2],
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub out: [usize; 2],
+}
+
+impl Windows {
+    /// Rows and columns of the padded plane: the padding before, the input, and as much after
+    /// as the last window reaches.
+    fn padded(&self) -> [usize; 2] {
+        [0, 1].map(|a| {
+            let reach =
+                (self.out[a] - 1) * self.stride[a] + (self.kernel[a] - 1) * self.dilation[a];
+            (self.padding[a] + self.input[a]).max(reach + 1)
+        })
+    }
+
+    /// Elements of one phase's run of a padded row.
+    fn run_len(&self) -> usize {
+        self.padded()[1].div_ceil(self.stride[1])
+    }
+
+    /// Elements of the scratch [`Windows::pad`] fills: the phases' runs of every padded row,
+    /// and one padded row.
+    pub fn scratch_len(&self) -> usize {
+        let [rows, cols] = self.padded();
+        rows * self.stride[1] * self.run_len() + cols
+    }
+
+    /// Fill `buf` (at least [`Windows::scratch_len`] elements) with the padded plane of `x`
+    /// (the `input` plane, row-major), each input element through `f`, `fill` elsewhere: row
+    /// `r`'s columns of phase `s` (`col % stride[1]`) form run `r * stride[1] + s`.
+    pub fn pad(&self, x: &[f32], f: impl Fn(f32) -> f32, fill: f32, buf: &mut [f32]) {
+        pulp::Arch::new().dispatch(
+            #[inline(always)]
+            || self.pad_here(x, f, fill, buf),
+        )
+    }
+
+    /// [`Windows::pad`] compiled for the vectors the caller's are.
+    #[inline(always)]
+    fn pad_here(&self, x: &[f32], f: impl Fn(f32) -> f32, fill: f32, buf: &mut [f32]) {
+        let [h, w] = self.input;
+        let [rows, cols] = self.padded();
+        let (pw, sw, len) = (self.padding[1], self.stride[1], self.run_len());
+        let (runs, row) = buf.split_at_mut(rows * sw * len);
+        // Fill, the row through `f`, fill (`pw + w <= cols`): one pass that vectorises.
+        let padded_row = |out: &mut [f32], line: &[f32]| {
+            out[..pw].fill(fill);
+            out[pw..pw + w]
+                .iter_mut()
+                .zip(line)
+                .for_each(|(v, &x)| *v = f(x));
+            out[pw + w..].fill(fill);
+        };
+        for (r, runs) in runs.chunks_mut(sw * len).enumerate() {
+            let line = r.checked_sub(self.padding[0]).filter(|&i| i < h);
+            let Some(line) = line.map(|i| &x[i * w..(i + 1) * w]) else {
+                runs.fill(fill);
+                continue;
+            };
+            if sw == 1 {
+                padded_row(runs, line);
+                continue;
+            }
+            // The padded row once, then each phase's columns gathered from it.
+            let row = &mut row[..cols];
+            padded_row(row, line);
+            if sw == 2 {
+                // Even and odd columns: a loop that vectorises (shuffles), the common stride.
+                let (even, odd) = runs.split_at_mut(len);
+                let pairs = row.chunks_exact(2);
+                let last = pairs.remainder().first().copied();
+                let full = pairs.len();
+                for ((e, o), pair) in even.iter_mut().zip(odd.iter_mut()).zip(pairs) {
+                    (*e, *o) = (pair[0], pair[1]);
+                }
+                even[full..].fill(fill);
+                odd[full..].fill(fill);
+                if let Some(v) = last {
+                    even[full] = v;
+                }
+                continue;
+            }
+            for (s, run) in runs.chunks_mut(len).enumerate() {
+                let copied = cols.saturating_sub(s).div_ceil(sw).min(len);
+                let phase = row[s.min(cols)..].iter().step_by(sw);
+                run.iter_mut().zip(phase).for_each(|(v, &x)| *v = x);
+                run[copied..].fill(fill);
+            }
+        }
+    }
+
+    /// Where in the padded plane each tap of output row 0 starts reading (row-major taps;
+    /// output row `i` is `i * row_step` further), and that step: tap `(p, q)`'s run holds, at
+    /// element `j`, the tap of window `(i, j)`.
+    fn taps(&self) -> (Vec<usize>, usize) {
+        let [kh, kw] = self.kernel;
+        let (sw, len) = (self.stride[1], self.run_len());
+        let starts = (0..kh * kw)
+            .map(|t| {
+                let (r, col) = ((t / kw) * self.dilation[0], (t % kw) * self.dilation[1]);
+                (r * sw + col % sw) * len + col / sw
+            })
+            .collect();
+        (starts, self.stride[0] * sw * len)
+    }
+
+    /// The depthwise convolution of one padded plane (`buf`, [`Windows::pad`] with zeros) into
+    /// output planes `y` (`[out]` each, row-major), one per filter of `weights` (`kernel`
+    /// taps each, row-major), then `act(. + bias)`.
+    pub fn convolve(
+        &self,
+        buf: &[f32],
+        weights: &[f32],
+        bias: Option<&[f32]>,
+        a: Activation,
+        y: &mut [f32],
+    ) {
+        let (taps, step) = self.taps();
+        let [oh, ow] = self.out;
+        let planes = y.chunks_mut(oh * ow).zip(weights.chunks(taps.len()));
+        pulp::Arch::new().dispatch(
+            #[inline(always)]
+            || {
+                for (o, (plane, wt)) in planes.enumerate() {
+                    let b = bias.map_or(0.0, |b| b[o]);
+                    for (i, row) in plane.chunks_mut(ow).enumerate() {
+                        slide(row, buf, i * step, &taps, 0.0, |acc, x, t| acc + wt[t] * x);
+                        with_act!(a, |f| row.iter_mut().for_each(|v| *v = f(*v + b)));
+                    }
+                }
+            },
+        )
+    }
+
+    /// The pooling of one padded plane (`buf`, [`Windows::pad`] with `-inf` for a max, zeros
+    /// for a sum) into `y` (`[out]`, row-major): each window's max, or its sum divided by
+    /// `divisor(i, j)`.
+    pub fn pool(
+        &self,
+        buf: &[f32],
+        max: bool,
+        divisor: impl Fn(usize, usize) -> f32,
+        y: &mut [f32],
+    ) {
+        let (taps, step) = self.taps();
+        pulp::Arch::new().dispatch(
+            #[inline(always)]
+            || {
+                for (i, row) in y.chunks_mut(self.out[1]).enumerate() {
+                    match max {
+                        true => slide(row, buf, i * step, &taps, f32::NEG_INFINITY, |m, x, _| {
+                            m.max(x)
+                        }),
+                        false => {
+                            slide(row, buf, i * step, &taps, 0.0, |s, x, _| s + x);
+                            row.iter_mut()
+                                .enumerate()
+                                .for_each(|(j, v)| *v /= divisor(i, j));
+                        }
+                    }
+                }
+            },
+        )
+    }
+}
+
+/// `row[j] = fold(init, tap 0, tap 1, ...)` over the taps of each window of one output row,
+/// tap `t` of window `j` at `buf[base + taps[t] + j]`, each window folding its taps in order:
+/// 16 or 8 windows at a time ([`slide_by`]), one at a time in rows shorter than 8.
+#[inline(always)]
+fn slide(
+    row: &mut [f32],
+    buf: &[f32],
+    base: usize,
+    taps: &[usize],
+    init: f32,
+    fold: impl Fn(f32, f32, usize) -> f32,
+) {
+    match row.len() {
+        32.. => slide_by::<32>(row, buf, base, taps, init, fold),
+        16.. => slide_by::<16>(row, buf, base, taps, init, fold),
+        8.. => slide_by::<8>(row, buf, base, taps, init, fold),
+        _ => {
+            for (j, out) in row.iter_mut().enumerate() {
+                let taps = taps.iter().enumerate();
+                *out = taps.fold(init, |a, (t, &start)| fold(a, buf[base + start + j], t));
+            }
+        }
+    }
+}
+
+/// [`slide`] by blocks of `N` windows (`N <= row.len()`), their accumulators in registers
+/// across all taps (one load per tap and window, no store until the end); a last partial
+/// block is the last `N` windows again (the same values written twice).
+#[inline(always)]
+fn slide_by<const N: usize>(
+    row: &mut [f32],
+    buf: &[f32],
+    base: usize,
+    taps: &[usize],
+    init: f32,
+    fold: impl Fn(f32, f32, usize) -> f32,
+) {
+    let n = row.len();
+    let starts = (0..n / N)
+        .map(|k| k * N)
+        .chain((!n.is_multiple_of(N)).then(|| n - N));
+    for j in starts {
+        let mut acc = [init; N];
+        for (t, &start) in taps.iter().enumerate() {
+            let at = base + start + j;
+            let src: &[f32; N] = buf[at..at + N].try_into().expect("N taps");
+            for (a, &x) in acc.iter_mut().zip(src) {
+                *a = fold(*a, x, t);
+            }
+        }
+        row[j..j + N].copy_from_slice(&acc);
+    }
+}
+
+/// [`Windows::pad`] for a depthwise convolution: each input element plus its channel's bias
+/// left to it, then the input activation (what `im2col` does to the elements it copies).
+pub fn pad_input(
+    win: &Windows,
+    x: &[f32],
+    in_bias: Option<f32>,
+    pre_act: Activation,
+    buf: &mut [f32],
+) {
+    with_act!(pre_act, |f| match in_bias {
+        Some(b) => win.pad(x, |v| f(v + b), 0.0, buf),
+        None => win.pad(x, f, 0.0, buf),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    proptest! {
+        /// The padded, phase-split plane gives every tap the element the window reads (the
+        /// input element where the window covers one, the fill on padding), and the
+        /// convolution and the poolings fold exactly those, in the window's order, in rows
+        /// of every length the blocks of [`slide`] treat apart (under 8, 8 to 31, 32 and more
+        /// with a partial block).
+        #[test]
+        fn every_window_folds_the_elements_it_covers(
+            h in 1usize..7, w in 1usize..45, kh in 1usize..5, kw in 1usize..5,
+            sh in 1usize..4, sw in 1usize..4, dh in 1usize..3, dw in 1usize..3,
+            ph in 0usize..4, pw in 0usize..4, eh in 0usize..4, ew in 0usize..4,
+        ) {
+            let span = |n: usize, p: usize, e: usize, k: usize, d: usize, s: usize| {
+                (n + p + e).checked_sub(d * (k - 1) + 1).map(|v| v / s + 1)
+            };
+            let (Some(oh), Some(ow)) = (span(h, ph, eh, kh, dh, sh), span(w, pw, ew, kw, dw, sw))
+            else {
+                return Ok(());
+            };
+            let win = Windows {
+                input: [h, w],
+                kernel: [kh, kw],
+                stride: [sh, sw],
+                padding: [ph, pw],
+                dilation: [dh, dw],
+                out: [oh, ow],
+            };
+            let x = values(h * w, 1);
+            let element = |i: usize, j: usize, p: usize, q: usize| {
+                let r = (i * sh + p * dh).checked_sub(ph).filter(|&r| r < h);
+                let c = (j * sw + q * dw).checked_sub(pw).filter(|&c| c < w);
+                r.zip(c).map(|(r, c)| x[r * w + c])
+            };
+            let mut buf = vec![f32::NAN; win.scratch_len()];
+            win.pad(&x, |v| 2.0 * v, 7.0, &mut buf);
+            // Taps read the plane's runs, never the row after them.
+            let runs = win.scratch_len() - win.padded()[1];
+            let (starts, step) = win.taps();
+            for (i, j, t) in (0..oh).flat_map(|i| (0..ow).flat_map(move |j| (0..kh * kw).map(move |t| (i, j, t)))) {
+                let at = i * step + starts[t] + j;
+                prop_assert!(at < runs);
+                let want = element(i, j, t / kw, t % kw).map_or(7.0, |v| 2.0 * v);
+                prop_assert_eq!(buf[at], want, "tap {} of window ({}, {})", t, i, j);
+            }
+            // What each window folds, tap by tap in row-major order (padding: `pad`).
+            let folded = |init: f32, pad: f32, fold: &dyn Fn(f32, f32, usize) -> f32| {
+                (0..oh * ow)
+                    .map(|o| (0..kh * kw).fold(init, |a, t| {
+                        fold(a, element(o / ow, o % ow, t / kw, t % kw).unwrap_or(pad), t)
+                    }))
+                    .collect::<Vec<f32>>()
+            };
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let wt = values(2 * kh * kw, 2);
+            win.pad(&x, |v| v, 0.0, &mut buf);
+            let mut y = vec![f32::NAN; 2 * oh * ow];
+            win.convolve(&buf, &wt, Some(&[0.25, -0.5]), Activation::None, &mut y);
+            for (o, plane) in y.chunks(oh * ow).enumerate() {
+                let filter = &wt[o * kh * kw..(o + 1) * kh * kw];
+                let want: Vec<f32> = folded(0.0, 0.0, &|a, v, t| a + filter[t] * v)
+                    .into_iter()
+                    .map(|v| v + [0.25, -0.5][o])
+                    .collect();
+                prop_assert_eq!(bits(plane), bits(&want));
+            }
+            let mut y = vec![f32::NAN; oh * ow];
+            win.pool(&buf, false, |i, j| (i + j + 1) as f32, &mut y);
+            let sums = folded(0.0, 0.0, &|a, v, _| a + v);
+            let want: Vec<f32> = (sums.iter().enumerate())
+                .map(|(o, s)| s / (o / ow + o % ow + 1) as f32)
+                .collect();
+            prop_assert_eq!(bits(&y), bits(&want));
+            win.pad(&x, |v| v, f32::NEG_INFINITY, &mut buf);
+            win.pool(&buf, true, |_, _| 1.0, &mut y);
+            let want = folded(f32::NEG_INFINITY, f32::NEG_INFINITY, &|a, v, _| a.max(v));
+            prop_assert_eq!(bits(&y), bits(&want));
+        }
+    }
+}
