@@ -117,7 +117,7 @@ impl Windows {
     /// Where in the padded plane each tap of output row 0 starts reading (row-major taps;
     /// output row `i` is `i * row_step` further), and that step: tap `(p, q)`'s run holds, at
     /// element `j`, the tap of window `(i, j)`.
-    fn taps(&self) -> (Vec<usize>, usize) {
+    pub(crate) fn taps(&self) -> (Vec<usize>, usize) {
         let [kh, kw] = self.kernel;
         let (sw, len) = (self.stride[1], self.run_len());
         let starts = (0..kh * kw)

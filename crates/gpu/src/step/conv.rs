@@ -1,7 +1,10 @@
 //! 2-D convolution (NCHW), then `+ bias` per output channel and the activation.
 //!
 //! - CPU: im2col and a matrix product per image and group (`gemm`), with bias and
-//!   activation applied to each block of the output while it is in cache. Without groups the
+//!   activation applied to each block of the output while it is in cache. The input planes
+//!   are padded once per image (`crate::cpu::window`: the input bias and activation applied
+//!   there, the columns split by stride phase), so every im2col row is copies of contiguous
+//!   runs at any stride. Without groups the
 //!   product is split across threads (rayon) by column tiles (each task writes and packs only
 //!   its own im2col block; a 1x1 stride-1 convolution reads its input in place) or, for deep
 //!   layers with more channels than pixels, by blocks of output rows; grouped convolutions
@@ -420,73 +423,60 @@ impl Conv {
         }
     }
 
-    /// Fill `col` (`col_rows x cols.len()`, row-major) with the columns `cols` of the im2col
-    /// matrix of group `g` of image `x` (`[c, h, w]`, each element plus its channel's
-    /// `in_bias`, then `pre_act`; the padding zero); column `j` is output pixel `j`.
-    fn im2col(
-        &self,
-        x: &[f32],
-        in_bias: Option<&[f32]>,
-        g: usize,
-        cols: Range<usize>,
-        col: &mut [f32],
-    ) {
+    /// The windows of this convolution over one input plane (`crate::cpu::window`).
+    fn windows(&self) -> Windows {
+        Windows {
+            input: [self.input[2], self.input[3]],
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+            dilation: self.dilation,
+            out: self.out_hw,
+        }
+    }
+
+    /// Pad every input plane of image `x` (`[c, h, w]`) into `planes` (one
+    /// [`Windows::scratch_len`] each): each element plus its channel's `in_bias`, then
+    /// `pre_act`, the padding zero; the planes in parallel where they are large.
+    fn pad_planes(&self, x: &[f32], in_bias: Option<&[f32]>, planes: &mut [f32]) {
+        let win = self.windows();
         let [_, c, h, w] = self.input;
+        let plane = win.scratch_len();
+        let pad = |(ci, buf): (usize, &mut [f32])| {
+            let xc = &x[ci * h * w..(ci + 1) * h * w];
+            window::pad_input(&win, xc, in_bias.map(|b| b[ci]), self.pre_act, buf)
+        };
+        let planes = &mut planes[..c * plane];
+        if planes.len() >= 1 << 16 {
+            planes.par_chunks_mut(plane).enumerate().for_each(pad);
+        } else {
+            planes.chunks_mut(plane).enumerate().for_each(pad);
+        }
+    }
+
+    /// Fill `col` (`col_rows x cols.len()`, row-major) with the columns `cols` of the im2col
+    /// matrix of group `g`, from the image's padded planes ([`Conv::pad_planes`]): row `r` is
+    /// tap `r % (kh * kw)` of channel `r / (kh * kw)` of the group, column `j` output pixel
+    /// `j`; each output row's part one copy of a tap's run.
+    fn im2col(&self, planes: &[f32], g: usize, cols: Range<usize>, col: &mut [f32]) {
+        let win = self.windows();
+        let (starts, step) = win.taps();
+        let plane = win.scratch_len();
         let ow = self.out_hw[1];
-        let cg = c / self.groups;
-        let (kh, kw) = (self.kernel[0], self.kernel[1]);
-        let [sh, sw] = self.stride;
+        let cg = self.input[1] / self.groups;
         let width = cols.len();
         for (r, row) in col.chunks_mut(width).take(self.col_rows()).enumerate() {
-            let ci = g * cg + r / (kh * kw);
-            let (p, q) = ((r / kw) % kh, r % kw);
-            let plane = &x[ci * h * w..(ci + 1) * h * w];
-            let ib = in_bias.map(|b| b[ci]);
-            // Input column of output column 0 (may be negative: padding).
-            let w0 = (q * self.dilation[1]) as isize - self.padding[1] as isize;
+            let ci = g * cg + r / starts.len();
+            let base = ci * plane + starts[r % starts.len()];
             let mut j = cols.start;
             while j < cols.end {
                 // One output row's run of columns [j0, j1).
                 let (i, j0) = (j / ow, j % ow);
                 let j1 = ow.min(j0 + (cols.end - j));
-                let out = &mut row[j - cols.start..j - cols.start + (j1 - j0)];
+                let src = base + i * step + j0;
+                let at = j - cols.start;
+                row[at..at + (j1 - j0)].copy_from_slice(&planes[src..src + (j1 - j0)]);
                 j += j1 - j0;
-                let hi = (i * sh + p * self.dilation[0]) as isize - self.padding[0] as isize;
-                if hi < 0 || hi >= h as isize {
-                    out.fill(0.0);
-                    continue;
-                }
-                let line = &plane[hi as usize * w..(hi as usize + 1) * w];
-                if sw == 1 {
-                    // Contiguous: zeros, a copied run, zeros.
-                    let first = (w0 + j0 as isize).clamp(0, w as isize) as usize;
-                    let last = (w0 + j1 as isize).clamp(0, w as isize) as usize;
-                    let lead = first as isize - (w0 + j0 as isize);
-                    let lead = lead.clamp(0, out.len() as isize) as usize;
-                    let run = last.saturating_sub(first).min(out.len() - lead);
-                    out[..lead].fill(0.0);
-                    out[lead..lead + run].copy_from_slice(&line[first..first + run]);
-                    out[lead + run..].fill(0.0);
-                    let a = self.pre_act;
-                    let run = &mut out[lead..lead + run];
-                    match ib {
-                        Some(b) => with_act!(a, |f| run.iter_mut().for_each(|v| *v = f(*v + b))),
-                        None if a != Activation::None => {
-                            with_act!(a, |f| run.iter_mut().for_each(|v| *v = f(*v)))
-                        }
-                        None => {}
-                    }
-                } else {
-                    for (jj, v) in (j0..j1).zip(out.iter_mut()) {
-                        let wi = w0 + (jj * sw) as isize;
-                        *v = if wi < 0 || wi >= w as isize {
-                            0.0
-                        } else {
-                            let v = line[wi as usize];
-                            act(ib.map_or(v, |b| v + b), self.pre_act)
-                        };
-                    }
-                }
             }
         }
     }
@@ -518,12 +508,17 @@ impl Conv {
     /// column tiles (each task writes its own im2col block: nothing of B is packed twice) when
     /// the output has more pixels than channels, else into blocks of output rows over one
     /// im2col matrix (small: deep layers have few pixels).
+    ///
+    /// `planes` holds the image's padded planes ([`Conv::pad_planes`]; unused by a pointwise
+    /// convolution, which reads `xb` in place), `col` room for the whole im2col matrix where
+    /// the output has fewer pixels than channels.
     fn run_image(
         &self,
         w: &[f32],
         bias: Option<&[f32]>,
-        in_bias: Option<&[f32]>,
         xb: &[f32],
+        planes: &[f32],
+        col: &mut [f32],
         yb: &mut [f32],
     ) -> Result<(), GpuError> {
         let (m, k, n) = (
@@ -550,9 +545,8 @@ impl Conv {
                 let b = TilesOfB::<fn(Range<usize>, &mut [f32])>::View(Mat::row_major(xb, k, n));
                 sgemm_column_tiles(a, n, yb, tile, b, epilogue)
             } else {
-                let fill = |cols: Range<usize>, block: &mut [f32]| {
-                    self.im2col(xb, in_bias, 0, cols, block)
-                };
+                let fill =
+                    |cols: Range<usize>, block: &mut [f32]| self.im2col(planes, 0, cols, block);
                 sgemm_column_tiles(a, n, yb, tile, TilesOfB::Fill(fill), epilogue)
             };
         }
@@ -569,10 +563,9 @@ impl Conv {
         if self.is_pointwise() {
             blocks(Mat::row_major(xb, k, n))
         } else {
-            with_scratch(k * n, |col| {
-                self.im2col(xb, in_bias, 0, 0..n, col);
-                blocks(Mat::row_major(col, k, n))
-            })
+            let col = &mut col[..k * n];
+            self.im2col(planes, 0, 0..n, col);
+            blocks(Mat::row_major(col, k, n))
         }
     }
 }
@@ -751,25 +744,46 @@ impl Conv {
         if c == self.groups {
             return self.depthwise(x, w, bias, in_bias, y);
         }
-        for b in 0..n {
-            let xb = &x[b * xlen..(b + 1) * xlen];
-            let yb = &mut y[b * ylen..(b + 1) * ylen];
-            if self.groups == 1 {
-                self.run_image(w, bias, in_bias, xb, yb)?;
-            } else {
-                let k = self.col_rows();
+        // The padded planes of an image (but where the product reads it in place) and, where
+        // the output has fewer pixels than channels, its whole im2col matrix: in this
+        // thread's scratch, kept between runs.
+        let k = self.col_rows();
+        let pointwise = self.groups == 1 && self.is_pointwise();
+        let padded = if pointwise {
+            0
+        } else {
+            c * self.windows().scratch_len()
+        };
+        let whole = if self.groups == 1 && !pointwise && cols < self.out_channels {
+            k * cols
+        } else {
+            0
+        };
+        with_scratch(padded + whole, |scratch| {
+            let (planes, col) = scratch.split_at_mut(padded);
+            for b in 0..n {
+                let xb = &x[b * xlen..(b + 1) * xlen];
+                let yb = &mut y[b * ylen..(b + 1) * ylen];
+                if !pointwise {
+                    self.pad_planes(xb, in_bias, planes);
+                }
+                if self.groups == 1 {
+                    self.run_image(w, bias, xb, planes, col, yb)?;
+                    continue;
+                }
+                let planes = &*planes;
                 yb.par_chunks_mut(og * cols)
                     .enumerate()
                     .try_for_each(|(g, chunk)| {
                         with_scratch(k * cols, |col| {
-                            self.im2col(xb, in_bias, g, 0..cols, col);
+                            self.im2col(planes, g, 0..cols, col);
                             let col = Mat::row_major(col, k, cols);
                             self.product(w, bias, g, col, 0..og, chunk)
                         })
                     })?;
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// [`Conv::compute`] where every group reads one input channel (depthwise, with any
@@ -2393,12 +2407,14 @@ mod tests {
             let cv = conv(c, [h, w], 2, [k, k], [s, s], [p0, p1], [p0, p1], [d, d], 1);
             let n = cv.out_hw[0] * cv.out_hw[1];
             let x = values(c * h * w, 5);
+            let mut planes = vec![f32::NAN; c * cv.windows().scratch_len()];
+            cv.pad_planes(&x, None, &mut planes);
             let mut whole = vec![f32::NAN; cv.col_rows() * n];
-            cv.im2col(&x, None, 0, 0..n, &mut whole);
+            cv.im2col(&planes, 0, 0..n, &mut whole);
             let start = ((n as f64 * cut) as usize).min(n - 1);
             let end = start + 1 + ((n - start - 1) as f64 * len) as usize;
             let mut part = vec![f32::NAN; cv.col_rows() * (end - start)];
-            cv.im2col(&x, None, 0, start..end, &mut part);
+            cv.im2col(&planes, 0, start..end, &mut part);
             for (r, row) in part.chunks(end - start).enumerate() {
                 prop_assert_eq!(row, &whole[r * n + start..r * n + end]);
             }
@@ -2409,11 +2425,16 @@ mod tests {
             cg in 1usize..4, groups in 1usize..5, oc in 1usize..10, h in 3usize..20,
             w in 3usize..20, kh in 1usize..4, kw in 1usize..6, sh in 1usize..3, sw in 1usize..4,
             pad in proptest::array::uniform4(0usize..3), dh in 1usize..3, dw in 1usize..3,
+            leaky_before in any::<bool>(),
         ) {
-            // `cg` channels a group: 1 is depthwise (sliding windows), more im2col.
+            // `cg` channels a group: 1 is depthwise (sliding windows), more im2col (from
+            // padded planes, where the input activation applies and the padding stays zero).
             prop_assume!(h + pad[0] + pad[2] > dh * (kh - 1) && w + pad[1] + pad[3] > dw * (kw - 1));
-            let cv = conv(cg * groups, [h, w], oc * groups, [kh, kw], [sh, sw],
+            let mut cv = conv(cg * groups, [h, w], oc * groups, [kh, kw], [sh, sw],
                 [pad[0], pad[1]], [pad[2], pad[3]], [dh, dw], groups);
+            if leaky_before {
+                cv.pre_act = Activation::LeakyRelu { alpha: 0.1 };
+            }
             check_against_reference(&cv);
         }
     }
