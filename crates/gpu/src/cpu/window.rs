@@ -148,10 +148,9 @@ impl Windows {
             || {
                 for (o, (plane, wt)) in planes.enumerate() {
                     let b = bias.map_or(0.0, |b| b[o]);
-                    for (i, row) in plane.chunks_mut(ow).enumerate() {
-                        slide(row, buf, i * step, &taps, 0.0, |acc, x, t| acc + wt[t] * x);
-                        with_act!(a, |f| row.iter_mut().for_each(|v| *v = f(*v + b)));
-                    }
+                    let fold = |acc: f32, x: f32, t: usize| acc + wt[t] * x;
+                    self.slide_plane(buf, &taps, step, plane, 0.0, fold);
+                    with_act!(a, |f| plane.iter_mut().for_each(|v| *v = f(*v + b)));
                 }
             },
         )
@@ -171,21 +170,55 @@ impl Windows {
         pulp::Arch::new().dispatch(
             #[inline(always)]
             || {
+                let y = &mut y[..self.out[0] * self.out[1]];
+                if max {
+                    let fold = |m: f32, x: f32, _| m.max(x);
+                    self.slide_plane(buf, &taps, step, y, f32::NEG_INFINITY, fold);
+                    return;
+                }
+                self.slide_plane(buf, &taps, step, y, 0.0, |s, x, _| s + x);
                 for (i, row) in y.chunks_mut(self.out[1]).enumerate() {
-                    match max {
-                        true => slide(row, buf, i * step, &taps, f32::NEG_INFINITY, |m, x, _| {
-                            m.max(x)
-                        }),
-                        false => {
-                            slide(row, buf, i * step, &taps, 0.0, |s, x, _| s + x);
-                            row.iter_mut()
-                                .enumerate()
-                                .for_each(|(j, v)| *v /= divisor(i, j));
-                        }
-                    }
+                    row.iter_mut()
+                        .enumerate()
+                        .for_each(|(j, v)| *v /= divisor(i, j));
                 }
             },
         )
+    }
+}
+
+/// Windows a stitched run ([`Windows::slide_plane`]) may cover: 4 KiB on the stack.
+const STITCHED: usize = 1024;
+
+impl Windows {
+    /// [`slide`] over every output row of one output `plane` (`taps` and `step` as
+    /// [`Windows::taps`] gives them). Rows shorter than 16 whose windows lie close together
+    /// in the padded plane (stride 1: one row apart but for the padding) run as one stitched
+    /// run over all rows at once, `step` windows a row, those between rows computed and
+    /// dropped: NASNet's and GoogLeNet's 7x7 planes fill the blocks of [`slide`] then.
+    #[inline(always)]
+    fn slide_plane(
+        &self,
+        buf: &[f32],
+        taps: &[usize],
+        step: usize,
+        plane: &mut [f32],
+        init: f32,
+        fold: impl Fn(f32, f32, usize) -> f32,
+    ) {
+        let [oh, ow] = self.out;
+        let span = (oh - 1) * step + ow;
+        if ow < 16 && oh > 1 && span <= STITCHED.min(2 * oh * ow) {
+            let mut run = [0.0f32; STITCHED];
+            slide(&mut run[..span], buf, 0, taps, init, &fold);
+            for (i, row) in plane.chunks_mut(ow).enumerate() {
+                row.copy_from_slice(&run[i * step..i * step + ow]);
+            }
+            return;
+        }
+        for (i, row) in plane.chunks_mut(ow).enumerate() {
+            slide(row, buf, i * step, taps, init, &fold);
+        }
     }
 }
 

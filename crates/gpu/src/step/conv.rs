@@ -43,7 +43,7 @@ use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
 use crate::cpu::math::{
-    bias_act_row, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat, TilesOfB,
+    bias_act_row, for_planes, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat, TilesOfB,
 };
 use crate::cpu::window::{self, Windows};
 use crate::cpu::CpuIo;
@@ -446,12 +446,9 @@ impl Conv {
             let xc = &x[ci * h * w..(ci + 1) * h * w];
             window::pad_input(&win, xc, in_bias.map(|b| b[ci]), self.pre_act, buf)
         };
-        let planes = &mut planes[..c * plane];
-        if planes.len() >= 1 << 16 {
-            planes.par_chunks_mut(plane).enumerate().for_each(pad);
-        } else {
-            planes.chunks_mut(plane).enumerate().for_each(pad);
-        }
+        for_planes(&mut planes[..c * plane], plane, plane, |ci, buf| {
+            pad((ci, buf))
+        });
     }
 
     /// Fill `col` (`col_rows x cols.len()`, row-major) with the columns `cols` of the im2col
@@ -811,19 +808,18 @@ impl Conv {
             self.kernel[0] * self.kernel[1],
             self.out_hw[0] * self.out_hw[1],
         );
-        y.par_chunks_mut(og * cols)
-            .enumerate()
-            .for_each(|(t, planes)| {
-                // Image t / c, channel t % c: the group's input plane and filters.
-                let ch = t % c;
-                let plane = &x[t * h * wd..(t + 1) * h * wd];
-                with_scratch(win.scratch_len(), |buf| {
-                    window::pad_input(&win, plane, in_bias.map(|b| b[ch]), self.pre_act, buf);
-                    let filters = &w[ch * og * taps..(ch + 1) * og * taps];
-                    let bias = bias.map(|b| &b[ch * og..(ch + 1) * og]);
-                    win.convolve(buf, filters, bias, self.act, planes);
-                })
-            });
+        let work = win.scratch_len() + og * cols * taps;
+        for_planes(y, og * cols, work, |t, planes| {
+            // Image t / c, channel t % c: the group's input plane and filters.
+            let ch = t % c;
+            let plane = &x[t * h * wd..(t + 1) * h * wd];
+            with_scratch(win.scratch_len(), |buf| {
+                window::pad_input(&win, plane, in_bias.map(|b| b[ch]), self.pre_act, buf);
+                let filters = &w[ch * og * taps..(ch + 1) * og * taps];
+                let bias = bias.map(|b| &b[ch * og..(ch + 1) * og]);
+                win.convolve(buf, filters, bias, self.act, planes);
+            })
+        });
         Ok(())
     }
 

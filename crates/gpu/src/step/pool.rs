@@ -9,12 +9,11 @@
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use opsched_graph::{Activation, Op, Pool2d, PoolKind};
-use rayon::prelude::*;
 use serde::Serialize;
 
 use super::elementwise::{combine_into, ChannelBias};
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::with_scratch;
+use crate::cpu::math::{for_planes, with_scratch};
 use crate::cpu::window::Windows;
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
@@ -458,8 +457,22 @@ impl Pool {
         });
         let divisor = |i: usize, j: usize| (rows[i] * cols[j]).max(1) as f32;
         let fill = if self.max { f32::NEG_INFINITY } else { 0.0 };
+        let work = win.scratch_len() + outp * self.kernel[0] * self.kernel[1];
+        // One window over the whole unpadded plane (a global pool): a fold over the plane as
+        // it lies, in its order, as the reference sums it.
+        let global = self.kernel == [h, w] && self.padding == [0, 0] && self.out_hw == [1, 1];
         let planes = |x: &[f32], y: &mut [f32]| {
-            y.par_chunks_mut(outp).enumerate().for_each(|(bc, plane)| {
+            if global {
+                let size = divisor(0, 0);
+                return for_planes(y, 1, inp, |bc, v| {
+                    let plane = x[bc * inp..(bc + 1) * inp].iter();
+                    v[0] = match self.max {
+                        true => plane.fold(f32::NEG_INFINITY, |m, &x| m.max(x)),
+                        false => plane.fold(0.0, |s, &x| s + x) / size,
+                    };
+                });
+            }
+            for_planes(y, outp, work, |bc, plane| {
                 with_scratch(win.scratch_len(), |buf| {
                     win.pad(&x[bc * inp..(bc + 1) * inp], |v| v, fill, buf);
                     win.pool(buf, self.max, divisor, plane);
@@ -825,6 +838,47 @@ mod tests {
             };
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             proptest::prop_assert_eq!(bits(&got), bits(&want));
+        }
+    }
+
+    /// A global pool (one window over each whole plane, which the CPU folds in place) is the
+    /// reference's, bit for bit, in both layouts.
+    #[test]
+    fn global_poolings_are_the_reference_bit_for_bit() {
+        let input = [2, 3, 5, 7];
+        let x = crate::program::uniform(9, 2 * 3 * 5 * 7, -1.0, 1.0);
+        for (max, nhwc) in [(true, false), (false, false), (true, true), (false, true)] {
+            let s = Pool {
+                x: 0,
+                y: 1,
+                input,
+                out_hw: [1, 1],
+                max,
+                kernel: [5, 7],
+                stride: [1, 1],
+                padding: [0, 0],
+                padding_end: [0, 0],
+                count_include_pad: true,
+                nhwc,
+                bias: None,
+            };
+            let want = crate::reference::pool2d(&x, input, [1, 1], max, [5, 7], [1, 1], [0, 0]);
+            let stored = match nhwc {
+                false => x.clone(),
+                true => {
+                    let mut v = vec![0.0; x.len()];
+                    crate::program::nchw_to_nhwc(&x, input, &mut v);
+                    v
+                }
+            };
+            let mut y = vec![f32::NAN; 6];
+            s.run_cpu(&mut CpuIo::of(
+                vec![(0, &stored[..])],
+                vec![(1, &mut y[..])],
+            ))
+            .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y), bits(&want), "max {max}, channels last {nhwc}");
         }
     }
 }
