@@ -172,7 +172,11 @@ impl Windows {
             || {
                 let y = &mut y[..self.out[0] * self.out[1]];
                 if max {
-                    let fold = |m: f32, x: f32, _| m.max(x);
+                    // `f32::max` as the reference folds it: NaN is never the running max
+                    // (it starts at -inf and takes only values above it), so a NaN tap
+                    // leaves it as `max` would; a comparison that vectorises to one
+                    // instruction.
+                    let fold = |m: f32, x: f32, _| if x > m { x } else { m };
                     self.slide_plane(buf, &taps, step, y, f32::NEG_INFINITY, fold);
                     return;
                 }
