@@ -1,5 +1,6 @@
-//! Sliding windows over one plane without im2col: the CPU's depthwise convolutions and
-//! poolings. The plane is copied once into scratch, padded (zeros for a convolution, the
+//! Sliding windows over one plane: the CPU's depthwise convolutions and poolings without
+//! im2col, and the padded planes the other convolutions' im2col copies its rows from
+//! (`crate::step::conv`). The plane is copied once into scratch, padded (zeros for a convolution, the
 //! reduction's identity for a pooling) and its columns split by phase (column mod the
 //! stride), so that a window's tap reads one contiguous run of the padded plane for a whole
 //! output row. The inner loops are element-wise over such runs, compiled for the widest
@@ -228,7 +229,7 @@ impl Windows {
 
 /// `row[j] = fold(init, tap 0, tap 1, ...)` over the taps of each window of one output row,
 /// tap `t` of window `j` at `buf[base + taps[t] + j]`, each window folding its taps in order:
-/// 16 or 8 windows at a time ([`slide_by`]), one at a time in rows shorter than 8.
+/// 32, 16 or 8 windows at a time ([`slide_by`]), one at a time in rows shorter than 8.
 #[inline(always)]
 fn slide(
     row: &mut [f32],

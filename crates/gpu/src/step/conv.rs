@@ -442,12 +442,9 @@ impl Conv {
         let win = self.windows();
         let [_, c, h, w] = self.input;
         let plane = win.scratch_len();
-        let pad = |(ci, buf): (usize, &mut [f32])| {
+        for_planes(&mut planes[..c * plane], plane, plane, |ci, buf| {
             let xc = &x[ci * h * w..(ci + 1) * h * w];
             window::pad_input(&win, xc, in_bias.map(|b| b[ci]), self.pre_act, buf)
-        };
-        for_planes(&mut planes[..c * plane], plane, plane, |ci, buf| {
-            pad((ci, buf))
         });
     }
 
@@ -795,14 +792,7 @@ impl Conv {
         y: &mut [f32],
     ) -> Result<(), GpuError> {
         let [_, c, h, wd] = self.input;
-        let win = Windows {
-            input: [h, wd],
-            kernel: self.kernel,
-            stride: self.stride,
-            padding: self.padding,
-            dilation: self.dilation,
-            out: self.out_hw,
-        };
+        let win = self.windows();
         let og = self.out_channels / self.groups;
         let (taps, cols) = (
             self.kernel[0] * self.kernel[1],
