@@ -1,7 +1,7 @@
 //! The CPU device's sliding-window kernels (`opsched_gpu::cpu::window`) on one thread, per
 //! plane: NASNet's largest depthwise convolutions (7x7 and 5x5, stride 2, on a 165x165 plane)
 //! and GoogLeNet's and NASNet's poolings (3x3 max, stride 2 and 1; a 7x7 plane's rows run
-//! stitched into one).
+//! stitched into one; 2x2 stride 2 on a 14x14 plane, row by row).
 //!
 //! Run: `cargo bench -p opsched-benches --bench cpu_windows`. What it is for: comparing two
 //! builds of these loops (their vectorisation, the padding pass) on the same machine.
@@ -48,7 +48,7 @@ fn kernels(c: &mut Criterion) {
             b.iter(|| win.convolve(&buf, &w, Some(&[0.1]), Activation::None, &mut y))
         });
     }
-    for (side, k, s) in [(112, 3, 2), (42, 3, 1), (7, 3, 1)] {
+    for (side, k, s) in [(112, 3, 2), (42, 3, 1), (7, 3, 1), (14, 2, 2)] {
         let win = windows(side, k, s);
         let x = plane(side * side);
         let mut buf = vec![0.0; win.scratch_len()];

@@ -267,7 +267,7 @@ fn for_chunks(y: &mut [f32], len: usize, f: impl Fn(usize, &mut [f32]) + Sync + 
 }
 
 /// `f(i, plane i)` over `y` cut in planes of `len` elements, each plane about `work`
-/// elements read or written: the planes in groups of at least [`BIAS_CHUNK`] elements of work
+/// elements read or written: the planes in groups of at least 16K elements of work
 /// (a task's hand-off costs about a microsecond: NASNet's and GoogLeNet's 7x7 and 11x11
 /// planes come by the hundred), the groups on rayon's pool where there are several.
 pub fn for_planes(
