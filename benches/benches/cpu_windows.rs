@@ -45,7 +45,8 @@ fn kernels(c: &mut Criterion) {
             b.iter(|| pad_input(&win, &x, Some(0.5), Activation::Relu, &mut buf))
         });
         group.bench_function(format!("depthwise {k}x{k}/{s} {side}x{side}"), |b| {
-            b.iter(|| win.convolve(&buf, &w, Some(&[0.1]), Activation::None, &mut y))
+            let taps = win.taps();
+            b.iter(|| win.convolve(&taps, &buf, &w, Some(&[0.1]), Activation::None, &mut y))
         });
     }
     for (side, k, s) in [(112, 3, 2), (42, 3, 1), (7, 3, 1), (14, 2, 2)] {
@@ -53,10 +54,11 @@ fn kernels(c: &mut Criterion) {
         let x = plane(side * side);
         let mut buf = vec![0.0; win.scratch_len()];
         let mut y = vec![0.0; win.out[0] * win.out[1]];
+        let taps = win.taps();
         group.bench_function(format!("max pool {k}x{k}/{s} {side}x{side}"), |b| {
             b.iter(|| {
                 win.pad(&x, |v| v, f32::NEG_INFINITY, &mut buf);
-                win.pool(&buf, true, |_, _| 1.0, &mut y);
+                win.pool(&taps, &buf, true, |_, _| 1.0, &mut y);
             })
         });
     }

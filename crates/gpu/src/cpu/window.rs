@@ -115,10 +115,9 @@ impl Windows {
         }
     }
 
-    /// Where in the padded plane each tap of output row 0 starts reading (row-major taps;
-    /// output row `i` is `i * row_step` further), and that step: tap `(p, q)`'s run holds, at
-    /// element `j`, the tap of window `(i, j)`.
-    pub(crate) fn taps(&self) -> (Vec<usize>, usize) {
+    /// Where each tap of the windows reads the padded plane ([`Taps`]): the same for every
+    /// plane of these windows, so a step computes them once.
+    pub fn taps(&self) -> Taps {
         let [kh, kw] = self.kernel;
         let (sw, len) = (self.stride[1], self.run_len());
         let starts = (0..kh * kw)
@@ -127,30 +126,33 @@ impl Windows {
                 (r * sw + col % sw) * len + col / sw
             })
             .collect();
-        (starts, self.stride[0] * sw * len)
+        Taps {
+            starts,
+            step: self.stride[0] * sw * len,
+        }
     }
 
     /// The depthwise convolution of one padded plane (`buf`, [`Windows::pad`] with zeros) into
     /// output planes `y` (`[out]` each, row-major), one per filter of `weights` (`kernel`
-    /// taps each, row-major), then `act(. + bias)`.
+    /// taps each, row-major), then `act(. + bias)`; `taps` are these windows' own.
     pub fn convolve(
         &self,
+        taps: &Taps,
         buf: &[f32],
         weights: &[f32],
         bias: Option<&[f32]>,
         a: Activation,
         y: &mut [f32],
     ) {
-        let (taps, step) = self.taps();
         let [oh, ow] = self.out;
-        let planes = y.chunks_mut(oh * ow).zip(weights.chunks(taps.len()));
+        let planes = y.chunks_mut(oh * ow).zip(weights.chunks(taps.starts.len()));
         pulp::Arch::new().dispatch(
             #[inline(always)]
             || {
                 for (o, (plane, wt)) in planes.enumerate() {
                     let b = bias.map_or(0.0, |b| b[o]);
                     let fold = |acc: f32, x: f32, t: usize| acc + wt[t] * x;
-                    self.slide_plane(buf, &taps, step, plane, 0.0, fold);
+                    self.slide_plane(taps, buf, plane, 0.0, fold);
                     with_act!(a, |f| plane.iter_mut().for_each(|v| *v = f(*v + b)));
                 }
             },
@@ -159,15 +161,15 @@ impl Windows {
 
     /// The pooling of one padded plane (`buf`, [`Windows::pad`] with `-inf` for a max, zeros
     /// for a sum) into `y` (`[out]`, row-major): each window's max, or its sum divided by
-    /// `divisor(i, j)`.
+    /// `divisor(i, j)`; `taps` are these windows' own.
     pub fn pool(
         &self,
+        taps: &Taps,
         buf: &[f32],
         max: bool,
         divisor: impl Fn(usize, usize) -> f32,
         y: &mut [f32],
     ) {
-        let (taps, step) = self.taps();
         pulp::Arch::new().dispatch(
             #[inline(always)]
             || {
@@ -178,10 +180,10 @@ impl Windows {
                     // leaves it as `max` would; a comparison that vectorises to one
                     // instruction.
                     let fold = |m: f32, x: f32, _| if x > m { x } else { m };
-                    self.slide_plane(buf, &taps, step, y, f32::NEG_INFINITY, fold);
+                    self.slide_plane(taps, buf, y, f32::NEG_INFINITY, fold);
                     return;
                 }
-                self.slide_plane(buf, &taps, step, y, 0.0, |s, x, _| s + x);
+                self.slide_plane(taps, buf, y, 0.0, |s, x, _| s + x);
                 for (i, row) in y.chunks_mut(self.out[1]).enumerate() {
                     row.iter_mut()
                         .enumerate()
@@ -192,25 +194,34 @@ impl Windows {
     }
 }
 
+/// Where the taps of some [`Windows`] read their padded plane ([`Windows::taps`]): tap `t`
+/// (row-major) of output row `i` starts at `i * step + starts[t]`, and its run holds, at
+/// element `j`, the tap of window `(i, j)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taps {
+    pub starts: Vec<usize>,
+    pub step: usize,
+}
+
 /// Windows a stitched run ([`Windows::slide_plane`]) may cover: 4 KiB on the stack.
 const STITCHED: usize = 1024;
 
 impl Windows {
-    /// [`slide`] over every output row of one output `plane` (`taps` and `step` as
-    /// [`Windows::taps`] gives them). Rows shorter than 16 whose windows lie close together
+    /// [`slide`] over every output row of one output `plane`. Rows shorter than 16 whose windows lie close together
     /// in the padded plane (stride 1: one row apart but for the padding) run as one stitched
     /// run over all rows at once, `step` windows a row, those between rows computed and
     /// dropped: NASNet's and GoogLeNet's 7x7 planes fill the blocks of [`slide`] then.
     #[inline(always)]
     fn slide_plane(
         &self,
+        taps: &Taps,
         buf: &[f32],
-        taps: &[usize],
-        step: usize,
         plane: &mut [f32],
         init: f32,
         fold: impl Fn(f32, f32, usize) -> f32,
     ) {
+        let Taps { starts: taps, step } = taps;
+        let (taps, step) = (taps.as_slice(), *step);
         let [oh, ow] = self.out;
         let span = (oh - 1) * step + ow;
         if ow < 16 && oh > 1 && span <= STITCHED.min(2 * oh * ow) {
@@ -344,7 +355,8 @@ mod tests {
             win.pad(&x, |v| 2.0 * v, 7.0, &mut buf);
             // Taps read the plane's runs, never the row after them.
             let runs = win.scratch_len() - win.padded()[1];
-            let (starts, step) = win.taps();
+            let taps = win.taps();
+            let (starts, step) = (&taps.starts, taps.step);
             for (i, j, t) in (0..oh).flat_map(|i| (0..ow).flat_map(move |j| (0..kh * kw).map(move |t| (i, j, t)))) {
                 let at = i * step + starts[t] + j;
                 prop_assert!(at < runs);
@@ -363,7 +375,7 @@ mod tests {
             let wt = values(2 * kh * kw, 2);
             win.pad(&x, |v| v, 0.0, &mut buf);
             let mut y = vec![f32::NAN; 2 * oh * ow];
-            win.convolve(&buf, &wt, Some(&[0.25, -0.5]), Activation::None, &mut y);
+            win.convolve(&taps, &buf, &wt, Some(&[0.25, -0.5]), Activation::None, &mut y);
             for (o, plane) in y.chunks(oh * ow).enumerate() {
                 let filter = &wt[o * kh * kw..(o + 1) * kh * kw];
                 let want: Vec<f32> = folded(0.0, 0.0, &|a, v, t| a + filter[t] * v)
@@ -373,14 +385,14 @@ mod tests {
                 prop_assert_eq!(bits(plane), bits(&want));
             }
             let mut y = vec![f32::NAN; oh * ow];
-            win.pool(&buf, false, |i, j| (i + j + 1) as f32, &mut y);
+            win.pool(&taps, &buf, false, |i, j| (i + j + 1) as f32, &mut y);
             let sums = folded(0.0, 0.0, &|a, v, _| a + v);
             let want: Vec<f32> = (sums.iter().enumerate())
                 .map(|(o, s)| s / (o / ow + o % ow + 1) as f32)
                 .collect();
             prop_assert_eq!(bits(&y), bits(&want));
             win.pad(&x, |v| v, f32::NEG_INFINITY, &mut buf);
-            win.pool(&buf, true, |_, _| 1.0, &mut y);
+            win.pool(&taps, &buf, true, |_, _| 1.0, &mut y);
             let want = folded(f32::NEG_INFINITY, f32::NEG_INFINITY, &|a, v, _| a.max(v));
             prop_assert_eq!(bits(&y), bits(&want));
         }

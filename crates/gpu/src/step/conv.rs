@@ -45,7 +45,7 @@ use super::{product, Access, Step, StepKernel};
 use crate::cpu::math::{
     bias_act_row, for_planes, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat, TilesOfB,
 };
-use crate::cpu::window::{self, Windows};
+use crate::cpu::window::{self, Taps, Windows};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{
     tensor4, tensor4_images, tensor4_nhwc_pixels, ActDesc, ConvDesc, FilterDesc, TensorDesc,
@@ -454,7 +454,7 @@ impl Conv {
     /// `j`; each output row's part one copy of a tap's run.
     fn im2col(&self, planes: &[f32], g: usize, cols: Range<usize>, col: &mut [f32]) {
         let win = self.windows();
-        let (starts, step) = win.taps();
+        let Taps { starts, step } = win.taps();
         let plane = win.scratch_len();
         let ow = self.out_hw[1];
         let cg = self.input[1] / self.groups;
@@ -799,6 +799,7 @@ impl Conv {
             self.out_hw[0] * self.out_hw[1],
         );
         let work = win.scratch_len() + og * cols * taps;
+        let reads = win.taps();
         for_planes(y, og * cols, work, |t, planes| {
             // Image t / c, channel t % c: the group's input plane and filters.
             let ch = t % c;
@@ -807,7 +808,7 @@ impl Conv {
                 window::pad_input(&win, plane, in_bias.map(|b| b[ch]), self.pre_act, buf);
                 let filters = &w[ch * og * taps..(ch + 1) * og * taps];
                 let bias = bias.map(|b| &b[ch * og..(ch + 1) * og]);
-                win.convolve(buf, filters, bias, self.act, planes);
+                win.convolve(&reads, buf, filters, bias, self.act, planes);
             })
         });
         Ok(())

@@ -445,19 +445,13 @@ impl Pool {
         // An average's divisor per output row and column (a window's size is their product).
         let [rows, cols] = [0, 1].map(|a| {
             (0..self.out_hw[a])
-                .map(|i| {
-                    let (inside, padded) = self.extent(a, i);
-                    if self.count_include_pad {
-                        padded
-                    } else {
-                        inside.len()
-                    }
-                })
+                .map(|i| self.divides(a, i))
                 .collect::<Vec<_>>()
         });
         let divisor = |i: usize, j: usize| (rows[i] * cols[j]).max(1) as f32;
         let fill = if self.max { f32::NEG_INFINITY } else { 0.0 };
         let work = win.scratch_len() + outp * self.kernel[0] * self.kernel[1];
+        let taps = win.taps();
         // One window over the whole unpadded plane (a global pool): a fold over the plane as
         // it lies, in its order, as the reference sums it.
         let global = self.kernel == [h, w] && self.padding == [0, 0] && self.out_hw == [1, 1];
@@ -475,7 +469,7 @@ impl Pool {
             for_planes(y, outp, work, |bc, plane| {
                 with_scratch(win.scratch_len(), |buf| {
                     win.pad(&x[bc * inp..(bc + 1) * inp], |v| v, fill, buf);
-                    win.pool(buf, self.max, divisor, plane);
+                    win.pool(&taps, buf, self.max, divisor, plane);
                 })
             })
         };
@@ -503,6 +497,17 @@ impl Pool {
         (first as usize..last as usize, padded)
     }
 
+    /// What an average's windows at output row (`axis` 0) or column (1) `i` count along that
+    /// axis ([`Pool::extent`]: padding included or not); a window divides by the product of
+    /// its row's and its column's.
+    fn divides(&self, axis: usize, i: usize) -> usize {
+        let (inside, padded) = self.extent(axis, i);
+        match self.count_include_pad {
+            true => padded,
+            false => inside.len(),
+        }
+    }
+
     /// What pooling `x + b` adds to pooling `x` per unit of a bias `b` per channel, at output
     /// pixel `(i, j)`: 1 for a max, the input elements' share of the divisor for an average
     /// (less than 1 where the average counts padding).
@@ -510,12 +515,8 @@ impl Pool {
         if self.max {
             return 1.0;
         }
-        let ((rows, padded_rows), (cols, padded_cols)) = (self.extent(0, i), self.extent(1, j));
-        let inside = rows.len() * cols.len();
-        let size = match self.count_include_pad {
-            true => padded_rows * padded_cols,
-            false => inside,
-        };
+        let inside = self.extent(0, i).0.len() * self.extent(1, j).0.len();
+        let size = self.divides(0, i) * self.divides(1, j);
         inside as f32 / size.max(1) as f32
     }
 
