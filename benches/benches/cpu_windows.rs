@@ -1,7 +1,9 @@
 //! The CPU device's sliding-window kernels (`opsched_gpu::cpu::window`) on one thread, per
 //! plane: NASNet's largest depthwise convolutions (7x7 and 5x5, stride 2, on a 165x165 plane)
 //! and GoogLeNet's and NASNet's poolings (3x3 max, stride 2 and 1; a 7x7 plane's rows run
-//! stitched into one; 2x2 stride 2 on a 14x14 plane, row by row).
+//! stitched into one; 2x2 stride 2 on a 14x14 plane, row by row); and the direct
+//! convolution over padded planes (`opsched_gpu::cpu::direct`, on rayon's pool) with
+//! GoogLeNet's 3x3 convolutions on 14x14 and 7x7 and Inception-v3's 3x1 on 8x8.
 //!
 //! Run: `cargo bench -p opsched-benches --bench cpu_windows`. What it is for: comparing two
 //! builds of these loops (their vectorisation, the padding pass) on the same machine.
@@ -9,6 +11,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use opsched::gpu::cpu::direct::{Direct, SLACK};
 use opsched::gpu::cpu::window::{pad_input, Windows};
 use opsched::graph::Activation;
 
@@ -60,6 +63,38 @@ fn kernels(c: &mut Criterion) {
                 win.pad(&x, |v| v, f32::NEG_INFINITY, &mut buf);
                 win.pool(&taps, &buf, true, |_, _| 1.0, &mut y);
             })
+        });
+    }
+    // (input channels, side, output channels, kernel rows, kernel columns), stride 1.
+    for (c, side, oc, kh, kw) in [
+        (160, 14, 320, 3, 3),
+        (192, 7, 384, 3, 3),
+        (384, 8, 384, 3, 1),
+    ] {
+        let win = Windows {
+            input: [side, side],
+            kernel: [kh, kw],
+            stride: [1, 1],
+            padding: [kh / 2, kw / 2],
+            dilation: [1, 1],
+            out: [side, side],
+        };
+        let len = win.scratch_len();
+        let mut planes = vec![0.0; c * len + SLACK];
+        let x = plane(side * side);
+        for buf in planes.chunks_mut(len).take(c) {
+            pad_input(&win, &x, None, Activation::None, buf);
+        }
+        let conv = Direct {
+            plane: len,
+            channels: c,
+            taps: win.taps(),
+            out: win.out,
+        };
+        let (w, bias) = (plane(oc * c * kh * kw), plane(oc));
+        let mut y = vec![0.0; oc * side * side];
+        group.bench_function(format!("direct {c}->{oc} {kh}x{kw} {side}x{side}"), |b| {
+            b.iter(|| conv.convolve(&planes, &w, Some(&bias), Activation::Relu, &mut y))
         });
     }
     group.finish();

@@ -20,6 +20,7 @@
 //!   next [`Device::synchronize`], [`Device::read`] or [`Device::elapsed_ms`], like CUDA's
 //!   sticky errors.
 
+pub mod direct;
 pub mod math;
 pub mod window;
 

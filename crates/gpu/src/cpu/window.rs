@@ -1,6 +1,7 @@
 //! Sliding windows over one plane: the CPU's depthwise convolutions and poolings without
-//! im2col, and the padded planes the other convolutions' im2col copies its rows from
-//! (`crate::step::conv`). The plane is copied once into scratch, padded (zeros for a convolution, the
+//! im2col, and the padded planes the other convolutions read: im2col copies its rows from
+//! them (`crate::step::conv`), the direct convolution its tiles' runs (`super::direct`).
+//! The plane is copied once into scratch, padded (zeros for a convolution, the
 //! reduction's identity for a pooling) and its columns split by phase (column mod the
 //! stride), so that a window's tap reads one contiguous run of the padded plane for a whole
 //! output row. The inner loops are element-wise over such runs, compiled for the widest

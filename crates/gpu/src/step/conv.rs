@@ -1,7 +1,10 @@
 //! 2-D convolution (NCHW), then `+ bias` per output channel and the activation.
 //!
 //! - CPU: im2col and a matrix product per image and group (`gemm`), with bias and
-//!   activation applied to each block of the output while it is in cache. The input planes
+//!   activation applied to each block of the output while it is in cache; stride-1
+//!   convolutions with small output planes (16x16 and below) run direct instead, tiles of
+//!   output channels and pixels summing the padded planes' taps in registers
+//!   (`crate::cpu::direct`: no im2col matrix, faster there). The input planes
 //!   are padded once per image (`crate::cpu::window`: the input bias and activation applied
 //!   there, the columns split by stride phase), so every im2col row is copies of contiguous
 //!   runs at any stride. Without groups the
@@ -42,6 +45,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
+use crate::cpu::direct::{self, Direct};
 use crate::cpu::math::{
     bias_act_row, for_planes, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat, TilesOfB,
 };
@@ -56,6 +60,9 @@ use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{weight_half_width, At, BufId, Builder, Init, MergedConv, Src};
 use crate::reference::act;
 use crate::{ConvApi, ConvGemm, GpuError};
+
+/// Output pixels up to which a stride-1 convolution runs direct on the CPU ([`Conv::direct`]).
+const DIRECT_PIXELS: usize = 256;
 
 /// A convolution step; `w` is `[oc, c / groups, kh, kw]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -435,6 +442,25 @@ impl Conv {
         }
     }
 
+    /// The direct convolution over the padded planes (`crate::cpu::direct`) where it measured
+    /// no slower than im2col and a matrix product: stride 1, one group, output planes of at
+    /// most [`DIRECT_PIXELS`]. Both in one process, alternated, on 2 cores: GoogLeNet's,
+    /// ResNet-50's and Inception-v3's 14x14, 7x7 and 8x8 convolutions 0.94-2.1x each (their
+    /// sum 1.10x); 17x17 1.0x; 28x28 and 56x56 0.86-0.9x (im2col's packed product wins there).
+    fn direct(&self) -> Option<Direct> {
+        let small = self.out_hw[0] * self.out_hw[1] <= DIRECT_PIXELS;
+        let fits = self.groups == 1 && self.stride == [1, 1] && !self.is_pointwise();
+        (fits && small).then(|| {
+            let win = self.windows();
+            Direct {
+                plane: win.scratch_len(),
+                channels: self.input[1],
+                taps: win.taps(),
+                out: self.out_hw,
+            }
+        })
+    }
+
     /// Pad every input plane of image `x` (`[c, h, w]`) into `planes` (one
     /// [`Windows::scratch_len`] each): each element plus its channel's `in_bias`, then
     /// `pre_act`, the padding zero; the planes in parallel where they are large.
@@ -746,13 +772,15 @@ impl Conv {
         let padded = if pointwise {
             0
         } else {
-            c * self.windows().scratch_len()
+            c * self.windows().scratch_len() + direct::SLACK
         };
-        let whole = if self.groups == 1 && !pointwise && cols < self.out_channels {
-            k * cols
-        } else {
-            0
-        };
+        let direct = self.direct();
+        let whole =
+            if self.groups == 1 && !pointwise && direct.is_none() && cols < self.out_channels {
+                k * cols
+            } else {
+                0
+            };
         with_scratch(padded + whole, |scratch| {
             let (planes, col) = scratch.split_at_mut(padded);
             for b in 0..n {
@@ -760,6 +788,10 @@ impl Conv {
                 let yb = &mut y[b * ylen..(b + 1) * ylen];
                 if !pointwise {
                     self.pad_planes(xb, in_bias, planes);
+                }
+                if let Some(d) = &direct {
+                    d.convolve(planes, w, bias, self.act, yb)?;
+                    continue;
                 }
                 if self.groups == 1 {
                     self.run_image(w, bias, xb, planes, col, yb)?;
@@ -2353,17 +2385,22 @@ mod tests {
 
     #[test]
     fn large_convolutions_match_the_reference_on_both_parallel_paths() {
-        // (channels, [h, w], out channels, kernel, padding); stride and dilation 1. The first
-        // two have more pixels than channels: column tiles (im2col per tile; a 1x1 read in
-        // place); the last two fewer: blocks of output rows.
+        // (channels, [h, w], out channels, kernel, stride, padding); dilation 1. The first two
+        // have more pixels than channels: column tiles (im2col per tile; a 1x1 read in
+        // place); the next two fewer: blocks of output rows; the last, stride 1 on a small
+        // plane, runs direct (`crate::cpu::direct`), its inner dimension over several blocks.
         let cases = [
-            (16, [33, 31], 24, 3, 1),
-            (64, [33, 31], 40, 1, 0),
-            (64, [9, 7], 160, 3, 1),
-            (256, [7, 7], 128, 1, 0),
+            (16, [33, 31], 24, 3, 1, 1),
+            (64, [33, 31], 40, 1, 1, 0),
+            (64, [17, 15], 160, 3, 2, 1),
+            (256, [7, 7], 128, 1, 1, 0),
+            (64, [9, 7], 160, 3, 1, 1),
         ];
-        for (c, hw, oc, k, p) in cases {
-            check_against_reference(&conv(c, hw, oc, [k, k], [1, 1], [p, p], [p, p], [1, 1], 1));
+        for (c, hw, oc, k, s, p) in cases {
+            let cv = conv(c, hw, oc, [k, k], [s, s], [p, p], [p, p], [1, 1], 1);
+            let small = hw[0] * hw[1] <= DIRECT_PIXELS;
+            assert_eq!(cv.direct().is_some(), s == 1 && k > 1 && small, "{cv:?}");
+            check_against_reference(&cv);
         }
     }
 
