@@ -27,7 +27,7 @@
 use opsched_graph::Activation;
 use rayon::prelude::*;
 
-use super::math::{with_act, with_scratch};
+use super::math::{with_act, with_scratch, SharedOut};
 use super::window::Taps;
 use crate::reference::act;
 use crate::GpuError;
@@ -142,7 +142,7 @@ impl Direct {
         let wanted = if work >= 1 << 20 { 2 * threads } else { 1 };
         let parts = wanted.div_ceil(blocks).min(oc.div_ceil(ROWS)).max(1);
         let per = oc.div_ceil(parts).next_multiple_of(ROWS);
-        let out = Out(y.as_mut_ptr());
+        let out = SharedOut(y.as_mut_ptr());
         let task = |t: usize| {
             let (b, p) = (t / parts, t % parts);
             let qs = b * block..((b + 1) * block).min(pos.total);
@@ -357,32 +357,13 @@ fn tile(
     *acc = a;
 }
 
-/// The output pointer tasks write their disjoint pixels through.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: tasks write disjoint elements ([`Direct::convolve`]).
-unsafe impl Send for Out {}
-// SAFETY: as above.
-unsafe impl Sync for Out {}
-
-impl Out {
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::cpu::window::tests::values;
     use crate::cpu::window::{pad_input, Windows};
     use proptest::prelude::*;
-
-    fn values(len: usize, seed: usize) -> Vec<f32> {
-        (0..len)
-            .map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0)
-            .collect()
-    }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
@@ -398,21 +379,11 @@ mod tests {
             dh in 1usize..3, dw in 1usize..3, ph in 0usize..3, pw in 0usize..3,
             eh in 0usize..3, ew in 0usize..3, relu in proptest::bool::ANY,
         ) {
-            let span = |n: usize, p: usize, e: usize, k: usize, d: usize, s: usize| {
-                (n + p + e).checked_sub(d * (k - 1) + 1).map(|v| v / s + 1)
-            };
-            let (Some(oh), Some(ow)) = (span(h, ph, eh, kh, dh, sh), span(w, pw, ew, kw, dw, sw))
-            else {
+            let geometry = [[h, w], [kh, kw], [sh, sw], [dh, dw], [ph, pw], [eh, ew]];
+            let Some(win) = Windows::fitting(geometry) else {
                 return Ok(());
             };
-            let win = Windows {
-                input: [h, w],
-                kernel: [kh, kw],
-                stride: [sh, sw],
-                padding: [ph, pw],
-                dilation: [dh, dw],
-                out: [oh, ow],
-            };
+            let [oh, ow] = win.out;
             let (x, wt, bias) = (values(c * h * w, 1), values(oc * c * kh * kw, 2), values(oc, 3));
             let plane = win.scratch_len();
             let mut planes = vec![f32::NAN; c * plane + SLACK];

@@ -322,16 +322,17 @@ pub fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
     out
 }
 
-/// A raw pointer to C that crosses into rayon's tasks; each task writes its own columns.
+/// A raw pointer to an output that crosses into rayon's tasks, each task writing elements of
+/// its own (`sgemm_column_tiles`' columns, `super::direct`'s pixels).
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: only used by `sgemm_column_tiles`, whose tasks write disjoint elements.
+pub(crate) struct SharedOut(pub(crate) *mut f32);
+// SAFETY: its users' tasks write disjoint elements, and nothing reads them meanwhile.
 unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
-    fn at(self, i: usize) -> *mut f32 {
+    pub(crate) fn at(self, i: usize) -> *mut f32 {
         self.0.wrapping_add(i)
     }
 }

@@ -309,14 +309,37 @@ pub fn pad_input(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn values(len: usize, seed: usize) -> Vec<f32> {
+    /// `len` values in [-1, 1], a different run for each seed.
+    pub(crate) fn values(len: usize, seed: usize) -> Vec<f32> {
         (0..len)
             .map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0)
             .collect()
+    }
+
+    impl Windows {
+        /// The windows of an input `[h, w]` with a kernel, stride, dilation, padding before
+        /// and padding after (each `[rows, columns]`), where at least one fits.
+        pub(crate) fn fitting(
+            [input, kernel, stride, dilation, padding, end]: [[usize; 2]; 6],
+        ) -> Option<Windows> {
+            let span = |a: usize| {
+                let reach = dilation[a] * (kernel[a] - 1) + 1;
+                let room = input[a] + padding[a] + end[a];
+                room.checked_sub(reach).map(|v| v / stride[a] + 1)
+            };
+            Some(Windows {
+                input,
+                kernel,
+                stride,
+                padding,
+                dilation,
+                out: [span(0)?, span(1)?],
+            })
+        }
     }
 
     proptest! {
@@ -331,21 +354,11 @@ mod tests {
             sh in 1usize..4, sw in 1usize..4, dh in 1usize..3, dw in 1usize..3,
             ph in 0usize..4, pw in 0usize..4, eh in 0usize..4, ew in 0usize..4,
         ) {
-            let span = |n: usize, p: usize, e: usize, k: usize, d: usize, s: usize| {
-                (n + p + e).checked_sub(d * (k - 1) + 1).map(|v| v / s + 1)
-            };
-            let (Some(oh), Some(ow)) = (span(h, ph, eh, kh, dh, sh), span(w, pw, ew, kw, dw, sw))
-            else {
+            let geometry = [[h, w], [kh, kw], [sh, sw], [dh, dw], [ph, pw], [eh, ew]];
+            let Some(win) = Windows::fitting(geometry) else {
                 return Ok(());
             };
-            let win = Windows {
-                input: [h, w],
-                kernel: [kh, kw],
-                stride: [sh, sw],
-                padding: [ph, pw],
-                dilation: [dh, dw],
-                out: [oh, ow],
-            };
+            let [oh, ow] = win.out;
             let x = values(h * w, 1);
             let element = |i: usize, j: usize, p: usize, q: usize| {
                 let r = (i * sh + p * dh).checked_sub(ph).filter(|&r| r < h);
