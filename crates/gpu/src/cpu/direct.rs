@@ -75,11 +75,12 @@ impl Positions {
 
 impl Direct {
     fn positions(&self) -> Positions {
-        let [oh, ow] = self.out;
+        // (An empty output, which `convolve` skips, still gets positions: one tile's.)
+        let [before, ow] = [self.out[0].saturating_sub(1), self.out[1]];
         let step = self.taps.step;
-        let rows = ow.next_multiple_of(COLS);
-        let stitched = (oh - 1) * step + ow;
-        let apart = (oh - 1) * rows + ow;
+        let rows = ow.max(1).next_multiple_of(COLS);
+        let stitched = before * step + ow;
+        let apart = before * rows + ow;
         let (len, last) = if stitched <= apart && step >= ow {
             (step, stitched)
         } else {
@@ -88,7 +89,7 @@ impl Direct {
         Positions {
             len,
             step,
-            total: last.next_multiple_of(COLS),
+            total: last.next_multiple_of(COLS).max(COLS),
         }
     }
 
@@ -414,7 +415,8 @@ mod tests {
         }
     }
 
-    /// Planes that end before the tiles' reach are refused, not read past.
+    /// Planes that end before the tiles' reach are refused, not read past; an empty output
+    /// is no work.
     #[test]
     fn short_planes_are_an_error() {
         let win = Windows {
@@ -435,5 +437,13 @@ mod tests {
         let mut y = vec![0.0; 3 * 49];
         let err = d.convolve(&planes, &[0.0; 3 * 18], None, Activation::None, &mut y);
         assert!(err.unwrap_err().to_string().contains("reach"));
+        // An empty output reads and writes nothing.
+        for out in [[0, 7], [7, 0]] {
+            let empty = Direct { out, ..d.clone() };
+            assert!(empty.reach() <= d.reach());
+            assert!(empty
+                .convolve(&[], &[], None, Activation::None, &mut [])
+                .is_ok());
+        }
     }
 }
