@@ -259,15 +259,26 @@ pub enum ReduceKind {
     Sum,
     Max,
     Min,
+    /// The product (ONNX `ReduceProd`).
+    Prod,
+    /// The sum of magnitudes (`ReduceL1`).
+    L1,
+    /// The square root of the sum of squares (`ReduceL2`).
+    L2,
+    /// The sum of squares (`ReduceSumSquare`).
+    SumSquare,
+    /// The natural logarithm of the sum (`ReduceLogSum`).
+    LogSum,
 }
 
 impl ReduceKind {
     /// The value a reduction starts from.
     pub fn start(self) -> f32 {
         match self {
-            ReduceKind::Mean | ReduceKind::Sum => 0.0,
             ReduceKind::Max => f32::NEG_INFINITY,
             ReduceKind::Min => f32::INFINITY,
+            ReduceKind::Prod => 1.0,
+            _ => 0.0,
         }
     }
 
@@ -275,24 +286,44 @@ impl ReduceKind {
     /// alike).
     pub fn step(self, acc: f32, v: f32) -> f32 {
         match self {
-            ReduceKind::Mean | ReduceKind::Sum => acc + v,
+            ReduceKind::Mean | ReduceKind::Sum | ReduceKind::LogSum => acc + v,
             ReduceKind::Max => acc.max(v),
             ReduceKind::Min => acc.min(v),
+            ReduceKind::Prod => acc * v,
+            ReduceKind::L1 => acc + v.abs(),
+            ReduceKind::L2 | ReduceKind::SumSquare => acc + v * v,
         }
     }
 
-    /// The result after `count` elements (a mean divides the sum by them).
+    /// The result after `count` elements (a mean divides the sum by them, L2 takes its
+    /// square root, LogSum its logarithm).
     pub fn finish(self, acc: f32, count: usize) -> f32 {
         match self {
             ReduceKind::Mean => acc / count as f32,
+            ReduceKind::L2 => acc.sqrt(),
+            ReduceKind::LogSum => acc.ln(),
             _ => acc,
         }
     }
 
-    /// The code the CUDA kernel takes (0 mean, 1 sum, 2 max, 3 min).
+    /// The code the CUDA kernel takes (0 mean, 1 sum, 2 max, 3 min, 4 prod, 5 L1, 6 L2,
+    /// 7 sum of squares, 8 log of the sum).
     pub fn code(self) -> i32 {
         self as i32
     }
+
+    /// Every kind, in the order of their codes.
+    pub const ALL: [ReduceKind; 9] = [
+        ReduceKind::Mean,
+        ReduceKind::Sum,
+        ReduceKind::Max,
+        ReduceKind::Min,
+        ReduceKind::Prod,
+        ReduceKind::L1,
+        ReduceKind::L2,
+        ReduceKind::SumSquare,
+        ReduceKind::LogSum,
+    ];
 }
 
 /// Element-wise operation of two ordered inputs (shapes broadcast as in numpy): `a - b`,
@@ -631,7 +662,8 @@ pub enum Op {
     Reshape {
         shape: Vec<i64>,
     },
-    /// The mean, sum, max or min over axes `begin..end` (consecutive: ONNX's `Reduce*` over
+    /// The reduction `kind` ([`ReduceKind`]: mean, sum, max, min, product, L1, L2, sum of
+    /// squares, log of the sum) over axes `begin..end` (consecutive: ONNX's `Reduce*` over
     /// a token axis, the last axis or channels), kept with extent 1 where `keep`, else dropped.
     Reduce {
         kind: ReduceKind,

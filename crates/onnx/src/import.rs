@@ -877,6 +877,11 @@ impl<'a> Importer<'a> {
                     "ReduceSum" => Some(ReduceKind::Sum),
                     "ReduceMax" => Some(ReduceKind::Max),
                     "ReduceMin" => Some(ReduceKind::Min),
+                    "ReduceProd" => Some(ReduceKind::Prod),
+                    "ReduceL1" => Some(ReduceKind::L1),
+                    "ReduceL2" => Some(ReduceKind::L2),
+                    "ReduceSumSquare" => Some(ReduceKind::SumSquare),
+                    "ReduceLogSum" => Some(ReduceKind::LogSum),
                     _ => None,
                 };
                 // Consecutive axes (all of them where none are named): a `reduce`.

@@ -408,6 +408,7 @@ fn byte_mutations_with_weights_never_panic() {
         "math",
         "sdpa",
         "compare",
+        "reductions",
     ] {
         let path = repo(&format!("fixtures/parity/{name}.onnx"));
         let bytes = std::fs::read(&path).unwrap();

@@ -808,19 +808,25 @@ extern "C" __global__ void broadcast(float* y, const float* a, const float* b, c
 // Constant padding: y (out_dims) is x (in_dims) shifted by `begin` on every axis, `value`
 // around it.
 // Reduction over the middle axis of [outer, red, inner] (step/reduce.rs): one output a thread,
-// the elements in order from ReduceKind::start (kind 0 mean, 1 sum, 2 max, 3 min), as the CPU.
+// the elements in order from ReduceKind::start (kind 0 mean, 1 sum, 2 max, 3 min, 4 prod, 5 L1,
+// 6 L2, 7 sum of squares, 8 log of the sum), as the CPU.
 extern "C" __global__ void reduce_mid(float* y, const float* x, i64 outer, i64 red, i64 inner,
                                       int kind) {
     GRID_STRIDE(t, outer * inner) {
         const i64 o = t / inner, i = t % inner;
         const float* p = x + o * red * inner + i;
         const float inf = __int_as_float(0x7f800000);
-        float acc = kind == 2 ? -inf : kind == 3 ? inf : 0.0f;
+        float acc = kind == 2 ? -inf : kind == 3 ? inf : kind == 4 ? 1.0f : 0.0f;
         for (i64 r = 0; r < red; ++r) {
             const float v = p[r * inner];
-            acc = kind == 2 ? fmaxf(acc, v) : kind == 3 ? fminf(acc, v) : acc + v;
+            acc = kind == 2   ? fmaxf(acc, v)
+                  : kind == 3 ? fminf(acc, v)
+                  : kind == 4 ? acc * v
+                  : kind == 5 ? acc + fabsf(v)
+                  : kind >= 6 && kind <= 7 ? acc + v * v
+                              : acc + v;
         }
-        y[t] = kind == 0 ? acc / (float)red : acc;
+        y[t] = kind == 0 ? acc / (float)red : kind == 6 ? sqrtf(acc) : kind == 8 ? logf(acc) : acc;
     }
 }
 
