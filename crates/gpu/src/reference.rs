@@ -56,6 +56,40 @@ pub fn act(x: f32, a: Activation) -> f32 {
         Activation::Erf => erf(x),
         Activation::Sin => x.sin(),
         Activation::Cos => x.cos(),
+        Activation::Elu { alpha } => {
+            if x >= 0.0 {
+                x
+            } else {
+                alpha * x.exp_m1()
+            }
+        }
+        Activation::Selu { alpha, gamma } => {
+            if x > 0.0 {
+                gamma * x
+            } else {
+                gamma * (alpha * x.exp_m1())
+            }
+        }
+        Activation::Celu { alpha } => x.max(0.0) + (alpha * (x / alpha).exp_m1()).min(0.0),
+        Activation::ThresholdedRelu { alpha } => {
+            if x > alpha {
+                x
+            } else {
+                0.0
+            }
+        }
+        Activation::Softsign => x / (1.0 + x.abs()),
+        // signum is 1 at +0 and -1 at -0: ONNX's sign of zero is 0.
+        Activation::Sign => {
+            if x == 0.0 {
+                0.0
+            } else {
+                x.signum()
+            }
+        }
+        Activation::Floor => x.floor(),
+        Activation::Ceil => x.ceil(),
+        Activation::Round => x.round_ties_even(),
     }
 }
 

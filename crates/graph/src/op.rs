@@ -105,13 +105,58 @@ pub enum Activation {
     Erf,
     Sin,
     Cos,
+    /// `x` where `x >= 0`, else `alpha * (exp(x) - 1)` (ONNX `Elu`).
+    Elu {
+        #[serde(default = "one_f32")]
+        alpha: f32,
+    },
+    /// `gamma * x` where `x > 0`, else `gamma * alpha * (exp(x) - 1)` (ONNX `Selu`; its
+    /// defaults those of self-normalising networks).
+    Selu {
+        #[serde(default = "selu_alpha")]
+        alpha: f32,
+        #[serde(default = "selu_gamma")]
+        gamma: f32,
+    },
+    /// `max(0, x) + min(0, alpha * (exp(x / alpha) - 1))` (ONNX `Celu`).
+    Celu {
+        #[serde(default = "one_f32")]
+        alpha: f32,
+    },
+    /// `x` where `x > alpha`, else 0 (ONNX `ThresholdedRelu`).
+    ThresholdedRelu {
+        #[serde(default = "one_f32")]
+        alpha: f32,
+    },
+    /// `x / (1 + |x|)`.
+    Softsign,
+    /// -1, 0 or 1 as `x` is negative, zero or positive.
+    Sign,
+    Floor,
+    Ceil,
+    /// To the nearest integer, halves to even (ONNX `Round`).
+    Round,
+}
+
+/// ONNX `Selu`'s default `alpha` and `gamma`.
+fn selu_alpha() -> f32 {
+    1.673_263_2
+}
+fn selu_gamma() -> f32 {
+    1.050_701
 }
 
 impl Activation {
     /// Whether every parameter is a finite number (a clip's bounds may be infinite: no bound).
     fn finite(self) -> bool {
         match self {
-            Activation::LeakyRelu { alpha } | Activation::Swish { alpha } => alpha.is_finite(),
+            Activation::LeakyRelu { alpha }
+            | Activation::Swish { alpha }
+            | Activation::Elu { alpha }
+            | Activation::ThresholdedRelu { alpha } => alpha.is_finite(),
+            // Celu divides by its alpha.
+            Activation::Celu { alpha } => alpha.is_finite() && alpha != 0.0,
+            Activation::Selu { alpha, gamma } => alpha.is_finite() && gamma.is_finite(),
             Activation::HardSigmoid { alpha, beta } => alpha.is_finite() && beta.is_finite(),
             _ => true,
         }
@@ -132,6 +177,13 @@ impl Activation {
             Activation::Erf => 8,
             Activation::Mish => 10,
             Activation::Gelu | Activation::GeluTanh => 8,
+            Activation::Sign
+            | Activation::Floor
+            | Activation::Ceil
+            | Activation::Round
+            | Activation::ThresholdedRelu { .. } => 1,
+            Activation::Softsign => 3,
+            Activation::Elu { .. } | Activation::Selu { .. } | Activation::Celu { .. } => 6,
         }
     }
 
@@ -166,6 +218,15 @@ impl Activation {
             Activation::Erf => (19, [None; 2]),
             Activation::Sin => (20, [None; 2]),
             Activation::Cos => (21, [None; 2]),
+            Activation::Elu { alpha } => (22, [b(alpha), None]),
+            Activation::Selu { alpha, gamma } => (23, [b(alpha), b(gamma)]),
+            Activation::Celu { alpha } => (24, [b(alpha), None]),
+            Activation::ThresholdedRelu { alpha } => (25, [b(alpha), None]),
+            Activation::Softsign => (26, [None; 2]),
+            Activation::Sign => (27, [None; 2]),
+            Activation::Floor => (28, [None; 2]),
+            Activation::Ceil => (29, [None; 2]),
+            Activation::Round => (30, [None; 2]),
         }
     }
 }
@@ -206,6 +267,15 @@ impl std::fmt::Display for Activation {
             Activation::Erf => f.write_str("erf"),
             Activation::Sin => f.write_str("sin"),
             Activation::Cos => f.write_str("cos"),
+            Activation::Softsign => f.write_str("softsign"),
+            Activation::Sign => f.write_str("sign"),
+            Activation::Floor => f.write_str("floor"),
+            Activation::Ceil => f.write_str("ceil"),
+            Activation::Round => f.write_str("round"),
+            Activation::Elu { alpha } => write!(f, "elu(alpha={alpha})"),
+            Activation::Celu { alpha } => write!(f, "celu(alpha={alpha})"),
+            Activation::ThresholdedRelu { alpha } => write!(f, "thresholded_relu(alpha={alpha})"),
+            Activation::Selu { alpha, gamma } => write!(f, "selu(alpha={alpha},gamma={gamma})"),
             Activation::Clip { min, max } => {
                 f.write_str("clip(")?;
                 if let Some(v) = min {

@@ -70,19 +70,7 @@ impl PNode {
 
 /// Element-wise operators of one input that the IR has no operator for: one pass each,
 /// imported as opaque operators with the input's shape.
-const UNARY: &[&str] = &[
-    "Ceil",
-    "Celu",
-    "Elu",
-    "Floor",
-    "IsInf",
-    "IsNaN",
-    "Round",
-    "Selu",
-    "Sign",
-    "Softsign",
-    "ThresholdedRelu",
-];
+const UNARY: &[&str] = &["IsInf", "IsNaN"];
 
 /// Element-wise operators of several inputs (with broadcasting) beyond Add, Sub, Mul, Div and
 /// Sum: `binary` operators ([`BINARY_KINDS`]), `where`, or opaque passes.
@@ -665,6 +653,24 @@ impl<'a> Importer<'a> {
             "Erf" => Activation::Erf,
             "Sin" => Activation::Sin,
             "Cos" => Activation::Cos,
+            "Softsign" => Activation::Softsign,
+            "Sign" => Activation::Sign,
+            "Floor" => Activation::Floor,
+            "Ceil" => Activation::Ceil,
+            "Round" => Activation::Round,
+            "Elu" => Activation::Elu {
+                alpha: f32_attr("alpha", 1.0),
+            },
+            "Celu" => Activation::Celu {
+                alpha: f32_attr("alpha", 1.0),
+            },
+            "ThresholdedRelu" => Activation::ThresholdedRelu {
+                alpha: f32_attr("alpha", 1.0),
+            },
+            "Selu" => Activation::Selu {
+                alpha: f32_attr("alpha", 1.673_263_2),
+                gamma: f32_attr("gamma", 1.050_701),
+            },
             "Gelu" => match attr_s(node, "approximate").as_deref() {
                 None | Some("none") => Activation::Gelu,
                 Some("tanh") => Activation::GeluTanh,
@@ -732,7 +738,8 @@ impl<'a> Importer<'a> {
             "BatchNormalization" => self.batch_norm(node, ins),
             "Relu" | "Sigmoid" | "Tanh" | "Gelu" | "Clip" | "LeakyRelu" | "HardSigmoid"
             | "HardSwish" | "Swish" | "Softplus" | "Mish" | "Sqrt" | "Reciprocal" | "Exp"
-            | "Log" | "Neg" | "Abs" | "Erf" | "Sin" | "Cos" => {
+            | "Log" | "Neg" | "Abs" | "Erf" | "Sin" | "Cos" | "Softsign" | "Sign" | "Floor"
+            | "Ceil" | "Round" | "Elu" | "Celu" | "ThresholdedRelu" | "Selu" => {
                 let act = self.activation_of(node, ins)?;
                 self.activation(node, ins, act)
             }

@@ -409,6 +409,7 @@ fn byte_mutations_with_weights_never_panic() {
         "sdpa",
         "compare",
         "reductions",
+        "unary",
     ] {
         let path = repo(&format!("fixtures/parity/{name}.onnx"));
         let bytes = std::fs::read(&path).unwrap();

@@ -776,3 +776,50 @@ fn the_reduce_kernel_agrees_with_the_kinds_on_the_host() {
         ],
     );
 }
+
+/// The kernels' `act_f`, every activation code with its parameters, against the reference's
+/// activations (`crate::reference::act`) over [-10, 10] and at NaN and the infinities: within
+/// 1e-6 relative (the reference's erf is its own, CUDA's is `erff`), NaN where it is NaN.
+#[test]
+fn the_activations_agree_with_the_reference_on_the_host() {
+    let c = |x: f32| match x {
+        x if x.is_nan() => "NAN".to_string(),
+        x if x.is_infinite() => format!("{}INFINITY", if x < 0.0 { "-" } else { "" }),
+        x => format!("{x:?}f"),
+    };
+    let mut xs: Vec<f32> = (-80..=80).map(|i| i as f32 * 0.125).collect();
+    xs.extend([
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        2.5,
+        -2.5,
+        0.5,
+        -0.5,
+    ]);
+    let list = |v: &[f32]| v.iter().map(|&x| c(x)).collect::<Vec<_>>().join(",");
+    let mut driver = format!(
+        "int main() {{\nint bad = 0, cases = 0;\nstatic const float xs[] = {{{}}};\n",
+        list(&xs)
+    );
+    for a in super::nvrtc::every_activation() {
+        let (code, p0, p1) = super::nvrtc::act_params(a);
+        let want: Vec<f32> = xs.iter().map(|&x| crate::reference::act(x, a)).collect();
+        driver.push_str(&format!(
+            "{{ static const float want[] = {{{}}};\n\
+             for (int i = 0; i < {}; ++i) {{\n\
+             float got = act_f(xs[i], {code}, {}, {});\n\
+             bool same = got == want[i] || (isnan(got) && isnan(want[i]))\n\
+             || fabsf(got - want[i]) <= 1e-6f * fmaxf(fabsf(want[i]), 1.0f);\n\
+             if (!same) {{ ++bad; printf(\"code {code} at %g: %g, want %g\\n\", xs[i], got, want[i]); }}\n\
+             ++cases; }} }}\n",
+            list(&want),
+            xs.len(),
+            c(p0),
+            c(p1),
+        ));
+    }
+    driver.push_str("printf(\"%d cases, %d failed\\n\", cases, bad);\nreturn bad != 0;\n}\n");
+    compile_and_run("activations", &[&driver]);
+}

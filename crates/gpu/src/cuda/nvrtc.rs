@@ -7,8 +7,10 @@
 //! ([`act_params`]): 0 none, 1 relu, 2 sigmoid, 3 tanh, 4 gelu (erf form), 5 gelu (tanh
 //! form), 6 clip(p0, p1), 7 leaky relu(p0), 8 hard sigmoid(p0, p1), 9 hard swish, 10
 //! swish(p0) (SiLU where p0 is 1), 11 softplus, 12 mish, 13 sqrt, 14 reciprocal, 15 exp, 16
-//! log, 17 neg, 18 abs, 19 erf, 20 sin, 21 cos; each is the CPU kernel's formula
-//! ([`crate::reference::act`]).
+//! log, 17 neg, 18 abs, 19 erf, 20 sin, 21 cos, 22 elu(p0), 23 selu(p0, p1), 24 celu(p0), 25
+//! thresholded relu(p0), 26 softsign, 27 sign, 28 floor, 29 ceil, 30 round (halves to even);
+//! each is the CPU kernel's formula ([`crate::reference::act`]), checked on the host
+//! (`host_check`).
 
 use opsched_graph::Activation;
 
@@ -31,7 +33,7 @@ __device__ __forceinline__ float act_f(float x, int a, float p0, float p1) {
     case 5: return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
     case 6: return fminf(fmaxf(x, p0), p1);
     case 7: return x >= 0.0f ? x : p0 * x;
-    case 8: return fminf(fmaxf(p0 * x + p1, 0.0f), 1.0f);
+    case 8: return x != x ? x : fminf(fmaxf(p0 * x + p1, 0.0f), 1.0f);  // NaN stays, as the CPU's clamp
     case 9: return x * fminf(fmaxf(x / 6.0f + 0.5f, 0.0f), 1.0f);
     case 10: return x / (1.0f + expf(-p0 * x));
     case 11: return softplus_f(x);
@@ -45,6 +47,15 @@ __device__ __forceinline__ float act_f(float x, int a, float p0, float p1) {
     case 19: return erff(x);
     case 20: return sinf(x);
     case 21: return cosf(x);
+    case 22: return x >= 0.0f ? x : p0 * expm1f(x);
+    case 23: return x > 0.0f ? p1 * x : p1 * (p0 * expm1f(x));
+    case 24: return fmaxf(x, 0.0f) + fminf(p0 * expm1f(x / p0), 0.0f);
+    case 25: return x > p0 ? x : 0.0f;
+    case 26: return x / (1.0f + fabsf(x));
+    case 27: return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : x == 0.0f ? 0.0f : x;
+    case 28: return floorf(x);
+    case 29: return ceilf(x);
+    case 30: return rintf(x);
     default: return x;
     }
 }
@@ -1290,6 +1301,15 @@ pub fn act_params(a: Activation) -> (i32, f32, f32) {
         Activation::Erf => (19, 0.0, 0.0),
         Activation::Sin => (20, 0.0, 0.0),
         Activation::Cos => (21, 0.0, 0.0),
+        Activation::Elu { alpha } => (22, alpha, 0.0),
+        Activation::Selu { alpha, gamma } => (23, alpha, gamma),
+        Activation::Celu { alpha } => (24, alpha, 0.0),
+        Activation::ThresholdedRelu { alpha } => (25, alpha, 0.0),
+        Activation::Softsign => (26, 0.0, 0.0),
+        Activation::Sign => (27, 0.0, 0.0),
+        Activation::Floor => (28, 0.0, 0.0),
+        Activation::Ceil => (29, 0.0, 0.0),
+        Activation::Round => (30, 0.0, 0.0),
     }
 }
 
@@ -1312,7 +1332,7 @@ pub(crate) fn act_f_host(x: f32, (a, p0, p1): (i32, f32, f32)) -> f32 {
                 p0 * x
             }
         }
-        8 => (p0 * x + p1).max(0.0).min(1.0),
+        8 => (p0 * x + p1).clamp(0.0, 1.0),
         9 => x * (x / 6.0 + 0.5).max(0.0).min(1.0),
         10 => x / (1.0 + (-p0 * x).exp()),
         11 => x.max(0.0) + (-x.abs()).exp().ln_1p(),
@@ -1326,8 +1346,98 @@ pub(crate) fn act_f_host(x: f32, (a, p0, p1): (i32, f32, f32)) -> f32 {
         19 => crate::reference::erf(x),
         20 => x.sin(),
         21 => x.cos(),
+        22 => {
+            if x >= 0.0 {
+                x
+            } else {
+                p0 * x.exp_m1()
+            }
+        }
+        23 => {
+            if x > 0.0 {
+                p1 * x
+            } else {
+                p1 * (p0 * x.exp_m1())
+            }
+        }
+        24 => x.max(0.0) + (p0 * (x / p0).exp_m1()).min(0.0),
+        25 => {
+            if x > p0 {
+                x
+            } else {
+                0.0
+            }
+        }
+        26 => x / (1.0 + x.abs()),
+        27 => {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                x * 0.0
+            }
+        }
+        28 => x.floor(),
+        29 => x.ceil(),
+        30 => x.round_ties_even(),
         _ => x,
     }
+}
+
+/// Every activation, with parameters worth checking: what the tests run through the kernels'
+/// formula and the reference.
+#[cfg(test)]
+pub(crate) fn every_activation() -> Vec<Activation> {
+    vec![
+        Activation::None,
+        Activation::Relu,
+        Activation::Sigmoid,
+        Activation::Tanh,
+        Activation::Gelu,
+        Activation::GeluTanh,
+        Activation::Clip {
+            min: Some(-0.5),
+            max: None,
+        },
+        Activation::Clip {
+            min: Some(0.0),
+            max: Some(6.0),
+        },
+        Activation::LeakyRelu { alpha: 0.1 },
+        Activation::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        },
+        Activation::HardSwish,
+        Activation::Swish { alpha: 1.0 },
+        Activation::Swish { alpha: 1.702 },
+        Activation::Softplus,
+        Activation::Mish,
+        Activation::Sqrt,
+        Activation::Reciprocal,
+        Activation::Exp,
+        Activation::Log,
+        Activation::Neg,
+        Activation::Abs,
+        Activation::Erf,
+        Activation::Sin,
+        Activation::Cos,
+        Activation::Elu { alpha: 1.0 },
+        Activation::Elu { alpha: 0.5 },
+        Activation::Selu {
+            alpha: 1.673_263_2,
+            gamma: 1.050_701,
+        },
+        Activation::Celu { alpha: 1.0 },
+        Activation::Celu { alpha: 2.5 },
+        Activation::ThresholdedRelu { alpha: 1.0 },
+        Activation::Softsign,
+        Activation::Sign,
+        Activation::Floor,
+        Activation::Ceil,
+        Activation::Round,
+    ]
 }
 
 /// `v` in a kernel's `Dims6` (six 64-bit slots, the rest `fill`); `None` for more than six
@@ -1408,41 +1518,7 @@ mod tests {
 
     #[test]
     fn kernel_activations_are_the_reference_activations() {
-        let all = [
-            Activation::None,
-            Activation::Relu,
-            Activation::Sigmoid,
-            Activation::Tanh,
-            Activation::Gelu,
-            Activation::GeluTanh,
-            Activation::Clip {
-                min: Some(-0.5),
-                max: None,
-            },
-            Activation::Clip {
-                min: Some(0.0),
-                max: Some(6.0),
-            },
-            Activation::LeakyRelu { alpha: 0.1 },
-            Activation::HardSigmoid {
-                alpha: 0.2,
-                beta: 0.5,
-            },
-            Activation::HardSwish,
-            Activation::Swish { alpha: 1.0 },
-            Activation::Swish { alpha: 1.702 },
-            Activation::Softplus,
-            Activation::Mish,
-            Activation::Sqrt,
-            Activation::Reciprocal,
-            Activation::Exp,
-            Activation::Log,
-            Activation::Neg,
-            Activation::Abs,
-            Activation::Erf,
-            Activation::Sin,
-            Activation::Cos,
-        ];
+        let all = every_activation();
         for a in all {
             for i in -40..=40 {
                 let x = i as f32 * 0.25;
