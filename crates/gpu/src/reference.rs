@@ -374,11 +374,18 @@ pub fn reduce(x: &[f32], red: usize, inner: usize, kind: opsched_graph::ReduceKi
     let mut y = Vec::with_capacity(outer * inner);
     for o in 0..outer {
         for i in 0..inner {
-            let mut acc = kind.start();
+            let (mut acc, mut at) = (kind.start(), 0);
             for r in 0..red {
-                acc = kind.step(acc, x[(o * red + r) * inner + i]);
+                let v = x[(o * red + r) * inner + i];
+                if kind.replaces(v, acc) {
+                    at = r;
+                }
+                acc = kind.step(acc, v);
             }
-            y.push(kind.finish(acc, red));
+            y.push(match kind.is_index() {
+                true => at as f32,
+                false => kind.finish(acc, red),
+            });
         }
     }
     y

@@ -339,26 +339,42 @@ pub enum ReduceKind {
     SumSquare,
     /// The natural logarithm of the sum (`ReduceLogSum`).
     LogSum,
+    /// The index of the first largest element (ONNX `ArgMax`), as a float like every value.
+    ArgMax,
+    /// The index of the first smallest element (`ArgMin`).
+    ArgMin,
+    /// The index of the last largest element (`ArgMax` with `select_last_index`).
+    LastArgMax,
+    /// The index of the last smallest element (`ArgMin` with `select_last_index`).
+    LastArgMin,
 }
 
 impl ReduceKind {
-    /// The value a reduction starts from.
+    /// The value a reduction starts from (an index kind: the best value so far, at index 0).
     pub fn start(self) -> f32 {
         match self {
-            ReduceKind::Max => f32::NEG_INFINITY,
-            ReduceKind::Min => f32::INFINITY,
+            ReduceKind::Max | ReduceKind::ArgMax | ReduceKind::LastArgMax => f32::NEG_INFINITY,
+            ReduceKind::Min | ReduceKind::ArgMin | ReduceKind::LastArgMin => f32::INFINITY,
             ReduceKind::Prod => 1.0,
             _ => 0.0,
         }
     }
 
     /// `acc` combined with the next element `v` (elements in order: every executor sums
-    /// alike).
+    /// alike). An index kind keeps its best value this way and its index by
+    /// [`ReduceKind::replaces`].
     pub fn step(self, acc: f32, v: f32) -> f32 {
         match self {
             ReduceKind::Mean | ReduceKind::Sum | ReduceKind::LogSum => acc + v,
             ReduceKind::Max => acc.max(v),
             ReduceKind::Min => acc.min(v),
+            ReduceKind::ArgMax
+            | ReduceKind::ArgMin
+            | ReduceKind::LastArgMax
+            | ReduceKind::LastArgMin => match self.replaces(v, acc) {
+                true => v,
+                false => acc,
+            },
             ReduceKind::Prod => acc * v,
             ReduceKind::L1 => acc + v.abs(),
             ReduceKind::L2 | ReduceKind::SumSquare => acc + v * v,
@@ -376,14 +392,37 @@ impl ReduceKind {
         }
     }
 
+    /// Whether the result is an index (`ArgMax` and its kin), not a value.
+    pub fn is_index(self) -> bool {
+        matches!(
+            self,
+            ReduceKind::ArgMax
+                | ReduceKind::ArgMin
+                | ReduceKind::LastArgMax
+                | ReduceKind::LastArgMin
+        )
+    }
+
+    /// For an index kind, whether element `v` takes the place of the best one so far, `best`
+    /// (ties: the first keeps it, the last takes it; NaN never does).
+    pub fn replaces(self, v: f32, best: f32) -> bool {
+        match self {
+            ReduceKind::ArgMax => v > best,
+            ReduceKind::ArgMin => v < best,
+            ReduceKind::LastArgMax => v >= best,
+            ReduceKind::LastArgMin => v <= best,
+            _ => false,
+        }
+    }
+
     /// The code the CUDA kernel takes (0 mean, 1 sum, 2 max, 3 min, 4 prod, 5 L1, 6 L2,
-    /// 7 sum of squares, 8 log of the sum).
+    /// 7 sum of squares, 8 log of the sum, 9 argmax, 10 argmin, 11 and 12 the last ones).
     pub fn code(self) -> i32 {
         self as i32
     }
 
     /// Every kind, in the order of their codes.
-    pub const ALL: [ReduceKind; 9] = [
+    pub const ALL: [ReduceKind; 13] = [
         ReduceKind::Mean,
         ReduceKind::Sum,
         ReduceKind::Max,
@@ -393,6 +432,10 @@ impl ReduceKind {
         ReduceKind::L2,
         ReduceKind::SumSquare,
         ReduceKind::LogSum,
+        ReduceKind::ArgMax,
+        ReduceKind::ArgMin,
+        ReduceKind::LastArgMax,
+        ReduceKind::LastArgMin,
     ];
 }
 
@@ -733,7 +776,7 @@ pub enum Op {
         shape: Vec<i64>,
     },
     /// The reduction `kind` ([`ReduceKind`]: mean, sum, max, min, product, L1, L2, sum of
-    /// squares, log of the sum) over axes `begin..end` (consecutive: ONNX's `Reduce*` over
+    /// squares, log of the sum, or the index of the largest or smallest) over axes `begin..end` (consecutive: ONNX's `Reduce*` over
     /// a token axis, the last axis or channels), kept with extent 1 where `keep`, else dropped.
     Reduce {
         kind: ReduceKind,

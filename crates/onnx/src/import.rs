@@ -889,6 +889,15 @@ impl<'a> Importer<'a> {
                     "ReduceL2" => Some(ReduceKind::L2),
                     "ReduceSumSquare" => Some(ReduceKind::SumSquare),
                     "ReduceLogSum" => Some(ReduceKind::LogSum),
+                    "ArgMax" | "ArgMin" => {
+                        let last = attr_i(node, "select_last_index", 0) == 1;
+                        Some(match (op == "ArgMax", last) {
+                            (true, false) => ReduceKind::ArgMax,
+                            (false, false) => ReduceKind::ArgMin,
+                            (true, true) => ReduceKind::LastArgMax,
+                            (false, true) => ReduceKind::LastArgMin,
+                        })
+                    }
                     _ => None,
                 };
                 // Consecutive axes (all of them where none are named): a `reduce`.

@@ -820,13 +820,29 @@ extern "C" __global__ void broadcast(float* y, const float* a, const float* b, c
 // around it.
 // Reduction over the middle axis of [outer, red, inner] (step/reduce.rs): one output a thread,
 // the elements in order from ReduceKind::start (kind 0 mean, 1 sum, 2 max, 3 min, 4 prod, 5 L1,
-// 6 L2, 7 sum of squares, 8 log of the sum), as the CPU.
+// 6 L2, 7 sum of squares, 8 log of the sum; 9-12 an index: the first or last largest or
+// smallest element's), as the CPU.
 extern "C" __global__ void reduce_mid(float* y, const float* x, i64 outer, i64 red, i64 inner,
                                       int kind) {
     GRID_STRIDE(t, outer * inner) {
         const i64 o = t / inner, i = t % inner;
         const float* p = x + o * red * inner + i;
         const float inf = __int_as_float(0x7f800000);
+        if (kind >= 9) {
+            // An index: the first (9 max, 10 min) or last (11, 12) best element's.
+            const bool most = kind == 9 || kind == 11, last = kind >= 11;
+            float best = most ? -inf : inf, at = 0.0f;
+            for (i64 r = 0; r < red; ++r) {
+                const float v = p[r * inner];
+                const bool take = most ? (last ? v >= best : v > best) : (last ? v <= best : v < best);
+                if (take) {
+                    best = v;
+                    at = (float)r;
+                }
+            }
+            y[t] = at;
+            continue;
+        }
         float acc = kind == 2 ? -inf : kind == 3 ? inf : kind == 4 ? 1.0f : 0.0f;
         for (i64 r = 0; r < red; ++r) {
             const float v = p[r * inner];

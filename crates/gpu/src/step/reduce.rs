@@ -1,6 +1,7 @@
 //! Reductions over consecutive axes (`reduce`: a mean over tokens, over the last axis or over
 //! channels), as the middle axis of `[outer, red, inner]`; on CUDA the `reduce_mid` NVRTC
-//! kernel. Every executor combines the elements in order ([`ReduceKind::step`]).
+//! kernel. Every executor combines the elements in order ([`ReduceKind::step`]); an index kind
+//! (`ArgMax`) keeps the row of the best element so far ([`ReduceKind::replaces`]).
 #![allow(unsafe_code)]
 
 use cudarc::driver::PushKernelArg;
@@ -9,6 +10,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
+use crate::cpu::math::with_scratch;
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::as_i64;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -73,10 +75,24 @@ impl StepKernel for Reduce {
         if y.is_empty() {
             return Ok(());
         }
-        // One outer index a task; its rows of `inner` elements accumulated in order.
+        // One outer index a task; its rows of `inner` elements accumulated in order (an index
+        // kind keeps its best values in scratch and their rows in y).
         y.par_chunks_mut(inner)
             .zip(x.par_chunks(red * inner))
             .for_each(|(yo, xo)| {
+                if kind.is_index() {
+                    return with_scratch(inner, |best| {
+                        best.fill(kind.start());
+                        yo.fill(0.0);
+                        for (r, row) in xo.chunks(inner).enumerate() {
+                            for ((b, at), &v) in best.iter_mut().zip(yo.iter_mut()).zip(row) {
+                                if kind.replaces(v, *b) {
+                                    (*b, *at) = (v, r as f32);
+                                }
+                            }
+                        }
+                    });
+                }
                 yo.fill(kind.start());
                 for row in xo.chunks(inner) {
                     for (a, &v) in yo.iter_mut().zip(row) {
