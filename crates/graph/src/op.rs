@@ -321,9 +321,10 @@ pub enum ElementwiseKind {
     Mul,
 }
 
-/// How a `reduce` combines the elements it reduces.
+/// How a `reduce` combines the elements it reduces. Serialized in snake case (`"mean"`,
+/// `"sum_square"`, `"last_arg_max"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum ReduceKind {
     Mean,
     Sum,

@@ -660,3 +660,43 @@ fn comparisons_are_masks_of_ones_and_zeros() {
     assert_eq!(select(-0.0, 2.0, 3.0), 3.0);
     assert_eq!(select(f32::NAN, 2.0, 3.0), 2.0);
 }
+
+/// Every reduction kind: its name in the graph JSON (snake case) reads back as itself, each
+/// index kind's first and last ties apart, and an index kind's fold keeps the best value.
+#[test]
+fn reduce_kinds_round_trip_and_index_kinds_pick_the_best() {
+    let mut names = std::collections::HashSet::new();
+    for kind in opsched_graph::ReduceKind::ALL {
+        let name = serde_json::to_string(&kind).unwrap();
+        assert!(names.insert(name.clone()), "{name} twice");
+        let back: opsched_graph::ReduceKind = serde_json::from_str(&name).unwrap();
+        assert_eq!(back, kind);
+        assert_eq!(
+            kind.code(),
+            names.len() as i32 - 1,
+            "{name}: codes in ALL's order"
+        );
+    }
+    assert_eq!(
+        serde_json::to_string(&opsched_graph::ReduceKind::LastArgMax).unwrap(),
+        "\"last_arg_max\""
+    );
+    // Index kinds over [3, 1, 3, 1]: the first or last of the largest or smallest.
+    let x = [3.0f32, 1.0, 3.0, 1.0];
+    for (kind, want) in [
+        (opsched_graph::ReduceKind::ArgMax, 0),
+        (opsched_graph::ReduceKind::LastArgMax, 2),
+        (opsched_graph::ReduceKind::ArgMin, 1),
+        (opsched_graph::ReduceKind::LastArgMin, 3),
+    ] {
+        let (mut best, mut at) = (kind.start(), 0);
+        for (i, &v) in x.iter().enumerate() {
+            if kind.replaces(v, best) {
+                at = i;
+            }
+            best = kind.step(best, v);
+        }
+        assert_eq!(at, want, "{kind:?}");
+        assert!(kind.is_index() && !opsched_graph::ReduceKind::Max.is_index());
+    }
+}
