@@ -154,8 +154,7 @@ impl Activation {
             | Activation::Swish { alpha }
             | Activation::Elu { alpha }
             | Activation::ThresholdedRelu { alpha } => alpha.is_finite(),
-            // Celu divides by its alpha.
-            Activation::Celu { alpha } => alpha.is_finite() && alpha != 0.0,
+            Activation::Celu { alpha } => alpha.is_finite(),
             Activation::Selu { alpha, gamma } => alpha.is_finite() && gamma.is_finite(),
             Activation::HardSigmoid { alpha, beta } => alpha.is_finite() && beta.is_finite(),
             _ => true,
@@ -947,17 +946,24 @@ pub fn concat_shapes(shapes: &[Shape], axis: usize) -> Result<Shape, String> {
 }
 
 impl Op {
-    /// The field of the operator's definition that holds a number that is not finite (from a
-    /// graph file: an infinity there would poison every value after it).
-    fn non_finite(&self) -> Option<&'static str> {
+    /// What is wrong with a number of the operator's definition, naming its field: one that is
+    /// not finite (from a graph file: an infinity there would poison every value after it), or
+    /// a celu's alpha of 0 (it divides by it).
+    fn bad_number(&self) -> Option<&'static str> {
         match self {
-            Op::Conv2d(Conv2d { act, .. }) | Op::Linear { act, .. } | Op::Activation { act }
-                if !act.finite() =>
-            {
-                Some("act")
+            Op::Conv2d(Conv2d { act, .. }) | Op::Linear { act, .. } | Op::Activation { act } => {
+                match act {
+                    a if !a.finite() => Some("act must be a finite number"),
+                    Activation::Celu { alpha } if *alpha == 0.0 => {
+                        Some("act: a celu's alpha must not be 0 (it divides by it)")
+                    }
+                    _ => None,
+                }
             }
-            Op::BatchMatmul { alpha, .. } if !alpha.is_finite() => Some("alpha"),
-            Op::LayerNorm { eps } if !eps.is_finite() => Some("eps"),
+            Op::BatchMatmul { alpha, .. } if !alpha.is_finite() => {
+                Some("alpha must be a finite number")
+            }
+            Op::LayerNorm { eps } if !eps.is_finite() => Some("eps must be a finite number"),
             _ => None,
         }
     }
@@ -1029,8 +1035,8 @@ impl Op {
 
     /// Output shape for the given term shapes.
     pub fn infer_shape(&self, terms: &[Shape]) -> Result<Shape, String> {
-        if let Some(field) = self.non_finite() {
-            return Err(format!("{field} must be a finite number"));
+        if let Some(problem) = self.bad_number() {
+            return Err(problem.to_string());
         }
         match self {
             Op::Input { shape } => {

@@ -370,6 +370,13 @@ fn bad_graphs_name_the_node() {
         r#"{X}, {{"name": "l", "op": {{"type": "activation", "act": {{"leaky_relu": {{"alpha": -1e39}}}}}}, "inputs": ["x"]}}"#
     ));
     assert_eq!(err_of(&leaky), "node 'l': act must be a finite number");
+    let celu = doc(&format!(
+        r#"{X}, {{"name": "c", "op": {{"type": "activation", "act": {{"celu": {{"alpha": 0.0}}}}}}, "inputs": ["x"]}}"#
+    ));
+    assert_eq!(
+        err_of(&celu),
+        "node 'c': act: a celu's alpha must not be 0 (it divides by it)"
+    );
 }
 
 #[test]
