@@ -138,23 +138,26 @@ pub enum Activation {
     Round,
 }
 
-/// ONNX `Selu`'s default `alpha` and `gamma`.
 fn selu_alpha() -> f32 {
-    1.673_263_2
+    Activation::SELU_ALPHA
 }
 fn selu_gamma() -> f32 {
-    1.050_701
+    Activation::SELU_GAMMA
 }
 
 impl Activation {
+    /// ONNX `Selu`'s default `alpha` and `gamma` (those of self-normalising networks).
+    pub const SELU_ALPHA: f32 = 1.673_263_2;
+    pub const SELU_GAMMA: f32 = 1.050_701;
+
     /// Whether every parameter is a finite number (a clip's bounds may be infinite: no bound).
     fn finite(self) -> bool {
         match self {
             Activation::LeakyRelu { alpha }
             | Activation::Swish { alpha }
             | Activation::Elu { alpha }
+            | Activation::Celu { alpha }
             | Activation::ThresholdedRelu { alpha } => alpha.is_finite(),
-            Activation::Celu { alpha } => alpha.is_finite(),
             Activation::Selu { alpha, gamma } => alpha.is_finite() && gamma.is_finite(),
             Activation::HardSigmoid { alpha, beta } => alpha.is_finite() && beta.is_finite(),
             _ => true,

@@ -668,8 +668,8 @@ impl<'a> Importer<'a> {
                 alpha: f32_attr("alpha", 1.0),
             },
             "Selu" => Activation::Selu {
-                alpha: f32_attr("alpha", 1.673_263_2),
-                gamma: f32_attr("gamma", 1.050_701),
+                alpha: f32_attr("alpha", Activation::SELU_ALPHA),
+                gamma: f32_attr("gamma", Activation::SELU_GAMMA),
             },
             "Gelu" => match attr_s(node, "approximate").as_deref() {
                 None | Some("none") => Activation::Gelu,

@@ -1442,8 +1442,8 @@ pub(crate) fn every_activation() -> Vec<Activation> {
         Activation::Elu { alpha: 1.0 },
         Activation::Elu { alpha: 0.5 },
         Activation::Selu {
-            alpha: 1.673_263_2,
-            gamma: 1.050_701,
+            alpha: Activation::SELU_ALPHA,
+            gamma: Activation::SELU_GAMMA,
         },
         Activation::Celu { alpha: 1.0 },
         Activation::Celu { alpha: 2.5 },
