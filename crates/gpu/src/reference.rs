@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use opsched_graph::{
-    Activation, ElementwiseKind, Graph, NodeId, Op, PoolKind, Shape, Tensor, Value,
+    Activation, ElementwiseKind, Graph, NodeId, Op, PoolKind, ReduceKind, Shape, Tensor, Value,
 };
 
 use crate::program::{input_init, param_seed, uniform, weight_half_width};
@@ -369,7 +369,7 @@ pub fn resize(x: &[f32], shape: &[usize], r: &opsched_graph::Resize) -> Vec<f32>
 
 /// `x` viewed as `[outer, red, inner]` reduced over its middle axis by `kind`, the elements
 /// in order.
-pub fn reduce(x: &[f32], red: usize, inner: usize, kind: opsched_graph::ReduceKind) -> Vec<f32> {
+pub fn reduce(x: &[f32], red: usize, inner: usize, kind: ReduceKind) -> Vec<f32> {
     let outer = x.len() / (red * inner).max(1);
     let mut y = Vec::with_capacity(outer * inner);
     for o in 0..outer {
@@ -382,9 +382,13 @@ pub fn reduce(x: &[f32], red: usize, inner: usize, kind: opsched_graph::ReduceKi
                 }
                 acc = kind.step(acc, v);
             }
-            y.push(match kind.is_index() {
-                true => at as f32,
-                false => kind.finish(acc, red),
+            y.push(match kind {
+                _ if kind.is_index() => at as f32,
+                ReduceKind::LogSumExp => {
+                    let sum = (0..red).map(|r| (x[(o * red + r) * inner + i] - acc).exp());
+                    ReduceKind::log_sum_exp(acc, sum.fold(0.0, |s, e| s + e))
+                }
+                _ => kind.finish(acc, red),
             });
         }
     }

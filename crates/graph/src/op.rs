@@ -350,13 +350,20 @@ pub enum ReduceKind {
     LastArgMax,
     /// The index of the last smallest element (`ArgMin` with `select_last_index`).
     LastArgMin,
+    /// `log(sum(exp(x)))` (`ReduceLogSumExp`), as `m + log(sum(exp(x - m)))` with `m` the
+    /// largest element (no overflow): two passes, the fold of the first the maximum's
+    /// ([`ReduceKind::log_sum_exp`] the result).
+    LogSumExp,
 }
 
 impl ReduceKind {
     /// The value a reduction starts from (an index kind: the best value so far, at index 0).
     pub fn start(self) -> f32 {
         match self {
-            ReduceKind::Max | ReduceKind::ArgMax | ReduceKind::LastArgMax => f32::NEG_INFINITY,
+            ReduceKind::Max
+            | ReduceKind::ArgMax
+            | ReduceKind::LastArgMax
+            | ReduceKind::LogSumExp => f32::NEG_INFINITY,
             ReduceKind::Min | ReduceKind::ArgMin | ReduceKind::LastArgMin => f32::INFINITY,
             ReduceKind::Prod => 1.0,
             _ => 0.0,
@@ -369,7 +376,7 @@ impl ReduceKind {
     pub fn step(self, acc: f32, v: f32) -> f32 {
         match self {
             ReduceKind::Mean | ReduceKind::Sum | ReduceKind::LogSum => acc + v,
-            ReduceKind::Max => acc.max(v),
+            ReduceKind::Max | ReduceKind::LogSumExp => acc.max(v),
             ReduceKind::Min => acc.min(v),
             ReduceKind::ArgMax
             | ReduceKind::ArgMin
@@ -418,14 +425,24 @@ impl ReduceKind {
         }
     }
 
+    /// `LogSumExp`'s result from the largest element `max` and the sum of `exp(x - max)`
+    /// over the elements: `max` itself where it is infinite (no `inf - inf`).
+    pub fn log_sum_exp(max: f32, shifted_sum: f32) -> f32 {
+        match max.is_infinite() {
+            true => max,
+            false => max + shifted_sum.ln(),
+        }
+    }
+
     /// The code the CUDA kernel takes (0 mean, 1 sum, 2 max, 3 min, 4 prod, 5 L1, 6 L2,
-    /// 7 sum of squares, 8 log of the sum, 9 argmax, 10 argmin, 11 and 12 the last ones).
+    /// 7 sum of squares, 8 log of the sum, 9 argmax, 10 argmin, 11 and 12 the last ones,
+    /// 13 log of the sum of exponentials).
     pub fn code(self) -> i32 {
         self as i32
     }
 
     /// Every kind, in the order of their codes.
-    pub const ALL: [ReduceKind; 13] = [
+    pub const ALL: [ReduceKind; 14] = [
         ReduceKind::Mean,
         ReduceKind::Sum,
         ReduceKind::Max,
@@ -439,6 +456,7 @@ impl ReduceKind {
         ReduceKind::ArgMin,
         ReduceKind::LastArgMax,
         ReduceKind::LastArgMin,
+        ReduceKind::LogSumExp,
     ];
 }
 
@@ -779,7 +797,8 @@ pub enum Op {
         shape: Vec<i64>,
     },
     /// The reduction `kind` ([`ReduceKind`]: mean, sum, max, min, product, L1, L2, sum of
-    /// squares, log of the sum, or the index of the largest or smallest) over axes `begin..end` (consecutive: ONNX's `Reduce*` over
+    /// squares, log of the sum or of the sum of exponentials, or the index of the largest or
+    /// smallest) over axes `begin..end` (consecutive: ONNX's `Reduce*` over
     /// a token axis, the last axis or channels), kept with extent 1 where `keep`, else dropped.
     Reduce {
         kind: ReduceKind,

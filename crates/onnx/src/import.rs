@@ -889,6 +889,7 @@ impl<'a> Importer<'a> {
                     "ReduceL2" => Some(ReduceKind::L2),
                     "ReduceSumSquare" => Some(ReduceKind::SumSquare),
                     "ReduceLogSum" => Some(ReduceKind::LogSum),
+                    "ReduceLogSumExp" => Some(ReduceKind::LogSumExp),
                     "ArgMax" | "ArgMin" => {
                         let last = attr_i(node, "select_last_index", 0) == 1;
                         Some(match (op == "ArgMax", last) {

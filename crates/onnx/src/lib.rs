@@ -42,7 +42,7 @@
 //! | the same elsewhere | `activation` |
 //! | `MaxPool`, `AveragePool` (2-D, asymmetric pads, `ceil_mode`, `count_include_pad`), `GlobalAveragePool`, `GlobalMaxPool` | `pool2d` |
 //! | `ReduceMean`/`ReduceMax` over both spatial axes of an NCHW tensor, keeping dimensions | global `pool2d` (the dynamo exporter's adaptive pool) |
-//! | `ReduceMean`, `ReduceSum`, `ReduceMax`, `ReduceMin`, `ReduceProd`, `ReduceL1`, `ReduceL2`, `ReduceSumSquare`, `ReduceLogSum` over consecutive axes (named in any order, or all), `ArgMax`, `ArgMin` (`select_last_index` too; the index a float), otherwise | `reduce` (the axes kept with extent 1 or dropped, as `keepdims` says) |
+//! | `ReduceMean`, `ReduceSum`, `ReduceMax`, `ReduceMin`, `ReduceProd`, `ReduceL1`, `ReduceL2`, `ReduceSumSquare`, `ReduceLogSum`, `ReduceLogSumExp` (shifted by the maximum) over consecutive axes (named in any order, or all), `ArgMax`, `ArgMin` (`select_last_index` too; the index a float), otherwise | `reduce` (the axes kept with extent 1 or dropped, as `keepdims` says) |
 //! | `Add`, `Mul`, `Sum` (numpy broadcasting) | `elementwise` |
 //! | `Sub`, `Div`, `Pow`, `Max`, `Min`, and the comparisons `Equal`, `Less`, `Greater`, `LessOrEqual`, `GreaterOrEqual` (booleans as 1.0 and 0.0), of two operands (numpy broadcasting) | `binary` |
 //! | `Add`/`Sub` of a constant after a conv or linear | folded into its bias |
@@ -67,7 +67,7 @@
 //! | `Where` (the condition's booleans 1.0 and 0.0; numpy broadcasting) | `where` |
 //! | `And`, `Or`, `Xor`, `Not` of booleans (1.0 and 0.0) | `binary` `min`, `max`, `not_equal`, and `equal` to a constant 0 |
 //! | `Expand` | `expand` (one copy); removed where the shape does not change |
-//! | other element-wise ops (`IsNaN`, `IsInf`, ...), other reductions (of axes apart, `ReduceLogSumExp`, ...), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels) | `opaque` with the shape we compute (scheduling only: no executor runs them) |
+//! | other element-wise ops (`IsNaN`, `IsInf`, ...), other reductions (of axes apart), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels) | `opaque` with the shape we compute (scheduling only: no executor runs them) |
 //! | `Constant`, `Shape`, `Size`, and any node whose inputs are all constants | evaluated at import (shape arithmetic), no operator |
 //! | anything else | an error listing every unsupported type with its count; with [`OnnxOptions::allow_unknown`], `opaque` |
 //!

@@ -821,13 +821,21 @@ extern "C" __global__ void broadcast(float* y, const float* a, const float* b, c
 // Reduction over the middle axis of [outer, red, inner] (step/reduce.rs): one output a thread,
 // the elements in order from ReduceKind::start (kind 0 mean, 1 sum, 2 max, 3 min, 4 prod, 5 L1,
 // 6 L2, 7 sum of squares, 8 log of the sum; 9-12 an index: the first or last largest or
-// smallest element's), as the CPU.
+// smallest element's; 13 log of the sum of exponentials, shifted by the largest), as the CPU.
 extern "C" __global__ void reduce_mid(float* y, const float* x, i64 outer, i64 red, i64 inner,
                                       int kind) {
     GRID_STRIDE(t, outer * inner) {
         const i64 o = t / inner, i = t % inner;
         const float* p = x + o * red * inner + i;
         const float inf = __int_as_float(0x7f800000);
+        if (kind == 13) {
+            // log(sum(exp(x))) shifted by the largest element (ReduceKind::log_sum_exp).
+            float m = -inf, sum = 0.0f;
+            for (i64 r = 0; r < red; ++r) m = fmaxf(m, p[r * inner]);
+            for (i64 r = 0; r < red; ++r) sum += expf(p[r * inner] - m);
+            y[t] = isinf(m) ? m : m + logf(sum);
+            continue;
+        }
         if (kind >= 9) {
             // An index: the first (9 max, 10 min) or last (11, 12) best element's.
             const bool most = kind == 9 || kind == 11, last = kind >= 11;

@@ -99,6 +99,20 @@ impl StepKernel for Reduce {
                         *a = kind.step(*a, v);
                     }
                 }
+                if kind == ReduceKind::LogSumExp {
+                    // The second pass: the exponentials shifted by each output's maximum.
+                    return with_scratch(inner, |sums| {
+                        sums.fill(0.0);
+                        for row in xo.chunks(inner) {
+                            for ((s, &m), &v) in sums.iter_mut().zip(yo.iter()).zip(row) {
+                                *s += (v - m).exp();
+                            }
+                        }
+                        for (a, &s) in yo.iter_mut().zip(sums.iter()) {
+                            *a = ReduceKind::log_sum_exp(*a, s);
+                        }
+                    });
+                }
                 for a in yo.iter_mut() {
                     *a = kind.finish(*a, red);
                 }
