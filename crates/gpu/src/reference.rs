@@ -90,6 +90,11 @@ pub fn act(x: f32, a: Activation) -> f32 {
         Activation::Floor => x.floor(),
         Activation::Ceil => x.ceil(),
         Activation::Round => x.round_ties_even(),
+        Activation::IsNan => f32::from(u8::from(x.is_nan())),
+        Activation::IsInf { negative, positive } => {
+            let hit = x.is_infinite() && if x > 0.0 { positive } else { negative };
+            f32::from(u8::from(hit))
+        }
     }
 }
 

@@ -136,6 +136,15 @@ pub enum Activation {
     Ceil,
     /// To the nearest integer, halves to even (ONNX `Round`).
     Round,
+    /// 1 where `x` is NaN, else 0 (ONNX `IsNaN`: booleans are 1.0 and 0.0).
+    IsNan,
+    /// 1 where `x` is an infinity of a sign it detects, else 0 (ONNX `IsInf`).
+    IsInf {
+        #[serde(default = "yes")]
+        negative: bool,
+        #[serde(default = "yes")]
+        positive: bool,
+    },
 }
 
 fn selu_alpha() -> f32 {
@@ -183,6 +192,8 @@ impl Activation {
             | Activation::Floor
             | Activation::Ceil
             | Activation::Round
+            | Activation::IsNan
+            | Activation::IsInf { .. }
             | Activation::ThresholdedRelu { .. } => 1,
             Activation::Softsign => 3,
             Activation::Elu { .. } | Activation::Selu { .. } | Activation::Celu { .. } => 6,
@@ -229,6 +240,10 @@ impl Activation {
             Activation::Floor => (28, [None; 2]),
             Activation::Ceil => (29, [None; 2]),
             Activation::Round => (30, [None; 2]),
+            Activation::IsNan => (31, [None; 2]),
+            Activation::IsInf { negative, positive } => {
+                (32, [Some(u32::from(negative)), Some(u32::from(positive))])
+            }
         }
     }
 }
@@ -274,6 +289,10 @@ impl std::fmt::Display for Activation {
             Activation::Floor => f.write_str("floor"),
             Activation::Ceil => f.write_str("ceil"),
             Activation::Round => f.write_str("round"),
+            Activation::IsNan => f.write_str("is_nan"),
+            Activation::IsInf { negative, positive } => {
+                write!(f, "is_inf(negative={negative},positive={positive})")
+            }
             Activation::Elu { alpha } => write!(f, "elu(alpha={alpha})"),
             Activation::Celu { alpha } => write!(f, "celu(alpha={alpha})"),
             Activation::ThresholdedRelu { alpha } => write!(f, "thresholded_relu(alpha={alpha})"),

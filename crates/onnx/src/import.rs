@@ -68,10 +68,6 @@ impl PNode {
     }
 }
 
-/// Element-wise operators of one input that the IR has no operator for: one pass each,
-/// imported as opaque operators with the input's shape.
-const UNARY: &[&str] = &["IsInf", "IsNaN"];
-
 /// Element-wise operators of several inputs (with broadcasting) beyond Add, Sub, Mul, Div and
 /// Sum: `binary` operators ([`BINARY_KINDS`]), `where`, or opaque passes.
 const BINARY: &[&str] = &[
@@ -658,6 +654,11 @@ impl<'a> Importer<'a> {
             "Floor" => Activation::Floor,
             "Ceil" => Activation::Ceil,
             "Round" => Activation::Round,
+            "IsNaN" => Activation::IsNan,
+            "IsInf" => Activation::IsInf {
+                negative: attr_i(node, "detect_negative", 1) != 0,
+                positive: attr_i(node, "detect_positive", 1) != 0,
+            },
             "Elu" => Activation::Elu {
                 alpha: f32_attr("alpha", 1.0),
             },
@@ -739,7 +740,8 @@ impl<'a> Importer<'a> {
             "Relu" | "Sigmoid" | "Tanh" | "Gelu" | "Clip" | "LeakyRelu" | "HardSigmoid"
             | "HardSwish" | "Swish" | "Softplus" | "Mish" | "Sqrt" | "Reciprocal" | "Exp"
             | "Log" | "Neg" | "Abs" | "Erf" | "Sin" | "Cos" | "Softsign" | "Sign" | "Floor"
-            | "Ceil" | "Round" | "Elu" | "Celu" | "ThresholdedRelu" | "Selu" => {
+            | "Ceil" | "Round" | "Elu" | "Celu" | "ThresholdedRelu" | "Selu" | "IsNaN"
+            | "IsInf" => {
                 let act = self.activation_of(node, ins)?;
                 self.activation(node, ins, act)
             }
@@ -943,10 +945,6 @@ impl<'a> Importer<'a> {
                 };
                 // A reduction reads its input once: one pass, costed by the tensor sizes.
                 self.opaque(node, &ins[..1], Some(shape))
-            }
-            op if UNARY.contains(&op) => {
-                let x = self.act(ins, 0)?;
-                self.opaque(node, &ins[..1], Some(x.shape))
             }
             // Booleans are 1.0 and 0.0: `not b` is `b == 0`.
             "Not" => {

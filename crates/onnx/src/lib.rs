@@ -38,7 +38,7 @@
 //! | `Conv` (2-D; groups, asymmetric pads, strides, dilations, `auto_pad`) | `conv2d` |
 //! | `BatchNormalization` after a conv (or Gemm/MatMul) read only by it | folded into its weights and bias (scale, shift, epsilon, running mean and variance) |
 //! | `BatchNormalization` elsewhere | `affine` (per-channel `scale`, `shift`) |
-//! | `Relu`, `Sigmoid`, `Tanh`, `Gelu` (erf and tanh forms), `Clip` (min/max), `LeakyRelu` (alpha), `HardSigmoid` (alpha, beta), `HardSwish`, `Swish` (alpha), `Softplus`, `Mish`, `Elu`, `Selu`, `Celu`, `ThresholdedRelu` (their alphas and gamma), `Softsign` and the functions of one value `Sqrt`, `Reciprocal`, `Exp`, `Log`, `Neg`, `Abs`, `Erf`, `Sin`, `Cos`, `Sign`, `Floor`, `Ceil`, `Round` after a conv or linear read only by it | fused into it (`act`) |
+//! | `Relu`, `Sigmoid`, `Tanh`, `Gelu` (erf and tanh forms), `Clip` (min/max), `LeakyRelu` (alpha), `HardSigmoid` (alpha, beta), `HardSwish`, `Swish` (alpha), `Softplus`, `Mish`, `Elu`, `Selu`, `Celu`, `ThresholdedRelu` (their alphas and gamma), `Softsign` and the functions of one value `Sqrt`, `Reciprocal`, `Exp`, `Log`, `Neg`, `Abs`, `Erf`, `Sin`, `Cos`, `Sign`, `Floor`, `Ceil`, `Round`, `IsNaN`, `IsInf` (1.0 or 0.0) after a conv or linear read only by it | fused into it (`act`) |
 //! | the same elsewhere | `activation` |
 //! | `MaxPool`, `AveragePool` (2-D, asymmetric pads, `ceil_mode`, `count_include_pad`), `GlobalAveragePool`, `GlobalMaxPool` | `pool2d` |
 //! | `ReduceMean`/`ReduceMax` over both spatial axes of an NCHW tensor, keeping dimensions | global `pool2d` (the dynamo exporter's adaptive pool) |
@@ -67,7 +67,7 @@
 //! | `Where` (the condition's booleans 1.0 and 0.0; numpy broadcasting) | `where` |
 //! | `And`, `Or`, `Xor`, `Not` of booleans (1.0 and 0.0) | `binary` `min`, `max`, `not_equal`, and `equal` to a constant 0 |
 //! | `Expand` | `expand` (one copy); removed where the shape does not change |
-//! | other element-wise ops (`IsNaN`, `IsInf`, ...), other reductions (of axes apart), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels) | `opaque` with the shape we compute (scheduling only: no executor runs them) |
+//! | other reductions (of axes apart), other `Gather`s, `Slice`s with other steps, other resizes (cubic, crop and resize, of the batch or channels) | `opaque` with the shape we compute (scheduling only: no executor runs them) |
 //! | `Constant`, `Shape`, `Size`, and any node whose inputs are all constants | evaluated at import (shape arithmetic), no operator |
 //! | anything else | an error listing every unsupported type with its count; with [`OnnxOptions::allow_unknown`], `opaque` |
 //!

@@ -8,7 +8,8 @@
 //! form), 6 clip(p0, p1), 7 leaky relu(p0), 8 hard sigmoid(p0, p1), 9 hard swish, 10
 //! swish(p0) (SiLU where p0 is 1), 11 softplus, 12 mish, 13 sqrt, 14 reciprocal, 15 exp, 16
 //! log, 17 neg, 18 abs, 19 erf, 20 sin, 21 cos, 22 elu(p0), 23 selu(p0, p1), 24 celu(p0), 25
-//! thresholded relu(p0), 26 softsign, 27 sign, 28 floor, 29 ceil, 30 round (halves to even);
+//! thresholded relu(p0), 26 softsign, 27 sign, 28 floor, 29 ceil, 30 round (halves to even),
+//! 31 is NaN, 32 is an infinity (p0 negative ones, p1 positive ones: 1 or 0);
 //! each is the CPU kernel's formula ([`crate::reference::act`]), checked on the host
 //! (`host_check`).
 
@@ -56,6 +57,8 @@ __device__ __forceinline__ float act_f(float x, int a, float p0, float p1) {
     case 28: return floorf(x);
     case 29: return ceilf(x);
     case 30: return rintf(x);
+    case 31: return x != x ? 1.0f : 0.0f;
+    case 32: return isinf(x) && (x > 0.0f ? p1 != 0.0f : p0 != 0.0f) ? 1.0f : 0.0f;
     default: return x;
     }
 }
@@ -1334,6 +1337,12 @@ pub fn act_params(a: Activation) -> (i32, f32, f32) {
         Activation::Floor => (28, 0.0, 0.0),
         Activation::Ceil => (29, 0.0, 0.0),
         Activation::Round => (30, 0.0, 0.0),
+        Activation::IsNan => (31, 0.0, 0.0),
+        Activation::IsInf { negative, positive } => (
+            32,
+            f32::from(u8::from(negative)),
+            f32::from(u8::from(positive)),
+        ),
     }
 }
 
@@ -1405,6 +1414,11 @@ pub(crate) fn act_f_host(x: f32, (a, p0, p1): (i32, f32, f32)) -> f32 {
         28 => x.floor(),
         29 => x.ceil(),
         30 => x.round_ties_even(),
+        31 => f32::from(u8::from(x.is_nan())),
+        32 => {
+            let hit = x.is_infinite() && if x > 0.0 { p1 != 0.0 } else { p0 != 0.0 };
+            f32::from(u8::from(hit))
+        }
         _ => x,
     }
 }
@@ -1461,6 +1475,19 @@ pub(crate) fn every_activation() -> Vec<Activation> {
         Activation::Floor,
         Activation::Ceil,
         Activation::Round,
+        Activation::IsNan,
+        Activation::IsInf {
+            negative: true,
+            positive: true,
+        },
+        Activation::IsInf {
+            negative: false,
+            positive: true,
+        },
+        Activation::IsInf {
+            negative: true,
+            positive: false,
+        },
     ]
 }
 
