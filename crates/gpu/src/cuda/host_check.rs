@@ -21,6 +21,20 @@ fn part(from: &str, to: &str) -> &'static str {
     &SOURCE[start..start + len]
 }
 
+/// `x` as a C float literal: NaN and the infinities as `<math.h>` spells them.
+fn c_float(x: f32) -> String {
+    match x {
+        x if x.is_nan() => "NAN".to_string(),
+        x if x.is_infinite() => format!("{}INFINITY", if x < 0.0 { "-" } else { "" }),
+        x => format!("{x:?}f"),
+    }
+}
+
+/// `v` as the elements of a C array initializer ([`c_float`] each).
+fn c_floats(v: &[f32]) -> String {
+    v.iter().map(|&x| c_float(x)).collect::<Vec<_>>().join(",")
+}
+
 /// What makes CUDA C++ host C++: a grid of one block of one thread, whose grid-stride loops
 /// then visit every element.
 const SHIM: &str = r#"
@@ -591,12 +605,6 @@ fn compile_and_run(name: &str, pieces: &[&str]) {
 fn the_resize_kernels_agree_with_the_reference_on_the_host() {
     use opsched_graph::{NearestMode, Resize, ResizeCoord};
     use std::fmt::Write;
-    let floats = |v: &[f32]| {
-        v.iter()
-            .map(|x| format!("{x:?}f"))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
     let mut driver = String::from(
         "static int failures = 0, cases = 0;\n\
          static void check(const float* x, const int* index, const float* weight,\n\
@@ -660,10 +668,10 @@ fn the_resize_kernels_agree_with_the_reference_on_the_host() {
                 "{{ static const float x[] = {{{}}}; static const int index[] = {{{}}};\n\
                  static const float weight[] = {{{}}}; static const float want[] = {{{}}};\n\
                  check(x, index, weight, want, {n}, {c}, {h}, {w}, {oh}, {ow}, {linear}, {nhwc}); }}",
-                floats(&xs),
+                c_floats(&xs),
                 index.join(","),
-                floats(&weight),
-                floats(&ys),
+                c_floats(&weight),
+                c_floats(&ys),
             );
         }
     }
@@ -697,12 +705,6 @@ fn the_embedding_kernel_agrees_with_the_row_rule_on_the_host() {
             None => vec![0.0; dim],
         })
         .collect();
-    let list = |v: &[f32]| {
-        v.iter()
-            .map(|x| format!("{x:?}f"))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
     let driver = format!(
         "int main() {{\n\
          static const float table[] = {{{}}}; static const float idx[] = {{{}}};\n\
@@ -712,9 +714,9 @@ fn the_embedding_kernel_agrees_with_the_row_rule_on_the_host() {
          for (int t = 0; t < {}; ++t) bad += y[t] != want[t];\n\
          printf(\"1 cases, %d failed\\n\", bad != 0);\n\
          return bad != 0;\n}}\n",
-        list(&table),
-        list(&idx),
-        list(&want),
+        c_floats(&table),
+        c_floats(&idx),
+        c_floats(&want),
         want.len(),
         want.len(),
         want.len(),
@@ -737,19 +739,11 @@ fn the_embedding_kernel_agrees_with_the_row_rule_on_the_host() {
 fn the_reduce_kernel_agrees_with_the_kinds_on_the_host() {
     use opsched_graph::ReduceKind;
     let x: Vec<f32> = (0..60).map(|v| ((v * 37) % 23) as f32 - 11.5).collect();
-    // A product over sixty elements overflows and a logarithm of a negative sum is NaN: C's
-    // spellings of those, and NaN equal to NaN.
-    let list = |v: &[f32]| {
-        let c = |x: &f32| match x {
-            x if x.is_nan() => "NAN".to_string(),
-            x if x.is_infinite() => format!("{}INFINITY", if *x < 0.0 { "-" } else { "" }),
-            x => format!("{x:?}f"),
-        };
-        v.iter().map(c).collect::<Vec<_>>().join(",")
-    };
+    // A product over sixty elements overflows and a logarithm of a negative sum is NaN
+    // (`c_float` spells those), and NaN counts as equal to NaN.
     let mut driver = format!(
         "int main() {{\nstatic const float x[] = {{{}}};\nint bad = 0, cases = 0;\nfloat y[60];\n",
-        list(&x)
+        c_floats(&x)
     );
     for kind in ReduceKind::ALL {
         for (outer, red, inner) in [(3usize, 5usize, 4usize), (1, 60, 1)] {
@@ -758,7 +752,7 @@ fn the_reduce_kernel_agrees_with_the_kinds_on_the_host() {
                 "{{ static const float want[] = {{{}}};\n\
                  reduce_mid(y, x, {outer}, {red}, {inner}, {});\n\
                  for (int t = 0; t < {}; ++t) bad += y[t] != want[t] && !(isnan(y[t]) && isnan(want[t]));\n++cases; }}\n",
-                list(&want),
+                c_floats(&want),
                 kind.code(),
                 want.len()
             ));
@@ -782,11 +776,6 @@ fn the_reduce_kernel_agrees_with_the_kinds_on_the_host() {
 /// 1e-6 relative (the reference's erf is its own, CUDA's is `erff`), NaN where it is NaN.
 #[test]
 fn the_activations_agree_with_the_reference_on_the_host() {
-    let c = |x: f32| match x {
-        x if x.is_nan() => "NAN".to_string(),
-        x if x.is_infinite() => format!("{}INFINITY", if x < 0.0 { "-" } else { "" }),
-        x => format!("{x:?}f"),
-    };
     let mut xs: Vec<f32> = (-80..=80).map(|i| i as f32 * 0.125).collect();
     xs.extend([
         f32::NAN,
@@ -798,10 +787,9 @@ fn the_activations_agree_with_the_reference_on_the_host() {
         0.5,
         -0.5,
     ]);
-    let list = |v: &[f32]| v.iter().map(|&x| c(x)).collect::<Vec<_>>().join(",");
     let mut driver = format!(
         "int main() {{\nint bad = 0, cases = 0;\nstatic const float xs[] = {{{}}};\n",
-        list(&xs)
+        c_floats(&xs)
     );
     for a in super::nvrtc::every_activation() {
         let (code, p0, p1) = super::nvrtc::act_params(a);
@@ -814,10 +802,10 @@ fn the_activations_agree_with_the_reference_on_the_host() {
              || fabsf(got - want[i]) <= 1e-6f * fmaxf(fabsf(want[i]), 1.0f);\n\
              if (!same) {{ ++bad; printf(\"code {code} at %g: %g, want %g\\n\", xs[i], got, want[i]); }}\n\
              ++cases; }} }}\n",
-            list(&want),
+            c_floats(&want),
             xs.len(),
-            c(p0),
-            c(p1),
+            c_float(p0),
+            c_float(p1),
         ));
     }
     driver.push_str("printf(\"%d cases, %d failed\\n\", cases, bad);\nreturn bad != 0;\n}\n");
