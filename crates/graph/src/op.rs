@@ -204,47 +204,93 @@ impl Activation {
         *self == Activation::None
     }
 
-    /// The variant and the bit patterns of its parameters: equality and hashing compare
-    /// parameters bit for bit, so `Eq` holds (a NaN parameter equals itself).
-    fn key(&self) -> (u8, [Option<u32>; 2]) {
-        let b = |v: f32| Some(v.to_bits());
-        match *self {
-            Activation::None => (0, [None; 2]),
-            Activation::Relu => (1, [None; 2]),
-            Activation::Sigmoid => (2, [None; 2]),
-            Activation::Tanh => (3, [None; 2]),
-            Activation::Gelu => (4, [None; 2]),
-            Activation::GeluTanh => (5, [None; 2]),
-            Activation::Clip { min, max } => (6, [min.map(f32::to_bits), max.map(f32::to_bits)]),
-            Activation::LeakyRelu { alpha } => (7, [b(alpha), None]),
-            Activation::HardSigmoid { alpha, beta } => (8, [b(alpha), b(beta)]),
-            Activation::HardSwish => (9, [None; 2]),
-            Activation::Swish { alpha } => (10, [b(alpha), None]),
-            Activation::Softplus => (11, [None; 2]),
-            Activation::Mish => (12, [None; 2]),
-            Activation::Sqrt => (13, [None; 2]),
-            Activation::Reciprocal => (14, [None; 2]),
-            Activation::Exp => (15, [None; 2]),
-            Activation::Log => (16, [None; 2]),
-            Activation::Neg => (17, [None; 2]),
-            Activation::Abs => (18, [None; 2]),
-            Activation::Erf => (19, [None; 2]),
-            Activation::Sin => (20, [None; 2]),
-            Activation::Cos => (21, [None; 2]),
-            Activation::Elu { alpha } => (22, [b(alpha), None]),
-            Activation::Selu { alpha, gamma } => (23, [b(alpha), b(gamma)]),
-            Activation::Celu { alpha } => (24, [b(alpha), None]),
-            Activation::ThresholdedRelu { alpha } => (25, [b(alpha), None]),
-            Activation::Softsign => (26, [None; 2]),
-            Activation::Sign => (27, [None; 2]),
-            Activation::Floor => (28, [None; 2]),
-            Activation::Ceil => (29, [None; 2]),
-            Activation::Round => (30, [None; 2]),
-            Activation::IsNan => (31, [None; 2]),
-            Activation::IsInf { negative, positive } => {
-                (32, [Some(u32::from(negative)), Some(u32::from(positive))])
-            }
+    /// The variant's number, for good: the GPU kernels' activation code (`act_f` in
+    /// `opsched-gpu`) and, with [`Activation::params`], the key of equality and hashing.
+    pub fn code(self) -> u8 {
+        match self {
+            Activation::None => 0,
+            Activation::Relu => 1,
+            Activation::Sigmoid => 2,
+            Activation::Tanh => 3,
+            Activation::Gelu => 4,
+            Activation::GeluTanh => 5,
+            Activation::Clip { .. } => 6,
+            Activation::LeakyRelu { .. } => 7,
+            Activation::HardSigmoid { .. } => 8,
+            Activation::HardSwish => 9,
+            Activation::Swish { .. } => 10,
+            Activation::Softplus => 11,
+            Activation::Mish => 12,
+            Activation::Sqrt => 13,
+            Activation::Reciprocal => 14,
+            Activation::Exp => 15,
+            Activation::Log => 16,
+            Activation::Neg => 17,
+            Activation::Abs => 18,
+            Activation::Erf => 19,
+            Activation::Sin => 20,
+            Activation::Cos => 21,
+            Activation::Elu { .. } => 22,
+            Activation::Selu { .. } => 23,
+            Activation::Celu { .. } => 24,
+            Activation::ThresholdedRelu { .. } => 25,
+            Activation::Softsign => 26,
+            Activation::Sign => 27,
+            Activation::Floor => 28,
+            Activation::Ceil => 29,
+            Activation::Round => 30,
+            Activation::IsNan => 31,
+            Activation::IsInf { .. } => 32,
         }
+    }
+
+    /// The parameters, in the order the variant declares them (`None`: a clip's bound it does
+    /// not have, or no parameter); a detector's flags are 1.0 or 0.0.
+    pub fn params(self) -> [Option<f32>; 2] {
+        match self {
+            Activation::Clip { min, max } => [min, max],
+            Activation::LeakyRelu { alpha }
+            | Activation::Swish { alpha }
+            | Activation::Elu { alpha }
+            | Activation::Celu { alpha }
+            | Activation::ThresholdedRelu { alpha } => [Some(alpha), None],
+            Activation::HardSigmoid { alpha, beta } => [Some(alpha), Some(beta)],
+            Activation::Selu { alpha, gamma } => [Some(alpha), Some(gamma)],
+            Activation::IsInf { negative, positive } => {
+                [negative, positive].map(|on| Some(f32::from(u8::from(on))))
+            }
+            // No wildcard: a new variant's parameters must join the key.
+            Activation::None
+            | Activation::Relu
+            | Activation::Sigmoid
+            | Activation::Tanh
+            | Activation::Gelu
+            | Activation::GeluTanh
+            | Activation::HardSwish
+            | Activation::Softplus
+            | Activation::Mish
+            | Activation::Sqrt
+            | Activation::Reciprocal
+            | Activation::Exp
+            | Activation::Log
+            | Activation::Neg
+            | Activation::Abs
+            | Activation::Erf
+            | Activation::Sin
+            | Activation::Cos
+            | Activation::Softsign
+            | Activation::Sign
+            | Activation::Floor
+            | Activation::Ceil
+            | Activation::Round
+            | Activation::IsNan => [None; 2],
+        }
+    }
+
+    /// [`Activation::code`] and the bit patterns of the parameters: equality and hashing
+    /// compare parameters bit for bit, so `Eq` holds (a NaN parameter equals itself).
+    fn key(&self) -> (u8, [Option<u32>; 2]) {
+        (self.code(), self.params().map(|p| p.map(f32::to_bits)))
     }
 }
 

@@ -707,3 +707,52 @@ fn reduce_kinds_round_trip_and_index_kinds_pick_the_best() {
         assert!(kind.is_index() && !opsched_graph::ReduceKind::Max.is_index());
     }
 }
+
+/// Activations are equal, and hash alike, exactly when their variant and parameters are the
+/// same bit for bit: a NaN parameter equals itself, a clip without a bound is not a clip
+/// bounded at infinity, each detector flag counts, and variants with the same parameters
+/// differ.
+#[test]
+fn activations_compare_by_variant_and_parameter_bits() {
+    use std::collections::HashSet;
+    let nan = Activation::LeakyRelu { alpha: f32::NAN };
+    assert_eq!(nan, nan);
+    let clip = |min| Activation::Clip {
+        min,
+        max: Some(6.0),
+    };
+    assert_ne!(clip(None), clip(Some(f32::NEG_INFINITY)));
+    assert_ne!(clip(Some(0.0)), clip(Some(-0.0)));
+    let inf = |negative, positive| Activation::IsInf { negative, positive };
+    let distinct = [
+        Activation::None,
+        Activation::Relu,
+        Activation::Elu { alpha: 1.0 },
+        Activation::Celu { alpha: 1.0 },
+        Activation::ThresholdedRelu { alpha: 1.0 },
+        Activation::Swish { alpha: 1.0 },
+        Activation::LeakyRelu { alpha: 1.0 },
+        Activation::Selu {
+            alpha: 1.0,
+            gamma: 2.0,
+        },
+        Activation::Selu {
+            alpha: 2.0,
+            gamma: 1.0,
+        },
+        Activation::HardSigmoid {
+            alpha: 1.0,
+            beta: 2.0,
+        },
+        inf(true, true),
+        inf(true, false),
+        inf(false, true),
+        inf(false, false),
+        clip(None),
+        clip(Some(0.0)),
+        nan,
+    ];
+    let set: HashSet<Activation> = distinct.iter().copied().collect();
+    assert_eq!(set.len(), distinct.len());
+    assert!(distinct.iter().all(|a| set.contains(a)));
+}

@@ -4,7 +4,7 @@
 //! tensor; the ones that divide indices per element (copies, bias + activation, pooling,
 //! depthwise convolution) switch to 32-bit indices where every index of the launch fits, since
 //! a GPU emulates 64-bit division (`FITS32`). Activations are a code and two parameters
-//! ([`act_params`]): 0 none, 1 relu, 2 sigmoid, 3 tanh, 4 gelu (erf form), 5 gelu (tanh
+//! ([`act_params`], from [`Activation::code`]): 0 none, 1 relu, 2 sigmoid, 3 tanh, 4 gelu (erf form), 5 gelu (tanh
 //! form), 6 clip(p0, p1), 7 leaky relu(p0), 8 hard sigmoid(p0, p1), 9 hard swish, 10
 //! swish(p0) (SiLU where p0 is 1), 11 softplus, 12 mish, 13 sqrt, 14 reciprocal, 15 exp, 16
 //! log, 17 neg, 18 abs, 19 erf, 20 sin, 21 cos, 22 elu(p0), 23 selu(p0, p1), 24 celu(p0), 25
@@ -1299,51 +1299,16 @@ pub const NAMES: &[&str] = &[
 /// The most axes [`SOURCE`]'s `permute` handles.
 pub const MAX_RANK: usize = 6;
 
-/// The activation code and parameters the kernels take for `a` (see the module docs).
+/// The activation code and parameters the kernels take for `a` (see the module docs):
+/// [`Activation::code`] and [`Activation::params`], a clip's missing bounds infinite (the
+/// other activations ignore a parameter they do not have).
 pub fn act_params(a: Activation) -> (i32, f32, f32) {
-    match a {
-        Activation::None => (0, 0.0, 0.0),
-        Activation::Relu => (1, 0.0, 0.0),
-        Activation::Sigmoid => (2, 0.0, 0.0),
-        Activation::Tanh => (3, 0.0, 0.0),
-        Activation::Gelu => (4, 0.0, 0.0),
-        Activation::GeluTanh => (5, 0.0, 0.0),
-        Activation::Clip { min, max } => (
-            6,
-            min.unwrap_or(f32::NEG_INFINITY),
-            max.unwrap_or(f32::INFINITY),
-        ),
-        Activation::LeakyRelu { alpha } => (7, alpha, 0.0),
-        Activation::HardSigmoid { alpha, beta } => (8, alpha, beta),
-        Activation::HardSwish => (9, 0.0, 0.0),
-        Activation::Swish { alpha } => (10, alpha, 0.0),
-        Activation::Softplus => (11, 0.0, 0.0),
-        Activation::Mish => (12, 0.0, 0.0),
-        Activation::Sqrt => (13, 0.0, 0.0),
-        Activation::Reciprocal => (14, 0.0, 0.0),
-        Activation::Exp => (15, 0.0, 0.0),
-        Activation::Log => (16, 0.0, 0.0),
-        Activation::Neg => (17, 0.0, 0.0),
-        Activation::Abs => (18, 0.0, 0.0),
-        Activation::Erf => (19, 0.0, 0.0),
-        Activation::Sin => (20, 0.0, 0.0),
-        Activation::Cos => (21, 0.0, 0.0),
-        Activation::Elu { alpha } => (22, alpha, 0.0),
-        Activation::Selu { alpha, gamma } => (23, alpha, gamma),
-        Activation::Celu { alpha } => (24, alpha, 0.0),
-        Activation::ThresholdedRelu { alpha } => (25, alpha, 0.0),
-        Activation::Softsign => (26, 0.0, 0.0),
-        Activation::Sign => (27, 0.0, 0.0),
-        Activation::Floor => (28, 0.0, 0.0),
-        Activation::Ceil => (29, 0.0, 0.0),
-        Activation::Round => (30, 0.0, 0.0),
-        Activation::IsNan => (31, 0.0, 0.0),
-        Activation::IsInf { negative, positive } => (
-            32,
-            f32::from(u8::from(negative)),
-            f32::from(u8::from(positive)),
-        ),
-    }
+    let [p0, p1] = a.params();
+    (
+        i32::from(a.code()),
+        p0.unwrap_or(f32::NEG_INFINITY),
+        p1.unwrap_or(f32::INFINITY),
+    )
 }
 
 /// [`act_f`'s](SOURCE) formula on the host, for tests: what the kernels compute for
