@@ -1,6 +1,6 @@
 //! Numerical building blocks of the CPU kernels: a bounds-checked matrix product over
-//! `gemm` (faer's: packed, AVX2/AVX-512/NEON chosen at run time, any strides), the same split into column tiles run in
-//! parallel, reusable per-thread scratch, and the bias + activation epilogue.
+//! `gemm` (faer's: packed, AVX-512, AVX2 or NEON chosen at run time, any strides), the same
+//! split into column tiles run in parallel, reusable per-thread scratch, and the bias + activation epilogue.
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
@@ -115,7 +115,8 @@ pub fn sgemm_scaled(
 }
 
 /// `c = alpha * a * b` through `gemm` on one thread (callers split the work themselves; the inner
-/// dimension is never split, so an element's bits depend only on the shapes), C's element
+/// dimension is never split, so an element's bits depend only on the shapes and the vector
+/// instructions `gemm` chose for this CPU), C's element
 /// `(i, j)` at `c + i * rsc + j * csc`; C's old content is never read.
 ///
 /// # Safety

@@ -4,8 +4,8 @@
 //! The plane is copied once into scratch, padded (zeros for a convolution, the
 //! reduction's identity for a pooling) and its columns split by phase (column mod the
 //! stride), so that a window's tap reads one contiguous run of the padded plane for a whole
-//! output row. The inner loops are element-wise over such runs, compiled for the widest
-//! vectors the CPU has (`pulp`'s run-time dispatch: AVX2 where present, as `gemm` does).
+//! output row. The inner loops are element-wise over such runs, compiled for AVX2 where the
+//! CPU has it (`pulp`, chosen at run time: [`with_avx2`]).
 //!
 //! Every output element adds its taps in the window's row-major order, as the reference does;
 //! taps on padding add the identity.
@@ -57,7 +57,7 @@ impl Windows {
     /// `r`'s columns of phase `s` (`col % stride[1]`) form run `r * stride[1] + s`.
     pub fn pad(&self, x: &[f32], f: impl Fn(f32) -> f32, fill: f32, buf: &mut [f32]) {
         let avx2 = has_avx2();
-        pulp::Arch::new().dispatch(
+        with_avx2(
             #[inline(always)]
             || self.pad_here(x, f, fill, buf, avx2),
         )
@@ -153,7 +153,7 @@ impl Windows {
     ) {
         let [oh, ow] = self.out;
         let planes = y.chunks_mut(oh * ow).zip(weights.chunks(taps.starts.len()));
-        pulp::Arch::new().dispatch(
+        with_avx2(
             #[inline(always)]
             || {
                 for (o, (plane, wt)) in planes.enumerate() {
@@ -177,7 +177,7 @@ impl Windows {
         divisor: impl Fn(usize, usize) -> f32,
         y: &mut [f32],
     ) {
-        pulp::Arch::new().dispatch(
+        with_avx2(
             #[inline(always)]
             || {
                 let y = &mut y[..self.out[0] * self.out[1]];
@@ -199,6 +199,19 @@ impl Windows {
             },
         )
     }
+}
+
+/// `f` compiled for AVX2 and FMA where the CPU has them (`pulp`'s V3; `f` inlines into it), else
+/// as it is. Not AVX-512 where there is more: on the Zen 4 cores measured (2026-11-28), whose
+/// 512-bit operations take two passes, these loops ran 8% slower in it (gemm's kernels,
+/// whose larger tiles it serves, gained).
+#[inline(always)]
+fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = pulp::x86::V3::try_new() {
+        return simd.vectorize(f);
+    }
+    f()
 }
 
 /// Whether [`deinterleave`] may use AVX2 on this CPU.
