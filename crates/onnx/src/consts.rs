@@ -90,6 +90,44 @@ impl Const {
             Data::Unknown => None,
         }
     }
+    /// Whether any values are known (small data or loaded values), all `n` of them.
+    fn holds(&self, n: usize) -> bool {
+        let data = match &self.data {
+            Data::Int(v) => v.len() == n,
+            Data::Float(v) => v.len() == n,
+            Data::Unknown => false,
+        };
+        data || self.values.as_ref().is_some_and(|t| t.data.len() == n)
+    }
+    /// The known values at `offsets` of the row-major flat values, in order (a slice, a
+    /// transpose or a broadcast of them), under `shape`: small data and loaded values alike,
+    /// each unknown where it was (or where an offset falls outside).
+    fn pick(&self, offsets: &[usize], shape: Shape) -> Const {
+        let data = match &self.data {
+            _ if offsets.len() > MAX_CONST_ELEMS => None,
+            Data::Int(v) => offsets
+                .iter()
+                .map(|&o| v.get(o).copied())
+                .collect::<Option<_>>()
+                .map(Data::Int),
+            Data::Float(v) => offsets
+                .iter()
+                .map(|&o| v.get(o).copied())
+                .collect::<Option<_>>()
+                .map(Data::Float),
+            Data::Unknown => None,
+        };
+        let values = self.values.as_ref().and_then(|t| {
+            let v: Option<Vec<f32>> = offsets.iter().map(|&o| t.data.get(o).copied()).collect();
+            Tensor::new(shape.clone(), v?).ok()
+        });
+        Const {
+            shape: Some(shape),
+            data: data.unwrap_or(Data::Unknown),
+            external: None,
+            values,
+        }
+    }
     /// The one value of a single-element constant.
     pub fn scalar(&self) -> Option<f64> {
         match self.as_floats()?.as_slice() {
@@ -430,21 +468,18 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                 .map(|a| a.ints.clone())
                 .unwrap_or_else(|| (0..s.len() as i64).rev().collect());
             let out = shapes::transpose(&s, &perm).ok();
-            // Values of a transposed vector or scalar are unchanged.
-            if s.len() <= 1 {
-                return one(with_data(out));
+            let c = x?;
+            match (out, shapes::perm_of(&perm, s.len())) {
+                (Some(o), Ok(p)) if numel(&s).is_some_and(|n| c.holds(n)) => {
+                    let st = strides(&s);
+                    let along: Vec<Vec<usize>> = p
+                        .iter()
+                        .map(|&a| (0..s[a]).map(|i| i * st[a]).collect())
+                        .collect();
+                    one(c.pick(&offsets(&along), o))
+                }
+                (out, _) => one(Const::shape_only(out)),
             }
-            let values = match (
-                x.and_then(|c| c.values.as_ref()),
-                shapes::perm_of(&perm, s.len()),
-            ) {
-                (Some(t), Ok(p)) => Some(transpose_values(t, &p)),
-                _ => None,
-            };
-            one(Const {
-                values,
-                ..Const::shape_only(out)
-            })
         }
         "Concat" => {
             let cs: Option<Vec<&Const>> = ins.iter().copied().collect();
@@ -552,54 +587,16 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             let s = shape0?;
             let (starts, ends, ax, steps) = slice_args(node, ins)?;
             let out = shapes::slice(&s, &starts, &ends, ax.as_deref(), steps.as_deref()).ok();
-            // Values of a small vector (a shape being cut): only when its data is all there.
-            let known = x.and_then(|c| match &c.data {
-                Data::Int(v) => Some(v.len()),
-                Data::Float(v) => Some(v.len()),
-                Data::Unknown => None,
-            });
-            if let ([len], Some(o), [b0], [e0], Some(n)) = (
-                s.as_slice(),
-                &out,
-                starts.as_slice(),
-                ends.as_slice(),
-                known,
-            ) {
-                let step = steps.as_ref().and_then(|v| v.first().copied()).unwrap_or(1);
-                let range = shapes::slice_range(*len, *b0, *e0, step)
-                    .filter(|_| *len == n)
-                    .and_then(|(b, e, st)| shapes::range_indices(b, e, st, MAX_CONST_ELEMS));
-                if let Some(idx) = range {
-                    match &x?.data {
-                        Data::Int(v) => {
-                            let g: Option<Vec<i64>> =
-                                idx.iter().map(|&i| v.get(i).copied()).collect();
-                            if let Some(g) = g {
-                                return one(Const::ints(o.clone(), g));
-                            }
-                        }
-                        Data::Float(v) => {
-                            let g: Option<Vec<f64>> =
-                                idx.iter().map(|&i| v.get(i).copied()).collect();
-                            if let Some(g) = g {
-                                return one(Const::floats(o.clone(), g));
-                            }
-                        }
-                        Data::Unknown => {}
-                    }
-                }
+            // The values kept (a shape being cut, BERT's position ids cut to the sequence, a
+            // padding list reversed): where they are known.
+            let c = x?;
+            let kept = numel(&s)
+                .filter(|&n| c.holds(n))
+                .and_then(|_| slice_offsets(&s, &starts, &ends, ax.as_deref(), steps.as_deref()));
+            match (kept, out) {
+                (Some(k), Some(o)) => one(c.pick(&k, o)),
+                (_, out) => one(Const::shape_only(out)),
             }
-            // A loaded tensor sliced (BERT's position ids cut to the sequence): its values.
-            if let (Some(t), Some(o)) = (x.and_then(|c| c.values.as_ref()), &out) {
-                let picked =
-                    slice_values(&t.data, &s, &starts, &ends, ax.as_deref(), steps.as_deref());
-                if let Some(v) = picked {
-                    let mut c = Const::shape_only(Some(o.clone()));
-                    c.values = Tensor::new(o.clone(), v).ok();
-                    return one(c);
-                }
-            }
-            one(Const::shape_only(out))
         }
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Max" | "Min" | "Equal" | "Less"
         | "Greater" | "LessOrEqual" | "GreaterOrEqual" => {
@@ -645,9 +642,20 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
         "Expand" => {
             let target = ins.get(1).copied().flatten()?.as_ints()?;
             let target: Shape = target.iter().map(|&d| d.max(1) as usize).collect();
-            one(Const::shape_only(
-                shape0.and_then(|s| shapes::broadcast(&s, &target).ok()),
-            ))
+            let Some((s, Ok(o))) = shape0.map(|s| (s.clone(), shapes::broadcast(&s, &target)))
+            else {
+                return one(Const::shape_only(None));
+            };
+            if o == s {
+                return one(with_data(Some(o)));
+            }
+            // The values repeated (ViT's class token for each image), up to a bound.
+            let c = x?;
+            let known = numel(&s).is_some_and(|n| c.holds(n));
+            match numel(&o).filter(|&n| known && n <= MAX_EXPANDED) {
+                Some(_) => one(c.pick(&offsets(&broadcast_along(&s, &o)), o)),
+                None => one(Const::shape_only(Some(o))),
+            }
         }
         "ConstantOfShape" => {
             let dims = x?.as_ints()?;
@@ -738,48 +746,56 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
     }
 }
 
-/// `t` with its axes permuted (`out[i] = in[perm[i]]` for the shape).
-pub fn transpose_values(t: &Tensor, perm: &[usize]) -> Tensor {
-    let shape = &t.shape;
-    let r = shape.len();
-    let mut strides = vec![1usize; r];
-    for i in (0..r.saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1];
+/// Row-major strides of `shape`.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut st = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        st[i] = st[i + 1] * shape[i + 1];
     }
-    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
-    let mut out = Vec::with_capacity(t.data.len());
-    let mut idx = vec![0usize; r];
-    for _ in 0..t.data.len() {
-        let src: usize = (0..r).map(|d| idx[d] * strides[perm[d]]).sum();
-        out.push(t.data[src]);
-        for d in (0..r).rev() {
-            idx[d] += 1;
-            if idx[d] < out_shape[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
-    Tensor {
-        shape: out_shape,
-        data: out.into(),
-    }
+    st
 }
+
+/// Flat offsets into a row-major source, in the output's row-major order: output axis `a`
+/// reads the source offsets `along[a]` (positions times the source's stride; repeats allowed).
+fn offsets(along: &[Vec<usize>]) -> Vec<usize> {
+    along.iter().fold(vec![0], |acc, axis| {
+        acc.iter()
+            .flat_map(|&o| axis.iter().map(move |&i| o + i))
+            .collect()
+    })
+}
+
+/// [`offsets`]' axes of `shape` broadcast to `out` (numpy's rule, `out` its result): an axis
+/// of one, or one `shape` lacks, repeats offset 0.
+fn broadcast_along(shape: &[usize], out: &[usize]) -> Vec<Vec<usize>> {
+    let st = strides(shape);
+    let lead = out.len() - shape.len();
+    (0..out.len())
+        .map(|d| match d.checked_sub(lead) {
+            Some(a) if shape[a] != 1 => (0..out[d]).map(|i| i * st[a]).collect(),
+            _ => vec![0; out[d]],
+        })
+        .collect()
+}
+
+/// Most elements an `Expand` of a constant is evaluated to at import (a larger one stays a
+/// shape: an error naming it where its values are needed).
+const MAX_EXPANDED: usize = 1 << 24;
 
 /// `(starts, ends, axes, steps)` of a `Slice`.
 pub type SliceArgs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>, Option<Vec<i64>>);
 
-/// The arguments of a `Slice` from its attributes (opset < 10) or inputs.
-/// The values of `x` (of shape `shape`, row-major) that a `Slice` selects, in order; `None`
-/// where the arguments do not fit the shape.
-fn slice_values(
-    x: &[f32],
+/// The flat offsets (row-major) of the elements of a `shape` tensor that a `Slice` keeps, in
+/// order; `None` where the arguments do not fit the shape. Allocates per element of `shape`:
+/// for tensors whose values are in memory.
+fn slice_offsets(
     shape: &[usize],
     starts: &[i64],
     ends: &[i64],
     axes: Option<&[i64]>,
     steps: Option<&[i64]>,
-) -> Option<Vec<f32>> {
+) -> Option<Vec<usize>> {
+    let n = numel(shape)?;
     // Per axis, the indices kept (all of an axis not sliced).
     let mut kept: Vec<Vec<usize>> = shape.iter().map(|&d| (0..d).collect()).collect();
     for (k, (&b, &e)) in starts.iter().zip(ends).enumerate() {
@@ -789,23 +805,18 @@ fn slice_values(
         };
         let step = steps.and_then(|v| v.get(k).copied()).unwrap_or(1);
         let (b, e, st) = shapes::slice_range(*shape.get(a)?, b, e, step)?;
-        *kept.get_mut(a)? = shapes::range_indices(b, e, st, x.len())?;
+        *kept.get_mut(a)? = shapes::range_indices(b, e, st, n)?;
     }
-    if x.len() != shape.iter().product::<usize>() {
-        return None;
-    }
-    // The flat source offsets, axis by axis (row-major: the last axis fastest).
-    let mut offsets = vec![0usize];
-    for (a, idx) in kept.iter().enumerate() {
-        let stride: usize = shape[a + 1..].iter().product();
-        offsets = offsets
-            .iter()
-            .flat_map(|&o| idx.iter().map(move |&i| o + i * stride))
-            .collect();
-    }
-    Some(offsets.iter().map(|&o| x[o]).collect())
+    let st = strides(shape);
+    let along: Vec<Vec<usize>> = kept
+        .iter()
+        .zip(&st)
+        .map(|(idx, &s)| idx.iter().map(|&i| i * s).collect())
+        .collect();
+    Some(offsets(&along))
 }
 
+/// The arguments of a `Slice` from its attributes (opset < 10) or inputs.
 pub fn slice_args(node: &NodeProto, ins: &[Option<&Const>]) -> Option<SliceArgs> {
     if let (Some(s), Some(e)) = (attr(node, "starts"), attr(node, "ends")) {
         return Some((

@@ -1158,29 +1158,53 @@ impl<'a> Importer<'a> {
                 }
                 Ok(())
             }
-            (Some(Val::Act(x)), Some(Val::Const(c))) if axis == 1 && c.numel() == Some(1) => {
+            (Some(Val::Act(x)), Some(Val::Const(c))) if c.numel() == Some(1) => {
                 let i = c
                     .as_ints()
                     .and_then(|v| v.first().copied())
                     .ok_or_else(|| Fail::Error("its index is not known".into()))?;
-                let i = usize::try_from(if i < 0 { i + data[1] as i64 } else { i })
+                let i = usize::try_from(if i < 0 { i + data[axis] as i64 } else { i })
                     .ok()
-                    .filter(|&i| i < data[1])
+                    .filter(|&i| i < data[axis])
                     .ok_or_else(|| {
-                        Fail::Error(format!("index {i} is outside axis 1 of {data:?}"))
+                        Fail::Error(format!("index {i} is outside axis {axis} of {data:?}"))
                     })?;
-                let base = x.channels.map_or(0, |(b, _)| b);
-                let mut sliced = x.clone();
-                sliced.shape[1] = 1;
-                sliced.channels = Some((base + i, base + i + 1));
-                if c.shape.as_ref().is_some_and(|s| s.is_empty()) {
-                    self.reshape(node, sliced, shape)
+                let out = Self::out0(node)?;
+                let scalar = c.shape.as_ref().is_some_and(|s| s.is_empty());
+                // One channel is a slice of the value; one index of another axis a `slice`
+                // operator (MultiheadAttention's q, k and v out of one projection).
+                let sliced = if axis == 1 {
+                    let base = x.channels.map_or(0, |(b, _)| b);
+                    let mut sliced = x.clone();
+                    sliced.shape[1] = 1;
+                    sliced.channels = Some((base + i, base + i + 1));
+                    if !scalar {
+                        self.vals.insert(out.to_string(), Val::Act(sliced));
+                        self.report.removed += 1;
+                        return Ok(());
+                    }
+                    sliced
                 } else {
-                    self.vals
-                        .insert(Self::out0(node)?.to_string(), Val::Act(sliced));
-                    self.report.removed += 1;
-                    Ok(())
-                }
+                    let tensor = match scalar {
+                        true => format!("{out}#axis{axis}"),
+                        false => out.to_string(),
+                    };
+                    let op = Op::Slice {
+                        axis,
+                        begin: i,
+                        end: i + 1,
+                    };
+                    let id = self.push(node, &tensor, op, vec![x.term()])?;
+                    if !scalar {
+                        return Ok(());
+                    }
+                    Act {
+                        node: id,
+                        shape: self.nodes[id].shape.clone(),
+                        channels: None,
+                    }
+                };
+                self.reshape(node, sliced, shape)
             }
             _ => self.opaque(node, ins, Some(shape)),
         }

@@ -731,7 +731,7 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
     };
     let pads = int64s("pads", &[8], &[0, 0, 1, 2, 0, 0, 1, 2]);
     let scales = floats("scales", &[4], &[1.0, 1.0, 2.0, 2.0]);
-    let index = int64s("index", &[], &[0]);
+    let index = int64s("index", &[2], &[1, 0]);
     let m = model(
         18,
         vec![
@@ -751,7 +751,7 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
                 &["resize_out"],
                 vec![int("keepdims", 0), ints("axes", &[2, 3])],
             ),
-            // The first image: an index of axis 0, a copy we do not run.
+            // The images swapped: a list of indices, a copy we do not run.
             node(
                 "Gather",
                 "first",
@@ -770,7 +770,7 @@ fn operators_without_an_ir_operator_are_opaque_passes_with_computed_shapes() {
     assert_eq!(shape("pad"), vec![2, 8, 8, 10]);
     assert_eq!(shape("resize"), vec![2, 8, 16, 20]);
     assert_eq!(shape("mean"), vec![2, 8]);
-    assert_eq!(shape("first"), vec![8]);
+    assert_eq!(shape("first"), vec![2, 8]);
     assert_eq!(
         types(g),
         BTreeMap::from([("activation", 2), ("opaque", 2), ("pad", 1), ("reduce", 1)])
@@ -1019,10 +1019,11 @@ fn resizes_map_their_modes_scales_and_sizes() {
 }
 
 /// `Gather`: a constant table by activation ids is an `embedding` (with the table as its
-/// weight); one index of an activation's axis 1 (the first token) a channel slice, reshaped
-/// for a scalar index; other axes stay opaque copies; an index outside the axis is an error.
+/// weight); one index of an activation's axis 1 (the first token) a channel slice, of another
+/// axis a `slice` operator, either reshaped for a scalar index; an index outside the axis is
+/// an error.
 #[test]
-fn gathers_are_embeddings_first_tokens_or_opaque_copies() {
+fn gathers_are_embeddings_or_slices() {
     let values: Vec<f32> = (0..40).map(|v| v as f32).collect();
     let table = floats("table", &[10, 4], &values);
     let lookup = || node("Gather", "words", &["table", "ids"], vec![]);
@@ -1077,8 +1078,20 @@ fn gathers_are_embeddings_first_tokens_or_opaque_copies() {
     let act = g.node(g.find("act").unwrap());
     assert_eq!(act.inputs[0][0].channels, Some((2, 3)));
     assert!(g.find("last").is_none());
-    assert!(matches!(op(g, "column"), Op::Opaque { .. }));
-    assert_eq!(g.node(g.find("column").unwrap()).shape, vec![1, 3]);
+    // The first column: a slice of axis 2 (the feature), then a reshape that drops it.
+    let cut = g.node(g.find("column").unwrap());
+    let slice = Op::Slice {
+        axis: 2,
+        begin: 0,
+        end: 1,
+    };
+    assert_eq!((&cut.op, &cut.shape), (&slice, &vec![1, 3, 1]));
+    let column = g.node(g.find("column#2").unwrap());
+    assert_eq!(
+        (&column.op, &column.shape),
+        (&Op::Reshape { shape: vec![1, 3] }, &vec![1, 3])
+    );
+    assert_eq!(column.inputs[0][0].node, g.find("column").unwrap());
     // Index 3 of a 3-long axis.
     let m = model(
         17,
