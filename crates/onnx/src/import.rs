@@ -213,6 +213,66 @@ fn block_key(path: &[String], modules: &HashSet<String>) -> Option<String> {
 /// FLOP and byte counts would overflow.
 const MAX_ELEMS: u64 = 1 << 40;
 
+/// The three terms of a two-operand `Einsum` equation with an explicit output (`ab,bc->ac`,
+/// no whitespace), each a list of axis labels of rank `r`: a leading `...` stands for the
+/// first `r - 2` axes, the same in every term. `None` for any other form, a label used twice
+/// in a term, or terms of another rank.
+fn einsum_terms(eq: &str, r: usize) -> Option<[Vec<char>; 3]> {
+    let (ins, out) = eq.split_once("->")?;
+    let (a, b) = ins.split_once(',')?;
+    let term = |t: &str| -> Option<Vec<char>> {
+        let (batch, rest) = match t.strip_prefix("...") {
+            // Batch axes the ellipsis stands for: labels no letter can be (private use).
+            Some(rest) => {
+                let batch = (0..r.checked_sub(2)?).map(|i| char::from_u32(0xE000 + i as u32));
+                (batch.collect::<Option<Vec<_>>>()?, rest)
+            }
+            None => (Vec::new(), t),
+        };
+        let labels: Vec<char> = batch.into_iter().chain(rest.chars()).collect();
+        let letters = rest.chars().all(|c| c.is_ascii_alphabetic());
+        let unique = labels
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            == labels.len();
+        (letters && unique && labels.len() == r).then_some(labels)
+    };
+    Some([term(a)?, term(b)?, term(out)?])
+}
+
+/// How a batched matrix product computes an `Einsum` ([`einsum_terms`]): which of the two
+/// operands and the output have their last two axes swapped against `ik,kj->ij`.
+struct EinsumProduct {
+    transpose_a: bool,
+    transpose_b: bool,
+    transpose_out: bool,
+}
+
+impl EinsumProduct {
+    fn of(a: &[char], b: &[char], o: &[char]) -> Option<EinsumProduct> {
+        let r = a.len();
+        if r < 2 || a[..r - 2] != b[..r - 2] || a[..r - 2] != o[..r - 2] {
+            return None;
+        }
+        let (a2, b2, o2) = (&a[r - 2..], &b[r - 2..], &o[r - 2..]);
+        // The contracted label: in both operands' last two, not in the output.
+        let k = *a2.iter().find(|c| b2.contains(c) && !o2.contains(c))?;
+        let i = *a2.iter().find(|&&c| c != k)?;
+        let j = *b2.iter().find(|&&c| c != k)?;
+        let transpose_out = match o2 {
+            [u, v] if (*u, *v) == (i, j) => false,
+            [u, v] if (*u, *v) == (j, i) => true,
+            _ => return None,
+        };
+        Some(EinsumProduct {
+            transpose_a: a2 == [k, i],
+            transpose_b: b2 == [j, k],
+            transpose_out,
+        })
+    }
+}
+
 fn check_size(shape: &[usize]) -> std::result::Result<(), String> {
     match shape
         .iter()
@@ -764,6 +824,7 @@ impl<'a> Importer<'a> {
             "Concat" => self.concat(node, ins),
             "Gemm" => self.gemm(node, ins),
             "MatMul" => self.matmul(node, ins),
+            "Einsum" => self.einsum(node, ins),
             "Softmax" | "LogSoftmax" => self.softmax(node, ins),
             "LayerNormalization" => self.layer_norm(node, ins),
             "Reshape" => {
@@ -1833,6 +1894,65 @@ impl<'a> Importer<'a> {
             }
             _ => Err(Fail::Error("input 1 is missing".into())),
         }
+    }
+
+    /// `Einsum` of two activations that is a batched matrix product: the same batch axes in
+    /// both operands and the output, then two axes each, one contracted (`bhid,bhjd->bhij`:
+    /// attention's scores, `bhij,bhjd->bhid` its values). A `batch_matmul`, the second operand
+    /// transposed by the product, the first and the output by `transpose` operators where the
+    /// equation swaps theirs; any other equation is unsupported.
+    fn einsum(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let eq: String = attr_s(node, "equation")
+            .unwrap_or_default()
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        let (a, b) = (self.act(ins, 0)?, self.act(ins, 1)?);
+        let r = a.shape.len();
+        let Some([ia, ib, io]) = einsum_terms(&eq, r) else {
+            return Err(unsupported(node, &format!("equation '{eq}'")));
+        };
+        let Some(product) = EinsumProduct::of(&ia, &ib, &io) else {
+            return Err(unsupported(node, &format!("equation '{eq}'")));
+        };
+        if b.shape.len() != r || a.shape[..r - 2] != b.shape[..r - 2] {
+            return Err(Fail::Error(format!(
+                "operands {:?} and {:?} do not fit '{eq}'",
+                a.shape, b.shape
+            )));
+        }
+        let out = Self::out0(node)?;
+        let swap: Vec<usize> = (0..r - 2).chain([r - 1, r - 2]).collect();
+        let mut a = a;
+        if product.transpose_a {
+            let tensor = format!("{out}#a");
+            let op = Op::Transpose { perm: swap.clone() };
+            let id = self.push(node, &tensor, op, vec![a.term()])?;
+            a = Act {
+                node: id,
+                shape: self.nodes[id].shape.clone(),
+                channels: None,
+            };
+        }
+        let op = Op::BatchMatmul {
+            transpose_b: product.transpose_b,
+            alpha: 1.0,
+        };
+        let tensor = match product.transpose_out {
+            true => format!("{out}#product"),
+            false => out.to_string(),
+        };
+        let id = self.push(node, &tensor, op, vec![a.term(), b.term()])?;
+        if product.transpose_out {
+            let op = Op::Transpose { perm: swap };
+            let term = Act {
+                node: id,
+                shape: self.nodes[id].shape.clone(),
+                channels: None,
+            };
+            self.push(node, out, op, vec![term.term()])?;
+        }
+        Ok(())
     }
 
     fn matmul(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {

@@ -1240,3 +1240,47 @@ fn corrupted_files_fail_without_panicking() {
         let _ = import_bytes(b, "mutant", None, &opts);
     }
 }
+
+/// `Einsum` equations that are no batched matrix product (an element-wise product, a
+/// reduction, batch axes reordered, three operands) are unsupported operators named with
+/// their equation; a product whose operands' batch axes differ is an error naming the node.
+#[test]
+fn einsums_other_than_matrix_products_are_unsupported() {
+    let einsum = |eq: &str, b: &[i64]| {
+        model(
+            12,
+            vec![node("Einsum", "e", &["a", "b"], vec![text("equation", eq)])],
+            vec![],
+            vec![
+                value("a", &[dim(2), dim(3), dim(4)]),
+                value("b", &b.iter().map(|&d| dim(d)).collect::<Vec<_>>()),
+            ],
+        )
+    };
+    for eq in [
+        "bij,bij->bij",
+        "bij,bjk->bi",
+        "bij,bjk->ibk",
+        "bij,bjk,bkl->bil",
+        "bij,bjk",
+    ] {
+        let e = import(&einsum(eq, &[2, 4, 5]), &OnnxOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unsupported ONNX operators: Einsum"),
+            "{eq}: {e}"
+        );
+        assert!(e.contains(eq.split("->").next().unwrap()), "{eq}: {e}");
+    }
+    let m = einsum("bij,bjk->bik", &[3, 4, 5]);
+    let e = import(&m, &OnnxOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("node 'e' (Einsum)") && e.contains("do not fit"),
+        "{e}"
+    );
+    let g = import(&einsum("bij,bjk->bik", &[2, 4, 5]), &OnnxOptions::default())
+        .unwrap()
+        .graph;
+    assert_eq!(g.node(g.find("e").unwrap()).shape, vec![2, 3, 5]);
+}
