@@ -1,13 +1,16 @@
-//! Constants: initializers, `Constant` nodes and the small computations on them that exporters
-//! leave in graphs (shape arithmetic: `Shape -> Gather -> Unsqueeze -> Concat -> Reshape`).
+//! Constants: initializers, `Constant` nodes and the computations on them that exporters
+//! leave in graphs (shape arithmetic: `Shape -> Gather -> Unsqueeze -> Concat -> Reshape`;
+//! masks and biases computed from shapes: `crate::compute`).
 //! Small values (at most [`MAX_CONST_ELEMS`] elements: shapes, axes, scalars) are always read,
 //! as integers or `f64`; the full `f32` values of any size ([`Const::values`]) only when the
 //! import loads weights, and they follow the constant through the operators that only
-//! re-label or reorder values (`Identity`, `Cast`, `Reshape`, `Flatten`, `Squeeze`,
-//! `Unsqueeze`, `Transpose`).
+//! re-label, reorder or repeat values (`Identity`, `Cast`, `Reshape`, `Flatten`, `Squeeze`,
+//! `Unsqueeze`, `Transpose`, `Slice`, `Expand`). What `crate::compute` computes from known
+//! elements is kept as data of any size up to its bound.
 
 use opsched_graph::{Shape, Tensor};
 
+use crate::compute::MAX_COMPUTED;
 use crate::data::{self, Folder};
 use crate::proto::{data_type, AttributeProto, NodeProto, TensorProto};
 use crate::shapes;
@@ -20,7 +23,7 @@ pub fn numel(shape: &[usize]) -> Option<usize> {
     shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
 }
 
-/// Values of a small constant.
+/// Values of a constant: a small one's as read, or what `crate::compute` computed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Data {
     /// Not read (a weight), or not computable.
@@ -104,7 +107,7 @@ impl Const {
     /// each unknown where it was (or where an offset falls outside).
     fn pick(&self, offsets: &[usize], shape: Shape) -> Const {
         let data = match &self.data {
-            _ if offsets.len() > MAX_CONST_ELEMS => None,
+            _ if offsets.len() > MAX_COMPUTED => None,
             Data::Int(v) => offsets
                 .iter()
                 .map(|&o| v.get(o).copied())
@@ -292,85 +295,8 @@ pub fn from_constant_node(node: &NodeProto, folder: &Folder) -> Option<Const> {
     })
 }
 
-fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
+pub(crate) fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
     node.attribute.iter().find(|a| a.name == name)
-}
-
-/// Element-wise arithmetic with scalar broadcasting (enough for shape computations).
-fn arith(op: &str, a: &Const, b: &Const) -> Option<Const> {
-    let (sa, sb) = (a.shape.clone()?, b.shape.clone()?);
-    let out_shape = shapes::broadcast(&sa, &sb).ok()?;
-    let n = numel(&out_shape)?;
-    let pick = |v: &[f64], i: usize| -> Option<f64> {
-        match v.len() {
-            1 => v.first().copied(),
-            _ => v.get(i).copied(),
-        }
-    };
-    match (&a.data, &b.data) {
-        (Data::Int(x), Data::Int(y))
-            if (x.len() == n || x.len() == 1) && (y.len() == n || y.len() == 1) =>
-        {
-            let at = |v: &[i64], i: usize| if v.len() == 1 { v[0] } else { v[i] };
-            let mut out = Vec::with_capacity(n);
-            for i in 0..n {
-                let (p, q) = (at(x, i), at(y, i));
-                out.push(match op {
-                    "Add" => p.checked_add(q)?,
-                    "Sub" => p.checked_sub(q)?,
-                    "Mul" => p.checked_mul(q)?,
-                    "Div" => p.checked_div(q)?,
-                    // ONNX Mod with fmod = 0: the sign of the divisor, as in Python.
-                    "Mod" => p.checked_rem(q)?.checked_add(q)?.checked_rem(q)?,
-                    "Max" => p.max(q),
-                    "Min" => p.min(q),
-                    "Equal" => i64::from(p == q),
-                    "Less" => i64::from(p < q),
-                    "Greater" => i64::from(p > q),
-                    "LessOrEqual" => i64::from(p <= q),
-                    "GreaterOrEqual" => i64::from(p >= q),
-                    _ => return None,
-                });
-            }
-            Some(Const::ints(out_shape, out))
-        }
-        _ => {
-            let (x, y) = (a.as_floats()?, b.as_floats()?);
-            if !(x.len() == n || x.len() == 1) || !(y.len() == n || y.len() == 1) {
-                return None;
-            }
-            let mut out = Vec::with_capacity(n);
-            for i in 0..n {
-                let (p, q) = (pick(&x, i)?, pick(&y, i)?);
-                let cmp = |b: bool| if b { 1.0 } else { 0.0 };
-                out.push(match op {
-                    "Add" => p + q,
-                    "Sub" => p - q,
-                    "Mul" => p * q,
-                    "Div" => p / q,
-                    "Pow" => p.powf(q),
-                    "Max" => p.max(q),
-                    "Min" => p.min(q),
-                    "Equal" => cmp(p == q),
-                    "Less" => cmp(p < q),
-                    "Greater" => cmp(p > q),
-                    "LessOrEqual" => cmp(p <= q),
-                    "GreaterOrEqual" => cmp(p >= q),
-                    _ => return None,
-                });
-            }
-            if matches!(
-                op,
-                "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual"
-            ) {
-                return Some(Const::ints(
-                    out_shape,
-                    out.into_iter().map(|v| v as i64).collect(),
-                ));
-            }
-            Some(Const::floats(out_shape, out))
-        }
-    }
 }
 
 /// Axes from the `axes` attribute or, from opset 13 on, the second input.
@@ -385,6 +311,9 @@ pub fn axes(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<i64>> {
 /// the operator is one we evaluate (values when computable, else the shape when computable);
 /// `None` when we do not know the operator.
 pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
+    if let Some(out) = crate::compute::eval(node, ins) {
+        return Some(out);
+    }
     let x = ins.first().copied().flatten();
     let shape0 = x.and_then(|c| c.shape.clone());
     let one = |c: Const| Some(vec![c]);
@@ -487,29 +416,6 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             let axis = attr(node, "axis").map_or(0, |a| a.i);
             let shapes_in: Option<Vec<Shape>> = cs.iter().map(|c| c.shape.clone()).collect();
             let out = shapes_in.and_then(|s| shapes::concat(&s, axis).ok());
-            let all_vectors = cs
-                .iter()
-                .all(|c| c.shape.as_ref().is_some_and(|s| s.len() == 1));
-            if all_vectors && cs.iter().all(|c| matches!(c.data, Data::Int(_))) {
-                let v: Option<Vec<i64>> = cs
-                    .iter()
-                    .map(|c| c.as_ints())
-                    .collect::<Option<Vec<_>>>()
-                    .map(|v| v.concat());
-                if let (Some(v), Some(s)) = (v, out.clone()) {
-                    return one(Const::ints(s, v));
-                }
-            }
-            if all_vectors && cs.iter().all(|c| c.data != Data::Unknown) {
-                let v: Option<Vec<f64>> = cs
-                    .iter()
-                    .map(|c| c.as_floats())
-                    .collect::<Option<Vec<_>>>()
-                    .map(|v| v.concat());
-                if let (Some(v), Some(s)) = (v, out.clone()) {
-                    return one(Const::floats(s, v));
-                }
-            }
             one(Const::shape_only(out))
         }
         "Gather" => {
@@ -521,31 +427,6 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                 (Some(d), Some(i)) => shapes::gather(d, i, axis).ok(),
                 _ => None,
             };
-            if let (Some(d), Some(iv), Some(o)) = (&ds, idx.as_ints(), &out) {
-                if let (1, 0, Ok(len)) = (d.len(), axis, i64::try_from(d[0])) {
-                    let pick = |k: i64| -> Option<usize> {
-                        let k = if k < 0 { k + len } else { k };
-                        usize::try_from(k).ok().filter(|&k| k < d[0])
-                    };
-                    match &data.data {
-                        Data::Int(v) => {
-                            let g: Option<Vec<i64>> =
-                                iv.iter().map(|&k| v.get(pick(k)?).copied()).collect();
-                            if let Some(g) = g {
-                                return one(Const::ints(o.clone(), g));
-                            }
-                        }
-                        Data::Float(v) => {
-                            let g: Option<Vec<f64>> =
-                                iv.iter().map(|&k| v.get(pick(k)?).copied()).collect();
-                            if let Some(g) = g {
-                                return one(Const::floats(o.clone(), g));
-                            }
-                        }
-                        Data::Unknown => {}
-                    }
-                }
-            }
             // Rows of a loaded table by known indices (BERT's position embeddings by the
             // position ids): the rows' values.
             let loaded_ints = || {
@@ -601,9 +482,6 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Max" | "Min" | "Equal" | "Less"
         | "Greater" | "LessOrEqual" | "GreaterOrEqual" => {
             let (a, b) = (x?, ins.get(1).copied().flatten()?);
-            if let Some(c) = arith(&node.op_type, a, b) {
-                return one(c);
-            }
             let out = match (&a.shape, &b.shape) {
                 (Some(p), Some(q)) => shapes::broadcast(p, q).ok(),
                 _ => None,
@@ -611,33 +489,8 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             one(Const::shape_only(out))
         }
         "Sqrt" | "Neg" | "Reciprocal" | "Abs" | "Exp" | "Log" | "Floor" | "Ceil" | "Sin"
-        | "Cos" => {
-            let c = x?;
-            let f = |v: f64| match node.op_type.as_str() {
-                "Sqrt" => v.sqrt(),
-                "Neg" => -v,
-                "Reciprocal" => 1.0 / v,
-                "Abs" => v.abs(),
-                "Exp" => v.exp(),
-                "Log" => v.ln(),
-                "Floor" => v.floor(),
-                "Sin" => v.sin(),
-                "Cos" => v.cos(),
-                _ => v.ceil(),
-            };
-            one(match &c.data {
-                Data::Int(v) if node.op_type == "Neg" || node.op_type == "Abs" => Const::ints(
-                    c.shape.clone().unwrap_or_default(),
-                    v.iter()
-                        .map(|&i| if node.op_type == "Neg" { -i } else { i.abs() })
-                        .collect(),
-                ),
-                Data::Unknown => Const::shape_only(c.shape.clone()),
-                _ => Const::floats(
-                    c.shape.clone().unwrap_or_default(),
-                    c.as_floats()?.into_iter().map(f).collect(),
-                ),
-            })
+        | "Cos" | "Relu" | "Sigmoid" | "Tanh" | "Sign" | "Not" | "Clip" => {
+            one(Const::shape_only(x?.shape.clone()))
         }
         "Expand" => {
             let target = ins.get(1).copied().flatten()?.as_ints()?;
@@ -652,7 +505,7 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             // The values repeated (ViT's class token for each image), up to a bound.
             let c = x?;
             let known = numel(&s).is_some_and(|n| c.holds(n));
-            match numel(&o).filter(|&n| known && n <= MAX_EXPANDED) {
+            match numel(&o).filter(|&n| known && n <= MAX_COMPUTED) {
                 Some(_) => one(c.pick(&offsets(&broadcast_along(&s, &o)), o)),
                 None => one(Const::shape_only(Some(o))),
             }
@@ -660,23 +513,7 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
         "ConstantOfShape" => {
             let dims = x?.as_ints()?;
             let shape: Option<Shape> = dims.iter().map(|&d| usize::try_from(d).ok()).collect();
-            let shape = shape?;
-            let n = numel(&shape)?;
-            let value = attr(node, "value")
-                .and_then(|a| a.t.as_ref())
-                .map(|t| from_tensor(t, &Folder::new(None)));
-            let data = match value.as_ref().map(|v| &v.data) {
-                _ if n > MAX_CONST_ELEMS => Data::Unknown,
-                Some(Data::Int(v)) => Data::Int(vec![v.first().copied().unwrap_or(0); n]),
-                Some(Data::Float(v)) => Data::Float(vec![v.first().copied().unwrap_or(0.0); n]),
-                _ => Data::Float(vec![0.0; n]),
-            };
-            one(Const {
-                shape: Some(shape),
-                data,
-                external: None,
-                values: None,
-            })
+            one(Const::shape_only(shape))
         }
         "Range" => {
             let (s, l, d) = (
@@ -693,7 +530,7 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                 return None;
             }
             let n = len as usize;
-            if n > MAX_CONST_ELEMS {
+            if n > MAX_COMPUTED {
                 return one(Const::shape_only(Some(vec![n])));
             }
             let v: Vec<f64> = (0..n).map(|i| s + d * i as f64).collect();
@@ -715,31 +552,6 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             let Some(shape) = shape else {
                 return one(Const::shape_only(None));
             };
-            let n = numel(&shape)?;
-            let at = |v: &[i64], i: usize| -> Option<i64> {
-                if v.len() == 1 {
-                    v.first().copied()
-                } else {
-                    v.get(i).copied()
-                }
-            };
-            if let (Some(cv), Data::Int(av), Data::Int(bv)) = (c.as_ints(), &a.data, &b.data) {
-                let fits = |v: &[i64]| v.len() == 1 || v.len() == n;
-                if fits(&cv) && fits(av) && fits(bv) {
-                    let out: Option<Vec<i64>> = (0..n)
-                        .map(|i| {
-                            if at(&cv, i)? != 0 {
-                                at(av, i)
-                            } else {
-                                at(bv, i)
-                            }
-                        })
-                        .collect();
-                    if let Some(out) = out {
-                        return one(Const::ints(shape, out));
-                    }
-                }
-            }
             one(Const::shape_only(Some(shape)))
         }
         _ => None,
@@ -747,7 +559,7 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
 }
 
 /// Row-major strides of `shape`.
-fn strides(shape: &[usize]) -> Vec<usize> {
+pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
     let mut st = vec![1usize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         st[i] = st[i + 1] * shape[i + 1];
@@ -757,7 +569,7 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 
 /// Flat offsets into a row-major source, in the output's row-major order: output axis `a`
 /// reads the source offsets `along[a]` (positions times the source's stride; repeats allowed).
-fn offsets(along: &[Vec<usize>]) -> Vec<usize> {
+pub(crate) fn offsets(along: &[Vec<usize>]) -> Vec<usize> {
     along.iter().fold(vec![0], |acc, axis| {
         acc.iter()
             .flat_map(|&o| axis.iter().map(move |&i| o + i))
@@ -767,7 +579,7 @@ fn offsets(along: &[Vec<usize>]) -> Vec<usize> {
 
 /// [`offsets`]' axes of `shape` broadcast to `out` (numpy's rule, `out` its result): an axis
 /// of one, or one `shape` lacks, repeats offset 0.
-fn broadcast_along(shape: &[usize], out: &[usize]) -> Vec<Vec<usize>> {
+pub(crate) fn broadcast_along(shape: &[usize], out: &[usize]) -> Vec<Vec<usize>> {
     let st = strides(shape);
     let lead = out.len() - shape.len();
     (0..out.len())
@@ -777,10 +589,6 @@ fn broadcast_along(shape: &[usize], out: &[usize]) -> Vec<Vec<usize>> {
         })
         .collect()
 }
-
-/// Most elements an `Expand` of a constant is evaluated to at import (a larger one stays a
-/// shape: an error naming it where its values are needed).
-const MAX_EXPANDED: usize = 1 << 24;
 
 /// `(starts, ends, axes, steps)` of a `Slice`.
 pub type SliceArgs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>, Option<Vec<i64>>);

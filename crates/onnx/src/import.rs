@@ -2174,20 +2174,48 @@ impl<'a> Importer<'a> {
         let (starts, ends, axes, steps) = consts::slice_args(node, &cins)
             .ok_or_else(|| Fail::Error("needs constant starts and ends".into()))?;
         let out = Self::out0(node)?;
-        let Some(ranges) =
-            shapes::unit_slices(&x.shape, &starts, &ends, axes.as_deref(), steps.as_deref())
-        else {
-            let shape = shapes::slice(&x.shape, &starts, &ends, axes.as_deref(), steps.as_deref())?;
+        let shape = shapes::slice(&x.shape, &starts, &ends, axes.as_deref(), steps.as_deref())?;
+        let ranges =
+            shapes::forward_slices(&x.shape, &starts, &ends, axes.as_deref(), steps.as_deref());
+        let Some(ranges) = ranges else {
             return self.opaque(node, &ins[..1], Some(shape));
         };
-        // Unit steps: channels are a slice of the value; every other axis cut is a `slice`
-        // operator, one per axis (the last one writes `out`).
-        let cuts: Vec<(usize, usize, usize)> = ranges
-            .into_iter()
-            .filter(|&(a, b, e)| b > 0 || e < x.shape[a])
-            .collect();
         let x_channels = x.channels;
         let mut cur = x;
+        // A stride `s` through a whole axis of `n = m * s` from `b < s` (Swin's PatchMerging,
+        // `x[:, 0::2, 1::2]`; YOLOv5's Focus): the axis viewed as `[m, s]`, index `b` of the
+        // second axis sliced, the view dropped. Other strides stay opaque copies.
+        let strided = ranges.iter().filter(|r| r.3 > 1).count();
+        let mut cuts: Vec<(usize, usize, usize)> = Vec::new();
+        for (axis, begin, end, step) in ranges {
+            let n = cur.shape[axis];
+            if step == 1 {
+                if begin > 0 || end < n {
+                    cuts.push((axis, begin, end));
+                }
+                continue;
+            }
+            let whole = end.saturating_sub(begin).div_ceil(step) == n / step;
+            if n % step != 0 || begin >= step || !whole {
+                return self.opaque(node, &ins[..1], Some(shape));
+            }
+            let mut split = cur.shape.clone();
+            split.splice(axis..=axis, [n / step, step]);
+            let view = |s: &[usize]| Op::Reshape {
+                shape: s.iter().map(|&d| d as i64).collect(),
+            };
+            cur = self.push_act(node, &format!("{out}#split{axis}"), view(&split), &cur)?;
+            let pick = Op::Slice {
+                axis: axis + 1,
+                begin,
+                end: begin + 1,
+            };
+            cur = self.push_act(node, &format!("{out}#step{axis}"), pick, &cur)?;
+            split.remove(axis + 1);
+            cur = self.push_act(node, &format!("{out}#picked{axis}"), view(&split), &cur)?;
+        }
+        // Unit steps: channels are a slice of the value; every other axis cut is a `slice`
+        // operator, one per axis (the last one writes `out`).
         if let Some(&(_, b, e)) = cuts.iter().find(|c| c.0 == 1) {
             let base = cur.channels.map_or(0, |(b, _)| b);
             cur.shape[1] = e - b;
@@ -2199,25 +2227,39 @@ impl<'a> Importer<'a> {
                 true => out.to_string(),
                 false => format!("{out}#axis{axis}"),
             };
-            let op = Op::Slice { axis, begin, end };
-            let id = self.push(node, &tensor, op, vec![cur.term()])?;
-            cur = Act {
-                node: id,
-                shape: self.nodes[id].shape.clone(),
-                channels: None,
-            };
+            cur = self.push_act(node, &tensor, Op::Slice { axis, begin, end }, &cur)?;
         }
-        match (others.is_empty(), cur.channels == x_channels) {
+        match (others.is_empty(), strided > 0, cur.channels == x_channels) {
+            // The last strided view writes `out`.
+            (true, true, _) if cur.channels.is_none() => self.fold(cur.node, out),
             // Nothing cut: the same value.
-            (true, true) => self.alias(&node.input[0], out, cur),
+            (true, false, true) => self.alias(&node.input[0], out, cur),
             // Channels only: a slice of the value (never a fold point).
-            (true, false) => {
+            (true, strided, _) => {
                 self.vals.insert(out.to_string(), Val::Act(cur));
-                self.report.removed += 1;
+                if !strided {
+                    self.report.removed += 1;
+                }
             }
-            (false, _) => {}
+            (false, ..) => {}
         }
         Ok(())
+    }
+
+    /// Add an IR node computing `op` of `x` into `tensor` ([`Self::push`]): its output.
+    fn push_act(
+        &mut self,
+        node: &NodeProto,
+        tensor: &str,
+        op: Op,
+        x: &Act,
+    ) -> std::result::Result<Act, Fail> {
+        let id = self.push(node, tensor, op, vec![x.term()])?;
+        Ok(Act {
+            node: id,
+            shape: self.nodes[id].shape.clone(),
+            channels: None,
+        })
     }
 }
 

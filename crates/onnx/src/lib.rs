@@ -135,6 +135,7 @@
 //! The element type is that of the first floating-point graph input (float16 and bfloat16 are
 //! `f16`, float and double `f32`) unless [`OnnxOptions::dtype`] says otherwise.
 
+mod compute;
 pub mod consts;
 pub mod data;
 pub mod error;

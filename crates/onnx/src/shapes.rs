@@ -248,29 +248,32 @@ pub fn consecutive_axes(axes: &[i64], rank: usize) -> Result<Option<(usize, usiz
     Ok(each_once.then_some((first, last + 1)))
 }
 
-/// The `(axis, begin, end)` each axis of a unit-step `Slice` keeps, one per axis named (in
-/// their order); `None` for other steps, an axis named twice, or an empty range.
-pub fn unit_slices(
+/// The `(axis, begin, end, step)` each axis of a `Slice` with positive steps keeps (elements
+/// `begin`, `begin + step`, ... below `end`), one per axis named (in their order); `None` for
+/// a negative step, an axis named twice, or an empty range.
+pub fn forward_slices(
     x: &[usize],
     starts: &[i64],
     ends: &[i64],
     axes: Option<&[i64]>,
     steps: Option<&[i64]>,
-) -> Option<Vec<(usize, usize, usize)>> {
-    if starts.len() != ends.len() || steps.is_some_and(|v| v.iter().any(|&s| s != 1)) {
+) -> Option<Vec<(usize, usize, usize, usize)>> {
+    if starts.len() != ends.len() {
         return None;
     }
-    let mut out: Vec<(usize, usize, usize)> = Vec::with_capacity(starts.len());
+    let mut out: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(starts.len());
     for (k, (&s, &e)) in starts.iter().zip(ends).enumerate() {
         let a = match axes {
             Some(ax) => axis(*ax.get(k)?, x.len()).ok()?,
             None => k,
         };
-        let (b, e, _) = slice_range(*x.get(a)?, s, e, 1)?;
+        let step = steps.map_or(Some(1), |v| v.get(k).copied())?;
+        let step = usize::try_from(step).ok().filter(|&s| s > 0)?;
+        let (b, e, _) = slice_range(*x.get(a)?, s, e, step as i64)?;
         if b >= e || out.iter().any(|c| c.0 == a) {
             return None;
         }
-        out.push((a, b as usize, e as usize));
+        out.push((a, b as usize, e as usize, step));
     }
     Some(out)
 }
@@ -301,26 +304,31 @@ mod tests {
             Ok(vec![10])
         );
         assert_eq!(
-            unit_slices(&[1, 10, 8], &[2], &[5], Some(&[-2]), None),
-            Some(vec![(1, 2, 5)])
+            forward_slices(&[1, 10, 8], &[2], &[5], Some(&[-2]), None),
+            Some(vec![(1, 2, 5, 1)])
         );
-        // A crop of both spatial axes; a step of 2, an axis twice and an empty range are not.
+        // A crop of both spatial axes; every other row from the second; a negative step, an
+        // axis twice and an empty range are not.
         assert_eq!(
-            unit_slices(
+            forward_slices(
                 &[1, 3, 8, 8],
                 &[1, 1],
                 &[-1, 7],
                 Some(&[2, 3]),
                 Some(&[1, 1])
             ),
-            Some(vec![(2, 1, 7), (3, 1, 7)])
+            Some(vec![(2, 1, 7, 1), (3, 1, 7, 1)])
         );
-        assert_eq!(unit_slices(&[8], &[0], &[8], None, Some(&[2])), None);
         assert_eq!(
-            unit_slices(&[8, 8], &[0, 1], &[4, 5], Some(&[1, -1]), None),
+            forward_slices(&[8], &[1], &[i64::MAX], None, Some(&[2])),
+            Some(vec![(0, 1, 8, 2)])
+        );
+        assert_eq!(forward_slices(&[8], &[7], &[0], None, Some(&[-1])), None);
+        assert_eq!(
+            forward_slices(&[8, 8], &[0, 1], &[4, 5], Some(&[1, -1]), None),
             None
         );
-        assert_eq!(unit_slices(&[8], &[5], &[2], None, None), None);
+        assert_eq!(forward_slices(&[8], &[5], &[2], None, None), None);
         assert_eq!(consecutive_axes(&[-1], 3), Ok(Some((2, 3))));
         assert_eq!(consecutive_axes(&[3, 2], 4), Ok(Some((2, 4))));
         assert_eq!(consecutive_axes(&[1, 3], 4), Ok(None));
