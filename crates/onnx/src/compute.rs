@@ -3,7 +3,8 @@
 //! shifted-window attention mask is one (`ConstantOfShape`, `ScatterND` of slices, `Range`s
 //! expanded and concatenated into indices, differences of windows, `Where` of a comparison),
 //! Swin V2's relative position bias another (a small MLP, `MatMul`, `Relu` and `Sigmoid`, over a
-//! constant table). Elements stay typed (integers for indices and masks, floats for values), as
+//! constant table), GPT-2's causal mask (`Trilu`) and BERT's token types (`GatherElements` of a
+//! buffer) others. Elements stay typed (integers for indices and masks, floats for values), as
 //! onnxruntime computes them; an integer overflow or a division by zero gives no constant.
 
 use opsched_graph::Shape;
@@ -278,6 +279,73 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
                 })
                 .collect();
             one(constant(out, gather(&d, &offs)?))
+        }
+        "GatherElements" => {
+            let ((sd, d), (si, idx)) = (input(0)?, input(1)?);
+            let axis = shapes::axis(attr(node, "axis").map_or(0, |a| a.i), sd.len()).ok()?;
+            if si.len() != sd.len() {
+                return None;
+            }
+            // Element `p` of the output is the data's element at `p` with its `axis`
+            // coordinate replaced by the index there.
+            let (sti, std) = (crate::consts::strides(&si), crate::consts::strides(&sd));
+            let offs: Vec<usize> = floats(&idx)
+                .iter()
+                .enumerate()
+                .map(|(p, &k)| {
+                    let k = if k < 0.0 { k + sd[axis] as f64 } else { k };
+                    if k < 0.0 || k as usize >= sd[axis] {
+                        return None;
+                    }
+                    (0..si.len()).try_fold(0usize, |at, a| {
+                        let c = if a == axis {
+                            k as usize
+                        } else {
+                            p / sti[a] % si[a]
+                        };
+                        (c < sd[a]).then_some(at + c * std[a])
+                    })
+                })
+                .collect::<Option<_>>()?;
+            one(constant(si, gather(&d, &offs)?))
+        }
+        "Trilu" => {
+            let (s, x) = input(0)?;
+            let k = match ins.get(1).copied().flatten() {
+                Some(c) => c.scalar()? as i64,
+                None => 0,
+            };
+            let upper = attr(node, "upper").is_none_or(|a| a.i != 0);
+            let r = s.len();
+            if r < 2 {
+                return None;
+            }
+            let (rows, cols) = (s[r - 2], s[r - 1]);
+            // Element (i, j) of each matrix stays where j - i >= k (upper) or <= k (lower).
+            let keep = |p: usize| {
+                let (i, j) = ((p / cols % rows) as i64, (p % cols) as i64);
+                if upper {
+                    j - i >= k
+                } else {
+                    j - i <= k
+                }
+            };
+            let data = match x {
+                Data::Int(v) => Data::Int(
+                    v.iter()
+                        .enumerate()
+                        .map(|(p, &e)| if keep(p) { e } else { 0 })
+                        .collect(),
+                ),
+                x => Data::Float(
+                    floats(&x)
+                        .iter()
+                        .enumerate()
+                        .map(|(p, &e)| if keep(p) { e } else { 0.0 })
+                        .collect(),
+                ),
+            };
+            one(constant(s, data))
         }
         "ScatterND" => {
             if attr(node, "reduction").is_some_and(|a| !a.s.is_empty() && a.s != b"none") {
