@@ -827,6 +827,7 @@ impl<'a> Importer<'a> {
             "Einsum" => self.einsum(node, ins),
             "Softmax" | "LogSoftmax" => self.softmax(node, ins),
             "LayerNormalization" => self.layer_norm(node, ins),
+            "InstanceNormalization" => self.instance_norm(node, ins),
             "Reshape" => {
                 let x = self.act(ins, 0)?;
                 let target = Self::ints(ins, 1, "target shape")?;
@@ -1130,6 +1131,63 @@ impl<'a> Importer<'a> {
         }
         let id = self.push(node, out, Op::LayerNorm { eps }, vec![x.term()])?;
         self.nodes[id].params = params;
+        Ok(())
+    }
+
+    /// `InstanceNormalization` (GroupNorm with a group per channel, as wav2vec2's feature
+    /// encoder exports it): each image's channel normalised over its other axes, a layer norm
+    /// of the value viewed as `[n, c, rest]`, then the per-channel scale and bias, an affine.
+    fn instance_norm(&mut self, node: &NodeProto, ins: &[Option<Val>]) -> Mapped {
+        let x = self.act(ins, 0)?;
+        let out = Self::out0(node)?;
+        let (rank, shape) = (x.shape.len(), x.shape.clone());
+        if rank < 3 {
+            return Err(Fail::Error(format!(
+                "needs an input of rank 3 or more, not {shape:?}"
+            )));
+        }
+        let (c, rest) = (shape[1], shape[2..].iter().product::<usize>());
+        for (i, what) in [(1, "scale"), (2, "bias")] {
+            match ins.get(i) {
+                Some(Some(Val::Const(k))) if k.numel() == Some(c) => {}
+                Some(Some(Val::Act(_))) => {
+                    return Err(unsupported(node, "scale or bias computed at run time"))
+                }
+                _ => {
+                    return Err(Fail::Error(format!(
+                        "its {what} (input {i}) must be {c} constants, one per channel"
+                    )))
+                }
+            }
+        }
+        let view = |s: &[usize]| Op::Reshape {
+            shape: s.iter().map(|&d| d as i64).collect(),
+        };
+        let flat = [shape[0], c, rest];
+        let x = match rank {
+            3 => x,
+            _ => self.push_act(node, &format!("{out}#flat"), view(&flat), &x)?,
+        };
+        let eps = attr_f(node, "epsilon", 1e-5);
+        let mut normed =
+            self.push_act(node, &format!("{out}#normed"), Op::LayerNorm { eps }, &x)?;
+        if self.weights {
+            let ones = vector(&Tensor::new(vec![], vec![1.0])?, rest, "gamma")?;
+            let zeros = vector(&Tensor::new(vec![], vec![0.0])?, rest, "beta")?;
+            self.nodes[normed.node].params = vec![("gamma", ones), ("beta", zeros)];
+        }
+        if rank > 3 {
+            normed = self.push_act(node, &format!("{out}#shaped"), view(&shape), &normed)?;
+        }
+        let id = self.push(node, out, Op::Affine, vec![normed.term()])?;
+        if self.weights {
+            for (i, what, name) in [(1, "scale", "scale"), (2, "bias", "shift")] {
+                let t = self
+                    .param_input(ins, i, what)?
+                    .ok_or_else(|| Fail::Error(format!("its {what} is not known")))?;
+                self.nodes[id].set_param(name, vector(&t, c, what)?);
+            }
+        }
         Ok(())
     }
 
@@ -1444,8 +1502,11 @@ impl<'a> Importer<'a> {
             .shape
             .clone()
             .ok_or_else(|| Fail::Error("the shape of its weights is unknown".into()))?;
+        if ws.len() == 3 && x.shape.len() == 3 {
+            return self.conv1d(node, ins, x, w.clone());
+        }
         if ws.len() != 4 || x.shape.len() != 4 {
-            return Err(unsupported(node, "not 2-D"));
+            return Err(unsupported(node, "not 1-D or 2-D"));
         }
         let groups = to_usize(attr_i(node, "group", 1), "group")?;
         if groups == 0 || ws[1].checked_mul(groups) != Some(x.shape[1]) {
@@ -1486,6 +1547,50 @@ impl<'a> Importer<'a> {
         if let Some(b) = b {
             self.nodes[id].set_param("bias", vector(&b, ws[0], "bias")?);
         }
+        Ok(())
+    }
+
+    /// A 1-D convolution (Whisper's and wav2vec2's stems) as a 2-D one over a height of 1:
+    /// the input viewed as `[n, c, 1, l]`, the weights as `[o, c / g, 1, k]`, the window's
+    /// attributes given a leading height axis, the output viewed back as `[n, o, l']`.
+    fn conv1d(&mut self, node: &NodeProto, ins: &[Option<Val>], x: Act, w: Const) -> Mapped {
+        let out = Self::out0(node)?;
+        let tall = |s: &[usize]| -> Shape { [&s[..2], &[1], &s[2..]].concat() };
+        let view = |s: &[usize]| Op::Reshape {
+            shape: s.iter().map(|&d| d as i64).collect(),
+        };
+        let x = self.push_act(node, &format!("{out}#2d_in"), view(&tall(&x.shape)), &x)?;
+        let ws = w.shape.as_deref().map(tall);
+        let w = Const {
+            values: match (&w.values, &ws) {
+                (Some(t), Some(s)) => {
+                    Some(Tensor::new(s.clone(), t.data.to_vec()).map_err(Fail::Error)?)
+                }
+                _ => None,
+            },
+            shape: ws,
+            ..w
+        };
+        let mut flat = node.clone();
+        flat.output = vec![format!("{out}#2d")];
+        for a in &mut flat.attribute {
+            a.ints = match (a.name.as_str(), a.ints.as_slice()) {
+                ("kernel_shape", [k]) => vec![1, *k],
+                ("strides", [s]) => vec![1, *s],
+                ("dilations", [d]) => vec![1, *d],
+                ("pads", [b, e]) => vec![0, *b, 0, *e],
+                (_, v) => v.to_vec(),
+            };
+        }
+        let mut ins2 = vec![Some(Val::Act(x)), Some(Val::Const(w))];
+        ins2.extend(ins.iter().skip(2).cloned());
+        self.conv(&flat, &ins2)?;
+        let Some(Val::Act(y)) = self.vals.get(&flat.output[0]).cloned() else {
+            return Err(Fail::Error("its 2-D form gave no value".into()));
+        };
+        let mut back = y.shape.clone();
+        back.remove(2);
+        self.push_act(node, out, view(&back), &y)?;
         Ok(())
     }
 

@@ -1284,3 +1284,59 @@ fn einsums_other_than_matrix_products_are_unsupported() {
         .graph;
     assert_eq!(g.node(g.find("e").unwrap()).shape, vec![2, 3, 5]);
 }
+
+/// A 1-D convolution is a 2-D one over a height of 1 between two views; a 3-D one is
+/// unsupported; an instance norm needs one scale and bias per channel.
+#[test]
+fn one_dimensional_convolutions_and_instance_norms() {
+    let conv = |w: &[i64], x: &[i64]| {
+        model(
+            17,
+            vec![node(
+                "Conv",
+                "c",
+                &["x", "w"],
+                vec![ints("strides", &[2]), ints("pads", &[1, 0])],
+            )],
+            vec![weight("w", w)],
+            vec![value("x", &x.iter().map(|&d| dim(d)).collect::<Vec<_>>())],
+        )
+    };
+    let g = import(&conv(&[8, 4, 3], &[2, 4, 20]), &OnnxOptions::default())
+        .unwrap()
+        .graph;
+    let c = g.node(g.find("c#2").unwrap());
+    let Op::Conv2d(c2) = &c.op else {
+        panic!("{:?}", c.op)
+    };
+    assert_eq!(
+        (c2.kernel, c2.stride, c2.padding, c2.padding_end),
+        ([1, 3], [1, 2], [0, 1], Some([0, 0]))
+    );
+    assert_eq!(c.shape, vec![2, 8, 1, 10]);
+    assert_eq!(g.node(g.find("c#3").unwrap()).shape, vec![2, 8, 10]);
+    let e = import(
+        &conv(&[8, 4, 3, 3, 3], &[2, 4, 5, 5, 5]),
+        &OnnxOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("Conv (not 1-D or 2-D)"), "{e}");
+
+    let m = model(
+        17,
+        vec![node(
+            "InstanceNormalization",
+            "norm",
+            &["x", "s", "b"],
+            vec![],
+        )],
+        vec![weight("s", &[3]), weight("b", &[4])],
+        vec![value("x", &[dim(1), dim(4), dim(6)])],
+    );
+    let e = import(&m, &OnnxOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("node 'norm' (InstanceNormalization)") && e.contains("one per channel"),
+        "{e}"
+    );
+}
