@@ -488,10 +488,15 @@ pub fn eval(node: &NodeProto, ins: &[Option<&Const>]) -> Option<Vec<Const>> {
             };
             one(Const::shape_only(out))
         }
+        // What `crate::compute` computes when every element is known; otherwise the shape:
+        // the first input's, or the indices' for GatherElements.
         "Sqrt" | "Neg" | "Reciprocal" | "Abs" | "Exp" | "Log" | "Floor" | "Ceil" | "Sin"
-        | "Cos" | "Relu" | "Sigmoid" | "Tanh" | "Sign" | "Not" | "Clip" => {
+        | "Cos" | "Relu" | "Sigmoid" | "Tanh" | "Sign" | "Not" | "Clip" | "Trilu" | "ScatterND" => {
             one(Const::shape_only(x?.shape.clone()))
         }
+        "GatherElements" => one(Const::shape_only(
+            ins.get(1).copied().flatten()?.shape.clone(),
+        )),
         "Expand" => {
             let target = ins.get(1).copied().flatten()?.as_ints()?;
             let target: Shape = target.iter().map(|&d| d.max(1) as usize).collect();
