@@ -39,6 +39,28 @@ impl<'a> Mat<'a> {
         }
     }
 
+    /// Rows `rows` of this view (a block of them, read where they lie).
+    pub fn row_block(&self, rows: Range<usize>) -> Mat<'a> {
+        let start = (rows.start * self.rs).min(self.data.len());
+        Mat::strided(&self.data[start..], rows.len(), self.cols, self.rs, self.cs)
+    }
+
+    /// Write this view's transpose into `dst`, dense row-major (`cols x rows`), in tiles that
+    /// keep both sides in cache.
+    pub fn transpose_into(&self, dst: &mut [f32]) {
+        const TILE: usize = 16;
+        let (rows, cols) = (self.rows, self.cols);
+        for i0 in (0..rows).step_by(TILE) {
+            for j0 in (0..cols).step_by(4 * TILE) {
+                for i in i0..(i0 + TILE).min(rows) {
+                    for j in j0..(j0 + 4 * TILE).min(cols) {
+                        dst[j * rows + i] = self.data[i * self.rs + j * self.cs];
+                    }
+                }
+            }
+        }
+    }
+
     /// Index one past the last element the view reaches (0 for an empty view).
     fn reach(&self) -> usize {
         reach(self.rows, self.cols, self.rs, self.cs)

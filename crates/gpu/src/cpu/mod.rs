@@ -276,6 +276,9 @@ struct OpInner {
     mem: Arc<MemInner>,
     name: Arc<str>,
     steps: Vec<Step>,
+    /// Per step, op(A) of a product repacked once for `gemm` where A is a constant weight
+    /// (`Gemm::packed_cpu`).
+    packed: Vec<Option<Arc<[f32]>>>,
 }
 
 /// A prepared operator (it holds the memory it runs on).
@@ -572,7 +575,7 @@ fn execute(cx: &WorkerCx, job: Job) -> Result<(), GpuError> {
     match job {
         Job::Run(op) => {
             let tick = advance(cx);
-            for s in &op.steps {
+            for (s, packed) in op.steps.iter().zip(&op.packed) {
                 let access = s.access();
                 let reads: Vec<BufId> = access.reads.iter().map(|a| a.0).collect();
                 let writes: Vec<BufId> = access.writes.iter().map(|a| a.0).collect();
@@ -580,15 +583,17 @@ fn execute(cx: &WorkerCx, job: Job) -> Result<(), GpuError> {
                 touch(cx, &op.mem, &reads, &parts, tick, &op.name)?;
                 // A kernel that refuses its data (an index outside its table) names the
                 // operator.
-                with_io(&op.mem, &reads, &writes, |io| s.kernel().run_cpu(io)).map_err(
-                    |e| match e {
-                        GpuError::Plan(m) => GpuError::Unsupported {
-                            node: op.name.to_string(),
-                            message: m,
-                        },
-                        e => e,
+                let run = |io: &mut CpuIo<'_>| match (s, packed) {
+                    (Step::Gemm(g), Some(a)) => g.run_cpu_packed(io, Some(a)),
+                    _ => s.kernel().run_cpu(io),
+                };
+                with_io(&op.mem, &reads, &writes, run).map_err(|e| match e {
+                    GpuError::Plan(m) => GpuError::Unsupported {
+                        node: op.name.to_string(),
+                        message: m,
                     },
-                )?;
+                    e => e,
+                })?;
             }
             Ok(())
         }
@@ -989,11 +994,33 @@ impl Device for CpuDevice {
         for s in &op.steps {
             crate::program::check_access(p, s)?;
         }
+        // A linear layer's weights, repacked once: they never change after the first upload.
+        let (steps, packed) = op
+            .steps
+            .iter()
+            .map(|s| {
+                let Step::Gemm(g) = s else {
+                    return (s.clone(), None);
+                };
+                let spec = p.buffers.get(g.a);
+                let weights = match spec {
+                    Some(b) if matches!(b.role, crate::program::BufRole::Param { .. }) => {
+                        b.init.values(b.len)
+                    }
+                    _ => None,
+                };
+                match weights.as_deref().and_then(|w| g.packed_cpu(w)) {
+                    Some((g, t)) => (Step::Gemm(g), Some(Arc::from(t))),
+                    None => (s.clone(), None),
+                }
+            })
+            .unzip();
         Ok(CpuOp {
             inner: Arc::new(OpInner {
                 mem: m.inner.clone(),
                 name: Arc::from(op.name.as_str()),
-                steps: op.steps.clone(),
+                steps,
+                packed,
             }),
         })
     }

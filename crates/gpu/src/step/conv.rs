@@ -427,6 +427,7 @@ impl Conv {
             outer_stride: [0; 3],
             alpha: 1.0,
             epilogue: None,
+            packed_a: false,
         }
     }
 
