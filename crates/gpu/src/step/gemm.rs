@@ -164,30 +164,12 @@ fn push_linear(
     let in_product = after && opsched_graph::fusion::gemm_epilogue(act);
     steps.push(
         Gemm {
-            a: w,
-            b: x,
-            c: out,
-            trans_a: true,
-            trans_b: false,
-            m: nf,
-            n: rows,
-            k,
-            lda: k,
-            ldb: k,
-            ldc: nf,
-            stride_a: 0,
-            stride_b: 0,
-            stride_c: 0,
-            batch: 1,
-            outer: 1,
-            outer_stride: [0; 3],
-            alpha: 1.0,
             epilogue: in_product.then_some(GemmEpilogue {
                 bias,
                 residual,
                 act,
             }),
-            packed_a: false,
+            ..Gemm::linear(w, x, out, [nf, rows, k])
         }
         .into(),
     );
@@ -294,6 +276,33 @@ pub(crate) fn lower_batch_matmul(
 }
 
 impl Gemm {
+    /// A linear layer's product without its epilogue: column-major C (`nf x rows`, in `c`)
+    /// = W (`[nf, k]` row-major, in `w`) times the `rows x k` input `x` transposed.
+    fn linear(w: BufId, x: BufId, c: BufId, [nf, rows, k]: [usize; 3]) -> Gemm {
+        Gemm {
+            a: w,
+            b: x,
+            c,
+            trans_a: true,
+            trans_b: false,
+            m: nf,
+            n: rows,
+            k,
+            lda: k,
+            ldb: k,
+            ldc: nf,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            batch: 1,
+            outer: 1,
+            outer_stride: [0; 3],
+            alpha: 1.0,
+            epilogue: None,
+            packed_a: false,
+        }
+    }
+
     /// The separate bias kernel that does what epilogue `e` does.
     fn bias_act(&self, e: &GemmEpilogue) -> BiasAct {
         BiasAct {
@@ -1443,28 +1452,9 @@ mod over_runs_tests {
         for (tokens, inp, out) in [(16usize, 192usize, 576usize), (300, 64, 96), (2, 64, 64)] {
             let w = crate::program::uniform(3, out * inp, 0.0, 1.0);
             let x = crate::program::uniform(4, tokens * inp, 0.0, 1.0);
-            // As `push_linear` has it: column-major C (out x tokens) = W x^T.
             let g = Gemm {
-                a: 1,
-                b: 0,
-                c: 2,
-                trans_a: true,
-                trans_b: false,
-                m: out,
-                n: tokens,
-                k: inp,
-                lda: inp,
-                ldb: inp,
-                ldc: out,
-                stride_a: 0,
-                stride_b: 0,
-                stride_c: 0,
-                batch: 1,
-                outer: 1,
-                outer_stride: [0; 3],
                 alpha: 0.5,
-                epilogue: None,
-                packed_a: false,
+                ..Gemm::linear(1, 0, 2, [out, tokens, inp])
             };
             let run = |g: &Gemm, packed: Option<&[f32]>| {
                 let mut c = vec![f32::NAN; out * tokens];
