@@ -1264,28 +1264,7 @@ mod tests {
     use super::*;
 
     fn product() -> Gemm {
-        Gemm {
-            a: 0,
-            b: 1,
-            c: 2,
-            trans_a: true,
-            trans_b: false,
-            m: 768,
-            n: 2048,
-            k: 768,
-            lda: 768,
-            ldb: 768,
-            ldc: 768,
-            stride_a: 0,
-            stride_b: 0,
-            stride_c: 0,
-            batch: 1,
-            outer: 1,
-            outer_stride: [0; 3],
-            alpha: 1.0,
-            epilogue: None,
-            packed_a: false,
-        }
+        Gemm::linear(0, 1, 2, [768, 2048, 768])
     }
 
     #[test]
