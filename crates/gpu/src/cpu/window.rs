@@ -5,7 +5,7 @@
 //! reduction's identity for a pooling) and its columns split by phase (column mod the
 //! stride), so that a window's tap reads one contiguous run of the padded plane for a whole
 //! output row. The inner loops are element-wise over such runs, compiled for AVX2 where the
-//! CPU has it (`pulp`, chosen at run time: [`with_avx2`]).
+//! CPU has it (`pulp`, chosen at run time: `with_avx2`).
 //!
 //! Every output element adds its taps in the window's row-major order, as the reference does;
 //! taps on padding add the identity.

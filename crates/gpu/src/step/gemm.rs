@@ -61,7 +61,7 @@ pub struct Gemm {
     /// What the same kernel does to `C` after the product (a single, dense product only).
     pub epilogue: Option<GemmEpilogue>,
     /// The CPU device's copy of this product with op(A) repacked column-major (`m` apart),
-    /// given to [`Gemm::run_cpu_packed`] ([`Gemm::packed_cpu`]); never set in a program.
+    /// given to `Gemm::run_cpu_packed` (`Gemm::packed_cpu`); never set in a program.
     #[serde(skip)]
     pub packed_a: bool,
 }
