@@ -185,7 +185,9 @@ pub trait Device {
     /// Copy buffer `id` to the host (waits for the device).
     fn read(&self, m: &Self::Memory, id: BufId) -> Result<Vec<f32>, GpuError>;
 
-    /// Overwrite buffer `id` with `data` (exactly its length; waits for the device).
+    /// Overwrite buffer `id` with `data` (exactly its length; waits for the device). Inputs
+    /// may be written at any time; weights before [`Device::prepare`] (the CPU device repacks
+    /// a linear layer's weights when it prepares the operator).
     fn write(&self, m: &Self::Memory, id: BufId, data: &[f32]) -> Result<(), GpuError>;
 
     /// A new stream on `unit`.

@@ -994,7 +994,8 @@ impl Device for CpuDevice {
         for s in &op.steps {
             crate::program::check_access(p, s)?;
         }
-        // A linear layer's weights, repacked once: they never change after the first upload.
+        // A linear layer's weights, repacked once as they are now (the runtime writes only
+        // inputs later; `Device::write` says weights go before `prepare`).
         let (steps, packed) = op
             .steps
             .iter()
@@ -1004,8 +1005,9 @@ impl Device for CpuDevice {
                 };
                 let spec = p.buffers.get(g.a);
                 let weights = match spec {
+                    // No kernel writes a weight: read it without waiting for the streams.
                     Some(b) if matches!(b.role, crate::program::BufRole::Param { .. }) => {
-                        b.init.values(b.len)
+                        with_io(&m.inner, &[g.a], &[], |io| Ok(io.read(g.a)?.to_vec())).ok()
                     }
                     _ => None,
                 };
