@@ -64,8 +64,8 @@ fn truth(d: &Data, i: usize) -> Option<bool> {
     }
 }
 
-/// The elements of `d` at `offsets`, in order.
-fn gather(d: &Data, offsets: &[usize]) -> Option<Data> {
+/// The elements of `d` at `offsets`, in order (`None` where unknown or an offset is outside).
+pub(crate) fn gather(d: &Data, offsets: &[usize]) -> Option<Data> {
     Some(match d {
         Data::Int(v) => Data::Int(
             offsets

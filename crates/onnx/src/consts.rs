@@ -106,19 +106,9 @@ impl Const {
     /// transpose or a broadcast of them), under `shape`: small data and loaded values alike,
     /// each unknown where it was (or where an offset falls outside).
     fn pick(&self, offsets: &[usize], shape: Shape) -> Const {
-        let data = match &self.data {
-            _ if offsets.len() > MAX_COMPUTED => None,
-            Data::Int(v) => offsets
-                .iter()
-                .map(|&o| v.get(o).copied())
-                .collect::<Option<_>>()
-                .map(Data::Int),
-            Data::Float(v) => offsets
-                .iter()
-                .map(|&o| v.get(o).copied())
-                .collect::<Option<_>>()
-                .map(Data::Float),
-            Data::Unknown => None,
+        let data = match offsets.len() > MAX_COMPUTED {
+            true => None,
+            false => crate::compute::gather(&self.data, offsets),
         };
         let values = self.values.as_ref().and_then(|t| {
             let v: Option<Vec<f32>> = offsets.iter().map(|&o| t.data.get(o).copied()).collect();

@@ -273,6 +273,13 @@ impl EinsumProduct {
     }
 }
 
+/// A `reshape` operator to `shape`: the IR's views of a value under another shape.
+fn view(shape: &[usize]) -> Op {
+    Op::Reshape {
+        shape: shape.iter().map(|&d| d as i64).collect(),
+    }
+}
+
 fn check_size(shape: &[usize]) -> std::result::Result<(), String> {
     match shape
         .iter()
@@ -1055,27 +1062,18 @@ impl<'a> Importer<'a> {
             return Ok(());
         }
         let flat = shapes::flatten(&x.shape, a as i64)?;
-        let to_i64 = |s: &[usize]| s.iter().map(|&d| d as i64).collect::<Vec<i64>>();
         let (flat_t, soft_t) = (format!("{out}#2d"), format!("{out}#softmax"));
-        let r1 = self.push(
-            node,
-            &flat_t,
-            Op::Reshape {
-                shape: to_i64(&flat),
-            },
-            vec![x.term()],
-        )?;
+        let r1 = self.push(node, &flat_t, view(&flat), vec![x.term()])?;
         let sm = self.push(
             node,
             &soft_t,
             make(1),
             vec![vec![Value::whole(NodeId(r1 as u32))]],
         )?;
-        let shape = to_i64(&x.shape);
         self.push(
             node,
             out,
-            Op::Reshape { shape },
+            view(&x.shape),
             vec![vec![Value::whole(NodeId(sm as u32))]],
         )?;
         Ok(())
@@ -1160,9 +1158,6 @@ impl<'a> Importer<'a> {
                 }
             }
         }
-        let view = |s: &[usize]| Op::Reshape {
-            shape: s.iter().map(|&d| d as i64).collect(),
-        };
         let flat = [shape[0], c, rest];
         let x = match rank {
             3 => x,
@@ -1313,15 +1308,11 @@ impl<'a> Importer<'a> {
                         begin: i,
                         end: i + 1,
                     };
-                    let id = self.push(node, &tensor, op, vec![x.term()])?;
+                    let sliced = self.push_act(node, &tensor, op, x)?;
                     if !scalar {
                         return Ok(());
                     }
-                    Act {
-                        node: id,
-                        shape: self.nodes[id].shape.clone(),
-                        channels: None,
-                    }
+                    sliced
                 };
                 self.reshape(node, sliced, shape)
             }
@@ -1489,8 +1480,7 @@ impl<'a> Importer<'a> {
             self.alias(&node.input[0], out, x);
             return Ok(());
         }
-        let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        self.push(node, out, Op::Reshape { shape }, vec![x.term()])?;
+        self.push(node, out, view(&shape), vec![x.term()])?;
         Ok(())
     }
 
@@ -1556,9 +1546,6 @@ impl<'a> Importer<'a> {
     fn conv1d(&mut self, node: &NodeProto, ins: &[Option<Val>], x: Act, w: Const) -> Mapped {
         let out = Self::out0(node)?;
         let tall = |s: &[usize]| -> Shape { [&s[..2], &[1], &s[2..]].concat() };
-        let view = |s: &[usize]| Op::Reshape {
-            shape: s.iter().map(|&d| d as i64).collect(),
-        };
         let x = self.push_act(node, &format!("{out}#2d_in"), view(&tall(&x.shape)), &x)?;
         let ws = w.shape.as_deref().map(tall);
         let w = Const {
@@ -2032,12 +2019,7 @@ impl<'a> Importer<'a> {
         if product.transpose_a {
             let tensor = format!("{out}#a");
             let op = Op::Transpose { perm: swap.clone() };
-            let id = self.push(node, &tensor, op, vec![a.term()])?;
-            a = Act {
-                node: id,
-                shape: self.nodes[id].shape.clone(),
-                channels: None,
-            };
+            a = self.push_act(node, &tensor, op, &a)?;
         }
         let op = Op::BatchMatmul {
             transpose_b: product.transpose_b,
@@ -2050,12 +2032,7 @@ impl<'a> Importer<'a> {
         let id = self.push(node, &tensor, op, vec![a.term(), b.term()])?;
         if product.transpose_out {
             let op = Op::Transpose { perm: swap };
-            let term = Act {
-                node: id,
-                shape: self.nodes[id].shape.clone(),
-                channels: None,
-            };
-            self.push(node, out, op, vec![term.term()])?;
+            self.push_act(node, out, op, &self.whole(id))?;
         }
         Ok(())
     }
@@ -2306,9 +2283,6 @@ impl<'a> Importer<'a> {
             }
             let mut split = cur.shape.clone();
             split.splice(axis..=axis, [n / step, step]);
-            let view = |s: &[usize]| Op::Reshape {
-                shape: s.iter().map(|&d| d as i64).collect(),
-            };
             cur = self.push_act(node, &format!("{out}#split{axis}"), view(&split), &cur)?;
             let pick = Op::Slice {
                 axis: axis + 1,
@@ -2360,11 +2334,16 @@ impl<'a> Importer<'a> {
         x: &Act,
     ) -> std::result::Result<Act, Fail> {
         let id = self.push(node, tensor, op, vec![x.term()])?;
-        Ok(Act {
+        Ok(self.whole(id))
+    }
+
+    /// The whole output of IR node `id`, as an activation.
+    fn whole(&self, id: usize) -> Act {
+        Act {
             node: id,
             shape: self.nodes[id].shape.clone(),
             channels: None,
-        })
+        }
     }
 }
 
