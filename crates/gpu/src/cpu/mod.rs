@@ -1003,15 +1003,18 @@ impl Device for CpuDevice {
                 let Step::Gemm(g) = s else {
                     return (s.clone(), None);
                 };
-                let spec = p.buffers.get(g.a);
-                let weights = match spec {
-                    // No kernel writes a weight: read it without waiting for the streams.
-                    Some(b) if matches!(b.role, crate::program::BufRole::Param { .. }) => {
-                        with_io(&m.inner, &[g.a], &[], |io| Ok(io.read(g.a)?.to_vec())).ok()
+                let weight = p.buffers.get(g.a).map(|b| &b.role);
+                let repacked = match weight {
+                    // No kernel writes a weight: repack it where it lies, without waiting
+                    // for the streams.
+                    Some(crate::program::BufRole::Param { .. }) => {
+                        with_io(&m.inner, &[g.a], &[], |io| Ok(g.packed_cpu(io.read(g.a)?)))
+                            .ok()
+                            .flatten()
                     }
                     _ => None,
                 };
-                match weights.as_deref().and_then(|w| g.packed_cpu(w)) {
+                match repacked {
                     Some((g, t)) => (Step::Gemm(g), Some(Arc::from(t))),
                     None => (s.clone(), None),
                 }
