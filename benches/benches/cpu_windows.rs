@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use opsched::gpu::cpu::direct::{Direct, SLACK};
+use opsched::gpu::cpu::math::bias_act_row;
 use opsched::gpu::cpu::window::{pad_input, Windows};
 use opsched::graph::Activation;
 
@@ -100,5 +101,38 @@ fn kernels(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, kernels);
+/// The bias + activation epilogue every convolution and product ends with, over one row of
+/// 3136 values (a 56x56 plane, a column tile of 112x112): the activations models use in
+/// their hot loops.
+fn activations(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cpu_activations");
+    group
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300));
+    let x = plane(3136);
+    let mut row = x.clone();
+    for a in [
+        Activation::Relu,
+        Activation::Clip {
+            min: Some(0.0),
+            max: Some(6.0),
+        },
+        Activation::HardSwish,
+        Activation::Sigmoid,
+        Activation::Swish { alpha: 1.0 },
+        Activation::Tanh,
+        Activation::Gelu,
+        Activation::GeluTanh,
+    ] {
+        group.bench_function(format!("bias + {a:?} 3136"), |b| {
+            b.iter(|| {
+                row.copy_from_slice(&x);
+                bias_act_row(&mut row, Some(0.25), a)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, kernels, activations);
 criterion_main!(benches);

@@ -27,9 +27,8 @@
 use opsched_graph::Activation;
 use rayon::prelude::*;
 
-use super::math::{with_act, with_scratch, SharedOut};
+use super::math::{act_of, with_scratch, SharedOut};
 use super::window::Taps;
-use crate::reference::act;
 use crate::GpuError;
 
 /// Output channels of a tile.
@@ -155,33 +154,29 @@ impl Direct {
                 self.block(planes, &offsets, w, k, pos, qs.clone(), os.clone(), sums);
                 // The block's pixels, through bias and activation, into y.
                 let rows = qs.start / pos.len..(qs.end.div_ceil(pos.len)).min(oh);
-                with_act!(
-                    a,
-                    |f| for (o, row) in os.clone().zip(sums.chunks(qs.len())) {
-                        let add = bias.map_or(0.0, |b| b[o]);
-                        for i in rows.clone() {
-                            // Output row i's pixels among the block's positions.
-                            let first = qs.start.max(i * pos.len);
-                            let last = qs.end.min(i * pos.len + ow);
-                            if first >= last {
-                                continue;
-                            }
-                            let j0 = first - i * pos.len;
-                            // SAFETY: pixels (i, j0..j0 + last - first) of channel o lie inside y
-                            // (o < oc, i < oh, j < ow: checked above and here); tasks cover
-                            // disjoint positions or channels, so no other task writes them, and
-                            // no other reference to y is live while the tasks run.
-                            let dst = unsafe {
-                                std::slice::from_raw_parts_mut(
-                                    out.at(o * pixels + i * ow + j0),
-                                    last - first,
-                                )
-                            };
-                            let src = &row[first - qs.start..last - qs.start];
-                            dst.iter_mut().zip(src).for_each(|(v, &s)| *v = f(s + add));
+                for (o, row) in os.clone().zip(sums.chunks(qs.len())) {
+                    let add = bias.map(|b| b[o]);
+                    for i in rows.clone() {
+                        // Output row i's pixels among the block's positions.
+                        let first = qs.start.max(i * pos.len);
+                        let last = qs.end.min(i * pos.len + ow);
+                        if first >= last {
+                            continue;
                         }
+                        let j0 = first - i * pos.len;
+                        // SAFETY: pixels (i, j0..j0 + last - first) of channel o lie inside y
+                        // (o < oc, i < oh, j < ow: checked above and here); tasks cover
+                        // disjoint positions or channels, so no other task writes them, and
+                        // no other reference to y is live while the tasks run.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                out.at(o * pixels + i * ow + j0),
+                                last - first,
+                            )
+                        };
+                        act_of(dst, &row[first - qs.start..last - qs.start], add, a);
                     }
-                );
+                }
             });
         };
         let tasks = blocks * parts;

@@ -12,8 +12,7 @@
 
 use opsched_graph::Activation;
 
-use super::math::with_act;
-use crate::reference::act;
+use super::math::{with_act, with_avx2};
 
 /// The windows of one plane: `out` rows and columns of windows of `kernel` taps `dilation`
 /// apart, window `(i, j)` starting at row `i * stride[0] - padding[0]` and column
@@ -199,19 +198,6 @@ impl Windows {
             },
         )
     }
-}
-
-/// `f` compiled for AVX2 and FMA where the CPU has them (`pulp`'s V3; `f` inlines into it), else
-/// as it is. Not AVX-512 where there is more: on the Zen 4 cores measured (2026-11-28), whose
-/// 512-bit operations take two passes, these loops ran 8% slower in it (gemm's kernels,
-/// whose larger tiles it serves, gained).
-#[inline(always)]
-fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(simd) = pulp::x86::V3::try_new() {
-        return simd.vectorize(f);
-    }
-    f()
 }
 
 /// Whether [`deinterleave`] may use AVX2 on this CPU.

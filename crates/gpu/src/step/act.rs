@@ -8,13 +8,12 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::{apply_bias_act, with_act};
+use crate::cpu::math::{act_add, act_of, apply_bias_act};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, runs_args};
 use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, vector_width, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
-use crate::reference::act;
 use crate::GpuError;
 
 /// `y = act(x)` over `len` elements.
@@ -91,13 +90,9 @@ impl StepKernel for Act {
         let x = &io.read(self.x)?[..self.len];
         let y = &mut io.write(self.y)?[..self.len];
         let a = self.act;
-        with_act!(a, |f| y
-            .par_chunks_mut(1 << 14)
+        y.par_chunks_mut(1 << 14)
             .zip(x.par_chunks(1 << 14))
-            .for_each(|(y, x)| y
-                .iter_mut()
-                .zip(x)
-                .for_each(|(o, &v)| *o = f(v))));
+            .for_each(|(y, x)| act_of(y, x, None, a));
         Ok(())
     }
 
@@ -161,10 +156,9 @@ impl StepKernel for BiasAct {
             Some(z) => {
                 apply_bias_act(y, bias, self.channels, self.inner, Activation::None);
                 let a = self.act;
-                with_act!(a, |f| y
-                    .iter_mut()
-                    .zip(z)
-                    .for_each(|(v, &r)| *v = f(*v + r)));
+                y.par_chunks_mut(1 << 14)
+                    .zip(z.par_chunks(1 << 14))
+                    .for_each(|(y, z)| act_add(y, z, a));
             }
             None => apply_bias_act(y, bias, self.channels, self.inner, self.act),
         }

@@ -47,7 +47,7 @@ use serde::Serialize;
 use super::{product, Access, Step, StepKernel};
 use crate::cpu::direct::{self, Direct};
 use crate::cpu::math::{
-    bias_act_row, for_planes, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat, TilesOfB,
+    act_add, bias_act_row, for_planes, sgemm, sgemm_column_tiles, with_scratch, Mat, TilesOfB,
 };
 use crate::cpu::window::{self, Taps, Windows};
 use crate::cpu::CpuIo;
@@ -58,7 +58,6 @@ use crate::cuda::engine::{ConvGraph, ConvShape, EngineRef, Plan as EnginePlan};
 use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{weight_half_width, At, BufId, Builder, Init, MergedConv, Src};
-use crate::reference::act;
 use crate::{ConvApi, ConvGemm, GpuError};
 
 /// Output pixels up to which a stride-1 convolution runs direct on the CPU ([`Conv::direct`]).
@@ -646,13 +645,9 @@ impl StepKernel for Conv {
             let z = &io.read(z)?[..n];
             let y = &mut io.write(self.y)?[..n];
             let a = self.act;
-            with_act!(a, |f| y
-                .par_chunks_mut(1 << 14)
+            y.par_chunks_mut(1 << 14)
                 .zip(z.par_chunks(1 << 14))
-                .for_each(|(y, z)| y
-                    .iter_mut()
-                    .zip(z)
-                    .for_each(|(v, &r)| *v = f(*v + r))));
+                .for_each(|(y, z)| act_add(y, z, a));
             return Ok(());
         }
         let x = io.read(self.x)?;
@@ -1926,6 +1921,7 @@ impl Enqueue for CudaConv {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::reference::act;
     use dnn_sys::cudnnMathType_t as M;
     use proptest::prelude::*;
 

@@ -9,13 +9,12 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::with_act;
+use crate::cpu::math::{bias_act_row, with_avx2};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
 use crate::cuda::nvrtc::act_params;
 use crate::cuda::{grid, launched, vector_width, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{At, BufId, Builder, Src};
-use crate::reference::act;
 use crate::GpuError;
 
 /// `y = act(srcs[0] op srcs[1] op ... [+ bias])` element by element over `len` elements.
@@ -99,25 +98,28 @@ pub(crate) fn combine_into(
     act: Activation,
 ) {
     const CHUNK: usize = 1 << 14;
-    with_act!(act, |f| y.par_chunks_mut(CHUNK).enumerate().for_each(
-        |(c, yc)| {
-            if let Some(v) = fill {
-                yc.fill(v);
-            }
-            for s in srcs {
-                let sc = &s[c * CHUNK..c * CHUNK + yc.len()];
-                if mul {
-                    yc.iter_mut().zip(sc).for_each(|(a, v)| *a *= v);
-                } else {
-                    yc.iter_mut().zip(sc).for_each(|(a, v)| *a += v);
+    y.par_chunks_mut(CHUNK).enumerate().for_each(|(c, yc)| {
+        with_avx2(
+            #[inline(always)]
+            || {
+                if let Some(v) = fill {
+                    yc.fill(v);
                 }
-            }
-            if let Some((b, values)) = bias {
-                b.add_to(values, c * CHUNK, yc);
-            }
-            yc.iter_mut().for_each(|v| *v = f(*v));
-        }
-    ));
+                for s in srcs {
+                    let sc = &s[c * CHUNK..c * CHUNK + yc.len()];
+                    if mul {
+                        yc.iter_mut().zip(sc).for_each(|(a, v)| *a *= v);
+                    } else {
+                        yc.iter_mut().zip(sc).for_each(|(a, v)| *a += v);
+                    }
+                }
+                if let Some((b, values)) = bias {
+                    b.add_to(values, c * CHUNK, yc);
+                }
+            },
+        );
+        bias_act_row(yc, None, act);
+    });
 }
 
 impl Elementwise {
