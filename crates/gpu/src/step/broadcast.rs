@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
+use crate::cpu::math::with_avx2;
 use crate::cpu::CpuIo;
 use crate::cuda::nvrtc::{broadcast_params, MAX_RANK};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -262,6 +263,92 @@ pub(crate) fn strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     st
 }
 
+/// Elements a CPU task of [`Broadcast`] takes (whole rows).
+const ROWS_OF: usize = 1 << 14;
+
+/// The result's axes `out`, with each operand's `strides` through them, merged where every
+/// operand steps through two neighbours as through one axis (contiguous in both, or
+/// broadcast along both) and without the axes of length 1: the same elements in fewer,
+/// longer rows (squeeze-and-excitation's `x[n, c, h, w] * gate[n, c, 1, 1]` is `n * c` rows
+/// of `h * w`, not `n * c * h` rows of `w`). At least one axis.
+fn merged_axes<const N: usize>(
+    out: &[usize],
+    strides: [Vec<usize>; N],
+) -> (Vec<usize>, [Vec<usize>; N]) {
+    let mut dims: Vec<usize> = Vec::new();
+    let mut merged: [Vec<usize>; N] = std::array::from_fn(|_| Vec::new());
+    for ax in (0..out.len()).rev() {
+        let d = out[ax];
+        if d == 1 {
+            continue;
+        }
+        if let Some(inner) = dims.last_mut() {
+            let joins =
+                (0..N).all(|k| merged[k].last().map(|&s| s * *inner) == Some(strides[k][ax]));
+            if joins {
+                *inner *= d;
+                continue;
+            }
+        }
+        dims.push(d);
+        for k in 0..N {
+            merged[k].push(strides[k][ax]);
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        merged.iter_mut().for_each(|m| m.push(0));
+    }
+    dims.reverse();
+    merged.iter_mut().for_each(|m| m.reverse());
+    (dims, merged)
+}
+
+impl BinOp {
+    /// `y[j] = a[j * la] op b[j * lb]` over one row, the operation a concrete closure and the
+    /// common strides (1, or 0: an operand broadcast along the row) loops that vectorise.
+    fn row(self, y: &mut [f32], a: &[f32], la: usize, b: &[f32], lb: usize) {
+        match self {
+            BinOp::Add => row_of(|x, y| x + y, y, a, la, b, lb),
+            BinOp::Mul => row_of(|x, y| x * y, y, a, la, b, lb),
+            BinOp::Binary(BinaryKind::Sub) => row_of(|x, y| x - y, y, a, la, b, lb),
+            BinOp::Binary(BinaryKind::Div) => row_of(|x, y| x / y, y, a, la, b, lb),
+            BinOp::Binary(BinaryKind::Max) => row_of(f32::max, y, a, la, b, lb),
+            BinOp::Binary(BinaryKind::Min) => row_of(f32::min, y, a, la, b, lb),
+            BinOp::Left => row_of(|x, _| x, y, a, la, b, lb),
+            op => row_of(move |x, y| op.apply(x, y), y, a, la, b, lb),
+        }
+    }
+}
+
+/// [`BinOp::row`] for one operation `g`, compiled for AVX2 where the CPU has it.
+#[inline(always)]
+fn row_of(g: impl Fn(f32, f32) -> f32, y: &mut [f32], a: &[f32], la: usize, b: &[f32], lb: usize) {
+    let n = y.len();
+    with_avx2(
+        #[inline(always)]
+        || match (la, lb) {
+            (1, 1) => y
+                .iter_mut()
+                .zip(&a[..n])
+                .zip(&b[..n])
+                .for_each(|((v, &x), &z)| *v = g(x, z)),
+            (0, 1) => {
+                let x = a[0];
+                y.iter_mut().zip(&b[..n]).for_each(|(v, &z)| *v = g(x, z))
+            }
+            (1, 0) => {
+                let z = b[0];
+                y.iter_mut().zip(&a[..n]).for_each(|(v, &x)| *v = g(x, z))
+            }
+            _ => y
+                .iter_mut()
+                .enumerate()
+                .for_each(|(j, v)| *v = g(a[j * la], b[j * lb])),
+        },
+    )
+}
+
 impl StepKernel for Broadcast {
     fn kind(&self) -> &'static str {
         "broadcast"
@@ -296,10 +383,13 @@ impl StepKernel for Broadcast {
                 "broadcast: an operand has more axes than the result".into(),
             ));
         }
-        let (sa, sb, sc) = (
-            strides(&self.a_shape, &self.out),
-            strides(&self.b_shape, &self.out),
-            strides(cond_shape, &self.out),
+        let (dims, [sa, sb, sc]) = merged_axes(
+            &self.out,
+            [
+                strides(&self.a_shape, &self.out),
+                strides(&self.b_shape, &self.out),
+                strides(cond_shape, &self.out),
+            ],
         );
         let a = io.read(self.a)?;
         let b = io.read(self.b)?;
@@ -309,37 +399,42 @@ impl StepKernel for Broadcast {
         };
         let n = numel(&self.out);
         let y = &mut io.write(self.y)?[..n];
-        // One row per index of the leading axes; the last axis is the inner loop.
-        let last = self.out.last().copied().unwrap_or(1).max(1);
-        let (la, lb, lc) = (
-            sa.last().copied().unwrap_or(0),
-            sb.last().copied().unwrap_or(0),
-            sc.last().copied().unwrap_or(0),
-        );
-        y.par_chunks_mut(last).enumerate().for_each(|(row, yr)| {
+        if n == 0 {
+            return Ok(());
+        }
+        // One row per index of the leading axes; the last axis is the inner loop. A task
+        // takes whole rows, about ROWS_OF elements.
+        let rank = dims.len();
+        let last = dims[rank - 1];
+        let (la, lb, lc) = (sa[rank - 1], sb[rank - 1], sc[rank - 1]);
+        let rows_per = ROWS_OF.div_ceil(last);
+        let offsets = |row: usize| {
             let (mut oa, mut ob, mut oc, mut r) = (0, 0, 0, row);
-            for ax in (0..rank.saturating_sub(1)).rev() {
-                let d = self.out[ax].max(1);
-                let i = r % d;
-                r /= d;
+            for ax in (0..rank - 1).rev() {
+                let i = r % dims[ax];
+                r /= dims[ax];
                 oa += i * sa[ax];
                 ob += i * sb[ax];
                 oc += i * sc[ax];
             }
-            match c {
-                Some(c) => {
-                    for (j, v) in yr.iter_mut().enumerate() {
-                        let (x, y) = (a[oa + j * la], b[ob + j * lb]);
-                        *v = opsched_graph::op::select(c[oc + j * lc], x, y);
+            (oa, ob, oc)
+        };
+        y.par_chunks_mut(rows_per * last)
+            .enumerate()
+            .for_each(|(t, rows)| {
+                for (i, yr) in rows.chunks_mut(last).enumerate() {
+                    let (oa, ob, oc) = offsets(t * rows_per + i);
+                    match c {
+                        Some(c) => {
+                            for (j, v) in yr.iter_mut().enumerate() {
+                                let (x, y) = (a[oa + j * la], b[ob + j * lb]);
+                                *v = opsched_graph::op::select(c[oc + j * lc], x, y);
+                            }
+                        }
+                        None => self.op.row(yr, &a[oa..], la, &b[ob..], lb),
                     }
                 }
-                None => {
-                    for (j, v) in yr.iter_mut().enumerate() {
-                        *v = self.op.apply(a[oa + j * la], b[ob + j * lb]);
-                    }
-                }
-            }
-        });
+            });
         Ok(())
     }
 
@@ -414,5 +509,122 @@ impl Enqueue for CudaBroadcast {
         // inside each operand's shape, which the step's access checked against its buffer;
         // the condition is read only by op 12 (`Select`), the only one with one.
         launched(unsafe { b.launch(grid(self.total)) }, "broadcast")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::cpu::CpuIo;
+    use crate::reference::broadcast_to;
+    use proptest::prelude::*;
+
+    const OPS: [BinOp; 8] = [
+        BinOp::Add,
+        BinOp::Mul,
+        BinOp::Binary(BinaryKind::Sub),
+        BinOp::Binary(BinaryKind::Div),
+        BinOp::Binary(BinaryKind::Max),
+        BinOp::Binary(BinaryKind::Pow),
+        BinOp::Binary(BinaryKind::Less),
+        BinOp::Left,
+    ];
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    /// The CPU kernel against both operands (and the condition) broadcast by the reference,
+    /// then combined element by element.
+    fn check(a_shape: &[usize], b_shape: &[usize], c_shape: Option<&[usize]>, op: BinOp) {
+        let out = opsched_graph::op::broadcast_shapes(&[
+            a_shape.to_vec(),
+            b_shape.to_vec(),
+            c_shape.unwrap_or(&[]).to_vec(),
+        ])
+        .unwrap();
+        let (a, b) = (values(numel(a_shape), 1), values(numel(b_shape), 2));
+        let c = c_shape.map(|s| {
+            values(numel(s), 3)
+                .iter()
+                .map(|v| f32::from(*v > 0.0))
+                .collect::<Vec<_>>()
+        });
+        let step = Broadcast {
+            a: 0,
+            b: 1,
+            y: 3,
+            a_shape: a_shape.to_vec(),
+            b_shape: b_shape.to_vec(),
+            out: out.clone(),
+            op: if c.is_some() { BinOp::Select } else { op },
+            cond: c_shape.map(|s| (2, s.to_vec())),
+        };
+        let mut reads = vec![(0, &a[..]), (1, &b[..])];
+        if let Some(c) = &c {
+            reads.push((2, &c[..]));
+        }
+        let mut got = vec![f32::NAN; numel(&out)];
+        step.run_cpu(&mut CpuIo::of(reads, vec![(3, &mut got[..])]))
+            .unwrap();
+        let (wa, wb) = (
+            broadcast_to(&a, a_shape, &out),
+            broadcast_to(&b, b_shape, &out),
+        );
+        let wc = c.as_ref().map(|c| broadcast_to(c, c_shape.unwrap(), &out));
+        for (i, g) in got.iter().enumerate() {
+            let want = match &wc {
+                Some(wc) => opsched_graph::op::select(wc[i], wa[i], wb[i]),
+                None => op.apply(wa[i], wb[i]),
+            };
+            assert!(
+                g.to_bits() == want.to_bits() || g.is_nan() && want.is_nan(),
+                "{op:?} {a_shape:?} {b_shape:?} {c_shape:?} at {i}: {g} vs {want}"
+            );
+        }
+    }
+
+    /// Squeeze-and-excitation's gate, a bias along the last axis, a column, a scalar and
+    /// both operands broadcast, on tensors large enough to be split among tasks.
+    #[test]
+    fn large_broadcasts_match_the_reference() {
+        for (a, b) in [
+            (vec![2, 8, 56, 56], vec![2, 8, 1, 1]),
+            (vec![2, 8, 1, 1], vec![2, 8, 56, 56]),
+            (vec![3, 100, 64], vec![64]),
+            (vec![3, 100, 64], vec![100, 1]),
+            (vec![4, 1, 70, 70], vec![1]),
+            (vec![1, 90, 1], vec![300, 1, 60]),
+        ] {
+            for op in OPS {
+                check(&a, &b, None, op);
+            }
+        }
+        check(&[2, 8, 56, 56], &[8, 1, 1], Some(&[56]), BinOp::Select);
+    }
+
+    proptest! {
+        /// Any shapes that broadcast: the trailing axes of a result, each kept or made 1
+        /// (broadcast) per operand.
+        #[test]
+        fn broadcasts_match_the_reference(
+            out in prop::collection::vec(1usize..5, 1..5),
+            keep in prop::collection::vec((any::<bool>(), any::<bool>(), any::<bool>()), 4),
+            drop in (0usize..3, 0usize..3, 0usize..3),
+            op in 0..OPS.len(),
+            select: bool,
+        ) {
+            let shape = |skip: usize, pick: &dyn Fn(&(bool, bool, bool)) -> bool| -> Vec<usize> {
+                let skip = skip.min(out.len() - 1);
+                out[skip..].iter().zip(&keep[skip..]).map(|(&d, k)| if pick(k) { d } else { 1 }).collect()
+            };
+            let a = shape(drop.0, &|k| k.0);
+            let b = shape(drop.1, &|k| k.1);
+            let c = shape(drop.2, &|k| k.2);
+            check(&a, &b, select.then_some(&c[..]), OPS[op]);
+        }
     }
 }
