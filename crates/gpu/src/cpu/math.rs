@@ -403,6 +403,50 @@ pub fn for_planes(
 /// Elements [`apply_bias_act`] gives one task.
 const BIAS_CHUNK: usize = 1 << 14;
 
+/// The sum of `xs` in sixteen interleaved partial sums (element `i` into sum `i % 16`, the
+/// rest in order after), added pairwise at the end: a loop that vectorises, where one running
+/// sum waits on each addition; and no less accurate.
+pub fn sum(xs: &[f32]) -> f32 {
+    with_avx2(
+        #[inline(always)]
+        || {
+            let mut lanes = [0.0f32; 16];
+            let chunks = xs.chunks_exact(16);
+            let rest = chunks.remainder().iter().fold(0.0, |s, &x| s + x);
+            for c in chunks {
+                lanes.iter_mut().zip(c).for_each(|(l, &x)| *l += x);
+            }
+            let mut width = 16;
+            while width > 1 {
+                width /= 2;
+                let (lo, hi) = lanes.split_at_mut(width);
+                lo.iter_mut().zip(&hi[..width]).for_each(|(l, &h)| *l += h);
+            }
+            lanes[0] + rest
+        },
+    )
+}
+
+/// The largest of `xs` as `f32::max` folds it from -inf (which skips NaN), sixteen lanes at a
+/// time: `max` is exact, so the order does not change the result.
+pub fn max_of(xs: &[f32]) -> f32 {
+    with_avx2(
+        #[inline(always)]
+        || {
+            let mut lanes = [f32::NEG_INFINITY; 16];
+            let chunks = xs.chunks_exact(16);
+            let rest = chunks
+                .remainder()
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            for c in chunks {
+                lanes.iter_mut().zip(c).for_each(|(l, &x)| *l = l.max(x));
+            }
+            lanes.iter().fold(rest, |m, &x| m.max(x))
+        },
+    )
+}
+
 /// `v = act(v + bias)` over one row that shares its bias. Like [`act_of`] and [`act_add`],
 /// compiled for AVX2 and FMA where the CPU has them: the activations' polynomials run twice
 /// as fast as in the baseline's SSE2.
@@ -601,6 +645,31 @@ mod tests {
         assert_eq!(gelu(-1e30), 0.0);
         assert!(gelu(f32::NAN).is_nan());
         assert_eq!(gelu(0.0), 0.0);
+    }
+
+    /// The vectorised sum is the f64 sum within f32 rounding at every length (the lanes, the
+    /// rest and both), and the lane-wise max is the in-order fold's, NaN and -inf included.
+    #[test]
+    fn sums_and_maxima_of_slices() {
+        for len in [0, 1, 5, 15, 16, 17, 31, 32, 33, 100, 12544] {
+            let xs: Vec<f32> = (0..len)
+                .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            let exact: f64 = xs.iter().map(|&x| f64::from(x)).sum();
+            let scale: f64 = xs.iter().map(|&x| f64::from(x.abs())).sum();
+            assert!(
+                (f64::from(sum(&xs)) - exact).abs() <= 1e-6 * scale.max(1.0),
+                "{len}"
+            );
+            let folded = xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            assert_eq!(max_of(&xs).to_bits(), folded.to_bits(), "{len}");
+        }
+        // NaN is never the running max: an all-NaN slice folds to -inf, as in order.
+        assert_eq!(max_of(&[f32::NAN; 40]), f32::NEG_INFINITY);
+        let mut some_nan = vec![f32::NAN; 40];
+        some_nan[33] = -3.0;
+        assert_eq!(max_of(&some_nan), -3.0);
+        assert_eq!(sum(&[1.0; 40]), 40.0);
     }
 
     fn through_with_act(a: Activation, x: f32) -> f32 {
