@@ -202,6 +202,7 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
         | Op::Binary { .. }
         | Op::Where
         | Op::Expand { .. }
+        | Op::GatherElements { .. }
         | Op::BatchMatmul { .. } => {
             let copies = match input {
                 Input::Buffer(_) => 0,
@@ -234,6 +235,7 @@ fn op_launches(op: &Op, input: Input<'_>) -> u32 {
         | Op::Embedding { .. }
         | Op::Slice { .. }
         | Op::Reduce { .. }
+        | Op::CumSum { .. }
         | Op::Activation { .. }
         | Op::Softmax { .. }
         | Op::LogSoftmax { .. }

@@ -360,6 +360,23 @@ fn write_op(s: &mut String, op: &Op) {
         Op::Slice { axis, begin, end } => {
             let _ = write!(s, "(axis={axis},b={begin},e={end})");
         }
+        Op::CumSum {
+            axis,
+            exclusive,
+            reverse,
+        } => {
+            let _ = write!(s, "(axis={axis}");
+            if *exclusive {
+                s.push_str(",exclusive");
+            }
+            if *reverse {
+                s.push_str(",reverse");
+            }
+            s.push(')');
+        }
+        Op::GatherElements { axis } => {
+            let _ = write!(s, "(axis={axis})");
+        }
         Op::Reduce {
             kind,
             begin,

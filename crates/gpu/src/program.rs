@@ -1482,6 +1482,15 @@ impl<'g> Builder<'g> {
             Op::Reduce {
                 kind, begin, end, ..
             } => step::reduce::lower(self, steps, at, *kind, [*begin, *end], src, out),
+            Op::CumSum {
+                axis,
+                exclusive,
+                reverse,
+            } => {
+                let how = (*axis, *exclusive, *reverse);
+                step::cum_sum::lower(self, steps, at, how, src, out)
+            }
+            Op::GatherElements { axis } => step::gather::lower(self, steps, at, *axis, src, out),
             Op::Sequential { ops } => self.lower_sequential(steps, at, ops, src, out),
         }
     }

@@ -756,6 +756,61 @@ fn eval(
                 (s[*begin..*end].iter().product(), s[*end..].iter().product());
             reduce(&x, red, inner, *kind)
         }
+        Op::CumSum {
+            axis,
+            exclusive,
+            reverse,
+        } => {
+            let (x, s) = single();
+            let (n, inner): (usize, usize) = (s[*axis], s[axis + 1..].iter().product());
+            let mut y = vec![0.0f32; x.len()];
+            for (xo, yo) in x.chunks(n * inner).zip(y.chunks_mut(n * inner)) {
+                for i in 0..inner {
+                    let mut sum = 0.0f32;
+                    for step in 0..n {
+                        let r = if *reverse { n - 1 - step } else { step };
+                        let v = xo[r * inner + i];
+                        if !exclusive {
+                            sum += v;
+                        }
+                        yo[r * inner + i] = sum;
+                        if *exclusive {
+                            sum += v;
+                        }
+                    }
+                }
+            }
+            y
+        }
+        Op::GatherElements { axis } => {
+            let [(x, sx), (idx, si)] = inputs.as_slice() else {
+                return Err(unsup("gather_elements needs two inputs (data, indices)"));
+            };
+            let rank = si.len();
+            let mut y = Vec::with_capacity(idx.len());
+            let mut at = vec![0usize; rank];
+            for &v in idx {
+                let d = sx[*axis];
+                let r = opsched_graph::op::table_row(v, d)
+                    .ok_or_else(|| unsup(&format!("index {v} is outside an axis of {d}")))?;
+                // The data's element at the output's coordinates, but `r` along the axis.
+                let mut off = 0;
+                for a in 0..rank {
+                    let c = if a == *axis { r } else { at[a] };
+                    off = off * sx[a] + c;
+                }
+                y.push(x[off]);
+                // The next output coordinates, the last axis fastest.
+                for a in (0..rank).rev() {
+                    at[a] += 1;
+                    if at[a] < si[a] {
+                        break;
+                    }
+                    at[a] = 0;
+                }
+            }
+            y
+        }
         Op::Slice { axis, begin, end } => {
             let (x, s) = single();
             let inner: usize = s[axis + 1..].iter().product();

@@ -872,6 +872,24 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "is_false")]
         keep: bool,
     },
+    /// Running sums along `axis` (ONNX's `CumSum`: RoBERTa's position ids, counted from its
+    /// token ids at run time): element `i` of the axis is the sum of elements `0..=i` (`0..i`
+    /// where `exclusive`; counted from the end where `reverse`), added in that order.
+    CumSum {
+        axis: usize,
+        #[serde(default, skip_serializing_if = "is_false")]
+        exclusive: bool,
+        #[serde(default, skip_serializing_if = "is_false")]
+        reverse: bool,
+    },
+    /// Elements of the first term picked along `axis` by the second, the indices (ONNX's
+    /// `GatherElements`): `y[.., i, ..] = x[.., idx[.., i, ..], ..]`, every other coordinate
+    /// the output's. The indices have as many axes as `x`, no longer than its but along
+    /// `axis`, and are integers stored as `f32` (a negative one counts from the end,
+    /// [`table_row`]); output: the indices' shape.
+    GatherElements {
+        axis: usize,
+    },
     /// Elements `begin..end` of axis `axis` (ONNX's `Slice` with unit steps and `Split` along
     /// an axis other than channels, which values slice themselves).
     Slice {
@@ -1090,6 +1108,8 @@ impl Op {
             Op::Transpose { .. } => "transpose",
             Op::Slice { .. } => "slice",
             Op::Reduce { .. } => "reduce",
+            Op::CumSum { .. } => "cum_sum",
+            Op::GatherElements { .. } => "gather_elements",
             Op::Sequential { .. } => "sequential",
             Op::Abstract { .. } => "abstract",
             Op::Opaque { .. } => "opaque",
@@ -1215,6 +1235,26 @@ impl Op {
                 out[r - 1] = bn;
                 Ok(out)
             }
+            Op::GatherElements { axis } => {
+                let [x, idx] = terms else {
+                    return Err(format!(
+                        "gather_elements needs 2 inputs (data, indices), got {}",
+                        terms.len()
+                    ));
+                };
+                if *axis >= x.len() || idx.len() != x.len() {
+                    return Err(format!(
+                        "gather_elements along axis {axis}: indices {idx:?} and data {x:?} must have the same rank, above the axis"
+                    ));
+                }
+                let longer = (0..x.len()).any(|a| a != *axis && idx[a] > x[a]);
+                if longer || idx.contains(&0) || x[*axis] == 0 {
+                    return Err(format!(
+                        "gather_elements along axis {axis}: indices {idx:?} must be positive and no longer than data {x:?} on the other axes"
+                    ));
+                }
+                Ok(idx.clone())
+            }
             Op::Sequential { ops } => {
                 let (first, rest) = ops.split_first().ok_or("sequential op has no inner ops")?;
                 let mut shape = first.infer_shape(terms)?;
@@ -1295,6 +1335,12 @@ impl Op {
                     p.ceil_mode,
                 )?;
                 Ok(vec![x[0], x[1], h, w])
+            }
+            Op::CumSum { axis, .. } => {
+                if *axis >= x.len() {
+                    return Err(format!("cum_sum axis {axis} out of range for {x:?}"));
+                }
+                Ok(x.clone())
             }
             Op::Activation { .. } | Op::Identity | Op::LayerNorm { .. } => Ok(x.clone()),
             Op::Softmax { axis } | Op::LogSoftmax { axis } => {
@@ -1568,7 +1614,8 @@ impl Op {
             }
             Op::Softmax { .. } => (mul("FLOPs", 5, out_elems)?, 0),
             Op::Embedding { rows, dim } => (0, mul("parameters", count(*rows), count(*dim))?),
-            Op::Reduce { .. } => (in_elems, 0),
+            Op::Reduce { .. } | Op::CumSum { .. } => (in_elems, 0),
+            Op::GatherElements { .. } => (0, 0),
             Op::LayerNorm { .. } => {
                 let d = count(out.last().copied().unwrap_or(0));
                 (mul("FLOPs", 8, out_elems)?, mul("parameters", 2, d)?)

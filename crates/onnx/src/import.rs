@@ -884,6 +884,27 @@ impl<'a> Importer<'a> {
                 self.push(node, out, Op::Transpose { perm }, vec![x.term()])?;
                 Ok(())
             }
+            "CumSum" => {
+                let x = self.act(ins, 0)?;
+                let &[axis] = Self::ints(ins, 1, "axis")?.as_slice() else {
+                    return Err(Fail::Error("its axis (input 1) is not one value".into()));
+                };
+                let op = Op::CumSum {
+                    axis: shapes::axis(axis, x.shape.len())?,
+                    exclusive: attr_i(node, "exclusive", 0) != 0,
+                    reverse: attr_i(node, "reverse", 0) != 0,
+                };
+                self.push(node, Self::out0(node)?, op, vec![x.term()])?;
+                Ok(())
+            }
+            "GatherElements" => {
+                let data = self.operand(node, ins, 0)?;
+                let idx = self.operand(node, ins, 1)?;
+                let axis = shapes::axis(attr_i(node, "axis", 0), data.shape.len())?;
+                let terms = vec![data.term(), idx.term()];
+                self.push(node, Self::out0(node)?, Op::GatherElements { axis }, terms)?;
+                Ok(())
+            }
             "Identity" | "Dropout" | "Cast" => {
                 let x = self.act(ins, 0)?;
                 if node

@@ -55,6 +55,8 @@
 //! | `Softmax`, `LogSoftmax` | `softmax`, `log_softmax` |
 //! | `LayerNormalization` | `layer_norm` |
 //! | `Gather` of a constant 2-D table by activation indices along axis 0 (token ids) | `embedding` (the table its `weight`) |
+//! | `GatherElements` with an operand known only at run time (RoBERTa's token types gathered at its position ids) | `gather_elements` (a constant operand a `constant` node) |
+//! | `CumSum` of an activation (`exclusive`, `reverse`; its axis constant) | `cum_sum` |
 //! | `Gather` of one constant index along axis 1 of an activation (the first token: BERT's pooler, ViT's class token) | removed: the consumers read that channel slice (a `reshape` of it for a scalar index) |
 //! | `Pad` (constant mode) | `pad` |
 //! | `Resize` of the spatial axes of a 4-D tensor, nearest (every `nearest_mode`) or linear, every `coordinate_transformation_mode` but `tf_crop_and_resize`, `scales` or `sizes` (also through `axes`), no `antialias`; `Upsample` and opset 10's `Resize` (asymmetric, truncating when enlarging and rounding up when shrinking) | `resize` (the given scales kept: the coordinates divide by them) |

@@ -1340,3 +1340,55 @@ fn one_dimensional_convolutions_and_instance_norms() {
         "{e}"
     );
 }
+
+/// `CumSum` and `GatherElements` of activations are operators (a negative axis counted from
+/// the end, the attributes kept); a `CumSum` axis computed at run time, and indices longer
+/// than the data on another axis, are errors naming the node.
+#[test]
+fn running_sums_and_gathered_elements_of_activations() {
+    let m = |axis: Option<i64>, idx: &[i64]| {
+        let mut inits = vec![int64s("idx", idx, &vec![0; idx.iter().product::<i64>() as usize])];
+        let mut inputs = vec![value("x", &[dim(2), dim(3), dim(4)])];
+        match axis {
+            Some(a) => inits.push(int64s("axis", &[], &[a])),
+            None => inputs.push(value("axis", &[])),
+        }
+        model(
+            17,
+            vec![
+                node(
+                    "CumSum",
+                    "scan",
+                    &["x", "axis"],
+                    vec![int("exclusive", 1), int("reverse", 1)],
+                ),
+                node("GatherElements", "pick", &["scan_out", "idx"], vec![int("axis", -2)]),
+            ],
+            inits,
+            inputs,
+        )
+    };
+    let g = import(&m(Some(-1), &[2, 5, 4]), &OnnxOptions::default())
+        .unwrap()
+        .graph;
+    let scan = g.node(g.find("scan").unwrap());
+    assert_eq!(
+        scan.op,
+        Op::CumSum {
+            axis: 2,
+            exclusive: true,
+            reverse: true
+        }
+    );
+    let pick = g.node(g.find("pick").unwrap());
+    assert_eq!(pick.op, Op::GatherElements { axis: 1 });
+    assert_eq!(pick.shape, vec![2, 5, 4]);
+    let e = import(&m(None, &[2, 5, 4]), &OnnxOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("node 'scan' (CumSum)") && e.contains("run time"), "{e}");
+    let e = import(&m(Some(0), &[2, 5, 5]), &OnnxOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("node 'pick' (GatherElements)"), "{e}");
+}

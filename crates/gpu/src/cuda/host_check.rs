@@ -726,6 +726,124 @@ fn the_embedding_kernel_agrees_with_the_row_rule_on_the_host() {
         &[
             part(
                 "// Table lookup (step/embedding.rs)",
+                "// Running sums along the middle axis",
+            ),
+            &driver,
+        ],
+    );
+}
+
+/// The `cum_sum` kernel against the CPU step, bit for bit (both add in the axis's order),
+/// in every direction, along the middle axis of `[2, 5, 3]` and along a whole vector.
+#[test]
+fn the_running_sums_kernel_agrees_with_the_cpu_on_the_host() {
+    use crate::cpu::CpuIo;
+    use crate::step::{cum_sum::CumSum, StepKernel};
+    let x: Vec<f32> = (0..30)
+        .map(|v| ((v * 37) % 23) as f32 * 0.37 - 4.1)
+        .collect();
+    let mut driver = format!(
+        "int main() {{\nstatic const float x[] = {{{}}};\nint bad = 0, cases = 0;\nfloat y[30];\n",
+        c_floats(&x)
+    );
+    for (outer, n, inner) in [(2usize, 5usize, 3usize), (1, 30, 1)] {
+        for (exclusive, reverse) in [(false, false), (true, false), (false, true), (true, true)] {
+            let s = CumSum {
+                x: 0,
+                y: 1,
+                outer,
+                n,
+                inner,
+                exclusive,
+                reverse,
+            };
+            let mut want = vec![0.0f32; 30];
+            s.run_cpu(&mut CpuIo::of(vec![(0, &x[..])], vec![(1, &mut want[..])]))
+                .unwrap();
+            driver.push_str(&format!(
+                "{{ static const float want[] = {{{}}};\n\
+                 cum_sum(y, x, {outer}, {n}, {inner}, {}, {});\n\
+                 for (int t = 0; t < 30; ++t) bad += y[t] != want[t];\n++cases; }}\n",
+                c_floats(&want),
+                i32::from(exclusive),
+                i32::from(reverse),
+            ));
+        }
+    }
+    driver.push_str("printf(\"%d cases, %d failed\\n\", cases, bad != 0);\nreturn bad != 0;\n}\n");
+    compile_and_run(
+        "cum_sum",
+        &[
+            part(
+                "// Running sums along the middle axis",
+                "// Elements gathered along an axis",
+            ),
+            &driver,
+        ],
+    );
+}
+
+/// The `gather_elements` kernel against the CPU step where the indices are in the axis
+/// (negative ones from the end), and zeros where one is not (a fraction, one past either end),
+/// along each axis of a `[3, 4, 2]` data tensor with `[2, 3, 2]` indices.
+#[test]
+fn the_gather_kernel_agrees_with_the_cpu_on_the_host() {
+    use crate::cpu::CpuIo;
+    use crate::step::{gather::GatherElements, StepKernel};
+    let data = vec![3usize, 4, 2];
+    let x: Vec<f32> = (0..24).map(|v| v as f32 + 0.5).collect();
+    let mut driver = format!(
+        "int main() {{\nstatic const float x[] = {{{}}};\nint bad = 0, cases = 0;\nfloat y[12];\n",
+        c_floats(&x)
+    );
+    for axis in 0..3 {
+        let out = vec![2usize, 3, 2];
+        let n = data[axis] as i64;
+        let idx: Vec<f32> = (0..12)
+            .map(|t| ((t * 5) as i64 % (2 * n) - n) as f32)
+            .collect();
+        let s = GatherElements {
+            x: 0,
+            idx: 1,
+            y: 2,
+            data: data.clone(),
+            out: out.clone(),
+            axis,
+        };
+        let mut want = vec![0.0f32; 12];
+        s.run_cpu(&mut CpuIo::of(
+            vec![(0, &x[..]), (1, &idx[..])],
+            vec![(2, &mut want[..])],
+        ))
+        .unwrap();
+        // What names no element: a fraction, one past the end, one before the start.
+        let mut bad_idx = idx.clone();
+        bad_idx[..3].copy_from_slice(&[0.5, n as f32, -(n as f32) - 1.0]);
+        let mut bad_want = want.clone();
+        bad_want[..3].fill(0.0);
+        let strides = [8, 2, 1];
+        for (ix, w) in [(&idx, &want), (&bad_idx, &bad_want)] {
+            driver.push_str(&format!(
+                "{{ static const float idx[] = {{{}}}; static const float want[] = {{{}}};\n\
+                 Dims6 dims = {{{{2, 3, 2, 1, 1, 1}}}}, strides = {{{{{}, {}, {}, 0, 0, 0}}}};\n\
+                 gather_elements(y, x, idx, 12, 3, {axis}, {n}, dims, strides);\n\
+                 for (int t = 0; t < 12; ++t) bad += y[t] != want[t];\n++cases; }}\n",
+                c_floats(ix),
+                c_floats(w),
+                strides[0],
+                strides[1],
+                strides[2],
+            ));
+        }
+    }
+    driver.push_str("printf(\"%d cases, %d failed\\n\", cases, bad != 0);\nreturn bad != 0;\n}\n");
+    compile_and_run(
+        "gather_elements",
+        &[
+            part("struct Dims6", "\n"),
+            "\n",
+            part(
+                "// Elements gathered along an axis",
                 "// Resize of the spatial axes",
             ),
             &driver,

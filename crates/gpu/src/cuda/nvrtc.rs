@@ -881,6 +881,44 @@ extern "C" __global__ void embedding(float* y, const float* idx, const float* ta
     }
 }
 
+// Running sums along the middle axis of [outer, n, inner] (step/cum_sum.rs): one (outer, inner)
+// line a thread, added in the axis's order (from its end where `reverse`), each output the sum
+// before (`exclusive`) or after its element, as the CPU.
+extern "C" __global__ void cum_sum(float* y, const float* x, i64 outer, i64 n, i64 inner,
+                                   int exclusive, int reverse) {
+    GRID_STRIDE(t, outer * inner) {
+        const i64 o = t / inner, i = t % inner;
+        float sum = 0.0f;
+        for (i64 s = 0; s < n; ++s) {
+            const i64 at = (o * n + (reverse ? n - 1 - s : s)) * inner + i;
+            const float v = x[at];
+            if (exclusive) y[at] = sum;
+            sum += v;
+            if (!exclusive) y[at] = sum;
+        }
+    }
+}
+
+// Elements gathered along an axis (step/gather.rs): output t (of the indices' shape `dims`) is
+// the data's element at t's coordinates but idx[t] along `axis` (an integer in [-n, n), a
+// negative one from the end); zero where idx[t] is no such integer, as `embedding`.
+extern "C" __global__ void gather_elements(float* y, const float* x, const float* idx, i64 total,
+                                           int rank, int axis, i64 n, Dims6 dims,
+                                           Dims6 strides) {
+    GRID_STRIDE(t, total) {
+        const float v = idx[t];
+        const bool row = v == truncf(v) && v >= -(float)n && v < (float)n;
+        const i64 r = row ? (i64)v + (v < 0.0f ? n : 0) : 0;
+        i64 rem = t, src = 0;
+        for (int d = rank - 1; d >= 0; --d) {
+            const i64 c = rem % dims.d[d];
+            rem /= dims.d[d];
+            src += (d == axis ? r : c) * strides.d[d];
+        }
+        y[t] = row ? x[src] : 0.0f;
+    }
+}
+
 // Resize of the spatial axes (step/resize.rs): output element (i, j) of a plane reads input
 // rows rows[i] = (lo, hi) and columns cols[j], with weights alike; tables `index` and `weight`
 // hold oh row pairs, then ow column pairs. Bilinear: the products of weights first, summed in
@@ -1284,6 +1322,8 @@ pub const NAMES: &[&str] = &[
     "resize2d",
     "resize2d_nhwc",
     "embedding",
+    "cum_sum",
+    "gather_elements",
     "reduce_mid",
     "depthwise_conv",
     "depthwise_conv_nhwc",

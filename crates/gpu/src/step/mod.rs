@@ -19,8 +19,10 @@ pub mod act;
 pub mod broadcast;
 pub mod conv;
 pub mod copy;
+pub mod cum_sum;
 pub mod elementwise;
 pub mod embedding;
+pub mod gather;
 pub mod gemm;
 pub mod layer_norm;
 pub mod pad;
@@ -114,6 +116,8 @@ steps! {
     LayerNorm(layer_norm::LayerNorm),
     Elementwise(elementwise::Elementwise),
     Embedding(embedding::Embedding),
+    GatherElements(gather::GatherElements),
+    CumSum(cum_sum::CumSum),
     Broadcast(broadcast::Broadcast),
     Pad(pad::Pad),
     Transpose(transpose::Transpose),

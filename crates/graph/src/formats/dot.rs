@@ -58,6 +58,20 @@ fn describe(op: &Op) -> String {
         Op::LogSoftmax { axis } => format!("log_softmax axis {axis}"),
         Op::Resize(r) => format!("resize {r}"),
         Op::Embedding { rows, dim } => format!("embedding {rows}x{dim}"),
+        Op::CumSum {
+            axis,
+            exclusive,
+            reverse,
+        } => {
+            let how = match (exclusive, reverse) {
+                (false, false) => "",
+                (true, false) => " exclusive",
+                (false, true) => " reverse",
+                (true, true) => " exclusive reverse",
+            };
+            format!("cum_sum axis {axis}{how}")
+        }
+        Op::GatherElements { axis } => format!("gather_elements axis {axis}"),
         Op::Conv2d(c) => {
             let mut s = format!(
                 "conv2d {} {}x{} s{} p{}",
