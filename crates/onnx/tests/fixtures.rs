@@ -1347,7 +1347,11 @@ fn one_dimensional_convolutions_and_instance_norms() {
 #[test]
 fn running_sums_and_gathered_elements_of_activations() {
     let m = |axis: Option<i64>, idx: &[i64]| {
-        let mut inits = vec![int64s("idx", idx, &vec![0; idx.iter().product::<i64>() as usize])];
+        let mut inits = vec![int64s(
+            "idx",
+            idx,
+            &vec![0; idx.iter().product::<i64>() as usize],
+        )];
         let mut inputs = vec![value("x", &[dim(2), dim(3), dim(4)])];
         match axis {
             Some(a) => inits.push(int64s("axis", &[], &[a])),
@@ -1362,7 +1366,12 @@ fn running_sums_and_gathered_elements_of_activations() {
                     &["x", "axis"],
                     vec![int("exclusive", 1), int("reverse", 1)],
                 ),
-                node("GatherElements", "pick", &["scan_out", "idx"], vec![int("axis", -2)]),
+                node(
+                    "GatherElements",
+                    "pick",
+                    &["scan_out", "idx"],
+                    vec![int("axis", -2)],
+                ),
             ],
             inits,
             inputs,
@@ -1386,7 +1395,10 @@ fn running_sums_and_gathered_elements_of_activations() {
     let e = import(&m(None, &[2, 5, 4]), &OnnxOptions::default())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("node 'scan' (CumSum)") && e.contains("run time"), "{e}");
+    assert!(
+        e.contains("node 'scan' (CumSum)") && e.contains("run time"),
+        "{e}"
+    );
     let e = import(&m(Some(0), &[2, 5, 5]), &OnnxOptions::default())
         .unwrap_err()
         .to_string();

@@ -301,6 +301,21 @@ pub fn tanh(x: f32) -> f32 {
     }
 }
 
+/// `exp(x)` for `x <= 0` (softmax's values less their maximum), branch-free: `exp_neg(-x)`,
+/// but 0 below -87 (where `exp_neg` stops: f32's normal range ends) and NaN kept.
+#[inline(always)]
+pub fn exp_nonpositive(x: f32) -> f32 {
+    let y = -x;
+    let e = exp_neg(y);
+    if y <= 87.0 {
+        e
+    } else if y > 87.0 {
+        0.0
+    } else {
+        x
+    }
+}
+
 /// `exp(-y)` for `y >= 0` (0 beyond 87), branch-free: `2^n * p(r)` with `n` the nearest
 /// integer to `-y / ln 2` and Cephes' degree-6 polynomial for `exp(r)` on `|r| <= ln 2 / 2`
 /// (relative error about 1e-7).

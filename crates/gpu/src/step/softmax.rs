@@ -13,6 +13,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
+use crate::cpu::math::{exp_nonpositive, max_of, sum, with_avx2, with_scratch};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, tensor4, TensorDesc};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -62,6 +63,71 @@ pub(crate) fn lower(
     Ok(())
 }
 
+/// Elements of contiguous rows a CPU task takes (whole rows).
+const ROWS_OF: usize = 1 << 14;
+
+/// Softmax (or log-softmax) of one contiguous row `x` into `y`: the maximum, `exp(x - max)`,
+/// their sum in sixteen partial sums, then the quotients (or `x - max - ln(sum)`), each a
+/// vectorised pass compiled for AVX2 where the CPU has it.
+fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
+    let m = max_of(x);
+    with_avx2(
+        #[inline(always)]
+        || {
+            y.iter_mut()
+                .zip(x)
+                .for_each(|(e, &v)| *e = exp_nonpositive(v - m))
+        },
+    );
+    let s = sum(y);
+    with_avx2(
+        #[inline(always)]
+        || match log {
+            true => {
+                let ls = s.ln();
+                y.iter_mut().zip(x).for_each(|(o, &v)| *o = v - m - ls)
+            }
+            false => y.iter_mut().for_each(|o| *o /= s),
+        },
+    )
+}
+
+/// Softmax over the rows of `x` (`dim` rows of `inner` values: the axis is the rows) into `y`,
+/// with `m` and `s` (`inner` each) for the lines' maxima and sums: a row at a time, so each
+/// pass runs along contiguous values; every line's sum adds its rows in order.
+fn softmax_lines(x: &[f32], y: &mut [f32], m: &mut [f32], s: &mut [f32], log: bool) {
+    let inner = m.len();
+    with_avx2(
+        #[inline(always)]
+        || {
+            m.fill(f32::NEG_INFINITY);
+            s.fill(0.0);
+            for row in x.chunks(inner) {
+                m.iter_mut().zip(row).for_each(|(m, &v)| *m = m.max(v));
+            }
+            for (yr, xr) in y.chunks_mut(inner).zip(x.chunks(inner)) {
+                for ((e, &v), (&m, s)) in yr.iter_mut().zip(xr).zip(m.iter().zip(s.iter_mut())) {
+                    *e = exp_nonpositive(v - m);
+                    *s += *e;
+                }
+            }
+            if log {
+                s.iter_mut().for_each(|s| *s = s.ln());
+            }
+            for (yr, xr) in y.chunks_mut(inner).zip(x.chunks(inner)) {
+                match log {
+                    true => yr
+                        .iter_mut()
+                        .zip(xr)
+                        .zip(m.iter().zip(s.iter()))
+                        .for_each(|((o, &v), (&m, &ls))| *o = v - m - ls),
+                    false => yr.iter_mut().zip(s.iter()).for_each(|(o, &s)| *o /= s),
+                }
+            }
+        },
+    )
+}
+
 impl StepKernel for Softmax {
     fn kind(&self) -> &'static str {
         "softmax"
@@ -81,32 +147,30 @@ impl StepKernel for Softmax {
         if block == 0 || self.outer == 0 {
             return Ok(());
         }
-        let x = io.read(self.x)?;
+        let x = &io.read(self.x)?[..self.outer * block];
         let y = &mut io.write(self.y)?[..self.outer * block];
-        y.par_chunks_mut(block).enumerate().for_each(|(o, yb)| {
-            let xb = &x[o * block..(o + 1) * block];
-            for i in 0..inner {
-                let m = (0..dim)
-                    .map(|d| xb[d * inner + i])
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let mut s = 0.0f32;
-                for d in 0..dim {
-                    let e = (xb[d * inner + i] - m).exp();
-                    yb[d * inner + i] = e;
-                    s += e;
-                }
-                if self.log {
-                    let ls = s.ln();
-                    for d in 0..dim {
-                        yb[d * inner + i] = xb[d * inner + i] - m - ls;
+        if inner == 1 {
+            // Contiguous rows (attention scores, logits): each row in vectorised passes.
+            let rows = ROWS_OF.div_ceil(dim);
+            y.par_chunks_mut(rows * dim)
+                .zip(x.par_chunks(rows * dim))
+                .for_each(|(ys, xs)| {
+                    for (yr, xr) in ys.chunks_mut(dim).zip(xs.chunks(dim)) {
+                        softmax_row(xr, yr, self.log);
                     }
-                } else {
-                    for d in 0..dim {
-                        yb[d * inner + i] /= s;
-                    }
-                }
-            }
-        });
+                });
+            return Ok(());
+        }
+        // Rows `inner` apart (channels): the maxima, sums and results of a block's `inner`
+        // lines computed a row of them at a time.
+        y.par_chunks_mut(block)
+            .zip(x.par_chunks(block))
+            .for_each(|(yb, xb)| {
+                with_scratch(2 * inner, |scratch| {
+                    let (m, s) = scratch.split_at_mut(inner);
+                    softmax_lines(xb, yb, m, s, self.log)
+                })
+            });
         Ok(())
     }
 
@@ -210,5 +274,90 @@ impl Enqueue for CudaSoftmax {
             )
         }
         .map_err(|e| GpuError::cudnn("running softmax", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::reference;
+    use proptest::prelude::*;
+
+    fn run(x: &[f32], outer: usize, dim: usize, inner: usize, log: bool) -> Vec<f32> {
+        let s = Softmax {
+            x: 0,
+            y: 1,
+            outer,
+            dim,
+            inner,
+            log,
+        };
+        let mut y = vec![f32::NAN; x.len()];
+        s.run_cpu(&mut CpuIo::of(vec![(0, x)], vec![(1, &mut y[..])]))
+            .unwrap();
+        y
+    }
+
+    /// Within 1e-6 of the reference: relative for probabilities (their exponentials' error
+    /// is), relative to max(|y|, 1) for log-probabilities (`x - max - ln(sum)` cancels).
+    fn close(got: &[f32], want: &[f32], log: bool) -> Result<(), TestCaseError> {
+        let floor = if log { 1.0 } else { 1e-30 };
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            let same = g == w || g.is_nan() && w.is_nan();
+            let err = (g - w).abs() / w.abs().max(floor);
+            prop_assert!(same || err <= 1e-6, "element {}: {} vs {}", i, g, w);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        /// Softmax and log-softmax over contiguous rows and over rows apart (any axis), on
+        /// values spread far apart (exponentials that underflow), against the reference
+        /// within 1e-6 (`close`: the CPU's exp and partial sums are its own).
+        #[test]
+        fn softmaxes_match_the_reference(
+            outer in 1usize..4, dim in 1usize..40, inner in 1usize..5, log: bool,
+            spread in prop_oneof![Just(1.0f32), Just(30.0), Just(300.0)], seed in 0usize..50,
+        ) {
+            let len = outer * dim * inner;
+            let x: Vec<f32> = (0..len)
+                .map(|i| (((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0) * spread)
+                .collect();
+            let want = match log {
+                true => reference::log_softmax(&x, outer, dim, inner),
+                false => reference::softmax(&x, outer, dim, inner),
+            };
+            close(&run(&x, outer, dim, inner, log), &want, log)?;
+        }
+    }
+
+    /// Infinities and NaN as the reference has them: -inf elements weigh nothing, a row of
+    /// -inf is NaN, a NaN element makes its row NaN; in both layouts.
+    #[test]
+    fn infinities_and_nan_follow_the_reference() {
+        let (inf, nan) = (f32::INFINITY, f32::NAN);
+        let rows = [
+            [0.5, -inf, 2.0, -inf],
+            [-inf, -inf, -inf, -inf],
+            [1.0, nan, 0.0, 3.0],
+            [inf, 1.0, -inf, 0.0],
+        ];
+        for log in [false, true] {
+            for row in rows {
+                let want = match log {
+                    true => reference::log_softmax(&row, 1, 4, 1),
+                    false => reference::softmax(&row, 1, 4, 1),
+                };
+                close(&run(&row, 1, 4, 1, log), &want, log).unwrap();
+                // The same row as a column (inner 2: a second line of zeros beside it).
+                let col: Vec<f32> = row.iter().flat_map(|&v| [v, 0.0]).collect();
+                let want = match log {
+                    true => reference::log_softmax(&col, 1, 4, 2),
+                    false => reference::softmax(&col, 1, 4, 2),
+                };
+                close(&run(&col, 1, 4, 2, log), &want, log).unwrap();
+            }
+        }
     }
 }
