@@ -422,14 +422,20 @@ const BIAS_CHUNK: usize = 1 << 14;
 /// rest in order after), added pairwise at the end: a loop that vectorises, where one running
 /// sum waits on each addition; and no less accurate.
 pub fn sum(xs: &[f32]) -> f32 {
+    sum_of(xs, |x| x)
+}
+
+/// The sum of `f(x)` over `xs`, added as [`sum`] adds (a variance's squared deviations).
+#[inline(always)]
+pub fn sum_of(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     with_avx2(
         #[inline(always)]
         || {
             let mut lanes = [0.0f32; 16];
             let chunks = xs.chunks_exact(16);
-            let rest = chunks.remainder().iter().fold(0.0, |s, &x| s + x);
+            let rest = chunks.remainder().iter().fold(0.0, |s, &x| s + f(x));
             for c in chunks {
-                lanes.iter_mut().zip(c).for_each(|(l, &x)| *l += x);
+                lanes.iter_mut().zip(c).for_each(|(l, &x)| *l += f(x));
             }
             let mut width = 16;
             while width > 1 {
