@@ -316,6 +316,10 @@ impl BinOp {
             BinOp::Binary(BinaryKind::Max) => row_of(f32::max, y, a, la, b, lb),
             BinOp::Binary(BinaryKind::Min) => row_of(f32::min, y, a, la, b, lb),
             BinOp::Left => row_of(|x, _| x, y, a, la, b, lb),
+            // An RMS norm's square: `powf(x, 2)` is the rounded square, as `x * x` is.
+            BinOp::Binary(BinaryKind::Pow) if lb == 0 && b[0] == 2.0 => {
+                row_of(|x, _| x * x, y, a, la, b, lb)
+            }
             op => row_of(move |x, y| op.apply(x, y), y, a, la, b, lb),
         }
     }
@@ -604,6 +608,49 @@ mod tests {
             }
         }
         check(&[2, 8, 56, 56], &[8, 1, 1], Some(&[56]), BinOp::Select);
+    }
+
+    /// A square by `Pow`'s scalar exponent 2 (multiplied, not `powf`) is `powf`'s, bit for
+    /// bit, over values of every magnitude.
+    #[test]
+    fn squares_by_pow_two_are_powf_bit_for_bit() {
+        let x: Vec<f32> = (0..20_000)
+            .map(|i| {
+                f32::from_bits(0x0080_0000 + i * 106_000) * if i % 2 == 0 { 1.0 } else { -1.0 }
+            })
+            .chain([
+                0.0,
+                -0.0,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::NAN,
+                3e19,
+                1e-20,
+            ])
+            .collect();
+        let step = Broadcast {
+            a: 0,
+            b: 1,
+            y: 2,
+            a_shape: vec![x.len()],
+            b_shape: vec![],
+            out: vec![x.len()],
+            op: BinOp::Binary(BinaryKind::Pow),
+            cond: None,
+        };
+        let mut got = vec![0.0; x.len()];
+        step.run_cpu(&mut CpuIo::of(
+            vec![(0, &x[..]), (1, &[2.0][..])],
+            vec![(2, &mut got[..])],
+        ))
+        .unwrap();
+        for (v, g) in x.iter().zip(&got) {
+            let want = v.powf(2.0);
+            assert!(
+                g.to_bits() == want.to_bits() || g.is_nan() && want.is_nan(),
+                "{v}: {g} vs {want}"
+            );
+        }
     }
 
     proptest! {

@@ -75,10 +75,13 @@ impl StepKernel for Reduce {
         if y.is_empty() {
             return Ok(());
         }
-        // One outer index a task; its rows of `inner` elements accumulated in order (an index
-        // kind keeps its best values in scratch and their rows in y).
-        y.par_chunks_mut(inner)
-            .zip(x.par_chunks(red * inner))
+        // Outer indices in tasks of about 16K elements read; each one's rows of `inner`
+        // elements accumulated in order (an index kind keeps its best values in scratch and
+        // their rows in y).
+        let per = (1usize << 14).div_ceil(red * inner);
+        y.par_chunks_mut(per * inner)
+            .zip(x.par_chunks(per * red * inner))
+            .flat_map_iter(|(ys, xs)| ys.chunks_mut(inner).zip(xs.chunks(red * inner)))
             .for_each(|(yo, xo)| {
                 if kind.is_index() {
                     return with_scratch(inner, |best| {
