@@ -3,7 +3,9 @@
 //! and GoogLeNet's and NASNet's poolings (3x3 max, stride 2 and 1; a 7x7 plane's rows run
 //! stitched into one; 2x2 stride 2 on a 14x14 plane, row by row); and the direct
 //! convolution over padded planes (`opsched_gpu::cpu::direct`, on rayon's pool) with
-//! GoogLeNet's 3x3 convolutions on 14x14 and 7x7 and Inception-v3's 3x1 on 8x8.
+//! GoogLeNet's 3x3 convolutions on 14x14 and 7x7 and Inception-v3's 3x1 on 8x8; the bias +
+//! activation epilogue (`cpu_activations`); and eight small depthwise planes by the window
+//! loops and interleaved (`cpu_small_depthwise`, `opsched_gpu::cpu::lanes`).
 //!
 //! Run: `cargo bench -p opsched-benches --bench cpu_windows`. What it is for: comparing two
 //! builds of these loops (their vectorisation, the padding pass) on the same machine.
@@ -12,6 +14,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use opsched::gpu::cpu::direct::{Direct, SLACK};
+use opsched::gpu::cpu::lanes;
 use opsched::gpu::cpu::math::bias_act_row;
 use opsched::gpu::cpu::window::{pad_input, Windows};
 use opsched::graph::Activation;
@@ -40,7 +43,7 @@ fn kernels(c: &mut Criterion) {
     group
         .measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_millis(500));
-    for (side, k, s) in [(165, 7, 2), (165, 5, 2), (83, 5, 1)] {
+    for (side, k, s) in [(165, 7, 2), (165, 5, 2), (83, 5, 1), (14, 5, 2), (7, 5, 1)] {
         let win = windows(side, k, s);
         let (x, w) = (plane(side * side), plane(k * k));
         let mut buf = vec![0.0; win.scratch_len()];
@@ -134,5 +137,50 @@ fn activations(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, kernels, activations);
+/// Eight small depthwise planes: by the window loops plane after plane, and interleaved eight
+/// channels at a time (`opsched_gpu::cpu::lanes`), where `lanes::suits` chooses between them.
+fn small_depthwise(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cpu_small_depthwise");
+    group
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300));
+    for (side, k, s) in [(14, 5, 2), (14, 3, 2), (28, 3, 2), (14, 5, 1), (7, 3, 1)] {
+        let win = windows(side, k, s);
+        let planes: Vec<Vec<f32>> = (0..8).map(|_| plane(side * side)).collect();
+        let filters: Vec<Vec<f32>> = (0..8).map(|_| plane(k * k)).collect();
+        let out = win.out[0] * win.out[1];
+        let mut y = vec![0.0; 8 * out];
+        let mut buf = vec![0.0; win.scratch_len()];
+        let taps = win.taps();
+        group.bench_function(format!("windows {k}x{k}/{s} {side}x{side} x8"), |b| {
+            b.iter(|| {
+                for ((x, w), yp) in planes.iter().zip(&filters).zip(y.chunks_mut(out)) {
+                    pad_input(&win, x, None, Activation::None, &mut buf);
+                    win.convolve(&taps, &buf, w, Some(&[0.1]), Activation::Relu, yp);
+                }
+            })
+        });
+        let mut scratch = vec![0.0; lanes::scratch_len(&win)];
+        let xs: Vec<&[f32]> = planes.iter().map(|p| &p[..]).collect();
+        let fs: Vec<&[f32]> = filters.iter().map(|p| &p[..]).collect();
+        group.bench_function(format!("lanes {k}x{k}/{s} {side}x{side} x8"), |b| {
+            b.iter(|| {
+                lanes::depthwise(
+                    &win,
+                    &xs,
+                    &fs,
+                    &[0.1; 8],
+                    &[0.0; 8],
+                    Activation::None,
+                    Activation::Relu,
+                    &mut scratch,
+                    &mut y,
+                )
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, kernels, activations, small_depthwise);
 criterion_main!(benches);

@@ -25,6 +25,7 @@
 //!   sticky errors.
 
 pub mod direct;
+pub mod lanes;
 pub mod math;
 pub mod window;
 

@@ -46,6 +46,7 @@ use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
 use crate::cpu::direct::{self, Direct};
+use crate::cpu::lanes;
 use crate::cpu::math::{
     act_add, bias_act_row, for_planes, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat,
     TilesOfB,
@@ -857,6 +858,9 @@ impl Conv {
             self.kernel[0] * self.kernel[1],
             self.out_hw[0] * self.out_hw[1],
         );
+        if og == 1 && lanes::suits(&win) {
+            return self.depthwise_lanes(&win, x, w, bias, in_bias, y);
+        }
         let work = win.scratch_len() + og * cols * taps;
         let reads = win.taps();
         for_planes(y, og * cols, work, |t, planes| {
@@ -991,6 +995,64 @@ impl Conv {
                     Ok(())
                 })
         })
+    }
+
+    /// [`Conv::depthwise`] with one filter per channel on small planes: [`lanes::LANES`]
+    /// planes at a time, interleaved ([`lanes::depthwise`]), groups of them in tasks of about
+    /// 16K elements of work.
+    fn depthwise_lanes(
+        &self,
+        win: &Windows,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        in_bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) -> Result<(), GpuError> {
+        use lanes::LANES;
+        let [_, c, h, wd] = self.input;
+        let (taps, cols) = (
+            self.kernel[0] * self.kernel[1],
+            self.out_hw[0] * self.out_hw[1],
+        );
+        let group = LANES * cols;
+        let per_task = (1usize << 14)
+            .div_ceil(LANES * (cols * taps + h * wd))
+            .max(1);
+        let scratch = lanes::scratch_len(win);
+        y.par_chunks_mut(per_task * group)
+            .enumerate()
+            .for_each(|(k, ys)| {
+                with_scratch(scratch, |buf| {
+                    for (g, yg) in ys.chunks_mut(group).enumerate() {
+                        // Planes t0.. of the batch: image t / c, channel t % c.
+                        let t0 = (k * per_task + g) * LANES;
+                        let n = yg.len() / cols;
+                        let mut xs: [&[f32]; LANES] = [&[]; LANES];
+                        let mut fs: [&[f32]; LANES] = [&[]; LANES];
+                        let (mut bs, mut ibs) = ([0.0f32; LANES], [0.0f32; LANES]);
+                        for l in 0..n {
+                            let (t, ch) = (t0 + l, (t0 + l) % c);
+                            xs[l] = &x[t * h * wd..(t + 1) * h * wd];
+                            fs[l] = &w[ch * taps..(ch + 1) * taps];
+                            bs[l] = bias.map_or(0.0, |b| b[ch]);
+                            ibs[l] = in_bias.map_or(0.0, |b| b[ch]);
+                        }
+                        lanes::depthwise(
+                            win,
+                            &xs[..n],
+                            &fs[..n],
+                            &bs,
+                            &ibs,
+                            self.pre_act,
+                            self.act,
+                            buf,
+                            yg,
+                        );
+                    }
+                })
+            });
+        Ok(())
     }
 
     /// The convolution (not depthwise) reading `x` and writing `y` (each a pointer, and its
@@ -2633,6 +2695,66 @@ mod tests {
                 cv.pre_act = Activation::LeakyRelu { alpha: 0.1 };
             }
             check_against_reference(&cv);
+        }
+    }
+
+    /// Depthwise convolutions of small strided planes run eight channels at a time (`lanes`):
+    /// more channels than a group, a partial group, groups across images, dilation, an input
+    /// bias and activation; against the reference image by image.
+    #[test]
+    fn small_depthwise_planes_in_lanes_match_the_reference() {
+        for (c, side, k, s, d) in [
+            (19, 14, 5, 2, 1),
+            (19, 13, 3, 2, 1),
+            (8, 9, 3, 2, 2),
+            (3, 5, 3, 2, 1),
+            (20, 12, 3, 3, 1),
+        ] {
+            let p = d * (k / 2);
+            let mut cv = conv(
+                c,
+                [side, side],
+                c,
+                [k, k],
+                [s, s],
+                [p, p],
+                [p, p],
+                [d, d],
+                c,
+            );
+            cv.input[0] = 2;
+            cv.pre_act = Activation::LeakyRelu { alpha: 0.1 };
+            cv.act = Activation::Swish { alpha: 1.0 };
+            assert!(lanes::suits(&cv.windows()));
+            let plane = side * side;
+            let (x, wt) = (values(2 * c * plane, 1), values(c * k * k, 2));
+            let (bias, in_bias) = (values(c, 3), values(c, 4));
+            let mut y = vec![f32::NAN; cv.out_len()];
+            cv.compute(&x, &wt, Some(&bias), Some(&in_bias), &mut y)
+                .unwrap();
+            let per = y.len() / 2;
+            for img in 0..2 {
+                let xa: Vec<f32> = x[img * c * plane..(img + 1) * c * plane]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| act(v + in_bias[i / plane], cv.pre_act))
+                    .collect();
+                let want = crate::reference::conv2d(
+                    &xa,
+                    &wt,
+                    Some(&bias),
+                    [1, c, side, side],
+                    c,
+                    cv.kernel,
+                    cv.stride,
+                    cv.padding,
+                    cv.dilation,
+                    c,
+                    cv.out_hw,
+                    cv.act,
+                );
+                assert_close(&cv, &y[img * per..(img + 1) * per], &want);
+            }
         }
     }
 
