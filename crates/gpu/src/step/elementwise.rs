@@ -118,7 +118,9 @@ pub(crate) fn combine_into(
                 }
             },
         );
-        bias_act_row(yc, None, act);
+        if act != Activation::None {
+            bias_act_row(yc, None, act);
+        }
     });
 }
 
