@@ -174,9 +174,10 @@ unsafe fn raw_product(a: Mat<'_>, b: Mat<'_>, c: *mut f32, [rsc, csc]: [usize; 2
 
 /// `act(., a)` as a concrete closure bound to `$f` in `$body`, straight-line code the
 /// compiler vectorises for the activations models use in their hot loops: ReLU, the identity
-/// and the clipping family with the same expressions (and bits) as [`act`]; GELU, sigmoid,
-/// SiLU/swish, tanh and tanh-GELU through this module's branch-free `exp` and `tanh` (within
-/// 5e-7 of [`act`], infinities and NaN kept). The others keep the per-value match of [`act`].
+/// and the clipping family with the same expressions (and bits) as
+/// [`crate::reference::act`]; GELU, sigmoid, SiLU/swish, tanh and tanh-GELU through this
+/// module's branch-free `exp` and `tanh` (within 5e-7 of it, infinities and NaN kept). The
+/// others keep the per-value match of `act`.
 macro_rules! with_act {
     ($a:expr, |$f:ident| $body:expr) => {
         match $a {
