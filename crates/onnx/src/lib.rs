@@ -65,7 +65,7 @@
 //! | `Identity`, `Dropout`, `Cast` of an activation | removed |
 //! | `Split`, `Slice` along axis 1 (channels) | removed: consumers read channel slices |
 //! | `Split`, unit-step `Slice` along other axes (GPT-2's fused query, key and value; crops) | `slice`, one per axis cut (a slab copy) |
-//! | GELU, layer norm and swish written out (`Div, Erf, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`; `Sigmoid, Mul` as PyTorch exports SiLU, or `Mul, Sigmoid, Mul`) | rewritten into one `Gelu` / `LayerNormalization` / `Swish` first (only when their constants are the right ones) |
+//! | GELU, layer norm and swish written out (`Div, Erf, Add, Mul, Mul`; GPT-2's tanh GELU `Pow, Mul, Add, Mul, Tanh, Add, Mul, Mul`; `ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add`; `Sigmoid, Mul` as PyTorch exports SiLU, or `Mul, Sigmoid, Mul`) | rewritten into one `Gelu` / `LayerNormalization` / `Swish` first (only when their constants are the right ones) |
 //! | `Where` (the condition's booleans 1.0 and 0.0; numpy broadcasting) | `where` |
 //! | `And`, `Or`, `Xor`, `Not` of booleans (1.0 and 0.0) | `binary` `min`, `max`, `not_equal`, and `equal` to a constant 0 |
 //! | `Expand` | `expand` (one copy); removed where the shape does not change |

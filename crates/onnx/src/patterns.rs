@@ -3,6 +3,8 @@
 //!
 //! - GELU (a `Gelu` operator only exists from opset 20): `Div(x, sqrt 2) -> Erf -> Add(1) ->
 //!   Mul(x) -> Mul(0.5)`, also with `Mul(x, 1/sqrt 2)` first or the `0.5` applied to `x` first;
+//!   and its tanh form (GPT-2's): `Pow(x, 3)` (or `x * x * x`) `-> Mul(0.044715) -> Add(x) ->
+//!   Mul(sqrt(2 / pi)) -> Tanh -> Add(1)`, then the products with `x` and `0.5`;
 //! - layer normalization (`LayerNormalization` only exists from opset 17):
 //!   `ReduceMean(x) -> Sub(x, mean) -> Pow(2) -> ReduceMean -> Add(eps) -> Sqrt -> Div`, then an
 //!   optional `Mul(scale)` and `Add(bias)`;
@@ -11,9 +13,10 @@
 //!
 //! A pattern matches only when every intermediate tensor is read by the pattern alone (and is
 //! not a graph output), the operands outside the chain are constants, and the constants have
-//! the values that make the chain that operator (`sqrt 2`, `1`, `0.5`; an exponent of 2, a
-//! mean over the last axis, a scale and shift per element of the last axis), so a rewrite
-//! never changes what the model computes.
+//! the values that make the chain that operator (`sqrt 2`, `1`, `0.5`; `0.044715`,
+//! `sqrt(2 / pi)` and an exponent of 3; an exponent of 2, a mean over the last axis, a scale
+//! and shift per element of the last axis), so a rewrite never changes what the model
+//! computes.
 
 use std::collections::{HashMap, HashSet};
 
@@ -172,6 +175,108 @@ fn match_gelu(ix: &Index<'_>, e: usize) -> Option<(Vec<usize>, String, String)> 
     ))
 }
 
+/// GELU's tanh form (GPT-2's `NewGELUActivation`) around the `Tanh` node `t`:
+/// `x^3 -> Mul(0.044715) -> Add(x) -> Mul(sqrt(2 / pi)) -> Tanh -> Add(1)`, then the product
+/// with `x` and `0.5` in either order, the cube a `Pow(x, 3)` or `Mul(Mul(x, x), x)`:
+/// `(nodes of the pattern, x, output)`.
+fn match_gelu_tanh(ix: &Index<'_>, t: usize) -> Option<(Vec<usize>, String, String)> {
+    let t_in = ix.node(t).input.first()?;
+    let scale = *ix.producer.get(t_in.as_str())?;
+    if ix.node(scale).op_type != "Mul" || ix.sole_reader(t_in) != Some(t) {
+        return None;
+    }
+    let [p, q] = ix.node(scale).input.as_slice() else {
+        return None;
+    };
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let inner = match (near(ix.scalar(p), c), near(ix.scalar(q), c)) {
+        (true, false) => q,
+        (false, true) => p,
+        _ => return None,
+    };
+    let add = *ix.producer.get(inner.as_str())?;
+    if ix.node(add).op_type != "Add" || ix.sole_reader(inner) != Some(scale) {
+        return None;
+    }
+    // x + 0.044715 * cube(x): either operand may be x.
+    let [a, b] = ix.node(add).input.as_slice() else {
+        return None;
+    };
+    let (x, cubic, cube_nodes) = [(a, b), (b, a)].into_iter().find_map(|(x, m)| {
+        let mul = *ix.producer.get(m.as_str())?;
+        if ix.node(mul).op_type != "Mul" || ix.sole_reader(m) != Some(add) {
+            return None;
+        }
+        let [u, v] = ix.node(mul).input.as_slice() else {
+            return None;
+        };
+        let cube = match (near(ix.scalar(u), 0.044_715), near(ix.scalar(v), 0.044_715)) {
+            (true, false) => v,
+            (false, true) => u,
+            _ => return None,
+        };
+        let nodes = cube_of(ix, cube, x, mul)?;
+        Some((x, mul, nodes))
+    })?;
+    let one_add = ix.next(ix.out(t)?, "Add")?;
+    let (one, _) = ix.other(one_add, ix.out(t)?)?;
+    if !near(ix.scalar(one), 1.0) || ix.is_const(x) {
+        return None;
+    }
+    let mut nodes = cube_nodes;
+    nodes.extend([cubic, add, scale, t, one_add]);
+    let one_out = ix.out(one_add)?;
+    let m1 = ix.next(one_out, "Mul")?;
+    let (other, _) = ix.other(m1, one_out)?;
+    let m1_out = ix.out(m1)?;
+    if other == x {
+        // x * (1 + tanh) * 0.5
+        let m2 = ix.next(m1_out, "Mul")?;
+        let (half, _) = ix.other(m2, m1_out)?;
+        if !near(ix.scalar(half), 0.5) {
+            return None;
+        }
+        nodes.extend([m1, m2]);
+        return Some((nodes, x.clone(), ix.out(m2)?.to_string()));
+    }
+    // (x * 0.5) * (1 + tanh)
+    let half_node = *ix.producer.get(other)?;
+    if ix.node(half_node).op_type != "Mul" || ix.sole_reader(other) != Some(m1) {
+        return None;
+    }
+    let (half, _) = ix.other(half_node, x)?;
+    if !near(ix.scalar(half), 0.5) {
+        return None;
+    }
+    nodes.extend([half_node, m1]);
+    Some((nodes, x.clone(), m1_out.to_string()))
+}
+
+/// The nodes computing tensor `t` as `x^3` for their sole reader `reader`: `Pow(x, 3)`, or
+/// `Mul(Mul(x, x), x)` (either operand order).
+fn cube_of(ix: &Index<'_>, t: &str, x: &str, reader: usize) -> Option<Vec<usize>> {
+    let n = *ix.producer.get(t)?;
+    if ix.sole_reader(t) != Some(reader) {
+        return None;
+    }
+    let node = ix.node(n);
+    match (node.op_type.as_str(), node.input.as_slice()) {
+        ("Pow", [base, e]) if base == x && near(ix.scalar(e), 3.0) => Some(vec![n]),
+        ("Mul", [u, v]) => {
+            let sq_name = match (u == x, v == x) {
+                (true, false) => v,
+                (false, true) => u,
+                _ => return None,
+            };
+            let sq = *ix.producer.get(sq_name.as_str())?;
+            let sq_node = ix.node(sq);
+            let squares = sq_node.op_type == "Mul" && sq_node.input.iter().all(|i| i == x);
+            (squares && ix.sole_reader(sq_name) == Some(n)).then(|| vec![sq, n])
+        }
+        _ => None,
+    }
+}
+
 /// Swish ending at the `Mul` that reads the `Sigmoid` node `s`: `(nodes of the pattern, x,
 /// alpha, output)`.
 fn match_swish(ix: &Index<'_>, s: usize) -> Option<(Vec<usize>, String, f64, String)> {
@@ -308,6 +413,16 @@ pub fn rewrite(
             (true, "Erf") => match_gelu(&ix, i).map(|(ns, x, out)| {
                 let base = &nodes[ns[0]];
                 (ns, synthetic("Gelu", base, vec![x], &out, Vec::new()))
+            }),
+            (true, "Tanh") => match_gelu_tanh(&ix, i).map(|(ns, x, out)| {
+                let base = &nodes[ns[0]];
+                let attrs = vec![AttributeProto {
+                    name: "approximate".into(),
+                    s: b"tanh".to_vec(),
+                    r#type: 3,
+                    ..AttributeProto::default()
+                }];
+                (ns, synthetic("Gelu", base, vec![x], &out, attrs))
             }),
             (true, "Sigmoid") => match_swish(&ix, i).map(|(ns, x, alpha, out)| {
                 let base = &nodes[ns[0]];

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use opsched::graph::{Activation, DType, Op, PoolKind};
+use opsched::graph::{Activation, BinaryKind, DType, Op, PoolKind};
 use opsched::zoo::ZooConfig;
 use opsched::Graph;
 use opsched_onnx::proto::{
@@ -1403,4 +1403,32 @@ fn running_sums_and_gathered_elements_of_activations() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("node 'pick' (GatherElements)"), "{e}");
+}
+
+/// GPT-2's tanh GELU written out (the `positions` parity model: the cube by `Pow` and by two
+/// products, the 0.5 applied first and last) is rewritten into one GELU each, no `Pow` or
+/// `Tanh` left; onnxruntime's outputs check the values (`crates/opsched/tests/parity.rs`).
+#[test]
+fn written_out_tanh_gelus_are_one_operator() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity/positions.onnx");
+    let imported = import_file(&path, &OnnxOptions::default()).unwrap();
+    assert_eq!(imported.report.rewritten_patterns, 2);
+    let g = &imported.graph;
+    let acts: Vec<&Op> = g.nodes().iter().map(|n| &n.op).collect();
+    let gelus = acts
+        .iter()
+        .filter(|op| match op {
+            Op::Activation { act } | Op::Linear { act, .. } => *act == Activation::GeluTanh,
+            _ => false,
+        })
+        .count();
+    assert_eq!(gelus, 2, "{acts:?}");
+    assert!(!acts.iter().any(|op| matches!(
+        op,
+        Op::Binary {
+            kind: BinaryKind::Pow
+        } | Op::Activation {
+            act: Activation::Tanh
+        }
+    )));
 }
