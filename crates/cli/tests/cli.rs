@@ -1208,3 +1208,41 @@ fn usage_errors_are_one_line() {
     assert!(help.status.success());
     assert!(String::from_utf8_lossy(&help.stdout).lines().count() > 10);
 }
+
+/// Profiling on the CPU reads an ONNX model's weights: RoBERTa's position ids, computed at run
+/// time from the token ids and constants (the `positions` parity model), are then rows of
+/// their table (with pseudo-random constants they were not, and the lookup refused them).
+#[test]
+fn profile_on_the_cpu_computes_indices_from_the_real_constants() {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/parity/positions.onnx");
+    let dir = scratch("profile-positions");
+    let cache = dir.join("cache.json");
+    let out = opsched(&[
+        "profile",
+        model.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--stages-from",
+        "none",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+        "--cache",
+        cache.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ops = report["ops"].as_array().unwrap();
+    assert!(
+        ops.iter()
+            .any(|o| o["signature"].as_str().unwrap().starts_with("cum_sum")),
+        "{report}"
+    );
+}

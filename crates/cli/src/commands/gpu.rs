@@ -367,9 +367,9 @@ impl OnDevice for Profile<'_> {
 }
 
 pub fn profile(a: &ProfileArgs) -> Result<()> {
-    let g = load(&a.model, &a.model_args)?;
     // Resolved once: `auto` probes the driver.
     let backend = a.device.backend();
+    let g = load_for_profile(a, backend)?;
     if backend == Backend::Cpu && a.gpu != 0 {
         return Err(user(anyhow::anyhow!(
             "--gpu {}: the CPU backend has one unit (0)",
@@ -469,6 +469,25 @@ impl OnDevice for Run<'_> {
             .map(|s| run(s).map_err(gpu_error))
             .collect()
     }
+}
+
+/// The model to profile: on the CPU with its weights where the file has them, since the CPU's
+/// lookups refuse an index that is no row, and index arithmetic on constants (RoBERTa's
+/// position ids from its token ids) gives rows only with the constants' real values (without
+/// weights they are pseudo-random); where they cannot be read (an absent external data file),
+/// the shapes alone with a warning, as on a GPU, whose lookups read no row as zeros.
+fn load_for_profile(a: &ProfileArgs, backend: Backend) -> Result<opsched::Graph> {
+    if backend == Backend::Cpu {
+        let opts = opsched::LoadOptions {
+            weights: true,
+            ..a.model_args.load_options()
+        };
+        match opsched::load_model_with(&a.model, &a.model_args.zoo_config(), &opts) {
+            Ok(g) => return Ok(g),
+            Err(e) => tracing::warn!("profiling {} without its weights: {e}", a.model),
+        }
+    }
+    load(&a.model, &a.model_args)
 }
 
 /// The model with its weights (ONNX files; zoo models and graph files have none, so their
