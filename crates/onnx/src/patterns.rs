@@ -141,38 +141,34 @@ fn match_gelu(ix: &Index<'_>, e: usize) -> Option<(Vec<usize>, String, String)> 
     if !near(ix.scalar(one), 1.0) {
         return None;
     }
-    let add_out = ix.out(add)?;
-    let m1 = ix.next(add_out, "Mul")?;
-    let (other, _) = ix.other(m1, add_out)?;
+    let (tail, out) = times_half_x(ix, add, x)?;
+    let mut nodes = vec![scale, e, add];
+    nodes.extend(tail);
+    Some((nodes, x.clone(), out))
+}
+
+/// The end both GELU forms share after their `Add(1)` node `one_add` (whose output is
+/// `1 + erf` or `1 + tanh`): `Mul(x) -> Mul(0.5)`, or a `Mul` by `Mul(x, 0.5)`; its nodes and
+/// the pattern's output.
+fn times_half_x(ix: &Index<'_>, one_add: usize, x: &str) -> Option<(Vec<usize>, String)> {
+    let one_out = ix.out(one_add)?;
+    let m1 = ix.next(one_out, "Mul")?;
+    let (other, _) = ix.other(m1, one_out)?;
     let m1_out = ix.out(m1)?;
     if other == x {
-        // x * (1 + erf) * 0.5
+        // x * (1 + f) * 0.5
         let m2 = ix.next(m1_out, "Mul")?;
         let (half, _) = ix.other(m2, m1_out)?;
-        if !near(ix.scalar(half), 0.5) {
-            return None;
-        }
-        return Some((
-            vec![scale, e, add, m1, m2],
-            x.clone(),
-            ix.out(m2)?.to_string(),
-        ));
+        let out = ix.out(m2)?.to_string();
+        return near(ix.scalar(half), 0.5).then_some((vec![m1, m2], out));
     }
-    // (x * 0.5) * (1 + erf)
+    // (x * 0.5) * (1 + f)
     let half_node = *ix.producer.get(other)?;
-    let hn = ix.node(half_node);
-    if hn.op_type != "Mul" || ix.sole_reader(other) != Some(m1) {
+    if ix.node(half_node).op_type != "Mul" || ix.sole_reader(other) != Some(m1) {
         return None;
     }
     let (half, _) = ix.other(half_node, x)?;
-    if !near(ix.scalar(half), 0.5) {
-        return None;
-    }
-    Some((
-        vec![scale, half_node, e, add, m1],
-        x.clone(),
-        m1_out.to_string(),
-    ))
+    near(ix.scalar(half), 0.5).then(|| (vec![half_node, m1], m1_out.to_string()))
 }
 
 /// GELU's tanh form (GPT-2's `NewGELUActivation`) around the `Tanh` node `t`:
@@ -223,33 +219,11 @@ fn match_gelu_tanh(ix: &Index<'_>, t: usize) -> Option<(Vec<usize>, String, Stri
     if !near(ix.scalar(one), 1.0) || ix.is_const(x) {
         return None;
     }
+    let (tail, out) = times_half_x(ix, one_add, x)?;
     let mut nodes = cube_nodes;
     nodes.extend([cubic, add, scale, t, one_add]);
-    let one_out = ix.out(one_add)?;
-    let m1 = ix.next(one_out, "Mul")?;
-    let (other, _) = ix.other(m1, one_out)?;
-    let m1_out = ix.out(m1)?;
-    if other == x {
-        // x * (1 + tanh) * 0.5
-        let m2 = ix.next(m1_out, "Mul")?;
-        let (half, _) = ix.other(m2, m1_out)?;
-        if !near(ix.scalar(half), 0.5) {
-            return None;
-        }
-        nodes.extend([m1, m2]);
-        return Some((nodes, x.clone(), ix.out(m2)?.to_string()));
-    }
-    // (x * 0.5) * (1 + tanh)
-    let half_node = *ix.producer.get(other)?;
-    if ix.node(half_node).op_type != "Mul" || ix.sole_reader(other) != Some(m1) {
-        return None;
-    }
-    let (half, _) = ix.other(half_node, x)?;
-    if !near(ix.scalar(half), 0.5) {
-        return None;
-    }
-    nodes.extend([half_node, m1]);
-    Some((nodes, x.clone(), m1_out.to_string()))
+    nodes.extend(tail);
+    Some((nodes, x.clone(), out))
 }
 
 /// The nodes computing tensor `t` as `x^3` for their sole reader `reader`: `Pow(x, 3)`, or
