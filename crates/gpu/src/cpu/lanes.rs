@@ -40,7 +40,7 @@ pub fn depthwise(
     let lanes = x.len();
     let [h, w] = win.input;
     let [oh, ow] = win.out;
-    let [rows, cols] = padded(win);
+    let [rows, cols] = win.padded();
     let taps = win.kernel[0] * win.kernel[1];
     let (buf, wt) = scratch.split_at_mut(rows * cols * LANES);
     let wt = &mut wt[..taps * LANES];
@@ -60,8 +60,6 @@ pub fn depthwise(
         }
     });
     let (buf, wt) = (&*buf, &*wt);
-    let mut bias8 = [0.0f32; LANES];
-    bias8[..lanes].copy_from_slice(&bias[..lanes]);
     with_avx2(
         #[inline(always)]
         || {
@@ -79,30 +77,21 @@ pub fn depthwise(
                             }
                         }
                     }
-                    for (l, plane) in y.chunks_mut(oh * ow).enumerate().take(lanes) {
-                        plane[i * ow + j] = acc[l] + bias8[l];
+                    for (plane, &sum) in y.chunks_mut(oh * ow).zip(&acc).take(lanes) {
+                        plane[i * ow + j] = sum;
                     }
                 }
             }
         },
     );
-    for plane in y.chunks_mut(oh * ow).take(lanes) {
-        super::math::bias_act_row(plane, None, act);
+    for (plane, &b) in y.chunks_mut(oh * ow).zip(bias).take(lanes) {
+        super::math::bias_act_row(plane, Some(b), act);
     }
-}
-
-/// Rows and columns of the padded plane: the padding before, the input, and as much after as
-/// the last window reaches.
-fn padded(win: &Windows) -> [usize; 2] {
-    [0, 1].map(|a| {
-        let reach = (win.out[a] - 1) * win.stride[a] + (win.kernel[a] - 1) * win.dilation[a];
-        (win.padding[a] + win.input[a]).max(reach + 1)
-    })
 }
 
 /// Elements of the scratch [`depthwise`] needs for `win`.
 pub fn scratch_len(win: &Windows) -> usize {
-    let [rows, cols] = padded(win);
+    let [rows, cols] = win.padded();
     (rows * cols + win.kernel[0] * win.kernel[1]) * LANES
 }
 

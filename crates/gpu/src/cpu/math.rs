@@ -253,12 +253,12 @@ pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf)
 }
 
-/// `1 / (1 + exp(-x))`, branch-free (vectorises): `exp(-|x|)` by `exp_neg` (0 where it is
-/// below f32's normal range), and `e / (1 + e)` for negative `x`, so that nothing overflows.
+/// `1 / (1 + exp(-x))`, branch-free (vectorises): `exp(-|x|)` by [`exp_nonpositive`] (0
+/// where it is below f32's normal range), and `e / (1 + e)` for negative `x`, so that nothing
+/// overflows.
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
-    let z = x.abs();
-    let e = if z > 87.0 { 0.0 } else { exp_neg(z) };
+    let e = exp_nonpositive(-x.abs());
     let s = 1.0 / (1.0 + e);
     // NaN fails both comparisons and stays NaN.
     if x >= 0.0 {
@@ -700,8 +700,8 @@ mod tests {
 
     /// Every activation `with_act!` writes out agrees with the reference: the clipping family
     /// to the bit, the ones computed through `exp_neg` or the rational tanh within 5e-7 of it
-    /// (relative, below 1e-20 absolute; tanh-GELU's reference cancels where tanh nears -1, so it is measured
-    /// against max(|y|, 1)), and all of them on infinities, NaN and zeros.
+    /// (relative, below 1e-20 absolute; tanh-GELU's reference cancels where tanh nears -1, so
+    /// it is measured against max(|y|, 1)), and all of them on infinities, NaN and zeros.
     #[test]
     fn vectorised_activations_match_the_reference() {
         let exact = [

@@ -31,7 +31,7 @@ pub struct Windows {
 impl Windows {
     /// Rows and columns of the padded plane: the padding before, the input, and as much after
     /// as the last window reaches.
-    fn padded(&self) -> [usize; 2] {
+    pub(crate) fn padded(&self) -> [usize; 2] {
         [0, 1].map(|a| {
             let reach =
                 (self.out[a] - 1) * self.stride[a] + (self.kernel[a] - 1) * self.dilation[a];
