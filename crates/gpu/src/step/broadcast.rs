@@ -7,11 +7,10 @@
 
 use cudarc::driver::PushKernelArg;
 use opsched_graph::{BinaryKind, ElementwiseKind};
-use rayon::prelude::*;
 use serde::Serialize;
 
-use super::{product, Access, Step, StepKernel};
-use crate::cpu::math::with_avx2;
+use super::{merged_axes, product, row_offset, Access, Step, StepKernel};
+use crate::cpu::math::{for_planes, with_avx2};
 use crate::cpu::CpuIo;
 use crate::cuda::nvrtc::{broadcast_params, MAX_RANK};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -263,47 +262,6 @@ pub(crate) fn strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     st
 }
 
-/// Elements a CPU task of [`Broadcast`] takes (whole rows).
-const ROWS_OF: usize = 1 << 14;
-
-/// The result's axes `out`, with each operand's `strides` through them, merged where every
-/// operand steps through two neighbours as through one axis (contiguous in both, or
-/// broadcast along both) and without the axes of length 1: the same elements in fewer,
-/// longer rows (squeeze-and-excitation's `x[n, c, h, w] * gate[n, c, 1, 1]` is `n * c` rows
-/// of `h * w`, not `n * c * h` rows of `w`). At least one axis.
-fn merged_axes<const N: usize>(
-    out: &[usize],
-    strides: [Vec<usize>; N],
-) -> (Vec<usize>, [Vec<usize>; N]) {
-    let mut dims: Vec<usize> = Vec::new();
-    let mut merged: [Vec<usize>; N] = std::array::from_fn(|_| Vec::new());
-    for ax in (0..out.len()).rev() {
-        let d = out[ax];
-        if d == 1 {
-            continue;
-        }
-        if let Some(inner) = dims.last_mut() {
-            let joins =
-                (0..N).all(|k| merged[k].last().map(|&s| s * *inner) == Some(strides[k][ax]));
-            if joins {
-                *inner *= d;
-                continue;
-            }
-        }
-        dims.push(d);
-        for k in 0..N {
-            merged[k].push(strides[k][ax]);
-        }
-    }
-    if dims.is_empty() {
-        dims.push(1);
-        merged.iter_mut().for_each(|m| m.push(0));
-    }
-    dims.reverse();
-    merged.iter_mut().for_each(|m| m.reverse());
-    (dims, merged)
-}
-
 impl BinOp {
     /// `y[j] = a[j * la] op b[j * lb]` over one row, the operation a concrete closure and the
     /// common strides (1, or 0: an operand broadcast along the row) loops that vectorise.
@@ -406,39 +364,23 @@ impl StepKernel for Broadcast {
         if n == 0 {
             return Ok(());
         }
-        // One row per index of the leading axes; the last axis is the inner loop. A task
-        // takes whole rows, about ROWS_OF elements.
+        // One row per index of the leading axes; the last axis is the inner loop.
         let rank = dims.len();
         let last = dims[rank - 1];
         let (la, lb, lc) = (sa[rank - 1], sb[rank - 1], sc[rank - 1]);
-        let rows_per = ROWS_OF.div_ceil(last);
-        let offsets = |row: usize| {
-            let (mut oa, mut ob, mut oc, mut r) = (0, 0, 0, row);
-            for ax in (0..rank - 1).rev() {
-                let i = r % dims[ax];
-                r /= dims[ax];
-                oa += i * sa[ax];
-                ob += i * sb[ax];
-                oc += i * sc[ax];
-            }
-            (oa, ob, oc)
-        };
-        y.par_chunks_mut(rows_per * last)
-            .enumerate()
-            .for_each(|(t, rows)| {
-                for (i, yr) in rows.chunks_mut(last).enumerate() {
-                    let (oa, ob, oc) = offsets(t * rows_per + i);
-                    match c {
-                        Some(c) => {
-                            for (j, v) in yr.iter_mut().enumerate() {
-                                let (x, y) = (a[oa + j * la], b[ob + j * lb]);
-                                *v = opsched_graph::op::select(c[oc + j * lc], x, y);
-                            }
-                        }
-                        None => self.op.row(yr, &a[oa..], la, &b[ob..], lb),
+        for_planes(y, last, last, |row, yr| {
+            let (oa, ob) = (row_offset(row, &dims, &sa), row_offset(row, &dims, &sb));
+            match c {
+                Some(c) => {
+                    let oc = row_offset(row, &dims, &sc);
+                    for (j, v) in yr.iter_mut().enumerate() {
+                        let (x, y) = (a[oa + j * la], b[ob + j * lb]);
+                        *v = opsched_graph::op::select(c[oc + j * lc], x, y);
                     }
                 }
-            });
+                None => self.op.row(yr, &a[oa..], la, &b[ob..], lb),
+            }
+        });
         Ok(())
     }
 

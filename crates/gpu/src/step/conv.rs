@@ -998,8 +998,8 @@ impl Conv {
     }
 
     /// [`Conv::depthwise`] with one filter per channel on small planes: [`lanes::LANES`]
-    /// planes at a time, interleaved ([`lanes::depthwise`]), groups of them in tasks of about
-    /// 16K elements of work.
+    /// planes at a time, interleaved ([`lanes::depthwise`]), groups of them in tasks
+    /// ([`for_planes`]).
     fn depthwise_lanes(
         &self,
         win: &Windows,
@@ -1015,43 +1015,26 @@ impl Conv {
             self.kernel[0] * self.kernel[1],
             self.out_hw[0] * self.out_hw[1],
         );
-        let group = LANES * cols;
-        let per_task = (1usize << 14)
-            .div_ceil(LANES * (cols * taps + h * wd))
-            .max(1);
         let scratch = lanes::scratch_len(win);
-        y.par_chunks_mut(per_task * group)
-            .enumerate()
-            .for_each(|(k, ys)| {
-                with_scratch(scratch, |buf| {
-                    for (g, yg) in ys.chunks_mut(group).enumerate() {
-                        // Planes t0.. of the batch: image t / c, channel t % c.
-                        let t0 = (k * per_task + g) * LANES;
-                        let n = yg.len() / cols;
-                        let mut xs: [&[f32]; LANES] = [&[]; LANES];
-                        let mut fs: [&[f32]; LANES] = [&[]; LANES];
-                        let (mut bs, mut ibs) = ([0.0f32; LANES], [0.0f32; LANES]);
-                        for l in 0..n {
-                            let (t, ch) = (t0 + l, (t0 + l) % c);
-                            xs[l] = &x[t * h * wd..(t + 1) * h * wd];
-                            fs[l] = &w[ch * taps..(ch + 1) * taps];
-                            bs[l] = bias.map_or(0.0, |b| b[ch]);
-                            ibs[l] = in_bias.map_or(0.0, |b| b[ch]);
-                        }
-                        lanes::depthwise(
-                            win,
-                            &xs[..n],
-                            &fs[..n],
-                            &bs,
-                            &ibs,
-                            self.pre_act,
-                            self.act,
-                            buf,
-                            yg,
-                        );
-                    }
-                })
-            });
+        let work = LANES * (cols * taps + h * wd);
+        for_planes(y, LANES * cols, work, |g, yg| {
+            // Planes t0.. of the batch: image t / c, channel t % c.
+            let (t0, n) = (g * LANES, yg.len() / cols);
+            let mut xs: [&[f32]; LANES] = [&[]; LANES];
+            let mut fs: [&[f32]; LANES] = [&[]; LANES];
+            let (mut bs, mut ibs) = ([0.0f32; LANES], [0.0f32; LANES]);
+            for l in 0..n {
+                let (t, ch) = (t0 + l, (t0 + l) % c);
+                xs[l] = &x[t * h * wd..(t + 1) * h * wd];
+                fs[l] = &w[ch * taps..(ch + 1) * taps];
+                bs[l] = bias.map_or(0.0, |b| b[ch]);
+                ibs[l] = in_bias.map_or(0.0, |b| b[ch]);
+            }
+            with_scratch(scratch, |buf| {
+                let (xs, fs) = (&xs[..n], &fs[..n]);
+                lanes::depthwise(win, xs, fs, &bs, &ibs, self.pre_act, self.act, buf, yg)
+            })
+        });
         Ok(())
     }
 

@@ -5,11 +5,10 @@
 #![allow(unsafe_code)]
 
 use cudarc::driver::PushKernelArg;
-use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
-use crate::cpu::math::with_scratch;
+use crate::cpu::math::{for_planes, with_scratch};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::as_i64;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -78,25 +77,25 @@ impl StepKernel for CumSum {
         if len == 0 {
             return Ok(());
         }
-        // One outer index a task: a row of `inner` running sums, added row after row.
-        y.par_chunks_mut(n * inner)
-            .zip(x.par_chunks(n * inner))
-            .for_each(|(yo, xo)| {
-                with_scratch(inner, |sums| {
-                    sums.fill(0.0);
-                    for step in 0..n {
-                        let r = if self.reverse { n - 1 - step } else { step };
-                        let (xr, yr) = (&xo[r * inner..][..inner], &mut yo[r * inner..][..inner]);
-                        if self.exclusive {
-                            yr.copy_from_slice(sums);
-                        }
-                        sums.iter_mut().zip(xr).for_each(|(s, &v)| *s += v);
-                        if !self.exclusive {
-                            yr.copy_from_slice(sums);
-                        }
+        // Per outer index, a row of `inner` running sums, added row after row.
+        let block = n * inner;
+        for_planes(y, block, block, |o, yo| {
+            let xo = &x[o * block..(o + 1) * block];
+            with_scratch(inner, |sums| {
+                sums.fill(0.0);
+                for step in 0..n {
+                    let r = if self.reverse { n - 1 - step } else { step };
+                    let (xr, yr) = (&xo[r * inner..][..inner], &mut yo[r * inner..][..inner]);
+                    if self.exclusive {
+                        yr.copy_from_slice(sums);
                     }
-                })
-            });
+                    sums.iter_mut().zip(xr).for_each(|(s, &v)| *s += v);
+                    if !self.exclusive {
+                        yr.copy_from_slice(sums);
+                    }
+                }
+            })
+        });
         Ok(())
     }
 

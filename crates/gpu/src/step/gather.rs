@@ -11,6 +11,7 @@ use opsched_graph::op::table_row;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::broadcast::strides;
 use super::{product, Access, Step, StepKernel};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::as_i64;
@@ -67,17 +68,6 @@ pub(crate) fn lower(
     Ok(())
 }
 
-impl GatherElements {
-    /// The data's row-major strides.
-    fn strides(&self) -> Vec<usize> {
-        let mut st = vec![1; self.data.len()];
-        for a in (0..self.data.len().saturating_sub(1)).rev() {
-            st[a] = st[a + 1] * self.data[a + 1];
-        }
-        st
-    }
-}
-
 /// Output elements a CPU task takes.
 const CHUNK: usize = 1 << 14;
 
@@ -99,7 +89,11 @@ impl StepKernel for GatherElements {
         let x = &io.read(self.x)?[..self.data.iter().product()];
         let idx = &io.read(self.idx)?[..total];
         let y = &mut io.write(self.y)?[..total];
-        let (strides, n, axis) = (self.strides(), self.data[self.axis], self.axis);
+        let (strides, n, axis) = (
+            strides(&self.data, &self.data),
+            self.data[self.axis],
+            self.axis,
+        );
         y.par_chunks_mut(CHUNK).enumerate().try_for_each(|(c, ys)| {
             for (k, v) in ys.iter_mut().enumerate() {
                 let t = c * CHUNK + k;
@@ -138,7 +132,7 @@ impl StepKernel for GatherElements {
             axis: self.axis as i32,
             n: as_i64(self.data[self.axis], "a gathered axis")?,
             dims: dims6(&self.out, 1).ok_or_else(too_many)?,
-            strides: dims6(&self.strides(), 0).ok_or_else(too_many)?,
+            strides: dims6(&strides(&self.data, &self.data), 0).ok_or_else(too_many)?,
         }))
     }
 

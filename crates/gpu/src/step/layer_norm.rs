@@ -3,11 +3,10 @@
 #![allow(unsafe_code)]
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::{sum, sum_of, with_avx2};
+use crate::cpu::math::{for_planes, sum, sum_of, with_avx2};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::c_int;
 use crate::cuda::nvrtc::layer_norm_block;
@@ -55,9 +54,6 @@ pub(crate) fn lower(
     Ok(())
 }
 
-/// Elements of whole rows a CPU task takes.
-const ROWS_OF: usize = 1 << 14;
-
 impl StepKernel for LayerNorm {
     fn kind(&self) -> &'static str {
         "layer_norm"
@@ -81,27 +77,22 @@ impl StepKernel for LayerNorm {
         let beta = io.read(self.beta)?;
         let y = &mut io.write(self.y)?[..self.rows * dim];
         let (x, gamma, beta) = (&x[..self.rows * dim], &gamma[..dim], &beta[..dim]);
-        // Whole rows a task, about ROWS_OF elements; each row's sums in vectorised partial
-        // sums, its normalisation one vectorised pass.
-        let rows = ROWS_OF.div_ceil(dim);
-        y.par_chunks_mut(rows * dim)
-            .zip(x.par_chunks(rows * dim))
-            .for_each(|(ys, xs)| {
-                for (yr, xr) in ys.chunks_mut(dim).zip(xs.chunks(dim)) {
-                    let mean = sum(xr) / dim as f32;
-                    let var = sum_of(xr, |v| (v - mean) * (v - mean)) / dim as f32;
-                    let inv = 1.0 / (var + self.eps).sqrt();
-                    with_avx2(
-                        #[inline(always)]
-                        || {
-                            let scale = gamma.iter().zip(beta);
-                            for ((o, &v), (&g, &b)) in yr.iter_mut().zip(xr).zip(scale) {
-                                *o = (v - mean) * inv * g + b;
-                            }
-                        },
-                    );
-                }
-            });
+        // A row's sums in vectorised partial sums, its normalisation one vectorised pass.
+        for_planes(y, dim, dim, |r, yr| {
+            let xr = &x[r * dim..(r + 1) * dim];
+            let mean = sum(xr) / dim as f32;
+            let var = sum_of(xr, |v| (v - mean) * (v - mean)) / dim as f32;
+            let inv = 1.0 / (var + self.eps).sqrt();
+            with_avx2(
+                #[inline(always)]
+                || {
+                    let scale = gamma.iter().zip(beta);
+                    for ((o, &v), (&g, &b)) in yr.iter_mut().zip(xr).zip(scale) {
+                        *o = (v - mean) * inv * g + b;
+                    }
+                },
+            );
+        });
         Ok(())
     }
 

@@ -149,6 +149,56 @@ impl Step {
     }
 }
 
+/// The result's axes `out`, with each operand's `strides` through them, merged where every
+/// operand steps through two neighbours as through one axis (contiguous in both, or
+/// broadcast along both) and without the axes of length 1: the same elements in fewer,
+/// longer rows (a broadcast's `x[n, c, h, w] * gate[n, c, 1, 1]` is `n * c` rows of `h * w`,
+/// not `n * c * h` rows of `w`; a transpose of `[n, c, h, w]` to `[n, h, w, c]` reads
+/// `[h * w, c]` from `[c, h * w]`). At least one axis.
+pub(crate) fn merged_axes<const N: usize>(
+    out: &[usize],
+    strides: [Vec<usize>; N],
+) -> (Vec<usize>, [Vec<usize>; N]) {
+    let mut dims: Vec<usize> = Vec::new();
+    let mut merged: [Vec<usize>; N] = std::array::from_fn(|_| Vec::new());
+    for ax in (0..out.len()).rev() {
+        let d = out[ax];
+        if d == 1 {
+            continue;
+        }
+        if let Some(inner) = dims.last_mut() {
+            let joins =
+                (0..N).all(|k| merged[k].last().map(|&s| s * *inner) == Some(strides[k][ax]));
+            if joins {
+                *inner *= d;
+                continue;
+            }
+        }
+        dims.push(d);
+        for k in 0..N {
+            merged[k].push(strides[k][ax]);
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        merged.iter_mut().for_each(|m| m.push(0));
+    }
+    dims.reverse();
+    merged.iter_mut().for_each(|m| m.reverse());
+    (dims, merged)
+}
+
+/// The offset by `strides` (one per axis of `dims`) of row `row` of `dims`: the rows are the
+/// indices of every axis but the last, the last axis fastest.
+pub(crate) fn row_offset(row: usize, dims: &[usize], strides: &[usize]) -> usize {
+    let (mut rem, mut at) = (row, 0);
+    for ax in (0..dims.len().saturating_sub(1)).rev() {
+        at += (rem % dims[ax]) * strides[ax];
+        rem /= dims[ax];
+    }
+    at
+}
+
 /// `a * b * ...` of sizes, or an error naming `what` on overflow.
 pub(crate) fn product(dims: &[usize], what: &str) -> Result<usize, GpuError> {
     dims.iter().try_fold(1usize, |acc, &d| {

@@ -6,11 +6,10 @@
 
 use cudarc::driver::PushKernelArg;
 use opsched_graph::ReduceKind;
-use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
-use crate::cpu::math::with_scratch;
+use crate::cpu::math::{for_planes, with_scratch};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::as_i64;
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -75,51 +74,49 @@ impl StepKernel for Reduce {
         if y.is_empty() {
             return Ok(());
         }
-        // Outer indices in tasks of about 16K elements read; each one's rows of `inner`
-        // elements accumulated in order (an index kind keeps its best values in scratch and
-        // their rows in y).
-        let per = (1usize << 14).div_ceil(red * inner);
-        y.par_chunks_mut(per * inner)
-            .zip(x.par_chunks(per * red * inner))
-            .flat_map_iter(|(ys, xs)| ys.chunks_mut(inner).zip(xs.chunks(red * inner)))
-            .for_each(|(yo, xo)| {
-                if kind.is_index() {
-                    return with_scratch(inner, |best| {
-                        best.fill(kind.start());
-                        yo.fill(0.0);
-                        for (r, row) in xo.chunks(inner).enumerate() {
-                            for ((b, at), &v) in best.iter_mut().zip(yo.iter_mut()).zip(row) {
-                                if kind.replaces(v, *b) {
-                                    (*b, *at) = (v, r as f32);
-                                }
+        // Each outer index's rows of `inner` elements accumulated in order (an index kind
+        // keeps its best values in scratch and their rows in y), outer indices grouped into
+        // tasks by the elements they read.
+        let block = red * inner;
+        for_planes(y, inner, block, |o, yo| {
+            let xo = &x[o * block..(o + 1) * block];
+            if kind.is_index() {
+                return with_scratch(inner, |best| {
+                    best.fill(kind.start());
+                    yo.fill(0.0);
+                    for (r, row) in xo.chunks(inner).enumerate() {
+                        for ((b, at), &v) in best.iter_mut().zip(yo.iter_mut()).zip(row) {
+                            if kind.replaces(v, *b) {
+                                (*b, *at) = (v, r as f32);
                             }
                         }
-                    });
-                }
-                yo.fill(kind.start());
-                for row in xo.chunks(inner) {
-                    for (a, &v) in yo.iter_mut().zip(row) {
-                        *a = kind.step(*a, v);
                     }
+                });
+            }
+            yo.fill(kind.start());
+            for row in xo.chunks(inner) {
+                for (a, &v) in yo.iter_mut().zip(row) {
+                    *a = kind.step(*a, v);
                 }
-                if kind == ReduceKind::LogSumExp {
-                    // The second pass: the exponentials shifted by each output's maximum.
-                    return with_scratch(inner, |sums| {
-                        sums.fill(0.0);
-                        for row in xo.chunks(inner) {
-                            for ((s, &m), &v) in sums.iter_mut().zip(yo.iter()).zip(row) {
-                                *s += (v - m).exp();
-                            }
+            }
+            if kind == ReduceKind::LogSumExp {
+                // The second pass: the exponentials shifted by each output's maximum.
+                return with_scratch(inner, |sums| {
+                    sums.fill(0.0);
+                    for row in xo.chunks(inner) {
+                        for ((s, &m), &v) in sums.iter_mut().zip(yo.iter()).zip(row) {
+                            *s += (v - m).exp();
                         }
-                        for (a, &s) in yo.iter_mut().zip(sums.iter()) {
-                            *a = ReduceKind::log_sum_exp(*a, s);
-                        }
-                    });
-                }
-                for a in yo.iter_mut() {
-                    *a = kind.finish(*a, red);
-                }
-            });
+                    }
+                    for (a, &s) in yo.iter_mut().zip(sums.iter()) {
+                        *a = ReduceKind::log_sum_exp(*a, s);
+                    }
+                });
+            }
+            for a in yo.iter_mut() {
+                *a = kind.finish(*a, red);
+            }
+        });
         Ok(())
     }
 

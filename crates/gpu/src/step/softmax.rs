@@ -9,11 +9,10 @@ use std::ffi::c_void;
 
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::PushKernelArg;
-use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::{exp_nonpositive, max_of, sum, with_avx2, with_scratch};
+use crate::cpu::math::{exp_nonpositive, for_planes, max_of, sum, with_avx2, with_scratch};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, tensor4, TensorDesc};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -62,9 +61,6 @@ pub(crate) fn lower(
     );
     Ok(())
 }
-
-/// Elements of contiguous rows a CPU task takes (whole rows).
-const ROWS_OF: usize = 1 << 14;
 
 /// Softmax (or log-softmax) of one contiguous row `x` into `y`: the maximum, `exp(x - max)`,
 /// their sum in sixteen partial sums, then the quotients (or `x - max - ln(sum)`), each a
@@ -151,26 +147,19 @@ impl StepKernel for Softmax {
         let y = &mut io.write(self.y)?[..self.outer * block];
         if inner == 1 {
             // Contiguous rows (attention scores, logits): each row in vectorised passes.
-            let rows = ROWS_OF.div_ceil(dim);
-            y.par_chunks_mut(rows * dim)
-                .zip(x.par_chunks(rows * dim))
-                .for_each(|(ys, xs)| {
-                    for (yr, xr) in ys.chunks_mut(dim).zip(xs.chunks(dim)) {
-                        softmax_row(xr, yr, self.log);
-                    }
-                });
+            for_planes(y, dim, dim, |r, yr| {
+                softmax_row(&x[r * dim..(r + 1) * dim], yr, self.log)
+            });
             return Ok(());
         }
         // Rows `inner` apart (channels): the maxima, sums and results of a block's `inner`
         // lines computed a row of them at a time.
-        y.par_chunks_mut(block)
-            .zip(x.par_chunks(block))
-            .for_each(|(yb, xb)| {
-                with_scratch(2 * inner, |scratch| {
-                    let (m, s) = scratch.split_at_mut(inner);
-                    softmax_lines(xb, yb, m, s, self.log)
-                })
-            });
+        for_planes(y, block, block, |o, yb| {
+            with_scratch(2 * inner, |scratch| {
+                let (m, s) = scratch.split_at_mut(inner);
+                softmax_lines(&x[o * block..(o + 1) * block], yb, m, s, self.log)
+            })
+        });
         Ok(())
     }
 

@@ -2,10 +2,11 @@
 #![allow(unsafe_code)]
 
 use cudarc::driver::PushKernelArg;
-use rayon::prelude::*;
 use serde::Serialize;
 
-use super::{Access, Step, StepKernel};
+use super::broadcast::strides;
+use super::{merged_axes, row_offset, Access, Step, StepKernel};
+use crate::cpu::math::for_planes;
 use crate::cpu::CpuIo;
 use crate::cuda::nvrtc::{permute_params, MAX_RANK};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -53,115 +54,69 @@ pub(crate) fn lower(
 
 /// `y = permute(x)` on the host, `x` dense in `shape`: the CPU kernel of [`Transpose`] (and of
 /// the channels-last conversions, `crate::program::nchw_to_nhwc`). The axes are first merged
-/// where neighbours stay neighbours ([`merged_axes`]); then whole runs are copied where the
+/// where neighbours stay neighbours ([`permuted_axes`]); then whole runs are copied where the
 /// last axis stays last (Swin's windows), blocks of [`TILE`] x [`TILE`] are transposed where the
 /// last input axis comes second to last (NCHW to NHWC and back, a matrix's transpose), and
-/// anything else is walked element by element; in parallel over the output's rows.
+/// anything else is walked element by element; the output's rows grouped into tasks
+/// ([`for_planes`]).
 pub(crate) fn permute_into(x: &[f32], shape: &[usize], perm: &[usize], y: &mut [f32]) {
     let total: usize = shape.iter().product();
     if total == 0 {
         return;
     }
-    let (dims, strides) = merged_axes(shape, perm);
+    let (dims, strides) = permuted_axes(shape, perm);
     let (x, y) = (&x[..total], &mut y[..total]);
     let r = dims.len();
     let cols = dims[r - 1];
     // The input offset of output row `row` (every output axis but the last).
-    let row_start = |row: usize| {
-        let (mut rem, mut src) = (row, 0);
-        for d in (0..r - 1).rev() {
-            src += (rem % dims[d]) * strides[d];
-            rem /= dims[d];
-        }
-        src
-    };
-    let rows_per = ROWS_OF.div_ceil(cols);
-    if strides[r - 1] == 1 {
-        y.par_chunks_mut(rows_per * cols)
-            .enumerate()
-            .for_each(|(t, ys)| {
-                for (i, yr) in ys.chunks_mut(cols).enumerate() {
-                    let src = row_start(t * rows_per + i);
-                    yr.copy_from_slice(&x[src..src + cols]);
-                }
-            });
+    let row_start = |row: usize| row_offset(row, &dims, &strides);
+    let s = strides[r - 1];
+    if s == 1 {
+        for_planes(y, cols, cols, |row, yr| {
+            let src = row_start(row);
+            yr.copy_from_slice(&x[src..src + cols]);
+        });
         return;
     }
     if r >= 2 && strides[r - 2] == 1 {
-        // Output rows are input columns: TILE rows at a time, TILE columns of them at a time,
+        // Output rows are input columns: bands of TILE rows, TILE columns of them at a time,
         // so that both the rows written and the input rows read stay in cache.
-        let s = strides[r - 1];
-        let rows_per = rows_per.next_multiple_of(TILE);
-        y.par_chunks_mut(rows_per * cols)
-            .enumerate()
-            .for_each(|(t, ys)| {
-                for (k, band) in ys.chunks_mut(TILE * cols).enumerate() {
-                    let first = t * rows_per + k * TILE;
-                    let starts: Vec<usize> = (0..band.len() / cols)
-                        .map(|i| row_start(first + i))
-                        .collect();
-                    for c0 in (0..cols).step_by(TILE) {
-                        let c1 = (c0 + TILE).min(cols);
-                        for (yr, &src) in band.chunks_mut(cols).zip(&starts) {
-                            for (c, v) in yr[c0..c1].iter_mut().enumerate() {
-                                *v = x[src + (c0 + c) * s];
-                            }
-                        }
+        for_planes(y, TILE * cols, TILE * cols, |k, band| {
+            let mut starts = [0; TILE];
+            for (i, start) in starts.iter_mut().enumerate().take(band.len() / cols) {
+                *start = row_start(k * TILE + i);
+            }
+            for c0 in (0..cols).step_by(TILE) {
+                let c1 = (c0 + TILE).min(cols);
+                for (yr, &src) in band.chunks_mut(cols).zip(&starts) {
+                    for (c, v) in yr[c0..c1].iter_mut().enumerate() {
+                        *v = x[src + (c0 + c) * s];
                     }
-                }
-            });
-        return;
-    }
-    y.par_chunks_mut(rows_per * cols)
-        .enumerate()
-        .for_each(|(t, ys)| {
-            for (i, yr) in ys.chunks_mut(cols).enumerate() {
-                let src = row_start(t * rows_per + i);
-                for (c, v) in yr.iter_mut().enumerate() {
-                    *v = x[src + c * strides[r - 1]];
                 }
             }
         });
+        return;
+    }
+    for_planes(y, cols, cols, |row, yr| {
+        let src = row_start(row);
+        for (c, v) in yr.iter_mut().enumerate() {
+            *v = x[src + c * s];
+        }
+    });
 }
 
-/// Elements of whole output rows a CPU task of [`permute_into`] takes.
-const ROWS_OF: usize = 1 << 14;
+/// The output's axes of `permute(x)` (`x` dense in `shape`), each with its stride in `x`,
+/// merged where neighbours stay neighbours in `x` too ([`merged_axes`]: a `[n, c, h, w]` to
+/// `[n, h, w, c]` permutation is a transpose of `[c, h * w]` per image); at least one axis.
+fn permuted_axes(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let in_strides = strides(shape, shape);
+    let dims: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let (dims, [strides]) = merged_axes(&dims, [perm.iter().map(|&p| in_strides[p]).collect()]);
+    (dims, strides)
+}
 
 /// The side of [`permute_into`]'s blocks.
 const TILE: usize = 16;
-
-/// The output's axes of `permute(x)` (`x` dense in `shape`) with each one's stride in `x`,
-/// without the axes of length 1 and with neighbours merged where they are neighbours in `x`
-/// too, in the same order (a `[n, c, h, w]` to `[n, h, w, c]` permutation is a transpose of
-/// `[c, h * w]` per image); at least one axis.
-fn merged_axes(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
-    let mut in_strides = vec![1usize; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        in_strides[i] = in_strides[i + 1] * shape[i + 1];
-    }
-    let (mut dims, mut strides): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
-    for &p in perm {
-        let (d, s) = (shape[p], in_strides[p]);
-        if d == 1 {
-            continue;
-        }
-        match (dims.last_mut(), strides.last_mut()) {
-            // The previous output axis steps over this one's whole extent in x: one axis.
-            (Some(pd), Some(ps)) if *ps == s * d => {
-                *pd *= d;
-                *ps = s;
-            }
-            _ => {
-                dims.push(d);
-                strides.push(s);
-            }
-        }
-    }
-    if dims.is_empty() {
-        return (vec![1], vec![1]);
-    }
-    (dims, strides)
-}
 
 impl Transpose {
     /// `y = permute(x)` of `x` in `in_shape`.
@@ -292,7 +247,7 @@ mod tests {
         check(&[1, 4, 7, 4, 7, 24], &[0, 1, 3, 2, 4, 5]);
         check(&[9, 10, 11, 12], &[3, 2, 1, 0]);
         assert_eq!(
-            merged_axes(&[1, 96, 56, 56], &[0, 2, 3, 1]),
+            permuted_axes(&[1, 96, 56, 56], &[0, 2, 3, 1]),
             (vec![3136, 96], vec![1, 3136])
         );
     }
