@@ -128,6 +128,10 @@ pub fn sgemm_scaled(
     if !(rows_apart && (n == 1 || csc > 0) || cols_apart && (m == 1 || rsc > 0)) {
         return fail("C's strides alias");
     }
+    if n == 1 && a.cs == 1 && (k == 1 || b.rs == 1) {
+        matrix_vector(a, &b.data[..k], |i, v| c[i * rsc] = alpha * v);
+        return Ok(());
+    }
     // SAFETY: every element the call touches lies inside its slice (the reach checks above:
     // the largest index of each view is below its length), C's strides do not alias (checked),
     // C is borrowed mutably and A, B immutably for the whole call.
@@ -170,6 +174,60 @@ unsafe fn raw_product(a: Mat<'_>, b: Mat<'_>, c: *mut f32, [rsc, csc]: [usize; 2
             gemm::Parallelism::None,
         )
     }
+}
+
+/// `out(i, row i of a . x)` for every row of `a`, whose rows are contiguous (`a.cs == 1`),
+/// four rows at a time in sixteen partial sums each (as [`sum`] adds): a matrix-vector
+/// product streams the matrix once, so its speed is the memory's, where `gemm` packs it.
+fn matrix_vector(a: Mat<'_>, x: &[f32], mut out: impl FnMut(usize, f32)) {
+    const LANES: usize = 16;
+    let k = x.len();
+    let row = |i: usize| &a.data[i * a.rs..i * a.rs + k];
+    let fold = |mut lanes: [f32; LANES], rest: f32| {
+        let mut width = LANES;
+        while width > 1 {
+            width /= 2;
+            let (lo, hi) = lanes.split_at_mut(width);
+            lo.iter_mut().zip(&hi[..width]).for_each(|(l, &h)| *l += h);
+        }
+        lanes[0] + rest
+    };
+    let whole = k - k % LANES;
+    with_avx2(
+        #[inline(always)]
+        || {
+            let mut i = 0;
+            while i + 4 <= a.rows {
+                let rows = [row(i), row(i + 1), row(i + 2), row(i + 3)];
+                let mut lanes = [[0.0f32; LANES]; 4];
+                for j in (0..whole).step_by(LANES) {
+                    let xs = &x[j..j + LANES];
+                    for (l, r) in lanes.iter_mut().zip(&rows) {
+                        let rs = &r[j..j + LANES];
+                        for t in 0..LANES {
+                            l[t] += rs[t] * xs[t];
+                        }
+                    }
+                }
+                for (d, (l, r)) in lanes.into_iter().zip(&rows).enumerate() {
+                    let rest = (whole..k).fold(0.0, |s, j| s + r[j] * x[j]);
+                    out(i + d, fold(l, rest));
+                }
+                i += 4;
+            }
+            for i in i..a.rows {
+                let r = row(i);
+                let mut l = [0.0f32; LANES];
+                for j in (0..whole).step_by(LANES) {
+                    for t in 0..LANES {
+                        l[t] += r[j + t] * x[j + t];
+                    }
+                }
+                let rest = (whole..k).fold(0.0, |s, j| s + r[j] * x[j]);
+                out(i, fold(l, rest));
+            }
+        },
+    )
 }
 
 /// `act(., a)` as a concrete closure bound to `$f` in `$body`, straight-line code the
@@ -799,6 +857,34 @@ mod tests {
             for j in 0..n {
                 assert_eq!(c3[i + j * m], want[i * n + j]);
             }
+        }
+    }
+
+    #[test]
+    fn a_matrix_times_a_vector_matches_the_product_in_f64() {
+        // Every remainder of the four-row and sixteen-lane blocks, rows apart by more than
+        // their length, C strided and scaled.
+        for (m, k) in [(1, 1), (3, 15), (4, 16), (5, 17), (9, 100), (13, 33)] {
+            let lda = k + 3;
+            let a: Vec<f32> = (0..m * lda).map(|v| ((v * 7) % 11) as f32 - 5.0).collect();
+            let x: Vec<f32> = (0..k).map(|v| ((v * 5) % 9) as f32 * 0.25 - 1.0).collect();
+            let mut c = vec![f32::NAN; 2 * m];
+            let av = Mat::strided(&a, m, k, lda, 1);
+            sgemm_scaled(av, Mat::row_major(&x, k, 1), &mut c, [2, 1], 0.5).unwrap();
+            for i in 0..m {
+                let want: f64 = (0..k).map(|p| a[i * lda + p] as f64 * x[p] as f64).sum();
+                let got = c[2 * i] as f64;
+                assert!(
+                    (got - 0.5 * want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{m}x{k} row {i}"
+                );
+                assert!(c[2 * i + 1].is_nan(), "wrote between rows");
+            }
+            // A row's value does not depend on the rows beside it (blocks of four or one).
+            let mut one = [f32::NAN];
+            let last = Mat::strided(&a[(m - 1) * lda..], 1, k, lda, 1);
+            sgemm(last, Mat::row_major(&x, k, 1), &mut one).unwrap();
+            assert_eq!(0.5 * one[0], c[2 * (m - 1)], "{m}x{k}");
         }
     }
 

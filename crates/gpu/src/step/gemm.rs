@@ -704,12 +704,13 @@ impl Gemm {
     /// For the CPU device: this product reading op(A) from `packed` (its `values` repacked
     /// column-major, `m` apart) where op(A) is a constant stored row-major (a linear layer's
     /// `[out, in]` weights), so that `gemm` packs it with vector copies instead of gathering
-    /// it element by element on every run (2/3 of BERT's time); `None` for other products.
+    /// it element by element on every run (2/3 of BERT's time); `None` for other products,
+    /// and for one column (one token): a matrix-vector product reads the rows where they are.
     pub(crate) fn packed_cpu(&self, values: &[f32]) -> Option<(Gemm, Vec<f32>)> {
         // Small weights are multiplied unpacked (`gemm` takes another path for them, which
         // would give other bits).
         let big = self.m * self.k >= 1 << 12;
-        if !big || !self.trans_a || self.batch != 1 || self.outer != 1 {
+        if !big || self.n == 1 || !self.trans_a || self.batch != 1 || self.outer != 1 {
             return None;
         }
         let reach = (self.m - 1) * self.lda + self.k;
@@ -1470,6 +1471,38 @@ mod over_runs_tests {
             assert!(batched.packed_cpu(&w).is_none());
             let small = Gemm { m: 7, k: 5, ..g };
             assert!(small.packed_cpu(&w).is_none());
+        }
+    }
+
+    /// One token through a linear layer large enough to be split into blocks of rows: the
+    /// weights read where they lie (not repacked), each output a dot product within rounding
+    /// of the one in `f64`, the same bits on one thread as on three.
+    #[test]
+    fn one_token_reads_the_weights_in_place() {
+        let (inp, out) = (2051usize, 517usize);
+        let w = crate::program::uniform(5, out * inp, -1.0, 1.0);
+        let x = crate::program::uniform(6, inp, -1.0, 1.0);
+        let g = Gemm::linear(1, 0, 2, [out, 1, inp]);
+        assert!(g.packed_cpu(&w).is_none());
+        let on = |threads: usize| {
+            let mut c = vec![f32::NAN; out];
+            let reads = vec![(0, &x[..]), (1, &w[..])];
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+            pool.unwrap()
+                .install(|| g.product_cpu(&mut CpuIo::of(reads, vec![(2, &mut c[..])]), None))
+                .unwrap();
+            c
+        };
+        let c = on(3);
+        assert_eq!(c, on(1));
+        for (i, got) in c.iter().enumerate() {
+            let dot: f64 = (0..inp)
+                .map(|q| f64::from(w[i * inp + q]) * f64::from(x[q]))
+                .sum();
+            assert!(
+                (f64::from(*got) - dot).abs() <= 1e-5 * inp as f64,
+                "row {i}"
+            );
         }
     }
 }
