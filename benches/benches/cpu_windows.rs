@@ -3,7 +3,8 @@
 //! and GoogLeNet's and NASNet's poolings (3x3 max, stride 2 and 1; a 7x7 plane's rows run
 //! stitched into one; 2x2 stride 2 on a 14x14 plane, row by row); and the direct
 //! convolution over padded planes (`opsched_gpu::cpu::direct`, on rayon's pool) with
-//! GoogLeNet's 3x3 convolutions on 14x14 and 7x7 and Inception-v3's 3x1 on 8x8; the bias +
+//! GoogLeNet's 3x3 convolutions on 14x14 and 7x7, Inception-v3's 3x1 on 8x8, AlexNet's on
+//! 13x13 and ResNet-18's four stages (56x56 to 7x7, im2col's there from 28x28); the bias +
 //! activation epilogue (`cpu_activations`); and eight small depthwise planes by the window
 //! loops and interleaved (`cpu_small_depthwise`, `opsched_gpu::cpu::lanes`).
 //!
@@ -13,7 +14,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use opsched::gpu::cpu::direct::{Direct, SLACK};
+use opsched::gpu::cpu::direct::{self, Direct};
 use opsched::gpu::cpu::lanes;
 use opsched::gpu::cpu::math::bias_act_row;
 use opsched::gpu::cpu::window::{pad_input, Windows};
@@ -74,6 +75,11 @@ fn kernels(c: &mut Criterion) {
         (160, 14, 320, 3, 3),
         (192, 7, 384, 3, 3),
         (384, 8, 384, 3, 1),
+        (384, 13, 256, 3, 3),
+        (64, 56, 64, 3, 3),
+        (128, 28, 128, 3, 3),
+        (256, 14, 256, 3, 3),
+        (512, 7, 512, 3, 3),
     ] {
         let win = Windows {
             input: [side, side],
@@ -84,7 +90,7 @@ fn kernels(c: &mut Criterion) {
             out: [side, side],
         };
         let len = win.scratch_len();
-        let mut planes = vec![0.0; c * len + SLACK];
+        let mut planes = vec![0.0; c * len];
         let x = plane(side * side);
         for buf in planes.chunks_mut(len).take(c) {
             pad_input(&win, &x, None, Activation::None, buf);
@@ -95,10 +101,11 @@ fn kernels(c: &mut Criterion) {
             taps: win.taps(),
             out: win.out,
         };
-        let (w, bias) = (plane(oc * c * kh * kw), plane(oc));
+        let panels = direct::pack(&plane(oc * c * kh * kw), oc, c * kh * kw);
+        let bias = plane(oc);
         let mut y = vec![0.0; oc * side * side];
         group.bench_function(format!("direct {c}->{oc} {kh}x{kw} {side}x{side}"), |b| {
-            b.iter(|| conv.convolve(&planes, &w, Some(&bias), Activation::Relu, &mut y))
+            b.iter(|| conv.convolve(&planes, &panels, Some(&bias), Activation::Relu, &mut y))
         });
     }
     group.finish();

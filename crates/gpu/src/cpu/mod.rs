@@ -277,8 +277,8 @@ struct OpInner {
     mem: Arc<MemInner>,
     name: Arc<str>,
     steps: Vec<Step>,
-    /// Per step, op(A) of a product repacked once for `gemm` where A is a constant weight
-    /// (`Gemm::packed_cpu`).
+    /// Per step, its constant weights repacked once: op(A) of a product for `gemm`
+    /// (`Gemm::packed_cpu`), a convolution's for the direct kernel (`Conv::panels_cpu`).
     packed: Vec<Option<Arc<[f32]>>>,
 }
 
@@ -586,6 +586,7 @@ fn execute(cx: &WorkerCx, job: Job) -> Result<(), GpuError> {
                 // operator.
                 let run = |io: &mut CpuIo<'_>| match (s, packed) {
                     (Step::Gemm(g), Some(a)) => g.run_cpu_packed(io, Some(a)),
+                    (Step::Conv(c), Some(w)) => c.run_cpu_packed(io, Some(w)),
                     _ => s.kernel().run_cpu(io),
                 };
                 with_io(&op.mem, &reads, &writes, run).map_err(|e| match e {
@@ -995,30 +996,33 @@ impl Device for CpuDevice {
         for s in &op.steps {
             crate::program::check_access(p, s)?;
         }
-        // A linear layer's weights, repacked once as they are now (the runtime writes only
-        // inputs later; `Device::write` says weights go before `prepare`).
+        // A linear layer's or a convolution's weights, repacked once as they are now (the
+        // runtime writes only inputs later; `Device::write` says weights go before `prepare`).
+        // No kernel writes a weight: it is read where it lies, without waiting for the streams.
+        let constant = |b: BufId| {
+            matches!(
+                p.buffers.get(b).map(|b| &b.role),
+                Some(crate::program::BufRole::Param { .. })
+            )
+        };
         let (steps, packed) = op
             .steps
             .iter()
-            .map(|s| {
-                let Step::Gemm(g) = s else {
-                    return (s.clone(), None);
-                };
-                let weight = p.buffers.get(g.a).map(|b| &b.role);
-                let repacked = match weight {
-                    // No kernel writes a weight: repack it where it lies, without waiting
-                    // for the streams.
-                    Some(crate::program::BufRole::Param { .. }) => {
-                        with_io(&m.inner, &[g.a], &[], |io| Ok(g.packed_cpu(io.read(g.a)?)))
-                            .ok()
-                            .flatten()
+            .map(|s| match s {
+                Step::Gemm(g) if constant(g.a) => {
+                    let packed =
+                        with_io(&m.inner, &[g.a], &[], |io| Ok(g.packed_cpu(io.read(g.a)?)));
+                    match packed.ok().flatten() {
+                        Some((g, t)) => (Step::Gemm(g), Some(Arc::from(t))),
+                        None => (s.clone(), None),
                     }
-                    _ => None,
-                };
-                match repacked {
-                    Some((g, t)) => (Step::Gemm(g), Some(Arc::from(t))),
-                    None => (s.clone(), None),
                 }
+                Step::Conv(c) if constant(c.w) => {
+                    let panels =
+                        with_io(&m.inner, &[c.w], &[], |io| Ok(c.panels_cpu(io.read(c.w)?)));
+                    (s.clone(), panels.ok().flatten().map(Arc::from))
+                }
+                _ => (s.clone(), None),
             })
             .unzip();
         Ok(CpuOp {

@@ -1,10 +1,11 @@
 //! 2-D convolution (NCHW), then `+ bias` per output channel and the activation.
 //!
 //! - CPU: im2col and a matrix product per image and group (`gemm`), with bias and
-//!   activation applied to each block of the output while it is in cache; stride-1
-//!   convolutions with small output planes (16x16 and below) run direct instead, tiles of
-//!   output channels and pixels summing the padded planes' taps in registers
-//!   (`crate::cpu::direct`: no im2col matrix, faster there). The input planes
+//!   activation applied to each block of the output while it is in cache; convolutions
+//!   with small output planes (17x17 and below, any stride) run direct instead, tiles of
+//!   output channels and pixels summing the padded planes' taps in registers, the weights
+//!   repacked once by the device (`crate::cpu::direct`: no im2col matrix, faster there). The
+//!   input planes
 //!   are padded once per image (`crate::cpu::window`: the input bias and activation applied
 //!   there, the columns split by stride phase), so every im2col row is copies of contiguous
 //!   runs at any stride. Without groups the
@@ -62,8 +63,9 @@ use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
 use crate::program::{weight_half_width, At, BufId, Builder, Init, MergedConv, Src};
 use crate::{ConvApi, ConvGemm, GpuError};
 
-/// Output pixels up to which a stride-1 convolution runs direct on the CPU ([`Conv::direct`]).
-const DIRECT_PIXELS: usize = 256;
+/// Output pixels up to which a convolution runs direct on the CPU ([`Conv::direct`]):
+/// Inception-v3's 17x17.
+const DIRECT_PIXELS: usize = 289;
 
 /// The largest share of (tap, output pixel) pairs that read the input for which a
 /// convolution runs as a sum over its taps ([`Conv::live_taps`]); an ordinary 3x3 convolution
@@ -468,13 +470,15 @@ impl Conv {
     }
 
     /// The direct convolution over the padded planes (`crate::cpu::direct`) where it measured
-    /// no slower than im2col and a matrix product: stride 1, one group, output planes of at
-    /// most [`DIRECT_PIXELS`]. Both in one process, alternated, on 2 cores: GoogLeNet's,
-    /// ResNet-50's and Inception-v3's 14x14, 7x7 and 8x8 convolutions 0.94-2.1x each (their
-    /// sum 1.10x); 17x17 1.0x; 28x28 and 56x56 0.86-0.9x (im2col's packed product wins there).
+    /// faster than im2col and a matrix product: one group, more than one tap, output planes
+    /// of at most [`DIRECT_PIXELS`], any stride. Both in one process on 2 Zen 4 cores
+    /// (2026-11-28, `opsched profile`): 14x14, 7x7 and 8x8 planes of ResNet-18, GoogLeNet and
+    /// Inception-v3 0.5-0.9x, 17x17 0.75-1.1x (their sum 0.9x); 28x28 to 147x147 0.56-1.33x,
+    /// 1x1 at stride 2 1.16-2.8x, stems of 3 channels 1.1-2.3x (im2col's packed product
+    /// wins there, with an inner dimension or a plane too small or too large for the tiles).
     fn direct(&self) -> Option<Direct> {
         let small = self.out_hw[0] * self.out_hw[1] <= DIRECT_PIXELS;
-        let fits = self.groups == 1 && self.stride == [1, 1] && !self.is_pointwise();
+        let fits = self.groups == 1 && self.kernel[0] * self.kernel[1] > 1;
         (fits && small).then(|| {
             let win = self.windows();
             Direct {
@@ -484,6 +488,16 @@ impl Conv {
                 out: self.out_hw,
             }
         })
+    }
+
+    /// For the CPU device: this convolution's weights (`values`) repacked for the direct
+    /// convolution ([`direct::pack`]) where it runs direct, once, before the first run;
+    /// `None` elsewhere.
+    pub(crate) fn panels_cpu(&self, values: &[f32]) -> Option<Vec<f32>> {
+        self.direct()?;
+        let k = self.col_rows();
+        let w = values.get(..self.out_channels.checked_mul(k)?)?;
+        Some(direct::pack(w, self.out_channels, k))
     }
 
     /// Pad every input plane of image `x` (`[c, h, w]`) into `planes` (one
@@ -658,58 +672,7 @@ impl StepKernel for Conv {
     }
 
     fn run_cpu(&self, io: &mut CpuIo<'_>) -> Result<(), GpuError> {
-        if let Some(z) = self.residual {
-            // The convolution and its bias, then `act(y + z)` in one more pass.
-            let plain = Conv {
-                act: Activation::None,
-                residual: None,
-                ..self.clone()
-            };
-            plain.run_cpu(io)?;
-            let n = self.out_len();
-            let z = &io.read(z)?[..n];
-            let y = &mut io.write(self.y)?[..n];
-            let a = self.act;
-            y.par_chunks_mut(1 << 14)
-                .zip(z.par_chunks(1 << 14))
-                .for_each(|(y, z)| act_add(y, z, a));
-            return Ok(());
-        }
-        let x = io.read(self.x)?;
-        // The sum it reads, in storage order (any layout), where it reads one.
-        let summed: Vec<f32>;
-        let x = match self.sum_with.as_slice() {
-            [] => x,
-            more => {
-                let len: usize = self.input.iter().product();
-                let mut v = x[..len].to_vec();
-                for &b in more {
-                    let src = &io.read(b)?[..len];
-                    v.iter_mut().zip(src).for_each(|(a, s)| *a += s);
-                }
-                summed = v;
-                &summed[..]
-            }
-        };
-        let w = io.read(self.w)?;
-        let bias = self.bias.map(|b| io.read(b)).transpose()?;
-        let in_bias = self.in_bias.map(|b| io.read(b)).transpose()?;
-        let y = io.write(self.y)?;
-        if self.out_len() == 0 {
-            return Ok(());
-        }
-        if self.nhwc {
-            let out = [
-                self.input[0],
-                self.out_channels,
-                self.out_hw[0],
-                self.out_hw[1],
-            ];
-            return crate::program::through_nchw(x, self.input, y, out, |x, y| {
-                self.compute(x, w, bias, in_bias, y)
-            });
-        }
-        self.compute(x, w, bias, in_bias, y)
+        self.run_cpu_packed(io, None)
     }
 
     fn prepare_cuda(&self, cx: &mut PrepareCx<'_>) -> Result<Box<dyn Enqueue>, GpuError> {
@@ -768,12 +731,74 @@ impl StepKernel for Conv {
 }
 
 impl Conv {
+    /// [`StepKernel::run_cpu`], the weights read from `panels` where the direct convolution
+    /// runs and they are given ([`Conv::panels_cpu`]).
+    pub(crate) fn run_cpu_packed(
+        &self,
+        io: &mut CpuIo<'_>,
+        panels: Option<&[f32]>,
+    ) -> Result<(), GpuError> {
+        if let Some(z) = self.residual {
+            // The convolution and its bias, then `act(y + z)` in one more pass.
+            let plain = Conv {
+                act: Activation::None,
+                residual: None,
+                ..self.clone()
+            };
+            plain.run_cpu_packed(io, panels)?;
+            let n = self.out_len();
+            let z = &io.read(z)?[..n];
+            let y = &mut io.write(self.y)?[..n];
+            let a = self.act;
+            y.par_chunks_mut(1 << 14)
+                .zip(z.par_chunks(1 << 14))
+                .for_each(|(y, z)| act_add(y, z, a));
+            return Ok(());
+        }
+        let x = io.read(self.x)?;
+        // The sum it reads, in storage order (any layout), where it reads one.
+        let summed: Vec<f32>;
+        let x = match self.sum_with.as_slice() {
+            [] => x,
+            more => {
+                let len: usize = self.input.iter().product();
+                let mut v = x[..len].to_vec();
+                for &b in more {
+                    let src = &io.read(b)?[..len];
+                    v.iter_mut().zip(src).for_each(|(a, s)| *a += s);
+                }
+                summed = v;
+                &summed[..]
+            }
+        };
+        let w = io.read(self.w)?;
+        let bias = self.bias.map(|b| io.read(b)).transpose()?;
+        let in_bias = self.in_bias.map(|b| io.read(b)).transpose()?;
+        let y = io.write(self.y)?;
+        if self.out_len() == 0 {
+            return Ok(());
+        }
+        if self.nhwc {
+            let out = [
+                self.input[0],
+                self.out_channels,
+                self.out_hw[0],
+                self.out_hw[1],
+            ];
+            return crate::program::through_nchw(x, self.input, y, out, |x, y| {
+                self.compute(x, w, panels, bias, in_bias, y)
+            });
+        }
+        self.compute(x, w, panels, bias, in_bias, y)
+    }
+
     /// The convolution of NCHW `x` (plus `in_bias` per channel, [`Conv::in_bias`]) into NCHW
     /// `y`, with its bias and activation.
     fn compute(
         &self,
         x: &[f32],
         w: &[f32],
+        panels: Option<&[f32]>,
         bias: Option<&[f32]>,
         in_bias: Option<&[f32]>,
         y: &mut [f32],
@@ -800,9 +825,19 @@ impl Conv {
         let padded = if pointwise {
             0
         } else {
-            c * self.windows().scratch_len() + direct::SLACK
+            c * self.windows().scratch_len()
         };
         let direct = self.direct();
+        // The weights repacked for it, where the device has not done so once for all runs
+        // (weights it does not know constant).
+        let repacked: Vec<f32>;
+        let panels = match (&direct, panels) {
+            (Some(_), None) => {
+                repacked = direct::pack(w, self.out_channels, k);
+                Some(&repacked[..])
+            }
+            (_, panels) => panels,
+        };
         let whole =
             if self.groups == 1 && !pointwise && direct.is_none() && cols < self.out_channels {
                 k * cols
@@ -817,8 +852,8 @@ impl Conv {
                 if !pointwise {
                     self.pad_planes(xb, in_bias, planes);
                 }
-                if let Some(d) = &direct {
-                    d.convolve(planes, w, bias, self.act, yb)?;
+                if let (Some(d), Some(panels)) = (&direct, panels) {
+                    d.convolve(planes, panels, bias, self.act, yb)?;
                     continue;
                 }
                 if self.groups == 1 {
@@ -2206,7 +2241,7 @@ mod tests {
         let wt = values(s.out_channels * s.col_rows(), 2);
         let bias = values(s.out_channels, 3);
         let mut y = vec![f32::NAN; s.out_len()];
-        s.compute(&x, &wt, Some(&bias), None, &mut y).unwrap();
+        s.compute(&x, &wt, None, Some(&bias), None, &mut y).unwrap();
         // The input activation is the reference's input.
         let xa: Vec<f32> = x.iter().map(|&v| act(v, s.pre_act)).collect();
         let want = crate::reference::conv2d(
@@ -2580,21 +2615,68 @@ mod tests {
     fn large_convolutions_match_the_reference_on_both_parallel_paths() {
         // (channels, [h, w], out channels, kernel, stride, padding); dilation 1. The first two
         // have more pixels than channels: column tiles (im2col per tile; a 1x1 read in
-        // place); the next two fewer: blocks of output rows; the last, stride 1 on a small
-        // plane, runs direct (`crate::cpu::direct`), its inner dimension over several blocks.
+        // place); the next two fewer: blocks of output rows; the last two, small output
+        // planes (stride 1 and 2), run direct (`crate::cpu::direct`), their inner dimension
+        // over several blocks.
         let cases = [
             (16, [33, 31], 24, 3, 1, 1),
             (64, [33, 31], 40, 1, 1, 0),
-            (64, [17, 15], 160, 3, 2, 1),
+            (64, [37, 35], 160, 3, 2, 1),
             (256, [7, 7], 128, 1, 1, 0),
             (64, [9, 7], 160, 3, 1, 1),
+            (64, [17, 15], 160, 3, 2, 1),
         ];
         for (c, hw, oc, k, s, p) in cases {
             let cv = conv(c, hw, oc, [k, k], [s, s], [p, p], [p, p], [1, 1], 1);
-            let small = hw[0] * hw[1] <= DIRECT_PIXELS;
-            assert_eq!(cv.direct().is_some(), s == 1 && k > 1 && small, "{cv:?}");
+            let small = cv.out_hw[0] * cv.out_hw[1] <= DIRECT_PIXELS;
+            assert_eq!(cv.direct().is_some(), k > 1 && small, "{cv:?}");
             check_against_reference(&cv);
         }
+    }
+
+    /// The weights repacked once for the direct convolution (as the CPU device does before
+    /// the first run) give the bits of the weights repacked on every run, a residual and an
+    /// NHWC layout included; convolutions that do not run direct have nothing to repack.
+    #[test]
+    fn weights_repacked_once_give_the_same_outputs() {
+        let base = conv(24, [9, 11], 40, [3, 3], [2, 1], [1, 1], [1, 1], [1, 1], 1);
+        let with_residual = Conv {
+            residual: Some(4),
+            act: Activation::Tanh,
+            ..base.clone()
+        };
+        let nhwc = Conv {
+            nhwc: true,
+            ..base.clone()
+        };
+        for s in [base.clone(), with_residual, nhwc] {
+            let [_, c, h, w] = s.input;
+            let (x, wt, bias) = (
+                values(c * h * w, 1),
+                values(s.out_channels * s.col_rows(), 2),
+                values(s.out_channels, 3),
+            );
+            let z = values(s.out_len(), 4);
+            let panels = s.panels_cpu(&wt).unwrap();
+            let run = |panels: Option<&[f32]>| {
+                let mut y = vec![f32::NAN; s.out_len()];
+                let reads = vec![(0, &x[..]), (1, &wt[..]), (2, &bias[..]), (4, &z[..])];
+                s.run_cpu_packed(&mut CpuIo::of(reads, vec![(3, &mut y[..])]), panels)
+                    .unwrap();
+                y
+            };
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(bits(run(Some(&panels))), bits(run(None)), "{s:?}");
+        }
+        let pointwise = conv(24, [9, 11], 40, [1, 1], [1, 1], [0, 0], [0, 0], [1, 1], 1);
+        let large = conv(8, [40, 40], 16, [3, 3], [1, 1], [1, 1], [1, 1], [1, 1], 1);
+        let grouped = conv(24, [9, 11], 48, [3, 3], [1, 1], [1, 1], [1, 1], [1, 1], 2);
+        for s in [pointwise, large, grouped] {
+            let wt = values(s.out_channels * s.col_rows(), 2);
+            assert!(s.panels_cpu(&wt).is_none(), "{s:?}");
+        }
+        // Weights shorter than their shape are not repacked (nor read past).
+        assert!(base.panels_cpu(&values(10, 2)).is_none());
     }
 
     proptest! {
@@ -2713,7 +2795,7 @@ mod tests {
             let (x, wt) = (values(2 * c * plane, 1), values(c * k * k, 2));
             let (bias, in_bias) = (values(c, 3), values(c, 4));
             let mut y = vec![f32::NAN; cv.out_len()];
-            cv.compute(&x, &wt, Some(&bias), Some(&in_bias), &mut y)
+            cv.compute(&x, &wt, None, Some(&bias), Some(&in_bias), &mut y)
                 .unwrap();
             let per = y.len() / 2;
             for img in 0..2 {
