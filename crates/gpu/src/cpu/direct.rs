@@ -1,6 +1,8 @@
 //! Direct convolution over padded planes: dense convolutions without an im2col matrix
 //! (`crate::step::conv` runs its one-group convolutions of more than one tap with small output
-//! planes here, where this measured faster than im2col and a packed matrix product).
+//! planes here, where this measured faster than im2col and a packed matrix product); and, with
+//! the same tiles, linear layers over a few tokens ([`product_columns`], for
+//! `crate::step::gemm`).
 //!
 //! Output element `(o, i, j)` is the sum over `k` of `w[o][k]` times the element that tap `k`
 //! (channel `k / taps`, tap `k % taps` of the window) reads for output pixel `(i, j)`. In a
@@ -18,6 +20,8 @@
 //! scratch between blocks), whatever the number of threads: its bits depend on the shapes.
 
 #![allow(unsafe_code)]
+
+use std::ops::Range;
 
 use opsched_graph::Activation;
 use rayon::prelude::*;
@@ -83,8 +87,7 @@ impl Direct {
 
     /// `y[o] = act(sum_k w[o][k] * tap k + bias[o])` for every output channel `o` (`y`:
     /// `[oc, oh, ow]`; `panels`: the weights [`pack`]ed), reading the padded `planes`
-    /// ([`Direct::reach`] elements at least), in parallel tasks of a panel and up to
-    /// 192 pixels (`CHUNK`).
+    /// ([`Direct::reach`] elements at least).
     pub fn convolve(
         &self,
         planes: &[f32],
@@ -106,10 +109,7 @@ impl Direct {
                 "direct convolution {oc}x{k} over {oh}x{ow}: {what}"
             )))
         };
-        if y.len() != oc * pixels
-            || panels.len() != panels_len(oc, k)
-            || bias.is_some_and(|b| b.len() < oc)
-        {
+        if y.len() != oc * pixels || bias.is_some_and(|b| b.len() < oc) {
             return fail("a buffer is not of its shape");
         }
         if planes.len() < self.reach() {
@@ -118,73 +118,144 @@ impl Direct {
         let offsets: Vec<usize> = (0..k)
             .map(|i| (i / taps) * self.plane + self.taps.starts[i % taps])
             .collect();
-        // Tasks: a panel and a chunk of pixels each, enough to feed every thread.
-        let blocks = oc.div_ceil(LANES);
-        let threads = rayon::current_num_threads();
-        let wanted = if oc * k * pixels >= 1 << 20 {
-            2 * threads
-        } else {
-            1
-        };
-        let chunks = wanted.div_ceil(blocks).max(pixels.div_ceil(CHUNK));
-        let chunk = pixels.div_ceil(chunks).next_multiple_of(PIXELS);
-        let chunks = pixels.div_ceil(chunk);
+        let base = |q: usize| (q / ow) * self.taps.step + q % ow;
         let out = SharedOut(y.as_mut_ptr());
-        let task = |t: usize| {
-            let (b, c) = (t % blocks, t / blocks);
-            let qs = c * chunk..((c + 1) * chunk).min(pixels);
-            let n = qs.len();
-            let panel = &panels[b * k * LANES..(b + 1) * k * LANES];
-            // Each pixel's place in a plane, once per task (a division each).
-            let mut at = [0usize; CHUNK];
-            at.iter_mut()
-                .zip(qs.clone())
-                .for_each(|(a, q)| *a = (q / ow) * self.taps.step + q % ow);
-            let at = &at[..n];
-            with_scratch(n * LANES, |sums| {
-                #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-                if let Some(simd) = pulp::x86::V3::try_new() {
-                    simd.vectorize(
-                        #[inline(always)]
-                        || {
-                            sweep(planes, &offsets, panel, at, sums, |acc, bases, offs, w| {
-                                tile_v3(simd, acc, planes, bases, offs, w)
-                            })
-                        },
-                    );
-                } else {
-                    sweep(planes, &offsets, panel, at, sums, |acc, bases, offs, w| {
-                        tile(acc, planes, bases, offs, w)
-                    });
-                }
-                #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
-                sweep(planes, &offsets, panel, at, sums, |acc, bases, offs, w| {
-                    tile(acc, planes, bases, offs, w)
-                });
-                // The sums, pixel-major, into each channel's row, through bias and activation.
-                for l in 0..LANES.min(oc - b * LANES) {
-                    let o = b * LANES + l;
-                    // SAFETY: channel o's pixels qs lie inside y (o < oc, qs.end <= pixels,
-                    // y.len() == oc * pixels: checked above); tasks cover disjoint (panel,
-                    // chunk) pairs, so no other task writes them, and no other reference to
-                    // y is live while the tasks run.
-                    let dst =
-                        unsafe { std::slice::from_raw_parts_mut(out.at(o * pixels + qs.start), n) };
-                    dst.iter_mut()
-                        .zip(sums.chunks(LANES))
-                        .for_each(|(d, s)| *d = s[l]);
-                    bias_act_row(dst, bias.map(|b| b[o]), a);
-                }
-            });
+        let store = |b: usize, qs: Range<usize>, sums: &[f32]| {
+            // The sums, pixel-major, into each channel's row, through bias and activation.
+            for l in 0..LANES.min(oc - b * LANES) {
+                let o = b * LANES + l;
+                // SAFETY: channel o's pixels qs lie inside y (o < oc, qs.end <= pixels,
+                // y.len() == oc * pixels: checked above); each (panel, pixels) pair is
+                // stored once, by one task, and no other reference to y is live meanwhile.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(out.at(o * pixels + qs.start), qs.len())
+                };
+                dst.iter_mut()
+                    .zip(sums.chunks(LANES))
+                    .for_each(|(d, s)| *d = s[l]);
+                bias_act_row(dst, bias.map(|b| b[o]), a);
+            }
         };
-        let tasks = blocks * chunks;
-        if tasks > 1 {
-            (0..tasks).into_par_iter().for_each(task);
-        } else {
-            task(0);
-        }
-        Ok(())
+        products(planes, &offsets, base, pixels, panels, oc, store)
+            .map_err(|what| GpuError::Plan(format!("direct convolution {oc}x{k}: {what}")))
     }
+}
+
+/// `C = alpha * W * B` for a constant `W` (`m x k`, [`pack`]ed into `panels`) and a `B` of a
+/// few columns (a linear layer over a few tokens), C column-major (`ldc` apart): column `j` of
+/// B is element `kk` at `b[j * cs + kk * rs]`. The weights stream through once, a panel a
+/// task, where a packed product would gather and pack them on every run.
+#[allow(clippy::too_many_arguments)]
+pub fn product_columns(
+    panels: &[f32],
+    [m, k, n]: [usize; 3],
+    b: &[f32],
+    [rs, cs]: [usize; 2],
+    c: &mut [f32],
+    ldc: usize,
+    alpha: f32,
+) -> Result<(), GpuError> {
+    let fail = |what: &str| Err(GpuError::Plan(format!("panel product {m}x{k}x{n}: {what}")));
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if ldc < m || c.len() < (n - 1) * ldc + m {
+        return fail("C is shorter than its shape");
+    }
+    let offsets: Vec<usize> = (0..k).map(|kk| kk * rs).collect();
+    let out = SharedOut(c.as_mut_ptr());
+    let store = |blk: usize, js: Range<usize>, sums: &[f32]| {
+        let rows = blk * LANES..((blk + 1) * LANES).min(m);
+        for (j, s) in js.zip(sums.chunks(LANES)) {
+            // SAFETY: rows of column j lie inside c (rows.end <= m <= ldc, j < n: checked
+            // above); each (panel, columns) pair is stored once, by one task, and no other
+            // reference to c is live meanwhile.
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(out.at(j * ldc + rows.start), rows.len()) };
+            dst.iter_mut().zip(s).for_each(|(d, &v)| *d = alpha * v);
+        }
+    };
+    products(b, &offsets, |j| j * cs, n, panels, m, store)
+        .map_err(|what| GpuError::Plan(format!("panel product {m}x{k}x{n}: {what}")))
+}
+
+/// The shared loops of [`Direct::convolve`] and [`product_columns`]: for every panel of 16
+/// of the `oc` outputs and every pixel `q` below `pixels`, the sums over `k` of the panel's
+/// row `k` times `x[base(q) + offsets[k]]`, handed to `store(panel, pixels, sums)`
+/// (pixel-major, [`LANES`] a pixel) once per task; tasks of a panel and up to [`CHUNK`]
+/// pixels, in parallel. `base` must not decrease.
+fn products(
+    x: &[f32],
+    offsets: &[usize],
+    base: impl Fn(usize) -> usize + Sync,
+    pixels: usize,
+    panels: &[f32],
+    oc: usize,
+    store: impl Fn(usize, Range<usize>, &[f32]) + Sync,
+) -> Result<(), &'static str> {
+    let k = offsets.len();
+    if pixels == 0 || oc == 0 {
+        return Ok(());
+    }
+    if panels.len() != panels_len(oc, k) {
+        return Err("the weights are not of their shape");
+    }
+    let furthest = base(pixels - 1) + offsets.iter().max().copied().unwrap_or(0);
+    if furthest >= x.len() {
+        return Err("the input ends before the tiles' reach");
+    }
+    // Tasks: a panel and a chunk of pixels each, enough to feed every thread.
+    let blocks = oc.div_ceil(LANES);
+    let threads = rayon::current_num_threads();
+    let wanted = if oc * k * pixels >= 1 << 20 {
+        2 * threads
+    } else {
+        1
+    };
+    let chunks = wanted.div_ceil(blocks).max(pixels.div_ceil(CHUNK));
+    let chunk = pixels.div_ceil(chunks).next_multiple_of(PIXELS);
+    let chunks = pixels.div_ceil(chunk);
+    let task = |t: usize| {
+        let (b, c) = (t % blocks, t / blocks);
+        let qs = c * chunk..((c + 1) * chunk).min(pixels);
+        let n = qs.len();
+        let panel = &panels[b * k * LANES..(b + 1) * k * LANES];
+        // Each pixel's place in x, once per task.
+        let mut at = [0usize; CHUNK];
+        at.iter_mut()
+            .zip(qs.clone())
+            .for_each(|(a, q)| *a = base(q));
+        let at = &at[..n];
+        with_scratch(n * LANES, |sums| {
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            if let Some(simd) = pulp::x86::V3::try_new() {
+                simd.vectorize(
+                    #[inline(always)]
+                    || {
+                        sweep(x, offsets, panel, at, sums, |acc, bases, offs, w| {
+                            tile_v3(simd, acc, x, bases, offs, w)
+                        })
+                    },
+                );
+            } else {
+                sweep(x, offsets, panel, at, sums, |acc, bases, offs, w| {
+                    tile(acc, x, bases, offs, w)
+                });
+            }
+            #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+            sweep(x, offsets, panel, at, sums, |acc, bases, offs, w| {
+                tile(acc, x, bases, offs, w)
+            });
+            store(b, qs.clone(), &sums[..n * LANES]);
+        });
+    };
+    let tasks = blocks * chunks;
+    if tasks > 1 {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        task(0);
+    }
+    Ok(())
 }
 
 /// One task's loops: blocks of [`KC`] of the inner dimension (`offsets`, the panel's rows),
@@ -335,6 +406,72 @@ mod tests {
         }
     }
 
+    /// A product of panels with a few columns, B read either way (a column's elements
+    /// adjacent or `ldb` apart), C with rows between columns, scaled: the product in `f64`
+    /// within rounding, C's other rows untouched, the same bits on one thread as on three; a
+    /// B shorter than the columns' reach is refused.
+    #[test]
+    fn panel_products_match_the_product_in_f64() {
+        for (m, k, n) in [
+            (40usize, 300usize, 16usize),
+            (16, 5, 1),
+            (7, 33, 13),
+            (600, 700, 3),
+        ] {
+            let (w, ldc, ldb) = (values(m * k, 1), m + 3, k + 2);
+            let panels = pack(&w, m, k);
+            for trans in [false, true] {
+                let strides = if trans { [ldb, 1] } else { [1, ldb] };
+                let len = if trans { k * ldb } else { n * ldb };
+                let b = values(len, 2);
+                let run = |threads: usize| {
+                    let mut c = vec![f32::NAN; n * ldc];
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+                    pool.unwrap()
+                        .install(|| {
+                            product_columns(&panels, [m, k, n], &b, strides, &mut c, ldc, 0.5)
+                        })
+                        .unwrap();
+                    c
+                };
+                let c = run(3);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&c), bits(&run(1)), "{m}x{k}x{n}");
+                for j in 0..n {
+                    for i in 0..m {
+                        let want: f64 = (0..k)
+                            .map(|q| {
+                                f64::from(w[i * k + q])
+                                    * f64::from(b[j * strides[1] + q * strides[0]])
+                            })
+                            .sum();
+                        let got = f64::from(c[j * ldc + i]);
+                        assert!(
+                            (got - 0.5 * want).abs() <= 1e-5 * k as f64,
+                            "{m}x{k}x{n} ({i}, {j})"
+                        );
+                    }
+                    assert!(c[j * ldc + m..(j + 1) * ldc].iter().all(|v| v.is_nan()));
+                }
+                let reach = (n - 1) * strides[1] + (k - 1) * strides[0] + 1;
+                let mut c = vec![0.0; n * ldc];
+                let err = product_columns(
+                    &panels,
+                    [m, k, n],
+                    &b[..reach - 1],
+                    strides,
+                    &mut c,
+                    ldc,
+                    1.0,
+                );
+                assert!(
+                    err.unwrap_err().to_string().contains("reach"),
+                    "{m}x{k}x{n}"
+                );
+            }
+        }
+    }
+
     /// Planes that end before the tiles' reach, or panels of another shape, are refused,
     /// not read past; an empty output is no work.
     #[test]
@@ -360,7 +497,7 @@ mod tests {
         assert!(err.unwrap_err().to_string().contains("reach"));
         let planes = vec![0.0; d.reach()];
         let err = d.convolve(&planes, &panels[1..], None, Activation::None, &mut y);
-        assert!(err.unwrap_err().to_string().contains("not of its shape"));
+        assert!(err.unwrap_err().to_string().contains("not of their shape"));
         d.convolve(&planes, &panels, None, Activation::None, &mut y)
             .unwrap();
         assert!(y.iter().all(|&v| v == 0.0));

@@ -453,7 +453,7 @@ impl Conv {
             outer_stride: [0; 3],
             alpha: 1.0,
             epilogue: None,
-            packed_a: false,
+            packed_a: super::gemm::PackedA::No,
         }
     }
 
