@@ -740,7 +740,9 @@ impl Gemm {
         // Small weights are multiplied unpacked (`gemm` takes another path for them, which
         // would give other bits).
         let big = self.m * self.k >= 1 << 12;
-        if !big || self.n == 1 || !self.trans_a || self.batch != 1 || self.outer != 1 {
+        let rows_apart = self.lda >= self.k;
+        if !big || !rows_apart || self.n == 1 || !self.trans_a || self.batch != 1 || self.outer != 1
+        {
             return None;
         }
         let (m, k) = (self.m, self.k);
