@@ -101,7 +101,8 @@ fn kernels(c: &mut Criterion) {
             taps: win.taps(),
             out: win.out,
         };
-        let panels = direct::pack(&plane(oc * c * kh * kw), oc, c * kh * kw);
+        let k = c * kh * kw;
+        let panels = direct::pack(&plane(oc * k), oc, k, k);
         let bias = plane(oc);
         let mut y = vec![0.0; oc * side * side];
         group.bench_function(format!("direct {c}->{oc} {kh}x{kw} {side}x{side}"), |b| {

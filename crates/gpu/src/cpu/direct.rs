@@ -54,14 +54,15 @@ pub struct Direct {
     pub out: [usize; 2],
 }
 
-/// A convolution's weights `w` (`[oc, k]` row-major, `k` = channels x taps) in panels of
-/// [`LANES`] output channels, `[oc / LANES][k][LANES]` (the last panel's missing channels
-/// zero): the weights a tile multiplies by one input element are one row of its panel.
-pub fn pack(w: &[f32], oc: usize, k: usize) -> Vec<f32> {
+/// A convolution's weights `w` (`[oc, k]` row-major, `k` = channels x taps, rows `ld >= k`
+/// apart) in panels of [`LANES`] output channels, `[oc / LANES][k][LANES]` (the last panel's
+/// missing channels zero): the weights a tile multiplies by one input element are one row of
+/// its panel.
+pub fn pack(w: &[f32], oc: usize, k: usize, ld: usize) -> Vec<f32> {
     let mut panels = vec![0.0; panels_len(oc, k)];
-    for (o, row) in w.chunks(k.max(1)).take(oc).enumerate() {
+    for (o, row) in w.chunks(ld.max(1)).take(oc).enumerate() {
         let panel = &mut panels[(o / LANES) * k * LANES..];
-        for (kk, &v) in row.iter().enumerate() {
+        for (kk, &v) in row.iter().take(k).enumerate() {
             panel[kk * LANES + o % LANES] = v;
         }
     }
@@ -111,9 +112,6 @@ impl Direct {
         };
         if y.len() != oc * pixels || bias.is_some_and(|b| b.len() < oc) {
             return fail("a buffer is not of its shape");
-        }
-        if planes.len() < self.reach() {
-            return fail("the planes end before the tiles' reach");
         }
         let offsets: Vec<usize> = (0..k)
             .map(|i| (i / taps) * self.plane + self.taps.starts[i % taps])
@@ -384,7 +382,7 @@ mod tests {
             }
             let d = Direct { plane, channels: c, taps: win.taps(), out: [oh, ow] };
             prop_assert!(d.reach() <= planes.len());
-            let panels = pack(&wt, oc, c * kh * kw);
+            let panels = pack(&wt, oc, c * kh * kw, c * kh * kw);
             let a = if relu { Activation::Relu } else { Activation::None };
             let mut y = vec![f32::NAN; oc * oh * ow];
             d.convolve(&planes, &panels, Some(&bias), a, &mut y).unwrap();
@@ -419,7 +417,7 @@ mod tests {
             (600, 700, 3),
         ] {
             let (w, ldc, ldb) = (values(m * k, 1), m + 3, k + 2);
-            let panels = pack(&w, m, k);
+            let panels = pack(&w, m, k, k);
             for trans in [false, true] {
                 let strides = if trans { [ldb, 1] } else { [1, ldb] };
                 let len = if trans { k * ldb } else { n * ldb };
@@ -492,7 +490,7 @@ mod tests {
         };
         let planes = vec![0.0; d.reach() - 1];
         let mut y = vec![0.0; 3 * 49];
-        let panels = pack(&[0.5; 3 * 18], 3, 18);
+        let panels = pack(&[0.5; 3 * 18], 3, 18, 18);
         let err = d.convolve(&planes, &panels, None, Activation::None, &mut y);
         assert!(err.unwrap_err().to_string().contains("reach"));
         let planes = vec![0.0; d.reach()];

@@ -180,54 +180,62 @@ unsafe fn raw_product(a: Mat<'_>, b: Mat<'_>, c: *mut f32, [rsc, csc]: [usize; 2
 /// four rows at a time in sixteen partial sums each (as [`sum`] adds): a matrix-vector
 /// product streams the matrix once, so its speed is the memory's, where `gemm` packs it.
 fn matrix_vector(a: Mat<'_>, x: &[f32], mut out: impl FnMut(usize, f32)) {
-    const LANES: usize = 16;
     let k = x.len();
     let row = |i: usize| &a.data[i * a.rs..i * a.rs + k];
-    let fold = |mut lanes: [f32; LANES], rest: f32| {
-        let mut width = LANES;
-        while width > 1 {
-            width /= 2;
-            let (lo, hi) = lanes.split_at_mut(width);
-            lo.iter_mut().zip(&hi[..width]).for_each(|(l, &h)| *l += h);
-        }
-        lanes[0] + rest
-    };
-    let whole = k - k % LANES;
     with_avx2(
         #[inline(always)]
         || {
-            let mut i = 0;
-            while i + 4 <= a.rows {
-                let rows = [row(i), row(i + 1), row(i + 2), row(i + 3)];
-                let mut lanes = [[0.0f32; LANES]; 4];
-                for j in (0..whole).step_by(LANES) {
-                    let xs = &x[j..j + LANES];
-                    for (l, r) in lanes.iter_mut().zip(&rows) {
-                        let rs = &r[j..j + LANES];
-                        for t in 0..LANES {
-                            l[t] += rs[t] * xs[t];
-                        }
-                    }
-                }
-                for (d, (l, r)) in lanes.into_iter().zip(&rows).enumerate() {
-                    let rest = (whole..k).fold(0.0, |s, j| s + r[j] * x[j]);
-                    out(i + d, fold(l, rest));
-                }
-                i += 4;
+            let whole = a.rows - a.rows % 4;
+            for i in (0..whole).step_by(4) {
+                let dots = dot_rows(std::array::from_fn::<_, 4, _>(|d| row(i + d)), x);
+                dots.into_iter()
+                    .enumerate()
+                    .for_each(|(d, v)| out(i + d, v));
             }
-            for i in i..a.rows {
-                let r = row(i);
-                let mut l = [0.0f32; LANES];
-                for j in (0..whole).step_by(LANES) {
-                    for t in 0..LANES {
-                        l[t] += r[j + t] * x[j + t];
-                    }
-                }
-                let rest = (whole..k).fold(0.0, |s, j| s + r[j] * x[j]);
-                out(i, fold(l, rest));
+            for i in whole..a.rows {
+                out(i, dot_rows([row(i)], x)[0]);
             }
         },
     )
+}
+
+/// Each of `rows` (as long as `x`) times `x`, in sixteen partial sums (element `j` into sum
+/// `j % 16`, the rest in order after) added pairwise: the same bits for a row in a block of
+/// any size.
+#[inline(always)]
+fn dot_rows<const R: usize>(rows: [&[f32]; R], x: &[f32]) -> [f32; R] {
+    let k = x.len();
+    let whole = k - k % LANES;
+    let mut lanes = [[0.0f32; LANES]; R];
+    for j in (0..whole).step_by(LANES) {
+        let xs = &x[j..j + LANES];
+        for (l, r) in lanes.iter_mut().zip(&rows) {
+            let rs = &r[j..j + LANES];
+            for t in 0..LANES {
+                l[t] += rs[t] * xs[t];
+            }
+        }
+    }
+    let mut dots = [0.0; R];
+    for ((d, l), r) in dots.iter_mut().zip(lanes).zip(rows) {
+        *d = fold_lanes(l) + (whole..k).fold(0.0, |s, j| s + r[j] * x[j]);
+    }
+    dots
+}
+
+/// Partial sums of [`sum`] and its kin.
+const LANES: usize = 16;
+
+/// The sum of `lanes`, added pairwise (halves, then quarters...).
+#[inline(always)]
+fn fold_lanes(mut lanes: [f32; LANES]) -> f32 {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        let (lo, hi) = lanes.split_at_mut(width);
+        lo.iter_mut().zip(&hi[..width]).for_each(|(l, &h)| *l += h);
+    }
+    lanes[0]
 }
 
 /// `act(., a)` as a concrete closure bound to `$f` in `$body`, straight-line code the
@@ -491,19 +499,13 @@ pub fn sum_of(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     with_avx2(
         #[inline(always)]
         || {
-            let mut lanes = [0.0f32; 16];
-            let chunks = xs.chunks_exact(16);
+            let mut lanes = [0.0f32; LANES];
+            let chunks = xs.chunks_exact(LANES);
             let rest = chunks.remainder().iter().fold(0.0, |s, &x| s + f(x));
             for c in chunks {
                 lanes.iter_mut().zip(c).for_each(|(l, &x)| *l += f(x));
             }
-            let mut width = 16;
-            while width > 1 {
-                width /= 2;
-                let (lo, hi) = lanes.split_at_mut(width);
-                lo.iter_mut().zip(&hi[..width]).for_each(|(l, &h)| *l += h);
-            }
-            lanes[0] + rest
+            fold_lanes(lanes) + rest
         },
     )
 }

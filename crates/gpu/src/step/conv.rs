@@ -497,7 +497,7 @@ impl Conv {
         self.direct()?;
         let k = self.col_rows();
         let w = values.get(..self.out_channels.checked_mul(k)?)?;
-        Some(direct::pack(w, self.out_channels, k))
+        Some(direct::pack(w, self.out_channels, k, k))
     }
 
     /// Pad every input plane of image `x` (`[c, h, w]`) into `planes` (one
@@ -833,7 +833,7 @@ impl Conv {
         let repacked: Vec<f32>;
         let panels = match (&direct, panels) {
             (Some(_), None) => {
-                repacked = direct::pack(w, self.out_channels, k);
+                repacked = direct::pack(w, self.out_channels, k, k);
                 Some(&repacked[..])
             }
             (_, panels) => panels,

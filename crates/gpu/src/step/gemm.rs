@@ -748,18 +748,7 @@ impl Gemm {
         let (m, k) = (self.m, self.k);
         let rows = values.get(..(m - 1) * self.lda + k)?;
         let (packed_a, t) = if self.n <= PANEL_COLUMNS {
-            let dense: Vec<f32>;
-            let w = if self.lda == k {
-                rows
-            } else {
-                dense = rows
-                    .chunks(self.lda)
-                    .flat_map(|r| &r[..k])
-                    .copied()
-                    .collect();
-                &dense[..]
-            };
-            (PackedA::Panels, direct::pack(w, m, k))
+            (PackedA::Panels, direct::pack(rows, m, k, self.lda))
         } else {
             let mut t = vec![0.0; m * k];
             Mat::strided(rows, m, k, self.lda, 1).transpose_into(&mut t);
