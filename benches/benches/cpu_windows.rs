@@ -44,7 +44,17 @@ fn kernels(c: &mut Criterion) {
     group
         .measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_millis(500));
-    for (side, k, s) in [(165, 7, 2), (165, 5, 2), (83, 5, 1), (14, 5, 2), (7, 5, 1)] {
+    for (side, k, s) in [
+        (165, 7, 2),
+        (165, 5, 2),
+        (83, 5, 1),
+        (14, 5, 2),
+        (7, 5, 1),
+        (56, 3, 1),
+        (14, 3, 1),
+        (28, 5, 1),
+        (56, 7, 1),
+    ] {
         let win = windows(side, k, s);
         let (x, w) = (plane(side * side), plane(k * k));
         let mut buf = vec![0.0; win.scratch_len()];
@@ -152,7 +162,15 @@ fn small_depthwise(c: &mut Criterion) {
     group
         .measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(300));
-    for (side, k, s) in [(14, 5, 2), (14, 3, 2), (28, 3, 2), (14, 5, 1), (7, 3, 1)] {
+    for (side, k, s) in [
+        (14, 5, 2),
+        (14, 3, 2),
+        (28, 3, 2),
+        (14, 5, 1),
+        (14, 3, 1),
+        (7, 3, 1),
+        (7, 5, 1),
+    ] {
         let win = windows(side, k, s);
         let planes: Vec<Vec<f32>> = (0..8).map(|_| plane(side * side)).collect();
         let filters: Vec<Vec<f32>> = (0..8).map(|_| plane(k * k)).collect();

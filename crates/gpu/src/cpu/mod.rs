@@ -24,6 +24,7 @@
 //!   next [`Device::synchronize`], [`Device::read`] or [`Device::elapsed_ms`], like CUDA's
 //!   sticky errors.
 
+pub mod depthwise;
 pub mod direct;
 pub mod lanes;
 pub mod math;

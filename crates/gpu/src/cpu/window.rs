@@ -5,7 +5,8 @@
 //! reduction's identity for a pooling) and its columns split by phase (column mod the
 //! stride), so that a window's tap reads one contiguous run of the padded plane for a whole
 //! output row. The inner loops are element-wise over such runs, compiled for AVX2 where the
-//! CPU has it (`pulp`, chosen at run time: `with_avx2`).
+//! CPU has it (`pulp`, chosen at run time: `with_avx2`); a depthwise convolution at stride one
+//! runs in blocks of rows in registers instead (`super::depthwise`).
 //!
 //! Every output element adds its taps in the window's row-major order, as the reference does;
 //! taps on padding add the identity.
@@ -152,11 +153,16 @@ impl Windows {
     ) {
         let [oh, ow] = self.out;
         let planes = y.chunks_mut(oh * ow).zip(weights.chunks(taps.starts.len()));
+        // Stride one: blocks of rows in registers (`super::depthwise`), where it suits.
+        let rows = super::depthwise::suits(self);
         with_avx2(
             #[inline(always)]
             || {
                 for (o, (plane, wt)) in planes.enumerate() {
                     let b = bias.map_or(0.0, |b| b[o]);
+                    if rows && super::depthwise::convolve(self, buf, wt, b, a, plane) {
+                        continue;
+                    }
                     let fold = |acc: f32, x: f32, t: usize| acc + wt[t] * x;
                     self.slide_plane(taps, buf, plane, 0.0, fold);
                     with_act!(a, |f| plane.iter_mut().for_each(|v| *v = f(*v + b)));
@@ -413,7 +419,8 @@ pub(crate) mod tests {
     proptest! {
         /// The padded, phase-split plane gives every tap the element the window reads (the
         /// input element where the window covers one, the fill on padding), and the
-        /// convolution and the poolings fold exactly those, in the window's order, in rows
+        /// convolution (each tap fused where it runs at stride one in blocks of rows) and the
+        /// poolings fold exactly those, in the window's order, in rows
         /// of every length the blocks of [`slide`] treat apart (under 8, 8 to 31, 32 and more
         /// with a partial block).
         #[test]
@@ -458,9 +465,15 @@ pub(crate) mod tests {
             win.pad(&x, |v| v, 0.0, &mut buf);
             let mut y = vec![f32::NAN; 2 * oh * ow];
             win.convolve(&taps, &buf, &wt, Some(&[0.25, -0.5]), Activation::None, &mut y);
+            // Stride one runs in `super::depthwise`'s blocks, each tap one fused multiply-add.
+            let fused = crate::cpu::depthwise::suits(&win);
             for (o, plane) in y.chunks(oh * ow).enumerate() {
                 let filter = &wt[o * kh * kw..(o + 1) * kh * kw];
-                let want: Vec<f32> = folded(0.0, 0.0, &|a, v, t| a + filter[t] * v)
+                let tap = |a: f32, v: f32, t: usize| match fused {
+                    true => filter[t].mul_add(v, a),
+                    false => a + filter[t] * v,
+                };
+                let want: Vec<f32> = folded(0.0, 0.0, &tap)
                     .into_iter()
                     .map(|v| v + [0.25, -0.5][o])
                     .collect();

@@ -14,7 +14,8 @@
 //!   layers with more channels than pixels, by blocks of output rows; grouped convolutions
 //!   run the groups in parallel instead. im2col blocks live in per-thread scratch kept between
 //!   runs. A convolution whose groups read one channel each (depthwise) slides its windows
-//!   over each padded input plane instead (`crate::cpu::window`), the planes in parallel.
+//!   over each padded input plane instead (`crate::cpu::window`; at stride one in blocks of
+//!   rows in registers, `crate::cpu::depthwise`), the planes in parallel.
 //! - CUDA: cuDNN. The candidates are the legacy API's algorithms that work for the shape and
 //!   the engine configurations the backend API's heuristics rank highest, or list as a
 //!   fallback where none of those is allowed (`crate::cuda::engine`;
