@@ -319,21 +319,17 @@ pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf)
 }
 
-/// `1 / (1 + exp(-x))`, branch-free (vectorises): `exp(-|x|)` by [`exp_nonpositive`] (0
-/// where it is below f32's normal range), and `e / (1 + e)` for negative `x`, so that nothing
-/// overflows.
+/// `1 / (1 + exp(-x))`, branch-free (vectorises): `exp(-x)` by `exp_in_range` on `-x`
+/// clamped to [-87, 89] (past -87 the sum rounds to 1; past 88.7 `exp` is infinite, and so is
+/// it there, giving 0; NaN passes both clamps): no select on the sign, a third fewer
+/// instructions than `exp(-|x|)` and its two cases.
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
-    let e = exp_nonpositive(-x.abs());
-    let s = 1.0 / (1.0 + e);
+    let z = -x;
     // NaN fails both comparisons and stays NaN.
-    if x >= 0.0 {
-        s
-    } else if x < 0.0 {
-        e * s
-    } else {
-        x
-    }
+    let z = if z > 89.0 { 89.0 } else { z };
+    let z = if z < -87.0 { -87.0 } else { z };
+    1.0 / (1.0 + exp_in_range(z))
 }
 
 /// GELU's tanh approximation, `x (1 + tanh(u)) / 2` with `u = sqrt(2 / pi) (x + 0.044715 x^3)`,
@@ -383,29 +379,38 @@ pub fn exp_nonpositive(x: f32) -> f32 {
     }
 }
 
-/// `exp(-y)` for `y >= 0` (0 beyond 87), branch-free: `2^n * p(r)` with `n` the nearest
-/// integer to `-y / ln 2` and Cephes' degree-6 polynomial for `exp(r)` on `|r| <= ln 2 / 2`
-/// (relative error about 1e-7), in fused multiply-adds: one instruction each inside
-/// [`with_avx2`], where every caller that runs many runs it (sigmoid 25% faster than a
-/// multiply and an add); a library call, with the same bits, elsewhere.
+/// `exp(-y)` for `y >= 0` (its value at 87 beyond), branch-free: [`exp_in_range`].
 #[inline(always)]
 fn exp_neg(y: f32) -> f32 {
-    let x = -y.min(87.0);
+    exp_in_range(-y.min(87.0))
+}
+
+/// `exp(x)` for `x` in [-87, 89] (infinite from 88.73 on), branch-free: `2^n * p(r)` with `n`
+/// the nearest integer to `x / ln 2`, `r` the rest (Cody and Waite's two-part `ln 2`), and
+/// `p(r) = 1 + r + r^2 q(r)`, `q` a cubic fitted to `exp` on `|r| <= ln 2 / 2` by iteratively
+/// reweighted least squares (near-minimax: relative error at most 1.8e-7 over the whole range
+/// in `f32`, against 8e-8 for Cephes' degree-7 form, two multiply-adds more). In fused
+/// multiply-adds: one instruction each inside [`with_avx2`], where every caller that runs
+/// many runs it; a library call, with the same bits, elsewhere. criterion `cpu_activations`
+/// (3136 values, one thread, 2026-11-28), against Cephes' form and `exp(-|x|)` with its two
+/// cases in the sigmoid: sigmoid 2.26 -> 1.51 us, swish 2.44 -> 1.77, GELU 3.36 -> 2.45,
+/// tanh-GELU 3.96 -> 2.11.
+#[inline(always)]
+fn exp_in_range(x: f32) -> f32 {
     // Round to nearest by adding and removing 1.5 * 2^23 (no library call).
     const ROUND: f32 = 12_582_912.0;
     let shifted = x.mul_add(std::f32::consts::LOG2_E, ROUND);
     let n = shifted - ROUND;
     let r = n.mul_add(2.121_944_4e-4, n.mul_add(-0.693_359_4, x));
-    let p = 1.987_569_1e-4f32
-        .mul_add(r, 1.398_199_9e-3)
-        .mul_add(r, 8.333_452e-3)
-        .mul_add(r, 4.166_579_6e-2)
-        .mul_add(r, 1.666_666_5e-1)
-        .mul_add(r, 0.5)
+    let p = 8.333_819e-3f32
+        .mul_add(r, 4.189_856_7e-2)
+        .mul_add(r, 1.666_688_6e-1)
+        .mul_add(r, 0.499_991_42)
         .mul_add(r * r, r)
         + 1.0;
-    // 2^n through the exponent bits (n >= -126 for y <= 87): n is in the low bits of
-    // `shifted`, read without a float-to-int conversion (which would not vectorise).
+    // 2^n through the exponent bits (-126 <= n <= 128; 128 makes the bits of infinity): n is
+    // in the low bits of `shifted`, read without a float-to-int conversion (which would not
+    // vectorise).
     let n_bits = shifted.to_bits().wrapping_sub(ROUND.to_bits());
     p * f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
