@@ -287,7 +287,7 @@ macro_rules! with_act {
                 $body
             }
             Activation::Swish { alpha } => {
-                let $f = move |v: f32| v * $crate::cpu::math::sigmoid(alpha * v);
+                let $f = move |v: f32| $crate::cpu::math::times_sigmoid(v, alpha * v);
                 $body
             }
             Activation::Tanh => {
@@ -319,17 +319,24 @@ pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf)
 }
 
-/// `1 / (1 + exp(-x))`, branch-free (vectorises): `exp(-x)` by `exp_in_range` on `-x`
-/// clamped to [-87, 89] (past -87 the sum rounds to 1; past 88.7 `exp` is infinite, and so is
-/// it there, giving 0; NaN passes both clamps): no select on the sign, a third fewer
-/// instructions than `exp(-|x|)` and its two cases.
+/// `1 / (1 + exp(-x))`, branch-free (vectorises): [`times_sigmoid`] of 1.
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
-    let z = -x;
+    times_sigmoid(1.0, x)
+}
+
+/// `x sigmoid(z)` as one division, `x / (1 + exp(-z))` (as the reference computes SiLU):
+/// `exp(-z)` by `exp_in_range` on `-z` clamped to [-87, 89] (past -87 the sum rounds to 1;
+/// past 88.7 `exp` is infinite, and so is it there, giving 0, or NaN for an infinite `x`, as
+/// the reference's; NaN passes both clamps). No select on the sign (a third fewer
+/// instructions than `exp(-|z|)` and its two cases), no multiply by `x`.
+#[inline(always)]
+pub fn times_sigmoid(x: f32, z: f32) -> f32 {
+    let z = -z;
     // NaN fails both comparisons and stays NaN.
     let z = if z > 89.0 { 89.0 } else { z };
     let z = if z < -87.0 { -87.0 } else { z };
-    1.0 / (1.0 + exp_in_range(z))
+    x / (1.0 + exp_in_range(z))
 }
 
 /// GELU's tanh approximation, `x (1 + tanh(u)) / 2` with `u = sqrt(2 / pi) (x + 0.044715 x^3)`,
@@ -337,7 +344,7 @@ pub fn sigmoid(x: f32) -> f32 {
 #[inline(always)]
 pub fn gelu_tanh(x: f32) -> f32 {
     const TWO_C: f32 = 2.0 * 0.797_884_6;
-    x * sigmoid(TWO_C * (x + 0.044_715 * x * x * x))
+    times_sigmoid(x, TWO_C * (x + 0.044_715 * x * x * x))
 }
 
 /// `tanh(x)`, branch-free (vectorises): Eigen's rational approximation (odd degree-13
