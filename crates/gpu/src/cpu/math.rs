@@ -479,19 +479,31 @@ pub fn for_planes(
     work: usize,
     f: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) {
+    for_plane_groups(y, len, work, |first, planes| {
+        for (i, plane) in planes.chunks_mut(len).enumerate() {
+            f(first + i, plane)
+        }
+    })
+}
+
+/// [`for_planes`]'s groups whole: `f(first plane, its group's planes)`, for a kernel that
+/// does better with many planes at once than plane by plane.
+pub fn for_plane_groups(
+    y: &mut [f32],
+    len: usize,
+    work: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
     if len == 0 {
         return;
     }
     let per = BIAS_CHUNK.div_ceil(work.max(1));
-    let group = |(k, planes): (usize, &mut [f32])| {
-        for (i, plane) in planes.chunks_mut(len).enumerate() {
-            f(k * per + i, plane)
-        }
-    };
     if y.len() > per * len {
-        y.par_chunks_mut(per * len).enumerate().for_each(group);
+        y.par_chunks_mut(per * len)
+            .enumerate()
+            .for_each(|(k, planes)| f(k * per, planes));
     } else {
-        group((0, y));
+        f(0, y);
     }
 }
 

@@ -47,11 +47,12 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{product, Access, Step, StepKernel};
+use crate::cpu::depthwise;
 use crate::cpu::direct::{self, Direct};
 use crate::cpu::lanes;
 use crate::cpu::math::{
-    act_add, bias_act_row, for_planes, sgemm, sgemm_column_tiles, with_act, with_avx2,
-    with_scratch, Mat, TilesOfB,
+    act_add, apply_bias_act, bias_act_row, for_plane_groups, for_planes, sgemm, sgemm_column_tiles,
+    with_act, with_avx2, with_scratch, Mat, TilesOfB,
 };
 use crate::cpu::window::{self, Taps, Windows};
 use crate::cpu::CpuIo;
@@ -898,6 +899,42 @@ impl Conv {
             return self.depthwise_lanes(&win, x, w, bias, in_bias, y);
         }
         let work = win.scratch_len() + og * cols * taps;
+        if og == 1 && depthwise::suits(&win) {
+            // Stride one: a group's planes padded side by side, their sums in one call, then
+            // bias and activation over the group (a call per plane cost as much as a 7x7
+            // plane's sums).
+            let pl = win.scratch_len();
+            for_plane_groups(y, cols, work, |first, ys| {
+                let n = ys.len() / cols;
+                with_scratch(n * (pl + taps + 1), |scratch| {
+                    let (bufs, rest) = scratch.split_at_mut(n * pl);
+                    let (ws, bs) = rest.split_at_mut(n * taps);
+                    for (p, buf) in bufs.chunks_mut(pl).enumerate() {
+                        // Image t / c, channel t % c.
+                        let (t, ch) = (first + p, (first + p) % c);
+                        let plane = &x[t * h * wd..(t + 1) * h * wd];
+                        window::pad_input(&win, plane, in_bias.map(|b| b[ch]), self.pre_act, buf);
+                        ws[p * taps..(p + 1) * taps]
+                            .copy_from_slice(&w[ch * taps..(ch + 1) * taps]);
+                        bs[p] = bias.map_or(0.0, |b| b[ch]);
+                    }
+                    if depthwise::sums(&win, bufs, pl, ws, ys) {
+                        apply_bias_act(ys, Some(&bs[..n]), n, cols, self.act);
+                        return;
+                    }
+                    // (Not reached: the planes were padded for it.) Plane by plane.
+                    let reads = win.taps();
+                    let planes = ys
+                        .chunks_mut(cols)
+                        .zip(bufs.chunks(pl))
+                        .zip(ws.chunks(taps));
+                    for (p, ((yp, buf), wp)) in planes.enumerate() {
+                        win.convolve(&reads, buf, wp, Some(&bs[p..=p]), self.act, yp);
+                    }
+                })
+            });
+            return Ok(());
+        }
         let reads = win.taps();
         for_planes(y, og * cols, work, |t, planes| {
             // Image t / c, channel t % c: the group's input plane and filters.
@@ -2772,13 +2809,40 @@ mod tests {
     /// bias and activation; against the reference image by image.
     #[test]
     fn small_depthwise_planes_in_lanes_match_the_reference() {
-        for (c, side, k, s, d) in [
+        let cases = [
             (19, 14, 5, 2, 1),
             (19, 13, 3, 2, 1),
             (8, 9, 3, 2, 2),
             (3, 5, 3, 2, 1),
             (20, 12, 3, 3, 1),
-        ] {
+        ];
+        depthwise_of_two_images_matches_the_reference(&cases, lanes::suits);
+    }
+
+    /// Depthwise convolutions at stride one run a group of planes at a time
+    /// (`cpu::depthwise::sums`): groups that end inside an image and across two, 7x7 planes
+    /// (rows narrower than a vector), 3x3, 5x5 and 7x7 windows, an input bias and activation;
+    /// against the reference image by image.
+    #[test]
+    fn stride_one_depthwise_planes_in_groups_match_the_reference() {
+        let cases = [
+            (200, 7, 5, 1, 1),
+            (19, 14, 3, 1, 1),
+            (33, 12, 7, 1, 1),
+            (3, 30, 3, 1, 1),
+        ];
+        depthwise_of_two_images_matches_the_reference(&cases, |win| {
+            depthwise::suits(win) || !depthwise::available()
+        });
+    }
+
+    /// Two images of each case's depthwise convolution (channels, square side, window,
+    /// stride, dilation), which `runs_there` says the kernel meant runs, against the reference.
+    fn depthwise_of_two_images_matches_the_reference(
+        cases: &[(usize, usize, usize, usize, usize)],
+        runs_there: impl Fn(&Windows) -> bool,
+    ) {
+        for &(c, side, k, s, d) in cases {
             let p = d * (k / 2);
             let mut cv = conv(
                 c,
@@ -2794,7 +2858,7 @@ mod tests {
             cv.input[0] = 2;
             cv.pre_act = Activation::LeakyRelu { alpha: 0.1 };
             cv.act = Activation::Swish { alpha: 1.0 };
-            assert!(lanes::suits(&cv.windows()));
+            assert!(runs_there(&cv.windows()), "{c} {side} {k} {s} {d}");
             let plane = side * side;
             let (x, wt) = (values(2 * c * plane, 1), values(c * k * k, 2));
             let (bias, in_bias) = (values(c, 3), values(c, 4));
