@@ -30,7 +30,7 @@
 use opsched_graph::Activation;
 
 use super::math::bias_act_row;
-use super::window::Windows;
+use super::window::{block_starts, Windows};
 
 /// Output rows of a block.
 const ROWS: usize = 4;
@@ -109,7 +109,7 @@ pub fn sums(win: &Windows, bufs: &[f32], stride: usize, w: &[f32], y: &mut [f32]
                 for (p, plane) in y.chunks_mut(len).enumerate() {
                     let buf = &bufs[p * stride..];
                     let w = &w[p * taps..(p + 1) * taps];
-                    for i in starts(oh, ROWS) {
+                    for i in block_starts(oh, ROWS) {
                         band(simd, win, buf, w, i, plane);
                     }
                 }
@@ -127,12 +127,6 @@ fn reach_of(win: &Windows) -> usize {
     (rows - 1) * pitch + COLS.max(win.out[1]) + win.kernel[1] - 1
 }
 
-/// `0, len, 2 len, ...` below `n`, the last moved back to end at `n` (one block where `n` is
-/// below `len`): the first rows or columns of whole blocks covering `n`.
-fn starts(n: usize, len: usize) -> impl Iterator<Item = usize> {
-    (0..n.div_ceil(len)).map(move |b| (b * len).min(n.saturating_sub(len)))
-}
-
 /// The sums of output rows `i .. i + ROWS` of [`convolve`]'s plane (whose checks passed) into
 /// `y`: block after block along the rows, a whole vector stored where the rows are as wide,
 /// the row's columns of it elsewhere.
@@ -142,11 +136,12 @@ fn band(simd: pulp::x86::V3, win: &Windows, buf: &[f32], w: &[f32], i: usize, y:
     let pitch = win.padded()[1];
     let ow = win.out[1];
     let [kh, kw] = win.kernel;
-    let nine: [pulp::f32x8; 9] = match kh * kw {
-        9 => std::array::from_fn(|t| simd.splat_f32x8(w[t])),
-        _ => [simd.splat_f32x8(0.0); 9],
+    let three = kh == 3 && kw == 3;
+    let nine: [pulp::f32x8; 9] = match three {
+        true => std::array::from_fn(|t| simd.splat_f32x8(w[t])),
+        false => [simd.splat_f32x8(0.0); 9],
     };
-    for j in starts(ow, COLS) {
+    for j in block_starts(ow, COLS) {
         // The block reads rows i .. i + ROWS + kh - 1 and columns j .. j + COLS + kw - 1 of
         // the padded plane: inside it (`padded` holds every window's reach), but for the
         // columns of a row narrower than a vector, which run into the next row and, on the
@@ -154,7 +149,7 @@ fn band(simd: pulp::x86::V3, win: &Windows, buf: &[f32], w: &[f32], i: usize, y:
         let corner = &buf[i * pitch + j..];
         let furthest = (ROWS + kh - 2) * pitch + COLS + kw - 2;
         assert!(furthest < corner.len(), "a block reads past its plane");
-        let sums = if kh == 3 && kw == 3 {
+        let sums = if three {
             block3x3(simd, corner, pitch, &nine)
         } else {
             block(simd, corner, pitch, [kh, kw], w)
@@ -276,7 +271,8 @@ mod tests {
         }
     }
 
-    /// Planes it does not suit (a stride, a dilation, fewer rows than a block) and slices shorter than their shape are left to the caller, untouched.
+    /// Planes it does not suit (a stride, a dilation, fewer rows than a block) and slices
+    /// shorter than their shape are left to the caller, untouched.
     #[test]
     fn what_it_does_not_suit_is_refused() {
         let base = Windows {

@@ -350,11 +350,7 @@ fn slide_by<const N: usize>(
     init: f32,
     fold: impl Fn(f32, f32, usize) -> f32,
 ) {
-    let n = row.len();
-    let starts = (0..n / N)
-        .map(|k| k * N)
-        .chain((!n.is_multiple_of(N)).then(|| n - N));
-    for j in starts {
+    for j in block_starts(row.len(), N) {
         let mut acc = [init; N];
         for (t, &start) in taps.iter().enumerate() {
             let at = base + start + j;
@@ -365,6 +361,13 @@ fn slide_by<const N: usize>(
         }
         row[j..j + N].copy_from_slice(&acc);
     }
+}
+
+/// `0, len, 2 len, ...` below `n`, the last moved back to end at `n` (one block where `n` is
+/// below `len`): the first elements of whole blocks of `len` covering `n`, the last overlapping
+/// the one before rather than running past the end.
+pub(crate) fn block_starts(n: usize, len: usize) -> impl Iterator<Item = usize> {
+    (0..n.div_ceil(len)).map(move |b| (b * len).min(n.saturating_sub(len)))
 }
 
 /// [`Windows::pad`] for a depthwise convolution: each input element plus its channel's bias

@@ -835,7 +835,9 @@ impl Conv {
         let repacked: Vec<f32>;
         let panels = match (&direct, panels) {
             (Some(_), None) => {
-                repacked = direct::pack(w, self.out_channels, k, k);
+                repacked = self.panels_cpu(w).ok_or_else(|| {
+                    GpuError::Plan("convolution weights shorter than their shape".into())
+                })?;
                 Some(&repacked[..])
             }
             (_, panels) => panels,

@@ -1462,9 +1462,9 @@ mod over_runs_tests {
 
     /// A linear layer's product as the CPU device runs it, its `[out, in]` weights repacked
     /// once ([`Gemm::packed_cpu`]), over a few tokens (panels), many (column-major, column
-    /// blocks) and two: within rounding of the product in `f64` (as the weights read where they lie), the
-    /// same bits on one thread as on three; small weights or batched products are not
-    /// repacked.
+    /// blocks) and two: within rounding of the product in `f64` (as the weights read where
+    /// they lie), the same bits on one thread as on three; small weights or batched products
+    /// are not repacked.
     #[test]
     fn repacked_weights_give_the_same_products() {
         for (tokens, inp, out) in [(16usize, 192usize, 576usize), (300, 64, 96), (2, 64, 64)] {
