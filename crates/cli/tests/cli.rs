@@ -938,6 +938,44 @@ fn run_on_the_cpu_backend_executes_and_checks_the_plan() {
     assert!(one_line_error(&out).contains("--gpu 1"));
 }
 
+/// `--op-times`: every launch's time in the JSON report, in launch order, each operator named
+/// once; the text report by operator type and the slowest launches; none without the flag.
+#[test]
+fn run_reports_each_launch_time_when_asked() {
+    let out = small_cpu_run("squeezenet", &["--op-times", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = stdout_json(&out);
+    let times = v["op_times"].as_array().unwrap();
+    assert_eq!(times.len() as u64, v["launches"].as_u64().unwrap());
+    let mut named: Vec<&str> = times
+        .iter()
+        .flat_map(|t| t["nodes"].as_array().unwrap())
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    let ops = named.len();
+    named.sort_unstable();
+    named.dedup();
+    assert_eq!(named.len(), ops, "an operator in two launches");
+    for t in times {
+        assert_eq!(t["time"]["samples"], 1);
+        assert!(t["time"]["median_ms"].as_f64().unwrap() >= 0.0);
+        assert!(!t["op"].as_str().unwrap().is_empty());
+    }
+    let text =
+        String::from_utf8_lossy(&small_cpu_run("squeezenet", &["--op-times"]).stdout).into_owned();
+    assert!(
+        text.contains("op times") && text.contains("conv2d"),
+        "{text}"
+    );
+    assert!(text.contains("slowest"), "{text}");
+    let plain = stdout_json(&small_cpu_run("squeezenet", &["--json"]));
+    assert!(plain.get("op_times").is_none());
+}
+
 /// Several `--schedule` files run one after another in one process: one report each, in
 /// order (a JSON array), each its own schedule's; `--output` takes one.
 #[test]

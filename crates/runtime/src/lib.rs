@@ -35,7 +35,7 @@ pub use opsched_gpu::{
     ConvApi, ConvGemm, CpuDevice, CudaDevice, Device, DeviceReport, GemmKernel, GpuError,
     KernelOptions, Summary, TransferMode,
 };
-pub use run::{map_gpus, run_plan, run_schedule, CheckReport, RunReport, Session};
+pub use run::{map_gpus, run_plan, run_schedule, CheckReport, OpTime, RunReport, Session};
 
 /// Errors of the runtime.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +117,9 @@ pub struct RunOptions {
     /// device prefers ([`opsched_gpu::Device::preferred_layout`]: channels last on CUDA, NCHW
     /// on the CPU).
     pub layout: Option<opsched_gpu::program::Layout>,
+    /// After timing, run `warmup + repeats` more iterations eagerly with an event on each
+    /// side of every launch, into [`crate::RunReport::op_times`].
+    pub op_times: bool,
 }
 
 impl Default for RunOptions {
@@ -133,6 +136,7 @@ impl Default for RunOptions {
             kernels: KernelOptions::default(),
             reuse_memory: true,
             layout: None,
+            op_times: false,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! transfers, timing and the numerical check.
 
 use opsched_gpu::{Device, DeviceReport, GraphProgram, Summary, TransferSpec};
-use opsched_graph::{Graph, Tensor};
+use opsched_graph::{Graph, NodeId, Tensor};
 use opsched_schedule::{HostCmd, HostProgram, LaunchPlan, Schedule};
 use serde::Serialize;
 
@@ -61,9 +61,28 @@ pub struct RunReport {
     pub depthwise_kernels: Option<opsched_gpu::tuning::DepthwiseKernels>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check: Option<CheckReport>,
+    /// Every launch's time, in the host program's order, when [`RunOptions::op_times`] asked
+    /// for them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub op_times: Vec<OpTime>,
     /// The graph's outputs by name, when [`RunOptions::keep_outputs`] asked for them.
     #[serde(skip)]
     pub outputs: Vec<(String, Tensor)>,
+}
+
+/// One launch's time within whole runs ([`RunOptions::op_times`]): between timing events
+/// recorded on its stream just before and just after it. On a GPU driven eagerly, a launch the
+/// host issued late counts the gap it waited; a wait for another stream comes before the first
+/// event, so it does not count.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpTime {
+    /// The operators it runs, by name (several for a merged stage).
+    pub nodes: Vec<String>,
+    /// The first one's operator type.
+    pub op: &'static str,
+    pub gpu: usize,
+    pub stream: usize,
+    pub time: Summary,
 }
 
 /// The numerical check's result.
@@ -263,7 +282,14 @@ impl<'a, D: Device> Session<'a, D> {
     /// Enqueue one iteration: fork from the origin stream, the host program, join back.
     /// Works both eagerly and under capture (every wait follows its record).
     pub fn enqueue(&self) -> Result<(), RuntimeError> {
+        self.enqueue_marked(&[])
+    }
+
+    /// [`Session::enqueue`], recording the `marks` of the host program's `i`-th launch on its
+    /// stream just before and just after it (none where `marks` is shorter).
+    fn enqueue_marked(&self, marks: &[(D::Event, D::Event)]) -> Result<(), RuntimeError> {
         let dev = self.dev;
+        let mut launches = marks.iter();
         dev.record(&self.origin, &self.fork)?;
         for sc in self.streams.iter().flatten().chain(&self.copy) {
             dev.wait(sc, &self.fork)?;
@@ -272,6 +298,10 @@ impl<'a, D: Device> Session<'a, D> {
             match c {
                 HostCmd::Launch { gpu, stream, ops } => {
                     let sc = self.stream(*gpu, *stream)?;
+                    let mark = launches.next();
+                    if let Some((before, _)) = mark {
+                        dev.record(sc, before)?;
+                    }
                     for op in ops {
                         let p = self
                             .ops
@@ -281,6 +311,9 @@ impl<'a, D: Device> Session<'a, D> {
                                 plan_err(format!("operator #{} is not prepared", op.0))
                             })?;
                         dev.launch(p, sc)?;
+                    }
+                    if let Some((_, after)) = mark {
+                        dev.record(sc, after)?;
                     }
                 }
                 HostCmd::Record { gpu, stream, event } => {
@@ -370,6 +403,55 @@ impl<'a, D: Device> Session<'a, D> {
         Ok(times)
     }
 
+    /// Time every launch within `warmup + repeats` eager iterations (after `warmup`): the
+    /// elapsed time between timing events recorded on its stream just before and just after
+    /// it ([`OpTime`]), in the host program's order.
+    pub fn time_ops(&self, warmup: u32, repeats: u32) -> Result<Vec<OpTime>, RuntimeError> {
+        let dev = self.dev;
+        let map = map_gpus(self.host.gpus().max(1), dev.units())?;
+        let mut marks = Vec::new();
+        let mut launches = Vec::new();
+        for c in &self.host.cmds {
+            if let HostCmd::Launch { gpu, stream, ops } = c {
+                let unit = *map
+                    .get(*gpu)
+                    .ok_or_else(|| plan_err(format!("GPU {gpu}")))?;
+                marks.push((dev.event(unit, true)?, dev.event(unit, true)?));
+                launches.push((*gpu, *stream, ops));
+            }
+        }
+        let mut samples = vec![Vec::with_capacity(repeats as usize); marks.len()];
+        for r in 0..warmup + repeats {
+            self.enqueue_marked(&marks)?;
+            for ((before, after), times) in marks.iter().zip(&mut samples) {
+                let ms = dev.elapsed_ms(before, after)?;
+                if r >= warmup {
+                    times.push(ms);
+                }
+            }
+        }
+        dev.synchronize()?;
+        launches
+            .into_iter()
+            .zip(&samples)
+            .map(|((gpu, stream, ops), times)| {
+                let node = |id: &NodeId| self.g.nodes().get(id.index());
+                Ok(OpTime {
+                    nodes: ops
+                        .iter()
+                        .filter_map(node)
+                        .map(|n| n.name.clone())
+                        .collect(),
+                    op: ops.first().and_then(node).map_or("?", |n| n.op.type_name()),
+                    gpu,
+                    stream,
+                    time: Summary::of(times)
+                        .ok_or_else(|| plan_err("no valid timing sample of a launch"))?,
+                })
+            })
+            .collect()
+    }
+
     /// Every node's value that outlives a run, read back (index = `NodeId`): graph inputs,
     /// constants, the graph's outputs, and every operator's output unless
     /// [`RunOptions::reuse_memory`] let others overwrite it.
@@ -430,6 +512,10 @@ pub fn run_plan<D: Device>(
     let session = Session::new(dev, g, plan, opts)?;
     let times = session.time(opts.warmup, opts.repeats.max(1), opts.graph_capture)?;
     let latency = Summary::of(&times).ok_or_else(|| plan_err("no valid timing sample"))?;
+    let op_times = match opts.op_times {
+        true => session.time_ops(opts.warmup, opts.repeats.max(1))?,
+        false => Vec::new(),
+    };
     let counts = session.host.counts();
     let footprint = opsched_gpu::memory::footprint(&session.program);
     // Every node's value, read back once for the check and the outputs.
@@ -478,6 +564,7 @@ pub fn run_plan<D: Device>(
             .map(|t| t.depthwise())
             .filter(|k| k.total() > 0),
         check,
+        op_times,
         outputs,
     })
 }

@@ -730,10 +730,16 @@ fn the_run_report_counts_what_the_host_program_holds() {
     let opts = RunOptions {
         warmup: 0,
         repeats: 2,
+        op_times: true,
         ..Default::default()
     };
     let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
     assert!(r.check.is_none());
+    assert_eq!(
+        r.op_times.len(),
+        c.launches,
+        "a time per launch, across GPUs too"
+    );
     assert_eq!(r.launches, c.launches);
     assert_eq!(r.launches, g.op_count());
     assert_eq!(r.waits, c.waits);
@@ -743,6 +749,61 @@ fn the_run_report_counts_what_the_host_program_holds() {
     assert_eq!(r.latency.samples, 2);
     assert!(r.transfers > 0, "hios-mr on two GPUs moves tensors");
     assert!(r.buffer_bytes > 0);
+}
+
+/// `op_times`: one entry per launch in the host program's order, on the launch's GPU and
+/// stream, every operator named once; and the time lands on the operator that takes it (a
+/// 3x3 convolution of 32 channels on 32x32 against activations of four values, in another
+/// branch on another stream).
+#[test]
+fn op_times_follow_the_launches_and_time_each_one() {
+    let mut b = GraphBuilder::new("times", DType::F32);
+    let x = b.input("x", vec![1, 32, 32, 32]);
+    b.conv("big", x, opsched::graph::Conv2d::new(64, 3));
+    let t = b.input("t", vec![1, 4]);
+    let tiny = b.act("tiny", t, opsched::graph::Activation::Relu);
+    b.act("tinier", tiny, opsched::graph::Activation::Relu);
+    let g = b.finish().unwrap();
+    let s = schedule(&g, "greedy", 1, &h100());
+    let plan = lower(&g, &s).unwrap();
+    let host = HostProgram::new(&g, &plan).unwrap();
+    let launches: Vec<(usize, usize, Vec<NodeId>)> = host
+        .cmds
+        .iter()
+        .filter_map(|c| match c {
+            HostCmd::Launch { gpu, stream, ops } => Some((*gpu, *stream, ops.clone())),
+            _ => None,
+        })
+        .collect();
+    let opts = RunOptions {
+        warmup: 2,
+        repeats: 9,
+        op_times: true,
+        ..Default::default()
+    };
+    let r = run_schedule(&CpuDevice::new(), &g, &s, &opts).unwrap();
+    assert_eq!(r.op_times.len(), launches.len());
+    for (t, (gpu, stream, ops)) in r.op_times.iter().zip(&launches) {
+        let names: Vec<&str> = ops.iter().map(|&o| g.node(o).name.as_str()).collect();
+        assert_eq!(t.nodes, names);
+        assert_eq!((t.gpu, t.stream), (*gpu, *stream));
+        assert_eq!(t.op, g.node(ops[0]).op.type_name());
+        assert_eq!(t.time.samples, 9);
+        assert!(t.time.min_ms >= 0.0);
+    }
+    let streams: std::collections::HashSet<_> = launches.iter().map(|l| l.1).collect();
+    assert!(streams.len() > 1, "greedy puts the branches on two streams");
+    let time = |name: &str| {
+        let t = r.op_times.iter().find(|t| t.nodes == [name]).unwrap();
+        t.time.median_ms
+    };
+    let (conv, relus) = (time("big"), time("tiny").max(time("tinier")));
+    assert!(
+        conv > 5.0 * relus,
+        "the convolution took {conv} ms, an activation of four values {relus} ms"
+    );
+    let plain = run_schedule(&CpuDevice::new(), &g, &s, &RunOptions::default()).unwrap();
+    assert!(plain.op_times.is_empty(), "times only when asked");
 }
 
 #[test]

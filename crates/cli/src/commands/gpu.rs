@@ -327,6 +327,12 @@ pub struct RunArgs {
     /// Write the model's outputs: a `.npy` (one output) or `.npz` (every output, by name).
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// After timing, run the plan eagerly `--warmup` + `--repeats` more times with an event on
+    /// each side of every launch, and report each launch's median time (text: by operator
+    /// type and the slowest ten; `--json`: `op_times`, every launch). On a GPU a launch the
+    /// host issued late counts the time it waited.
+    #[arg(long)]
+    op_times: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -601,6 +607,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         keep_outputs: a.output.is_some(),
         reuse_memory: !a.no_memory_reuse,
         layout: a.layout.layout(),
+        op_times: a.op_times,
         ..RunOptions::default()
     };
     let job = Run {
@@ -788,6 +795,66 @@ fn print_run(g: &opsched::Graph, label: &str, report: &opsched::runtime::RunRepo
                     c.tolerance_reference
                 ),
                 _ => "; reference skipped (graph too large)".into(),
+            }
+        )?;
+    }
+    print_op_times(&mut out, report)
+}
+
+/// How many of the slowest launches the text report lists (`--json` has every one).
+const SLOWEST_LAUNCHES: usize = 10;
+
+/// `--op-times`: the launches' medians by operator type, then the slowest launches.
+fn print_op_times(out: &mut impl Write, report: &opsched::runtime::RunReport) -> Result<()> {
+    let times = &report.op_times;
+    if times.is_empty() {
+        return Ok(());
+    }
+    let median = |t: &opsched::runtime::OpTime| t.time.median_ms;
+    let sum: f64 = times.iter().map(median).sum();
+    let eager = times[0].time.samples;
+    writeln!(
+        out,
+        "op times       {} launches' medians sum to {:.4} ms ({} eager run{}, an event on each \
+         side of every launch); by type:",
+        times.len(),
+        sum,
+        eager,
+        if eager == 1 { "" } else { "s" }
+    )?;
+    let mut by_type: Vec<(&str, usize, f64)> = Vec::new();
+    for t in times {
+        match by_type.iter_mut().find(|(op, ..)| *op == t.op) {
+            Some((_, n, ms)) => {
+                *n += 1;
+                *ms += median(t);
+            }
+            None => by_type.push((t.op, 1, median(t))),
+        }
+    }
+    by_type.sort_by(|a, b| b.2.total_cmp(&a.2));
+    for (op, n, ms) in by_type {
+        let share = if sum > 0.0 { 100.0 * ms / sum } else { 0.0 };
+        writeln!(out, "  {op:<24} {n:>5} x {ms:>10.4} ms {share:>5.1}%")?;
+    }
+    let mut slowest: Vec<_> = times.iter().collect();
+    slowest.sort_by(|a, b| median(b).total_cmp(&median(a)));
+    writeln!(out, "slowest        launches, median (p10 - p90) ms:")?;
+    for t in slowest.into_iter().take(SLOWEST_LAUNCHES) {
+        let name = match t.nodes.as_slice() {
+            [one] => one.clone(),
+            many => format!("merged {}", many.join("+")),
+        };
+        writeln!(
+            out,
+            "  {name:<40} {:<16} {:>9.4} ({:.4} - {:.4}){}",
+            t.op,
+            t.time.median_ms,
+            t.time.p10_ms,
+            t.time.p90_ms,
+            match report.streams.iter().sum::<usize>() {
+                0 | 1 => String::new(),
+                _ => format!(" GPU {} stream {}", t.gpu, t.stream),
             }
         )?;
     }
