@@ -799,6 +799,51 @@ fn resizes_match_the_reference_in_both_layouts() {
     }
 }
 
+/// Every reduction kind over consecutive elements (the last axis, and the last two), rows of
+/// 37 (two sixteen-lane chunks and a rest: the CPU sums in lanes) and of 5 (in order), against
+/// the reference's in-order loops.
+#[test]
+fn reductions_over_the_last_axes_match_the_reference() {
+    let mut b = GraphBuilder::new("last_axes", DType::F32);
+    let kinds = [
+        ReduceKind::Mean,
+        ReduceKind::Sum,
+        ReduceKind::Max,
+        ReduceKind::Min,
+        ReduceKind::Prod,
+        ReduceKind::L1,
+        ReduceKind::L2,
+        ReduceKind::SumSquare,
+        ReduceKind::LogSum,
+        ReduceKind::LogSumExp,
+        ReduceKind::ArgMax,
+        ReduceKind::LastArgMin,
+    ];
+    for (shape, tag) in [(vec![3, 4, 37], "long"), (vec![2, 3, 5], "short")] {
+        let x = b.input(tag, shape);
+        // Magnitudes: a log of the sum needs a positive sum.
+        let positive = b.act(&format!("{tag}_abs"), x, Activation::Abs);
+        for kind in kinds {
+            for (begin, keep) in [(2, true), (1, false)] {
+                let from = if kind == ReduceKind::LogSum {
+                    positive
+                } else {
+                    x
+                };
+                let name = format!("{tag}_{kind:?}_{begin}");
+                let op = Op::Reduce {
+                    kind,
+                    begin,
+                    end: 3,
+                    keep,
+                };
+                b.op(&name, op, &[from]);
+            }
+        }
+    }
+    check_in_both_layouts(&b.finish().unwrap());
+}
+
 /// Token ids read by two tables (the default ids are rows of the smaller), their vectors
 /// summed, normalized and projected; the first token taken as a channel slice; the tokens'
 /// mean, and the largest value of each vector.

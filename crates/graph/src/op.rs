@@ -435,8 +435,8 @@ impl ReduceKind {
         }
     }
 
-    /// `acc` combined with the next element `v` (elements in order: every executor sums
-    /// alike). An index kind keeps its best value this way and its index by
+    /// `acc` combined with the next element `v` (elements in order, as the reference and the
+    /// CUDA kernel sum; the CPU device sums a row of consecutive elements in lanes). An index kind keeps its best value this way and its index by
     /// [`ReduceKind::replaces`].
     pub fn step(self, acc: f32, v: f32) -> f32 {
         match self {

@@ -537,19 +537,27 @@ pub fn sum_of(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 /// The largest of `xs` as `f32::max` folds it from -inf (which skips NaN), sixteen lanes at a
 /// time: `max` is exact, so the order does not change the result.
 pub fn max_of(xs: &[f32]) -> f32 {
+    extreme_of(xs, f32::NEG_INFINITY, f32::max)
+}
+
+/// The smallest of `xs`, as [`max_of`] finds the largest.
+pub fn min_of(xs: &[f32]) -> f32 {
+    extreme_of(xs, f32::INFINITY, f32::min)
+}
+
+/// `pick` (`f32::max` or `f32::min`) folded over `xs` from `start` in sixteen lanes.
+#[inline(always)]
+fn extreme_of(xs: &[f32], start: f32, pick: impl Fn(f32, f32) -> f32) -> f32 {
     with_avx2(
         #[inline(always)]
         || {
-            let mut lanes = [f32::NEG_INFINITY; 16];
-            let chunks = xs.chunks_exact(16);
-            let rest = chunks
-                .remainder()
-                .iter()
-                .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let mut lanes = [start; LANES];
+            let chunks = xs.chunks_exact(LANES);
+            let rest = chunks.remainder().iter().fold(start, |m, &x| pick(m, x));
             for c in chunks {
-                lanes.iter_mut().zip(c).for_each(|(l, &x)| *l = l.max(x));
+                lanes.iter_mut().zip(c).for_each(|(l, &x)| *l = pick(*l, x));
             }
-            lanes.iter().fold(rest, |m, &x| m.max(x))
+            lanes.iter().fold(rest, |m, &x| pick(m, x))
         },
     )
 }
