@@ -13,8 +13,10 @@
 //! weights out so), each pixel's input element broadcast, twelve fused multiply-adds (`pulp`
 //! checks for AVX2 and FMA at run time, a portable loop elsewhere). Any six pixels make a
 //! tile, so nothing is computed and dropped but the last tile's repeats; nor is the input
-//! copied nine times over (im2col) or packed. (AVX-512 measured no faster on the Zen 4 cores
-//! of 2026-11-28, whose 512-bit operations take two passes.)
+//! copied nine times over (im2col) or packed. (AVX-512 measured no faster for convolutions on
+//! the Zen 4 cores of 2026-11-28, whose 512-bit operations take two passes; products over a
+//! few tokens take it where the CPU has it, `wide`, whose 32 registers hold a tile of 16
+//! columns.)
 //!
 //! Each output sums its inner dimension in order, in blocks of 256 (`KC`; the partial sums go to
 //! scratch between blocks), whatever the number of threads: its bits depend on the shapes.
@@ -142,9 +144,23 @@ impl Direct {
 /// `C = alpha * W * B` for a constant `W` (`m x k`, [`pack`]ed into `panels`) and a `B` of a
 /// few columns (a linear layer over a few tokens), C column-major (`ldc` apart): column `j` of
 /// B is element `kk` at `b[j * cs + kk * rs]`. The weights stream through once, a panel a
-/// task, where a packed product would gather and pack them on every run.
-#[allow(clippy::too_many_arguments)]
+/// task, where a packed product would gather and pack them on every run; in AVX-512 where the
+/// CPU has it (`wide`), with the same bits.
 pub fn product_columns(
+    panels: &[f32],
+    mkn: [usize; 3],
+    b: &[f32],
+    strides: [usize; 2],
+    c: &mut [f32],
+    ldc: usize,
+    alpha: f32,
+) -> Result<(), GpuError> {
+    columns(panels, mkn, b, strides, c, ldc, alpha, true)
+}
+
+/// [`product_columns`], in AVX-512 only where `wide` allows it (the tests run both).
+#[allow(clippy::too_many_arguments)]
+fn columns(
     panels: &[f32],
     [m, k, n]: [usize; 3],
     b: &[f32],
@@ -152,13 +168,28 @@ pub fn product_columns(
     c: &mut [f32],
     ldc: usize,
     alpha: f32,
+    wide: bool,
 ) -> Result<(), GpuError> {
     let fail = |what: &str| Err(GpuError::Plan(format!("panel product {m}x{k}x{n}: {what}")));
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = wide;
     if m == 0 || n == 0 {
         return Ok(());
     }
     if ldc < m || c.len() < (n - 1) * ldc + m {
         return fail("C is shorter than its shape");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = pulp::x86::V4::try_new().filter(|_| wide) {
+        let reach = (n - 1).saturating_mul(cs);
+        if k > 0 && reach.saturating_add((k - 1).saturating_mul(rs)) >= b.len() {
+            return fail("B ends before the tiles' reach");
+        }
+        if panels.len() != panels_len(m, k) {
+            return fail("the weights are not of their shape");
+        }
+        wide::product_columns(simd, panels, [m, k, n], b, [rs, cs], c, ldc, alpha);
+        return Ok(());
     }
     let offsets: Vec<usize> = (0..k).map(|kk| kk * rs).collect();
     let out = SharedOut(c.as_mut_ptr());
@@ -347,6 +378,122 @@ fn tile(
     }
 }
 
+/// [`product_columns`] where the CPU has AVX-512 (Zen 4, Sapphire Rapids): a panel's 16 rows
+/// are one 512-bit vector, so a tile of one panel by 16 columns keeps its sums in 16 of the 32
+/// registers, where AVX2's 16 registers hold a tile of 6 (16 tokens took three tiles, the
+/// last a third wasted, each reading the panel again). The weights stream through once for up
+/// to 16 tokens, fetched ahead ([`AHEAD`]: they come from memory, a model's weights being
+/// larger than the caches). The sums are the same fused multiply-adds in the same order as
+/// [`tile_v3`]'s, so the bits are too.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use pulp::{f32x16, x86::V4};
+    use rayon::prelude::*;
+
+    use super::LANES;
+    use crate::cpu::math::{with_scratch, SharedOut};
+
+    /// Panel rows (64 bytes each) the weights are fetched ahead of their use.
+    const AHEAD: usize = 32;
+    /// Columns of a tile.
+    const COLS: usize = 16;
+
+    /// `product_columns`' loops; it checked the shapes (`b` holds every column's `k`
+    /// elements, `panels` is `pack`ed for `m x k`, `c` holds `n` columns `ldc` apart).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn product_columns(
+        simd: V4,
+        panels: &[f32],
+        [m, k, n]: [usize; 3],
+        b: &[f32],
+        [rs, cs]: [usize; 2],
+        c: &mut [f32],
+        ldc: usize,
+        alpha: f32,
+    ) {
+        let tiles = n.div_ceil(COLS);
+        let blocks = m.div_ceil(LANES);
+        // B's columns tile by tile, each `[k][width]` (`width` the tile's columns rounded up
+        // to four, the missing ones zero): a tile's elements at one `kk` side by side.
+        let width = |t: usize| (n - t * COLS).min(COLS).next_multiple_of(4);
+        let start = |t: usize| t * COLS * k;
+        with_scratch(start(tiles - 1) + width(tiles - 1) * k, |bt| {
+            for t in 0..tiles {
+                let w = width(t);
+                let cols = t * COLS..(t * COLS + w).min(n);
+                for (kk, row) in bt[start(t)..start(t) + w * k]
+                    .chunks_exact_mut(w)
+                    .enumerate()
+                {
+                    row.fill(0.0);
+                    for (v, j) in row.iter_mut().zip(cols.clone()) {
+                        *v = b[j * cs + kk * rs];
+                    }
+                }
+            }
+            let bt = &*bt;
+            let out = SharedOut(c.as_mut_ptr());
+            let task = |i: usize| {
+                let (blk, t) = (i % blocks, i / blocks);
+                let panel = &panels[blk * k * LANES..(blk + 1) * k * LANES];
+                let x = &bt[start(t)..start(t) + width(t) * k];
+                let mut sums = [[0.0f32; LANES]; COLS];
+                match width(t) {
+                    4 => tile::<4>(simd, panel, x, &mut sums),
+                    8 => tile::<8>(simd, panel, x, &mut sums),
+                    12 => tile::<12>(simd, panel, x, &mut sums),
+                    _ => tile::<16>(simd, panel, x, &mut sums),
+                }
+                let rows = blk * LANES..((blk + 1) * LANES).min(m);
+                for (j, s) in (t * COLS..((t + 1) * COLS).min(n)).zip(&sums) {
+                    // SAFETY: rows of column j lie inside c (rows.end <= m <= ldc, j < n:
+                    // `product_columns` checked c's length); each (panel, tile) pair is stored
+                    // once, by one task, and no other reference to c is live meanwhile.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(out.at(j * ldc + rows.start), rows.len())
+                    };
+                    dst.iter_mut().zip(s).for_each(|(d, &v)| *d = alpha * v);
+                }
+            };
+            let tasks = blocks * tiles;
+            if m * k * n >= 1 << 20 {
+                (0..tasks).into_par_iter().for_each(task);
+            } else {
+                (0..tasks).for_each(task);
+            }
+        })
+    }
+
+    /// `sums[j][l] = sum over kk of panel[kk][l] * x[kk][j]` for the tile's `P` columns, in
+    /// order, one fused multiply-add a term.
+    #[inline(always)]
+    fn tile<const P: usize>(simd: V4, panel: &[f32], x: &[f32], sums: &mut [[f32; LANES]; COLS]) {
+        simd.vectorize(
+            #[inline(always)]
+            || {
+                let mut acc = [simd.splat_f32x16(0.0); P];
+                for (i, (w, xs)) in panel.chunks_exact(LANES).zip(x.chunks_exact(P)).enumerate() {
+                    let ahead = panel.as_ptr().wrapping_add((i + AHEAD) * LANES);
+                    // SAFETY: a prefetch does not fault, wherever it points.
+                    unsafe {
+                        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                    }
+                    let w: f32x16 = pulp::cast::<[f32; LANES], f32x16>(
+                        w.try_into().expect("a panel row is 16 weights"),
+                    );
+                    for (a, &v) in acc.iter_mut().zip(xs) {
+                        *a = simd.mul_add_f32x16(simd.splat_f32x16(v), w, *a);
+                    }
+                }
+                for (s, a) in sums.iter_mut().zip(&acc) {
+                    *s = pulp::cast::<f32x16, [f32; LANES]>(*a);
+                }
+            },
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -406,8 +553,9 @@ mod tests {
 
     /// A product of panels with a few columns, B read either way (a column's elements
     /// adjacent or `ldb` apart), C with rows between columns, scaled: the product in `f64`
-    /// within rounding, C's other rows untouched, the same bits on one thread as on three; a
-    /// B shorter than the columns' reach is refused.
+    /// within rounding, C's other rows untouched, the same bits on one thread as on three and
+    /// in AVX-512's tiles of 16 columns (whole, several, and a last one of 4 to 16) as in
+    /// AVX2's of 6; a B shorter than the columns' reach is refused.
     #[test]
     fn panel_products_match_the_product_in_f64() {
         for (m, k, n) in [
@@ -415,26 +563,33 @@ mod tests {
             (16, 5, 1),
             (7, 33, 13),
             (600, 700, 3),
+            (33, 70, 37),
+            (20, 9, 64),
+            (300, 40, 23),
         ] {
-            let (w, ldc, ldb) = (values(m * k, 1), m + 3, k + 2);
+            let (w, ldc, ldb) = (values(m * k, 1), m + 3, k.max(n) + 2);
             let panels = pack(&w, m, k, k);
             for trans in [false, true] {
                 let strides = if trans { [ldb, 1] } else { [1, ldb] };
                 let len = if trans { k * ldb } else { n * ldb };
                 let b = values(len, 2);
-                let run = |threads: usize| {
+                let run = |threads: usize, wide: bool| {
                     let mut c = vec![f32::NAN; n * ldc];
                     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
                     pool.unwrap()
                         .install(|| {
-                            product_columns(&panels, [m, k, n], &b, strides, &mut c, ldc, 0.5)
+                            columns(&panels, [m, k, n], &b, strides, &mut c, ldc, 0.5, wide)
                         })
                         .unwrap();
                     c
                 };
-                let c = run(3);
+                let c = run(3, false);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&c), bits(&run(1)), "{m}x{k}x{n}");
+                assert_eq!(bits(&c), bits(&run(1, false)), "{m}x{k}x{n}");
+                // AVX-512's tiles (where this CPU has it; else the same loops again), on any
+                // number of threads: the same bits as AVX2's.
+                assert_eq!(bits(&c), bits(&run(3, true)), "{m}x{k}x{n} wide");
+                assert_eq!(bits(&c), bits(&run(1, true)), "{m}x{k}x{n} wide");
                 for j in 0..n {
                     for i in 0..m {
                         let want: f64 = (0..k)
@@ -452,20 +607,15 @@ mod tests {
                     assert!(c[j * ldc + m..(j + 1) * ldc].iter().all(|v| v.is_nan()));
                 }
                 let reach = (n - 1) * strides[1] + (k - 1) * strides[0] + 1;
-                let mut c = vec![0.0; n * ldc];
-                let err = product_columns(
-                    &panels,
-                    [m, k, n],
-                    &b[..reach - 1],
-                    strides,
-                    &mut c,
-                    ldc,
-                    1.0,
-                );
-                assert!(
-                    err.unwrap_err().to_string().contains("reach"),
-                    "{m}x{k}x{n}"
-                );
+                for wide in [false, true] {
+                    let mut c = vec![0.0; n * ldc];
+                    let short = &b[..reach - 1];
+                    let err = columns(&panels, [m, k, n], short, strides, &mut c, ldc, 1.0, wide);
+                    assert!(
+                        err.unwrap_err().to_string().contains("reach"),
+                        "{m}x{k}x{n}"
+                    );
+                }
             }
         }
     }
