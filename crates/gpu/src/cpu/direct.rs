@@ -40,6 +40,9 @@ const PIXELS: usize = 6;
 /// Inner-dimension elements a tile sums before its sums go back to scratch: its panel rows
 /// (`KC x LANES`, 16 KiB) stay in L1.
 const KC: usize = 256;
+/// Panel rows (64 bytes each) the weights are fetched ahead of their use: a linear layer's
+/// come from memory, a model's weights being larger than the caches.
+const AHEAD: usize = 32;
 /// Output pixels a task covers at most.
 const CHUNK: usize = 32 * PIXELS;
 
@@ -347,6 +350,12 @@ fn tile_v3(
         std::array::from_fn(|p| [load(&acc[p][..8]), load(&acc[p][8..])]);
     let xs: [*const f32; PIXELS] = std::array::from_fn(|p| x.as_ptr().wrapping_add(bases[p]));
     for (&off, wk) in offs.iter().zip(w.chunks_exact(LANES)) {
+        // SAFETY: a prefetch does not fault, wherever it points.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(wk.as_ptr().wrapping_add(AHEAD * LANES).cast());
+        }
         let (w0, w1) = (load(&wk[..8]), load(&wk[8..]));
         for (ap, xp) in a.iter_mut().zip(&xs) {
             // SAFETY: bases[p] + off lies inside x (the caller's check).
@@ -390,11 +399,9 @@ mod wide {
     use pulp::{f32x16, x86::V4};
     use rayon::prelude::*;
 
-    use super::LANES;
+    use super::{AHEAD, LANES};
     use crate::cpu::math::{with_scratch, SharedOut};
 
-    /// Panel rows (64 bytes each) the weights are fetched ahead of their use.
-    const AHEAD: usize = 32;
     /// Columns of a tile.
     const COLS: usize = 16;
 
