@@ -13,10 +13,12 @@
 //! weights out so), each pixel's input element broadcast, twelve fused multiply-adds (`pulp`
 //! checks for AVX2 and FMA at run time, a portable loop elsewhere). Any six pixels make a
 //! tile, so nothing is computed and dropped but the last tile's repeats; nor is the input
-//! copied nine times over (im2col) or packed. (AVX-512 measured no faster for convolutions on
-//! the Zen 4 cores of 2026-11-28, whose 512-bit operations take two passes; products over a
-//! few tokens take it where the CPU has it, `wide`, whose 32 registers hold a tile of 16
-//! columns.)
+//! copied nine times over (im2col) or packed. Where the CPU has AVX-512 (`wide`), its 32
+//! registers hold a tile of four panels by 6 pixels (each input element broadcast once for
+//! 64 channels), and for a linear layer one panel by 16 tokens (the weights read once); the
+//! same fused multiply-adds in the same order, so the same bits. (The 16 x 6 tile itself
+//! compiled for AVX-512 measured no faster on the Zen 4 cores of 2026-11-28, whose 512-bit
+//! operations take two passes.)
 //!
 //! Each output sums its inner dimension in order, in blocks of 256 (`KC`; the partial sums go to
 //! scratch between blocks), whatever the number of threads: its bits depend on the shapes.
@@ -43,6 +45,9 @@ const KC: usize = 256;
 /// Panel rows (64 bytes each) the weights are fetched ahead of their use: a linear layer's
 /// come from memory, a model's weights being larger than the caches.
 const AHEAD: usize = 32;
+/// Panels a task of the AVX-512 tiles covers ([`products`]): a tile of four panels by
+/// [`PIXELS`] pixels keeps its 24 vectors of sums in 32 registers.
+const GROUP: usize = 4;
 /// Output pixels a task covers at most.
 const CHUNK: usize = 32 * PIXELS;
 
@@ -102,6 +107,19 @@ impl Direct {
         a: Activation,
         y: &mut [f32],
     ) -> Result<(), GpuError> {
+        self.convolve_with(planes, panels, bias, a, y, true)
+    }
+
+    /// [`Direct::convolve`], in AVX-512 only where `wide` allows it (the tests run both).
+    fn convolve_with(
+        &self,
+        planes: &[f32],
+        panels: &[f32],
+        bias: Option<&[f32]>,
+        a: Activation,
+        y: &mut [f32],
+        wide: bool,
+    ) -> Result<(), GpuError> {
         let [oh, ow] = self.out;
         let taps = self.taps.starts.len();
         let k = self.channels * taps;
@@ -139,7 +157,7 @@ impl Direct {
                 bias_act_row(dst, bias.map(|b| b[o]), a);
             }
         };
-        products(planes, &offsets, base, pixels, panels, oc, store)
+        products(planes, &offsets, base, pixels, panels, oc, store, wide)
             .map_err(|what| GpuError::Plan(format!("direct convolution {oc}x{k}: {what}")))
     }
 }
@@ -207,15 +225,18 @@ fn columns(
             dst.iter_mut().zip(s).for_each(|(d, &v)| *d = alpha * v);
         }
     };
-    products(b, &offsets, |j| j * cs, n, panels, m, store)
+    // Never the grouped AVX-512 tiles: `wide::product_columns` ran where they would.
+    products(b, &offsets, |j| j * cs, n, panels, m, store, false)
         .map_err(|what| GpuError::Plan(format!("panel product {m}x{k}x{n}: {what}")))
 }
 
 /// The shared loops of [`Direct::convolve`] and [`product_columns`]: for every panel of 16
 /// of the `oc` outputs and every pixel `q` below `pixels`, the sums over `k` of the panel's
 /// row `k` times `x[base(q) + offsets[k]]`, handed to `store(panel, pixels, sums)`
-/// (pixel-major, [`LANES`] a pixel) once per task; tasks of a panel and up to [`CHUNK`]
-/// pixels, in parallel. `base` must not decrease.
+/// (pixel-major, [`LANES`] a pixel) once per task; tasks of a panel (of up to [`GROUP`]
+/// panels in AVX-512, where `wide` allows it and the CPU has it) and up to [`CHUNK`] pixels,
+/// in parallel. `base` must not decrease.
+#[allow(clippy::too_many_arguments)]
 fn products(
     x: &[f32],
     offsets: &[usize],
@@ -224,6 +245,7 @@ fn products(
     panels: &[f32],
     oc: usize,
     store: impl Fn(usize, Range<usize>, &[f32]) + Sync,
+    wide: bool,
 ) -> Result<(), &'static str> {
     let k = offsets.len();
     if pixels == 0 || oc == 0 {
@@ -236,8 +258,13 @@ fn products(
     if furthest >= x.len() {
         return Err("the input ends before the tiles' reach");
     }
-    // Tasks: a panel and a chunk of pixels each, enough to feed every thread.
-    let blocks = oc.div_ceil(LANES);
+    #[cfg(target_arch = "x86_64")]
+    let wide = pulp::x86::V4::try_new().filter(|_| wide);
+    #[cfg(not(target_arch = "x86_64"))]
+    let wide: Option<()> = wide.then_some(()).and(None);
+    // Tasks: a group of panels and a chunk of pixels each, enough to feed every thread.
+    let group = if wide.is_some() { GROUP } else { 1 };
+    let blocks = oc.div_ceil(LANES).div_ceil(group);
     let threads = rayon::current_num_threads();
     let wanted = if oc * k * pixels >= 1 << 20 {
         2 * threads
@@ -251,13 +278,25 @@ fn products(
         let (b, c) = (t % blocks, t / blocks);
         let qs = c * chunk..((c + 1) * chunk).min(pixels);
         let n = qs.len();
-        let panel = &panels[b * k * LANES..(b + 1) * k * LANES];
         // Each pixel's place in x, once per task.
         let mut at = [0usize; CHUNK];
         at.iter_mut()
             .zip(qs.clone())
             .for_each(|(a, q)| *a = base(q));
         let at = &at[..n];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(simd) = wide {
+            let first = b * GROUP;
+            let count = GROUP.min(oc.div_ceil(LANES) - first);
+            let group = &panels[first * k * LANES..(first + count) * k * LANES];
+            return with_scratch(count * n * LANES, |sums| {
+                wide::sweep(simd, x, offsets, group, at, sums);
+                for (i, part) in sums.chunks(n * LANES).enumerate() {
+                    store(first + i, qs.clone(), part);
+                }
+            });
+        }
+        let panel = &panels[b * k * LANES..(b + 1) * k * LANES];
         with_scratch(n * LANES, |sums| {
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
             if let Some(simd) = pulp::x86::V3::try_new() {
@@ -399,7 +438,7 @@ mod wide {
     use pulp::{f32x16, x86::V4};
     use rayon::prelude::*;
 
-    use super::{AHEAD, LANES};
+    use super::{AHEAD, GROUP, KC, LANES, PIXELS};
     use crate::cpu::math::{with_scratch, SharedOut};
 
     /// Columns of a tile.
@@ -471,6 +510,105 @@ mod wide {
         })
     }
 
+    /// [`super::sweep`] for a group of up to [`GROUP`] panels (`group`, each `k` rows) at once:
+    /// a tile of the group's panels by [`PIXELS`] pixels, each pixel's input element broadcast
+    /// once for all of them; `sums` holds the panels' sums one after another, each
+    /// pixel-major. The caller checked that the pixels' reach lies inside `planes`.
+    pub(super) fn sweep(
+        simd: V4,
+        planes: &[f32],
+        offsets: &[usize],
+        group: &[f32],
+        at: &[usize],
+        sums: &mut [f32],
+    ) {
+        match group.len() / (offsets.len() * LANES).max(1) {
+            1 => sweep_group::<1>(simd, planes, offsets, group, at, sums),
+            2 => sweep_group::<2>(simd, planes, offsets, group, at, sums),
+            3 => sweep_group::<3>(simd, planes, offsets, group, at, sums),
+            _ => sweep_group::<GROUP>(simd, planes, offsets, group, at, sums),
+        }
+    }
+
+    /// [`sweep`] for `G` panels.
+    #[inline(always)]
+    fn sweep_group<const G: usize>(
+        simd: V4,
+        planes: &[f32],
+        offsets: &[usize],
+        group: &[f32],
+        at: &[usize],
+        sums: &mut [f32],
+    ) {
+        let (k, n) = (offsets.len(), at.len());
+        assert_eq!(group.len(), G * k * LANES, "a group of whole panels");
+        assert_eq!(sums.len(), G * n * LANES, "sums for every panel and pixel");
+        simd.vectorize(
+            #[inline(always)]
+            || {
+                for k0 in (0..k).step_by(KC) {
+                    let k1 = (k0 + KC).min(k);
+                    let offs = &offsets[k0..k1];
+                    let last = offs.iter().max().copied().unwrap_or(0);
+                    for i in (0..n).step_by(PIXELS) {
+                        // A last partial tile repeats its last pixel (computed, not stored).
+                        let bases: [usize; PIXELS] =
+                            std::array::from_fn(|p| at[(i + p).min(n - 1)]);
+                        let furthest = bases.iter().max().copied().unwrap_or(0) + last;
+                        assert!(furthest < planes.len(), "a tile reads past its planes");
+                        let real = PIXELS.min(n - i);
+                        let at_sum = |g: usize, p: usize| (g * n + i + p) * LANES;
+                        let mut acc = [[simd.splat_f32x16(0.0); PIXELS]; G];
+                        if k0 > 0 {
+                            for (g, row) in acc.iter_mut().enumerate() {
+                                for (p, a) in row.iter_mut().enumerate().take(real) {
+                                    *a = load(&sums[at_sum(g, p)..][..LANES]);
+                                }
+                            }
+                        }
+                        let xs: [*const f32; PIXELS] =
+                            std::array::from_fn(|p| planes.as_ptr().wrapping_add(bases[p]));
+                        let ws = group.as_ptr().wrapping_add(k0 * LANES);
+                        for (r, &off) in offs.iter().enumerate() {
+                            // SAFETY: row k0 + r of each of the G panels lies inside `group`
+                            // (G * k * LANES elements, checked above); a prefetch does not
+                            // fault, wherever it points.
+                            let w: [f32x16; G] = std::array::from_fn(|g| unsafe {
+                                let row = ws.add((g * k + r) * LANES);
+                                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(AHEAD * LANES).cast());
+                                pulp::cast::<[f32; LANES], f32x16>(*row.cast::<[f32; LANES]>())
+                            });
+                            for (p, xp) in xs.iter().enumerate() {
+                                // SAFETY: bases[p] + off lies inside planes (checked above).
+                                let v = simd.splat_f32x16(unsafe { *xp.add(off) });
+                                for (a, &wg) in acc.iter_mut().zip(&w) {
+                                    a[p] = simd.mul_add_f32x16(v, wg, a[p]);
+                                }
+                            }
+                        }
+                        for (g, row) in acc.iter().enumerate() {
+                            for (p, a) in row.iter().enumerate().take(real) {
+                                sums[at_sum(g, p)..][..LANES].copy_from_slice(&pulp::cast::<
+                                    f32x16,
+                                    [f32; LANES],
+                                >(
+                                    *a
+                                ));
+                            }
+                        }
+                    }
+                }
+            },
+        )
+    }
+
+    /// Sixteen sums as a vector.
+    #[inline(always)]
+    fn load(s: &[f32]) -> f32x16 {
+        pulp::cast::<[f32; LANES], f32x16>(s.try_into().expect("16 sums"))
+    }
+
     /// `sums[j][l] = sum over kk of panel[kk][l] * x[kk][j]` for the tile's `P` columns, in
     /// order, one fused multiply-add a term.
     #[inline(always)]
@@ -513,12 +651,13 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
         /// Any geometry (stride and dilation per axis, uneven padding), output channels in
-        /// and out of whole panels, pixels in and out of whole tiles, inner dimensions over
-        /// several blocks of `KC`, and work split across tasks by panels and by pixels: the
-        /// reference's convolution, and the same bits on one thread as on all.
+        /// and out of whole panels and groups of them, pixels in and out of whole tiles, inner
+        /// dimensions over several blocks of `KC`, and work split across tasks by panels and
+        /// by pixels: the reference's convolution, and the same bits on one thread as on all
+        /// and in AVX2's tiles as in AVX-512's.
         #[test]
         fn direct_convolutions_match_the_reference(
-            c in 1usize..40, oc in 1usize..20, h in 1usize..24, w in 1usize..40,
+            c in 1usize..40, oc in 1usize..90, h in 1usize..24, w in 1usize..40,
             kh in 1usize..4, kw in 1usize..4, sh in 1usize..3, sw in 1usize..3,
             dh in 1usize..3, dw in 1usize..3, ph in 0usize..3, pw in 0usize..3,
             eh in 0usize..3, ew in 0usize..3, relu in proptest::bool::ANY,
@@ -555,6 +694,11 @@ mod tests {
             one.install(|| d.convolve(&planes, &panels, Some(&bias), a, &mut alone)).unwrap();
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             prop_assert_eq!(bits(&alone), bits(&y));
+            // AVX2's tiles of one panel where `convolve` took AVX-512's of four (on a CPU
+            // with it; else the same loops again): the same sums in the same order.
+            let mut narrow = vec![f32::NAN; y.len()];
+            d.convolve_with(&planes, &panels, Some(&bias), a, &mut narrow, false).unwrap();
+            prop_assert_eq!(bits(&narrow), bits(&y));
         }
     }
 
