@@ -845,13 +845,14 @@ fn print_op_times(out: &mut impl Write, report: &opsched::runtime::RunReport) ->
             [one] => one.clone(),
             many => format!("merged {}", many.join("+")),
         };
+        // The name last: ONNX exporters' names run to 60 characters.
         writeln!(
             out,
-            "  {name:<40} {:<16} {:>9.4} ({:.4} - {:.4}){}",
-            t.op,
+            "  {:>9.4} ({:.4} - {:.4}) {:<16}{} {name}",
             t.time.median_ms,
             t.time.p10_ms,
             t.time.p90_ms,
+            t.op,
             match report.streams.iter().sum::<usize>() {
                 0 | 1 => String::new(),
                 _ => format!(" GPU {} stream {}", t.gpu, t.stream),
