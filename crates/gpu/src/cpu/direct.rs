@@ -200,19 +200,6 @@ fn columns(
     if ldc < m || c.len() < (n - 1) * ldc + m {
         return fail("C is shorter than its shape");
     }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(simd) = pulp::x86::V4::try_new().filter(|_| wide) {
-        let reach = (n - 1).saturating_mul(cs);
-        if k > 0 && reach.saturating_add((k - 1).saturating_mul(rs)) >= b.len() {
-            return fail("B ends before the tiles' reach");
-        }
-        if panels.len() != panels_len(m, k) {
-            return fail("the weights are not of their shape");
-        }
-        wide::product_columns(simd, panels, [m, k, n], b, [rs, cs], c, ldc, alpha);
-        return Ok(());
-    }
-    let offsets: Vec<usize> = (0..k).map(|kk| kk * rs).collect();
     let out = SharedOut(c.as_mut_ptr());
     let store = |blk: usize, js: Range<usize>, sums: &[f32]| {
         let rows = blk * LANES..((blk + 1) * LANES).min(m);
@@ -225,6 +212,19 @@ fn columns(
             dst.iter_mut().zip(s).for_each(|(d, &v)| *d = alpha * v);
         }
     };
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = pulp::x86::V4::try_new().filter(|_| wide) {
+        let reach = (n - 1).saturating_mul(cs);
+        if k > 0 && reach.saturating_add((k - 1).saturating_mul(rs)) >= b.len() {
+            return fail("B ends before the tiles' reach");
+        }
+        if panels.len() != panels_len(m, k) {
+            return fail("the weights are not of their shape");
+        }
+        wide::product_columns(simd, panels, [m, k, n], b, [rs, cs], store);
+        return Ok(());
+    }
+    let offsets: Vec<usize> = (0..k).map(|kk| kk * rs).collect();
     // Never the grouped AVX-512 tiles: `wide::product_columns` ran where they would.
     products(b, &offsets, |j| j * cs, n, panels, m, store, false)
         .map_err(|what| GpuError::Plan(format!("panel product {m}x{k}x{n}: {what}")))
@@ -426,36 +426,36 @@ fn tile(
     }
 }
 
-/// [`product_columns`] where the CPU has AVX-512 (Zen 4, Sapphire Rapids): a panel's 16 rows
-/// are one 512-bit vector, so a tile of one panel by 16 columns keeps its sums in 16 of the 32
-/// registers, where AVX2's 16 registers hold a tile of 6 (16 tokens took three tiles, the
-/// last a third wasted, each reading the panel again). The weights stream through once for up
-/// to 16 tokens, fetched ahead ([`AHEAD`]: they come from memory, a model's weights being
-/// larger than the caches). The sums are the same fused multiply-adds in the same order as
-/// [`tile_v3`]'s, so the bits are too.
+/// The tiles where the CPU has AVX-512 (Zen 4, Sapphire Rapids): a panel's 16 rows are one
+/// 512-bit vector and there are 32 registers, against AVX2's 16 holding a tile of 16 rows by
+/// 6 pixels. [`product_columns`] takes one panel by 16 columns (16 tokens took AVX2 three
+/// tiles, the last a third wasted, each reading the panel again: the weights now stream
+/// through once, fetched ahead, [`AHEAD`]); a convolution ([`sweep`]) four panels by 6
+/// pixels, each input element broadcast once for 64 channels. The sums are the same fused
+/// multiply-adds in the same order as [`tile_v3`]'s, so the bits are too.
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use pulp::{f32x16, x86::V4};
     use rayon::prelude::*;
 
     use super::{AHEAD, GROUP, KC, LANES, PIXELS};
-    use crate::cpu::math::{with_scratch, SharedOut};
+    use std::ops::Range;
+
+    use crate::cpu::math::with_scratch;
 
     /// Columns of a tile.
     const COLS: usize = 16;
 
-    /// `product_columns`' loops; it checked the shapes (`b` holds every column's `k`
-    /// elements, `panels` is `pack`ed for `m x k`, `c` holds `n` columns `ldc` apart).
-    #[allow(clippy::too_many_arguments)]
+    /// `product_columns`' loops, each (panel, tile of columns) handed to `store` as
+    /// `super::products` hands its sums; the caller checked the shapes (`b` holds every
+    /// column's `k` elements, `panels` is `pack`ed for `m x k`).
     pub(super) fn product_columns(
         simd: V4,
         panels: &[f32],
         [m, k, n]: [usize; 3],
         b: &[f32],
         [rs, cs]: [usize; 2],
-        c: &mut [f32],
-        ldc: usize,
-        alpha: f32,
+        store: impl Fn(usize, Range<usize>, &[f32]) + Sync,
     ) {
         let tiles = n.div_ceil(COLS);
         let blocks = m.div_ceil(LANES);
@@ -478,7 +478,6 @@ mod wide {
                 }
             }
             let bt = &*bt;
-            let out = SharedOut(c.as_mut_ptr());
             let task = |i: usize| {
                 let (blk, t) = (i % blocks, i / blocks);
                 let panel = &panels[blk * k * LANES..(blk + 1) * k * LANES];
@@ -490,16 +489,12 @@ mod wide {
                     12 => tile::<12>(simd, panel, x, &mut sums),
                     _ => tile::<16>(simd, panel, x, &mut sums),
                 }
-                let rows = blk * LANES..((blk + 1) * LANES).min(m);
-                for (j, s) in (t * COLS..((t + 1) * COLS).min(n)).zip(&sums) {
-                    // SAFETY: rows of column j lie inside c (rows.end <= m <= ldc, j < n:
-                    // `product_columns` checked c's length); each (panel, tile) pair is stored
-                    // once, by one task, and no other reference to c is live meanwhile.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(out.at(j * ldc + rows.start), rows.len())
-                    };
-                    dst.iter_mut().zip(s).for_each(|(d, &v)| *d = alpha * v);
-                }
+                let cols = t * COLS..((t + 1) * COLS).min(n);
+                store(
+                    blk,
+                    cols.clone(),
+                    &sums.as_flattened()[..cols.len() * LANES],
+                );
             };
             let tasks = blocks * tiles;
             if m * k * n >= 1 << 20 {
