@@ -15,7 +15,7 @@ use opsched::cost::measurements::{
 use opsched::cost::signature::op_signature;
 use opsched::cost::{AnalyticalModel, CostModel, DevicePreset, LinkPreset};
 use opsched::gpu::Step;
-use opsched::schedule::{Cmd, HostCmd, HostProgram, Platform};
+use opsched::schedule::{Cmd, HostProgram, Platform};
 use opsched::zoo::ZooConfig;
 use opsched::{Calibration, CostKind, CostSpec, SchedulerOptions};
 
@@ -112,12 +112,8 @@ fn the_host_order_launches_as_the_runtime_does() {
                 })
                 .collect();
             let theirs: Vec<(usize, usize, Vec<_>)> = host
-                .cmds
-                .iter()
-                .filter_map(|c| match c {
-                    HostCmd::Launch { gpu, stream, ops } => Some((*gpu, *stream, ops.clone())),
-                    _ => None,
-                })
+                .launches()
+                .map(|(gpu, stream, ops)| (gpu, stream, ops.to_vec()))
                 .collect();
             assert_eq!(ours, theirs, "{model} {algo}");
         }

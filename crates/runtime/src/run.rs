@@ -410,15 +410,9 @@ impl<'a, D: Device> Session<'a, D> {
         let dev = self.dev;
         let map = map_gpus(self.host.gpus().max(1), dev.units())?;
         let mut marks = Vec::new();
-        let mut launches = Vec::new();
-        for c in &self.host.cmds {
-            if let HostCmd::Launch { gpu, stream, ops } = c {
-                let unit = *map
-                    .get(*gpu)
-                    .ok_or_else(|| plan_err(format!("GPU {gpu}")))?;
-                marks.push((dev.event(unit, true)?, dev.event(unit, true)?));
-                launches.push((*gpu, *stream, ops));
-            }
+        for (gpu, ..) in self.host.launches() {
+            let unit = *map.get(gpu).ok_or_else(|| plan_err(format!("GPU {gpu}")))?;
+            marks.push((dev.event(unit, true)?, dev.event(unit, true)?));
         }
         let mut samples = vec![Vec::with_capacity(repeats as usize); marks.len()];
         for r in 0..warmup + repeats {
@@ -431,8 +425,8 @@ impl<'a, D: Device> Session<'a, D> {
             }
         }
         dev.synchronize()?;
-        launches
-            .into_iter()
+        self.host
+            .launches()
             .zip(&samples)
             .map(|((gpu, stream, ops), times)| {
                 let node = |id: &NodeId| self.g.nodes().get(id.index());

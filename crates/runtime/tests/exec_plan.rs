@@ -767,14 +767,7 @@ fn op_times_follow_the_launches_and_time_each_one() {
     let s = schedule(&g, "greedy", 1, &h100());
     let plan = lower(&g, &s).unwrap();
     let host = HostProgram::new(&g, &plan).unwrap();
-    let launches: Vec<(usize, usize, Vec<NodeId>)> = host
-        .cmds
-        .iter()
-        .filter_map(|c| match c {
-            HostCmd::Launch { gpu, stream, ops } => Some((*gpu, *stream, ops.clone())),
-            _ => None,
-        })
-        .collect();
+    let launches: Vec<_> = host.launches().collect();
     let opts = RunOptions {
         warmup: 2,
         repeats: 9,

@@ -150,14 +150,20 @@ impl HostProgram {
         self.placement.iter().map(|p| p.map(|(g, _)| g)).collect()
     }
 
+    /// Every launch in host order: its GPU, stream and operators (several for a merged
+    /// stage).
+    pub fn launches(&self) -> impl Iterator<Item = (usize, usize, &[NodeId])> {
+        self.cmds.iter().filter_map(|c| match c {
+            HostCmd::Launch { gpu, stream, ops } => Some((*gpu, *stream, ops.as_slice())),
+            _ => None,
+        })
+    }
+
     /// The operators of each merged launch (a merged stage's), in launch order.
     pub fn merged_launches(&self) -> Vec<Vec<NodeId>> {
-        self.cmds
-            .iter()
-            .filter_map(|c| match c {
-                HostCmd::Launch { ops, .. } if ops.len() > 1 => Some(ops.clone()),
-                _ => None,
-            })
+        self.launches()
+            .filter(|(.., ops)| ops.len() > 1)
+            .map(|(.., ops)| ops.to_vec())
             .collect()
     }
 
