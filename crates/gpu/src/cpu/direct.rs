@@ -471,7 +471,8 @@ mod wide {
                     .chunks_exact_mut(w)
                     .enumerate()
                 {
-                    row.fill(0.0);
+                    // The tile's missing columns zero: computed, not stored.
+                    row[cols.len()..].fill(0.0);
                     for (v, j) in row.iter_mut().zip(cols.clone()) {
                         *v = b[j * cs + kk * rs];
                     }
@@ -583,13 +584,9 @@ mod wide {
                             }
                         }
                         for (g, row) in acc.iter().enumerate() {
-                            for (p, a) in row.iter().enumerate().take(real) {
-                                sums[at_sum(g, p)..][..LANES].copy_from_slice(&pulp::cast::<
-                                    f32x16,
-                                    [f32; LANES],
-                                >(
-                                    *a
-                                ));
+                            for (p, &a) in row.iter().enumerate().take(real) {
+                                let v: [f32; LANES] = pulp::cast(a);
+                                sums[at_sum(g, p)..][..LANES].copy_from_slice(&v);
                             }
                         }
                     }
