@@ -258,10 +258,14 @@ fn products(
     if furthest >= x.len() {
         return Err("the input ends before the tiles' reach");
     }
+    // The AVX-512 tiles, where `wide` allows them and the CPU has them.
     #[cfg(target_arch = "x86_64")]
     let wide = pulp::x86::V4::try_new().filter(|_| wide);
     #[cfg(not(target_arch = "x86_64"))]
-    let wide: Option<()> = wide.then_some(()).and(None);
+    let wide = {
+        let _ = wide;
+        None::<()>
+    };
     // Tasks: a group of panels and a chunk of pixels each, enough to feed every thread.
     let group = if wide.is_some() { GROUP } else { 1 };
     let blocks = oc.div_ceil(LANES).div_ceil(group);
@@ -389,12 +393,7 @@ fn tile_v3(
         std::array::from_fn(|p| [load(&acc[p][..8]), load(&acc[p][8..])]);
     let xs: [*const f32; PIXELS] = std::array::from_fn(|p| x.as_ptr().wrapping_add(bases[p]));
     for (&off, wk) in offs.iter().zip(w.chunks_exact(LANES)) {
-        // SAFETY: a prefetch does not fault, wherever it points.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch::<_MM_HINT_T0>(wk.as_ptr().wrapping_add(AHEAD * LANES).cast());
-        }
+        fetch_ahead(wk.as_ptr());
         let (w0, w1) = (load(&wk[..8]), load(&wk[8..]));
         for (ap, xp) in a.iter_mut().zip(&xs) {
             // SAFETY: bases[p] + off lies inside x (the caller's check).
@@ -407,6 +406,20 @@ fn tile_v3(
         out[..8].copy_from_slice(&pulp::cast::<f32x8, [f32; 8]>(ap[0]));
         out[8..].copy_from_slice(&pulp::cast::<f32x8, [f32; 8]>(ap[1]));
     }
+}
+
+/// Fetch the panel row [`AHEAD`] rows after `row` into the cache (nothing where the CPU has
+/// no such hint): a linear layer's weights come from memory.
+#[inline(always)]
+fn fetch_ahead(row: *const f32) {
+    // SAFETY: a prefetch does not fault, wherever it points.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(AHEAD * LANES).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
 }
 
 /// [`tile_v3`]'s sums as a multiply and an add (the portable loop).
@@ -430,7 +443,7 @@ fn tile(
 /// 512-bit vector and there are 32 registers, against AVX2's 16 holding a tile of 16 rows by
 /// 6 pixels. [`product_columns`] takes one panel by 16 columns (16 tokens took AVX2 three
 /// tiles, the last a third wasted, each reading the panel again: the weights now stream
-/// through once, fetched ahead, [`AHEAD`]); a convolution ([`sweep`]) four panels by 6
+/// through once, fetched ahead, [`super::AHEAD`]); a convolution ([`sweep`]) four panels by 6
 /// pixels, each input element broadcast once for 64 channels. The sums are the same fused
 /// multiply-adds in the same order as [`tile_v3`]'s, so the bits are too.
 #[cfg(target_arch = "x86_64")]
@@ -438,7 +451,7 @@ mod wide {
     use pulp::{f32x16, x86::V4};
     use rayon::prelude::*;
 
-    use super::{AHEAD, GROUP, KC, LANES, PIXELS};
+    use super::{fetch_ahead, GROUP, KC, LANES, PIXELS};
     use std::ops::Range;
 
     use crate::cpu::math::with_scratch;
@@ -554,10 +567,13 @@ mod wide {
                         assert!(furthest < planes.len(), "a tile reads past its planes");
                         let real = PIXELS.min(n - i);
                         let at_sum = |g: usize, p: usize| (g * n + i + p) * LANES;
-                        let mut acc = [[simd.splat_f32x16(0.0); PIXELS]; G];
+                        // Pixel-major, each pixel's G vectors reached through its own row
+                        // (no index into the array varies in the loop: the compiler keeps
+                        // every one of the 24 in a register, where an index had it spill).
+                        let mut acc = [[simd.splat_f32x16(0.0); G]; PIXELS];
                         if k0 > 0 {
-                            for (g, row) in acc.iter_mut().enumerate() {
-                                for (p, a) in row.iter_mut().enumerate().take(real) {
+                            for (p, px) in acc.iter_mut().enumerate().take(real) {
+                                for (g, a) in px.iter_mut().enumerate() {
                                     *a = load(&sums[at_sum(g, p)..][..LANES]);
                                 }
                             }
@@ -566,25 +582,23 @@ mod wide {
                             std::array::from_fn(|p| planes.as_ptr().wrapping_add(bases[p]));
                         let ws = group.as_ptr().wrapping_add(k0 * LANES);
                         for (r, &off) in offs.iter().enumerate() {
-                            // SAFETY: row k0 + r of each of the G panels lies inside `group`
-                            // (G * k * LANES elements, checked above); a prefetch does not
-                            // fault, wherever it points.
-                            let w: [f32x16; G] = std::array::from_fn(|g| unsafe {
-                                let row = ws.add((g * k + r) * LANES);
-                                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(AHEAD * LANES).cast());
-                                pulp::cast::<[f32; LANES], f32x16>(*row.cast::<[f32; LANES]>())
+                            let w: [f32x16; G] = std::array::from_fn(|g| {
+                                let row = ws.wrapping_add((g * k + r) * LANES);
+                                fetch_ahead(row);
+                                // SAFETY: row k0 + r of each of the G panels lies inside
+                                // `group` (G * k * LANES elements, checked above).
+                                unsafe { pulp::cast(*row.cast::<[f32; LANES]>()) }
                             });
-                            for (p, xp) in xs.iter().enumerate() {
+                            for (px, xp) in acc.iter_mut().zip(&xs) {
                                 // SAFETY: bases[p] + off lies inside planes (checked above).
                                 let v = simd.splat_f32x16(unsafe { *xp.add(off) });
-                                for (a, &wg) in acc.iter_mut().zip(&w) {
-                                    a[p] = simd.mul_add_f32x16(v, wg, a[p]);
+                                for (a, &wg) in px.iter_mut().zip(&w) {
+                                    *a = simd.mul_add_f32x16(v, wg, *a);
                                 }
                             }
                         }
-                        for (g, row) in acc.iter().enumerate() {
-                            for (p, &a) in row.iter().enumerate().take(real) {
+                        for (p, px) in acc.iter().enumerate().take(real) {
+                            for (g, &a) in px.iter().enumerate() {
                                 let v: [f32; LANES] = pulp::cast(a);
                                 sums[at_sum(g, p)..][..LANES].copy_from_slice(&v);
                             }
@@ -610,12 +624,7 @@ mod wide {
             || {
                 let mut acc = [simd.splat_f32x16(0.0); P];
                 for (i, (w, xs)) in panel.chunks_exact(LANES).zip(x.chunks_exact(P)).enumerate() {
-                    let ahead = panel.as_ptr().wrapping_add((i + AHEAD) * LANES);
-                    // SAFETY: a prefetch does not fault, wherever it points.
-                    unsafe {
-                        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                    }
+                    fetch_ahead(panel.as_ptr().wrapping_add(i * LANES));
                     let w: f32x16 = pulp::cast::<[f32; LANES], f32x16>(
                         w.try_into().expect("a panel row is 16 weights"),
                     );
