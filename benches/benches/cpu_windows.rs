@@ -6,7 +6,9 @@
 //! GoogLeNet's 3x3 convolutions on 14x14 and 7x7, Inception-v3's 3x1 on 8x8, AlexNet's on
 //! 13x13 and ResNet-18's four stages (56x56 to 7x7, im2col's there from 28x28); the bias +
 //! activation epilogue (`cpu_activations`); and eight small depthwise planes by the window
-//! loops and interleaved (`cpu_small_depthwise`, `opsched_gpu::cpu::lanes`).
+//! loops and interleaved (`cpu_small_depthwise`, `opsched_gpu::cpu::lanes`); whole depthwise
+//! layers read straight from their input against padded first (`cpu_depthwise_layers`,
+//! `opsched_gpu::cpu::depthwise`).
 //!
 //! Run: `cargo bench -p opsched-benches --bench cpu_windows`. What it is for: comparing two
 //! builds of these loops (their vectorisation, the padding pass) on the same machine.
@@ -15,9 +17,9 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use opsched::gpu::cpu::direct::{self, Direct};
-use opsched::gpu::cpu::lanes;
-use opsched::gpu::cpu::math::bias_act_row;
+use opsched::gpu::cpu::math::{apply_bias_act, bias_act_row};
 use opsched::gpu::cpu::window::{pad_input, Windows};
+use opsched::gpu::cpu::{depthwise, lanes};
 use opsched::graph::Activation;
 
 fn windows(side: usize, k: usize, s: usize) -> Windows {
@@ -208,5 +210,76 @@ fn small_depthwise(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, kernels, activations, small_depthwise);
+/// Whole depthwise layers of MobileNetV2, EfficientNet-B0 and ConvNeXt on one thread (ReLU6
+/// after): straight from the input (`cpu::depthwise::unpadded`, a layer's planes in one call),
+/// against planes padded first, a group at a time, then summed in blocks (`depthwise::sums`,
+/// stride one) or by the window loops (stride two), bias and activation in a pass after.
+fn depthwise_layers(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cpu_depthwise_layers");
+    group
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300));
+    let relu6 = Activation::Clip {
+        min: Some(0.0),
+        max: Some(6.0),
+    };
+    // (channels, input side, window, stride)
+    for (ch, side, k, s) in [
+        (144, 56, 3, 1),
+        (384, 14, 3, 1),
+        (960, 7, 3, 1),
+        (240, 28, 5, 1),
+        (1152, 7, 5, 1),
+        (96, 56, 7, 1),
+        (96, 112, 3, 2),
+        (144, 56, 3, 2),
+        (576, 14, 3, 2),
+        (240, 28, 5, 2),
+    ] {
+        let win = windows(side, k, s);
+        let (hw, len) = (side * side, win.out[0] * win.out[1]);
+        let (x, w, bias) = (plane(ch * hw), plane(ch * k * k), plane(ch));
+        let mut y = vec![0.0; ch * len];
+        let name = format!("{ch} x {k}x{k}/{s} {side}x{side}");
+        group.bench_function(format!("unpadded {name}"), |b| {
+            b.iter(|| depthwise::unpadded(&win, &x, &w, Some(&bias), relu6, &mut y))
+        });
+        // As `Conv::depthwise` ran them before: planes in groups of about 16K elements of
+        // work, each group's planes padded side by side, summed, then bias and activation.
+        let pl = win.scratch_len();
+        let n = (1usize << 14).div_ceil(pl + len * k * k).min(ch);
+        let mut bufs = vec![0.0; n * pl];
+        let taps = win.taps();
+        group.bench_function(format!("padded {name}"), |b| {
+            b.iter(|| {
+                let groups = x.chunks(n * hw).zip(y.chunks_mut(n * len));
+                for (g, (xs, ys)) in groups.enumerate() {
+                    let m = ys.len() / len;
+                    for (xp, buf) in xs.chunks(hw).zip(bufs.chunks_mut(pl)) {
+                        pad_input(&win, xp, None, Activation::None, buf);
+                    }
+                    let ws = &w[g * n * k * k..(g * n + m) * k * k];
+                    if !depthwise::sums(&win, &bufs[..m * pl], pl, ws, ys) {
+                        let planes = ys.chunks_mut(len).zip(bufs.chunks(pl));
+                        for (p, (yp, buf)) in planes.enumerate() {
+                            let wp = &ws[p * k * k..(p + 1) * k * k];
+                            win.convolve(&taps, buf, wp, None, Activation::None, yp);
+                        }
+                    }
+                    let bs = &bias[g * n..g * n + m];
+                    apply_bias_act(ys, Some(bs), m, len, relu6);
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    kernels,
+    activations,
+    small_depthwise,
+    depthwise_layers
+);
 criterion_main!(benches);

@@ -1,35 +1,35 @@
-//! Depthwise convolutions of one padded plane at stride one (MobileNet's, EfficientNet's and
-//! MNASNet's 3x3 and 5x5 layers, ConvNeXt's 7x7) in AVX2 registers: blocks of four output rows
-//! by eight columns, each row's eight sums in one vector across all the taps, by fused
-//! multiply-adds; the bias and activation then in one pass over the plane, still in cache. A
-//! 3x3 window keeps its nine weights in registers and loads each input vector once for the up
-//! to three output rows whose windows cover it: 18 loads for a block's 36 products, where the
-//! window loops (`super::window`) load one per product and keep a separate multiply and add.
-//! Other windows load per product, their weights broadcast per tap. The last block of a
-//! plane's rows or columns overlaps the one before (the same sums, written twice), so that
-//! every block is whole; rows narrower than a vector (7x7 planes) compute theirs with the
-//! columns after them, which read into the padded plane's next row and are not stored.
+//! Depthwise convolutions in AVX2 registers (MobileNet's, EfficientNet's and MNASNet's 3x3 and
+//! 5x5 layers, ConvNeXt's 7x7): blocks of four output rows by eight columns, each row's eight
+//! sums in one vector across all the taps, by fused multiply-adds. A 3x3 window keeps its nine
+//! weights in registers and loads each input vector once for every output row whose windows
+//! cover it: 18 loads for a block's 36 products at stride one, where the window loops
+//! (`super::window`) load one per product and keep a separate multiply and add. Other windows
+//! load per product, their weights splat per tap. The last block of a plane's rows or columns
+//! overlaps the one before (the same sums, written twice), so that every block is whole; rows
+//! narrower than a vector (7x7 planes) compute theirs with the columns after them.
 //!
-//! Measured on one thread (2026-11-28): the kernel alone, a standalone copy of both loops on one
-//! plane in cache, cycles per product at 3.6 GHz: 3x3 on 56x56 0.174 by the window loops,
-//! 0.076 here; 3x3 on 14x14 0.54 and 0.12; 5x5 on 28x28 0.24 and 0.16; 7x7 on 56x56 0.17 and
-//! 0.14. A layer's planes through `Windows::convolve` (with the bias pass; their outputs out of
-//! cache, the least of 300 runs, in us): MobileNetV2's 144 planes of 56x56 by 3x3 209 -> 159,
-//! EfficientNet's 480 of 14x14 by 3x3 87 -> 78, 240 of 28x28 by 5x5 274 -> 217, 1152 of 7x7
-//! by 5x5 199 -> 156, ConvNeXt's 96 of 56x56 by 7x7 582 -> 523. A layer's planes come in
-//! groups ([`sums`]: padded side by side, one call for their sums, bias and activation over the
-//! group), where a call per plane cost as much as a 7x7 plane's sums: whole layers on one
-//! thread, two builds alternated six times, the medians of the least of 300 runs (ms):
-//! MobileNetV3's 960 planes of 7x7 by 5x5 0.288 -> 0.225, EfficientNet's 1152 0.273 -> 0.237,
-//! 672 of 14x14 by 3x3 0.226 -> 0.211, 144 of 56x56 0.353 -> 0.318. Each output adds its taps
-//! in the window's row-major order, as the reference does, rounding once per tap (fused) where
-//! the window loops round twice.
-
+//! Two ways in. [`unpadded`] (3x3, 5x5, 7x7; stride one or two) reads the input planes as
+//! they are: a block's loads that reach into the padding are masked (`vmaskmovps`: the lanes
+//! outside the row read nothing and are zero), the padding's rows read a row of zeros, a
+//! stride-two vector is the even elements of two (two shuffles), and the bias and ReLU or clip
+//! apply to the sums in registers before their one store (other activations in a pass over
+//! the planes after, in cache). [`convolve`] and [`sums`] (stride one, any window) read planes
+//! padded first ([`Windows::pad`]), as a convolution whose input takes a bias or activation
+//! needs. Whole layers on one thread (`cargo bench -p opsched-benches --bench cpu_windows --
+//! cpu_depthwise_layers`, 2026-11-28, in us): straight from the input against padded in
+//! groups of planes, MobileNetV2's 144 planes of 56x56 by 3x3 181 against 259, 384 of 14x14
+//! 76 against 88, 960 of 7x7 59 against 129; EfficientNet's 240 of 28x28 by 5x5 251 against
+//! 318, 1152 of 7x7 129 against 209; ConvNeXt's 96 of 56x56 by 7x7 596 against 608; at stride
+//! two against the window loops, 96 of 112x112 by 3x3 228 against 376, 240 of 28x28 by 5x5
+//! 151 against 244. Each output adds its taps in the window's row-major order, as the
+//! reference does, rounding once per tap (fused) where the window loops round twice; at
+//! stride one both ways give the same bits.
+//!
 #![allow(unsafe_code)]
 
 use opsched_graph::Activation;
 
-use super::math::bias_act_row;
+use super::math::{bias_act_row, clip_range};
 use super::window::{block_starts, Windows};
 
 /// Output rows of a block.
@@ -118,6 +118,277 @@ pub fn sums(win: &Windows, bufs: &[f32], stride: usize, w: &[f32], y: &mut [f32]
         return true;
     }
     false
+}
+
+/// `y = act(w * x + bias)` for every plane of `y` (`out` each, one after another) straight
+/// from its input plane (`input` each, one after another in `x`, unpadded): the padding's
+/// zeros are the lanes a masked load leaves out and the input rows a block skips, so there is
+/// no padded copy to write and read back, and the bias and activation apply to a block's sums
+/// in registers, before their one store. Plane `p`'s filter is `kernel` taps of `w` from
+/// `p * taps` on, its bias `bias[p]` (or none). For 3x3, 5x5 and 7x7 windows; each output adds its taps
+/// in [`convolve`]'s order, skipping the padding's (zero) products. Returns `false`, touching
+/// nothing, where [`suits`] does not hold, the window is another size, or a slice is shorter
+/// than its shape.
+pub fn unpadded(
+    win: &Windows,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    a: Activation,
+    y: &mut [f32],
+) -> bool {
+    let [h, wd] = win.input;
+    let [oh, ow] = win.out;
+    let (taps, len) = (win.kernel[0] * win.kernel[1], oh * ow);
+    let planes = y.len().checked_div(len).unwrap_or(0);
+    let fits = planes > 0
+        && y.len() == planes * len
+        && planes.checked_mul(h * wd).is_some_and(|n| n <= x.len())
+        && w.len() >= planes * taps
+        && bias.is_none_or(|b| b.len() >= planes);
+    if !unpadded_suits(win) || !fits {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = pulp::x86::V3::try_new() {
+        // ReLU and the clipping family on the sums in registers; any other activation in a
+        // pass over the planes after (in cache), as its polynomials run best over rows.
+        let clip = clip_range(a);
+        // SAFETY (each): the CPU has AVX2 and FMA (`simd`).
+        match (win.kernel[0], win.stride[0]) {
+            (3, 1) => unsafe { unpadded_planes::<3, 1>(simd, win, x, w, bias, clip, y) },
+            (5, 1) => unsafe { unpadded_planes::<5, 1>(simd, win, x, w, bias, clip, y) },
+            (7, 1) => unsafe { unpadded_planes::<7, 1>(simd, win, x, w, bias, clip, y) },
+            (3, _) => unsafe { unpadded_planes::<3, 2>(simd, win, x, w, bias, clip, y) },
+            (5, _) => unsafe { unpadded_planes::<5, 2>(simd, win, x, w, bias, clip, y) },
+            _ => unsafe { unpadded_planes::<7, 2>(simd, win, x, w, bias, clip, y) },
+        }
+        if clip.is_none() && a != Activation::None {
+            bias_act_row(y, None, a);
+        }
+        return true;
+    }
+    false
+}
+
+/// Whether [`unpadded`] runs `win`'s windows: 3x3, 5x5 or 7x7, stride one or two, dilation
+/// one, output planes of at least four rows of at least half a vector, on a CPU with AVX2 and
+/// FMA.
+pub fn unpadded_suits(win: &Windows) -> bool {
+    let [oh, ow] = win.out;
+    let sized = matches!(win.kernel, [3, 3] | [5, 5] | [7, 7]);
+    let strided = matches!(win.stride, [1, 1] | [2, 2]);
+    sized && strided && win.dilation == [1, 1] && oh >= ROWS && 2 * ow >= COLS && available()
+}
+
+/// Columns a block's loads span, at most: two vectors (at stride two) and a 7x7 window's
+/// six columns more.
+const SPAN: usize = 2 * COLS + 6;
+
+/// Which of the columns a block's loads span, from column `start` of an input row `wd` wide
+/// on (negative in the left padding), lie inside the row: all ones inside, zero in the
+/// padding. Window column `b`'s vector at `start + b + c` takes its lanes from `c` on.
+#[cfg(target_arch = "x86_64")]
+fn lanes_inside(start: isize, wd: usize) -> [i32; SPAN] {
+    std::array::from_fn(|l| {
+        let c = start + l as isize;
+        -i32::from(c >= 0 && (c as usize) < wd)
+    })
+}
+
+/// The row every padding row reads (rows up to this wide; a wider input allocates its own).
+static ZEROS: [f32; 1024] = [0.0; 1024];
+
+/// [`unpadded`]'s planes for a `K x K` window at stride `S` (whose checks passed). Compiled
+/// for AVX2 and FMA itself, where a closure inlined into `pulp`'s vectorised call was left out of line (and
+/// its intrinsics with it) once its activations and windows made it large.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn unpadded_planes<const K: usize, const S: usize>(
+    simd: pulp::x86::V3,
+    win: &Windows,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    clip: Option<(f32, f32)>,
+    y: &mut [f32],
+) {
+    use pulp::f32x8;
+    let [h, wd] = win.input;
+    let [oh, ow] = win.out;
+    let [ph, pw] = win.padding;
+    let len = oh * ow;
+    // Blocks whose loads reach into the padding mask them: the first and the last block of
+    // a row (the same one where rows are narrower than a vector), and in wide padding the
+    // odd one between, its lanes found as it comes.
+    let starts = || block_starts(ow, COLS).map(|j| (S * j) as isize - pw as isize);
+    let blocks = ow.div_ceil(COLS);
+    let edges = [0, blocks - 1].map(|n| starts().nth(n).map(|s| lanes_inside(s, wd)));
+    let (lo, hi) = clip.map_or((0.0, 0.0), |r| r);
+    let (lo, hi) = (simd.splat_f32x8(lo), simd.splat_f32x8(hi));
+    let wide;
+    let zeros: &[f32] = match wd <= ZEROS.len() {
+        true => &ZEROS,
+        false => {
+            wide = vec![0.0f32; wd];
+            &wide
+        }
+    };
+    for (p, plane) in y.chunks_mut(len).enumerate() {
+        let xp = &x[p * h * wd..(p + 1) * h * wd];
+        let mut wt = [[simd.splat_f32x8(0.0); K]; K];
+        for (a, row) in wt.iter_mut().enumerate() {
+            for (b, v) in row.iter_mut().enumerate() {
+                *v = simd.splat_f32x8(w[p * K * K + a * K + b]);
+            }
+        }
+        let b = simd.splat_f32x8(bias.map_or(0.0, |b| b[p]));
+        for i in block_starts(oh, ROWS) {
+            // The input rows the band of output rows i .. i + ROWS reads: rows of the
+            // padding read the zero row (their products are zero, as in a padded plane).
+            let mut rows = [zeros.as_ptr(); READ_ROWS];
+            for (t, row) in rows.iter_mut().enumerate().take(S * (ROWS - 1) + K) {
+                if let Some(r) = (S * i + t).checked_sub(ph).filter(|&r| r < h) {
+                    *row = xp[r * wd..].as_ptr();
+                }
+            }
+            for (n, (j, start)) in block_starts(ow, COLS).zip(starts()).enumerate() {
+                // (At stride two a load takes twice the columns, even and odd.)
+                let inside = start >= 0 && start as usize + K - 1 + S * COLS <= wd;
+                let acc = if inside {
+                    unpadded_block::<K, S, false>(simd, &rows, start, &[0; SPAN], &wt)
+                } else {
+                    let edge = match n {
+                        0 => edges[0],
+                        n if n + 1 == blocks => edges[1],
+                        _ => None,
+                    };
+                    let masks = edge.unwrap_or_else(|| lanes_inside(start, wd));
+                    unpadded_block::<K, S, true>(simd, &rows, start, &masks, &wt)
+                };
+                for (q, s) in acc.into_iter().enumerate() {
+                    let mut out = simd.add_f32x8(s, b);
+                    if clip.is_some() {
+                        // As `v.max(lo).min(hi)`: a NaN sum gives `lo`.
+                        out = simd.min_f32x8(simd.max_f32x8(out, lo), hi);
+                    }
+                    let at = (i + q) * ow + j;
+                    if at + COLS <= plane.len() {
+                        // A row narrower than a vector runs into the next, which a later
+                        // store writes whole (the last row, below, stores its own columns).
+                        // SAFETY: the plane holds COLS elements from `at` on.
+                        unsafe {
+                            plane
+                                .as_mut_ptr()
+                                .add(at)
+                                .cast::<f32x8>()
+                                .write_unaligned(out)
+                        };
+                    } else {
+                        let out: [f32; COLS] = pulp::cast(out);
+                        for (y, v) in plane[at..].iter_mut().zip(out) {
+                            *y = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Input rows a block of [`unpadded`] reads, at most: `2 * (ROWS - 1) + 7`.
+const READ_ROWS: usize = 2 * ROWS + 5;
+
+/// The sums of a block of [`unpadded`]'s `K x K` windows at stride `S` (weights `wt`, each
+/// splat) whose input rows start at `rows` (each `wd` or more elements: a row of the plane,
+/// or the zero row), its first window column's vectors at column `start` of each: every load
+/// masked by its window column's `masks` where `MASKED`, else every load whole vectors inside
+/// its row. At stride two a window column's vector is the even elements of two vectors.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn unpadded_block<const K: usize, const S: usize, const MASKED: bool>(
+    simd: pulp::x86::V3,
+    rows: &[*const f32; READ_ROWS],
+    start: isize,
+    masks: &[i32; SPAN],
+    wt: &[[pulp::f32x8; K]; K],
+) -> [pulp::f32x8; ROWS] {
+    use pulp::f32x8;
+    let mut acc = [simd.splat_f32x8(0.0); ROWS];
+    // The vector of `COLS` columns from `at`, lanes `half` of window column `b`'s mask.
+    let vector = |at: *const f32, b: usize, half: usize| -> f32x8 {
+        if MASKED {
+            let from = b + half * COLS;
+            let mask: [i32; COLS] = masks[from..from + COLS]
+                .try_into()
+                .expect("a vector's mask");
+            // SAFETY: the mask's lanes are the columns inside the row; the others are not
+            // read.
+            pulp::cast(unsafe { simd.avx._mm256_maskload_ps(at, pulp::cast(mask)) })
+        } else {
+            // SAFETY: the columns lie inside the row (the caller checked the block's reach).
+            unsafe { at.cast::<f32x8>().read_unaligned() }
+        }
+    };
+    // Window column `b`'s vector of input row `row`.
+    let load = |row: *const f32, b: usize| -> f32x8 {
+        let at = row.wrapping_offset(start + b as isize);
+        if S == 1 {
+            return vector(at, b, 0);
+        }
+        let (lo, hi) = (vector(at, b, 0), vector(at.wrapping_add(COLS), b, 1));
+        // [lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6], then its 64-bit pairs in order.
+        let even = simd
+            .avx
+            ._mm256_shuffle_ps::<0b10_00_10_00>(pulp::cast(lo), pulp::cast(hi));
+        let even = simd
+            .avx2
+            ._mm256_permute4x64_pd::<0b11_01_10_00>(pulp::cast(even));
+        pulp::cast(even)
+    };
+    if K == 3 {
+        // Input row `t` serves output rows `q` of the block for window rows `t - S * q`:
+        // each input vector loaded once for every row it serves, the weights in registers.
+        for (t, &row) in rows.iter().enumerate().take(S * (ROWS - 1) + K) {
+            #[allow(clippy::needless_range_loop)] // `b` picks a column of several rows of `wt`
+            for b in 0..K {
+                let v = load(row, b);
+                for (q, s) in acc.iter_mut().enumerate() {
+                    if t >= S * q && t - S * q < K {
+                        *s = simd.mul_add_f32x8(wt[t - S * q][b], v, *s);
+                    }
+                }
+            }
+        }
+    } else if MASKED && S == 1 {
+        // Larger windows at the edges: each masked load once, kept (in cache) for the taps
+        // of every row it serves (a load per product took 20-30% longer per layer; at
+        // stride two, with its shuffles, 35% less).
+        let mut loaded = [[simd.splat_f32x8(0.0); K]; READ_ROWS];
+        for (vectors, &row) in loaded.iter_mut().zip(rows).take(S * (ROWS - 1) + K) {
+            for (b, v) in vectors.iter_mut().enumerate() {
+                *v = load(row, b);
+            }
+        }
+        for (a, taps) in wt.iter().enumerate() {
+            for (b, &tap) in taps.iter().enumerate() {
+                for (q, s) in acc.iter_mut().enumerate() {
+                    *s = simd.mul_add_f32x8(tap, loaded[S * q + a][b], *s);
+                }
+            }
+        }
+    } else {
+        // Larger windows tap by tap (their weights outnumber the registers): the sums stay
+        // in registers.
+        for (a, taps) in wt.iter().enumerate() {
+            for (b, &tap) in taps.iter().enumerate() {
+                for (q, s) in acc.iter_mut().enumerate() {
+                    *s = simd.mul_add_f32x8(tap, load(rows[S * q + a], b), *s);
+                }
+            }
+        }
+    }
+    acc
 }
 
 /// Elements of a padded plane the blocks read: up to the last row's last vector's furthest
@@ -271,6 +542,63 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// Planes straight from the input (3x3, 5x5 and 7x7 windows, stride one and two,
+        /// padding before and after up to beyond the window, planes narrower than a vector and
+        /// several vectors wide, a few planes in one call, each its own filter and bias, the
+        /// activation clipped in registers or applied after): the reference's within rounding,
+        /// and at stride one the bits of each plane padded and convolved (the same products in
+        /// the same order, the padding's zero).
+        #[test]
+        fn planes_straight_from_the_input_match_the_reference(
+            h in 1usize..24, w in 1usize..40, k in 1usize..4, s in 1usize..3,
+            planes in 1usize..4,
+            ph in 0usize..5, pw in 0usize..5, eh in 0usize..5, ew in 0usize..5,
+            act in 0usize..4,
+        ) {
+            let k = 2 * k + 1;
+            let geometry = [[h, w], [k, k], [s, s], [1, 1], [ph, pw], [eh, ew]];
+            let Some(win) = Windows::fitting(geometry) else {
+                return Ok(());
+            };
+            prop_assume!(unpadded_suits(&win));
+            let a = [
+                Activation::None,
+                Activation::Relu,
+                Activation::Clip { min: Some(-0.5), max: Some(0.5) },
+                Activation::Swish { alpha: 1.0 },
+            ][act];
+            let [oh, ow] = win.out;
+            let (x, wt) = (values(planes * h * w, 1), values(planes * k * k, 2));
+            let bias = values(planes, 3);
+            let mut y = vec![f32::NAN; planes * oh * ow];
+            prop_assert!(unpadded(&win, &x, &wt, Some(&bias), a, &mut y));
+            let mut buf = vec![f32::NAN; win.scratch_len()];
+            let mut padded = vec![f32::NAN; oh * ow];
+            for p in 0..planes {
+                let (plane, filter) = (&x[p * h * w..(p + 1) * h * w], &wt[p * k * k..(p + 1) * k * k]);
+                let got = &y[p * oh * ow..(p + 1) * oh * ow];
+                let want = crate::reference::conv2d(
+                    plane, filter, Some(&bias[p..=p]), [1, 1, h, w], 1, [k, k], [s, s],
+                    [ph, pw], [1, 1], 1, [oh, ow], a,
+                );
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    let tol = 1e-5 * (k * k) as f32 * w.abs().max(1.0);
+                    prop_assert!((g - w).abs() <= tol, "plane {} element {}: {} vs {}", p, i, g, w);
+                }
+                if s == 1 {
+                    pad_input(&win, plane, None, Activation::None, &mut buf);
+                    prop_assert!(convolve(&win, &buf, filter, bias[p], a, &mut padded));
+                    for (i, (g, w)) in got.iter().zip(&padded).enumerate() {
+                        prop_assert_eq!(g.to_bits(), w.to_bits(), "plane {} element {}", p, i);
+                    }
+                }
+            }
+        }
+    }
+
     /// Planes it does not suit (a stride, a dilation, fewer rows than a block) and slices
     /// shorter than their shape are left to the caller, untouched.
     #[test]
@@ -324,7 +652,37 @@ mod tests {
         assert!(!sums(&base, &bufs, pl, &[1.0; 17], &mut two));
         let end = pl + reach_of(&base);
         assert!(!sums(&base, &bufs[..end - 1], pl, &[1.0; 18], &mut two));
+        // Straight from the input: a window of another size, an input, filters or biases
+        // short of two planes, a partial plane are refused.
+        let x = [0.5; 200];
+        let (w18, b2) = ([1.0; 18], Some(&[0.0; 2][..]));
+        let three_by_five = Windows {
+            kernel: [3, 5],
+            padding: [1, 2],
+            ..base
+        };
+        assert!(!unpadded(
+            &three_by_five,
+            &x,
+            &[1.0; 30],
+            b2,
+            none,
+            &mut two
+        ));
+        let stride_three = Windows {
+            stride: [3, 3],
+            out: [4, 4],
+            ..base
+        };
+        assert!(!unpadded(&stride_three, &x, &w18, b2, none, &mut two[..32]));
+        assert!(!unpadded(&base, &x[..199], &w18, b2, none, &mut two));
+        assert!(!unpadded(&base, &x, &w18[..17], b2, none, &mut two));
+        assert!(!unpadded(&base, &x, &w18, Some(&[0.0][..]), none, &mut two));
+        assert!(!unpadded(&base, &x, &w18, b2, none, &mut two[..199]));
         assert!(y.iter().chain(&two).all(|v| v.is_nan()));
+        assert!(unpadded(&base, &x, &w18, b2, none, &mut two));
+        // The padding's zeros count: a corner reads 4 of 0.5, the middle 9; both planes.
+        assert_eq!((two[0], two[55], two[100], two[155]), (2.0, 4.5, 2.0, 4.5));
         assert!(convolve(&base, &buf, &[1.0; 9], 0.0, none, &mut y));
         // The padded plane's zeros count: a corner reads 4 of 0.5, the middle 9.
         assert_eq!((y[0], y[55]), (2.0, 4.5));

@@ -19,6 +19,12 @@
 //!
 //! Every output element adds its taps in the window's row-major order by fused multiply-adds,
 //! as the window loops do at stride one, then its bias; the activation last.
+//!
+//! A convolution whose input is taken as it is runs `super::depthwise::unpadded` instead
+//! (straight from the planes, no transposes): a model of that one layer on one thread, the
+//! median over six processes of each one's fastest of 300 runs, MobileNetV2's 576 planes of
+//! 14x14 by 3x3/2 0.139 -> 0.070 ms, EfficientNet-B0's 672 by 5x5/2 0.175 -> 0.154 ms. This
+//! kernel keeps those whose input takes a bias or an activation first.
 #![allow(unsafe_code)]
 
 use opsched_graph::Activation;

@@ -562,6 +562,20 @@ fn extreme_of(xs: &[f32], start: f32, pick: impl Fn(f32, f32) -> f32) -> f32 {
     )
 }
 
+/// ReLU and the clipping family (both bounds) as the range `(lo, hi)` they clip to:
+/// `v.max(lo).min(hi)` gives `with_act!`'s bits for them (ReLU's `v.max(0.0)` is the range
+/// `(0, inf)`); `None` for every other activation.
+pub fn clip_range(a: Activation) -> Option<(f32, f32)> {
+    match a {
+        Activation::Relu => Some((0.0, f32::INFINITY)),
+        Activation::Clip {
+            min: Some(lo),
+            max: Some(hi),
+        } => Some((lo, hi)),
+        _ => None,
+    }
+}
+
 /// `v = act(v + bias)` over one row that shares its bias. Like [`act_of`] and [`act_add`],
 /// compiled for AVX2 and FMA where the CPU has them: the activations' polynomials run twice
 /// as fast as in the baseline's SSE2.

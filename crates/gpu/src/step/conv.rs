@@ -880,8 +880,10 @@ impl Conv {
     }
 
     /// [`Conv::compute`] where every group reads one input channel (depthwise, with any
-    /// number of filters per channel): each input plane padded once, then convolved with its
-    /// group's filters by sliding windows (`crate::cpu::window`), the planes in parallel.
+    /// number of filters per channel), the planes in parallel: with one filter each, an input
+    /// taken as it is and a window [`depthwise::unpadded`] runs, straight from the input;
+    /// otherwise each input plane padded once (its bias and activation applied), then
+    /// convolved with its group's filters by sliding windows (`crate::cpu::window`).
     fn depthwise(
         &self,
         x: &[f32],
@@ -897,6 +899,10 @@ impl Conv {
             self.kernel[0] * self.kernel[1],
             self.out_hw[0] * self.out_hw[1],
         );
+        let plain_input = in_bias.is_none() && self.pre_act == Activation::None;
+        if og == 1 && plain_input && depthwise::unpadded_suits(&win) {
+            return self.depthwise_unpadded(&win, x, w, bias, y);
+        }
         if og == 1 && lanes::suits(&win) {
             return self.depthwise_lanes(&win, x, w, bias, in_bias, y);
         }
@@ -1073,6 +1079,45 @@ impl Conv {
                     Ok(())
                 })
         })
+    }
+
+    /// [`Conv::depthwise`] with one filter per channel, stride one or two and an input taken
+    /// as it is (no bias left to it, no activation): straight from its planes
+    /// ([`depthwise::unpadded`]), image by image, a group of channels per call
+    /// ([`for_plane_groups`]; a call per plane cost as much as a 7x7 plane's sums).
+    fn depthwise_unpadded(
+        &self,
+        win: &Windows,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) -> Result<(), GpuError> {
+        let [_, c, h, wd] = self.input;
+        let (taps, cols, hw) = (
+            win.kernel[0] * win.kernel[1],
+            win.out[0] * win.out[1],
+            h * wd,
+        );
+        let refused = std::sync::atomic::AtomicBool::new(false);
+        for (xb, yb) in x.chunks(c * hw).zip(y.chunks_mut(c * cols)) {
+            for_plane_groups(yb, cols, hw + cols * taps, |first, ys| {
+                let end = first + ys.len() / cols;
+                let (xs, ws) = (&xb[first * hw..end * hw], &w[first * taps..end * taps]);
+                let bs = bias.map(|b| &b[first..end]);
+                if !depthwise::unpadded(win, xs, ws, bs, self.act, ys) {
+                    refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        match refused.into_inner() {
+            // (Not reached: `unpadded_suits` held and the slices fit their shapes.)
+            true => Err(GpuError::Plan(format!(
+                "the depthwise kernel refused {win:?} of input {:?}",
+                self.input
+            ))),
+            false => Ok(()),
+        }
     }
 
     /// [`Conv::depthwise`] with one filter per channel on small planes: [`lanes::LANES`]
@@ -2818,7 +2863,7 @@ mod tests {
             (3, 5, 3, 2, 1),
             (20, 12, 3, 3, 1),
         ];
-        depthwise_of_two_images_matches_the_reference(&cases, lanes::suits);
+        depthwise_of_two_images_matches_the_reference(&cases, false, lanes::suits);
     }
 
     /// Depthwise convolutions at stride one run a group of planes at a time
@@ -2833,15 +2878,40 @@ mod tests {
             (33, 12, 7, 1, 1),
             (3, 30, 3, 1, 1),
         ];
-        depthwise_of_two_images_matches_the_reference(&cases, |win| {
+        depthwise_of_two_images_matches_the_reference(&cases, false, |win| {
             depthwise::suits(win) || !depthwise::available()
         });
     }
 
+    /// Without an input bias or activation the planes run straight from the input
+    /// (`cpu::depthwise::unpadded`, its zero row and masked lanes for the padding) with the
+    /// clip fused: groups across two images, planes narrower than a vector and several
+    /// vectors wide, 3x3, 5x5 and 7x7 windows at stride one and two; against the reference
+    /// image by image.
+    #[test]
+    fn depthwise_planes_of_plain_inputs_match_the_reference() {
+        let cases = [
+            (200, 7, 5, 1, 1),
+            (19, 14, 3, 1, 1),
+            (33, 12, 7, 1, 1),
+            (3, 30, 3, 1, 1),
+            (5, 21, 5, 1, 1),
+            (19, 14, 3, 2, 1),
+            (40, 14, 5, 2, 1),
+            (3, 37, 7, 2, 1),
+        ];
+        depthwise_of_two_images_matches_the_reference(&cases, true, |win| {
+            depthwise::unpadded_suits(win) || !depthwise::available()
+        });
+    }
+
     /// Two images of each case's depthwise convolution (channels, square side, window,
-    /// stride, dilation), which `runs_there` says the kernel meant runs, against the reference.
+    /// stride, dilation), which `runs_there` says the kernel meant runs, against the reference:
+    /// with an input bias and activation and a swish after, or where `plain` with neither and
+    /// a clip to [0, 6] after.
     fn depthwise_of_two_images_matches_the_reference(
         cases: &[(usize, usize, usize, usize, usize)],
+        plain: bool,
         runs_there: impl Fn(&Windows) -> bool,
     ) {
         for &(c, side, k, s, d) in cases {
@@ -2858,14 +2928,27 @@ mod tests {
                 c,
             );
             cv.input[0] = 2;
-            cv.pre_act = Activation::LeakyRelu { alpha: 0.1 };
-            cv.act = Activation::Swish { alpha: 1.0 };
+            (cv.pre_act, cv.act) = match plain {
+                false => (
+                    Activation::LeakyRelu { alpha: 0.1 },
+                    Activation::Swish { alpha: 1.0 },
+                ),
+                true => (
+                    Activation::None,
+                    Activation::Clip {
+                        min: Some(0.0),
+                        max: Some(6.0),
+                    },
+                ),
+            };
             assert!(runs_there(&cv.windows()), "{c} {side} {k} {s} {d}");
             let plane = side * side;
             let (x, wt) = (values(2 * c * plane, 1), values(c * k * k, 2));
-            let (bias, in_bias) = (values(c, 3), values(c, 4));
+            let bias = values(c, 3);
+            let in_bias = if plain { vec![0.0; c] } else { values(c, 4) };
             let mut y = vec![f32::NAN; cv.out_len()];
-            cv.compute(&x, &wt, None, Some(&bias), Some(&in_bias), &mut y)
+            let given_in_bias = (!plain).then_some(&in_bias[..]);
+            cv.compute(&x, &wt, None, Some(&bias), given_in_bias, &mut y)
                 .unwrap();
             let per = y.len() / 2;
             for img in 0..2 {
