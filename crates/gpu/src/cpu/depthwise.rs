@@ -8,7 +8,7 @@
 //! overlaps the one before (the same sums, written twice), so that every block is whole; rows
 //! narrower than a vector (7x7 planes) compute theirs with the columns after them.
 //!
-//! Two ways in. [`unpadded`] (3x3, 5x5, 7x7; stride one or two) reads the input planes as
+//! Two ways in. [`unpadded`] (3x3 and 5x5; stride one or two) reads the input planes as
 //! they are: a block's loads that reach into the padding are masked (`vmaskmovps`: the lanes
 //! outside the row read nothing and are zero), the padding's rows read a row of zeros, a
 //! stride-two vector is the even elements of two (two shuffles), and the bias and ReLU or clip
@@ -17,13 +17,15 @@
 //! padded first ([`Windows::pad`]), as a convolution whose input takes a bias or activation
 //! needs. Whole layers on one thread (`cargo bench -p opsched-benches --bench cpu_windows --
 //! cpu_depthwise_layers`, 2026-11-28, in us): straight from the input against padded in
-//! groups of planes, MobileNetV2's 144 planes of 56x56 by 3x3 181 against 259, 384 of 14x14
-//! 76 against 88, 960 of 7x7 59 against 129; EfficientNet's 240 of 28x28 by 5x5 251 against
-//! 318, 1152 of 7x7 129 against 209; ConvNeXt's 96 of 56x56 by 7x7 596 against 608; at stride
-//! two against the window loops, 96 of 112x112 by 3x3 228 against 376, 240 of 28x28 by 5x5
-//! 151 against 244. Each output adds its taps in the window's row-major order, as the
-//! reference does, rounding once per tap (fused) where the window loops round twice; at
-//! stride one both ways give the same bits.
+//! groups of planes, MobileNetV2's 144 planes of 56x56 by 3x3 152 against 262, 384 of 14x14
+//! 43 against 94, 960 of 7x7 36 against 131; EfficientNet's 240 of 28x28 by 5x5 194 against
+//! 275, 1152 of 7x7 85 against 208; at stride two against the window loops, 96 of 112x112 by
+//! 3x3 233 against 373, 240 of 28x28 by 5x5 126 against 256. A block's column masks are found
+//! once per call and read in place: copied per block, each block's first load waited on the
+//! copy's stores (384 planes of 14x14 took 76 us). A 5x5 window's weights are splat as they
+//! are used (an array of them splat per plane cost more). Each output adds its taps in the
+//! window's row-major order, as the reference does, rounding once per tap (fused) where the
+//! window loops round twice; at stride one both ways give the same bits.
 //!
 #![allow(unsafe_code)]
 
@@ -125,10 +127,9 @@ pub fn sums(win: &Windows, bufs: &[f32], stride: usize, w: &[f32], y: &mut [f32]
 /// zeros are the lanes a masked load leaves out and the input rows a block skips, so there is
 /// no padded copy to write and read back, and the bias and activation apply to a block's sums
 /// in registers, before their one store. Plane `p`'s filter is `kernel` taps of `w` from
-/// `p * taps` on, its bias `bias[p]` (or none). For 3x3, 5x5 and 7x7 windows; each output adds its taps
-/// in [`convolve`]'s order, skipping the padding's (zero) products. Returns `false`, touching
-/// nothing, where [`suits`] does not hold, the window is another size, or a slice is shorter
-/// than its shape.
+/// `p * taps` on, its bias `bias[p]` (or none). Each output adds its taps
+/// in [`convolve`]'s order, the padding's (zero) products included. Returns `false`, touching
+/// nothing, where [`unpadded_suits`] does not hold or a slice is shorter than its shape.
 pub fn unpadded(
     win: &Windows,
     x: &[f32],
@@ -158,10 +159,8 @@ pub fn unpadded(
         match (win.kernel[0], win.stride[0]) {
             (3, 1) => unsafe { unpadded_planes::<3, 1>(simd, win, x, w, bias, clip, y) },
             (5, 1) => unsafe { unpadded_planes::<5, 1>(simd, win, x, w, bias, clip, y) },
-            (7, 1) => unsafe { unpadded_planes::<7, 1>(simd, win, x, w, bias, clip, y) },
             (3, _) => unsafe { unpadded_planes::<3, 2>(simd, win, x, w, bias, clip, y) },
-            (5, _) => unsafe { unpadded_planes::<5, 2>(simd, win, x, w, bias, clip, y) },
-            _ => unsafe { unpadded_planes::<7, 2>(simd, win, x, w, bias, clip, y) },
+            _ => unsafe { unpadded_planes::<5, 2>(simd, win, x, w, bias, clip, y) },
         }
         if clip.is_none() && a != Activation::None {
             bias_act_row(y, None, a);
@@ -171,19 +170,20 @@ pub fn unpadded(
     false
 }
 
-/// Whether [`unpadded`] runs `win`'s windows: 3x3, 5x5 or 7x7, stride one or two, dilation
-/// one, output planes of at least four rows of at least half a vector, on a CPU with AVX2 and
-/// FMA.
+/// Whether [`unpadded`] runs `win`'s windows: 3x3 or 5x5, stride one or two, dilation one,
+/// output planes of at least four rows of at least half a vector, on a CPU with AVX2 and FMA.
+/// (ConvNeXt's 7x7 windows ran here 0.69 ms for 96 planes of 56x56 against 0.60 padded first:
+/// they stay with [`sums`].)
 pub fn unpadded_suits(win: &Windows) -> bool {
     let [oh, ow] = win.out;
-    let sized = matches!(win.kernel, [3, 3] | [5, 5] | [7, 7]);
+    let sized = matches!(win.kernel, [3, 3] | [5, 5]);
     let strided = matches!(win.stride, [1, 1] | [2, 2]);
     sized && strided && win.dilation == [1, 1] && oh >= ROWS && 2 * ow >= COLS && available()
 }
 
-/// Columns a block's loads span, at most: two vectors (at stride two) and a 7x7 window's
-/// six columns more.
-const SPAN: usize = 2 * COLS + 6;
+/// Columns a block's loads span, at most: two vectors (at stride two) and a 5x5 window's
+/// four columns more.
+const SPAN: usize = 2 * COLS + 4;
 
 /// Which of the columns a block's loads span, from column `start` of an input row `wd` wide
 /// on (negative in the left padding), lie inside the row: all ones inside, zero in the
@@ -218,12 +218,11 @@ fn unpadded_planes<const K: usize, const S: usize>(
     let [oh, ow] = win.out;
     let [ph, pw] = win.padding;
     let len = oh * ow;
-    // Blocks whose loads reach into the padding mask them: the first and the last block of
-    // a row (the same one where rows are narrower than a vector), and in wide padding the
-    // odd one between, its lanes found as it comes.
+    // Each block column's first load column, and the lanes inside the row of its loads
+    // (where they reach into the padding the loads are masked): found once, and read in
+    // place, where a copy per block stalled each block's first load on the copy's stores.
     let starts = || block_starts(ow, COLS).map(|j| (S * j) as isize - pw as isize);
-    let blocks = ow.div_ceil(COLS);
-    let edges = [0, blocks - 1].map(|n| starts().nth(n).map(|s| lanes_inside(s, wd)));
+    let masks: Vec<[i32; SPAN]> = starts().map(|s| lanes_inside(s, wd)).collect();
     let (lo, hi) = clip.map_or((0.0, 0.0), |r| r);
     let (lo, hi) = (simd.splat_f32x8(lo), simd.splat_f32x8(hi));
     let wide;
@@ -236,10 +235,14 @@ fn unpadded_planes<const K: usize, const S: usize>(
     };
     for (p, plane) in y.chunks_mut(len).enumerate() {
         let xp = &x[p * h * wd..(p + 1) * h * wd];
-        let mut wt = [[simd.splat_f32x8(0.0); K]; K];
-        for (a, row) in wt.iter_mut().enumerate() {
-            for (b, v) in row.iter_mut().enumerate() {
-                *v = simd.splat_f32x8(w[p * K * K + a * K + b]);
+        // The filter: a 3x3 one splat into registers, a larger one splat as it is used.
+        let taps = &w[p * K * K..(p + 1) * K * K];
+        let mut wt = [[simd.splat_f32x8(0.0); 3]; 3];
+        if K == 3 {
+            for (a, row) in wt.iter_mut().enumerate() {
+                for (b, v) in row.iter_mut().enumerate() {
+                    *v = simd.splat_f32x8(taps[a * K + b]);
+                }
             }
         }
         let b = simd.splat_f32x8(bias.map_or(0.0, |b| b[p]));
@@ -256,15 +259,9 @@ fn unpadded_planes<const K: usize, const S: usize>(
                 // (At stride two a load takes twice the columns, even and odd.)
                 let inside = start >= 0 && start as usize + K - 1 + S * COLS <= wd;
                 let acc = if inside {
-                    unpadded_block::<K, S, false>(simd, &rows, start, &[0; SPAN], &wt)
+                    unpadded_block::<K, S, false>(simd, &rows, start, &masks[n], taps, &wt)
                 } else {
-                    let edge = match n {
-                        0 => edges[0],
-                        n if n + 1 == blocks => edges[1],
-                        _ => None,
-                    };
-                    let masks = edge.unwrap_or_else(|| lanes_inside(start, wd));
-                    unpadded_block::<K, S, true>(simd, &rows, start, &masks, &wt)
+                    unpadded_block::<K, S, true>(simd, &rows, start, &masks[n], taps, &wt)
                 };
                 for (q, s) in acc.into_iter().enumerate() {
                     let mut out = simd.add_f32x8(s, b);
@@ -296,11 +293,11 @@ fn unpadded_planes<const K: usize, const S: usize>(
     }
 }
 
-/// Input rows a block of [`unpadded`] reads, at most: `2 * (ROWS - 1) + 7`.
-const READ_ROWS: usize = 2 * ROWS + 5;
+/// Input rows a block of [`unpadded`] reads, at most: `2 * (ROWS - 1) + 5`.
+const READ_ROWS: usize = 2 * ROWS + 3;
 
-/// The sums of a block of [`unpadded`]'s `K x K` windows at stride `S` (weights `wt`, each
-/// splat) whose input rows start at `rows` (each `wd` or more elements: a row of the plane,
+/// The sums of a block of [`unpadded`]'s `K x K` windows at stride `S` (weights `taps`, row
+/// major; a 3x3 window's splat in `wt`) whose input rows start at `rows` (each `wd` or more elements: a row of the plane,
 /// or the zero row), its first window column's vectors at column `start` of each: every load
 /// masked by its window column's `masks` where `MASKED`, else every load whole vectors inside
 /// its row. At stride two a window column's vector is the even elements of two vectors.
@@ -311,7 +308,8 @@ fn unpadded_block<const K: usize, const S: usize, const MASKED: bool>(
     rows: &[*const f32; READ_ROWS],
     start: isize,
     masks: &[i32; SPAN],
-    wt: &[[pulp::f32x8; K]; K],
+    taps: &[f32],
+    wt: &[[pulp::f32x8; 3]; 3],
 ) -> [pulp::f32x8; ROWS] {
     use pulp::f32x8;
     let mut acc = [simd.splat_f32x8(0.0); ROWS];
@@ -370,8 +368,9 @@ fn unpadded_block<const K: usize, const S: usize, const MASKED: bool>(
                 *v = load(row, b);
             }
         }
-        for (a, taps) in wt.iter().enumerate() {
-            for (b, &tap) in taps.iter().enumerate() {
+        for (a, row) in taps.chunks_exact(K).enumerate() {
+            for (b, &tap) in row.iter().enumerate() {
+                let tap = simd.splat_f32x8(tap);
                 for (q, s) in acc.iter_mut().enumerate() {
                     *s = simd.mul_add_f32x8(tap, loaded[S * q + a][b], *s);
                 }
@@ -380,8 +379,10 @@ fn unpadded_block<const K: usize, const S: usize, const MASKED: bool>(
     } else {
         // Larger windows tap by tap (their weights outnumber the registers): the sums stay
         // in registers.
-        for (a, taps) in wt.iter().enumerate() {
-            for (b, &tap) in taps.iter().enumerate() {
+        for (a, row) in taps.chunks_exact(K).enumerate() {
+            let row: &[f32; K] = row.try_into().expect("a window row");
+            for (b, &tap) in row.iter().enumerate() {
+                let tap = simd.splat_f32x8(tap);
                 for (q, s) in acc.iter_mut().enumerate() {
                     *s = simd.mul_add_f32x8(tap, load(rows[S * q + a], b), *s);
                 }
@@ -545,7 +546,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(96))]
 
-        /// Planes straight from the input (3x3, 5x5 and 7x7 windows, stride one and two,
+        /// Planes straight from the input (3x3 and 5x5 windows, stride one and two,
         /// padding before and after up to beyond the window, planes narrower than a vector and
         /// several vectors wide, a few planes in one call, each its own filter and bias, the
         /// activation clipped in registers or applied after): the reference's within rounding,
@@ -553,7 +554,7 @@ mod tests {
         /// the same order, the padding's zero).
         #[test]
         fn planes_straight_from_the_input_match_the_reference(
-            h in 1usize..24, w in 1usize..40, k in 1usize..4, s in 1usize..3,
+            h in 1usize..24, w in 1usize..40, k in 1usize..3, s in 1usize..3,
             planes in 1usize..4,
             ph in 0usize..5, pw in 0usize..5, eh in 0usize..5, ew in 0usize..5,
             act in 0usize..4,

@@ -2886,19 +2886,18 @@ mod tests {
     /// Without an input bias or activation the planes run straight from the input
     /// (`cpu::depthwise::unpadded`, its zero row and masked lanes for the padding) with the
     /// clip fused: groups across two images, planes narrower than a vector and several
-    /// vectors wide, 3x3, 5x5 and 7x7 windows at stride one and two; against the reference
-    /// image by image.
+    /// vectors wide, 3x3 and 5x5 windows at stride one and two; against the reference image
+    /// by image.
     #[test]
     fn depthwise_planes_of_plain_inputs_match_the_reference() {
         let cases = [
             (200, 7, 5, 1, 1),
             (19, 14, 3, 1, 1),
-            (33, 12, 7, 1, 1),
             (3, 30, 3, 1, 1),
             (5, 21, 5, 1, 1),
             (19, 14, 3, 2, 1),
             (40, 14, 5, 2, 1),
-            (3, 37, 7, 2, 1),
+            (3, 37, 5, 2, 1),
         ];
         depthwise_of_two_images_matches_the_reference(&cases, true, |win| {
             depthwise::unpadded_suits(win) || !depthwise::available()
