@@ -2885,9 +2885,8 @@ mod tests {
 
     /// Without an input bias or activation the planes run straight from the input
     /// (`cpu::depthwise::unpadded`, its zero row and masked lanes for the padding) with the
-    /// clip fused: groups across two images, planes narrower than a vector and several
-    /// vectors wide, 3x3 and 5x5 windows at stride one and two; against the reference image
-    /// by image.
+    /// clip fused: two images, planes narrower than a vector and several vectors wide, 3x3
+    /// and 5x5 windows at stride one and two; against the reference image by image.
     #[test]
     fn depthwise_planes_of_plain_inputs_match_the_reference() {
         let cases = [
