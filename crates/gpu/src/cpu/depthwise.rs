@@ -124,11 +124,11 @@ pub fn sums(win: &Windows, bufs: &[f32], stride: usize, w: &[f32], y: &mut [f32]
 
 /// `y = act(w * x + bias)` for every plane of `y` (`out` each, one after another) straight
 /// from its input plane (`input` each, one after another in `x`, unpadded): the padding's
-/// zeros are the lanes a masked load leaves out and the input rows a block skips, so there is
-/// no padded copy to write and read back, and the bias and activation apply to a block's sums
-/// in registers, before their one store. Plane `p`'s filter is `kernel` taps of `w` from
-/// `p * taps` on, its bias `bias[p]` (or none). Each output adds its taps
-/// in [`convolve`]'s order, the padding's (zero) products included. Returns `false`, touching
+/// zeros are the lanes a masked load leaves out and a row of zeros the padding's rows read, so
+/// there is no padded copy to write and read back, and the bias and activation apply to a
+/// block's sums in registers, before their one store. Plane `p`'s filter is `kernel` taps of
+/// `w` from `p * taps` on, its bias `bias[p]` (or none). Each output adds its taps in
+/// [`convolve`]'s order, the padding's (zero) products included. Returns `false`, touching
 /// nothing, where [`unpadded_suits`] does not hold or a slice is shorter than its shape.
 pub fn unpadded(
     win: &Windows,
@@ -200,8 +200,8 @@ fn lanes_inside(start: isize, wd: usize) -> [i32; SPAN] {
 static ZEROS: [f32; 1024] = [0.0; 1024];
 
 /// [`unpadded`]'s planes for a `K x K` window at stride `S` (whose checks passed). Compiled
-/// for AVX2 and FMA itself, where a closure inlined into `pulp`'s vectorised call was left out of line (and
-/// its intrinsics with it) once its activations and windows made it large.
+/// for AVX2 and FMA itself, where a closure inlined into `pulp`'s vectorised call was left out
+/// of line (and its intrinsics with it) once its activations and windows made it large.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn unpadded_planes<const K: usize, const S: usize>(
@@ -297,10 +297,11 @@ fn unpadded_planes<const K: usize, const S: usize>(
 const READ_ROWS: usize = 2 * ROWS + 3;
 
 /// The sums of a block of [`unpadded`]'s `K x K` windows at stride `S` (weights `taps`, row
-/// major; a 3x3 window's splat in `wt`) whose input rows start at `rows` (each `wd` or more elements: a row of the plane,
-/// or the zero row), its first window column's vectors at column `start` of each: every load
-/// masked by its window column's `masks` where `MASKED`, else every load whole vectors inside
-/// its row. At stride two a window column's vector is the even elements of two vectors.
+/// major; a 3x3 window's splat in `wt`) whose input rows start at `rows` (each `wd` or more
+/// elements: a row of the plane, or the zero row), its first window column's vectors at
+/// column `start` of each: every load masked by its window column's `masks` where `MASKED`,
+/// else every load whole vectors inside its row. At stride two a window column's vector is
+/// the even elements of two vectors.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn unpadded_block<const K: usize, const S: usize, const MASKED: bool>(
@@ -579,7 +580,8 @@ mod tests {
             let mut buf = vec![f32::NAN; win.scratch_len()];
             let mut padded = vec![f32::NAN; oh * ow];
             for p in 0..planes {
-                let (plane, filter) = (&x[p * h * w..(p + 1) * h * w], &wt[p * k * k..(p + 1) * k * k]);
+                let plane = &x[p * h * w..(p + 1) * h * w];
+                let filter = &wt[p * k * k..(p + 1) * k * k];
                 let got = &y[p * oh * ow..(p + 1) * oh * ow];
                 let want = crate::reference::conv2d(
                     plane, filter, Some(&bias[p..=p]), [1, 1, h, w], 1, [k, k], [s, s],
