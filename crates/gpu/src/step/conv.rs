@@ -69,6 +69,10 @@ use crate::{ConvApi, ConvGemm, GpuError};
 /// Inception-v3's 17x17.
 const DIRECT_PIXELS: usize = 289;
 
+/// Input channels from which a convolution of whole panels of output channels runs direct
+/// on the CPU at any size of plane ([`Conv::direct`]): a stem's three are too few.
+const DIRECT_CHANNELS: usize = 16;
+
 /// The largest share of (tap, output pixel) pairs that read the input for which a
 /// convolution runs as a sum over its taps ([`Conv::live_taps`]); an ordinary 3x3 convolution
 /// with padding 1 reads the input with 82% of them on a 7x7 map, 91% on 14x14.
@@ -472,16 +476,22 @@ impl Conv {
     }
 
     /// The direct convolution over the padded planes (`crate::cpu::direct`) where it measured
-    /// faster than im2col and a matrix product: one group, more than one tap, output planes
-    /// of at most [`DIRECT_PIXELS`], any stride. Both in one process on 2 Zen 4 cores
-    /// (2026-11-28, `opsched profile`): 14x14, 7x7 and 8x8 planes of ResNet-18, GoogLeNet and
-    /// Inception-v3 0.5-0.9x, 17x17 0.75-1.1x (their sum 0.9x); 28x28 to 147x147 0.56-1.33x,
-    /// 1x1 at stride 2 1.16-2.8x, stems of 3 channels 1.1-2.3x (im2col's packed product
-    /// wins there, with an inner dimension or a plane too small or too large for the tiles).
+    /// faster than im2col and a matrix product: one group, more than one tap, and either output
+    /// planes of at most [`DIRECT_PIXELS`] or at least [`DIRECT_CHANNELS`] input channels into
+    /// whole panels of output channels. Both in one process on 2 Zen 4 cores (2026-11-28,
+    /// `opsched profile`): 14x14, 7x7 and 8x8 planes of ResNet-18, GoogLeNet and Inception-v3
+    /// 0.5-0.9x, 17x17 0.75-1.1x (their sum 0.9x). Larger planes, layer by layer in whole
+    /// models (`run --op-times`, the two builds alternated): ResNet-18's 56x56 and 28x28 0.89x
+    /// and 0.91x and EfficientNet-V2-S's 1.0x on one thread; on two, FCN-ResNet-50's
+    /// 2048 -> 512 on 28x28 0.78x, DenseNet-121's 128 -> 32 on 56x56 0.85x, VGG-11's
+    /// 0.92-0.97x, Inception-v3's 147x147 to 35x35 0.85-0.97x; but stems of 3 channels 1.04-1.3x and 24 output
+    /// channels on 112x112 (a panel a third empty) 1.18x, where im2col's packed product wins.
     fn direct(&self) -> Option<Direct> {
         let small = self.out_hw[0] * self.out_hw[1] <= DIRECT_PIXELS;
+        let deep =
+            self.input[1] >= DIRECT_CHANNELS && self.out_channels.is_multiple_of(direct::LANES);
         let fits = self.groups == 1 && self.kernel[0] * self.kernel[1] > 1;
-        (fits && small).then(|| {
+        (fits && (small || deep)).then(|| {
             let win = self.windows();
             Direct {
                 plane: win.scratch_len(),
@@ -2701,23 +2711,25 @@ mod tests {
 
     #[test]
     fn large_convolutions_match_the_reference_on_both_parallel_paths() {
-        // (channels, [h, w], out channels, kernel, stride, padding); dilation 1. The first two
-        // have more pixels than channels: column tiles (im2col per tile; a 1x1 read in
-        // place); the next two fewer: blocks of output rows; the last two, small output
-        // planes (stride 1 and 2), run direct (`crate::cpu::direct`), their inner dimension
-        // over several blocks.
+        // (channels, [h, w], out channels, kernel, stride, padding, runs direct); dilation 1.
+        // The first two have more pixels than channels: column tiles (im2col per tile; a 1x1
+        // read in place); the next two fewer: blocks of output rows (output channels out of
+        // whole panels, or one tap); the next three run direct (`crate::cpu::direct`), their
+        // inner dimension over several blocks: small output planes (stride 1 and 2), and a
+        // larger one of whole panels; the last, a stem of three channels, column tiles.
         let cases = [
-            (16, [33, 31], 24, 3, 1, 1),
-            (64, [33, 31], 40, 1, 1, 0),
-            (64, [37, 35], 160, 3, 2, 1),
-            (256, [7, 7], 128, 1, 1, 0),
-            (64, [9, 7], 160, 3, 1, 1),
-            (64, [17, 15], 160, 3, 2, 1),
+            (16, [33, 31], 24, 3, 1, 1, false),
+            (64, [33, 31], 40, 1, 1, 0, false),
+            (64, [37, 35], 168, 3, 2, 1, false),
+            (256, [7, 7], 128, 1, 1, 0, false),
+            (64, [9, 7], 160, 3, 1, 1, true),
+            (64, [17, 15], 160, 3, 2, 1, true),
+            (32, [37, 35], 48, 3, 1, 1, true),
+            (3, [40, 38], 32, 3, 2, 1, false),
         ];
-        for (c, hw, oc, k, s, p) in cases {
+        for (c, hw, oc, k, s, p, direct) in cases {
             let cv = conv(c, hw, oc, [k, k], [s, s], [p, p], [p, p], [1, 1], 1);
-            let small = cv.out_hw[0] * cv.out_hw[1] <= DIRECT_PIXELS;
-            assert_eq!(cv.direct().is_some(), k > 1 && small, "{cv:?}");
+            assert_eq!(cv.direct().is_some(), direct, "{cv:?}");
             check_against_reference(&cv);
         }
     }
