@@ -29,7 +29,7 @@
 
 use opsched_graph::Activation;
 
-use super::math::{with_act, with_avx2};
+use super::math::{transpose8, with_act, with_avx2};
 use super::window::Windows;
 
 /// Channels a vector holds.
@@ -92,7 +92,7 @@ pub fn depthwise(
                     for (row, plane) in rows_in.iter_mut().zip(x) {
                         *row = lane(&plane[p0..end]);
                     }
-                    for px in transpose(rows_in).iter().take(end - p0) {
+                    for px in transpose8(rows_in).iter().take(end - p0) {
                         let at = ((r + win.padding[0]) * cols + c + win.padding[1]) * LANES;
                         let dst: &mut [f32; LANES] =
                             (&mut buf[at..at + LANES]).try_into().expect("a pixel");
@@ -152,7 +152,7 @@ pub fn depthwise(
                     *row = lane(v);
                 }
                 let p0 = k * LANES;
-                for (plane, v) in y.chunks_mut(n).zip(&transpose(rows_in)).take(lanes) {
+                for (plane, v) in y.chunks_mut(n).zip(&transpose8(rows_in)).take(lanes) {
                     match plane.get_mut(p0..p0 + LANES) {
                         Some(dst) => dst.copy_from_slice(v),
                         None => plane[p0..].copy_from_slice(&v[..n - p0]),
@@ -161,52 +161,6 @@ pub fn depthwise(
             }
         },
     );
-}
-
-/// An 8 x 8 block transposed: rows of eight pixels of eight planes in, rows of a pixel of
-/// every plane out (and back). Unpacks and shuffles in AVX where the CPU has it.
-#[inline(always)]
-fn transpose(m: [[f32; LANES]; LANES]) -> [[f32; LANES]; LANES] {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") {
-        use std::arch::x86_64::*;
-        // SAFETY: AVX is present (checked); the loads and stores are of whole [f32; 8] rows.
-        return unsafe {
-            let r: [__m256; LANES] = std::array::from_fn(|i| _mm256_loadu_ps(m[i].as_ptr()));
-            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-            let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-            let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-            let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-            let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-            let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-            let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-            let o = [
-                _mm256_permute2f128_ps::<0x20>(s0, s4),
-                _mm256_permute2f128_ps::<0x20>(s1, s5),
-                _mm256_permute2f128_ps::<0x20>(s2, s6),
-                _mm256_permute2f128_ps::<0x20>(s3, s7),
-                _mm256_permute2f128_ps::<0x31>(s0, s4),
-                _mm256_permute2f128_ps::<0x31>(s1, s5),
-                _mm256_permute2f128_ps::<0x31>(s2, s6),
-                _mm256_permute2f128_ps::<0x31>(s3, s7),
-            ];
-            let mut out = [[0.0f32; LANES]; LANES];
-            for (row, v) in out.iter_mut().zip(o) {
-                _mm256_storeu_ps(row.as_mut_ptr(), v);
-            }
-            out
-        };
-    }
-    std::array::from_fn(|i| std::array::from_fn(|j| m[j][i]))
 }
 
 /// Elements of the scratch [`depthwise`] needs for `win`.

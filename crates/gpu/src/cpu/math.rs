@@ -651,6 +651,53 @@ pub fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
     out
 }
 
+/// An 8 x 8 block transposed (`out[i][j] = m[j][i]`): rows of eight pixels of eight planes
+/// in, rows of a pixel of every plane out, and back. Unpacks and shuffles in AVX where the
+/// CPU has it.
+#[inline(always)]
+pub(crate) fn transpose8(m: [[f32; 8]; 8]) -> [[f32; 8]; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX is present (checked); the loads and stores are of whole [f32; 8] rows.
+        return unsafe {
+            let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(m[i].as_ptr()));
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            let o = [
+                _mm256_permute2f128_ps::<0x20>(s0, s4),
+                _mm256_permute2f128_ps::<0x20>(s1, s5),
+                _mm256_permute2f128_ps::<0x20>(s2, s6),
+                _mm256_permute2f128_ps::<0x20>(s3, s7),
+                _mm256_permute2f128_ps::<0x31>(s0, s4),
+                _mm256_permute2f128_ps::<0x31>(s1, s5),
+                _mm256_permute2f128_ps::<0x31>(s2, s6),
+                _mm256_permute2f128_ps::<0x31>(s3, s7),
+            ];
+            let mut out = [[0.0f32; 8]; 8];
+            for (row, v) in out.iter_mut().zip(o) {
+                _mm256_storeu_ps(row.as_mut_ptr(), v);
+            }
+            out
+        };
+    }
+    std::array::from_fn(|i| std::array::from_fn(|j| m[j][i]))
+}
+
 /// A raw pointer to an output that crosses into rayon's tasks, each task writing elements of
 /// its own (`sgemm_column_tiles`' columns, `super::direct`'s pixels).
 #[derive(Clone, Copy)]
