@@ -15,7 +15,8 @@
 //! tile, so nothing is computed and dropped but the last tile's repeats; nor is the input
 //! copied nine times over (im2col) or packed. Where the CPU has AVX-512 (`wide`), its 32
 //! registers hold a tile of four panels by 6 pixels (each input element broadcast once for
-//! 64 channels), and for a linear layer one panel by 16 tokens (the weights read once); the
+//! 64 channels; a task's last pixels in a tile as wide as they are, not repeated), and for a
+//! linear layer one panel by 16 tokens (the weights read once); the
 //! same fused multiply-adds in the same order, so the same bits. (The 16 x 6 tile itself
 //! compiled for AVX-512 measured no faster on the Zen 4 cores of 2026-11-28, whose 512-bit
 //! operations take two passes.)
@@ -592,55 +593,85 @@ mod wide {
                 for k0 in (0..k).step_by(KC) {
                     let k1 = (k0 + KC).min(k);
                     let offs = &offsets[k0..k1];
+                    let ws = group.as_ptr().wrapping_add(k0 * LANES);
+                    // Where the block's taps reach furthest from a pixel's base: once a block.
                     let last = offs.iter().max().copied().unwrap_or(0);
-                    for i in (0..n).step_by(PIXELS) {
-                        // A last partial tile repeats its last pixel (computed, not stored).
-                        let bases: [usize; PIXELS] =
-                            std::array::from_fn(|p| at[(i + p).min(n - 1)]);
-                        let furthest = bases.iter().max().copied().unwrap_or(0) + last;
-                        assert!(furthest < planes.len(), "a tile reads past its planes");
-                        let real = PIXELS.min(n - i);
-                        let at_sum = |g: usize, p: usize| (g * n + i + p) * LANES;
-                        // Pixel-major, each pixel's G vectors reached through its own row
-                        // (no index into the array varies in the loop: the compiler keeps
-                        // every one of the 24 in a register, where an index had it spill).
-                        let mut acc = [[simd.splat_f32x16(0.0); G]; PIXELS];
-                        if k0 > 0 {
-                            for (p, px) in acc.iter_mut().enumerate().take(real) {
-                                for (g, a) in px.iter_mut().enumerate() {
-                                    *a = load(&sums[at_sum(g, p)..][..LANES]);
-                                }
-                            }
-                        }
-                        let xs: [*const f32; PIXELS] =
-                            std::array::from_fn(|p| planes.as_ptr().wrapping_add(bases[p]));
-                        let ws = group.as_ptr().wrapping_add(k0 * LANES);
-                        for (r, &off) in offs.iter().enumerate() {
-                            let w: [f32x16; G] = std::array::from_fn(|g| {
-                                let row = ws.wrapping_add((g * k + r) * LANES);
-                                fetch_ahead(row);
-                                // SAFETY: row k0 + r of each of the G panels lies inside
-                                // `group` (G * k * LANES elements, checked above).
-                                unsafe { pulp::cast(*row.cast::<[f32; LANES]>()) }
-                            });
-                            for (px, xp) in acc.iter_mut().zip(&xs) {
-                                // SAFETY: bases[p] + off lies inside planes (checked above).
-                                let v = simd.splat_f32x16(unsafe { *xp.add(off) });
-                                for (a, &wg) in px.iter_mut().zip(&w) {
-                                    *a = simd.mul_add_f32x16(v, wg, *a);
-                                }
-                            }
-                        }
-                        for (p, px) in acc.iter().enumerate().take(real) {
-                            for (g, &a) in px.iter().enumerate() {
-                                let v: [f32; LANES] = pulp::cast(a);
-                                sums[at_sum(g, p)..][..LANES].copy_from_slice(&v);
-                            }
-                        }
+                    let tile = (ws, k, k0 == 0, last);
+                    let whole = n - n % PIXELS;
+                    for i in (0..whole).step_by(PIXELS) {
+                        tile_group::<G, PIXELS>(simd, planes, offs, tile, at, i, sums);
+                    }
+                    // The last pixels in a tile of their own width: nothing computed and
+                    // dropped (49 pixels of a 7x7 plane took nine tiles of six).
+                    // (Called in each arm: through a function pointer they were not inlined
+                    // into this AVX-512 code, their intrinsics calls.)
+                    let i = whole;
+                    match n - whole {
+                        0 => {}
+                        1 => tile_group::<G, 1>(simd, planes, offs, tile, at, i, sums),
+                        2 => tile_group::<G, 2>(simd, planes, offs, tile, at, i, sums),
+                        3 => tile_group::<G, 3>(simd, planes, offs, tile, at, i, sums),
+                        4 => tile_group::<G, 4>(simd, planes, offs, tile, at, i, sums),
+                        _ => tile_group::<G, 5>(simd, planes, offs, tile, at, i, sums),
                     }
                 }
             },
         )
+    }
+
+    /// One tile of [`sweep_group`]: its `G` panels' rows for `offs` (`ws`: where the first
+    /// panel's first of them is, each panel `k` rows; `last` the largest of `offs`) times
+    /// pixels `i..i + P` of `at`, into their sums in `sums` (each panel's pixel-major,
+    /// `at.len()` pixels): added to them, or from zero in the inner dimension's `first` block.
+    #[inline(always)]
+    fn tile_group<const G: usize, const P: usize>(
+        simd: V4,
+        planes: &[f32],
+        offs: &[usize],
+        (ws, k, first, last): (*const f32, usize, bool, usize),
+        at: &[usize],
+        i: usize,
+        sums: &mut [f32],
+    ) {
+        let n = at.len();
+        let bases: [usize; P] = std::array::from_fn(|p| at[i + p]);
+        let furthest = bases.iter().max().copied().unwrap_or(0) + last;
+        assert!(furthest < planes.len(), "a tile reads past its planes");
+        let at_sum = |g: usize, p: usize| (g * n + i + p) * LANES;
+        // Pixel-major, each pixel's G vectors reached through its own row (no index into
+        // the array varies in the loop: the compiler keeps every one of the 24 in a
+        // register, where an index had it spill).
+        let mut acc = [[simd.splat_f32x16(0.0); G]; P];
+        if !first {
+            for (p, px) in acc.iter_mut().enumerate() {
+                for (g, a) in px.iter_mut().enumerate() {
+                    *a = load(&sums[at_sum(g, p)..][..LANES]);
+                }
+            }
+        }
+        let xs: [*const f32; P] = std::array::from_fn(|p| planes.as_ptr().wrapping_add(bases[p]));
+        for (r, &off) in offs.iter().enumerate() {
+            let w: [f32x16; G] = std::array::from_fn(|g| {
+                let row = ws.wrapping_add((g * k + r) * LANES);
+                fetch_ahead(row);
+                // SAFETY: row r of each of the G panels lies inside the group (the
+                // caller's check).
+                unsafe { pulp::cast(*row.cast::<[f32; LANES]>()) }
+            });
+            for (px, xp) in acc.iter_mut().zip(&xs) {
+                // SAFETY: bases[p] + off lies inside planes (checked above).
+                let v = simd.splat_f32x16(unsafe { *xp.add(off) });
+                for (a, &wg) in px.iter_mut().zip(&w) {
+                    *a = simd.mul_add_f32x16(v, wg, *a);
+                }
+            }
+        }
+        for (p, px) in acc.iter().enumerate() {
+            for (g, &a) in px.iter().enumerate() {
+                let v: [f32; LANES] = pulp::cast(a);
+                sums[at_sum(g, p)..][..LANES].copy_from_slice(&v);
+            }
+        }
     }
 
     /// Sixteen sums as a vector.
