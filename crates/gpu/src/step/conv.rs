@@ -73,6 +73,16 @@ const DIRECT_PIXELS: usize = 289;
 /// on the CPU at any size of plane ([`Conv::direct`]): a stem's three are too few.
 const DIRECT_CHANNELS: usize = 16;
 
+/// Output pixels up to which, and output channels from which, a pointwise convolution (of
+/// whole panels) runs direct on the CPU ([`Conv::direct`]): its weights are then many times
+/// its input, and the direct tiles read them repacked once where `gemm` packs its operands
+/// on every run. One thread, layer by layer in whole models, the two builds alternated
+/// (2026-11-28): on 7x7 planes 160 -> 960, 320 -> 1280, 960 -> 320, 1024 -> 2048 and
+/// 2048 -> 1024 0.78-0.85x; with the input copied (before it was read in place) 960 -> 160
+/// and 832 -> 128 1.08-1.14x, and on 14x14 0.94-1.01x with 512 output channels or more,
+/// 1.1-2x with 128 or fewer.
+const DIRECT_POINTWISE: [usize; 2] = [64, 256];
+
 /// The largest share of (tap, output pixel) pairs that read the input for which a
 /// convolution runs as a sum over its taps ([`Conv::live_taps`]); an ordinary 3x3 convolution
 /// with padding 1 reads the input with 82% of them on a 7x7 map, 91% on 14x14.
@@ -476,29 +486,50 @@ impl Conv {
     }
 
     /// The direct convolution over the padded planes (`crate::cpu::direct`) where it measured
-    /// faster than im2col and a matrix product: one group, more than one tap, and either output
-    /// planes of at most [`DIRECT_PIXELS`] or at least [`DIRECT_CHANNELS`] input channels into
-    /// whole panels of output channels. Both in one process on 2 Zen 4 cores (2026-11-28,
-    /// `opsched profile`): 14x14, 7x7 and 8x8 planes of ResNet-18, GoogLeNet and Inception-v3
-    /// 0.5-0.9x, 17x17 0.75-1.1x (their sum 0.9x). Larger planes, layer by layer in whole
-    /// models (`run --op-times`, the two builds alternated): ResNet-18's 56x56 and 28x28 0.89x
-    /// and 0.91x and EfficientNet-V2-S's 1.0x on one thread; on two, FCN-ResNet-50's
-    /// 2048 -> 512 on 28x28 0.78x, DenseNet-121's 128 -> 32 on 56x56 0.85x, VGG-11's
-    /// 0.92-0.97x, Inception-v3's 147x147 to 35x35 0.85-0.97x; but stems of 3 channels 1.04-1.3x and 24 output
-    /// channels on 112x112 (a panel a third empty) 1.18x, where im2col's packed product wins.
+    /// faster than im2col and a matrix product: one group, and either more than one tap with
+    /// output planes of at most [`DIRECT_PIXELS`] or at least [`DIRECT_CHANNELS`] input
+    /// channels into whole panels of output channels, or one tap ([`DIRECT_POINTWISE`]). Both
+    /// in one process on 2 Zen 4 cores (2026-11-28, `opsched profile`): 14x14, 7x7 and 8x8
+    /// planes of ResNet-18, GoogLeNet and Inception-v3 0.5-0.9x, 17x17 0.75-1.1x (their sum
+    /// 0.9x). Larger planes, layer by layer in whole models (`run --op-times`, the two builds
+    /// alternated): ResNet-18's 56x56 and 28x28 0.89x and 0.91x and EfficientNet-V2-S's 1.0x
+    /// on one thread; on two, FCN-ResNet-50's 2048 -> 512 on 28x28 0.78x, DenseNet-121's
+    /// 128 -> 32 on 56x56 0.85x, VGG-11's 0.92-0.97x, Inception-v3's 147x147 to 35x35
+    /// 0.85-0.97x; but stems of 3 channels 1.04-1.3x and 24 output channels on 112x112 (a
+    /// panel a third empty) 1.18x, where im2col's packed product wins.
+    ///
+    /// A pointwise convolution at stride one without padding reads its input in place (its
+    /// planes are the input's); others read them padded ([`Conv::pad_planes`]).
     fn direct(&self) -> Option<Direct> {
-        let small = self.out_hw[0] * self.out_hw[1] <= DIRECT_PIXELS;
-        let deep =
+        let pixels = self.out_hw[0] * self.out_hw[1];
+        let whole_panels =
             self.input[1] >= DIRECT_CHANNELS && self.out_channels.is_multiple_of(direct::LANES);
-        let fits = self.groups == 1 && self.kernel[0] * self.kernel[1] > 1;
-        (fits && (small || deep)).then(|| {
-            let win = self.windows();
-            Direct {
-                plane: win.scratch_len(),
+        let taps = self.kernel[0] * self.kernel[1];
+        let windows = taps > 1 && (pixels <= DIRECT_PIXELS || whole_panels);
+        let [most_pixels, least_out] = DIRECT_POINTWISE;
+        let pointwise =
+            taps == 1 && whole_panels && pixels <= most_pixels && self.out_channels >= least_out;
+        if self.groups != 1 || !(windows || pointwise) {
+            return None;
+        }
+        if self.is_pointwise() {
+            let [h, w] = [self.input[2], self.input[3]];
+            return Some(Direct {
+                plane: h * w,
                 channels: self.input[1],
-                taps: win.taps(),
+                taps: Taps {
+                    starts: vec![0],
+                    step: w,
+                },
                 out: self.out_hw,
-            }
+            });
+        }
+        let win = self.windows();
+        Some(Direct {
+            plane: win.scratch_len(),
+            channels: self.input[1],
+            taps: win.taps(),
+            out: self.out_hw,
         })
     }
 
@@ -833,6 +864,8 @@ impl Conv {
         // the output has fewer pixels than channels, its whole im2col matrix: in this
         // thread's scratch, kept between runs.
         let k = self.col_rows();
+        // A pointwise convolution reads its input in place, as a product's B or as the direct
+        // convolution's planes.
         let pointwise = self.groups == 1 && self.is_pointwise();
         let padded = if pointwise {
             0
@@ -867,6 +900,7 @@ impl Conv {
                     self.pad_planes(xb, in_bias, planes);
                 }
                 if let (Some(d), Some(panels)) = (&direct, panels) {
+                    let planes = if pointwise { xb } else { &*planes };
                     d.convolve(planes, panels, bias, self.act, yb)?;
                     continue;
                 }
@@ -2716,7 +2750,9 @@ mod tests {
         // read in place); the next two fewer: blocks of output rows (output channels out of
         // whole panels, or one tap); the next three run direct (`crate::cpu::direct`), their
         // inner dimension over several blocks: small output planes (stride 1 and 2), and a
-        // larger one of whole panels; the last, a stem of three channels, column tiles.
+        // larger one of whole panels; then a stem of three channels, column tiles; the last
+        // two pointwise on small planes into many channels, direct: one reads its input in
+        // place, over two blocks of the inner dimension, the other (at stride 2) padded.
         let cases = [
             (16, [33, 31], 24, 3, 1, 1, false),
             (64, [33, 31], 40, 1, 1, 0, false),
@@ -2726,6 +2762,8 @@ mod tests {
             (64, [17, 15], 160, 3, 2, 1, true),
             (32, [37, 35], 48, 3, 1, 1, true),
             (3, [40, 38], 32, 3, 2, 1, false),
+            (320, [7, 7], 256, 1, 1, 0, true),
+            (64, [15, 15], 256, 1, 2, 0, true),
         ];
         for (c, hw, oc, k, s, p, direct) in cases {
             let cv = conv(c, hw, oc, [k, k], [s, s], [p, p], [p, p], [1, 1], 1);
