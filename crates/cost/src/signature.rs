@@ -315,7 +315,8 @@ fn kernel_mark(g: &Graph, op: NodeId) -> Option<String> {
             }
             marks.join(",")
         }
-        Op::Elementwise { .. } => match opsched_graph::fusion::fused_activation(g, op) {
+        Op::Elementwise { .. } | Op::Affine => match opsched_graph::fusion::fused_activation(g, op)
+        {
             Some(act) => format!("act={act}"),
             None => return None,
         },

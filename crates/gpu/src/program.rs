@@ -1473,7 +1473,10 @@ impl<'g> Builder<'g> {
             }
             Op::Softmax { axis } => step::softmax::lower(self, steps, at, *axis, false, src, out),
             Op::LogSoftmax { axis } => step::softmax::lower(self, steps, at, *axis, true, src, out),
-            Op::Affine => step::broadcast::lower_affine(self, steps, at, src, out, out_shape),
+            Op::Affine => {
+                let act = self.epilogues.get(&at.node).copied().unwrap_or_default();
+                step::broadcast::lower_affine(self, steps, at, act, src, out, out_shape)
+            }
             Op::LayerNorm { eps } => step::layer_norm::lower(self, steps, at, *eps, src, out),
             Op::Transpose { perm } => step::transpose::lower(self, steps, at, perm, src, out),
             Op::Slice { axis, begin, end } => {
@@ -1949,7 +1952,7 @@ impl Builder<'_> {
         }
     }
 
-    /// Let each element-wise operator apply the activation fused into it
+    /// Let each element-wise or affine operator apply the activation fused into it
     /// ([`opsched_graph::fusion::fused_source`]) where it can write the activation's output
     /// ([`Builder::view_into`]): its kernel applies the activation, and the activation has no
     /// steps.

@@ -274,6 +274,9 @@ fn onnx_semantics_graph() -> Graph {
         &[diff],
     );
     let aff = b.op("aff", Op::Affine, &[padded]);
+    // A batch normalization left an affine (DenseNet's), its activation fused into it.
+    let norm = b.op("norm", Op::Affine, &[diff]);
+    b.act("norm_relu", norm, Activation::Relu);
     let mut asym = Pool2d::avg(3, 2, 1);
     asym.padding_end = Some([0, 2]);
     asym.count_include_pad = false;

@@ -8,7 +8,9 @@
 //! `e` when
 //! - `a` reads one term, the whole output of `e` (not a channel slice, not a sum);
 //! - `e` is an `elementwise` operator whose terms all have its output shape (no broadcasting,
-//!   which is another kernel);
+//!   which is another kernel), or an `affine` (a batch normalization that could not fold
+//!   into a convolution, DenseNet's before each of its layers: its shift's kernel applies the
+//!   activation);
 //! - `a` is `e`'s only consumer, and `e` is not an output of the graph: nobody but `a` ever
 //!   sees `e`'s own value, which the fused kernel never writes.
 //!
@@ -320,8 +322,8 @@ pub fn pre_activations(ops: &[Op], input: &Shape) -> Vec<bool> {
     fused
 }
 
-/// The element-wise operator whose kernel also applies activation `a`, when the rules of the
-/// module hold.
+/// The element-wise or affine operator whose kernel also applies activation `a`, when the
+/// rules of the module hold.
 pub fn fused_source(g: &Graph, a: NodeId) -> Option<NodeId> {
     let node = g.node(a);
     let Op::Activation { .. } = node.op else {
@@ -335,7 +337,7 @@ pub fn fused_source(g: &Graph, a: NodeId) -> Option<NodeId> {
     };
     let e = v.node;
     let producer = g.node(e);
-    if v.channels.is_some() || !matches!(producer.op, Op::Elementwise { .. }) {
+    if v.channels.is_some() || !matches!(producer.op, Op::Elementwise { .. } | Op::Affine) {
         return None;
     }
     let same_shapes = g
@@ -991,11 +993,15 @@ mod tests {
         let s2 = b.act("s2", mul, Activation::Tanh);
         // An activation of a convolution is the convolution's business, not this rule's.
         let t = b.act("t", c, Activation::Tanh);
-        let out = b.add("out", &[s1, s2, t]);
+        // A batch normalization that stays an affine takes its activation too.
+        let norm = b.op("norm", Op::Affine, &[x]);
+        let norm_relu = b.act("norm_relu", norm, Activation::Relu);
+        let out = b.add("out", &[s1, s2, t, norm_relu]);
         let g = b.finish().unwrap();
         let f = fused_sources(&g);
         assert_eq!(f[relu.index()], Some(add));
-        for n in [x, c, add, mul, s1, s2, t, out] {
+        assert_eq!(f[norm_relu.index()], Some(norm));
+        for n in [x, c, add, mul, s1, s2, t, norm, out] {
             assert_eq!(f[n.index()], None, "{}", g.node(n).name);
         }
     }

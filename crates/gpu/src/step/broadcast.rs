@@ -6,9 +6,10 @@
 #![allow(unsafe_code)]
 
 use cudarc::driver::PushKernelArg;
-use opsched_graph::{BinaryKind, ElementwiseKind};
+use opsched_graph::{Activation, BinaryKind, ElementwiseKind};
 use serde::Serialize;
 
+use super::act::BiasAct;
 use super::{merged_axes, product, row_offset, Access, Step, StepKernel};
 use crate::cpu::math::{for_planes, with_avx2};
 use crate::cpu::CpuIo;
@@ -193,12 +194,16 @@ pub(crate) fn lower_where(
     Ok(())
 }
 
-/// Lower an `affine` operator (`y = x * scale[c] + shift[c]` along axis 1, an unfoldable
-/// batch norm) as two broadcasts against `[1, c, 1, ...]` parameters.
+/// Lower an `affine` operator (`y = act(x * scale[c] + shift[c])` along axis 1, an
+/// unfoldable batch norm; `act` the activation fused into it,
+/// `opsched_graph::fusion::fused_source`): a broadcast of the scale against its
+/// `[1, c, 1, ...]` parameters into the output, then the shift and the activation in place
+/// (the bias epilogue of convolutions and products).
 pub(crate) fn lower_affine(
     b: &mut Builder<'_>,
     steps: &mut Vec<Step>,
     at: At,
+    act: Activation,
     src: Src<'_>,
     out: BufId,
     out_shape: &[usize],
@@ -211,25 +216,32 @@ pub(crate) fn lower_affine(
     ps[1] = c;
     let scale = b.param(at, "scale", c, 1.0, 0.1)?;
     let shift = b.param(at, "shift", c, 0.0, 0.1)?;
-    let scaled = b.scratch(at, product(&xs, "affine")?);
-    for (a, p, y, op) in [
-        (x, scale, scaled, BinOp::Mul),
-        (scaled, shift, out, BinOp::Add),
-    ] {
-        steps.push(
-            Broadcast {
-                a,
-                b: p,
-                y,
-                a_shape: xs.clone(),
-                b_shape: ps.clone(),
-                out: out_shape.to_vec(),
-                op,
-                cond: None,
-            }
-            .into(),
-        );
-    }
+    let total = product(&xs, "affine")?;
+    steps.push(
+        Broadcast {
+            a: x,
+            b: scale,
+            y: out,
+            a_shape: xs.clone(),
+            b_shape: ps,
+            out: out_shape.to_vec(),
+            op: BinOp::Mul,
+            cond: None,
+        }
+        .into(),
+    );
+    steps.push(
+        BiasAct {
+            y: out,
+            bias: Some(shift),
+            total,
+            channels: c,
+            inner: xs[2..].iter().product(),
+            act,
+            residual: None,
+        }
+        .into(),
+    );
     Ok(())
 }
 
