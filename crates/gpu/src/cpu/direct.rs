@@ -360,10 +360,11 @@ fn products(
         });
     };
     let tasks = blocks * chunks;
-    if tasks > 1 {
+    // Work too small to split runs its tasks (chunks of at most CHUNK pixels) in turn.
+    if tasks > 1 && wanted > 1 {
         (0..tasks).into_par_iter().for_each(task);
     } else {
-        task(0);
+        (0..tasks).for_each(task);
     }
     Ok(())
 }
