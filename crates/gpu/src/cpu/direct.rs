@@ -16,10 +16,10 @@
 //! copied nine times over (im2col) or packed. Where the CPU has AVX-512 (`wide`), its 32
 //! registers hold a tile of four panels by 6 pixels (each input element broadcast once for
 //! 64 channels; a task's last pixels in a tile as wide as they are, not repeated), and for a
-//! linear layer one panel by 16 tokens (the weights read once); the
-//! same fused multiply-adds in the same order, so the same bits. (The 16 x 6 tile itself
-//! compiled for AVX-512 measured no faster on the Zen 4 cores of 2026-11-28, whose 512-bit
-//! operations take two passes.)
+//! linear layer one panel by 16 tokens (the weights read once); the same fused multiply-adds
+//! in the same order, so the same bits. (The 16 x 6 tile itself compiled for AVX-512
+//! measured no faster on the Zen 4 cores of 2026-11-28, whose 512-bit operations take two
+//! passes.)
 //!
 //! Each output sums its inner dimension in order, in blocks of 256 (`KC`; the partial sums go to
 //! scratch between blocks), whatever the number of threads: its bits depend on the shapes.

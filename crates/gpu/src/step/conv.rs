@@ -486,16 +486,16 @@ impl Conv {
     }
 
     /// The direct convolution over the padded planes (`crate::cpu::direct`) where it measured
-    /// faster than im2col and a matrix product: one group, and either more than one tap with
-    /// output planes of at most [`DIRECT_PIXELS`] or at least [`DIRECT_CHANNELS`] input
-    /// channels into whole panels of output channels, or one tap ([`DIRECT_POINTWISE`]). Both
-    /// in one process on 2 Zen 4 cores (2026-11-28, `opsched profile`): 14x14, 7x7 and 8x8
-    /// planes of ResNet-18, GoogLeNet and Inception-v3 0.5-0.9x, 17x17 0.75-1.1x (their sum
-    /// 0.9x). Larger planes, layer by layer in whole models (`run --op-times`, the two builds
-    /// alternated): ResNet-18's 56x56 and 28x28 0.89x and 0.91x and EfficientNet-V2-S's 1.0x
-    /// on one thread; on two, FCN-ResNet-50's 2048 -> 512 on 28x28 0.78x, DenseNet-121's
-    /// 128 -> 32 on 56x56 0.85x, VGG-11's 0.92-0.97x, Inception-v3's 147x147 to 35x35
-    /// 0.85-0.97x; but stems of 3 channels 1.04-1.3x and 24 output channels on 112x112 (a
+    /// faster than im2col and a matrix product: one group (or groups of whole panels, below), and
+    /// either more than one tap with output planes of at most [`DIRECT_PIXELS`] or at least
+    /// [`DIRECT_CHANNELS`] input channels into whole panels of output channels, or one tap
+    /// ([`DIRECT_POINTWISE`]). Both in one process on 2 Zen 4 cores (2026-11-28, `opsched
+    /// profile`): 14x14, 7x7 and 8x8 planes of ResNet-18, GoogLeNet and Inception-v3 0.5-0.9x,
+    /// 17x17 0.75-1.1x (their sum 0.9x). Larger planes, layer by layer in whole models (`run
+    /// --op-times`, the two builds alternated): ResNet-18's 56x56 and 28x28 0.89x and 0.91x and
+    /// EfficientNet-V2-S's 1.0x on one thread; on two, FCN-ResNet-50's 2048 -> 512 on 28x28 0.78x,
+    /// DenseNet-121's 128 -> 32 on 56x56 0.85x, VGG-11's 0.92-0.97x, Inception-v3's 147x147 to
+    /// 35x35 0.85-0.97x; but stems of 3 channels 1.04-1.3x and 24 output channels on 112x112 (a
     /// panel a third empty) 1.18x, where im2col's packed product wins.
     ///
     /// With groups, each group's input channels and whole panels of outputs as above (more
