@@ -82,7 +82,8 @@ fn kernels(c: &mut Criterion) {
             })
         });
     }
-    // (input channels, side, output channels, kernel rows, kernel columns), stride 1.
+    // (input channels, side, output channels, kernel rows, kernel columns), stride 1; the
+    // last two pointwise into many channels on 7x7 (MobileNetV2's last, ResNeXt-50's).
     for (c, side, oc, kh, kw) in [
         (160, 14, 320, 3, 3),
         (192, 7, 384, 3, 3),
@@ -92,6 +93,8 @@ fn kernels(c: &mut Criterion) {
         (128, 28, 128, 3, 3),
         (256, 14, 256, 3, 3),
         (512, 7, 512, 3, 3),
+        (320, 7, 1280, 1, 1),
+        (1024, 7, 2048, 1, 1),
     ] {
         let win = Windows {
             input: [side, side],
