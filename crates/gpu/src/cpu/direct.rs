@@ -108,12 +108,71 @@ impl Direct {
         a: Activation,
         y: &mut [f32],
     ) -> Result<(), GpuError> {
-        self.convolve_with(planes, panels, bias, a, y, true)
+        self.convolve_with(1, planes, panels, bias, a, y, true)
     }
 
-    /// [`Direct::convolve`], in AVX-512 only where `wide` allows it (the tests run both).
+    /// [`Direct::convolve`] of `groups` groups side by side, in parallel: group `g` reads the
+    /// `channels` planes from plane `g * channels` on, and its weights, biases and output
+    /// channels are the `g`th of `groups` equal parts of `panels`, `bias` and `y` (each
+    /// group's outputs whole panels).
+    pub fn convolve_groups(
+        &self,
+        groups: usize,
+        planes: &[f32],
+        panels: &[f32],
+        bias: Option<&[f32]>,
+        a: Activation,
+        y: &mut [f32],
+    ) -> Result<(), GpuError> {
+        self.convolve_with(groups, planes, panels, bias, a, y, true)
+    }
+
+    /// [`Direct::convolve_groups`], in AVX-512 only where `wide` allows it (the tests run
+    /// both): the taps' offsets found once for every group.
+    #[allow(clippy::too_many_arguments)]
     fn convolve_with(
         &self,
+        groups: usize,
+        planes: &[f32],
+        panels: &[f32],
+        bias: Option<&[f32]>,
+        a: Activation,
+        y: &mut [f32],
+        wide: bool,
+    ) -> Result<(), GpuError> {
+        let taps = self.taps.starts.len();
+        let k = self.channels * taps;
+        let offsets: Vec<usize> = (0..k)
+            .map(|i| (i / taps) * self.plane + self.taps.starts[i % taps])
+            .collect();
+        let groups = groups.max(1);
+        if groups == 1 {
+            return self.convolve_group(&offsets, planes, panels, bias, a, y, wide);
+        }
+        let parts = [y.len(), panels.len(), bias.map_or(0, <[f32]>::len)];
+        if parts.iter().any(|len| len % groups != 0) {
+            return Err(GpuError::Plan(format!(
+                "direct convolution in {groups} groups: a buffer is not of their shape"
+            )));
+        }
+        let [ylen, wlen, blen] = parts.map(|len| len / groups);
+        let group_planes = self.channels * self.plane;
+        y.par_chunks_mut(ylen.max(1))
+            .enumerate()
+            .try_for_each(|(g, yg)| {
+                let planes = planes.get(g * group_planes..).unwrap_or_default();
+                let panels = &panels[g * wlen..(g + 1) * wlen];
+                let bias = bias.map(|b| &b[g * blen..(g + 1) * blen]);
+                self.convolve_group(&offsets, planes, panels, bias, a, yg, wide)
+            })
+    }
+
+    /// One group of [`Direct::convolve_with`]: the taps of its inner dimension at `offsets`
+    /// from each pixel's place in `planes`.
+    #[allow(clippy::too_many_arguments)]
+    fn convolve_group(
+        &self,
+        offsets: &[usize],
         planes: &[f32],
         panels: &[f32],
         bias: Option<&[f32]>,
@@ -122,8 +181,7 @@ impl Direct {
         wide: bool,
     ) -> Result<(), GpuError> {
         let [oh, ow] = self.out;
-        let taps = self.taps.starts.len();
-        let k = self.channels * taps;
+        let k = offsets.len();
         let pixels = oh * ow;
         if pixels == 0 || y.is_empty() {
             return Ok(());
@@ -137,9 +195,6 @@ impl Direct {
         if y.len() != oc * pixels || bias.is_some_and(|b| b.len() < oc) {
             return fail("a buffer is not of its shape");
         }
-        let offsets: Vec<usize> = (0..k)
-            .map(|i| (i / taps) * self.plane + self.taps.starts[i % taps])
-            .collect();
         let base = |q: usize| (q / ow) * self.taps.step + q % ow;
         let out = SharedOut(y.as_mut_ptr());
         let store = |b: usize, qs: Range<usize>, sums: &[f32]| {
@@ -162,7 +217,7 @@ impl Direct {
                 bias_act_row(row, bias.map(|bs| bs[b * LANES + l]), a);
             }
         };
-        products(planes, &offsets, base, pixels, panels, oc, store, wide)
+        products(planes, offsets, base, pixels, panels, oc, store, wide)
             .map_err(|what| GpuError::Plan(format!("direct convolution {oc}x{k}: {what}")))
     }
 }
@@ -764,7 +819,7 @@ mod tests {
             // AVX2's tiles of one panel where `convolve` took AVX-512's of four (on a CPU
             // with it; else the same loops again): the same sums in the same order.
             let mut narrow = vec![f32::NAN; y.len()];
-            d.convolve_with(&planes, &panels, Some(&bias), a, &mut narrow, false).unwrap();
+            d.convolve_with(1, &planes, &panels, Some(&bias), a, &mut narrow, false).unwrap();
             prop_assert_eq!(bits(&narrow), bits(&y));
         }
     }

@@ -909,20 +909,7 @@ impl Conv {
                 }
                 if let (Some(d), Some(panels)) = (&direct, panels) {
                     let planes = if pointwise { xb } else { &*planes };
-                    if self.groups == 1 {
-                        d.convolve(planes, panels, bias, self.act, yb)?;
-                        continue;
-                    }
-                    // Group by group in parallel: its planes, panels, biases and output rows.
-                    let (plane_len, panel_len) = (d.channels * d.plane, og * k);
-                    yb.par_chunks_mut(og * cols)
-                        .enumerate()
-                        .try_for_each(|(g, yg)| {
-                            let planes = &planes[g * plane_len..];
-                            let panels = &panels[g * panel_len..(g + 1) * panel_len];
-                            let bias = bias.map(|b| &b[g * og..(g + 1) * og]);
-                            d.convolve(planes, panels, bias, self.act, yg)
-                        })?;
+                    d.convolve_groups(self.groups, planes, panels, bias, self.act, yb)?;
                     continue;
                 }
                 if self.groups == 1 {
