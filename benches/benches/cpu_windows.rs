@@ -8,7 +8,8 @@
 //! activation epilogue (`cpu_activations`); and eight small depthwise planes by the window
 //! loops and interleaved (`cpu_small_depthwise`, `opsched_gpu::cpu::lanes`); whole depthwise
 //! layers read straight from their input against padded first (`cpu_depthwise_layers`,
-//! `opsched_gpu::cpu::depthwise`).
+//! `opsched_gpu::cpu::depthwise`); and linear layers over a few tokens by the panel product
+//! (`cpu_panel_products`).
 //!
 //! Run: `cargo bench -p opsched-benches --bench cpu_windows`. What it is for: comparing two
 //! builds of these loops (their vectorisation, the padding pass) on the same machine.
@@ -277,9 +278,47 @@ fn depthwise_layers(c: &mut Criterion) {
     group.finish();
 }
 
+/// Linear layers over 16 tokens as the panel product runs them (`direct::product_columns`,
+/// the weights packed once): LLaMA's (the survey's two-layer one: 256 -> 512 and back) and
+/// BERT-base's (768 -> 768, 768 -> 3072 and back). Each iteration runs the next of enough
+/// copies of the weights to fill 16 MiB, so that they come from the last-level cache as in a
+/// model, not from L1 or L2 as one layer run again and again would.
+fn panel_products(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cpu_panel_products");
+    group
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
+    let tokens = 16;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .build()
+        .expect("a thread pool");
+    for (k, m) in [(256, 512), (512, 256), (768, 768), (768, 3072), (3072, 768)] {
+        let copies = ((16 << 20) / (4 * m * k)).max(1);
+        let weights: Vec<Vec<f32>> = (0..copies)
+            .map(|i| direct::pack(&plane(m * k + i)[i..], m, k, k))
+            .collect();
+        let x = plane(tokens * k);
+        let mut y = vec![0.0; tokens * m];
+        let mut next = 0;
+        group.bench_function(format!("{tokens} tokens {k}->{m}"), |b| {
+            // Inside the pool, as a model's steps run: called from outside, each product
+            // would wait for the pool's threads to wake (tens of microseconds).
+            pool.install(|| {
+                b.iter(|| {
+                    next = (next + 1) % copies;
+                    let w = &weights[next];
+                    direct::product_columns(w, [m, k, tokens], &x, [1, k], &mut y, m, 1.0)
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     kernels,
+    panel_products,
     activations,
     small_depthwise,
     depthwise_layers
