@@ -1625,6 +1625,38 @@ fn kernels_run_concurrently_on_separate_streams() {
     assert_eq!(&got, want[g.find("sum").unwrap().index()].as_ref().unwrap());
 }
 
+/// Two streams running the same operators with nothing ordering them (the race detector
+/// off): the steps that touch one buffer take turns, each waiting for the other's storage and
+/// woken when it is released; every launch finishes, with the values of one stream alone.
+#[test]
+fn unordered_streams_take_turns_on_shared_storage() {
+    let (g, p) = chain();
+    let out = p.ops[g.find("b").unwrap().index()].as_ref().unwrap().output;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let dev = CpuDevice::with_race_check(false);
+        let (mem, a, b) = prepared(&dev, &g, &p);
+        let (s0, s1) = (dev.stream(0).unwrap(), dev.stream(0).unwrap());
+        for _ in 0..2000 {
+            for s in [&s0, &s1] {
+                dev.launch(&a, s).unwrap();
+                dev.launch(&b, s).unwrap();
+            }
+        }
+        dev.synchronize().unwrap();
+        let _ = tx.send((
+            dev.read(&mem, out).unwrap(),
+            reference::reference(&g).unwrap(),
+        ));
+    });
+    let (got, want) = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("every launch finishes");
+    let (g, _) = chain();
+    let w = want[g.find("b").unwrap().index()].as_ref().unwrap();
+    assert!(scaled_error(&got, w) < 1e-6);
+}
+
 /// On a GPU: every operator kind, each op's output against the reference
 /// (TF32 off so the tolerance can be tight), through the same helper as the CPU tests; the
 /// convolutions choose among all cuDNN kernels, then among the legacy API's algorithms alone,

@@ -143,8 +143,8 @@ struct MemInner {
     blocks: Vec<Box<[UnsafeCell<f32>]>>,
     /// Per buffer: where its elements are.
     place: Vec<Place>,
-    /// Ranges held by running steps: (block, start, end, written).
-    held: Mutex<Vec<(usize, usize, usize, bool)>>,
+    /// Ranges held by running steps, and how many steps wait for some to be released.
+    held: Mutex<HeldRanges>,
     released: Condvar,
     /// The race detector's records, per *atom*: the pieces that buffer boundaries cut the
     /// blocks into, so that buffers sharing storage share records.
@@ -204,7 +204,7 @@ impl MemInner {
         Ok(MemInner {
             blocks,
             place,
-            held: Mutex::new(Vec::new()),
+            held: Mutex::new(HeldRanges::default()),
             released: Condvar::new(),
             meta: (0..atoms_total)
                 .map(|_| Mutex::new(BufMeta::default()))
@@ -247,21 +247,35 @@ impl MemInner {
     }
 }
 
+/// A range of one storage block: (block, start, end, written).
+type HeldRange = (usize, usize, usize, bool);
+
+/// The ranges running steps hold ([`with_io`]).
+#[derive(Default)]
+struct HeldRanges {
+    ranges: Vec<HeldRange>,
+    /// Steps waiting for a conflicting range to be released: a release wakes them only
+    /// where there are some (a wake-up is a system call, which every step paid).
+    waiters: usize,
+}
+
 /// Ranges of storage held by one step; released when dropped (also when a kernel panics).
-struct Held<'m> {
-    mem: &'m MemInner,
-    ranges: Vec<(usize, usize, usize, bool)>,
+struct Held<'a> {
+    mem: &'a MemInner,
+    ranges: &'a [HeldRange],
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         let mut held = lock(&self.mem.held);
-        for r in &self.ranges {
-            if let Some(i) = held.iter().position(|h| h == r) {
-                held.swap_remove(i);
+        for r in self.ranges {
+            if let Some(i) = held.ranges.iter().position(|h| h == r) {
+                held.ranges.swap_remove(i);
             }
         }
-        self.mem.released.notify_all();
+        if held.waiters > 0 {
+            self.mem.released.notify_all();
+        }
     }
 }
 
@@ -281,6 +295,34 @@ struct OpInner {
     /// Per step, its constant weights repacked once: op(A) of a product for `gemm`
     /// (`Gemm::packed_cpu`), a convolution's for the direct kernel (`Conv::panels_cpu`).
     packed: Vec<Option<Arc<[f32]>>>,
+    /// Per step, the buffers it touches, found once.
+    io: Vec<StepIo>,
+}
+
+/// What one step of an operator reads and writes, found when the operator is prepared: the
+/// buffers (and the parts written) for the race detector, the storage [`with_io`] holds.
+struct StepIo {
+    reads: Vec<BufId>,
+    writes: Vec<BufId>,
+    parts: Vec<(BufId, Option<Vec<Range<usize>>>)>,
+    /// `None` where the plan is refused: running the step reports why.
+    plan: Option<IoPlan>,
+}
+
+impl StepIo {
+    fn new(mem: &MemInner, s: &Step) -> StepIo {
+        let access = s.access();
+        let reads: Vec<BufId> = access.reads.iter().map(|a| a.0).collect();
+        let writes: Vec<BufId> = access.writes.iter().map(|a| a.0).collect();
+        let parts = writes.iter().map(|&b| (b, s.written())).collect();
+        let plan = IoPlan::new(mem, &reads, &writes).ok();
+        StepIo {
+            reads,
+            writes,
+            parts,
+            plan,
+        }
+    }
 }
 
 /// A prepared operator (it holds the memory it runs on).
@@ -334,9 +376,40 @@ enum Job {
     },
 }
 
+/// Jobs a stream was given and has not finished: counted without a lock (the host and the
+/// worker touch it once a job each), the lock and the condition variable only for
+/// [`Device::synchronize`] to sleep on.
 struct Pending {
-    count: Mutex<usize>,
+    count: AtomicUsize,
+    /// How many threads wait for the count to reach zero.
+    waiters: Mutex<usize>,
     cv: Condvar,
+}
+
+impl Pending {
+    /// One job done; wakes the waiters where it was the last.
+    fn done(&self) {
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Under the lock: a waiter saw a non-zero count under it, so it is either not
+            // yet waiting (and sees zero next) or already asleep (and is woken).
+            if *lock(&self.waiters) > 0 {
+                self.cv.notify_all();
+            }
+        }
+    }
+
+    /// Sleep until every job given so far is done.
+    fn wait(&self) {
+        let mut waiters = lock(&self.waiters);
+        while self.count.load(Ordering::Acquire) > 0 {
+            *waiters += 1;
+            waiters = self
+                .cv
+                .wait(waiters)
+                .unwrap_or_else(PoisonError::into_inner);
+            *waiters -= 1;
+        }
+    }
 }
 
 struct StreamInner {
@@ -471,10 +544,10 @@ impl CpuDevice {
                 Job::Wait(ev, gen)
             }
         };
-        *lock(&s.pending.count) += 1;
+        s.pending.count.fetch_add(1, Ordering::AcqRel);
         let sent = lock(&s.tx).as_ref().map(|tx| tx.send(job).is_ok());
         if sent != Some(true) {
-            *lock(&s.pending.count) -= 1;
+            s.pending.done();
             return Err(GpuError::Plan(format!("stream {} is closed", s.id)));
         }
         Ok(())
@@ -545,11 +618,7 @@ fn worker(rx: Receiver<Job>, cx: WorkerCx) {
         if let Err(e) = r {
             cx.shared.fail(e);
         }
-        let mut n = lock(&cx.pending.count);
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            cx.pending.cv.notify_all();
-        }
+        cx.pending.done();
     }
 }
 
@@ -577,12 +646,8 @@ fn execute(cx: &WorkerCx, job: Job) -> Result<(), GpuError> {
     match job {
         Job::Run(op) => {
             let tick = advance(cx);
-            for (s, packed) in op.steps.iter().zip(&op.packed) {
-                let access = s.access();
-                let reads: Vec<BufId> = access.reads.iter().map(|a| a.0).collect();
-                let writes: Vec<BufId> = access.writes.iter().map(|a| a.0).collect();
-                let parts: Vec<_> = writes.iter().map(|&b| (b, s.written())).collect();
-                touch(cx, &op.mem, &reads, &parts, tick, &op.name)?;
+            for ((s, packed), io) in op.steps.iter().zip(&op.packed).zip(&op.io) {
+                touch(cx, &op.mem, &io.reads, &io.parts, tick, &op.name)?;
                 // A kernel that refuses its data (an index outside its table) names the
                 // operator.
                 let run = |io: &mut CpuIo<'_>| match (s, packed) {
@@ -590,7 +655,11 @@ fn execute(cx: &WorkerCx, job: Job) -> Result<(), GpuError> {
                     (Step::Conv(c), Some(w)) => c.run_cpu_packed(io, Some(w)),
                     _ => s.kernel().run_cpu(io),
                 };
-                with_io(&op.mem, &reads, &writes, run).map_err(|e| match e {
+                let ran = match &io.plan {
+                    Some(plan) => with_planned_io(&op.mem, plan, run),
+                    None => with_io(&op.mem, &io.reads, &io.writes, run),
+                };
+                ran.map_err(|e| match e {
                     GpuError::Plan(m) => GpuError::Unsupported {
                         node: op.name.to_string(),
                         message: m,
@@ -728,52 +797,89 @@ fn touch(
     Ok(())
 }
 
+/// Where the buffers one step reads and writes lie, and the storage ranges it holds while
+/// it runs: found once per step when an operator is prepared ([`StepIo`]), not on every run.
+struct IoPlan {
+    /// Each buffer once, sorted, with whether the step writes it.
+    ids: Vec<(BufId, bool)>,
+    places: Vec<Place>,
+    ranges: Vec<HeldRange>,
+}
+
+impl IoPlan {
+    fn new(mem: &MemInner, reads: &[BufId], writes: &[BufId]) -> Result<IoPlan, GpuError> {
+        let mut ids: Vec<(BufId, bool)> = reads
+            .iter()
+            .map(|&b| (b, false))
+            .chain(writes.iter().map(|&b| (b, true)))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut ranges = Vec::with_capacity(ids.len());
+        let mut places = Vec::with_capacity(ids.len());
+        for &(b, w) in &ids {
+            let pl = mem.place(b)?;
+            ranges.extend(
+                pl.ranges(0..pl.len)
+                    .into_iter()
+                    .map(|r| (pl.block, r.start, r.end, w)),
+            );
+            places.push(pl);
+        }
+        for (i, a) in ranges.iter().enumerate() {
+            if ranges[..i].iter().any(|b| (a.3 || b.3) && overlap(a, b)) {
+                return Err(GpuError::Plan(
+                    "a step reads and writes the same storage".into(),
+                ));
+            }
+        }
+        Ok(IoPlan {
+            ids,
+            places,
+            ranges,
+        })
+    }
+}
+
 /// Hold the storage of the buffers a step reads and writes (all at once, so concurrent steps
 /// cannot deadlock; waiting while a conflicting range is held) and run `f` on them.
-#[allow(unsafe_code)]
 fn with_io<T>(
     mem: &MemInner,
     reads: &[BufId],
     writes: &[BufId],
     f: impl FnOnce(&mut CpuIo<'_>) -> Result<T, GpuError>,
 ) -> Result<T, GpuError> {
-    let mut ids: Vec<(BufId, bool)> = reads
-        .iter()
-        .map(|&b| (b, false))
-        .chain(writes.iter().map(|&b| (b, true)))
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let mut ranges = Vec::with_capacity(ids.len());
-    let mut places = Vec::with_capacity(ids.len());
-    for &(b, w) in &ids {
-        let pl = mem.place(b)?;
-        ranges.extend(
-            pl.ranges(0..pl.len)
-                .into_iter()
-                .map(|r| (pl.block, r.start, r.end, w)),
-        );
-        places.push(pl);
-    }
-    for (i, a) in ranges.iter().enumerate() {
-        if ranges[..i].iter().any(|b| (a.3 || b.3) && overlap(a, b)) {
-            return Err(GpuError::Plan(
-                "a step reads and writes the same storage".into(),
-            ));
-        }
-    }
+    with_planned_io(mem, &IoPlan::new(mem, reads, writes)?, f)
+}
+
+/// [`with_io`] of a plan made before.
+#[allow(unsafe_code)]
+fn with_planned_io<T>(
+    mem: &MemInner,
+    plan: &IoPlan,
+    f: impl FnOnce(&mut CpuIo<'_>) -> Result<T, GpuError>,
+) -> Result<T, GpuError> {
+    let IoPlan {
+        ids,
+        places,
+        ranges,
+    } = plan;
     let guard = {
         let mut held = lock(&mem.held);
-        while ranges
-            .iter()
-            .any(|a| held.iter().any(|b| (a.3 || b.3) && overlap(a, b)))
-        {
+        let conflict = |held: &HeldRanges| {
+            ranges
+                .iter()
+                .any(|a| held.ranges.iter().any(|b| (a.3 || b.3) && overlap(a, b)))
+        };
+        while conflict(&held) {
+            held.waiters += 1;
             held = mem
                 .released
                 .wait(held)
                 .unwrap_or_else(PoisonError::into_inner);
+            held.waiters -= 1;
         }
-        held.extend(ranges.iter().copied());
+        held.ranges.extend(ranges.iter().copied());
         Held { mem, ranges }
     };
     let cells = |b: BufId, pl: &Place, r: Range<usize>| {
@@ -786,7 +892,7 @@ fn with_io<T>(
     // after it), so every kernel sees one slice; the vectors are this thread's, kept between
     // steps (no fresh pages to fault in every inference).
     let mut gathered: Vec<Vec<f32>> = Vec::with_capacity(ids.len());
-    for (&(b, _), pl) in ids.iter().zip(&places) {
+    for (&(b, _), pl) in ids.iter().zip(places) {
         let mut v = Vec::new();
         if pl.runs.is_some() {
             v = GATHERED.with(|g| g.borrow_mut().pop()).unwrap_or_default();
@@ -800,10 +906,10 @@ fn with_io<T>(
         gathered.push(v);
     }
     let mut io = CpuIo {
-        reads: Vec::new(),
-        writes: Vec::new(),
+        reads: Vec::with_capacity(ids.len()),
+        writes: Vec::with_capacity(ids.len()),
     };
-    for ((&(b, w), pl), own) in ids.iter().zip(&places).zip(gathered.iter_mut()) {
+    for ((&(b, w), pl), own) in ids.iter().zip(places).zip(gathered.iter_mut()) {
         if pl.runs.is_some() {
             if w {
                 io.writes.push((b, own.as_mut_slice()));
@@ -829,7 +935,7 @@ fn with_io<T>(
     }
     let r = f(&mut io);
     drop(io);
-    for ((&(b, w), pl), own) in ids.iter().zip(&places).zip(&gathered) {
+    for ((&(b, w), pl), own) in ids.iter().zip(places).zip(&gathered) {
         if !(w && pl.runs.is_some()) {
             continue;
         }
@@ -921,7 +1027,8 @@ impl Device for CpuDevice {
         let id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = channel();
         let pending = Arc::new(Pending {
-            count: Mutex::new(0),
+            count: AtomicUsize::new(0),
+            waiters: Mutex::new(0),
             cv: Condvar::new(),
         });
         let clock = Arc::new(Mutex::new(VClock::new()));
@@ -1006,7 +1113,7 @@ impl Device for CpuDevice {
                 Some(crate::program::BufRole::Param { .. })
             )
         };
-        let (steps, packed) = op
+        let (steps, packed): (Vec<Step>, Vec<_>) = op
             .steps
             .iter()
             .map(|s| match s {
@@ -1026,12 +1133,14 @@ impl Device for CpuDevice {
                 _ => (s.clone(), None),
             })
             .unzip();
+        let io = steps.iter().map(|s| StepIo::new(&m.inner, s)).collect();
         Ok(CpuOp {
             inner: Arc::new(OpInner {
                 mem: m.inner.clone(),
                 name: Arc::from(op.name.as_str()),
                 steps,
                 packed,
+                io,
             }),
         })
     }
@@ -1083,10 +1192,7 @@ impl Device for CpuDevice {
     fn synchronize(&self) -> Result<(), GpuError> {
         let streams = self.streams();
         for s in &streams {
-            let mut n = lock(&s.pending.count);
-            while *n > 0 {
-                n = s.pending.cv.wait(n).unwrap_or_else(PoisonError::into_inner);
-            }
+            s.pending.wait();
         }
         // Everything done so far is now ordered before anything enqueued later.
         let mut all = VClock::new();
