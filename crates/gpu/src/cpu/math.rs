@@ -239,9 +239,9 @@ fn fold_lanes(mut lanes: [f32; LANES]) -> f32 {
 }
 
 /// `act(., a)` as a concrete closure bound to `$f` in `$body`, straight-line code the
-/// compiler vectorises for the activations models use in their hot loops: ReLU, the identity
-/// and the clipping family with the same expressions (and bits) as
-/// [`crate::reference::act`]; GELU, sigmoid, SiLU/swish, tanh and tanh-GELU through this
+/// compiler vectorises for the activations models use in their hot loops: ReLU, the identity,
+/// the clipping family, square roots, reciprocals, negations and absolute values with the
+/// same expressions (and bits) as [`crate::reference::act`]; GELU, sigmoid, SiLU/swish, tanh and tanh-GELU through this
 /// module's branch-free `exp` and `tanh` (within 5e-7 of it, infinities and NaN kept). The
 /// others keep the per-value match of `act`.
 macro_rules! with_act {
@@ -262,8 +262,38 @@ macro_rules! with_act {
                 let $f = move |v: f32| v.max(lo).min(hi);
                 $body
             }
+            Activation::Clip {
+                min: Some(lo),
+                max: None,
+            } => {
+                let $f = move |v: f32| v.max(lo);
+                $body
+            }
+            Activation::Clip {
+                min: None,
+                max: Some(hi),
+            } => {
+                let $f = move |v: f32| v.min(hi);
+                $body
+            }
             Activation::LeakyRelu { alpha } => {
                 let $f = move |v: f32| if v >= 0.0 { v } else { alpha * v };
+                $body
+            }
+            Activation::Sqrt => {
+                let $f = |v: f32| v.sqrt();
+                $body
+            }
+            Activation::Reciprocal => {
+                let $f = |v: f32| 1.0 / v;
+                $body
+            }
+            Activation::Neg => {
+                let $f = |v: f32| -v;
+                $body
+            }
+            Activation::Abs => {
+                let $f = |v: f32| v.abs();
                 $body
             }
             Activation::HardSigmoid { alpha, beta } => {
@@ -852,8 +882,8 @@ mod tests {
         with_act!(a, |f| f(x))
     }
 
-    /// Every activation `with_act!` writes out agrees with the reference: the clipping family
-    /// to the bit, the ones computed through `exp_neg` or the rational tanh within 5e-7 of it
+    /// Every activation `with_act!` writes out agrees with the reference: the clipping family,
+    /// roots, reciprocals, negations and absolute values to the bit, the ones computed through `exp_neg` or the rational tanh within 5e-7 of it
     /// (relative, below 1e-20 absolute; tanh-GELU's reference cancels where tanh nears -1, so
     /// it is measured against max(|y|, 1)), and all of them on infinities, NaN and zeros.
     #[test]
@@ -865,12 +895,24 @@ mod tests {
                 min: Some(0.0),
                 max: Some(6.0),
             },
+            Activation::Clip {
+                min: Some(-1.0),
+                max: None,
+            },
+            Activation::Clip {
+                min: None,
+                max: Some(2.5),
+            },
             Activation::LeakyRelu { alpha: 0.01 },
             Activation::HardSigmoid {
                 alpha: 0.2,
                 beta: 0.5,
             },
             Activation::HardSwish,
+            Activation::Sqrt,
+            Activation::Reciprocal,
+            Activation::Neg,
+            Activation::Abs,
         ];
         let close = [
             (Activation::Sigmoid, 1e-20),
