@@ -1,8 +1,9 @@
 //! Depthwise convolutions in AVX2 registers (MobileNet's, EfficientNet's and MNASNet's 3x3 and
 //! 5x5 layers, ConvNeXt's 7x7): blocks of four output rows by eight columns, each row's eight
-//! sums in one vector across all the taps, by fused multiply-adds. A 3x3 window keeps its nine
-//! weights in registers and loads each input vector once for every output row whose windows
-//! cover it: 18 loads for a block's 36 products at stride one, where the window loops
+//! sums in one vector across all the taps, by fused multiply-adds (straight from the input,
+//! on planes of 14 columns or more, sixteen columns in AVX-512 where the CPU has it). A 3x3
+//! window keeps its nine weights in registers and loads each input vector once for every
+//! output row whose windows cover it: 18 loads for a block's 36 products at stride one, where the window loops
 //! (`super::window`) load one per product and keep a separate multiply and add. Other windows
 //! load per product, their weights splat per tap. The last block of a plane's rows or columns
 //! overlaps the one before (the same sums, written twice), so that every block is whole; rows
@@ -16,16 +17,24 @@
 //! the planes after, in cache). [`convolve`] and [`sums`] (stride one, any window) read planes
 //! padded first ([`Windows::pad`]), as a convolution whose input takes a bias or activation
 //! needs. Whole layers on one thread (`cargo bench -p opsched-benches --bench cpu_windows --
-//! cpu_depthwise_layers`, 2026-11-28, in us): straight from the input against padded in
-//! groups of planes, MobileNetV2's 144 planes of 56x56 by 3x3 152 against 262, 384 of 14x14
-//! 43 against 94, 960 of 7x7 36 against 131; EfficientNet's 240 of 28x28 by 5x5 194 against
-//! 275, 1152 of 7x7 85 against 208; at stride two against the window loops, 96 of 112x112 by
-//! 3x3 233 against 373, 240 of 28x28 by 5x5 126 against 256. A block's column masks are found
-//! once per call and read in place: copied per block, each block's first load waited on the
-//! copy's stores (384 planes of 14x14 took 76 us). A 5x5 window's weights are splat as they
-//! are used (an array of them splat per plane cost more). Each output adds its taps in the
-//! window's row-major order, as the reference does, rounding once per tap (fused) where the
-//! window loops round twice; at stride one both ways give the same bits.
+//! cpu_depthwise_layers`, 2026-11-28, Zen 4, AVX2, in us): straight from the input against
+//! padded in groups of planes, MobileNetV2's 144 planes of 56x56 by 3x3 152 against 262, 384
+//! of 14x14 43 against 94, 960 of 7x7 36 against 131; EfficientNet's 240 of 28x28 by 5x5 194
+//! against 275, 1152 of 7x7 85 against 208; at stride two against the window loops, 96 of
+//! 112x112 by 3x3 233 against 373, 240 of 28x28 by 5x5 126 against 256. A block's column
+//! masks are found once per call and read in place: copied per block, each block's first load
+//! waited on the copy's stores (384 planes of 14x14 took 76 us). A 5x5 window's weights are
+//! splat as they are used (an array of them splat per plane cost more). Each output adds its
+//! taps in the window's row-major order, as the reference does, rounding once per tap (fused)
+//! where the window loops round twice; at stride one both ways give the same bits.
+//!
+//! [`unpadded`]'s blocks are written once for either width ([`Lanes`]): in AVX-512 a load's
+//! mask is a bit mask and a stride-two vector one permutation of two. On the Zen 5 cores of
+//! 2026-11-28 (whose AVX-512 runs at full width), whole layers on one thread in blocks of
+//! sixteen against AVX2's of eight (criterion, two rounds alternated, us): 144 planes of 56x56
+//! by 3x3 135 -> 89, 384 of 14x14 32 -> 21, 240 of 28x28 by 5x5 164 -> 76; at stride two 96
+//! of 112x112 by 3x3 172 -> 149, 144 of 56x56 77 -> 61, 240 of 28x28 by 5x5 100 -> 74. The
+//! same sums in the same order: the same bits.
 //!
 #![allow(unsafe_code)]
 
@@ -138,6 +147,19 @@ pub fn unpadded(
     a: Activation,
     y: &mut [f32],
 ) -> bool {
+    unpadded_with(win, x, w, bias, a, y, true)
+}
+
+/// [`unpadded`], in AVX-512 only where `wide` allows it (the tests run both).
+fn unpadded_with(
+    win: &Windows,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    a: Activation,
+    y: &mut [f32],
+    wide: bool,
+) -> bool {
     let [h, wd] = win.input;
     let [oh, ow] = win.out;
     let (taps, len) = (win.kernel[0] * win.kernel[1], oh * ow);
@@ -155,18 +177,25 @@ pub fn unpadded(
         // ReLU and the clipping family on the sums in registers; any other activation in a
         // pass over the planes after (in cache), as its polynomials run best over rows.
         let clip = clip_range(a);
-        // SAFETY (each): the CPU has AVX2 and FMA (`simd`).
-        match (win.kernel[0], win.stride[0]) {
-            (3, 1) => unsafe { unpadded_planes::<3, 1>(simd, win, x, w, bias, clip, y) },
-            (5, 1) => unsafe { unpadded_planes::<5, 1>(simd, win, x, w, bias, clip, y) },
-            (3, _) => unsafe { unpadded_planes::<3, 2>(simd, win, x, w, bias, clip, y) },
-            _ => unsafe { unpadded_planes::<5, 2>(simd, win, x, w, bias, clip, y) },
+        let v4 = pulp::x86::V4::try_new().filter(|_| wide && ow >= WIDE_FROM);
+        // SAFETY (each): the CPU has AVX-512 (`v4`), or AVX2 and FMA (`simd`).
+        match (v4, win.kernel[0], win.stride[0]) {
+            (Some(v4), 3, 1) => unsafe { unpadded_wide::<3, 1>(v4, win, x, w, bias, clip, y) },
+            (Some(v4), 5, 1) => unsafe { unpadded_wide::<5, 1>(v4, win, x, w, bias, clip, y) },
+            (Some(v4), 3, _) => unsafe { unpadded_wide::<3, 2>(v4, win, x, w, bias, clip, y) },
+            (Some(v4), _, _) => unsafe { unpadded_wide::<5, 2>(v4, win, x, w, bias, clip, y) },
+            (None, 3, 1) => unsafe { unpadded_narrow::<3, 1>(simd, win, x, w, bias, clip, y) },
+            (None, 5, 1) => unsafe { unpadded_narrow::<5, 1>(simd, win, x, w, bias, clip, y) },
+            (None, 3, _) => unsafe { unpadded_narrow::<3, 2>(simd, win, x, w, bias, clip, y) },
+            (None, _, _) => unsafe { unpadded_narrow::<5, 2>(simd, win, x, w, bias, clip, y) },
         }
         if clip.is_none() && a != Activation::None {
             bias_act_row(y, None, a);
         }
         return true;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = wide;
     false
 }
 
@@ -181,30 +210,189 @@ pub fn unpadded_suits(win: &Windows) -> bool {
     sized && strided && win.dilation == [1, 1] && oh >= ROWS && 2 * ow >= COLS && available()
 }
 
-/// Columns a block's loads span, at most: two vectors (at stride two) and a 5x5 window's
-/// four columns more.
-const SPAN: usize = 2 * COLS + 4;
+/// Columns a block's loads span, at most: two vectors (at stride two; AVX-512's, of sixteen)
+/// and a 5x5 window's four columns more.
+const SPAN: usize = 2 * WIDE_COLS + 4;
 
-/// Which of the columns a block's loads span, from column `start` of an input row `wd` wide
-/// on (negative in the left padding), lie inside the row: all ones inside, zero in the
-/// padding. Window column `b`'s vector at `start + b + c` takes its lanes from `c` on.
-#[cfg(target_arch = "x86_64")]
-fn lanes_inside(start: isize, wd: usize) -> [i32; SPAN] {
-    std::array::from_fn(|l| {
-        let c = start + l as isize;
-        -i32::from(c >= 0 && (c as usize) < wd)
-    })
-}
+/// Output columns of a block in AVX-512: one vector of sixteen.
+const WIDE_COLS: usize = 16;
+
+/// Output columns from which [`unpadded`] takes AVX-512's blocks of sixteen where the CPU has
+/// it (14x14 planes and wider: a block of sixteen computes 16 columns for a row of 14 where
+/// two blocks of eight computed as many with twice the instructions).
+const WIDE_FROM: usize = 14;
 
 /// The row every padding row reads (rows up to this wide; a wider input allocates its own).
 static ZEROS: [f32; 1024] = [0.0; 1024];
 
-/// [`unpadded`]'s planes for a `K x K` window at stride `S` (whose checks passed). Compiled
-/// for AVX2 and FMA itself, where a closure inlined into `pulp`'s vectorised call was left out
-/// of line (and its intrinsics with it) once its activations and windows made it large.
+/// One vector width of [`unpadded`]'s blocks: AVX2's eight lanes or AVX-512's sixteen (on the
+/// Zen 5 cores of 2026-11-28 AVX-512 runs at full width, twice AVX2's sums an instruction).
+#[cfg(target_arch = "x86_64")]
+trait Lanes: Copy {
+    /// A vector of `N` lanes.
+    type V: Copy;
+    /// Output columns a block covers: one vector.
+    const N: usize;
+    /// Which of the columns a block's loads span (from its first load's column on) lie
+    /// inside the row: found once per block column.
+    type Masks;
+    fn masks(start: isize, wd: usize) -> Self::Masks;
+    fn splat(self, v: f32) -> Self::V;
+    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `v.max(lo).min(hi)` (a NaN gives `lo`).
+    fn clip(self, v: Self::V, lo: Self::V, hi: Self::V) -> Self::V;
+    /// The even elements of `lo` then `hi`.
+    fn even(self, lo: Self::V, hi: Self::V) -> Self::V;
+    /// The vector at `at`; where `masked`, only the lanes inside the row (`masks` from lane
+    /// `from` on) are read, the others zero.
+    ///
+    /// # Safety
+    /// The lanes read lie inside one allocation.
+    unsafe fn load(self, at: *const f32, masked: Option<(&Self::Masks, usize)>) -> Self::V;
+    /// The first `n` lanes of `v` to `at` on.
+    ///
+    /// # Safety
+    /// `n` elements from `at` on lie inside one allocation.
+    unsafe fn store(self, at: *mut f32, v: Self::V, n: usize);
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for pulp::x86::V3 {
+    type V = pulp::f32x8;
+    const N: usize = COLS;
+    /// A lane of all ones where the column is inside the row, zero in the padding.
+    type Masks = [i32; SPAN];
+
+    fn masks(start: isize, wd: usize) -> [i32; SPAN] {
+        std::array::from_fn(|l| {
+            let c = start + l as isize;
+            -i32::from(c >= 0 && (c as usize) < wd)
+        })
+    }
+    #[inline(always)]
+    fn splat(self, v: f32) -> pulp::f32x8 {
+        self.splat_f32x8(v)
+    }
+    #[inline(always)]
+    fn mul_add(self, a: pulp::f32x8, b: pulp::f32x8, c: pulp::f32x8) -> pulp::f32x8 {
+        self.mul_add_f32x8(a, b, c)
+    }
+    #[inline(always)]
+    fn add(self, a: pulp::f32x8, b: pulp::f32x8) -> pulp::f32x8 {
+        self.add_f32x8(a, b)
+    }
+    #[inline(always)]
+    fn clip(self, v: pulp::f32x8, lo: pulp::f32x8, hi: pulp::f32x8) -> pulp::f32x8 {
+        self.min_f32x8(self.max_f32x8(v, lo), hi)
+    }
+    #[inline(always)]
+    fn even(self, lo: pulp::f32x8, hi: pulp::f32x8) -> pulp::f32x8 {
+        // [lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6], then its 64-bit pairs in order.
+        let even = self
+            .avx
+            ._mm256_shuffle_ps::<0b10_00_10_00>(pulp::cast(lo), pulp::cast(hi));
+        pulp::cast(
+            self.avx2
+                ._mm256_permute4x64_pd::<0b11_01_10_00>(pulp::cast(even)),
+        )
+    }
+    #[inline(always)]
+    unsafe fn load(self, at: *const f32, masked: Option<(&[i32; SPAN], usize)>) -> pulp::f32x8 {
+        match masked {
+            Some((masks, from)) => {
+                let mask: [i32; COLS] = masks[from..from + COLS]
+                    .try_into()
+                    .expect("a vector's mask");
+                // SAFETY: the mask's lanes lie inside the allocation (the caller's promise);
+                // the others are not read.
+                pulp::cast(unsafe { self.avx._mm256_maskload_ps(at, pulp::cast(mask)) })
+            }
+            // SAFETY: the caller's promise.
+            None => unsafe { at.cast::<pulp::f32x8>().read_unaligned() },
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(self, at: *mut f32, v: pulp::f32x8, n: usize) {
+        if n >= COLS {
+            // SAFETY: the caller's promise.
+            unsafe { at.cast::<pulp::f32x8>().write_unaligned(v) };
+        } else {
+            let v: [f32; COLS] = pulp::cast(v);
+            // SAFETY: the caller's promise.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), at, n) };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for pulp::x86::V4 {
+    type V = pulp::f32x16;
+    const N: usize = WIDE_COLS;
+    /// Bit `l` set where column `l` of the span is inside the row.
+    type Masks = u64;
+
+    fn masks(start: isize, wd: usize) -> u64 {
+        (0..SPAN).fold(0, |bits, l| {
+            let c = start + l as isize;
+            bits | (u64::from(c >= 0 && (c as usize) < wd) << l)
+        })
+    }
+    #[inline(always)]
+    fn splat(self, v: f32) -> pulp::f32x16 {
+        self.splat_f32x16(v)
+    }
+    #[inline(always)]
+    fn mul_add(self, a: pulp::f32x16, b: pulp::f32x16, c: pulp::f32x16) -> pulp::f32x16 {
+        self.mul_add_f32x16(a, b, c)
+    }
+    #[inline(always)]
+    fn add(self, a: pulp::f32x16, b: pulp::f32x16) -> pulp::f32x16 {
+        self.add_f32x16(a, b)
+    }
+    #[inline(always)]
+    fn clip(self, v: pulp::f32x16, lo: pulp::f32x16, hi: pulp::f32x16) -> pulp::f32x16 {
+        self.min_f32x16(self.max_f32x16(v, lo), hi)
+    }
+    #[inline(always)]
+    fn even(self, lo: pulp::f32x16, hi: pulp::f32x16) -> pulp::f32x16 {
+        let idx: [i32; WIDE_COLS] = std::array::from_fn(|l| 2 * l as i32);
+        pulp::cast(self.avx512f._mm512_permutex2var_ps(
+            pulp::cast(lo),
+            pulp::cast(idx),
+            pulp::cast(hi),
+        ))
+    }
+    #[inline(always)]
+    unsafe fn load(self, at: *const f32, masked: Option<(&u64, usize)>) -> pulp::f32x16 {
+        match masked {
+            Some((&bits, from)) => {
+                let mask = (bits >> from) as u16;
+                // SAFETY: the mask's lanes lie inside the allocation (the caller's promise);
+                // the others are not read.
+                pulp::cast(unsafe { self.avx512f._mm512_maskz_loadu_ps(mask, at) })
+            }
+            // SAFETY: the caller's promise.
+            None => unsafe { at.cast::<pulp::f32x16>().read_unaligned() },
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(self, at: *mut f32, v: pulp::f32x16, n: usize) {
+        if n >= WIDE_COLS {
+            // SAFETY: the caller's promise.
+            unsafe { at.cast::<pulp::f32x16>().write_unaligned(v) };
+        } else {
+            let mask = ((1u32 << n) - 1) as u16;
+            // SAFETY: the caller's promise (the lanes past `n` are not written).
+            unsafe { self.avx512f._mm512_mask_storeu_ps(at, mask, pulp::cast(v)) };
+        }
+    }
+}
+
+/// [`unpadded_planes`] in AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn unpadded_planes<const K: usize, const S: usize>(
+fn unpadded_narrow<const K: usize, const S: usize>(
     simd: pulp::x86::V3,
     win: &Windows,
     x: &[f32],
@@ -213,7 +401,40 @@ fn unpadded_planes<const K: usize, const S: usize>(
     clip: Option<(f32, f32)>,
     y: &mut [f32],
 ) {
-    use pulp::f32x8;
+    unpadded_planes::<_, K, S>(simd, win, x, w, bias, clip, y);
+}
+
+/// [`unpadded_planes`] in AVX-512 (and the rest of x86-64-v4, as `pulp::x86::V4` has it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")]
+fn unpadded_wide<const K: usize, const S: usize>(
+    simd: pulp::x86::V4,
+    win: &Windows,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    clip: Option<(f32, f32)>,
+    y: &mut [f32],
+) {
+    unpadded_planes::<_, K, S>(simd, win, x, w, bias, clip, y);
+}
+
+/// [`unpadded`]'s planes for a `K x K` window at stride `S` (whose checks passed), in blocks
+/// of `L::N` columns. Inlined into a function compiled for its instructions (above), where a
+/// closure inlined into `pulp`'s vectorised call was left out of line (and its intrinsics
+/// with it) once its activations and windows made it large.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn unpadded_planes<L: Lanes, const K: usize, const S: usize>(
+    simd: L,
+    win: &Windows,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    clip: Option<(f32, f32)>,
+    y: &mut [f32],
+) {
+    let cols = L::N;
     let [h, wd] = win.input;
     let [oh, ow] = win.out;
     let [ph, pw] = win.padding;
@@ -221,10 +442,10 @@ fn unpadded_planes<const K: usize, const S: usize>(
     // Each block column's first load column, and the lanes inside the row of its loads
     // (where they reach into the padding the loads are masked): found once, and read in
     // place, where a copy per block stalled each block's first load on the copy's stores.
-    let starts = || block_starts(ow, COLS).map(|j| (S * j) as isize - pw as isize);
-    let masks: Vec<[i32; SPAN]> = starts().map(|s| lanes_inside(s, wd)).collect();
+    let starts = || block_starts(ow, cols).map(|j| (S * j) as isize - pw as isize);
+    let masks: Vec<L::Masks> = starts().map(|s| L::masks(s, wd)).collect();
     let (lo, hi) = clip.map_or((0.0, 0.0), |r| r);
-    let (lo, hi) = (simd.splat_f32x8(lo), simd.splat_f32x8(hi));
+    let (lo, hi) = (simd.splat(lo), simd.splat(hi));
     let wide;
     let zeros: &[f32] = match wd <= ZEROS.len() {
         true => &ZEROS,
@@ -237,15 +458,15 @@ fn unpadded_planes<const K: usize, const S: usize>(
         let xp = &x[p * h * wd..(p + 1) * h * wd];
         // The filter: a 3x3 one splat into registers, a larger one splat as it is used.
         let taps = &w[p * K * K..(p + 1) * K * K];
-        let mut wt = [[simd.splat_f32x8(0.0); 3]; 3];
+        let mut wt = [[simd.splat(0.0); 3]; 3];
         if K == 3 {
             for (a, row) in wt.iter_mut().enumerate() {
                 for (b, v) in row.iter_mut().enumerate() {
-                    *v = simd.splat_f32x8(taps[a * K + b]);
+                    *v = simd.splat(taps[a * K + b]);
                 }
             }
         }
-        let b = simd.splat_f32x8(bias.map_or(0.0, |b| b[p]));
+        let b = simd.splat(bias.map_or(0.0, |b| b[p]));
         for i in block_starts(oh, ROWS) {
             // The input rows the band of output rows i .. i + ROWS reads: rows of the
             // padding read the zero row (their products are zero, as in a padded plane).
@@ -255,38 +476,25 @@ fn unpadded_planes<const K: usize, const S: usize>(
                     *row = xp[r * wd..].as_ptr();
                 }
             }
-            for (n, (j, start)) in block_starts(ow, COLS).zip(starts()).enumerate() {
+            for (n, (j, start)) in block_starts(ow, cols).zip(starts()).enumerate() {
                 // (At stride two a load takes twice the columns, even and odd.)
-                let inside = start >= 0 && start as usize + K - 1 + S * COLS <= wd;
+                let inside = start >= 0 && start as usize + K - 1 + S * cols <= wd;
                 let acc = if inside {
-                    unpadded_block::<K, S, false>(simd, &rows, start, &masks[n], taps, &wt)
+                    unpadded_block::<L, K, S, false>(simd, &rows, start, &masks[n], taps, &wt)
                 } else {
-                    unpadded_block::<K, S, true>(simd, &rows, start, &masks[n], taps, &wt)
+                    unpadded_block::<L, K, S, true>(simd, &rows, start, &masks[n], taps, &wt)
                 };
                 for (q, s) in acc.into_iter().enumerate() {
-                    let mut out = simd.add_f32x8(s, b);
+                    let mut out = simd.add(s, b);
                     if clip.is_some() {
-                        // As `v.max(lo).min(hi)`: a NaN sum gives `lo`.
-                        out = simd.min_f32x8(simd.max_f32x8(out, lo), hi);
+                        out = simd.clip(out, lo, hi);
                     }
+                    // A row narrower than a vector runs into the next, which a later store
+                    // writes whole (the last row stores its own columns).
                     let at = (i + q) * ow + j;
-                    if at + COLS <= plane.len() {
-                        // A row narrower than a vector runs into the next, which a later
-                        // store writes whole (the last row, below, stores its own columns).
-                        // SAFETY: the plane holds COLS elements from `at` on.
-                        unsafe {
-                            plane
-                                .as_mut_ptr()
-                                .add(at)
-                                .cast::<f32x8>()
-                                .write_unaligned(out)
-                        };
-                    } else {
-                        let out: [f32; COLS] = pulp::cast(out);
-                        for (y, v) in plane[at..].iter_mut().zip(out) {
-                            *y = v;
-                        }
-                    }
+                    let n = (plane.len() - at).min(cols);
+                    // SAFETY: the plane holds n elements from `at` on.
+                    unsafe { simd.store(plane.as_mut_ptr().add(at), out, n) };
                 }
             }
         }
@@ -304,46 +512,30 @@ const READ_ROWS: usize = 2 * ROWS + 3;
 /// the even elements of two vectors.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn unpadded_block<const K: usize, const S: usize, const MASKED: bool>(
-    simd: pulp::x86::V3,
+fn unpadded_block<L: Lanes, const K: usize, const S: usize, const MASKED: bool>(
+    simd: L,
     rows: &[*const f32; READ_ROWS],
     start: isize,
-    masks: &[i32; SPAN],
+    masks: &L::Masks,
     taps: &[f32],
-    wt: &[[pulp::f32x8; 3]; 3],
-) -> [pulp::f32x8; ROWS] {
-    use pulp::f32x8;
-    let mut acc = [simd.splat_f32x8(0.0); ROWS];
-    // The vector of `COLS` columns from `at`, lanes `half` of window column `b`'s mask.
-    let vector = |at: *const f32, b: usize, half: usize| -> f32x8 {
-        if MASKED {
-            let from = b + half * COLS;
-            let mask: [i32; COLS] = masks[from..from + COLS]
-                .try_into()
-                .expect("a vector's mask");
-            // SAFETY: the mask's lanes are the columns inside the row; the others are not
-            // read.
-            pulp::cast(unsafe { simd.avx._mm256_maskload_ps(at, pulp::cast(mask)) })
-        } else {
-            // SAFETY: the columns lie inside the row (the caller checked the block's reach).
-            unsafe { at.cast::<f32x8>().read_unaligned() }
-        }
+    wt: &[[L::V; 3]; 3],
+) -> [L::V; ROWS] {
+    let mut acc = [simd.splat(0.0); ROWS];
+    // The vector of `N` columns from `at`, lanes `half` of window column `b`'s mask.
+    let vector = |at: *const f32, b: usize, half: usize| -> L::V {
+        let masked = MASKED.then_some((masks, b + half * L::N));
+        // SAFETY: masked, the mask's lanes are the columns inside the row (the others are
+        // not read); whole, the columns lie inside the row (the caller checked the block's
+        // reach).
+        unsafe { simd.load(at, masked) }
     };
     // Window column `b`'s vector of input row `row`.
-    let load = |row: *const f32, b: usize| -> f32x8 {
+    let load = |row: *const f32, b: usize| -> L::V {
         let at = row.wrapping_offset(start + b as isize);
         if S == 1 {
             return vector(at, b, 0);
         }
-        let (lo, hi) = (vector(at, b, 0), vector(at.wrapping_add(COLS), b, 1));
-        // [lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6], then its 64-bit pairs in order.
-        let even = simd
-            .avx
-            ._mm256_shuffle_ps::<0b10_00_10_00>(pulp::cast(lo), pulp::cast(hi));
-        let even = simd
-            .avx2
-            ._mm256_permute4x64_pd::<0b11_01_10_00>(pulp::cast(even));
-        pulp::cast(even)
+        simd.even(vector(at, b, 0), vector(at.wrapping_add(L::N), b, 1))
     };
     if K == 3 {
         // Input row `t` serves output rows `q` of the block for window rows `t - S * q`:
@@ -354,7 +546,7 @@ fn unpadded_block<const K: usize, const S: usize, const MASKED: bool>(
                 let v = load(row, b);
                 for (q, s) in acc.iter_mut().enumerate() {
                     if t >= S * q && t - S * q < K {
-                        *s = simd.mul_add_f32x8(wt[t - S * q][b], v, *s);
+                        *s = simd.mul_add(wt[t - S * q][b], v, *s);
                     }
                 }
             }
@@ -363,7 +555,7 @@ fn unpadded_block<const K: usize, const S: usize, const MASKED: bool>(
         // Larger windows at the edges: each masked load once, kept (in cache) for the taps
         // of every row it serves (a load per product took 20-30% longer per layer; at
         // stride two, with its shuffles, 35% less).
-        let mut loaded = [[simd.splat_f32x8(0.0); K]; READ_ROWS];
+        let mut loaded = [[simd.splat(0.0); K]; READ_ROWS];
         for (vectors, &row) in loaded.iter_mut().zip(rows).take(S * (ROWS - 1) + K) {
             for (b, v) in vectors.iter_mut().enumerate() {
                 *v = load(row, b);
@@ -371,9 +563,9 @@ fn unpadded_block<const K: usize, const S: usize, const MASKED: bool>(
         }
         for (a, row) in taps.chunks_exact(K).enumerate() {
             for (b, &tap) in row.iter().enumerate() {
-                let tap = simd.splat_f32x8(tap);
+                let tap = simd.splat(tap);
                 for (q, s) in acc.iter_mut().enumerate() {
-                    *s = simd.mul_add_f32x8(tap, loaded[S * q + a][b], *s);
+                    *s = simd.mul_add(tap, loaded[S * q + a][b], *s);
                 }
             }
         }
@@ -383,9 +575,9 @@ fn unpadded_block<const K: usize, const S: usize, const MASKED: bool>(
         for (a, row) in taps.chunks_exact(K).enumerate() {
             let row: &[f32; K] = row.try_into().expect("a window row");
             for (b, &tap) in row.iter().enumerate() {
-                let tap = simd.splat_f32x8(tap);
+                let tap = simd.splat(tap);
                 for (q, s) in acc.iter_mut().enumerate() {
-                    *s = simd.mul_add_f32x8(tap, load(rows[S * q + a], b), *s);
+                    *s = simd.mul_add(tap, load(rows[S * q + a], b), *s);
                 }
             }
         }
@@ -551,8 +743,8 @@ mod tests {
         /// padding before and after up to beyond the window, planes narrower than a vector and
         /// several vectors wide, a few planes in one call, each its own filter and bias, the
         /// activation clipped in registers or applied after): the reference's within rounding,
-        /// and at stride one the bits of each plane padded and convolved (the same products in
-        /// the same order, the padding's zero).
+        /// at stride one the bits of each plane padded and convolved (the same products in
+        /// the same order, the padding's zero), and in AVX-512's blocks the bits of AVX2's.
         #[test]
         fn planes_straight_from_the_input_match_the_reference(
             h in 1usize..24, w in 1usize..40, k in 1usize..3, s in 1usize..3,
@@ -577,6 +769,14 @@ mod tests {
             let bias = values(planes, 3);
             let mut y = vec![f32::NAN; planes * oh * ow];
             prop_assert!(unpadded(&win, &x, &wt, Some(&bias), a, &mut y));
+            // AVX2's blocks of eight where `unpadded` took AVX-512's of sixteen (on a CPU with
+            // it and rows of 14 or more; else the same loops again): the same sums in the
+            // same order, the same bits.
+            let mut narrow = vec![f32::NAN; y.len()];
+            prop_assert!(unpadded_with(&win, &x, &wt, Some(&bias), a, &mut narrow, false));
+            for (i, (g, n)) in y.iter().zip(&narrow).enumerate() {
+                prop_assert_eq!(g.to_bits(), n.to_bits(), "element {}", i);
+            }
             let mut buf = vec![f32::NAN; win.scratch_len()];
             let mut padded = vec![f32::NAN; oh * ow];
             for p in 0..planes {
