@@ -34,7 +34,9 @@
 //! sixteen against AVX2's of eight (criterion, two rounds alternated, us): 144 planes of 56x56
 //! by 3x3 135 -> 89, 384 of 14x14 32 -> 21, 240 of 28x28 by 5x5 164 -> 76; at stride two 96
 //! of 112x112 by 3x3 172 -> 149, 144 of 56x56 77 -> 61, 240 of 28x28 by 5x5 100 -> 74. The
-//! same sums in the same order: the same bits.
+//! same sums in the same order: the same bits. Planes of 64 outputs or fewer at stride one
+//! (7x7) are summed flat instead ([`unpadded_flat`]: a plane's outputs in four vectors, each
+//! tap one masked load a vector): 960 of 7x7 by 3x3 26 -> 15, 1152 by 5x5 68 -> 50.
 //!
 #![allow(unsafe_code)]
 
@@ -177,17 +179,21 @@ fn unpadded_with(
         // ReLU and the clipping family on the sums in registers; any other activation in a
         // pass over the planes after (in cache), as its polynomials run best over rows.
         let clip = clip_range(a);
-        let v4 = pulp::x86::V4::try_new().filter(|_| wide && ow >= WIDE_FROM);
-        // SAFETY (each): the CPU has AVX-512 (`v4`), or AVX2 and FMA (`simd`).
-        match (v4, win.kernel[0], win.stride[0]) {
-            (Some(v4), 3, 1) => unsafe { unpadded_wide::<3, 1>(v4, win, x, w, bias, clip, y) },
-            (Some(v4), 5, 1) => unsafe { unpadded_wide::<5, 1>(v4, win, x, w, bias, clip, y) },
-            (Some(v4), 3, _) => unsafe { unpadded_wide::<3, 2>(v4, win, x, w, bias, clip, y) },
-            (Some(v4), _, _) => unsafe { unpadded_wide::<5, 2>(v4, win, x, w, bias, clip, y) },
-            (None, 3, 1) => unsafe { unpadded_narrow::<3, 1>(simd, win, x, w, bias, clip, y) },
-            (None, 5, 1) => unsafe { unpadded_narrow::<5, 1>(simd, win, x, w, bias, clip, y) },
-            (None, 3, _) => unsafe { unpadded_narrow::<3, 2>(simd, win, x, w, bias, clip, y) },
-            (None, _, _) => unsafe { unpadded_narrow::<5, 2>(simd, win, x, w, bias, clip, y) },
+        let v4 = pulp::x86::V4::try_new().filter(|_| wide);
+        let flat = v4.filter(|_| flat_suits(win));
+        let v4 = v4.filter(|_| ow >= WIDE_FROM);
+        // SAFETY (each): the CPU has AVX-512 (`flat`, `v4`), or AVX2 and FMA (`simd`).
+        match (flat, v4, win.kernel[0], win.stride[0]) {
+            (Some(f), _, 3, _) => unsafe { unpadded_flat::<3>(f, win, x, w, bias, clip, y) },
+            (Some(f), _, _, _) => unsafe { unpadded_flat::<5>(f, win, x, w, bias, clip, y) },
+            (_, Some(v4), 3, 1) => unsafe { unpadded_wide::<3, 1>(v4, win, x, w, bias, clip, y) },
+            (_, Some(v4), 5, 1) => unsafe { unpadded_wide::<5, 1>(v4, win, x, w, bias, clip, y) },
+            (_, Some(v4), 3, _) => unsafe { unpadded_wide::<3, 2>(v4, win, x, w, bias, clip, y) },
+            (_, Some(v4), _, _) => unsafe { unpadded_wide::<5, 2>(v4, win, x, w, bias, clip, y) },
+            (_, _, 3, 1) => unsafe { unpadded_narrow::<3, 1>(simd, win, x, w, bias, clip, y) },
+            (_, _, 5, 1) => unsafe { unpadded_narrow::<5, 1>(simd, win, x, w, bias, clip, y) },
+            (_, _, 3, _) => unsafe { unpadded_narrow::<3, 2>(simd, win, x, w, bias, clip, y) },
+            _ => unsafe { unpadded_narrow::<5, 2>(simd, win, x, w, bias, clip, y) },
         }
         if clip.is_none() && a != Activation::None {
             bias_act_row(y, None, a);
@@ -385,6 +391,100 @@ impl Lanes for pulp::x86::V4 {
             let mask = ((1u32 << n) - 1) as u16;
             // SAFETY: the caller's promise (the lanes past `n` are not written).
             unsafe { self.avx512f._mm512_mask_storeu_ps(at, mask, pulp::cast(v)) };
+        }
+    }
+}
+
+/// AVX-512 vectors of a plane's outputs that [`unpadded`] sums flat ([`unpadded_flat`]): a
+/// 7x7 plane's 49 in four.
+const FLAT_VECTORS: usize = 4;
+/// Output elements of a plane [`unpadded`] sums flat.
+const FLAT_MOST: usize = FLAT_VECTORS * WIDE_COLS;
+
+/// Whether [`unpadded`] sums `win`'s planes flat where the CPU has AVX-512: planes of
+/// [`FLAT_MOST`] outputs or fewer, rows narrower than [`WIDE_FROM`] (blocks of rows would
+/// leave most lanes idle), at stride one with output rows as wide as the input's (so that
+/// each tap reads every output's input at one offset from it).
+fn flat_suits(win: &Windows) -> bool {
+    let [oh, ow] = win.out;
+    let one = win.stride == [1, 1] && win.dilation == [1, 1];
+    one && ow == win.input[1] && ow < WIDE_FROM && oh * ow <= FLAT_MOST
+}
+
+/// [`unpadded`]'s planes for a `K x K` window at stride one (whose checks passed, and
+/// [`flat_suits`]), each plane's outputs as one run of up to four vectors (row after row, as
+/// they are stored): tap `(a, b)` of output `o` reads the input at `o + (a - ph) * wd + b -
+/// pw`, its lanes whose input lies outside the plane masked (zero, as the padding). Each
+/// output adds its taps in the window's row-major order by fused multiply-adds, the
+/// padding's included, as [`unpadded_planes`] does: the same bits. (Two planes at once, eight
+/// chains of sums where one plane has four, measured no faster: the loads, most of them
+/// across two cache lines, bound it.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")]
+fn unpadded_flat<const K: usize>(
+    simd: pulp::x86::V4,
+    win: &Windows,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    clip: Option<(f32, f32)>,
+    y: &mut [f32],
+) {
+    let [h, wd] = win.input;
+    let [oh, ow] = win.out;
+    let [ph, pw] = win.padding;
+    let len = oh * ow;
+    let vectors = len.div_ceil(WIDE_COLS);
+    // The outputs (bits of a plane's run, `len <= 64`) whose input lies inside the plane for
+    // window row `a` (a range of rows) and for window column `b` (a range of columns in every
+    // row): a tap's lanes are both; found in a few operations a call (the planes come in
+    // groups of a dozen).
+    let bits = |from: usize, to: usize| match to > from {
+        true => (u64::MAX >> (64 - (to - from))) << from,
+        false => 0,
+    };
+    let inside = |i: usize, pad: usize, n: usize, out: usize| {
+        let (from, to) = (pad.saturating_sub(i), (n + pad).saturating_sub(i).min(out));
+        (from, to)
+    };
+    let rows: [u64; K] = std::array::from_fn(|a| {
+        let (from, to) = inside(a, ph, h, oh);
+        bits(from * ow, to * ow)
+    });
+    let cols: [u64; K] = std::array::from_fn(|b| {
+        let (from, to) = inside(b, pw, wd, ow);
+        (0..oh).fold(0, |m, r| m | bits(from, to) << (r * ow))
+    });
+    let masks: Vec<u64> = (0..K * K).map(|t| rows[t / K] & cols[t % K]).collect();
+    let (lo, hi) = clip.map_or((0.0, 0.0), |r| r);
+    let (lo, hi) = (simd.splat_f32x16(lo), simd.splat_f32x16(hi));
+    for (p, plane) in y.chunks_mut(len).enumerate() {
+        let xp = x[p * h * wd..(p + 1) * h * wd].as_ptr();
+        let taps = &w[p * K * K..(p + 1) * K * K];
+        let mut acc = [simd.splat_f32x16(0.0); FLAT_VECTORS];
+        for (t, &tap) in taps.iter().enumerate() {
+            let (a, b) = (t / K, t % K);
+            let tap = simd.splat_f32x16(tap);
+            let off = (a as isize - ph as isize) * wd as isize + b as isize - pw as isize;
+            let lanes = masks[t];
+            for (v, s) in acc.iter_mut().enumerate().take(vectors) {
+                let at = xp.wrapping_offset(off + (v * WIDE_COLS) as isize);
+                let mask = (lanes >> (v * WIDE_COLS)) as u16;
+                // SAFETY: the mask's lanes read the plane's elements (their rows and columns
+                // inside it: above); the others are not read.
+                let xv = unsafe { simd.avx512f._mm512_maskz_loadu_ps(mask, at) };
+                *s = simd.mul_add_f32x16(tap, pulp::cast(xv), *s);
+            }
+        }
+        let b = simd.splat_f32x16(bias.map_or(0.0, |b| b[p]));
+        for (v, s) in acc.iter().enumerate().take(vectors) {
+            let mut out = simd.add_f32x16(*s, b);
+            if clip.is_some() {
+                out = simd.min_f32x16(simd.max_f32x16(out, lo), hi);
+            }
+            let n = (len - v * WIDE_COLS).min(WIDE_COLS);
+            // SAFETY: the plane holds n elements from v * WIDE_COLS on.
+            unsafe { simd.store(plane.as_mut_ptr().add(v * WIDE_COLS), out, n) };
         }
     }
 }
@@ -800,6 +900,72 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Small planes summed flat in AVX-512 (7x7 and others of 64 outputs or fewer, rows as
+    /// wide as the input's, padding above and below of any depth): the bits of AVX2's blocks,
+    /// and the reference's within rounding; planes the flat sums do not suit are left to the
+    /// blocks.
+    #[test]
+    fn small_planes_summed_flat_match_the_blocks() {
+        let mut flat = 0;
+        for (h, w) in [(7, 7), (4, 4), (8, 8), (9, 7), (4, 13), (10, 6)] {
+            for k in [3, 5] {
+                for (ph, eh) in [(k / 2, k / 2), (0, k - 1), (k - 1, 0), (1, 4)] {
+                    let pw = k / 2;
+                    let geometry = [[h, w], [k, k], [1, 1], [1, 1], [ph, pw], [eh, k - 1 - pw]];
+                    let Some(win) = Windows::fitting(geometry) else {
+                        continue;
+                    };
+                    if !unpadded_suits(&win) {
+                        continue;
+                    }
+                    flat += usize::from(flat_suits(&win));
+                    let [oh, ow] = win.out;
+                    let planes = 3;
+                    let (x, wt) = (values(planes * h * w, 4), values(planes * k * k, 5));
+                    let bias = values(planes, 6);
+                    let a = Activation::Clip {
+                        min: Some(-0.5),
+                        max: Some(0.5),
+                    };
+                    let mut y = vec![f32::NAN; planes * oh * ow];
+                    assert!(unpadded(&win, &x, &wt, Some(&bias), a, &mut y));
+                    let mut narrow = vec![f32::NAN; y.len()];
+                    assert!(unpadded_with(
+                        &win,
+                        &x,
+                        &wt,
+                        Some(&bias),
+                        a,
+                        &mut narrow,
+                        false
+                    ));
+                    for (i, (g, n)) in y.iter().zip(&narrow).enumerate() {
+                        assert_eq!(g.to_bits(), n.to_bits(), "{win:?} element {i}");
+                    }
+                    let want = crate::reference::conv2d(
+                        &x[..h * w],
+                        &wt[..k * k],
+                        Some(&bias[..1]),
+                        [1, 1, h, w],
+                        1,
+                        [k, k],
+                        [1, 1],
+                        [ph, pw],
+                        [1, 1],
+                        1,
+                        [oh, ow],
+                        a,
+                    );
+                    for (i, (&g, &w)) in y.iter().zip(&want).enumerate() {
+                        let tol = 1e-5 * (k * k) as f32 * w.abs().max(1.0);
+                        assert!((g - w).abs() <= tol, "{win:?} element {i}: {g} vs {w}");
+                    }
+                }
+            }
+        }
+        assert!(flat >= 20, "{flat} planes summed flat");
     }
 
     /// Planes it does not suit (a stride, a dilation, fewer rows than a block) and slices
