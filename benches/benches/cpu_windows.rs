@@ -237,6 +237,7 @@ fn depthwise_layers(c: &mut Criterion) {
         (96, 112, 3, 2),
         (144, 56, 3, 2),
         (576, 14, 3, 2),
+        (672, 14, 5, 2),
         (240, 28, 5, 2),
     ] {
         let win = windows(side, k, s);

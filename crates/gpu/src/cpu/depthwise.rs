@@ -34,9 +34,11 @@
 //! sixteen against AVX2's of eight (criterion, two rounds alternated, us): 144 planes of 56x56
 //! by 3x3 135 -> 89, 384 of 14x14 32 -> 21, 240 of 28x28 by 5x5 164 -> 76; at stride two 96
 //! of 112x112 by 3x3 172 -> 149, 144 of 56x56 77 -> 61, 240 of 28x28 by 5x5 100 -> 74. The
-//! same sums in the same order: the same bits. Planes of 64 outputs or fewer at stride one
-//! (7x7) are summed flat instead ([`unpadded_flat`]: a plane's outputs in four vectors, each
-//! tap one masked load a vector): 960 of 7x7 by 3x3 26 -> 15, 1152 by 5x5 68 -> 50.
+//! same sums in the same order: the same bits. Planes of 64 outputs or fewer (7x7) are
+//! summed flat instead ([`unpadded_flat`]: a plane's outputs in four vectors, each tap one
+//! masked load a vector; at stride two from the input's four phases, split by permutations):
+//! 960 of 7x7 by 3x3 26 -> 15, 1152 by 5x5 68 -> 50; from 14x14 at stride two, 576 by 3x3 29
+//! -> 25, 672 by 5x5 77 -> 46.
 //!
 #![allow(unsafe_code)]
 
@@ -184,8 +186,10 @@ fn unpadded_with(
         let v4 = v4.filter(|_| ow >= WIDE_FROM);
         // SAFETY (each): the CPU has AVX-512 (`flat`, `v4`), or AVX2 and FMA (`simd`).
         match (flat, v4, win.kernel[0], win.stride[0]) {
-            (Some(f), _, 3, _) => unsafe { unpadded_flat::<3>(f, win, x, w, bias, clip, y) },
-            (Some(f), _, _, _) => unsafe { unpadded_flat::<5>(f, win, x, w, bias, clip, y) },
+            (Some(f), _, 3, 1) => unsafe { unpadded_flat::<3, 1>(f, win, x, w, bias, clip, y) },
+            (Some(f), _, 5, 1) => unsafe { unpadded_flat::<5, 1>(f, win, x, w, bias, clip, y) },
+            (Some(f), _, 3, _) => unsafe { unpadded_flat::<3, 2>(f, win, x, w, bias, clip, y) },
+            (Some(f), _, _, _) => unsafe { unpadded_flat::<5, 2>(f, win, x, w, bias, clip, y) },
             (_, Some(v4), 3, 1) => unsafe { unpadded_wide::<3, 1>(v4, win, x, w, bias, clip, y) },
             (_, Some(v4), 5, 1) => unsafe { unpadded_wide::<5, 1>(v4, win, x, w, bias, clip, y) },
             (_, Some(v4), 3, _) => unsafe { unpadded_wide::<3, 2>(v4, win, x, w, bias, clip, y) },
@@ -403,25 +407,29 @@ const FLAT_MOST: usize = FLAT_VECTORS * WIDE_COLS;
 
 /// Whether [`unpadded`] sums `win`'s planes flat where the CPU has AVX-512: planes of
 /// [`FLAT_MOST`] outputs or fewer, rows narrower than [`WIDE_FROM`] (blocks of rows would
-/// leave most lanes idle), at stride one with output rows as wide as the input's (so that
-/// each tap reads every output's input at one offset from it).
+/// leave most lanes idle), at stride one or two with output rows as wide as the input's
+/// phases (so that each tap reads every output's input at one offset from it in one phase).
 fn flat_suits(win: &Windows) -> bool {
     let [oh, ow] = win.out;
-    let one = win.stride == [1, 1] && win.dilation == [1, 1];
-    one && ow == win.input[1] && ow < WIDE_FROM && oh * ow <= FLAT_MOST
+    let s = win.stride[0];
+    let strided = win.stride == [s, s] && (s == 1 || s == 2) && win.dilation == [1, 1];
+    let phases = s == 1 || win.input[1] <= WIDE_COLS;
+    strided && phases && win.input[1].div_ceil(s) == ow && ow < WIDE_FROM && oh * ow <= FLAT_MOST
 }
 
-/// [`unpadded`]'s planes for a `K x K` window at stride one (whose checks passed, and
+/// [`unpadded`]'s planes for a `K x K` window at stride `S` (whose checks passed, and
 /// [`flat_suits`]), each plane's outputs as one run of up to four vectors (row after row, as
-/// they are stored): tap `(a, b)` of output `o` reads the input at `o + (a - ph) * wd + b -
-/// pw`, its lanes whose input lies outside the plane masked (zero, as the padding). Each
-/// output adds its taps in the window's row-major order by fused multiply-adds, the
-/// padding's included, as [`unpadded_planes`] does: the same bits. (Two planes at once, eight
-/// chains of sums where one plane has four, measured no faster: the loads, most of them
-/// across two cache lines, bound it.)
+/// they are stored). At stride two the plane is first split into its four phases (even and
+/// odd rows by even and odd columns), each as wide as an output row; tap `(a, b)` then reads
+/// phase `((a - ph) mod S, (b - pw) mod S)` at one offset from every output, `floor((a - ph)
+/// / S)` rows and `floor((b - pw) / S)` columns away, its lanes whose input lies outside the
+/// plane masked (zero, as the padding). Each output adds its taps in the window's row-major
+/// order by fused multiply-adds, the padding's included, as [`unpadded_planes`] does: the
+/// same bits. (Two planes at once, eight chains of sums where one plane has four, measured no
+/// faster at stride one.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")]
-fn unpadded_flat<const K: usize>(
+fn unpadded_flat<const K: usize, const S: usize>(
     simd: pulp::x86::V4,
     win: &Windows,
     x: &[f32],
@@ -435,43 +443,85 @@ fn unpadded_flat<const K: usize>(
     let [ph, pw] = win.padding;
     let len = oh * ow;
     let vectors = len.div_ceil(WIDE_COLS);
-    // The outputs (bits of a plane's run, `len <= 64`) whose input lies inside the plane for
-    // window row `a` (a range of rows) and for window column `b` (a range of columns in every
-    // row): a tap's lanes are both; found in a few operations a call (the planes come in
-    // groups of a dozen).
+    // A phase's rows and its first-row element (phases `ow` wide, `rows` rows, side by side).
+    let rows = h.div_ceil(S);
+    let phase_len = rows * ow;
+    // Per tap: its phase, its offset from an output in it, and the outputs (bits of a plane's
+    // run, `len <= 64`) whose input lies inside the plane: a range of rows and a range of
+    // columns in every row; found in a few operations a call (planes come in groups of a
+    // dozen).
     let bits = |from: usize, to: usize| match to > from {
         true => (u64::MAX >> (64 - (to - from))) << from,
         false => 0,
     };
-    let inside = |i: usize, pad: usize, n: usize, out: usize| {
-        let (from, to) = (pad.saturating_sub(i), (n + pad).saturating_sub(i).min(out));
-        (from, to)
+    // Output indices `i` whose input `S * i + d` lies in `0..n`, and the phase and shift.
+    let inside = |d: isize, n: usize, out: usize| {
+        let (phase, shift) = (d.rem_euclid(S as isize), d.div_euclid(S as isize));
+        let n = n.saturating_sub(phase as usize).div_ceil(S) as isize;
+        let from = (-shift).clamp(0, out as isize) as usize;
+        let to = (n - shift).clamp(0, out as isize) as usize;
+        (phase as usize, shift, from, to)
     };
-    let rows: [u64; K] = std::array::from_fn(|a| {
-        let (from, to) = inside(a, ph, h, oh);
-        bits(from * ow, to * ow)
-    });
-    let cols: [u64; K] = std::array::from_fn(|b| {
-        let (from, to) = inside(b, pw, wd, ow);
-        (0..oh).fold(0, |m, r| m | bits(from, to) << (r * ow))
-    });
-    let masks: Vec<u64> = (0..K * K).map(|t| rows[t / K] & cols[t % K]).collect();
+    let taps: Vec<(usize, isize, u64)> = (0..K * K)
+        .map(|t| {
+            let (pr, sr, r0, r1) = inside((t / K) as isize - ph as isize, h, oh);
+            let (pc, sc, c0, c1) = inside((t % K) as isize - pw as isize, wd, ow);
+            let cols = (0..oh).fold(0, |m, r| m | bits(c0, c1) << (r * ow));
+            let phase = (pr * S + pc) * phase_len;
+            (phase, sr * ow as isize + sc, bits(r0 * ow, r1 * ow) & cols)
+        })
+        .collect();
+    let mut phases = vec![0.0f32; if S == 1 { 0 } else { S * S * phase_len }];
+    let evens: std::arch::x86_64::__m512i = pulp::cast(std::array::from_fn::<i32, 16, _>(|l| {
+        (2 * l as i32).min(15)
+    }));
+    let odds: std::arch::x86_64::__m512i = pulp::cast(std::array::from_fn::<i32, 16, _>(|l| {
+        (2 * l as i32 + 1).min(15)
+    }));
     let (lo, hi) = clip.map_or((0.0, 0.0), |r| r);
     let (lo, hi) = (simd.splat_f32x16(lo), simd.splat_f32x16(hi));
     for (p, plane) in y.chunks_mut(len).enumerate() {
-        let xp = x[p * h * wd..(p + 1) * h * wd].as_ptr();
-        let taps = &w[p * K * K..(p + 1) * K * K];
+        let xp = &x[p * h * wd..(p + 1) * h * wd];
+        let source = if S == 1 {
+            xp.as_ptr()
+        } else {
+            // A row (one vector: `wd <= 16`) into its even and odd columns by a permutation
+            // each, stored as two rows of its rows' phases.
+            let row_lanes = (1u32 << wd) as u16;
+            let (even, odd) = ((1u32 << wd.div_ceil(2)) - 1, (1u32 << (wd / 2)) - 1);
+            let out = phases.as_mut_ptr();
+            for (i, row) in xp.chunks_exact(wd).enumerate() {
+                // SAFETY: the row's `wd` elements are read, the others not.
+                let v = unsafe {
+                    simd.avx512f
+                        ._mm512_maskz_loadu_ps(row_lanes.wrapping_sub(1), row.as_ptr())
+                };
+                let at = (i % 2) * 2 * phase_len + (i / 2) * ow;
+                for (half, (idx, lanes)) in [(evens, even), (odds, odd)].into_iter().enumerate() {
+                    let d = simd.avx512f._mm512_permutexvar_ps(idx, v);
+                    // SAFETY: a phase row holds `ow` elements, at least `lanes`' count
+                    // (`wd.div_ceil(2) == ow`), inside `phases`.
+                    unsafe {
+                        simd.avx512f._mm512_mask_storeu_ps(
+                            out.add(at + half * phase_len),
+                            lanes as u16,
+                            d,
+                        )
+                    };
+                }
+            }
+            phases.as_ptr()
+        };
+        let filter = &w[p * K * K..(p + 1) * K * K];
         let mut acc = [simd.splat_f32x16(0.0); FLAT_VECTORS];
-        for (t, &tap) in taps.iter().enumerate() {
-            let (a, b) = (t / K, t % K);
+        for (&(phase, off, lanes), &tap) in taps.iter().zip(filter) {
             let tap = simd.splat_f32x16(tap);
-            let off = (a as isize - ph as isize) * wd as isize + b as isize - pw as isize;
-            let lanes = masks[t];
+            let base = source.wrapping_add(phase).wrapping_offset(off);
             for (v, s) in acc.iter_mut().enumerate().take(vectors) {
-                let at = xp.wrapping_offset(off + (v * WIDE_COLS) as isize);
+                let at = base.wrapping_add(v * WIDE_COLS);
                 let mask = (lanes >> (v * WIDE_COLS)) as u16;
-                // SAFETY: the mask's lanes read the plane's elements (their rows and columns
-                // inside it: above); the others are not read.
+                // SAFETY: the mask's lanes read elements of the plane (or of its phases):
+                // their rows and columns lie inside it (above); the others are not read.
                 let xv = unsafe { simd.avx512f._mm512_maskz_loadu_ps(mask, at) };
                 *s = simd.mul_add_f32x16(tap, pulp::cast(xv), *s);
             }
@@ -903,17 +953,19 @@ mod tests {
     }
 
     /// Small planes summed flat in AVX-512 (7x7 and others of 64 outputs or fewer, rows as
-    /// wide as the input's, padding above and below of any depth): the bits of AVX2's blocks,
-    /// and the reference's within rounding; planes the flat sums do not suit are left to the
-    /// blocks.
+    /// wide as the input's or, at stride two, its phases', padding above and below of any
+    /// depth, odd and even sides): the bits of AVX2's blocks, and the reference's within
+    /// rounding; planes the flat sums do not suit are left to the blocks.
     #[test]
     fn small_planes_summed_flat_match_the_blocks() {
         let mut flat = 0;
-        for (h, w) in [(7, 7), (4, 4), (8, 8), (9, 7), (4, 13), (10, 6)] {
+        let one = [(7, 7), (4, 4), (8, 8), (9, 7), (4, 13), (10, 6)].map(|hw| (hw, 1));
+        let two = [(14, 14), (13, 13), (8, 8), (15, 9), (9, 16), (20, 7)].map(|hw| (hw, 2));
+        for ((h, w), s) in one.into_iter().chain(two) {
             for k in [3, 5] {
                 for (ph, eh) in [(k / 2, k / 2), (0, k - 1), (k - 1, 0), (1, 4)] {
                     let pw = k / 2;
-                    let geometry = [[h, w], [k, k], [1, 1], [1, 1], [ph, pw], [eh, k - 1 - pw]];
+                    let geometry = [[h, w], [k, k], [s, s], [1, 1], [ph, pw], [eh, k - 1 - pw]];
                     let Some(win) = Windows::fitting(geometry) else {
                         continue;
                     };
@@ -951,7 +1003,7 @@ mod tests {
                         [1, 1, h, w],
                         1,
                         [k, k],
-                        [1, 1],
+                        [s, s],
                         [ph, pw],
                         [1, 1],
                         1,
@@ -965,7 +1017,7 @@ mod tests {
                 }
             }
         }
-        assert!(flat >= 20, "{flat} planes summed flat");
+        assert!(flat >= 40, "{flat} planes summed flat");
     }
 
     /// Planes it does not suit (a stride, a dilation, fewer rows than a block) and slices
