@@ -443,7 +443,7 @@ fn unpadded_flat<const K: usize, const S: usize>(
     let [ph, pw] = win.padding;
     let len = oh * ow;
     let vectors = len.div_ceil(WIDE_COLS);
-    // A phase's rows and its first-row element (phases `ow` wide, `rows` rows, side by side).
+    // At stride two the phases side by side, each `rows` rows of `ow` elements.
     let rows = h.div_ceil(S);
     let phase_len = rows * ow;
     // Per tap: its phase, its offset from an output in it, and the outputs (bits of a plane's
@@ -487,15 +487,12 @@ fn unpadded_flat<const K: usize, const S: usize>(
         } else {
             // A row (one vector: `wd <= 16`) into its even and odd columns by a permutation
             // each, stored as two rows of its rows' phases.
-            let row_lanes = (1u32 << wd) as u16;
+            let row_lanes = ((1u32 << wd) - 1) as u16;
             let (even, odd) = ((1u32 << wd.div_ceil(2)) - 1, (1u32 << (wd / 2)) - 1);
             let out = phases.as_mut_ptr();
             for (i, row) in xp.chunks_exact(wd).enumerate() {
                 // SAFETY: the row's `wd` elements are read, the others not.
-                let v = unsafe {
-                    simd.avx512f
-                        ._mm512_maskz_loadu_ps(row_lanes.wrapping_sub(1), row.as_ptr())
-                };
+                let v = unsafe { simd.avx512f._mm512_maskz_loadu_ps(row_lanes, row.as_ptr()) };
                 let at = (i % 2) * 2 * phase_len + (i / 2) * ow;
                 for (half, (idx, lanes)) in [(evens, even), (odds, odd)].into_iter().enumerate() {
                     let d = simd.avx512f._mm512_permutexvar_ps(idx, v);
@@ -528,9 +525,9 @@ fn unpadded_flat<const K: usize, const S: usize>(
         }
         let b = simd.splat_f32x16(bias.map_or(0.0, |b| b[p]));
         for (v, s) in acc.iter().enumerate().take(vectors) {
-            let mut out = simd.add_f32x16(*s, b);
+            let mut out = simd.add(*s, b);
             if clip.is_some() {
-                out = simd.min_f32x16(simd.max_f32x16(out, lo), hi);
+                out = simd.clip(out, lo, hi);
             }
             let n = (len - v * WIDE_COLS).min(WIDE_COLS);
             // SAFETY: the plane holds n elements from v * WIDE_COLS on.
