@@ -28,14 +28,14 @@
 //! taps in the window's row-major order, as the reference does, rounding once per tap (fused)
 //! where the window loops round twice; at stride one both ways give the same bits.
 //!
-//! [`unpadded`]'s blocks are written once for either width ([`Lanes`]): in AVX-512 a load's
+//! [`unpadded`]'s blocks are written once for either width (`Lanes`): in AVX-512 a load's
 //! mask is a bit mask and a stride-two vector one permutation of two. On the Zen 5 cores of
 //! 2026-11-28 (whose AVX-512 runs at full width), whole layers on one thread in blocks of
 //! sixteen against AVX2's of eight (criterion, two rounds alternated, us): 144 planes of 56x56
 //! by 3x3 135 -> 89, 384 of 14x14 32 -> 21, 240 of 28x28 by 5x5 164 -> 76; at stride two 96
 //! of 112x112 by 3x3 172 -> 149, 144 of 56x56 77 -> 61, 240 of 28x28 by 5x5 100 -> 74. The
 //! same sums in the same order: the same bits. Planes of 64 outputs or fewer (7x7) are
-//! summed flat instead ([`unpadded_flat`]: a plane's outputs in four vectors, each tap one
+//! summed flat instead (`unpadded_flat`: a plane's outputs in four vectors, each tap one
 //! masked load a vector; at stride two from the input's four phases, split by permutations):
 //! 960 of 7x7 by 3x3 26 -> 15, 1152 by 5x5 68 -> 50; from 14x14 at stride two, 576 by 3x3 29
 //! -> 25, 672 by 5x5 77 -> 46.
