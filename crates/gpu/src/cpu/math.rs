@@ -176,30 +176,48 @@ unsafe fn raw_product(a: Mat<'_>, b: Mat<'_>, c: *mut f32, [rsc, csc]: [usize; 2
     }
 }
 
+/// Row lengths up to which [`matrix_vector`] takes eight rows at a time, four beyond. One
+/// thread, `run --op-times`, two processes of each alternated (2026-11-28, Zen 5):
+/// EfficientNet-B0's classifier (1280 -> 1000) 239-264 us four at a time, 213-229 eight,
+/// 325-333 sixteen (whose sums spill); VGG-11's 4096 -> 4096 2.72-2.73 ms four, 2.78-2.84
+/// eight, its 4096 -> 1000 0.61-0.67 and 0.68-0.69, its 25088 -> 4096 13.3-13.8 and
+/// 14.3-14.5.
+const EIGHT_ROWS_UP_TO: usize = 2048;
+
 /// `out(i, row i of a . x)` for every row of `a`, whose rows are contiguous (`a.cs == 1`),
-/// eight rows at a time in sixteen partial sums each (as [`sum`] adds): a matrix-vector
-/// product streams the matrix once, so its speed is the memory's, where `gemm` packs it.
-/// (EfficientNet-B0's classifier, 1280 -> 1000 on one thread: 256 us four rows at a time,
-/// 228 eight, 329 sixteen, whose sums spill.)
+/// a few rows at a time ([`EIGHT_ROWS_UP_TO`]) in sixteen partial sums each (as [`sum`]
+/// adds): a matrix-vector product streams the matrix once, so its speed is the memory's,
+/// where `gemm` packs it.
 fn matrix_vector(a: Mat<'_>, x: &[f32], mut out: impl FnMut(usize, f32)) {
     let k = x.len();
     let row = |i: usize| &a.data[i * a.rs..i * a.rs + k];
     with_avx2(
         #[inline(always)]
-        || {
-            const R: usize = 8;
-            let whole = a.rows - a.rows % R;
-            for i in (0..whole).step_by(R) {
-                let dots = dot_rows(std::array::from_fn::<_, R, _>(|d| row(i + d)), x);
-                dots.into_iter()
-                    .enumerate()
-                    .for_each(|(d, v)| out(i + d, v));
-            }
-            for i in whole..a.rows {
-                out(i, dot_rows([row(i)], x)[0]);
-            }
+        || match k <= EIGHT_ROWS_UP_TO {
+            true => rows_at_a_time::<8>(a.rows, &row, x, &mut out),
+            false => rows_at_a_time::<4>(a.rows, &row, x, &mut out),
         },
     )
+}
+
+/// [`matrix_vector`]'s rows `R` at a time, the last ones one by one.
+#[inline(always)]
+fn rows_at_a_time<'a, const R: usize>(
+    rows: usize,
+    row: &impl Fn(usize) -> &'a [f32],
+    x: &[f32],
+    out: &mut impl FnMut(usize, f32),
+) {
+    let whole = rows - rows % R;
+    for i in (0..whole).step_by(R) {
+        let dots = dot_rows(std::array::from_fn::<_, R, _>(|d| row(i + d)), x);
+        for (d, v) in dots.into_iter().enumerate() {
+            out(i + d, v);
+        }
+    }
+    for i in whole..rows {
+        out(i, dot_rows([row(i)], x)[0]);
+    }
 }
 
 /// Each of `rows` (as long as `x`) times `x`, in sixteen partial sums (element `j` into sum

@@ -1517,35 +1517,37 @@ mod over_runs_tests {
         }
     }
 
-    /// One token through a linear layer large enough to be split into blocks of rows: the
-    /// weights read where they lie (not repacked), each output a dot product within rounding
-    /// of the one in `f64`, the same bits on one thread as on three.
+    /// One token through a linear layer, one large enough to be split into blocks of rows
+    /// and one not: the weights read where they lie (not repacked), each output a dot product
+    /// within rounding of the one in `f64`, the same bits on one thread as on three.
     #[test]
     fn one_token_reads_the_weights_in_place() {
-        let (inp, out) = (2051usize, 517usize);
-        let w = crate::program::uniform(5, out * inp, -1.0, 1.0);
-        let x = crate::program::uniform(6, inp, -1.0, 1.0);
-        let g = Gemm::linear(1, 0, 2, [out, 1, inp]);
-        assert!(g.packed_cpu(&w).is_none());
-        let on = |threads: usize| {
-            let mut c = vec![f32::NAN; out];
-            let reads = vec![(0, &x[..]), (1, &w[..])];
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
-            pool.unwrap()
-                .install(|| g.product_cpu(&mut CpuIo::of(reads, vec![(2, &mut c[..])]), None))
-                .unwrap();
-            c
-        };
-        let c = on(3);
-        assert_eq!(c, on(1));
-        for (i, got) in c.iter().enumerate() {
-            let dot: f64 = (0..inp)
-                .map(|q| f64::from(w[i * inp + q]) * f64::from(x[q]))
-                .sum();
-            assert!(
-                (f64::from(*got) - dot).abs() <= 1e-5 * inp as f64,
-                "row {i}"
-            );
+        // Rows longer and shorter than `math::matrix_vector` takes eight at a time.
+        for (inp, out) in [(2051usize, 517usize), (1283, 261)] {
+            let w = crate::program::uniform(5, out * inp, -1.0, 1.0);
+            let x = crate::program::uniform(6, inp, -1.0, 1.0);
+            let g = Gemm::linear(1, 0, 2, [out, 1, inp]);
+            assert!(g.packed_cpu(&w).is_none());
+            let on = |threads: usize| {
+                let mut c = vec![f32::NAN; out];
+                let reads = vec![(0, &x[..]), (1, &w[..])];
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+                pool.unwrap()
+                    .install(|| g.product_cpu(&mut CpuIo::of(reads, vec![(2, &mut c[..])]), None))
+                    .unwrap();
+                c
+            };
+            let c = on(3);
+            assert_eq!(c, on(1));
+            for (i, got) in c.iter().enumerate() {
+                let dot: f64 = (0..inp)
+                    .map(|q| f64::from(w[i * inp + q]) * f64::from(x[q]))
+                    .sum();
+                assert!(
+                    (f64::from(*got) - dot).abs() <= 1e-5 * inp as f64,
+                    "{inp} -> {out}: row {i}"
+                );
+            }
         }
     }
 }
