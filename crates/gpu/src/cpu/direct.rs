@@ -545,7 +545,7 @@ mod wide {
     use super::{fetch_ahead, GROUP, KC, LANES, PIXELS};
     use std::ops::Range;
 
-    use crate::cpu::math::{transpose8, with_avx2, with_scratch};
+    use crate::cpu::math::{with_scratch, Mat};
 
     /// Columns of a tile.
     const COLS: usize = 16;
@@ -603,10 +603,7 @@ mod wide {
 
     /// B's columns `cols` (element `kk` of column `j` at `b[j * cs + kk * rs]`) side by side
     /// into `bt`, `[k][w]` (`w` = `bt.len() / k`, at least `cols.len()`; the columns past
-    /// `cols` zero: computed, not stored). Where a column's elements are adjacent (`rs` one,
-    /// as a model's activations are), eight elements of eight columns at a time through a
-    /// transpose: one by one, each a load and a store of its own, this took 6% of LLaMA's
-    /// time.
+    /// `cols` zero: computed, not stored): the transpose of the columns as the rows of a view.
     fn gather_columns(
         b: &[f32],
         cols: Range<usize>,
@@ -616,37 +613,10 @@ mod wide {
     ) {
         let nc = cols.len();
         let w = bt.len() / k.max(1);
-        with_avx2(
-            #[inline(always)]
-            || {
-                for row in bt.chunks_exact_mut(w) {
-                    row[nc..].fill(0.0);
-                }
-                let blocks = if rs == 1 { nc - nc % 8 } else { 0 };
-                let whole_k = k - k % 8;
-                for j0 in (0..blocks).step_by(8) {
-                    for k0 in (0..whole_k).step_by(8) {
-                        let block: [[f32; 8]; 8] = std::array::from_fn(|i| {
-                            let at = (cols.start + j0 + i) * cs + k0;
-                            b[at..at + 8].try_into().expect("eight elements")
-                        });
-                        for (i, row) in transpose8(block).iter().enumerate() {
-                            bt[(k0 + i) * w + j0..][..8].copy_from_slice(row);
-                        }
-                    }
-                    for kk in whole_k..k {
-                        for j in j0..j0 + 8 {
-                            bt[kk * w + j] = b[(cols.start + j) * cs + kk];
-                        }
-                    }
-                }
-                for kk in 0..k {
-                    for j in blocks..nc {
-                        bt[kk * w + j] = b[(cols.start + j) * cs + kk * rs];
-                    }
-                }
-            },
-        )
+        for row in bt.chunks_exact_mut(w) {
+            row[nc..].fill(0.0);
+        }
+        Mat::strided(&b[cols.start * cs..], nc, k, cs, rs).transpose_into(bt, w);
     }
 
     /// [`super::sweep`] for a group of up to [`GROUP`] panels (`group`, each `k` rows) at once:

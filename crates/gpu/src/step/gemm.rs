@@ -751,7 +751,7 @@ impl Gemm {
             (PackedA::Panels, direct::pack(rows, m, k, self.lda))
         } else {
             let mut t = vec![0.0; m * k];
-            Mat::strided(rows, m, k, self.lda, 1).transpose_into(&mut t);
+            Mat::strided(rows, m, k, self.lda, 1).transpose_into(&mut t, m);
             (PackedA::ColumnMajor, t)
         };
         let g = Gemm {
