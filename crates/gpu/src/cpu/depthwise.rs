@@ -3,9 +3,9 @@
 //! sums in one vector across all the taps, by fused multiply-adds (straight from the input,
 //! on planes of 14 columns or more, sixteen columns in AVX-512 where the CPU has it). A 3x3
 //! window keeps its nine weights in registers and loads each input vector once for every
-//! output row whose windows cover it: 18 loads for a block's 36 products at stride one, where the window loops
-//! (`super::window`) load one per product and keep a separate multiply and add. Other windows
-//! load per product, their weights splat per tap. The last block of a plane's rows or columns
+//! output row whose windows cover it: 18 loads for a block's 36 products at stride one, where
+//! the window loops (`super::window`) load one per product and keep a separate multiply and
+//! add. Other windows load per product, their weights splat per tap. The last block of a plane's rows or columns
 //! overlaps the one before (the same sums, written twice), so that every block is whole; rows
 //! narrower than a vector (7x7 planes) compute theirs with the columns after them.
 //!
@@ -184,20 +184,22 @@ fn unpadded_with(
         let v4 = pulp::x86::V4::try_new().filter(|_| wide);
         let flat = v4.filter(|_| flat_suits(win));
         let v4 = v4.filter(|_| ow >= WIDE_FROM);
-        // SAFETY (each): the CPU has AVX-512 (`flat`, `v4`), or AVX2 and FMA (`simd`).
-        match (flat, v4, win.kernel[0], win.stride[0]) {
-            (Some(f), _, 3, 1) => unsafe { unpadded_flat::<3, 1>(f, win, x, w, bias, clip, y) },
-            (Some(f), _, 5, 1) => unsafe { unpadded_flat::<5, 1>(f, win, x, w, bias, clip, y) },
-            (Some(f), _, 3, _) => unsafe { unpadded_flat::<3, 2>(f, win, x, w, bias, clip, y) },
-            (Some(f), _, _, _) => unsafe { unpadded_flat::<5, 2>(f, win, x, w, bias, clip, y) },
-            (_, Some(v4), 3, 1) => unsafe { unpadded_wide::<3, 1>(v4, win, x, w, bias, clip, y) },
-            (_, Some(v4), 5, 1) => unsafe { unpadded_wide::<5, 1>(v4, win, x, w, bias, clip, y) },
-            (_, Some(v4), 3, _) => unsafe { unpadded_wide::<3, 2>(v4, win, x, w, bias, clip, y) },
-            (_, Some(v4), _, _) => unsafe { unpadded_wide::<5, 2>(v4, win, x, w, bias, clip, y) },
-            (_, _, 3, 1) => unsafe { unpadded_narrow::<3, 1>(simd, win, x, w, bias, clip, y) },
-            (_, _, 5, 1) => unsafe { unpadded_narrow::<5, 1>(simd, win, x, w, bias, clip, y) },
-            (_, _, 3, _) => unsafe { unpadded_narrow::<3, 2>(simd, win, x, w, bias, clip, y) },
-            _ => unsafe { unpadded_narrow::<5, 2>(simd, win, x, w, bias, clip, y) },
+        // One of the kernels `$kernel::<K, S>` for this window and stride.
+        macro_rules! by_window {
+            ($kernel:ident, $simd:expr) => {
+                // SAFETY (each): the CPU has the instructions of `$simd`.
+                match (win.kernel[0], win.stride[0]) {
+                    (3, 1) => unsafe { $kernel::<3, 1>($simd, win, x, w, bias, clip, y) },
+                    (5, 1) => unsafe { $kernel::<5, 1>($simd, win, x, w, bias, clip, y) },
+                    (3, _) => unsafe { $kernel::<3, 2>($simd, win, x, w, bias, clip, y) },
+                    _ => unsafe { $kernel::<5, 2>($simd, win, x, w, bias, clip, y) },
+                }
+            };
+        }
+        match (flat, v4) {
+            (Some(v4), _) => by_window!(unpadded_flat, v4),
+            (_, Some(v4)) => by_window!(unpadded_wide, v4),
+            _ => by_window!(unpadded_narrow, simd),
         }
         if clip.is_none() && a != Activation::None {
             bias_act_row(y, None, a);

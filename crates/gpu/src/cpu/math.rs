@@ -291,9 +291,9 @@ fn fold_lanes(mut lanes: [f32; LANES]) -> f32 {
 /// `act(., a)` as a concrete closure bound to `$f` in `$body`, straight-line code the
 /// compiler vectorises for the activations models use in their hot loops: ReLU, the identity,
 /// the clipping family, square roots, reciprocals, negations and absolute values with the
-/// same expressions (and bits) as [`crate::reference::act`]; GELU, sigmoid, SiLU/swish, tanh and tanh-GELU through this
-/// module's branch-free `exp` and `tanh` (within 5e-7 of it, infinities and NaN kept). The
-/// others keep the per-value match of `act`.
+/// same expressions (and bits) as [`crate::reference::act`]; GELU, sigmoid, SiLU/swish, tanh
+/// and tanh-GELU through this module's branch-free `exp` and `tanh` (within 5e-7 of it,
+/// infinities and NaN kept). The others keep the per-value match of `act`.
 macro_rules! with_act {
     ($a:expr, |$f:ident| $body:expr) => {
         match $a {
@@ -933,9 +933,10 @@ mod tests {
     }
 
     /// Every activation `with_act!` writes out agrees with the reference: the clipping family,
-    /// roots, reciprocals, negations and absolute values to the bit, the ones computed through `exp_neg` or the rational tanh within 5e-7 of it
-    /// (relative, below 1e-20 absolute; tanh-GELU's reference cancels where tanh nears -1, so
-    /// it is measured against max(|y|, 1)), and all of them on infinities, NaN and zeros.
+    /// roots, reciprocals, negations and absolute values to the bit, the ones computed through
+    /// `exp_neg` or the rational tanh within 5e-7 of it (relative, below 1e-20 absolute;
+    /// tanh-GELU's reference cancels where tanh nears -1, so it is measured against max(|y|,
+    /// 1)), and all of them on infinities, NaN and zeros.
     #[test]
     fn vectorised_activations_match_the_reference() {
         let exact = [

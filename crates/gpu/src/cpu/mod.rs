@@ -303,10 +303,10 @@ struct OpInner {
 /// buffers (and the parts written) for the race detector, the storage [`with_io`] holds.
 struct StepIo {
     reads: Vec<BufId>,
-    writes: Vec<BufId>,
+    /// The buffers written, with the parts written.
     parts: Vec<(BufId, Option<Vec<Range<usize>>>)>,
-    /// `None` where the plan is refused: running the step reports why.
-    plan: Option<IoPlan>,
+    /// Why the storage cannot be held, where it cannot: running the step reports it.
+    plan: Result<IoPlan, String>,
 }
 
 impl StepIo {
@@ -315,13 +315,11 @@ impl StepIo {
         let reads: Vec<BufId> = access.reads.iter().map(|a| a.0).collect();
         let writes: Vec<BufId> = access.writes.iter().map(|a| a.0).collect();
         let parts = writes.iter().map(|&b| (b, s.written())).collect();
-        let plan = IoPlan::new(mem, &reads, &writes).ok();
-        StepIo {
-            reads,
-            writes,
-            parts,
-            plan,
-        }
+        let plan = IoPlan::new(mem, &reads, &writes).map_err(|e| match e {
+            GpuError::Plan(why) => why,
+            e => e.to_string(),
+        });
+        StepIo { reads, parts, plan }
     }
 }
 
@@ -656,8 +654,8 @@ fn execute(cx: &WorkerCx, job: Job) -> Result<(), GpuError> {
                     _ => s.kernel().run_cpu(io),
                 };
                 let ran = match &io.plan {
-                    Some(plan) => with_planned_io(&op.mem, plan, run),
-                    None => with_io(&op.mem, &io.reads, &io.writes, run),
+                    Ok(plan) => with_planned_io(&op.mem, plan, run),
+                    Err(why) => Err(GpuError::Plan(why.clone())),
                 };
                 ran.map_err(|e| match e {
                     GpuError::Plan(m) => GpuError::Unsupported {
