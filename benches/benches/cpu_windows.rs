@@ -8,7 +8,8 @@
 //! activation epilogue (`cpu_activations`); and eight small depthwise planes by the window
 //! loops and interleaved (`cpu_small_depthwise`, `opsched_gpu::cpu::lanes`); whole depthwise
 //! layers read straight from their input against padded first (`cpu_depthwise_layers`,
-//! `opsched_gpu::cpu::depthwise`); and linear layers over a few tokens by the panel product
+//! `opsched_gpu::cpu::depthwise`); whole pooling layers the same two ways
+//! (`cpu_pooling_layers`); and linear layers over a few tokens by the panel product
 //! (`cpu_panel_products`).
 //!
 //! Run: `cargo bench -p opsched-benches --bench cpu_windows`. What it is for: comparing two
@@ -279,6 +280,60 @@ fn depthwise_layers(c: &mut Criterion) {
     group.finish();
 }
 
+/// Whole pooling layers on one thread: GoogLeNet's max poolings (3x3 at stride two, the last
+/// window reaching past the plane; 3x3 at stride one; 2x2 at stride two), ResNet-18's, an
+/// average 2x2 of DenseNet-121 and a 3x3 one of Inception-v3: straight from the input
+/// (`cpu::depthwise::pooled`, a layer's planes in one call) against each plane padded, then
+/// pooled by the window loops (`Windows::pool`), as `Pool` ran them before.
+fn pooling_layers(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cpu_pooling_layers");
+    group
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300));
+    // (channels, input side, window, stride, padding, output side, max)
+    for (ch, side, k, s, p, out, max) in [
+        (64, 112, 3, 2, 0, 56, true),
+        (192, 56, 3, 2, 0, 28, true),
+        (192, 28, 3, 1, 1, 28, true),
+        (480, 28, 3, 2, 0, 14, true),
+        (480, 14, 3, 1, 1, 14, true),
+        (832, 14, 2, 2, 0, 7, true),
+        (832, 7, 3, 1, 1, 7, true),
+        (64, 112, 3, 2, 1, 56, true),
+        (128, 56, 2, 2, 0, 28, false),
+        (192, 35, 3, 1, 1, 35, false),
+    ] {
+        let win = Windows {
+            input: [side, side],
+            kernel: [k, k],
+            stride: [s, s],
+            padding: [p, p],
+            dilation: [1, 1],
+            out: [out, out],
+        };
+        let (hw, len) = (side * side, out * out);
+        let x = plane(ch * hw);
+        let mut y = vec![0.0; ch * len];
+        let kind = if max { "max" } else { "sum" };
+        let name = format!("{kind} {ch} x {k}x{k}/{s} {side}x{side} padded {p}");
+        group.bench_function(format!("direct {name}"), |b| {
+            b.iter(|| depthwise::pooled(&win, &x, max, &mut y))
+        });
+        let mut buf = vec![0.0; win.scratch_len()];
+        let taps = win.taps();
+        let fill = if max { f32::NEG_INFINITY } else { 0.0 };
+        group.bench_function(format!("windows {name}"), |b| {
+            b.iter(|| {
+                for (xp, yp) in x.chunks(hw).zip(y.chunks_mut(len)) {
+                    win.pad(xp, |v| v, fill, &mut buf);
+                    win.pool(&taps, &buf, max, |_, _| 1.0, yp);
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
 /// Linear layers over 16 tokens as the panel product runs them (`direct::product_columns`,
 /// the weights packed once): LLaMA's (the survey's two-layer one: 256 -> 512 and back) and
 /// BERT-base's (768 -> 768, 768 -> 3072 and back). Each iteration runs the next of enough
@@ -322,6 +377,7 @@ criterion_group!(
     panel_products,
     activations,
     small_depthwise,
-    depthwise_layers
+    depthwise_layers,
+    pooling_layers
 );
 criterion_main!(benches);

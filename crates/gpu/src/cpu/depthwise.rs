@@ -40,6 +40,15 @@
 //! 960 of 7x7 by 3x3 26 -> 15, 1152 by 5x5 68 -> 50; from 14x14 at stride two, 576 by 3x3 29
 //! -> 25, 672 by 5x5 77 -> 46.
 //!
+//! Poolings run in the same kernels ([`pooled`]: 2x2 windows at stride two, 3x3 and 5x5 at
+//! stride one or two), which are generic over what a tap does (`Fold`): a max pooling's
+//! maximum (the padding `-inf`, no bias) or an average's sum (weights of one; the caller
+//! divides). Against each plane padded, then pooled by the window loops (criterion
+//! `cpu_pooling_layers`, one thread, 2026-11-29, in us): GoogLeNet's max poolings, 64 planes of
+//! 112x112 by 3x3/2 136 -> 91, 192 of 56x56 162 -> 73, 480 of 28x28 210 -> 58, 3x3/1 on 192 of
+//! 28x28 83 -> 33, 480 of 14x14 88 -> 26, 832 of 7x7 81 -> 14, 2x2/2 on 832 of 14x14 181 -> 24;
+//! averages, 128 of 56x56 by 2x2/2 86 -> 35, 192 of 35x35 by 3x3/1 139 -> 49.
+//!
 #![allow(unsafe_code)]
 
 use opsched_graph::Activation;
@@ -164,51 +173,130 @@ fn unpadded_with(
     y: &mut [f32],
     wide: bool,
 ) -> bool {
-    let [h, wd] = win.input;
-    let [oh, ow] = win.out;
-    let (taps, len) = (win.kernel[0] * win.kernel[1], oh * ow);
-    let planes = y.len().checked_div(len).unwrap_or(0);
-    let fits = planes > 0
-        && y.len() == planes * len
-        && planes.checked_mul(h * wd).is_some_and(|n| n <= x.len())
-        && w.len() >= planes * taps
-        && bias.is_none_or(|b| b.len() >= planes);
+    let planes = planes_of(win, y);
+    let fits =
+        w.len() >= planes * win.kernel[0] * win.kernel[1] && bias.is_none_or(|b| b.len() >= planes);
     if !unpadded_suits(win) || !fits {
         return false;
     }
+    let filters = Filters { w, per_plane: true };
     #[cfg(target_arch = "x86_64")]
-    if let Some(simd) = pulp::x86::V3::try_new() {
-        // ReLU and the clipping family on the sums in registers; any other activation in a
-        // pass over the planes after (in cache), as its polynomials run best over rows.
-        let clip = clip_range(a);
-        let v4 = pulp::x86::V4::try_new().filter(|_| wide);
-        let flat = v4.filter(|_| flat_suits(win));
-        let v4 = v4.filter(|_| ow >= WIDE_FROM);
-        // One of the kernels `$kernel::<K, S>` for this window and stride.
-        macro_rules! by_window {
-            ($kernel:ident, $simd:expr) => {
-                // SAFETY (each): the CPU has the instructions of `$simd`.
-                match (win.kernel[0], win.stride[0]) {
-                    (3, 1) => unsafe { $kernel::<3, 1>($simd, win, x, w, bias, clip, y) },
-                    (5, 1) => unsafe { $kernel::<5, 1>($simd, win, x, w, bias, clip, y) },
-                    (3, _) => unsafe { $kernel::<3, 2>($simd, win, x, w, bias, clip, y) },
-                    _ => unsafe { $kernel::<5, 2>($simd, win, x, w, bias, clip, y) },
-                }
-            };
-        }
-        match (flat, v4) {
-            (Some(v4), _) => by_window!(unpadded_flat, v4),
-            (_, Some(v4)) => by_window!(unpadded_wide, v4),
-            _ => by_window!(unpadded_narrow, simd),
-        }
-        if clip.is_none() && a != Activation::None {
-            bias_act_row(y, None, a);
-        }
-        return true;
-    }
+    return run::<Sums>(win, x, filters, bias, a, y, wide);
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = wide;
-    false
+    {
+        let _ = (x, filters, a, y, wide);
+        false
+    }
+}
+
+/// A pooling's windows of every plane of `y` (`out` each, one after another) straight from
+/// its input plane (`input` each, one after another in `x`), as [`unpadded`] convolves them:
+/// each window's maximum where `max` (the padding `-inf`, a NaN never taken: the reference's
+/// fold), else the sum of its taps in the window's row-major order (the padding's zeros
+/// included; an average's numerator, which the caller divides), the bits of the window loops'
+/// `Windows::pool`. Returns `false`, touching nothing, where [`pooled_suits`] does not hold
+/// or a slice is shorter than its shape.
+pub fn pooled(win: &Windows, x: &[f32], max: bool, y: &mut [f32]) -> bool {
+    pooled_with(win, x, max, y, true)
+}
+
+/// [`pooled`], in AVX-512 only where `wide` allows it (the tests run both).
+fn pooled_with(win: &Windows, x: &[f32], max: bool, y: &mut [f32], wide: bool) -> bool {
+    if !pooled_suits(win) {
+        return false;
+    }
+    // One filter for every plane: the sums' weights of one; the maxima take none.
+    let filters = Filters {
+        w: &[1.0; 25],
+        per_plane: false,
+    };
+    let none = Activation::None;
+    #[cfg(target_arch = "x86_64")]
+    return match max {
+        true => run::<Maxima>(win, x, filters, None, none, y, wide),
+        false => run::<Sums>(win, x, filters, None, none, y, wide),
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (x, max, filters, none, y, wide);
+        false
+    }
+}
+
+/// Whole planes of `y` (`out` each; 0 where `y` holds none or a part of one).
+fn planes_of(win: &Windows, y: &[f32]) -> usize {
+    let len = win.out[0] * win.out[1];
+    match y.len().checked_div(len) {
+        Some(n) if n * len == y.len() => n,
+        _ => 0,
+    }
+}
+
+/// One filter per plane or one for all: [`unpadded`]'s weights.
+#[derive(Clone, Copy)]
+struct Filters<'a> {
+    w: &'a [f32],
+    per_plane: bool,
+}
+
+impl<'a> Filters<'a> {
+    /// Plane `p`'s `taps` weights.
+    fn of(self, p: usize, taps: usize) -> &'a [f32] {
+        let at = if self.per_plane { p * taps } else { 0 };
+        &self.w[at..at + taps]
+    }
+}
+
+/// [`unpadded`]'s and [`pooled`]'s kernels with fold `F` over `y`'s planes (their windows
+/// suit, their filters and biases checked), in AVX-512 only where `wide` allows it.
+#[cfg(target_arch = "x86_64")]
+fn run<F: Fold>(
+    win: &Windows,
+    x: &[f32],
+    w: Filters<'_>,
+    bias: Option<&[f32]>,
+    a: Activation,
+    y: &mut [f32],
+    wide: bool,
+) -> bool {
+    let [h, wd] = win.input;
+    let ow = win.out[1];
+    let planes = planes_of(win, y);
+    if planes == 0 || planes.checked_mul(h * wd).is_none_or(|n| n > x.len()) {
+        return false;
+    }
+    let Some(simd) = pulp::x86::V3::try_new() else {
+        return false;
+    };
+    // ReLU and the clipping family on the sums in registers; any other activation in a
+    // pass over the planes after (in cache), as its polynomials run best over rows.
+    let clip = clip_range(a);
+    let v4 = pulp::x86::V4::try_new().filter(|_| wide);
+    let flat = v4.filter(|_| flat_suits(win));
+    let v4 = v4.filter(|_| ow >= WIDE_FROM);
+    // One of the kernels `$kernel::<F, K, S>` for this window and stride (one of those
+    // `shape_suits` takes).
+    macro_rules! by_window {
+        ($kernel:ident, $simd:expr) => {
+            // SAFETY (each): the CPU has the instructions of `$simd`.
+            match (win.kernel[0], win.stride[0]) {
+                (2, _) => unsafe { $kernel::<F, 2, 2>($simd, win, x, w, bias, clip, y) },
+                (3, 1) => unsafe { $kernel::<F, 3, 1>($simd, win, x, w, bias, clip, y) },
+                (3, _) => unsafe { $kernel::<F, 3, 2>($simd, win, x, w, bias, clip, y) },
+                (5, 1) => unsafe { $kernel::<F, 5, 1>($simd, win, x, w, bias, clip, y) },
+                _ => unsafe { $kernel::<F, 5, 2>($simd, win, x, w, bias, clip, y) },
+            }
+        };
+    }
+    match (flat, v4) {
+        (Some(v4), _) => by_window!(unpadded_flat, v4),
+        (_, Some(v4)) => by_window!(unpadded_wide, v4),
+        _ => by_window!(unpadded_narrow, simd),
+    }
+    if clip.is_none() && a != Activation::None {
+        bias_act_row(y, None, a);
+    }
+    true
 }
 
 /// Whether [`unpadded`] runs `win`'s windows: 3x3 or 5x5, stride one or two, dilation one,
@@ -216,10 +304,22 @@ fn unpadded_with(
 /// (ConvNeXt's 7x7 windows ran here 0.69 ms for 96 planes of 56x56 against 0.60 padded first:
 /// they stay with [`sums`].)
 pub fn unpadded_suits(win: &Windows) -> bool {
+    matches!(win.kernel, [3, 3] | [5, 5]) && shape_suits(win)
+}
+
+/// Whether [`pooled`] runs `win`'s windows: 2x2 at stride two, 3x3 or 5x5 at stride one or
+/// two, and as [`unpadded_suits`] asks of the rest.
+pub fn pooled_suits(win: &Windows) -> bool {
+    let sized =
+        matches!(win.kernel, [3, 3] | [5, 5]) || win.kernel == [2, 2] && win.stride == [2, 2];
+    sized && shape_suits(win)
+}
+
+/// [`unpadded_suits`] but for the window's size.
+fn shape_suits(win: &Windows) -> bool {
     let [oh, ow] = win.out;
-    let sized = matches!(win.kernel, [3, 3] | [5, 5]);
     let strided = matches!(win.stride, [1, 1] | [2, 2]);
-    sized && strided && win.dilation == [1, 1] && oh >= ROWS && 2 * ow >= COLS && available()
+    strided && win.dilation == [1, 1] && oh >= ROWS && 2 * ow >= COLS && available()
 }
 
 /// Columns a block's loads span, at most: two vectors (at stride two; AVX-512's, of sixteen)
@@ -234,8 +334,10 @@ const WIDE_COLS: usize = 16;
 /// two blocks of eight computed as many with twice the instructions).
 const WIDE_FROM: usize = 14;
 
-/// The row every padding row reads (rows up to this wide; a wider input allocates its own).
+/// The rows every padding row reads (rows up to this wide; a wider input allocates its own):
+/// [`Sums`]' and [`Maxima`]'s.
 static ZEROS: [f32; 1024] = [0.0; 1024];
+static NEG_INFINITIES: [f32; 1024] = [f32::NEG_INFINITY; 1024];
 
 /// One vector width of [`unpadded`]'s blocks: AVX2's eight lanes or AVX-512's sixteen (on the
 /// Zen 5 cores of 2026-11-28 AVX-512 runs at full width, twice AVX2's sums an instruction).
@@ -254,14 +356,22 @@ trait Lanes: Copy {
     fn add(self, a: Self::V, b: Self::V) -> Self::V;
     /// `v.max(lo).min(hi)` (a NaN gives `lo`).
     fn clip(self, v: Self::V, lo: Self::V, hi: Self::V) -> Self::V;
+    /// `x` where it is above `m`, else `m` (a NaN `x` gives `m`: `x > m` is false).
+    fn max(self, x: Self::V, m: Self::V) -> Self::V;
     /// The even elements of `lo` then `hi`.
     fn even(self, lo: Self::V, hi: Self::V) -> Self::V;
     /// The vector at `at`; where `masked`, only the lanes inside the row (`masks` from lane
-    /// `from` on) are read, the others zero.
+    /// `from` on) are read, the others `fill` (a constant where it is inlined: zero costs
+    /// nothing more).
     ///
     /// # Safety
     /// The lanes read lie inside one allocation.
-    unsafe fn load(self, at: *const f32, masked: Option<(&Self::Masks, usize)>) -> Self::V;
+    unsafe fn load(
+        self,
+        at: *const f32,
+        masked: Option<(&Self::Masks, usize)>,
+        fill: f32,
+    ) -> Self::V;
     /// The first `n` lanes of `v` to `at` on.
     ///
     /// # Safety
@@ -299,6 +409,11 @@ impl Lanes for pulp::x86::V3 {
         self.min_f32x8(self.max_f32x8(v, lo), hi)
     }
     #[inline(always)]
+    fn max(self, x: pulp::f32x8, m: pulp::f32x8) -> pulp::f32x8 {
+        // `vmaxps` gives its second operand where either is a NaN.
+        pulp::cast(self.avx._mm256_max_ps(pulp::cast(x), pulp::cast(m)))
+    }
+    #[inline(always)]
     fn even(self, lo: pulp::f32x8, hi: pulp::f32x8) -> pulp::f32x8 {
         // [lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6], then its 64-bit pairs in order.
         let even = self
@@ -310,15 +425,26 @@ impl Lanes for pulp::x86::V3 {
         )
     }
     #[inline(always)]
-    unsafe fn load(self, at: *const f32, masked: Option<(&[i32; SPAN], usize)>) -> pulp::f32x8 {
+    unsafe fn load(
+        self,
+        at: *const f32,
+        masked: Option<(&[i32; SPAN], usize)>,
+        fill: f32,
+    ) -> pulp::f32x8 {
         match masked {
             Some((masks, from)) => {
                 let mask: [i32; COLS] = masks[from..from + COLS]
                     .try_into()
                     .expect("a vector's mask");
+                let mask = pulp::cast(mask);
                 // SAFETY: the mask's lanes lie inside the allocation (the caller's promise);
                 // the others are not read.
-                pulp::cast(unsafe { self.avx._mm256_maskload_ps(at, pulp::cast(mask)) })
+                let v = unsafe { self.avx._mm256_maskload_ps(at, mask) };
+                if fill == 0.0 {
+                    return pulp::cast(v);
+                }
+                let fill = self.avx._mm256_set1_ps(fill);
+                pulp::cast(self.avx._mm256_blendv_ps(fill, v, pulp::cast(mask)))
             }
             // SAFETY: the caller's promise.
             None => unsafe { at.cast::<pulp::f32x8>().read_unaligned() },
@@ -367,6 +493,11 @@ impl Lanes for pulp::x86::V4 {
         self.min_f32x16(self.max_f32x16(v, lo), hi)
     }
     #[inline(always)]
+    fn max(self, x: pulp::f32x16, m: pulp::f32x16) -> pulp::f32x16 {
+        // `vmaxps` gives its second operand where either is a NaN.
+        pulp::cast(self.avx512f._mm512_max_ps(pulp::cast(x), pulp::cast(m)))
+    }
+    #[inline(always)]
     fn even(self, lo: pulp::f32x16, hi: pulp::f32x16) -> pulp::f32x16 {
         let idx: [i32; WIDE_COLS] = std::array::from_fn(|l| 2 * l as i32);
         pulp::cast(self.avx512f._mm512_permutex2var_ps(
@@ -376,14 +507,11 @@ impl Lanes for pulp::x86::V4 {
         ))
     }
     #[inline(always)]
-    unsafe fn load(self, at: *const f32, masked: Option<(&u64, usize)>) -> pulp::f32x16 {
+    unsafe fn load(self, at: *const f32, masked: Option<(&u64, usize)>, fill: f32) -> pulp::f32x16 {
         match masked {
-            Some((&bits, from)) => {
-                let mask = (bits >> from) as u16;
-                // SAFETY: the mask's lanes lie inside the allocation (the caller's promise);
-                // the others are not read.
-                pulp::cast(unsafe { self.avx512f._mm512_maskz_loadu_ps(mask, at) })
-            }
+            // SAFETY: the mask's lanes lie inside the allocation (the caller's promise);
+            // the others are not read.
+            Some((&bits, from)) => pulp::cast(unsafe { masked_load(self, bits >> from, at, fill) }),
             // SAFETY: the caller's promise.
             None => unsafe { at.cast::<pulp::f32x16>().read_unaligned() },
         }
@@ -398,6 +526,78 @@ impl Lanes for pulp::x86::V4 {
             // SAFETY: the caller's promise (the lanes past `n` are not written).
             unsafe { self.avx512f._mm512_mask_storeu_ps(at, mask, pulp::cast(v)) };
         }
+    }
+}
+
+/// The lanes of `mask` (its low sixteen bits) from `at`, `fill` in the others.
+///
+/// # Safety
+/// The mask's lanes lie inside one allocation.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn masked_load(
+    simd: pulp::x86::V4,
+    mask: u64,
+    at: *const f32,
+    fill: f32,
+) -> std::arch::x86_64::__m512 {
+    let mask = mask as u16;
+    if fill == 0.0 {
+        // SAFETY: the caller's promise.
+        return unsafe { simd.avx512f._mm512_maskz_loadu_ps(mask, at) };
+    }
+    let fill = pulp::cast(simd.splat_f32x16(fill));
+    // SAFETY: the caller's promise.
+    unsafe { simd.avx512f._mm512_mask_loadu_ps(fill, mask, at) }
+}
+
+/// What [`unpadded`]'s kernels do with each tap and its window's result: a convolution's
+/// multiply-adds ([`Sums`], also an average pooling's with weights of one) or a max
+/// pooling's maxima ([`Maxima`]).
+#[cfg(target_arch = "x86_64")]
+trait Fold: Copy {
+    /// What the padding reads: the fold's identity.
+    const FILL: f32;
+    /// `acc` with the tap `x` of weight `w` folded in.
+    fn tap<L: Lanes>(simd: L, w: L::V, x: L::V, acc: L::V) -> L::V;
+    /// A window's result from its fold and its plane's `bias`.
+    fn finish<L: Lanes>(simd: L, acc: L::V, bias: L::V) -> L::V;
+}
+
+/// Weighted sums by fused multiply-adds, then the bias.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Sums;
+
+#[cfg(target_arch = "x86_64")]
+impl Fold for Sums {
+    const FILL: f32 = 0.0;
+    #[inline(always)]
+    fn tap<L: Lanes>(simd: L, w: L::V, x: L::V, acc: L::V) -> L::V {
+        simd.mul_add(w, x, acc)
+    }
+    #[inline(always)]
+    fn finish<L: Lanes>(simd: L, acc: L::V, bias: L::V) -> L::V {
+        simd.add(acc, bias)
+    }
+}
+
+/// Maxima, as the reference folds them (from `-inf`, a tap taken where it is above: NaN
+/// never is); weights and bias unused.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Maxima;
+
+#[cfg(target_arch = "x86_64")]
+impl Fold for Maxima {
+    const FILL: f32 = f32::NEG_INFINITY;
+    #[inline(always)]
+    fn tap<L: Lanes>(simd: L, _: L::V, x: L::V, acc: L::V) -> L::V {
+        simd.max(x, acc)
+    }
+    #[inline(always)]
+    fn finish<L: Lanes>(_: L, acc: L::V, _: L::V) -> L::V {
+        acc
     }
 }
 
@@ -431,11 +631,11 @@ fn flat_suits(win: &Windows) -> bool {
 /// faster at stride one.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")]
-fn unpadded_flat<const K: usize, const S: usize>(
+fn unpadded_flat<F: Fold, const K: usize, const S: usize>(
     simd: pulp::x86::V4,
     win: &Windows,
     x: &[f32],
-    w: &[f32],
+    w: Filters<'_>,
     bias: Option<&[f32]>,
     clip: Option<(f32, f32)>,
     y: &mut [f32],
@@ -512,23 +712,22 @@ fn unpadded_flat<const K: usize, const S: usize>(
             }
             phases.as_ptr()
         };
-        let filter = &w[p * K * K..(p + 1) * K * K];
-        let mut acc = [simd.splat_f32x16(0.0); FLAT_VECTORS];
+        let filter = w.of(p, K * K);
+        let mut acc = [simd.splat_f32x16(F::FILL); FLAT_VECTORS];
         for (&(phase, off, lanes), &tap) in taps.iter().zip(filter) {
             let tap = simd.splat_f32x16(tap);
             let base = source.wrapping_add(phase).wrapping_offset(off);
             for (v, s) in acc.iter_mut().enumerate().take(vectors) {
                 let at = base.wrapping_add(v * WIDE_COLS);
-                let mask = (lanes >> (v * WIDE_COLS)) as u16;
                 // SAFETY: the mask's lanes read elements of the plane (or of its phases):
                 // their rows and columns lie inside it (above); the others are not read.
-                let xv = unsafe { simd.avx512f._mm512_maskz_loadu_ps(mask, at) };
-                *s = simd.mul_add_f32x16(tap, pulp::cast(xv), *s);
+                let xv = unsafe { masked_load(simd, lanes >> (v * WIDE_COLS), at, F::FILL) };
+                *s = F::tap(simd, tap, pulp::cast(xv), *s);
             }
         }
         let b = simd.splat_f32x16(bias.map_or(0.0, |b| b[p]));
         for (v, s) in acc.iter().enumerate().take(vectors) {
-            let mut out = simd.add(*s, b);
+            let mut out = F::finish(simd, *s, b);
             if clip.is_some() {
                 out = simd.clip(out, lo, hi);
             }
@@ -542,31 +741,31 @@ fn unpadded_flat<const K: usize, const S: usize>(
 /// [`unpadded_planes`] in AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn unpadded_narrow<const K: usize, const S: usize>(
+fn unpadded_narrow<F: Fold, const K: usize, const S: usize>(
     simd: pulp::x86::V3,
     win: &Windows,
     x: &[f32],
-    w: &[f32],
+    w: Filters<'_>,
     bias: Option<&[f32]>,
     clip: Option<(f32, f32)>,
     y: &mut [f32],
 ) {
-    unpadded_planes::<_, K, S>(simd, win, x, w, bias, clip, y);
+    unpadded_planes::<_, F, K, S>(simd, win, x, w, bias, clip, y);
 }
 
 /// [`unpadded_planes`] in AVX-512 (and the rest of x86-64-v4, as `pulp::x86::V4` has it).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")]
-fn unpadded_wide<const K: usize, const S: usize>(
+fn unpadded_wide<F: Fold, const K: usize, const S: usize>(
     simd: pulp::x86::V4,
     win: &Windows,
     x: &[f32],
-    w: &[f32],
+    w: Filters<'_>,
     bias: Option<&[f32]>,
     clip: Option<(f32, f32)>,
     y: &mut [f32],
 ) {
-    unpadded_planes::<_, K, S>(simd, win, x, w, bias, clip, y);
+    unpadded_planes::<_, F, K, S>(simd, win, x, w, bias, clip, y);
 }
 
 /// [`unpadded`]'s planes for a `K x K` window at stride `S` (whose checks passed), in blocks
@@ -575,11 +774,11 @@ fn unpadded_wide<const K: usize, const S: usize>(
 /// with it) once its activations and windows made it large.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn unpadded_planes<L: Lanes, const K: usize, const S: usize>(
+fn unpadded_planes<L: Lanes, F: Fold, const K: usize, const S: usize>(
     simd: L,
     win: &Windows,
     x: &[f32],
-    w: &[f32],
+    w: Filters<'_>,
     bias: Option<&[f32]>,
     clip: Option<(f32, f32)>,
     y: &mut [f32],
@@ -597,17 +796,18 @@ fn unpadded_planes<L: Lanes, const K: usize, const S: usize>(
     let (lo, hi) = clip.map_or((0.0, 0.0), |r| r);
     let (lo, hi) = (simd.splat(lo), simd.splat(hi));
     let wide;
-    let zeros: &[f32] = match wd <= ZEROS.len() {
-        true => &ZEROS,
-        false => {
-            wide = vec![0.0f32; wd];
+    let fills: &[f32] = match (wd <= ZEROS.len(), F::FILL == 0.0) {
+        (true, true) => &ZEROS,
+        (true, false) => &NEG_INFINITIES,
+        (false, _) => {
+            wide = vec![F::FILL; wd];
             &wide
         }
     };
     for (p, plane) in y.chunks_mut(len).enumerate() {
         let xp = &x[p * h * wd..(p + 1) * h * wd];
         // The filter: a 3x3 one splat into registers, a larger one splat as it is used.
-        let taps = &w[p * K * K..(p + 1) * K * K];
+        let taps = w.of(p, K * K);
         let mut wt = [[simd.splat(0.0); 3]; 3];
         if K == 3 {
             for (a, row) in wt.iter_mut().enumerate() {
@@ -619,8 +819,8 @@ fn unpadded_planes<L: Lanes, const K: usize, const S: usize>(
         let b = simd.splat(bias.map_or(0.0, |b| b[p]));
         for i in block_starts(oh, ROWS) {
             // The input rows the band of output rows i .. i + ROWS reads: rows of the
-            // padding read the zero row (their products are zero, as in a padded plane).
-            let mut rows = [zeros.as_ptr(); READ_ROWS];
+            // padding read the fold's identity (zero products, as in a padded plane).
+            let mut rows = [fills.as_ptr(); READ_ROWS];
             for (t, row) in rows.iter_mut().enumerate().take(S * (ROWS - 1) + K) {
                 if let Some(r) = (S * i + t).checked_sub(ph).filter(|&r| r < h) {
                     *row = xp[r * wd..].as_ptr();
@@ -630,12 +830,12 @@ fn unpadded_planes<L: Lanes, const K: usize, const S: usize>(
                 // (At stride two a load takes twice the columns, even and odd.)
                 let inside = start >= 0 && start as usize + K - 1 + S * cols <= wd;
                 let acc = if inside {
-                    unpadded_block::<L, K, S, false>(simd, &rows, start, &masks[n], taps, &wt)
+                    unpadded_block::<L, F, K, S, false>(simd, &rows, start, &masks[n], taps, &wt)
                 } else {
-                    unpadded_block::<L, K, S, true>(simd, &rows, start, &masks[n], taps, &wt)
+                    unpadded_block::<L, F, K, S, true>(simd, &rows, start, &masks[n], taps, &wt)
                 };
                 for (q, s) in acc.into_iter().enumerate() {
-                    let mut out = simd.add(s, b);
+                    let mut out = F::finish(simd, s, b);
                     if clip.is_some() {
                         out = simd.clip(out, lo, hi);
                     }
@@ -662,7 +862,7 @@ const READ_ROWS: usize = 2 * ROWS + 3;
 /// the even elements of two vectors.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn unpadded_block<L: Lanes, const K: usize, const S: usize, const MASKED: bool>(
+fn unpadded_block<L: Lanes, F: Fold, const K: usize, const S: usize, const MASKED: bool>(
     simd: L,
     rows: &[*const f32; READ_ROWS],
     start: isize,
@@ -670,14 +870,14 @@ fn unpadded_block<L: Lanes, const K: usize, const S: usize, const MASKED: bool>(
     taps: &[f32],
     wt: &[[L::V; 3]; 3],
 ) -> [L::V; ROWS] {
-    let mut acc = [simd.splat(0.0); ROWS];
+    let mut acc = [simd.splat(F::FILL); ROWS];
     // The vector of `N` columns from `at`, lanes `half` of window column `b`'s mask.
     let vector = |at: *const f32, b: usize, half: usize| -> L::V {
         let masked = MASKED.then_some((masks, b + half * L::N));
         // SAFETY: masked, the mask's lanes are the columns inside the row (the others are
         // not read); whole, the columns lie inside the row (the caller checked the block's
         // reach).
-        unsafe { simd.load(at, masked) }
+        unsafe { simd.load(at, masked, F::FILL) }
     };
     // Window column `b`'s vector of input row `row`.
     let load = |row: *const f32, b: usize| -> L::V {
@@ -696,7 +896,7 @@ fn unpadded_block<L: Lanes, const K: usize, const S: usize, const MASKED: bool>(
                 let v = load(row, b);
                 for (q, s) in acc.iter_mut().enumerate() {
                     if t >= S * q && t - S * q < K {
-                        *s = simd.mul_add(wt[t - S * q][b], v, *s);
+                        *s = F::tap(simd, wt[t - S * q][b], v, *s);
                     }
                 }
             }
@@ -715,7 +915,7 @@ fn unpadded_block<L: Lanes, const K: usize, const S: usize, const MASKED: bool>(
             for (b, &tap) in row.iter().enumerate() {
                 let tap = simd.splat(tap);
                 for (q, s) in acc.iter_mut().enumerate() {
-                    *s = simd.mul_add(tap, loaded[S * q + a][b], *s);
+                    *s = F::tap(simd, tap, loaded[S * q + a][b], *s);
                 }
             }
         }
@@ -727,7 +927,7 @@ fn unpadded_block<L: Lanes, const K: usize, const S: usize, const MASKED: bool>(
             for (b, &tap) in row.iter().enumerate() {
                 let tap = simd.splat(tap);
                 for (q, s) in acc.iter_mut().enumerate() {
-                    *s = simd.mul_add(tap, load(rows[S * q + a], b), *s);
+                    *s = F::tap(simd, tap, load(rows[S * q + a], b), *s);
                 }
             }
         }
@@ -947,6 +1147,54 @@ mod tests {
                     for (i, (g, w)) in got.iter().zip(&padded).enumerate() {
                         prop_assert_eq!(g.to_bits(), w.to_bits(), "plane {} element {}", p, i);
                     }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// Poolings straight from the input (2x2 at stride two, 3x3 and 5x5 at stride one or
+        /// two, padding before and after, planes narrower and wider than a vector, a few in
+        /// one call; maxima of values with NaN and -0 among them, and sums): the bits of the
+        /// window loops over each plane padded with the fold's identity, in AVX-512's blocks
+        /// and flat sums as in AVX2's.
+        #[test]
+        fn poolings_straight_from_the_input_match_the_window_loops(
+            h in 1usize..24, w in 1usize..40, window in 0usize..5, planes in 1usize..4,
+            ph in 0usize..5, pw in 0usize..5, eh in 0usize..5, ew in 0usize..5,
+            max in proptest::bool::ANY,
+        ) {
+            let (k, s) = [(2, 2), (3, 1), (3, 2), (5, 1), (5, 2)][window];
+            prop_assume!(ph < k && pw < k && eh < k && ew < k);
+            let geometry = [[h, w], [k, k], [s, s], [1, 1], [ph, pw], [eh, ew]];
+            let Some(win) = Windows::fitting(geometry) else {
+                return Ok(());
+            };
+            prop_assume!(pooled_suits(&win));
+            let [oh, ow] = win.out;
+            let mut x = values(planes * h * w, 7);
+            if max {
+                x.iter_mut().step_by(5).for_each(|v| *v = f32::NAN);
+                x.iter_mut().skip(1).step_by(2).for_each(|v| *v = -v.abs());
+                x.iter_mut().skip(3).step_by(7).for_each(|v| *v = -0.0);
+            }
+            let mut y = vec![f32::NAN; planes * oh * ow];
+            prop_assert!(pooled(&win, &x, max, &mut y));
+            let mut narrow = vec![f32::NAN; y.len()];
+            prop_assert!(pooled_with(&win, &x, max, &mut narrow, false));
+            let fill = if max { f32::NEG_INFINITY } else { 0.0 };
+            let (taps, mut buf) = (win.taps(), vec![f32::NAN; win.scratch_len()]);
+            let mut want = vec![f32::NAN; oh * ow];
+            for p in 0..planes {
+                win.pad(&x[p * h * w..(p + 1) * h * w], |v| v, fill, &mut buf);
+                win.pool(&taps, &buf, max, |_, _| 1.0, &mut want);
+                let got = &y[p * oh * ow..(p + 1) * oh * ow];
+                let narrow = &narrow[p * oh * ow..(p + 1) * oh * ow];
+                for (i, ((g, n), w)) in got.iter().zip(narrow).zip(&want).enumerate() {
+                    prop_assert_eq!(g.to_bits(), w.to_bits(), "plane {} element {}", p, i);
+                    prop_assert_eq!(n.to_bits(), w.to_bits(), "plane {} element {}", p, i);
                 }
             }
         }

@@ -13,7 +13,8 @@ use serde::Serialize;
 
 use super::elementwise::{combine_into, ChannelBias};
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::{for_planes, max_of, sum, with_scratch};
+use crate::cpu::depthwise;
+use crate::cpu::math::{for_plane_groups, for_planes, max_of, sum, with_avx2, with_scratch};
 use crate::cpu::window::Windows;
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
@@ -425,9 +426,13 @@ impl Pool {
         n * c * self.out_hw[0] * self.out_hw[1]
     }
 
-    /// Pool `x` (the whole input, dense, in the step's layout) into `y` (the whole output):
-    /// each plane padded once with the reduction's identity, then reduced by sliding windows
-    /// (`crate::cpu::window`), the planes in parallel.
+    /// Pool `x` (the whole input, dense, in the step's layout) into `y` (the whole output),
+    /// the planes in parallel: straight from the input where `depthwise::pooled` takes the
+    /// window (2x2 at stride two, 3x3 and 5x5 at stride one or two: blocks of rows in
+    /// registers, as the depthwise convolutions run); otherwise each plane padded once with
+    /// the reduction's identity, then reduced by sliding windows (`crate::cpu::window`).
+    /// Both fold each window's taps as the reference does (an average's in row-major order):
+    /// the same bits.
     fn pool_into(&self, x: &[f32], y: &mut [f32]) -> Result<(), GpuError> {
         let [n, c, h, w] = self.input;
         let (inp, outp) = (h * w, self.out_hw[0] * self.out_hw[1]);
@@ -455,7 +460,32 @@ impl Pool {
         // One window over the whole unpadded plane (a global pool): a fold over the plane as
         // it lies (the reference's max; its sum, but in sixteen vectorised partial sums).
         let global = self.kernel == [h, w] && self.padding == [0, 0] && self.out_hw == [1, 1];
+        let direct = !global && depthwise::pooled_suits(&win);
+        // An average's divisor per output pixel, for the direct sums.
+        let divisors: Vec<f32> = match direct && !self.max {
+            true => (0..outp)
+                .map(|p| divisor(p / self.out_hw[1], p % self.out_hw[1]))
+                .collect(),
+            false => Vec::new(),
+        };
+        let refused = std::sync::atomic::AtomicBool::new(false);
         let planes = |x: &[f32], y: &mut [f32]| {
+            if direct {
+                let taps = self.kernel[0] * self.kernel[1];
+                return for_plane_groups(y, outp, inp + outp * taps, |first, ys| {
+                    let xs = &x[first * inp..first * inp + ys.len() / outp * inp];
+                    if !depthwise::pooled(&win, xs, self.max, ys) {
+                        refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                    } else if !self.max {
+                        // (In AVX2: SSE's divisions took as long as the sums.)
+                        with_avx2(|| {
+                            for plane in ys.chunks_mut(outp) {
+                                plane.iter_mut().zip(&divisors).for_each(|(v, d)| *v /= d);
+                            }
+                        })
+                    }
+                });
+            }
             if global {
                 let size = divisor(0, 0);
                 return for_planes(y, 1, inp, |bc, v| {
@@ -475,13 +505,21 @@ impl Pool {
         };
         if self.nhwc {
             let out = [n, c, self.out_hw[0], self.out_hw[1]];
-            return crate::program::through_nchw(x, self.input, y, out, |x, y| {
+            crate::program::through_nchw(x, self.input, y, out, |x, y| {
                 planes(x, y);
                 Ok(())
-            });
+            })?;
+        } else {
+            planes(x, y);
         }
-        planes(x, y);
-        Ok(())
+        match refused.into_inner() {
+            // (Not reached: `pooled_suits` held and the slices fit their shapes.)
+            true => Err(GpuError::Plan(format!(
+                "the pooling kernel refused {win:?} of input {:?}",
+                self.input
+            ))),
+            false => Ok(()),
+        }
     }
 
     /// The input rows (`axis` 0) or columns (1) that output row or column `i`'s windows
@@ -783,13 +821,15 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The CPU step (sliding windows over padded planes, in both layouts) gives exactly
-        /// the reference's poolings: uneven padding, windows past the end (ceil mode), max and
-        /// both averages. The same sums in the same order, so the same bits.
+        /// The CPU step (straight from the input in blocks of rows where the window suits,
+        /// else sliding windows over padded planes; in both layouts) gives exactly the
+        /// reference's poolings: uneven padding, windows past the end (ceil mode), max and
+        /// both averages, planes narrower and wider than a vector. The same sums in the same
+        /// order, the same maxima (NaN never taken, a -0 kept), so the same bits.
         #[test]
         fn cpu_poolings_are_the_reference_bit_for_bit(
-            n in 1usize..3, c in 1usize..4, h in 1usize..9, w in 1usize..9,
-            kh in 1usize..4, kw in 1usize..4, sh in 1usize..4, sw in 1usize..3,
+            n in 1usize..3, c in 1usize..4, h in 1usize..24, w in 1usize..40,
+            kh in 1usize..6, kw in 1usize..6, sh in 1usize..4, sw in 1usize..3,
             bh in 0usize..3, bw in 0usize..3, eh in 0usize..3, ew in 0usize..3,
             ceil in proptest::bool::ANY, kind in 0usize..3, nhwc in proptest::bool::ANY,
         ) {
@@ -822,8 +862,11 @@ mod tests {
             };
             let mut x = crate::program::uniform(5, n * c * h * w, -1.0, 1.0);
             if max {
-                // A max ignores NaN (the reference's `f32::max`).
+                // A max ignores NaN (the reference's `f32::max`); a -0 may be the max of the
+                // negatives around it.
                 x.iter_mut().step_by(3).for_each(|v| *v = f32::NAN);
+                x.iter_mut().skip(1).step_by(3).for_each(|v| *v = -v.abs());
+                x.iter_mut().skip(2).step_by(6).for_each(|v| *v = -0.0);
             }
             let window = crate::reference::PoolWindow { kernel, stride, begin, end, count_include_pad };
             let want = crate::reference::pool2d_padded(&x, s.input, s.out_hw, max, &window);
