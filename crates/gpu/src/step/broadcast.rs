@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::act::BiasAct;
 use super::{merged_axes, product, row_offset, Access, Step, StepKernel};
-use crate::cpu::math::{for_planes, with_avx2};
+use crate::cpu::math::{for_planes, with_avx512};
 use crate::cpu::CpuIo;
 use crate::cuda::nvrtc::{broadcast_params, MAX_RANK};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -299,7 +299,7 @@ impl BinOp {
 #[inline(always)]
 fn row_of(g: impl Fn(f32, f32) -> f32, y: &mut [f32], a: &[f32], la: usize, b: &[f32], lb: usize) {
     let n = y.len();
-    with_avx2(
+    with_avx512(
         #[inline(always)]
         || match (la, lb) {
             (1, 1) => y

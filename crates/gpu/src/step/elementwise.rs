@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::{bias_act_row, with_avx2};
+use crate::cpu::math::{bias_act_row, with_avx512};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
 use crate::cuda::nvrtc::act_params;
@@ -99,7 +99,7 @@ pub(crate) fn combine_into(
 ) {
     const CHUNK: usize = 1 << 14;
     y.par_chunks_mut(CHUNK).enumerate().for_each(|(c, yc)| {
-        with_avx2(
+        with_avx512(
             #[inline(always)]
             || {
                 if let Some(v) = fill {

@@ -6,7 +6,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::{for_planes, sum, sum_of, with_avx2};
+use crate::cpu::math::{for_planes, sum, sum_of, with_avx512};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::c_int;
 use crate::cuda::nvrtc::layer_norm_block;
@@ -83,7 +83,7 @@ impl StepKernel for LayerNorm {
             let mean = sum(xr) / dim as f32;
             let var = sum_of(xr, |v| (v - mean) * (v - mean)) / dim as f32;
             let inv = 1.0 / (var + self.eps).sqrt();
-            with_avx2(
+            with_avx512(
                 #[inline(always)]
                 || {
                     let scale = gamma.iter().zip(beta);

@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::elementwise::{combine_into, ChannelBias};
 use super::{Access, Step, StepKernel};
 use crate::cpu::depthwise;
-use crate::cpu::math::{for_plane_groups, for_planes, max_of, sum, with_avx2, with_scratch};
+use crate::cpu::math::{for_plane_groups, for_planes, max_of, sum, with_avx512, with_scratch};
 use crate::cpu::window::Windows;
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
@@ -477,8 +477,8 @@ impl Pool {
                     if !depthwise::pooled(&win, xs, self.max, ys) {
                         refused.store(true, std::sync::atomic::Ordering::Relaxed);
                     } else if !self.max {
-                        // (In AVX2: SSE's divisions took as long as the sums.)
-                        with_avx2(|| {
+                        // (Vectorised: SSE's divisions took as long as the sums.)
+                        with_avx512(|| {
                             for plane in ys.chunks_mut(outp) {
                                 plane.iter_mut().zip(&divisors).for_each(|(v, d)| *v /= d);
                             }

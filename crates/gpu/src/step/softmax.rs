@@ -12,7 +12,7 @@ use cudarc::driver::PushKernelArg;
 use serde::Serialize;
 
 use super::{Access, Step, StepKernel};
-use crate::cpu::math::{exp_nonpositive, for_planes, max_of, sum, with_avx2, with_scratch};
+use crate::cpu::math::{exp_nonpositive, for_planes, max_of, sum, with_avx512, with_scratch};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, tensor4, TensorDesc};
 use crate::cuda::{grid, launched, Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -67,7 +67,7 @@ pub(crate) fn lower(
 /// vectorised pass compiled for AVX2 where the CPU has it.
 fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
     let m = max_of(x);
-    with_avx2(
+    with_avx512(
         #[inline(always)]
         || {
             y.iter_mut()
@@ -76,7 +76,7 @@ fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
         },
     );
     let s = sum(y);
-    with_avx2(
+    with_avx512(
         #[inline(always)]
         || match log {
             true => {
@@ -93,7 +93,7 @@ fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
 /// pass runs along contiguous values; every line's sum adds its rows in order.
 fn softmax_lines(x: &[f32], y: &mut [f32], m: &mut [f32], s: &mut [f32], log: bool) {
     let inner = m.len();
-    with_avx2(
+    with_avx512(
         #[inline(always)]
         || {
             m.fill(f32::NEG_INFINITY);
