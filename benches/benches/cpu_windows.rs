@@ -240,6 +240,7 @@ fn depthwise_layers(c: &mut Criterion) {
         (576, 14, 3, 2),
         (672, 14, 5, 2),
         (240, 28, 5, 2),
+        (144, 56, 5, 2),
     ] {
         let win = windows(side, k, s);
         let (hw, len) = (side * side, win.out[0] * win.out[1]);
