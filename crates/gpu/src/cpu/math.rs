@@ -216,11 +216,12 @@ const EIGHT_ROWS_UP_TO: usize = 2048;
 /// `out(i, row i of a . x)` for every row of `a`, whose rows are contiguous (`a.cs == 1`),
 /// a few rows at a time ([`EIGHT_ROWS_UP_TO`]) in sixteen partial sums each (as [`sum`]
 /// adds): a matrix-vector product streams the matrix once, so its speed is the memory's,
-/// where `gemm` packs it.
+/// where `gemm` packs it. In AVX-512 where the CPU has it ([`with_avx512`]: a row's sixteen
+/// sums one register, where AVX2's eight rows took all sixteen of its own).
 fn matrix_vector(a: Mat<'_>, x: &[f32], mut out: impl FnMut(usize, f32)) {
     let k = x.len();
     let row = |i: usize| &a.data[i * a.rs..i * a.rs + k];
-    with_avx2(
+    with_avx512(
         #[inline(always)]
         || match k <= EIGHT_ROWS_UP_TO {
             true => rows_at_a_time::<8>(a.rows, &row, x, &mut out),
