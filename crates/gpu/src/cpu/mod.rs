@@ -28,6 +28,7 @@ pub mod depthwise;
 pub mod direct;
 pub mod lanes;
 pub mod math;
+pub mod resize;
 pub mod window;
 
 use std::cell::UnsafeCell;
