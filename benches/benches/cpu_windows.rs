@@ -26,7 +26,12 @@ use opsched::graph::Activation;
 
 fn windows(side: usize, k: usize, s: usize) -> Windows {
     let p = k / 2;
-    let out = (side + 2 * p - k) / s + 1;
+    square(side, k, s, p, (side + 2 * p - k) / s + 1)
+}
+
+/// Square windows `k x k` at stride `s` over a `side x side` plane, `p` rows and columns of
+/// padding before, `out` windows a side (the padding after, if any, as they reach).
+fn square(side: usize, k: usize, s: usize, p: usize, out: usize) -> Windows {
     Windows {
         input: [side, side],
         kernel: [k, k],
@@ -304,14 +309,7 @@ fn pooling_layers(c: &mut Criterion) {
         (128, 56, 2, 2, 0, 28, false),
         (192, 35, 3, 1, 1, 35, false),
     ] {
-        let win = Windows {
-            input: [side, side],
-            kernel: [k, k],
-            stride: [s, s],
-            padding: [p, p],
-            dilation: [1, 1],
-            out: [out, out],
-        };
+        let win = square(side, k, s, p, out);
         let (hw, len) = (side * side, out * out);
         let x = plane(ch * hw);
         let mut y = vec![0.0; ch * len];
