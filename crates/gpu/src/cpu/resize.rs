@@ -6,8 +6,9 @@
 //! columns whose taps all lie within sixteen input columns (an upsampling's, and a
 //! downsampling's by less than about two) instead loads those input columns of each of the two
 //! rows once and takes each element from them by one permutation; the same products and sums
-//! in the same order as [`Tap::blend`], so the same bits. A row's last, partial block is
-//! stored masked; other blocks blend element by element.
+//! in the same order as [`Tap::blend`], so the same bits (a row's last, partial block stored
+//! masked). Blocks whose taps spread wider blend element by element, as every block does on a
+//! CPU without AVX-512.
 #![allow(unsafe_code)]
 
 use opsched_graph::resize::Tap;
