@@ -588,6 +588,23 @@ pub fn for_plane_groups(
     }
 }
 
+/// [`for_plane_groups`] for a kernel that may refuse its planes (`f` returns `false` for
+/// a group it left untouched): whether it took every group.
+pub fn try_plane_groups(
+    y: &mut [f32],
+    len: usize,
+    work: usize,
+    f: impl Fn(usize, &mut [f32]) -> bool + Sync + Send,
+) -> bool {
+    let refused = std::sync::atomic::AtomicBool::new(false);
+    for_plane_groups(y, len, work, |first, planes| {
+        if !f(first, planes) {
+            refused.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    !refused.into_inner()
+}
+
 /// Elements [`apply_bias_act`] gives one task.
 const BIAS_CHUNK: usize = 1 << 14;
 

@@ -52,7 +52,7 @@ use crate::cpu::direct::{self, Direct};
 use crate::cpu::lanes;
 use crate::cpu::math::{
     act_add, apply_bias_act, bias_act_row, for_plane_groups, for_planes, sgemm, sgemm_column_tiles,
-    with_act, with_avx2, with_scratch, Mat, TilesOfB,
+    try_plane_groups, with_act, with_avx2, with_scratch, Mat, TilesOfB,
 };
 use crate::cpu::window::{self, Taps, Windows};
 use crate::cpu::CpuIo;
@@ -1136,7 +1136,7 @@ impl Conv {
     /// [`Conv::depthwise`] with one filter per channel, stride one or two and an input taken
     /// as it is (no bias left to it, no activation): straight from its planes
     /// ([`depthwise::unpadded`]), image by image, a group of channels per call
-    /// ([`for_plane_groups`]; a call per plane cost as much as a 7x7 plane's sums).
+    /// ([`try_plane_groups`]; a call per plane cost as much as a 7x7 plane's sums).
     fn depthwise_unpadded(
         &self,
         win: &Windows,
@@ -1151,24 +1151,22 @@ impl Conv {
             win.out[0] * win.out[1],
             h * wd,
         );
-        let refused = std::sync::atomic::AtomicBool::new(false);
+        let mut taken = true;
         for (xb, yb) in x.chunks(c * hw).zip(y.chunks_mut(c * cols)) {
-            for_plane_groups(yb, cols, hw + cols * taps, |first, ys| {
+            taken &= try_plane_groups(yb, cols, hw + cols * taps, |first, ys| {
                 let end = first + ys.len() / cols;
                 let (xs, ws) = (&xb[first * hw..end * hw], &w[first * taps..end * taps]);
                 let bs = bias.map(|b| &b[first..end]);
-                if !depthwise::unpadded(win, xs, ws, bs, self.act, ys) {
-                    refused.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
+                depthwise::unpadded(win, xs, ws, bs, self.act, ys)
             });
         }
-        match refused.into_inner() {
+        match taken {
+            true => Ok(()),
             // (Not reached: `unpadded_suits` held and the slices fit their shapes.)
-            true => Err(GpuError::Plan(format!(
+            false => Err(GpuError::Plan(format!(
                 "the depthwise kernel refused {win:?} of input {:?}",
                 self.input
             ))),
-            false => Ok(()),
         }
     }
 

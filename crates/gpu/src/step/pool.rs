@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::elementwise::{combine_into, ChannelBias};
 use super::{Access, Step, StepKernel};
 use crate::cpu::depthwise;
-use crate::cpu::math::{for_plane_groups, for_planes, max_of, sum, with_avx512, with_scratch};
+use crate::cpu::math::{for_planes, max_of, sum, try_plane_groups, with_avx512, with_scratch};
 use crate::cpu::window::Windows;
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::{as_i64, c_int, runs_args};
@@ -468,15 +468,13 @@ impl Pool {
                 .collect(),
             false => Vec::new(),
         };
-        let refused = std::sync::atomic::AtomicBool::new(false);
         let planes = |x: &[f32], y: &mut [f32]| {
             if direct {
                 let taps = self.kernel[0] * self.kernel[1];
-                return for_plane_groups(y, outp, inp + outp * taps, |first, ys| {
+                let taken = try_plane_groups(y, outp, inp + outp * taps, |first, ys| {
                     let xs = &x[first * inp..first * inp + ys.len() / outp * inp];
-                    if !depthwise::pooled(&win, xs, self.max, ys) {
-                        refused.store(true, std::sync::atomic::Ordering::Relaxed);
-                    } else if !self.max {
+                    let taken = depthwise::pooled(&win, xs, self.max, ys);
+                    if taken && !self.max {
                         // (Vectorised: SSE's divisions took as long as the sums.)
                         with_avx512(|| {
                             for plane in ys.chunks_mut(outp) {
@@ -484,42 +482,41 @@ impl Pool {
                             }
                         })
                     }
+                    taken
                 });
+                // (Not reached: `pooled_suits` held and the slices fit their shapes.)
+                return match taken {
+                    true => Ok(()),
+                    false => Err(GpuError::Plan(format!(
+                        "the pooling kernel refused {win:?} of input {:?}",
+                        self.input
+                    ))),
+                };
             }
             if global {
                 let size = divisor(0, 0);
-                return for_planes(y, 1, inp, |bc, v| {
+                for_planes(y, 1, inp, |bc, v| {
                     let plane = &x[bc * inp..(bc + 1) * inp];
                     v[0] = match self.max {
                         true => max_of(plane),
                         false => sum(plane) / size,
                     };
                 });
+                return Ok(());
             }
             for_planes(y, outp, work, |bc, plane| {
                 with_scratch(win.scratch_len(), |buf| {
                     win.pad(&x[bc * inp..(bc + 1) * inp], |v| v, fill, buf);
                     win.pool(&taps, buf, self.max, divisor, plane);
                 })
-            })
+            });
+            Ok(())
         };
         if self.nhwc {
             let out = [n, c, self.out_hw[0], self.out_hw[1]];
-            crate::program::through_nchw(x, self.input, y, out, |x, y| {
-                planes(x, y);
-                Ok(())
-            })?;
-        } else {
-            planes(x, y);
+            return crate::program::through_nchw(x, self.input, y, out, planes);
         }
-        match refused.into_inner() {
-            // (Not reached: `pooled_suits` held and the slices fit their shapes.)
-            true => Err(GpuError::Plan(format!(
-                "the pooling kernel refused {win:?} of input {:?}",
-                self.input
-            ))),
-            false => Ok(()),
-        }
+        planes(x, y)
     }
 
     /// The input rows (`axis` 0) or columns (1) that output row or column `i`'s windows
