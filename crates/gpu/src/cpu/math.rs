@@ -967,6 +967,44 @@ mod tests {
         with_act!(a, |f| f(x))
     }
 
+    /// The activations `with_act!` writes out with the reference's expressions (and bits).
+    const EXACT: [Activation; 12] = [
+        Activation::None,
+        Activation::Relu,
+        Activation::Clip {
+            min: Some(0.0),
+            max: Some(6.0),
+        },
+        Activation::Clip {
+            min: Some(-1.0),
+            max: None,
+        },
+        Activation::Clip {
+            min: None,
+            max: Some(2.5),
+        },
+        Activation::LeakyRelu { alpha: 0.01 },
+        Activation::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        },
+        Activation::HardSwish,
+        Activation::Sqrt,
+        Activation::Reciprocal,
+        Activation::Neg,
+        Activation::Abs,
+    ];
+
+    /// The activations `with_act!` computes through `exp` or the rational `tanh`, each with
+    /// the magnitude below which its error is measured as absolute.
+    const CLOSE: [(Activation, f32); 5] = [
+        (Activation::Sigmoid, 1e-20),
+        (Activation::Tanh, 1e-20),
+        (Activation::Swish { alpha: 1.0 }, 1e-20),
+        (Activation::Swish { alpha: 1.702 }, 1e-20),
+        (Activation::GeluTanh, 1.0),
+    ];
+
     /// Every activation `with_act!` writes out agrees with the reference: the clipping family,
     /// roots, reciprocals, negations and absolute values to the bit, the ones computed through
     /// `exp_neg` or the rational tanh within 5e-7 of it (relative, below 1e-20 absolute;
@@ -974,39 +1012,6 @@ mod tests {
     /// 1)), and all of them on infinities, NaN and zeros.
     #[test]
     fn vectorised_activations_match_the_reference() {
-        let exact = [
-            Activation::None,
-            Activation::Relu,
-            Activation::Clip {
-                min: Some(0.0),
-                max: Some(6.0),
-            },
-            Activation::Clip {
-                min: Some(-1.0),
-                max: None,
-            },
-            Activation::Clip {
-                min: None,
-                max: Some(2.5),
-            },
-            Activation::LeakyRelu { alpha: 0.01 },
-            Activation::HardSigmoid {
-                alpha: 0.2,
-                beta: 0.5,
-            },
-            Activation::HardSwish,
-            Activation::Sqrt,
-            Activation::Reciprocal,
-            Activation::Neg,
-            Activation::Abs,
-        ];
-        let close = [
-            (Activation::Sigmoid, 1e-20),
-            (Activation::Tanh, 1e-20),
-            (Activation::Swish { alpha: 1.0 }, 1e-20),
-            (Activation::Swish { alpha: 1.702 }, 1e-20),
-            (Activation::GeluTanh, 1.0),
-        ];
         let special = [
             f32::INFINITY,
             f32::NEG_INFINITY,
@@ -1019,14 +1024,14 @@ mod tests {
         let line = (-400_000..=400_000).map(|i| i as f32 * 5e-5);
         let wide = (-200_000..=200_000).map(|i| i as f32 * 1e-3);
         for x in line.chain(wide).chain(special) {
-            for a in exact {
+            for a in EXACT {
                 let (got, want) = (through_with_act(a, x), act(x, a));
                 assert!(
                     got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
                     "{a:?} at {x}: {got} vs {want}"
                 );
             }
-            for (a, floor) in close {
+            for (a, floor) in CLOSE {
                 let (got, want) = (through_with_act(a, x), act(x, a));
                 if want.is_nan() || want.is_infinite() {
                     assert!(got == want || got.is_nan() && want.is_nan(), "{a:?} at {x}");
@@ -1040,25 +1045,12 @@ mod tests {
 
     /// The activation passes give one element's bits whatever the vectors: compiled for
     /// AVX-512 (`bias_act_row`, where the CPU has it), for AVX2, and as scalar code (`fma`
-    /// through the library), on a line of values, infinities, NaN and zeros.
+    /// through the library), on a line of values, infinities, NaN and zeros: every activation
+    /// `with_act!` writes out, and GELU.
     #[test]
     fn activations_give_the_same_bits_in_every_width() {
-        let all = [
-            Activation::Relu,
-            Activation::Clip {
-                min: Some(0.0),
-                max: Some(6.0),
-            },
-            Activation::LeakyRelu { alpha: 0.01 },
-            Activation::HardSwish,
-            Activation::Sqrt,
-            Activation::Reciprocal,
-            Activation::Sigmoid,
-            Activation::Tanh,
-            Activation::Swish { alpha: 1.0 },
-            Activation::Gelu,
-            Activation::GeluTanh,
-        ];
+        let close = CLOSE.map(|(a, _)| a);
+        let all = EXACT.into_iter().chain(close).chain([Activation::Gelu]);
         let special = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, 1e-30];
         let x: Vec<f32> = (-20_000..=20_000)
             .map(|i| i as f32 * 7.3e-3)
