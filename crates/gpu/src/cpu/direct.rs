@@ -21,8 +21,9 @@
 //! measured no faster on the Zen 4 cores of 2026-11-28, whose 512-bit operations take two
 //! passes.)
 //!
-//! Each output sums its inner dimension in order, in blocks of 256 (`KC`; the partial sums go to
-//! scratch between blocks), whatever the number of threads: its bits depend on the shapes.
+//! Each output sums its inner dimension in order, in blocks (of 256 in AVX2, `KC`; of equal
+//! length up to 1024 in AVX-512, `WIDE_KC`; the partial sums go to scratch between blocks),
+//! whatever the number of threads: its bits depend on the shapes, not on the blocks.
 
 #![allow(unsafe_code)]
 
@@ -40,9 +41,15 @@ pub const LANES: usize = 16;
 /// Output pixels of a tile: its 2 x 6 vectors of sums fill twelve of the sixteen AVX2
 /// registers.
 const PIXELS: usize = 6;
-/// Inner-dimension elements a tile sums before its sums go back to scratch: its panel rows
-/// (`KC x LANES`, 16 KiB) stay in L1.
+/// Inner-dimension elements an AVX2 tile sums before its sums go back to scratch: its panel
+/// rows (`KC x LANES`, 16 KiB) stay in L1.
 const KC: usize = 256;
+/// The inner-dimension block of the AVX-512 tiles, at most: their four panels' rows for it
+/// (256 KiB) stay in L2, which feeds them as fast as the fused multiply-adds take them, so
+/// fewer, longer blocks win (each block reloads and stores the tile's sums). The blocks are
+/// of equal length ([`blocks_of`]). Zen 5, one thread, 2026-11-29: ResNet-18's 3x3 layers and
+/// a 1024 -> 2048 pointwise layer 5-10% faster than blocks of 256.
+const WIDE_KC: usize = 1024;
 /// Panel rows (64 bytes each) the weights are fetched ahead of their use: a linear layer's
 /// come from memory, a model's weights being larger than the caches.
 const AHEAD: usize = 32;
@@ -320,6 +327,12 @@ fn columns(
         .map_err(|what| GpuError::Plan(format!("panel product {m}x{k}x{n}: {what}")))
 }
 
+/// The length of the blocks that split an inner dimension of `k` into as few of equal length
+/// (the last perhaps shorter) as keep each within `most`.
+fn blocks_of(k: usize, most: usize) -> usize {
+    k.div_ceil(k.div_ceil(most).max(1)).max(1)
+}
+
 /// The shared loops of [`Direct::convolve`] and [`product_columns`]: for every panel of 16
 /// of the `oc` outputs and every pixel `q` below `pixels`, the sums over `k` of the panel's
 /// row `k` times `x[base(q) + offsets[k]]`, handed to `store(panel, pixels, sums)`
@@ -542,7 +555,7 @@ mod wide {
     use pulp::{f32x16, x86::V4};
     use rayon::prelude::*;
 
-    use super::{fetch_ahead, GROUP, KC, LANES, PIXELS};
+    use super::{blocks_of, fetch_ahead, GROUP, LANES, PIXELS, WIDE_KC};
     use std::ops::Range;
 
     use crate::cpu::math::{with_scratch, Mat};
@@ -655,8 +668,9 @@ mod wide {
         simd.vectorize(
             #[inline(always)]
             || {
-                for k0 in (0..k).step_by(KC) {
-                    let k1 = (k0 + KC).min(k);
+                let kc = blocks_of(k, WIDE_KC);
+                for k0 in (0..k).step_by(kc) {
+                    let k1 = (k0 + kc).min(k);
                     let offs = &offsets[k0..k1];
                     let ws = group.as_ptr().wrapping_add(k0 * LANES);
                     // Where the block's taps reach furthest from a pixel's base: once a block.
@@ -717,8 +731,9 @@ mod wide {
         let xs: [*const f32; P] = std::array::from_fn(|p| planes.as_ptr().wrapping_add(bases[p]));
         for (r, &off) in offs.iter().enumerate() {
             let w: [f32x16; G] = std::array::from_fn(|g| {
+                // Not fetched ahead, unlike a linear layer's rows: these come from L2 in
+                // time, and the prefetches took load slots (5-10% slower).
                 let row = ws.wrapping_add((g * k + r) * LANES);
-                fetch_ahead(row);
                 // SAFETY: row r of each of the G panels lies inside the group (the
                 // caller's check).
                 unsafe { pulp::cast(*row.cast::<[f32; LANES]>()) }
@@ -831,6 +846,106 @@ mod tests {
             d.convolve_with(1, &planes, &panels, Some(&bias), a, &mut narrow, false).unwrap();
             prop_assert_eq!(bits(&narrow), bits(&y));
         }
+    }
+
+    /// Inner dimensions longer than an AVX-512 block (`WIDE_KC`), in two and three blocks,
+    /// and one long pointwise layer: the reference's convolution, and the same bits in
+    /// AVX-512's equal blocks as in AVX2's blocks of `KC`.
+    #[test]
+    fn long_inner_dimensions_sum_across_their_blocks() {
+        for (c, oc, side, k) in [
+            (120usize, 70usize, 9usize, 3usize),
+            (260, 32, 5, 3),
+            (2100, 20, 4, 1),
+        ] {
+            let win = Windows {
+                input: [side, side + 2],
+                kernel: [k, k],
+                stride: [1, 1],
+                padding: [k / 2, k / 2],
+                dilation: [1, 1],
+                out: [side, side + 2],
+            };
+            let [h, w] = win.input;
+            let inner = c * k * k;
+            assert!(inner > WIDE_KC && blocks_of(inner, WIDE_KC) < inner);
+            let (x, wt, bias) = (values(c * h * w, 1), values(oc * inner, 2), values(oc, 3));
+            let plane = win.scratch_len();
+            let mut planes = vec![f32::NAN; c * plane];
+            for (ci, buf) in planes.chunks_mut(plane).enumerate() {
+                pad_input(
+                    &win,
+                    &x[ci * h * w..(ci + 1) * h * w],
+                    None,
+                    Activation::None,
+                    buf,
+                );
+            }
+            let d = Direct {
+                plane,
+                channels: c,
+                taps: win.taps(),
+                out: win.out,
+            };
+            let panels = pack(&wt, oc, inner, inner);
+            let run = |wide: bool| {
+                let mut y = vec![f32::NAN; oc * h * w];
+                d.convolve_with(
+                    1,
+                    &planes,
+                    &panels,
+                    Some(&bias),
+                    Activation::None,
+                    &mut y,
+                    wide,
+                )
+                .unwrap();
+                y
+            };
+            let y = run(true);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y), bits(&run(false)), "{c}->{oc} {k}x{k}");
+            let want = crate::reference::conv2d(
+                &x,
+                &wt,
+                Some(&bias),
+                [1, c, h, w],
+                oc,
+                [k, k],
+                [1, 1],
+                [k / 2, k / 2],
+                [1, 1],
+                1,
+                win.out,
+                Activation::None,
+            );
+            for (i, (&got, &want)) in y.iter().zip(&want).enumerate() {
+                assert!(
+                    (got - want).abs() <= 1e-5 * inner as f32,
+                    "{c}->{oc} element {i}"
+                );
+            }
+        }
+    }
+
+    /// Blocks of equal length: as few as keep each within the limit, covering the whole
+    /// inner dimension.
+    #[test]
+    fn blocks_split_evenly() {
+        for (k, most) in [
+            (1usize, 1024usize),
+            (1024, 1024),
+            (1025, 1024),
+            (4608, 1024),
+            (7, 3),
+        ] {
+            let len = blocks_of(k, most);
+            let count = k.div_ceil(len);
+            assert!(len <= most, "{k} by {most}");
+            assert_eq!(count, k.div_ceil(most), "{k} by {most}");
+            assert!(count * len >= k && (count - 1) * len < k, "{k} by {most}");
+        }
+        assert_eq!(blocks_of(4608, 1024), 922);
     }
 
     /// A product of panels with a few columns, B read either way (a column's elements
