@@ -83,6 +83,17 @@ const DIRECT_CHANNELS: usize = 16;
 /// 1.1-2x with 128 or fewer.
 const DIRECT_POINTWISE: [usize; 2] = [64, 256];
 
+/// Output pixels up to which, and input channels from which, a pointwise convolution (of
+/// whole panels) also runs direct on the CPU ([`Conv::direct`]): an inner dimension this
+/// long keeps the AVX-512 tiles busy (their blocks of up to 1024, no prefetches), where a
+/// short one leaves them to their stores. One thread, the layers that change in whole
+/// models, three processes of each build alternated (Zen 5, 2026-11-29): DenseNet-121's 41
+/// (256-1024 -> 128 on 14x14 and 7x7) 5.96 -> 5.37 ms, EfficientNet-V2-S's 36 3.88 -> 3.48,
+/// GoogLeNet's 24 2.41 -> 2.32, EfficientNet-B0's 13 1.13 -> 1.05, MobileNetV3-Large's 7
+/// 0.60 -> 0.54; but from 128 or 160 channels (EfficientNet-V2-S's 128 -> 512 and
+/// 160 -> 960 on 14x14) 1.01-1.17x, and on 28x28 (DenseNet-121) 1.0x, 56x56 1.1x.
+const DIRECT_POINTWISE_LONG: [usize; 2] = [196, 256];
+
 /// The largest share of (tap, output pixel) pairs that read the input for which a
 /// convolution runs as a sum over its taps ([`Conv::live_taps`]); an ordinary 3x3 convolution
 /// with padding 1 reads the input with 82% of them on a 7x7 map, 91% on 14x14.
@@ -489,7 +500,7 @@ impl Conv {
     /// faster than im2col and a matrix product: one group (or groups of whole panels, below), and
     /// either more than one tap with output planes of at most [`DIRECT_PIXELS`] or at least
     /// [`DIRECT_CHANNELS`] input channels into whole panels of output channels, or one tap
-    /// ([`DIRECT_POINTWISE`]). Both in one process on 2 Zen 4 cores (2026-11-28, `opsched
+    /// ([`DIRECT_POINTWISE`], [`DIRECT_POINTWISE_LONG`]). Both in one process on 2 Zen 4 cores (2026-11-28, `opsched
     /// profile`): 14x14, 7x7 and 8x8 planes of ResNet-18, GoogLeNet and Inception-v3 0.5-0.9x,
     /// 17x17 0.75-1.1x (their sum 0.9x). Larger planes, layer by layer in whole models (`run
     /// --op-times`, the two builds alternated): ResNet-18's 56x56 and 28x28 0.89x and 0.91x and
@@ -513,8 +524,11 @@ impl Conv {
         let taps = self.kernel[0] * self.kernel[1];
         let windows = taps > 1 && (pixels <= DIRECT_PIXELS || whole_panels);
         let [most_pixels, least_out] = DIRECT_POINTWISE;
-        let pointwise =
-            taps == 1 && whole_panels && pixels <= most_pixels && self.out_channels >= least_out;
+        let [long_pixels, least_in] = DIRECT_POINTWISE_LONG;
+        let pointwise = taps == 1
+            && whole_panels
+            && (pixels <= most_pixels && self.out_channels >= least_out
+                || pixels <= long_pixels && cg >= least_in);
         // Groups run one by one, each on its own panels: whole ones, none across two groups.
         let fits = groups == 1 || (taps > 1 && whole_panels);
         if !fits || !(windows || pointwise) {
@@ -2757,19 +2771,21 @@ mod tests {
         // whole panels, or one tap); the next three run direct (`crate::cpu::direct`), their
         // inner dimension over several blocks: small output planes (stride 1 and 2), and a
         // larger one of whole panels; then a stem of three channels, column tiles; the last
-        // two pointwise on small planes into many channels, direct: one reads its input in
-        // place, over two blocks of the inner dimension, the other (at stride 2) padded.
+        // three pointwise on small planes, direct: into many channels, one reading its input
+        // in place, over two blocks of the inner dimension, the other (at stride 2) padded;
+        // and from many channels into a few on 14x14.
         let cases = [
             (16, [33, 31], 24, 3, 1, 1, false),
             (64, [33, 31], 40, 1, 1, 0, false),
             (64, [37, 35], 168, 3, 2, 1, false),
-            (256, [7, 7], 128, 1, 1, 0, false),
+            (192, [7, 7], 128, 1, 1, 0, false),
             (64, [9, 7], 160, 3, 1, 1, true),
             (64, [17, 15], 160, 3, 2, 1, true),
             (32, [37, 35], 48, 3, 1, 1, true),
             (3, [40, 38], 32, 3, 2, 1, false),
             (320, [7, 7], 256, 1, 1, 0, true),
             (64, [15, 15], 256, 1, 2, 0, true),
+            (256, [14, 14], 32, 1, 1, 0, true),
         ];
         for (c, hw, oc, k, s, p, direct) in cases {
             let cv = conv(c, hw, oc, [k, k], [s, s], [p, p], [p, p], [1, 1], 1);
