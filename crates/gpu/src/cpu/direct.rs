@@ -229,6 +229,42 @@ impl Direct {
     }
 }
 
+/// One tap's rows of a convolution's panels (`panels`: [`pack`]ed for `oc` outputs by `c`
+/// channels of `taps` taps; the tap's rows `ch * taps + tap`) into `out` as [`pack`] lays out
+/// `oc` outputs by `c` inputs: whole 64-byte rows, so a tap reads only its own weights where
+/// the weights in their own layout lie 4 * `taps` bytes apart (every line of them for one
+/// tap).
+pub fn tap_panels(panels: &[f32], [oc, c, taps]: [usize; 3], tap: usize, out: &mut [f32]) {
+    let k = c * taps;
+    let n = oc.div_ceil(LANES);
+    panels
+        .par_chunks_exact(k * LANES)
+        .zip(out.par_chunks_exact_mut(c * LANES))
+        .take(n)
+        .for_each(|(src, dst)| {
+            for (ch, row) in dst.chunks_exact_mut(LANES).enumerate() {
+                let at = (ch * taps + tap) * LANES;
+                row.copy_from_slice(&src[at..at + LANES]);
+            }
+        });
+}
+
+/// The products of `panels` ([`pack`]ed for `oc` outputs by `k` inputs) with `n` columns of
+/// `x` (element `kk` of column `q` at `x[kk * rs + q]`), handed to `store(panel, columns,
+/// sums)` as [`Direct::convolve`]'s tiles hand theirs (pixel-major, [`LANES`] a column): the
+/// same tiles, tasks and bits.
+pub fn product_rows(
+    panels: &[f32],
+    [oc, k, n]: [usize; 3],
+    x: &[f32],
+    rs: usize,
+    store: impl Fn(usize, Range<usize>, &[f32]) + Sync,
+) -> Result<(), GpuError> {
+    let offsets: Vec<usize> = (0..k).map(|kk| kk * rs).collect();
+    products(x, &offsets, |q| q, n, panels, oc, store, true)
+        .map_err(|what| GpuError::Plan(format!("panel product {oc}x{k}x{n}: {what}")))
+}
+
 /// Lane `l` of each pixel's sums (`sums`: pixel-major, [`LANES`] a pixel) into `rows[l]`, one
 /// element a pixel: eight pixels of eight lanes at a time through a transpose, where lane by
 /// lane each element was a load of its own.
