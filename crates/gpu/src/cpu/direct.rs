@@ -896,27 +896,30 @@ mod tests {
         }
     }
 
-    /// Inner dimensions longer than an AVX-512 block (`WIDE_KC`), in two and three blocks,
-    /// and one long pointwise layer: the reference's convolution, and the same bits in
-    /// AVX-512's equal blocks as in AVX2's blocks of `KC`.
-    #[test]
-    fn long_inner_dimensions_sum_across_their_blocks() {
-        for (c, oc, side, k) in [
-            (120usize, 70usize, 9usize, 3usize),
-            (260, 32, 5, 3),
-            (2100, 20, 4, 1),
-        ] {
+    /// A convolution of `c` channels into `oc` by `k x k` windows at stride one over an
+    /// `[h, w]` plane, padded to keep its size: its geometry, its input padded, its weights
+    /// packed, and the reference's output with a bias and activation `a`.
+    struct Case {
+        d: Direct,
+        planes: Vec<f32>,
+        panels: Vec<f32>,
+        bias: Vec<f32>,
+        want: Vec<f32>,
+        inner: usize,
+        act: Activation,
+    }
+
+    impl Case {
+        fn new(c: usize, oc: usize, [h, w]: [usize; 2], k: usize, a: Activation) -> Case {
             let win = Windows {
-                input: [side, side + 2],
+                input: [h, w],
                 kernel: [k, k],
                 stride: [1, 1],
                 padding: [k / 2, k / 2],
                 dilation: [1, 1],
-                out: [side, side + 2],
+                out: [h, w],
             };
-            let [h, w] = win.input;
             let inner = c * k * k;
-            assert!(inner > WIDE_KC && blocks_of(inner, WIDE_KC) < inner);
             let (x, wt, bias) = (values(c * h * w, 1), values(oc * inner, 2), values(oc, 3));
             let plane = win.scratch_len();
             let mut planes = vec![f32::NAN; c * plane];
@@ -929,30 +932,6 @@ mod tests {
                     buf,
                 );
             }
-            let d = Direct {
-                plane,
-                channels: c,
-                taps: win.taps(),
-                out: win.out,
-            };
-            let panels = pack(&wt, oc, inner, inner);
-            let run = |wide: bool| {
-                let mut y = vec![f32::NAN; oc * h * w];
-                d.convolve_with(
-                    1,
-                    &planes,
-                    &panels,
-                    Some(&bias),
-                    Activation::None,
-                    &mut y,
-                    wide,
-                )
-                .unwrap();
-                y
-            };
-            let y = run(true);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&y), bits(&run(false)), "{c}->{oc} {k}x{k}");
             let want = crate::reference::conv2d(
                 &x,
                 &wt,
@@ -965,14 +944,71 @@ mod tests {
                 [1, 1],
                 1,
                 win.out,
-                Activation::None,
+                a,
             );
-            for (i, (&got, &want)) in y.iter().zip(&want).enumerate() {
-                assert!(
-                    (got - want).abs() <= 1e-5 * inner as f32,
-                    "{c}->{oc} element {i}"
-                );
+            let d = Direct {
+                plane,
+                channels: c,
+                taps: win.taps(),
+                out: win.out,
+            };
+            let panels = pack(&wt, oc, inner, inner);
+            Case {
+                d,
+                planes,
+                panels,
+                bias,
+                want,
+                inner,
+                act: a,
             }
+        }
+
+        /// The convolution on a pool of `threads`, in AVX-512 where `wide` allows it.
+        fn run(&self, threads: usize, wide: bool) -> Vec<f32> {
+            let mut y = vec![f32::NAN; self.want.len()];
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let (planes, panels, bias) = (&self.planes, &self.panels, Some(&self.bias[..]));
+            pool.install(|| {
+                self.d
+                    .convolve_with(1, planes, panels, bias, self.act, &mut y, wide)
+            })
+            .unwrap();
+            y
+        }
+
+        /// `y` within rounding of the reference's output.
+        fn check(&self, y: &[f32], what: &str) {
+            for (i, (&got, &want)) in y.iter().zip(&self.want).enumerate() {
+                let near = (got - want).abs() <= 1e-5 * self.inner as f32;
+                assert!(near, "{what}: element {i}, {got} against {want}");
+            }
+        }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    /// Inner dimensions longer than an AVX-512 block (`WIDE_KC`), in two and three blocks,
+    /// and one long pointwise layer: the reference's convolution, and the same bits in
+    /// AVX-512's equal blocks as in AVX2's blocks of `KC`.
+    #[test]
+    fn long_inner_dimensions_sum_across_their_blocks() {
+        for (c, oc, side, k) in [
+            (120usize, 70usize, 9usize, 3usize),
+            (260, 32, 5, 3),
+            (2100, 20, 4, 1),
+        ] {
+            let case = Case::new(c, oc, [side, side + 2], k, Activation::None);
+            assert!(case.inner > WIDE_KC && blocks_of(case.inner, WIDE_KC) < case.inner);
+            let y = case.run(1, true);
+            let what = format!("{c}->{oc} {k}x{k}");
+            assert_eq!(bits(&y), bits(&case.run(1, false)), "{what}");
+            case.check(&y, &what);
         }
     }
 
@@ -982,75 +1018,13 @@ mod tests {
     #[test]
     fn panels_split_evenly_across_threads() {
         for side in [7usize, 14] {
-            let (c, oc) = (16usize, 316usize);
-            let win = Windows {
-                input: [side, side],
-                kernel: [3, 3],
-                stride: [1, 1],
-                padding: [1, 1],
-                dilation: [1, 1],
-                out: [side, side],
-            };
-            let inner = c * 9;
-            let (x, wt, bias) = (
-                values(c * side * side, 1),
-                values(oc * inner, 2),
-                values(oc, 3),
-            );
-            let plane = win.scratch_len();
-            let mut planes = vec![f32::NAN; c * plane];
-            for (ci, buf) in planes.chunks_mut(plane).enumerate() {
-                let xc = &x[ci * side * side..(ci + 1) * side * side];
-                pad_input(&win, xc, None, Activation::None, buf);
-            }
-            let d = Direct {
-                plane,
-                channels: c,
-                taps: win.taps(),
-                out: win.out,
-            };
-            let panels = pack(&wt, oc, inner, inner);
-            let run = |threads: usize| {
-                let mut y = vec![f32::NAN; oc * side * side];
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                pool.install(|| {
-                    d.convolve(&planes, &panels, Some(&bias), Activation::Relu, &mut y)
-                })
-                .unwrap();
-                y
-            };
-            let y = run(1);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let case = Case::new(16, 316, [side, side], 3, Activation::Relu);
+            let y = case.run(1, true);
             for threads in [2, 3, 4] {
-                assert_eq!(
-                    bits(&run(threads)),
-                    bits(&y),
-                    "{side}x{side} on {threads} threads"
-                );
+                let what = format!("{side}x{side} on {threads} threads");
+                assert_eq!(bits(&case.run(threads, true)), bits(&y), "{what}");
             }
-            let want = crate::reference::conv2d(
-                &x,
-                &wt,
-                Some(&bias),
-                [1, c, side, side],
-                oc,
-                [3, 3],
-                [1, 1],
-                [1, 1],
-                [1, 1],
-                1,
-                win.out,
-                Activation::Relu,
-            );
-            for (i, (&got, &want)) in y.iter().zip(&want).enumerate() {
-                assert!(
-                    (got - want).abs() <= 1e-5 * inner as f32,
-                    "{side}x{side} element {i}"
-                );
-            }
+            case.check(&y, &format!("{side}x{side}"));
         }
     }
 

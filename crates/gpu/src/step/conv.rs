@@ -500,11 +500,12 @@ impl Conv {
     /// faster than im2col and a matrix product: one group (or groups of whole panels, below), and
     /// either more than one tap with output planes of at most [`DIRECT_PIXELS`] or at least
     /// [`DIRECT_CHANNELS`] input channels into whole panels of output channels, or one tap
-    /// ([`DIRECT_POINTWISE`], [`DIRECT_POINTWISE_LONG`]). Both in one process on 2 Zen 4 cores (2026-11-28, `opsched
-    /// profile`): 14x14, 7x7 and 8x8 planes of ResNet-18, GoogLeNet and Inception-v3 0.5-0.9x,
-    /// 17x17 0.75-1.1x (their sum 0.9x). Larger planes, layer by layer in whole models (`run
-    /// --op-times`, the two builds alternated): ResNet-18's 56x56 and 28x28 0.89x and 0.91x and
-    /// EfficientNet-V2-S's 1.0x on one thread; on two, FCN-ResNet-50's 2048 -> 512 on 28x28 0.78x,
+    /// ([`DIRECT_POINTWISE`], [`DIRECT_POINTWISE_LONG`]). Both in one process on 2 Zen 4 cores
+    /// (2026-11-28, `opsched profile`): 14x14, 7x7 and 8x8 planes of ResNet-18, GoogLeNet and
+    /// Inception-v3 0.5-0.9x, 17x17 0.75-1.1x (their sum 0.9x). Larger planes, layer by layer
+    /// in whole models (`run --op-times`, the two builds alternated): ResNet-18's 56x56 and
+    /// 28x28 0.89x and 0.91x and EfficientNet-V2-S's 1.0x on one thread; on two,
+    /// FCN-ResNet-50's 2048 -> 512 on 28x28 0.78x,
     /// DenseNet-121's 128 -> 32 on 56x56 0.85x, VGG-11's 0.92-0.97x, Inception-v3's 147x147 to
     /// 35x35 0.85-0.97x; but stems of 3 channels 1.04-1.3x and 24 output channels on 112x112 (a
     /// panel a third empty) 1.18x, where im2col's packed product wins.
@@ -1235,24 +1236,45 @@ impl Conv {
         bias: Option<&[f32]>,
         y: &mut [f32],
     ) -> Result<(), GpuError> {
-        let [_, c, h, wd] = self.input;
+        let [_, _, h, wd] = self.input;
         let (taps, cols, hw) = (
             win.kernel[0] * win.kernel[1],
             win.out[0] * win.out[1],
             h * wd,
         );
+        self.depthwise_groups(win, x, y, |xb, first, ys| {
+            let end = first + ys.len() / cols;
+            let (xs, ws) = (&xb[first * hw..end * hw], &w[first * taps..end * taps]);
+            let bs = bias.map(|b| &b[first..end]);
+            depthwise::unpadded(win, xs, ws, bs, self.act, ys)
+        })
+    }
+
+    /// A depthwise convolution's output planes image by image, in groups of channels in
+    /// parallel ([`try_plane_groups`], sized by each output plane's work; a call per plane
+    /// cost as much as a 7x7 plane's sums): `f(image's input, first channel, its planes)`,
+    /// which returns whether its kernel took them (an error naming the kernel's windows `win`
+    /// where it did not).
+    fn depthwise_groups(
+        &self,
+        win: &Windows,
+        x: &[f32],
+        y: &mut [f32],
+        f: impl Fn(&[f32], usize, &mut [f32]) -> bool + Sync + Send,
+    ) -> Result<(), GpuError> {
+        let [_, c, h, wd] = self.input;
+        let (taps, cols, hw) = (
+            self.kernel[0] * self.kernel[1],
+            self.out_hw[0] * self.out_hw[1],
+            h * wd,
+        );
         let mut taken = true;
         for (xb, yb) in x.chunks(c * hw).zip(y.chunks_mut(c * cols)) {
-            taken &= try_plane_groups(yb, cols, hw + cols * taps, |first, ys| {
-                let end = first + ys.len() / cols;
-                let (xs, ws) = (&xb[first * hw..end * hw], &w[first * taps..end * taps]);
-                let bs = bias.map(|b| &b[first..end]);
-                depthwise::unpadded(win, xs, ws, bs, self.act, ys)
-            });
+            taken &= try_plane_groups(yb, cols, hw + cols * taps, |first, ys| f(xb, first, ys));
         }
         match taken {
             true => Ok(()),
-            // (Not reached: `unpadded_suits` held and the slices fit their shapes.)
+            // (Not reached: the kernel's `unpadded_suits` held and the slices fit their shapes.)
             false => Err(GpuError::Plan(format!(
                 "the depthwise kernel refused {win:?} of input {:?}",
                 self.input
@@ -1305,51 +1327,40 @@ impl Conv {
         bias: Option<&[f32]>,
         y: &mut [f32],
     ) -> Result<(), GpuError> {
-        let [_, c, h, wd] = self.input;
+        let [_, _, h, wd] = self.input;
         let d = self.dilation[0];
         let [oh, ow] = self.out_hw;
         let (taps, phases) = (self.kernel[0] * self.kernel[1], d * d);
         let (hw, cols) = (h * wd, oh * ow);
-        let mut taken = true;
-        for (xb, yb) in x.chunks(c * hw).zip(y.chunks_mut(c * cols)) {
-            taken &= try_plane_groups(yb, cols, hw + cols * taps, |first, ys| {
-                let n = ys.len() / cols;
-                let sizes = [n * hw, n * cols, n * phases * taps, n * phases];
-                with_scratch(sizes.iter().sum(), |scratch| {
-                    let (xs, rest) = scratch.split_at_mut(sizes[0]);
-                    let (outs, rest) = rest.split_at_mut(sizes[1]);
-                    let (ws, bs) = rest.split_at_mut(sizes[2]);
-                    // Plane p's phase (a, b) is plane p * phases + a * d + b, with its channel's
-                    // filter and bias.
-                    for p in 0..n {
-                        let ch = first + p;
-                        let plane = &xb[ch * hw..(ch + 1) * hw];
-                        split_phases(plane, [h, wd], d, &mut xs[p * hw..(p + 1) * hw]);
-                        for f in p * phases..(p + 1) * phases {
-                            ws[f * taps..(f + 1) * taps]
-                                .copy_from_slice(&w[ch * taps..(ch + 1) * taps]);
-                            bs[f] = bias.map_or(0.0, |b| b[ch]);
-                        }
+        self.depthwise_groups(phase, x, y, |xb, first, ys| {
+            let n = ys.len() / cols;
+            let sizes = [n * hw, n * cols, n * phases * taps, n * phases];
+            with_scratch(sizes.iter().sum(), |scratch| {
+                let (xs, rest) = scratch.split_at_mut(sizes[0]);
+                let (outs, rest) = rest.split_at_mut(sizes[1]);
+                let (ws, bs) = rest.split_at_mut(sizes[2]);
+                // Plane p's phase (a, b) is plane p * phases + a * d + b, with its channel's
+                // filter and bias.
+                for p in 0..n {
+                    let ch = first + p;
+                    let plane = &xb[ch * hw..(ch + 1) * hw];
+                    split_phases(plane, [h, wd], d, &mut xs[p * hw..(p + 1) * hw]);
+                    for f in p * phases..(p + 1) * phases {
+                        ws[f * taps..(f + 1) * taps]
+                            .copy_from_slice(&w[ch * taps..(ch + 1) * taps]);
+                        bs[f] = bias.map_or(0.0, |b| b[ch]);
                     }
-                    let bias = bias.map(|_| &*bs);
-                    if !depthwise::unpadded(phase, xs, ws, bias, self.act, outs) {
-                        return false;
-                    }
-                    for (p, yp) in ys.chunks_mut(cols).enumerate() {
-                        weave_phases(&outs[p * cols..(p + 1) * cols], [oh, ow], d, yp);
-                    }
-                    true
-                })
-            });
-        }
-        match taken {
-            true => Ok(()),
-            // (Not reached: `dilated_phases` asked `unpadded_suits` and the slices fit.)
-            false => Err(GpuError::Plan(format!(
-                "the depthwise kernel refused the phases {phase:?} of input {:?}",
-                self.input
-            ))),
-        }
+                }
+                let bias = bias.map(|_| &*bs);
+                if !depthwise::unpadded(phase, xs, ws, bias, self.act, outs) {
+                    return false;
+                }
+                for (p, yp) in ys.chunks_mut(cols).enumerate() {
+                    weave_phases(&outs[p * cols..(p + 1) * cols], [oh, ow], d, yp);
+                }
+                true
+            })
+        })
     }
 
     /// [`Conv::depthwise`] with one filter per channel on small planes: [`lanes::LANES`]
@@ -1423,8 +1434,6 @@ impl Conv {
     }
 }
 
-// --- CUDA --------------------------------------------------------------------------------
-
 /// Plane `x` (`[h, w]`, both multiples of `d`) into its `d * d` phases, one after another in
 /// `out`: phase `(a, b)` (every `d`th row from row `a`, every `d`th column from column `b`) is
 /// the `a * d + b`th. Two columns at a time for `d` of two (a loop the compiler vectorises,
@@ -1468,6 +1477,8 @@ fn weave_phases(phases: &[f32], [h, w]: [usize; 2], d: usize, y: &mut [f32]) {
         }
     }
 }
+
+// --- CUDA --------------------------------------------------------------------------------
 
 /// Weights `w` (dense in `dims`) permuted by `perm` once, at preparation, into a buffer the
 /// prepared operator holds (the program keeps the weights as the IR has them): the filter of
