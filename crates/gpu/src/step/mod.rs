@@ -119,6 +119,7 @@ steps! {
     GatherElements(gather::GatherElements),
     CumSum(cum_sum::CumSum),
     Broadcast(broadcast::Broadcast),
+    Affine(broadcast::Affine),
     Pad(pad::Pad),
     Transpose(transpose::Transpose),
     Spin(spin::Spin),
