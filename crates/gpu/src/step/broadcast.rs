@@ -310,17 +310,26 @@ impl StepKernel for Affine {
             return Ok(());
         }
         let a = self.act;
-        for_planes(y, inner, inner, |plane, yp| {
-            let ch = plane % c;
-            let xp = &x[plane * inner..(plane + 1) * inner];
-            let (s, t) = (scale[ch], shift[ch]);
+        // A plane of `inner` elements per channel; with none (`[n, c]`), a run of the
+        // channels, each element its own scale and shift (as the bias epilogue takes them).
+        let run = if inner == 1 { c } else { inner };
+        for_planes(y, run, run, |i, yr| {
+            let xr = &x[i * run..(i + 1) * run];
             with_avx512(
                 #[inline(always)]
-                || {
-                    with_act!(a, |f| yp
+                || match inner {
+                    1 => with_act!(a, |f| yr
                         .iter_mut()
-                        .zip(xp)
-                        .for_each(|(v, &xv)| *v = f(xv * s + t)))
+                        .zip(xr)
+                        .zip(scale.iter().zip(shift))
+                        .for_each(|((v, &xv), (&s, &t))| *v = f(xv * s + t))),
+                    _ => {
+                        let (s, t) = (scale[i % c], shift[i % c]);
+                        with_act!(a, |f| yr
+                            .iter_mut()
+                            .zip(xr)
+                            .for_each(|(v, &xv)| *v = f(xv * s + t)))
+                    }
                 },
             )
         });
@@ -407,7 +416,8 @@ impl BinOp {
     }
 }
 
-/// [`BinOp::row`] for one operation `g`, compiled for AVX2 where the CPU has it.
+/// [`BinOp::row`] for one operation `g`, compiled for AVX-512 or AVX2 where the CPU has it
+/// (`with_avx512`).
 #[inline(always)]
 fn row_of(g: impl Fn(f32, f32) -> f32, y: &mut [f32], a: &[f32], la: usize, b: &[f32], lb: usize) {
     let n = y.len();
@@ -659,8 +669,9 @@ mod tests {
 
     /// An affine operator in one pass gives the bits of the two it ran as before (and a GPU
     /// runs): the broadcast multiply, then the bias epilogue in place; images of several
-    /// channels, planes large and small, NaN, infinities and zeros of both signs among the
-    /// inputs and scales, and the activations fused into it.
+    /// channels, planes large and small, rows of features (no planes: a scale and shift per
+    /// element of a row), NaN, infinities and zeros of both signs among the inputs and
+    /// scales, and the activations fused into it.
     #[test]
     fn affine_in_one_pass_gives_the_bits_of_its_two() {
         let acts = [
@@ -677,6 +688,7 @@ mod tests {
             vec![2, 5, 7, 9],
             vec![1, 64, 56, 56],
             vec![3, 4],
+            vec![700, 37],
             vec![1, 3, 1, 1],
         ] {
             let (n, c) = (numel(&shape), shape[1]);

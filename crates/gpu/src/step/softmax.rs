@@ -64,7 +64,7 @@ pub(crate) fn lower(
 
 /// Softmax (or log-softmax) of one contiguous row `x` into `y`: the maximum, `exp(x - max)`,
 /// their sum in sixteen partial sums, then the quotients (or `x - max - ln(sum)`), each a
-/// vectorised pass compiled for AVX2 where the CPU has it.
+/// vectorised pass compiled for AVX-512 or AVX2 where the CPU has it (`with_avx512`).
 fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
     let m = max_of(x);
     with_avx512(
