@@ -8,7 +8,7 @@
 //! activation epilogue (`cpu_activations`); and eight small depthwise planes by the window
 //! loops and interleaved (`cpu_small_depthwise`, `opsched_gpu::cpu::lanes`); whole depthwise
 //! layers read straight from their input against padded first (`cpu_depthwise_layers`,
-//! `opsched_gpu::cpu::depthwise`); whole pooling layers the same two ways
+//! `opsched_gpu::cpu::depthwise`; MobileNetV2's, EfficientNet's and ConvNeXt's); whole pooling layers the same two ways
 //! (`cpu_pooling_layers`); and linear layers over a few tokens by the panel product
 //! (`cpu_panel_products`).
 //!
@@ -246,6 +246,10 @@ fn depthwise_layers(c: &mut Criterion) {
         (672, 14, 5, 2),
         (240, 28, 5, 2),
         (144, 56, 5, 2),
+        (96, 56, 7, 1),
+        (192, 28, 7, 1),
+        (384, 14, 7, 1),
+        (768, 7, 7, 1),
     ] {
         let win = windows(side, k, s);
         let (hw, len) = (side * side, win.out[0] * win.out[1]);

@@ -44,6 +44,13 @@
 //! 960 of 7x7 by 3x3 26 -> 15, 1152 by 5x5 68 -> 50; from 14x14 at stride two, 576 by 3x3 29
 //! -> 25, 672 by 5x5 77 -> 46.
 //!
+//! ConvNeXt's 7x7 windows at stride one run in AVX-512 only (`unpadded_stream`, planes of 14
+//! columns or more; smaller ones flat): a column of sixteen outputs streamed down the plane,
+//! each input row loaded once per column and its seven window columns shifted out of two
+//! loads, the sums of the seven rows it serves in a ring of registers. Whole layers on one
+//! thread against padded first (criterion, Zen 5, us): 96 planes of 56x56 473 -> 172, 192 of
+//! 28x28 294 -> 90, 384 of 14x14 192 -> 51, 768 of 7x7 (flat) 137 -> 65.
+//!
 //! Poolings run in the same kernels ([`pooled`]: 2x2 windows at stride two, 3x3 and 5x5 at
 //! stride one or two), which are generic over what a tap does (`Fold`): a max pooling's
 //! maximum (the padding `-inf`, no bias) or an average's sum (weights of one; the caller
@@ -292,9 +299,15 @@ fn run<F: Fold>(
             }
         };
     }
+    let seven = win.kernel[0] == 7;
     match (flat, v4) {
+        // SAFETY (each): the CPU has AVX-512.
+        (Some(v4), _) if seven => unsafe { unpadded_flat::<F, 7, 1>(v4, win, x, w, bias, clip, y) },
         (Some(v4), _) => by_window!(unpadded_flat, v4),
+        (_, Some(v4)) if seven => unsafe { unpadded_stream::<F, 7>(v4, win, x, w, bias, clip, y) },
         (_, Some(v4)) => by_window!(unpadded_wide, v4),
+        // (7x7 windows run in AVX-512 only: `unpadded_suits`.)
+        _ if seven => return false,
         _ => by_window!(unpadded_narrow, simd),
     }
     if clip.is_none() && a != Activation::None {
@@ -304,11 +317,27 @@ fn run<F: Fold>(
 }
 
 /// Whether [`unpadded`] runs `win`'s windows: 3x3 or 5x5, stride one or two, dilation one,
-/// output planes of at least four rows of at least half a vector, on a CPU with AVX2 and FMA.
-/// (ConvNeXt's 7x7 windows ran here 0.69 ms for 96 planes of 56x56 against 0.60 padded first:
-/// they stay with [`sums`].)
+/// output planes of at least four rows of at least half a vector, on a CPU with AVX2 and FMA;
+/// and 7x7 at stride one on a CPU with AVX-512, rows of 14 outputs or more or planes of 64 or
+/// fewer (summed flat). (In AVX2's blocks of four rows, a load per tap, ConvNeXt's 7x7 windows ran 0.69 ms
+/// for 96 planes of 56x56 against 0.60 padded first (Zen 4): they stay with [`sums`] there.)
 pub fn unpadded_suits(win: &Windows) -> bool {
-    matches!(win.kernel, [3, 3] | [5, 5]) && shape_suits(win)
+    match win.kernel {
+        [3, 3] | [5, 5] => shape_suits(win),
+        [7, 7] => {
+            let rows = win.out[1] >= WIDE_FROM || flat_suits(win);
+            win.stride == [1, 1] && rows && shape_suits(win) && wide_available()
+        }
+        _ => false,
+    }
+}
+
+/// Whether this CPU runs AVX-512 (x86-64-v4, as `pulp` has it).
+fn wide_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return pulp::x86::V4::try_new().is_some();
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
 }
 
 /// Whether [`pooled`] runs `win`'s windows: 2x2 at stride two, 3x3 or 5x5 at stride one or
@@ -742,6 +771,210 @@ fn unpadded_flat<F: Fold, const K: usize, const S: usize>(
     }
 }
 
+/// [`unpadded`]'s planes for a `K x K` window at stride one (7x7: ConvNeXt's) in AVX-512,
+/// whose checks passed: a column of sixteen outputs at a time, streamed down the plane. Each
+/// input row is read once per column (two loads, masked where they reach past the row), its
+/// `K` window columns shifted out of those two (`valignd`), and each shifted vector taken into
+/// the `K` output rows it serves, whose sums ride a ring of `K` registers: after input row
+/// `u` the output row `u - K + 1` is whole, stored (bias and ReLU or clip applied), and its
+/// register starts row `u + 1`. So each input vector is loaded once, not once per tap, and a
+/// step's `K * K` taps run as `K` chains of sums at once. Against [`sums`] over planes padded
+/// first, whole layers on one thread (criterion `cpu_depthwise_layers`, the two builds
+/// alternated, Zen 5, us): ConvNeXt-T's 96 planes of 56x56 453 -> 190, 192 of 28x28 284 ->
+/// 100, 384 of 14x14 192 -> 55. Each output adds its taps in the window's row-major order
+/// (input row by input row, window column by window column), the padding's included, as
+/// [`unpadded_planes`] does: the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")]
+fn unpadded_stream<F: Fold, const K: usize>(
+    simd: pulp::x86::V4,
+    win: &Windows,
+    x: &[f32],
+    w: Filters<'_>,
+    bias: Option<&[f32]>,
+    clip: Option<(f32, f32)>,
+    y: &mut [f32],
+) {
+    let [h, wd] = win.input;
+    let [oh, ow] = win.out;
+    let len = oh * ow;
+    // Each block column's first output column, its loads' first input column, and the lanes
+    // of its two loads inside a row.
+    let columns: Vec<(usize, isize, u64)> = block_starts(ow, WIDE_COLS)
+        .map(|j| {
+            let start = j as isize - win.padding[1] as isize;
+            (j, start, <pulp::x86::V4 as Lanes>::masks(start, wd))
+        })
+        .collect();
+    let clip = clip.map(|(lo, hi)| (simd.splat_f32x16(lo), simd.splat_f32x16(hi)));
+    for (p, plane) in y.chunks_mut(len).enumerate() {
+        let mut taps = [0.0; STREAM_TAPS];
+        taps[..K * K].copy_from_slice(w.of(p, K * K));
+        let bias = simd.splat_f32x16(bias.map_or(0.0, |b| b[p]));
+        for &(j, start, masks) in &columns {
+            let mut column = Column {
+                simd,
+                win,
+                x: &x[p * h * wd..(p + 1) * h * wd],
+                taps: &taps,
+                bias,
+                clip,
+                y: &mut *plane,
+                j,
+                start,
+                masks,
+            };
+            column.run::<F, K>();
+        }
+    }
+}
+
+/// Taps of the largest window [`unpadded_stream`] takes (7x7).
+const STREAM_TAPS: usize = 49;
+
+/// One column of sixteen outputs of a plane, as [`unpadded_stream`] streams it.
+#[cfg(target_arch = "x86_64")]
+struct Column<'a> {
+    simd: pulp::x86::V4,
+    win: &'a Windows,
+    /// The input plane.
+    x: &'a [f32],
+    /// The filter, row-major, zeros after its taps.
+    taps: &'a [f32; STREAM_TAPS],
+    bias: pulp::f32x16,
+    clip: Option<(pulp::f32x16, pulp::f32x16)>,
+    /// The output plane.
+    y: &'a mut [f32],
+    /// The first output column.
+    j: usize,
+    /// The first column of the loads, and which of the columns they span lie inside a row.
+    start: isize,
+    masks: u64,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Column<'_> {
+    /// Every step of the column, `K` at a time (each ring slot a register: step `u`'s slots
+    /// are known from `u mod K`); the first and last `K - 1` steps, some of whose window rows
+    /// serve no output row, skip those.
+    #[inline(always)]
+    #[allow(clippy::identity_op)] // (`seq!` writes `u + 0` for the first phase.)
+    fn run<F: Fold, const K: usize>(&mut self) {
+        let oh = self.win.out[0];
+        let mut ring = [self.simd.splat_f32x16(F::FILL); K];
+        let mut u = 0;
+        while u < oh + K - 1 {
+            let whole = u + 1 >= K && u + K <= oh;
+            seq_macro::seq!(P in 0..7 {
+                if P < K {
+                    match whole {
+                        true => self.step::<F, K, P, false>(u + P, &mut ring),
+                        false => self.step::<F, K, P, true>(u + P, &mut ring),
+                    }
+                }
+            });
+            u += K;
+        }
+    }
+
+    /// Step `u` (`u mod K == P`): input row `u - ph` into the ring, output row `u - K + 1`
+    /// stored where it is one, its slot cleared for row `u + 1`. Steps past the last do
+    /// nothing; where `CHECKED`, the window rows that serve no output row are skipped.
+    #[inline(always)]
+    fn step<F: Fold, const K: usize, const P: usize, const CHECKED: bool>(
+        &mut self,
+        u: usize,
+        ring: &mut [pulp::f32x16; K],
+    ) {
+        use std::arch::x86_64::__m512i;
+        let simd = self.simd;
+        let [oh, ow] = self.win.out;
+        let [h, wd] = self.win.input;
+        if u >= oh + K - 1 {
+            return;
+        }
+        let fill = simd.splat_f32x16(F::FILL);
+        let (v0, v1): (__m512i, __m512i) = match u.checked_sub(self.win.padding[0]) {
+            Some(r) if r < h => {
+                let at = self.x[r * wd..].as_ptr().wrapping_offset(self.start);
+                // SAFETY: the masks' lanes are the columns of this row inside it (the others
+                // are not read).
+                unsafe {
+                    (
+                        pulp::cast(masked_load(simd, self.masks, at, F::FILL)),
+                        pulp::cast(masked_load(
+                            simd,
+                            self.masks >> WIDE_COLS,
+                            at.add(WIDE_COLS),
+                            F::FILL,
+                        )),
+                    )
+                }
+            }
+            _ => (pulp::cast(fill), pulp::cast(fill)),
+        };
+        // Window column c's vector: columns c .. c + 16 of the two loads'.
+        let mut shifted = [fill; K];
+        seq_macro::seq!(C in 0..7 {
+            if C < K {
+                shifted[C] = pulp::cast(simd.avx512f._mm512_alignr_epi32::<C>(v1, v0));
+            }
+        });
+        // The taps through an opaque reference each step: else their splats are hoisted out
+        // of the column's loop, spilled (49 of them) and read back as whole vectors (a
+        // third slower).
+        let taps = std::hint::black_box(self.taps);
+        let mut tap = |a: usize, c: usize| {
+            // Output row u - a, in slot (u - a) mod K.
+            let slot = (P + K - a) % K;
+            let t = simd.splat_f32x16(taps[a * K + c]);
+            ring[slot] = F::tap(simd, t, shifted[c], ring[slot]);
+        };
+        if CHECKED {
+            seq_macro::seq!(A in 0..7 {
+                if A < K && serves(u, A, oh) {
+                    seq_macro::seq!(C in 0..7 {
+                        if C < K {
+                            tap(A, C);
+                        }
+                    });
+                }
+            });
+        } else {
+            // Window column by window column, the K rows' sums at once.
+            seq_macro::seq!(C in 0..7 {
+                if C < K {
+                    seq_macro::seq!(A in 0..7 {
+                        if A < K {
+                            tap(A, C);
+                        }
+                    });
+                }
+            });
+        }
+        if let Some(q) = (u + 1).checked_sub(K) {
+            let slot = (P + 1) % K;
+            let mut out = F::finish(simd, ring[slot], self.bias);
+            if let Some((lo, hi)) = self.clip {
+                out = simd.min_f32x16(simd.max_f32x16(out, lo), hi);
+            }
+            // A row narrower than a vector runs into the next, which its own step writes
+            // later (the last row stores its own columns).
+            let at = q * ow + self.j;
+            let n = (self.y.len() - at).min(WIDE_COLS);
+            // SAFETY: the plane holds n elements from `at` on.
+            unsafe { simd.store(self.y.as_mut_ptr().add(at), out, n) };
+        }
+        ring[(P + 1) % K] = fill;
+    }
+}
+
+/// Whether window row `a` of step `u` serves an output row (`u - a` in `0..oh`).
+#[inline(always)]
+fn serves(u: usize, a: usize, oh: usize) -> bool {
+    u >= a && u < oh + a
+}
+
 /// [`unpadded_planes`] in AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -1097,15 +1330,16 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(96))]
 
-        /// Planes straight from the input (3x3 and 5x5 windows, stride one and two,
-        /// padding before and after up to beyond the window, planes narrower than a vector and
-        /// several vectors wide, a few planes in one call, each its own filter and bias, the
-        /// activation clipped in registers or applied after): the reference's within rounding,
-        /// at stride one the bits of each plane padded and convolved (the same products in
-        /// the same order, the padding's zero), and in AVX-512's blocks the bits of AVX2's.
+        /// Planes straight from the input (3x3 and 5x5 windows, stride one and two, 7x7 at
+        /// stride one, padding before and after up to beyond the window, planes narrower than
+        /// a vector and several vectors wide, a few planes in one call, each its own filter
+        /// and bias, the activation clipped in registers or applied after): the reference's
+        /// within rounding, at stride one the bits of each plane padded and convolved (the
+        /// same products in the same order, the padding's zero), and in AVX-512's blocks the
+        /// bits of AVX2's (which leave 7x7 windows alone).
         #[test]
         fn planes_straight_from_the_input_match_the_reference(
-            h in 1usize..24, w in 1usize..40, k in 1usize..3, s in 1usize..3,
+            h in 1usize..24, w in 1usize..40, k in 1usize..4, s in 1usize..3,
             planes in 1usize..4,
             ph in 0usize..5, pw in 0usize..5, eh in 0usize..5, ew in 0usize..5,
             act in 0usize..4,
@@ -1129,11 +1363,13 @@ mod tests {
             prop_assert!(unpadded(&win, &x, &wt, Some(&bias), a, &mut y));
             // AVX2's blocks of eight where `unpadded` took AVX-512's of sixteen (on a CPU with
             // it and rows of 14 or more; else the same loops again): the same sums in the
-            // same order, the same bits.
+            // same order, the same bits. A 7x7 window they refuse, untouched.
             let mut narrow = vec![f32::NAN; y.len()];
-            prop_assert!(unpadded_with(&win, &x, &wt, Some(&bias), a, &mut narrow, false));
+            let took = unpadded_with(&win, &x, &wt, Some(&bias), a, &mut narrow, false);
+            prop_assert_eq!(took, k != 7);
             for (i, (g, n)) in y.iter().zip(&narrow).enumerate() {
-                prop_assert_eq!(g.to_bits(), n.to_bits(), "element {}", i);
+                let want = if took { g.to_bits() } else { f32::NAN.to_bits() };
+                prop_assert_eq!(n.to_bits(), want, "element {}", i);
             }
             let mut buf = vec![f32::NAN; win.scratch_len()];
             let mut padded = vec![f32::NAN; oh * ow];
@@ -1218,7 +1454,7 @@ mod tests {
         let one = [(7, 7), (4, 4), (8, 8), (9, 7), (4, 13), (10, 6)].map(|hw| (hw, 1));
         let two = [(14, 14), (13, 13), (8, 8), (15, 9), (9, 16), (20, 7)].map(|hw| (hw, 2));
         for ((h, w), s) in one.into_iter().chain(two) {
-            for k in [3, 5] {
+            for k in [3, 5, 7] {
                 for (ph, eh) in [(k / 2, k / 2), (0, k - 1), (k - 1, 0), (1, 4)] {
                     let pw = k / 2;
                     let geometry = [[h, w], [k, k], [s, s], [1, 1], [ph, pw], [eh, k - 1 - pw]];
@@ -1239,16 +1475,25 @@ mod tests {
                     };
                     let mut y = vec![f32::NAN; planes * oh * ow];
                     assert!(unpadded(&win, &x, &wt, Some(&bias), a, &mut y));
+                    // The bits of AVX2's blocks, or (7x7, which they leave alone) of the
+                    // first plane padded and convolved.
                     let mut narrow = vec![f32::NAN; y.len()];
-                    assert!(unpadded_with(
-                        &win,
-                        &x,
-                        &wt,
-                        Some(&bias),
-                        a,
-                        &mut narrow,
-                        false
-                    ));
+                    if k == 7 {
+                        let mut buf = vec![f32::NAN; win.scratch_len()];
+                        pad_input(&win, &x[..h * w], None, Activation::None, &mut buf);
+                        assert!(convolve(&win, &buf, &wt[..k * k], bias[0], a, &mut narrow));
+                        narrow.truncate(oh * ow);
+                    } else {
+                        assert!(unpadded_with(
+                            &win,
+                            &x,
+                            &wt,
+                            Some(&bias),
+                            a,
+                            &mut narrow,
+                            false
+                        ));
+                    }
                     for (i, (g, n)) in y.iter().zip(&narrow).enumerate() {
                         assert_eq!(g.to_bits(), n.to_bits(), "{win:?} element {i}");
                     }
