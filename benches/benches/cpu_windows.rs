@@ -236,9 +236,11 @@ fn depthwise_layers(c: &mut Criterion) {
     // (channels, input side, window, stride)
     for (ch, side, k, s) in [
         (144, 56, 3, 1),
+        (192, 28, 3, 1),
         (384, 14, 3, 1),
         (960, 7, 3, 1),
         (240, 28, 5, 1),
+        (672, 14, 5, 1),
         (1152, 7, 5, 1),
         (96, 112, 3, 2),
         (144, 56, 3, 2),
