@@ -511,7 +511,8 @@ impl Conv {
     /// panel a third empty) 1.18x, where im2col's packed product wins.
     ///
     /// With groups, each group's input channels and whole panels of outputs as above (more
-    /// than one tap), group by group: ResNeXt-50's groups of 16 and 32 channels on 14x14 and
+    /// than one tap), group by group (RegNet's groups of eight outputs two at a time:
+    /// [`Conv::merged_groups`]): ResNeXt-50's groups of 16 and 32 channels on 14x14 and
     /// 7x7 planes, which the product ran as 32 products of 16 or 32 rows, per layer on one
     /// thread 1.7-1.9x faster (2026-11-28, `run --op-times`, the two builds alternated).
     ///
@@ -519,8 +520,11 @@ impl Conv {
     /// planes are the input's); others read them padded ([`Conv::pad_planes`]).
     fn direct(&self) -> Option<Direct> {
         let pixels = self.out_hw[0] * self.out_hw[1];
-        let groups = self.groups.max(1);
-        let (cg, og) = (self.input[1] / groups, self.out_channels / groups);
+        let (groups, merged) = (self.groups.max(1), self.merged_groups());
+        let (cg, og) = (
+            self.input[1] / groups * merged,
+            self.out_channels / groups * merged,
+        );
         let whole_panels = cg >= DIRECT_CHANNELS && og.is_multiple_of(direct::LANES);
         let taps = self.kernel[0] * self.kernel[1];
         let windows = taps > 1 && (pixels <= DIRECT_PIXELS || whole_panels);
@@ -556,14 +560,50 @@ impl Conv {
         })
     }
 
+    /// Groups the direct convolution takes as one ([`Conv::direct`]): RegNet's groups of
+    /// eight output channels two at a time on output planes of up to [`DIRECT_PIXELS`], a
+    /// panel of sixteen whose halves each read only their own group's input channels (the
+    /// weights block-diagonal, zero across: twice the multiply-adds, at the tiles' speed
+    /// where im2col's products of eight rows ran at a fifth of it; an odd count's last group
+    /// keeps im2col); one elsewhere.
+    fn merged_groups(&self) -> usize {
+        let og = self.out_channels / self.groups.max(1);
+        let taps = self.kernel[0] * self.kernel[1];
+        let small = self.out_hw[0] * self.out_hw[1] <= DIRECT_PIXELS;
+        match self.groups > 1 && 2 * og == direct::LANES && taps > 1 && small {
+            true => 2,
+            false => 1,
+        }
+    }
+
+    /// The groups the direct convolution runs ([`Conv::merged_groups`] at a time): all but
+    /// an odd count's last.
+    fn direct_groups(&self) -> usize {
+        let merged = self.merged_groups();
+        self.groups.max(1) / merged * merged
+    }
+
     /// For the CPU device: this convolution's weights (`values`) repacked for the direct
-    /// convolution ([`direct::pack`]) where it runs direct, once, before the first run;
-    /// `None` elsewhere.
+    /// convolution ([`direct::pack`]) where it runs direct, once, before the first run (groups
+    /// it takes as one, [`Conv::merged_groups`], block-diagonal); `None` elsewhere.
     pub(crate) fn panels_cpu(&self, values: &[f32]) -> Option<Vec<f32>> {
         self.direct()?;
         let k = self.col_rows();
         let w = values.get(..self.out_channels.checked_mul(k)?)?;
-        Some(direct::pack(w, self.out_channels, k, k))
+        let merged = self.merged_groups();
+        if merged == 1 {
+            return Some(direct::pack(w, self.out_channels, k, k));
+        }
+        // Output channel o, of group o / og, reads the k columns of its group's place in the
+        // merged group's inner dimension; the others stay zero. (The groups it runs only.)
+        let og = self.out_channels / self.groups;
+        let (oc, wide) = (self.direct_groups() * og, merged * k);
+        let mut rows = vec![0.0; oc * wide];
+        for (o, (row, w)) in rows.chunks_mut(wide).zip(w.chunks(k)).enumerate() {
+            let at = (o / og) % merged * k;
+            row[at..at + k].copy_from_slice(w);
+        }
+        Some(direct::pack(&rows, oc, wide, wide))
     }
 
     /// Pad every input plane of image `x` (`[c, h, w]`) into `planes` (one
@@ -925,18 +965,35 @@ impl Conv {
                 if !pointwise {
                     self.pad_planes(xb, in_bias, planes);
                 }
+                // The groups left to im2col, from `first` on (all but where the direct
+                // convolution runs).
+                let mut first = 0;
                 if let (Some(d), Some(panels)) = (&direct, panels) {
                     let planes = if pointwise { xb } else { &*planes };
-                    d.convolve_groups(self.groups, planes, panels, bias, self.act, yb)?;
-                    continue;
+                    let groups = self.direct_groups();
+                    let (y_direct, bias) = match groups == self.groups {
+                        true => (&mut yb[..], bias),
+                        false => (
+                            &mut yb[..groups * og * cols],
+                            bias.map(|b| &b[..groups * og]),
+                        ),
+                    };
+                    let runs = groups / self.merged_groups();
+                    d.convolve_groups(runs, planes, panels, bias, self.act, y_direct)?;
+                    first = groups;
+                    if first == self.groups {
+                        continue;
+                    }
                 }
                 if self.groups == 1 {
                     self.run_image(w, bias, xb, planes, col, yb)?;
                     continue;
                 }
                 let planes = &*planes;
-                yb.par_chunks_mut(og * cols)
+                yb[first * og * cols..]
+                    .par_chunks_mut(og * cols)
                     .enumerate()
+                    .map(|(g, chunk)| (first + g, chunk))
                     .try_for_each(|(g, chunk)| {
                         with_scratch(k * cols, |col| {
                             self.im2col(planes, g, 0..cols, col);
@@ -3018,9 +3075,11 @@ mod tests {
     }
 
     /// Groups of 16 input channels or more into whole panels of outputs run direct, group by
-    /// group (each its planes, panels, biases and rows; ResNeXt's deeper layers): the
-    /// reference's on small and larger planes, at stride 1 and 2, with an input activation;
-    /// groups of fewer channels, of outputs out of whole panels, or of one tap keep im2col.
+    /// group (each its planes, panels, biases and rows; ResNeXt's deeper layers), and groups
+    /// of eight outputs on small planes two at a time (RegNet's; an odd count's last by
+    /// im2col): the reference's on small and larger planes, at stride 1 and 2, with an input
+    /// activation; groups of fewer channels, of outputs out of whole panels (eight on a large
+    /// plane), or of one tap keep im2col.
     #[test]
     fn grouped_convolutions_of_whole_panels_match_the_reference() {
         // (channels a group, [h, w], outputs a group, groups, kernel, stride, runs direct)
@@ -3029,8 +3088,13 @@ mod tests {
             (24, [9, 11], 32, 3, 3, 2, true),
             (16, [30, 29], 16, 2, 3, 1, true),
             (8, [14, 14], 16, 4, 3, 1, false),
-            (16, [14, 14], 8, 4, 3, 1, false),
+            (16, [14, 14], 8, 4, 3, 1, true),
+            (8, [14, 14], 8, 6, 3, 1, true),
+            (8, [7, 7], 8, 5, 3, 1, true),
+            (8, [13, 14], 8, 3, 3, 2, true),
+            (8, [30, 29], 8, 4, 3, 1, false),
             (16, [7, 7], 32, 2, 1, 1, false),
+            (8, [7, 7], 8, 4, 1, 1, false),
         ];
         for (cg, hw, og, groups, k, s, direct) in cases {
             let p = k / 2;
