@@ -894,12 +894,29 @@ where
                     Mat::row_major(block, k, w)
                 }
             };
-            // SAFETY: C holds m x n elements (checked above) and this task writes only the
-            // columns `cols` of each row: elements `r * n + cols`, inside C and disjoint from
-            // every other task's; no task reads C. A and the tile of B are read-only views
-            // inside their slices (A's reach checked above; a view's tile ends where B's
-            // columns end, a filled block is k x w).
-            unsafe { raw_product(a, bt, out.at(cols.start), [n, 1], 1.0) };
+            // A short inner dimension by our own blocks (`short_k`), rows of A and of B's tile
+            // dense; else the library's product.
+            let short = a.cs == 1 && bt.cs == 1 && super::short_k::suits(m, k);
+            // SAFETY (both): C holds m x n elements (checked above) and this task writes only
+            // the columns `cols` of each row: elements `r * n + cols`, inside C and disjoint
+            // from every other task's; no task reads C. A and the tile of B are read-only
+            // views inside their slices (A's reach checked above; a view's tile ends where
+            // B's columns end, a filled block is k x w), their rows `rs` apart.
+            let done = short
+                && unsafe {
+                    super::short_k::product(
+                        a.data.as_ptr(),
+                        a.rs,
+                        bt.data.as_ptr(),
+                        bt.rs,
+                        out.at(cols.start),
+                        n,
+                        [m, k, w],
+                    )
+                };
+            if !done {
+                unsafe { raw_product(a, bt, out.at(cols.start), [n, 1], 1.0) };
+            }
             for r in 0..m {
                 // SAFETY: row r's part of this task's columns, inside C (r < m, cols.end <= n)
                 // and written by this task only; the product above has returned, so no other

@@ -29,6 +29,7 @@ pub mod direct;
 pub mod lanes;
 pub mod math;
 pub mod resize;
+pub mod short_k;
 pub mod window;
 
 use std::cell::UnsafeCell;
