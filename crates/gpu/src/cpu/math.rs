@@ -111,6 +111,36 @@ pub fn sgemm(a: Mat<'_>, b: Mat<'_>, c: &mut [f32]) -> Result<(), GpuError> {
     sgemm_strided(a, b, c, b.cols, 1)
 }
 
+/// [`sgemm`], by `short_k`'s blocks where they take the shape (a short inner dimension, rows
+/// of A and B dense, a vector of columns or more): for convolutions' products, where they
+/// were measured (EfficientNet-B0's 112 -> 672 on 14x14 7% faster, MNASNet's alike).
+pub fn sgemm_short(a: Mat<'_>, b: Mat<'_>, c: &mut [f32]) -> Result<(), GpuError> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let dense = a.cs == 1 && b.cs == 1 && k == b.rows;
+    let inside = a.reach() <= a.data.len()
+        && b.reach() <= b.data.len()
+        && m.checked_mul(n).is_some_and(|len| len <= c.len());
+    if dense && inside && m > 0 && n >= 16 && super::short_k::suits(m, k) {
+        // SAFETY: A's m rows of k (`rs` apart) and B's k rows of n (`rs` apart) lie inside
+        // their slices (their reach checked), C's m rows of n inside `c`, borrowed mutably.
+        let done = unsafe {
+            super::short_k::product(
+                a.data.as_ptr(),
+                a.rs,
+                b.data.as_ptr(),
+                b.rs,
+                c.as_mut_ptr(),
+                n,
+                [m, k, n],
+            )
+        };
+        if done {
+            return Ok(());
+        }
+    }
+    sgemm(a, b, c)
+}
+
 /// `c = a * b` with `c`'s element `(i, j)` at `c[i * rsc + j * csc]`; errors as [`sgemm`],
 /// and when `c`'s strides make two elements alias.
 pub fn sgemm_strided(
@@ -934,6 +964,32 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::reference::act;
+
+    /// The short product agrees with the library's within rounding on the shapes it takes
+    /// and on those it leaves to it (a single column, a long inner dimension), and refuses
+    /// what `sgemm` refuses.
+    #[test]
+    fn short_products_match_the_library() {
+        let value = |i: usize| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0;
+        for (m, k, n) in [(576, 96, 196), (40, 27, 100), (8, 5, 1), (300, 300, 20)] {
+            let a: Vec<f32> = (0..m * k).map(value).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| value(i + 7)).collect();
+            let (mut short, mut lib) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            let (am, bm) = (Mat::row_major(&a, m, k), Mat::row_major(&b, k, n));
+            sgemm_short(am, bm, &mut short).unwrap();
+            sgemm(am, bm, &mut lib).unwrap();
+            for (i, (s, l)) in short.iter().zip(&lib).enumerate() {
+                assert!(
+                    (s - l).abs() <= 1e-5 * k as f32,
+                    "{m}x{k}x{n} element {i}: {s} vs {l}"
+                );
+            }
+        }
+        let (a, b) = ([1.0; 64], [1.0; 64]);
+        let mut c = [0.0; 15];
+        let short = sgemm_short(Mat::row_major(&a, 4, 4), Mat::row_major(&b, 4, 16), &mut c);
+        assert!(short.is_err(), "C shorter than its shape");
+    }
 
     /// The vectorisable GELU agrees with the reference's formula over the whole line (and
     /// keeps infinities and NaN as it does).

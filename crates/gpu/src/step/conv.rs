@@ -52,7 +52,7 @@ use crate::cpu::direct::{self, Direct};
 use crate::cpu::lanes;
 use crate::cpu::math::{
     act_add, apply_bias_act, bias_act_row, for_plane_groups, for_planes, sgemm, sgemm_column_tiles,
-    try_plane_groups, with_act, with_avx2, with_scratch, Mat, SharedOut, TilesOfB,
+    sgemm_short, try_plane_groups, with_act, with_avx2, with_scratch, Mat, SharedOut, TilesOfB,
 };
 use crate::cpu::window::{self, Taps, Windows};
 use crate::cpu::CpuIo;
@@ -662,7 +662,7 @@ impl Conv {
         let og = self.out_channels / self.groups;
         let r0 = g * og + rows.start;
         let m = rows.len();
-        sgemm(Mat::row_major(&w[r0 * k..(r0 + m) * k], m, k), col, y)?;
+        sgemm_short(Mat::row_major(&w[r0 * k..(r0 + m) * k], m, k), col, y)?;
         for (i, row) in y.chunks_mut(cols).enumerate() {
             bias_act_row(row, bias.map(|b| b[r0 + i]), self.act);
         }
