@@ -628,31 +628,17 @@ fn for_groups_of(
     }
 }
 
-/// [`for_plane_groups`] for a kernel that may refuse its planes (`f` returns `false` for
-/// a group it left untouched): whether it took every group.
+/// [`for_plane_groups`] for a kernel that may refuse its planes (`f` returns `false` for a
+/// group it left untouched): whether it took every group. In fewer, larger groups: at most
+/// four a thread (and [`for_plane_groups`]' work or more each), as the depthwise and pooling
+/// kernels' every call sets up tables of its own (offsets, masks) besides rayon's task:
+/// EfficientNet-B0's 1152 planes of 7x7 by 5x5 had taken 89 calls of 13 planes. Three runs of
+/// each alternated (`run --op-times`, 2026-11-29), the convolutions' sum on one thread:
+/// EfficientNet-B0 6.61 -> 6.47 ms, MobileNetV3-Large 3.30 -> 3.14, DeepLabV3 11.33 -> 11.24,
+/// ConvNeXt-T 4.46 -> 4.26; on two 4.26 -> 4.20, 2.38 -> 2.41, 6.69 -> 6.50, 3.28 -> 2.42;
+/// the poolings' on one thread GoogLeNet 0.53 -> 0.48, DenseNet-121 0.265 -> 0.249, on two
+/// 0.46 -> 0.43 and 0.194 -> 0.182 (Inception-v3's 1-2% either way).
 pub fn try_plane_groups(
-    y: &mut [f32],
-    len: usize,
-    work: usize,
-    f: impl Fn(usize, &mut [f32]) -> bool + Sync + Send,
-) -> bool {
-    let refused = std::sync::atomic::AtomicBool::new(false);
-    for_plane_groups(y, len, work, |first, planes| {
-        if !f(first, planes) {
-            refused.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    });
-    !refused.into_inner()
-}
-
-/// [`try_plane_groups`] in fewer, larger groups: at most four a thread (and
-/// [`for_plane_groups`]' work or more each), for kernels whose every call sets up tables of
-/// its own (the depthwise kernels' offsets and masks) besides rayon's task: EfficientNet-B0's
-/// 1152 planes of 7x7 by 5x5 had taken 89 calls of 13 planes. Three runs of each alternated
-/// (`run --op-times`, 2026-11-29), the convolutions' sum on one thread: EfficientNet-B0 6.61
-/// -> 6.47 ms, MobileNetV3-Large 3.30 -> 3.14, DeepLabV3 11.33 -> 11.24, ConvNeXt-T 4.46 ->
-/// 4.26; on two 4.26 -> 4.20, 2.38 -> 2.41, 6.69 -> 6.50, 3.28 -> 2.42.
-pub fn try_plane_groups_few(
     y: &mut [f32],
     len: usize,
     work: usize,
@@ -672,7 +658,7 @@ pub fn try_plane_groups_few(
     !refused.into_inner()
 }
 
-/// Tasks a thread [`try_plane_groups_few`] makes at most: enough that two threads end
+/// Tasks a thread [`try_plane_groups`] makes at most: enough that two threads end
 /// together within a task or so.
 const KERNEL_TASKS: usize = 4;
 

@@ -52,7 +52,7 @@ use crate::cpu::direct::{self, Direct};
 use crate::cpu::lanes;
 use crate::cpu::math::{
     act_add, apply_bias_act, bias_act_row, for_plane_groups, for_planes, sgemm, sgemm_column_tiles,
-    sgemm_short, try_plane_groups_few, with_act, with_avx2, with_scratch, Mat, SharedOut, TilesOfB,
+    sgemm_short, try_plane_groups, with_act, with_avx2, with_scratch, Mat, SharedOut, TilesOfB,
 };
 use crate::cpu::window::{self, Taps, Windows};
 use crate::cpu::CpuIo;
@@ -1284,7 +1284,7 @@ impl Conv {
     /// [`Conv::depthwise`] with one filter per channel, stride one or two and an input taken
     /// as it is (no bias left to it, no activation): straight from its planes
     /// ([`depthwise::unpadded`]), image by image, a group of channels per call
-    /// ([`try_plane_groups_few`]; a call per plane cost as much as a 7x7 plane's sums).
+    /// ([`try_plane_groups`]; a call per plane cost as much as a 7x7 plane's sums).
     fn depthwise_unpadded(
         &self,
         win: &Windows,
@@ -1308,7 +1308,7 @@ impl Conv {
     }
 
     /// A depthwise convolution's output planes image by image, in groups of channels in
-    /// parallel ([`try_plane_groups_few`], sized by each output plane's work; a call per plane
+    /// parallel ([`try_plane_groups`], sized by each output plane's work; a call per plane
     /// cost as much as a 7x7 plane's sums): `f(image's input, first channel, its planes)`,
     /// which returns whether its kernel took them (an error naming the kernel's windows `win`
     /// where it did not).
@@ -1327,7 +1327,7 @@ impl Conv {
         );
         let mut taken = true;
         for (xb, yb) in x.chunks(c * hw).zip(y.chunks_mut(c * cols)) {
-            taken &= try_plane_groups_few(yb, cols, hw + cols * taps, |first, ys| f(xb, first, ys));
+            taken &= try_plane_groups(yb, cols, hw + cols * taps, |first, ys| f(xb, first, ys));
         }
         match taken {
             true => Ok(()),
