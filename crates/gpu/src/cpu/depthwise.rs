@@ -204,6 +204,60 @@ fn unpadded_with(
     }
 }
 
+/// [`unpadded`] for an input that takes a bias per plane first (`in_bias[p]` added to every
+/// element of plane `p` it reads, the padding still zero: ConvNeXt's downsampling convolution
+/// leaves its bias to the depthwise one after it), where [`streams`] holds: the loads' lanes
+/// inside the plane take the bias as they arrive, so the sums are those of the plane padded
+/// after its bias, the same bits. Returns `false`, touching nothing, elsewhere or where a
+/// slice is shorter than its shape.
+pub fn unpadded_biased(
+    win: &Windows,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    in_bias: &[f32],
+    a: Activation,
+    y: &mut [f32],
+) -> bool {
+    let planes = planes_of(win, y);
+    let [h, wd] = win.input;
+    let fits = w.len() >= planes * win.kernel[0] * win.kernel[1]
+        && bias.is_none_or(|b| b.len() >= planes)
+        && in_bias.len() >= planes
+        && planes.checked_mul(h * wd).is_some_and(|n| n <= x.len());
+    if planes == 0 || !streams(win) || !fits {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v4) = pulp::x86::V4::try_new() {
+        let filters = Filters { w, per_plane: true };
+        let clip = clip_range(a);
+        let in_bias = Some(in_bias);
+        // SAFETY (each): the CPU has AVX-512.
+        match win.kernel[0] {
+            3 => unsafe { unpadded_stream::<Sums, 3>(v4, win, x, filters, bias, in_bias, clip, y) },
+            5 => unsafe { unpadded_stream::<Sums, 5>(v4, win, x, filters, bias, in_bias, clip, y) },
+            _ => unsafe { unpadded_stream::<Sums, 7>(v4, win, x, filters, bias, in_bias, clip, y) },
+        }
+        if clip.is_none() && a != Activation::None {
+            bias_act_row(y, None, a);
+        }
+        return true;
+    }
+    let _ = (x, a);
+    false
+}
+
+/// Whether [`unpadded`] streams `win`'s windows (`unpadded_stream`, which [`unpadded_biased`]
+/// runs too): 7x7 at stride one on planes of 14 columns or more, and 3x3 and 5x5 at stride one
+/// on planes 14 to 16 columns wide, where the CPU has AVX-512.
+pub fn streams(win: &Windows) -> bool {
+    let [_, ow] = win.out;
+    let sized = win.kernel == [7, 7] || matches!(win.kernel, [3, 3] | [5, 5]) && ow <= WIDE_COLS;
+    let wide = ow >= WIDE_FROM && !flat_suits(win) && wide_available();
+    sized && wide && win.stride == [1, 1] && unpadded_suits(win)
+}
+
 /// A pooling's windows of every plane of `y` (`out` each, one after another) straight from
 /// its input plane (`input` each, one after another in `x`), as [`unpadded`] convolves them:
 /// each window's maximum where `max` (the padding `-inf`, a NaN never taken: the reference's
@@ -312,9 +366,9 @@ fn run<F: Fold>(
         (Some(v4), _) if seven => unsafe { unpadded_flat::<F, 7, 1>(v4, win, x, w, bias, clip, y) },
         (Some(v4), _) => by_window!(unpadded_flat, v4),
         (_, Some(v4)) if seven || narrow_plane => match win.kernel[0] {
-            3 => unsafe { unpadded_stream::<F, 3>(v4, win, x, w, bias, clip, y) },
-            5 => unsafe { unpadded_stream::<F, 5>(v4, win, x, w, bias, clip, y) },
-            _ => unsafe { unpadded_stream::<F, 7>(v4, win, x, w, bias, clip, y) },
+            3 => unsafe { unpadded_stream::<F, 3>(v4, win, x, w, bias, None, clip, y) },
+            5 => unsafe { unpadded_stream::<F, 5>(v4, win, x, w, bias, None, clip, y) },
+            _ => unsafe { unpadded_stream::<F, 7>(v4, win, x, w, bias, None, clip, y) },
         },
         (_, Some(v4)) => by_window!(unpadded_wide, v4),
         // (7x7 windows run in AVX-512 only: `unpadded_suits`.)
@@ -798,12 +852,14 @@ fn unpadded_flat<F: Fold, const K: usize, const S: usize>(
 /// [`unpadded_planes`] does: the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")]
+#[allow(clippy::too_many_arguments)]
 fn unpadded_stream<F: Fold, const K: usize>(
     simd: pulp::x86::V4,
     win: &Windows,
     x: &[f32],
     w: Filters<'_>,
     bias: Option<&[f32]>,
+    in_bias: Option<&[f32]>,
     clip: Option<(f32, f32)>,
     y: &mut [f32],
 ) {
@@ -823,6 +879,7 @@ fn unpadded_stream<F: Fold, const K: usize>(
         let mut taps = [0.0; STREAM_TAPS];
         taps[..K * K].copy_from_slice(w.of(p, K * K));
         let bias = simd.splat_f32x16(bias.map_or(0.0, |b| b[p]));
+        let in_bias = in_bias.map(|b| simd.splat_f32x16(b[p]));
         for &(j, start, masks) in &columns {
             let mut column = Column {
                 simd,
@@ -830,6 +887,7 @@ fn unpadded_stream<F: Fold, const K: usize>(
                 x: &x[p * h * wd..(p + 1) * h * wd],
                 taps: &taps,
                 bias,
+                in_bias,
                 clip,
                 y: &mut *plane,
                 j,
@@ -854,6 +912,8 @@ struct Column<'a> {
     /// The filter, row-major, zeros after its taps.
     taps: &'a [f32; STREAM_TAPS],
     bias: pulp::f32x16,
+    /// Added to every element of the plane as it is loaded (the padding stays zero).
+    in_bias: Option<pulp::f32x16>,
     clip: Option<(pulp::f32x16, pulp::f32x16)>,
     /// The output plane.
     y: &'a mut [f32],
@@ -909,19 +969,22 @@ impl Column<'_> {
         let (v0, v1): (__m512i, __m512i) = match u.checked_sub(self.win.padding[0]) {
             Some(r) if r < h => {
                 let at = self.x[r * wd..].as_ptr().wrapping_offset(self.start);
+                let (m0, m1) = (self.masks, self.masks >> WIDE_COLS);
                 // SAFETY: the masks' lanes are the columns of this row inside it (the others
                 // are not read).
-                unsafe {
+                let (mut v0, mut v1) = unsafe {
                     (
-                        pulp::cast(masked_load(simd, self.masks, at, F::FILL)),
-                        pulp::cast(masked_load(
-                            simd,
-                            self.masks >> WIDE_COLS,
-                            at.add(WIDE_COLS),
-                            F::FILL,
-                        )),
+                        masked_load(simd, m0, at, F::FILL),
+                        masked_load(simd, m1, at.add(WIDE_COLS), F::FILL),
                     )
+                };
+                if let Some(b) = self.in_bias {
+                    // The bias on the lanes inside the row only: the padding stays zero.
+                    let f = simd.avx512f;
+                    v0 = f._mm512_mask_add_ps(v0, m0 as u16, v0, pulp::cast(b));
+                    v1 = f._mm512_mask_add_ps(v1, m1 as u16, v1, pulp::cast(b));
                 }
+                (pulp::cast(v0), pulp::cast(v1))
             }
             _ => (pulp::cast(fill), pulp::cast(fill)),
         };
@@ -1454,6 +1517,71 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An input bias taken as the streamed kernel loads (ConvNeXt's 7x7 windows, 3x3 and 5x5
+    /// on planes one column wide, padding before and after): the bits of each plane padded
+    /// after its bias and convolved; windows it does not stream are refused, untouched.
+    #[test]
+    fn an_input_bias_taken_as_it_loads_gives_the_padded_sums() {
+        let mut streamed = 0;
+        for (h, w, k) in [
+            (20, 20, 7),
+            (14, 14, 7),
+            (17, 30, 7),
+            (14, 14, 3),
+            (15, 16, 5),
+            (7, 7, 7),
+        ] {
+            let p = k / 2;
+            let geometry = [[h, w], [k, k], [1, 1], [1, 1], [p, p], [p, p]];
+            let win = Windows::fitting(geometry).unwrap();
+            let [oh, ow] = win.out;
+            let planes = 3;
+            let (x, wt) = (values(planes * h * w, 8), values(planes * k * k, 9));
+            let (bias, in_bias) = (values(planes, 10), values(planes, 11));
+            let a = Activation::Clip {
+                min: Some(-0.5),
+                max: Some(0.5),
+            };
+            let mut y = vec![f32::NAN; planes * oh * ow];
+            if !streams(&win) {
+                assert!(!unpadded_biased(
+                    &win,
+                    &x,
+                    &wt,
+                    Some(&bias),
+                    &in_bias,
+                    a,
+                    &mut y
+                ));
+                assert!(y.iter().all(|v| v.is_nan()), "{win:?} touched");
+                continue;
+            }
+            streamed += 1;
+            assert!(unpadded_biased(
+                &win,
+                &x,
+                &wt,
+                Some(&bias),
+                &in_bias,
+                a,
+                &mut y
+            ));
+            let mut buf = vec![f32::NAN; win.scratch_len()];
+            let mut want = vec![f32::NAN; oh * ow];
+            for p in 0..planes {
+                let plane = &x[p * h * w..(p + 1) * h * w];
+                pad_input(&win, plane, Some(in_bias[p]), Activation::None, &mut buf);
+                let filter = &wt[p * k * k..(p + 1) * k * k];
+                assert!(convolve(&win, &buf, filter, bias[p], a, &mut want));
+                let got = &y[p * oh * ow..(p + 1) * oh * ow];
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{win:?} plane {p} element {i}");
+                }
+            }
+        }
+        assert!(streamed == 5 || !wide_available(), "{streamed} streamed");
     }
 
     /// Small planes summed flat in AVX-512 (7x7 and others of 64 outputs or fewer, rows as

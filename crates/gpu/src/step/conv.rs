@@ -1028,7 +1028,13 @@ impl Conv {
         );
         let plain_input = in_bias.is_none() && self.pre_act == Activation::None;
         if og == 1 && plain_input && depthwise::unpadded_suits(&win) {
-            return self.depthwise_unpadded(&win, x, w, bias, y);
+            return self.depthwise_unpadded(&win, x, w, bias, None, y);
+        }
+        // An input bias alone (ConvNeXt's downsampling leaves its bias here) where the
+        // streamed kernel takes it as it loads.
+        let biased = og == 1 && self.pre_act == Activation::None && depthwise::streams(&win);
+        if let Some(in_bias) = in_bias.filter(|_| biased) {
+            return self.depthwise_unpadded(&win, x, w, bias, Some(in_bias), y);
         }
         if let Some(phase) = self.dilated_phases().filter(|_| og == 1 && plain_input) {
             return self.depthwise_phases(&phase, x, w, bias, y);
@@ -1283,7 +1289,9 @@ impl Conv {
 
     /// [`Conv::depthwise`] with one filter per channel, stride one or two and an input taken
     /// as it is (no bias left to it, no activation): straight from its planes
-    /// ([`depthwise::unpadded`]), image by image, a group of channels per call
+    /// ([`depthwise::unpadded`]), or with `in_bias` (only) left to it where the streamed
+    /// kernel adds it as it loads ([`depthwise::unpadded_biased`]: ConvNeXt's first block of
+    /// each stage); image by image, a group of channels per call
     /// ([`try_plane_groups`]; a call per plane cost as much as a 7x7 plane's sums).
     fn depthwise_unpadded(
         &self,
@@ -1291,6 +1299,7 @@ impl Conv {
         x: &[f32],
         w: &[f32],
         bias: Option<&[f32]>,
+        in_bias: Option<&[f32]>,
         y: &mut [f32],
     ) -> Result<(), GpuError> {
         let [_, _, h, wd] = self.input;
@@ -1303,7 +1312,12 @@ impl Conv {
             let end = first + ys.len() / cols;
             let (xs, ws) = (&xb[first * hw..end * hw], &w[first * taps..end * taps]);
             let bs = bias.map(|b| &b[first..end]);
-            depthwise::unpadded(win, xs, ws, bs, self.act, ys)
+            match in_bias {
+                Some(ib) => {
+                    depthwise::unpadded_biased(win, xs, ws, bs, &ib[first..end], self.act, ys)
+                }
+                None => depthwise::unpadded(win, xs, ws, bs, self.act, ys),
+            }
         })
     }
 
