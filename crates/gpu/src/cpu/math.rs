@@ -9,6 +9,7 @@ use std::ops::Range;
 use opsched_graph::Activation;
 use rayon::prelude::*;
 
+use super::short_k;
 use crate::GpuError;
 
 /// A read-only matrix view: element `(i, j)` is `data[i * rs + j * cs]`.
@@ -120,20 +121,18 @@ pub fn sgemm_short(a: Mat<'_>, b: Mat<'_>, c: &mut [f32]) -> Result<(), GpuError
     let inside = a.reach() <= a.data.len()
         && b.reach() <= b.data.len()
         && m.checked_mul(n).is_some_and(|len| len <= c.len());
-    if dense && inside && m > 0 && n >= 16 && super::short_k::suits(m, k) {
+    if dense && inside && m > 0 && n >= 16 && short_k::suits(m, k) {
         // SAFETY: A's m rows of k (`rs` apart) and B's k rows of n (`rs` apart) lie inside
         // their slices (their reach checked), C's m rows of n inside `c`, borrowed mutably.
-        let done = unsafe {
-            super::short_k::product(
-                a.data.as_ptr(),
-                a.rs,
-                b.data.as_ptr(),
-                b.rs,
-                c.as_mut_ptr(),
-                n,
-                [m, k, n],
-            )
+        let ops = short_k::Operands {
+            a: a.data.as_ptr(),
+            lda: a.rs,
+            b: b.data.as_ptr(),
+            ldb: b.rs,
+            c: c.as_mut_ptr(),
+            ldc: n,
         };
+        let done = unsafe { short_k::product(ops, [m, k, n]) };
         if done {
             return Ok(());
         }
@@ -953,7 +952,7 @@ where
             };
             // A short inner dimension by our own blocks (`short_k`), rows of A and of B's tile
             // dense; else the library's product.
-            let short = a.cs == 1 && bt.cs == 1 && super::short_k::suits(m, k);
+            let short = a.cs == 1 && bt.cs == 1 && short_k::suits(m, k);
             // SAFETY (both): C holds m x n elements (checked above) and this task writes only
             // the columns `cols` of each row: elements `r * n + cols`, inside C and disjoint
             // from every other task's; no task reads C. A and the tile of B are read-only
@@ -961,15 +960,15 @@ where
             // B's columns end, a filled block is k x w), their rows `rs` apart.
             let done = short
                 && unsafe {
-                    super::short_k::product(
-                        a.data.as_ptr(),
-                        a.rs,
-                        bt.data.as_ptr(),
-                        bt.rs,
-                        out.at(cols.start),
-                        n,
-                        [m, k, w],
-                    )
+                    let ops = short_k::Operands {
+                        a: a.data.as_ptr(),
+                        lda: a.rs,
+                        b: bt.data.as_ptr(),
+                        ldb: bt.rs,
+                        c: out.at(cols.start),
+                        ldc: n,
+                    };
+                    short_k::product(ops, [m, k, w])
                 };
             if !done {
                 unsafe { raw_product(a, bt, out.at(cols.start), [n, 1], 1.0) };

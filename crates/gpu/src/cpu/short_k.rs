@@ -31,31 +31,46 @@ const ROWS: usize = 12;
 /// Output columns of a block: two AVX-512 vectors.
 const COLS: usize = 32;
 
-/// `c = a * b` for `a` (`m x k`, row-major, rows `lda` apart), `b` (`k x w`, rows `ldb`
-/// apart) and `c` (`m x w`, rows `ldc` apart), where [`suits`] holds; returns `false`,
-/// touching nothing, elsewhere.
+/// `c = a * b` for the matrices of `ops` (`a`: `m x k`, row-major; `b`: `k x w`; `c`: `m x
+/// w`), where [`suits`] holds; returns `false`, touching nothing, elsewhere.
 ///
 /// # Safety
 /// `a` holds `m` rows of `k` from its start, `lda` apart; `b` `k` rows of `w`, `ldb` apart;
 /// `c` is valid for writes at `m` rows of `w`, `ldc` apart, and aliases neither.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn product(
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    [m, k, w]: [usize; 3],
-) -> bool {
+pub unsafe fn product(ops: Operands, [m, k, w]: [usize; 3]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if let Some(simd) = pulp::x86::V4::try_new().filter(|_| suits(m, k)) {
         // SAFETY: the CPU has AVX-512; the caller's promise for the rest.
-        unsafe { blocks(simd, a, lda, b, ldb, c, ldc, [m, k, w]) };
+        unsafe { blocks(simd, ops, [m, k, w]) };
         return true;
     }
-    let _ = (a, lda, b, ldb, c, ldc, m, w);
+    let _ = (ops, w);
     false
+}
+
+/// [`product`]'s matrices: where each starts, its rows `ld*` apart.
+#[derive(Clone, Copy, Debug)]
+pub struct Operands {
+    pub a: *const f32,
+    pub lda: usize,
+    pub b: *const f32,
+    pub ldb: usize,
+    pub c: *mut f32,
+    pub ldc: usize,
+}
+
+impl Operands {
+    /// The operands of the block of C from row `i` and column `j` on: A's row `i`, B's column
+    /// `j`. (Pointers only: each block reads and writes inside its matrices, the caller's
+    /// promise.)
+    fn at(self, i: usize, j: usize) -> Operands {
+        Operands {
+            a: self.a.wrapping_add(i * self.lda),
+            b: self.b.wrapping_add(j),
+            c: self.c.wrapping_add(i * self.ldc + j),
+            ..self
+        }
+    }
 }
 
 /// Whether [`product`] takes `m` rows of an inner dimension of `k` on this CPU (AVX-512).
@@ -70,21 +85,11 @@ pub fn suits(m: usize, k: usize) -> bool {
     }
 }
 
-/// [`product`]'s blocks: column blocks of [`COLS`] (the last masked), rows [`ROWS`] at a
-/// time (the last fewer).
+/// [`product`]'s blocks: rows [`ROWS`] at a time (the last fewer), column blocks of [`COLS`]
+/// (the last masked).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn blocks(
-    simd: pulp::x86::V4,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    [m, k, w]: [usize; 3],
-) {
+unsafe fn blocks(simd: pulp::x86::V4, ops: Operands, [m, k, w]: [usize; 3]) {
     // Rows outer: each block of rows writes its rows front to back (a dozen streams of
     // stores), B's tile read again per block of rows (from L2).
     let mut i0 = 0;
@@ -99,14 +104,14 @@ unsafe fn blocks(
             // Lanes of the block's two vectors inside the columns.
             let n = (w - j0).min(COLS);
             let masks = [lanes(n.min(COLS / 2)), lanes(n.saturating_sub(COLS / 2))];
+            let ops = ops.at(i0, j0);
             // SAFETY (each): the caller's promise; the block's rows and columns lie inside.
             unsafe {
-                let (a, b, c) = (a.add(i0 * lda), b.add(j0), c.add(i0 * ldc + j0));
                 match rows {
-                    ROWS => block::<ROWS>(simd, a, lda, b, ldb, c, ldc, k, masks),
-                    8 => block::<8>(simd, a, lda, b, ldb, c, ldc, k, masks),
-                    4 => block::<4>(simd, a, lda, b, ldb, c, ldc, k, masks),
-                    _ => block::<1>(simd, a, lda, b, ldb, c, ldc, k, masks),
+                    ROWS => block::<ROWS>(simd, ops, k, masks),
+                    8 => block::<8>(simd, ops, k, masks),
+                    4 => block::<4>(simd, ops, k, masks),
+                    _ => block::<1>(simd, ops, k, masks),
                 }
             }
         }
@@ -125,18 +130,15 @@ fn lanes(n: usize) -> u16 {
 /// As [`product`]'s, for the block's rows and columns.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block<const R: usize>(
-    simd: pulp::x86::V4,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    k: usize,
-    masks: [u16; 2],
-) {
+unsafe fn block<const R: usize>(simd: pulp::x86::V4, ops: Operands, k: usize, masks: [u16; 2]) {
+    let Operands {
+        a,
+        lda,
+        b,
+        ldb,
+        c,
+        ldc,
+    } = ops;
     let f = simd.avx512f;
     let whole = masks == [u16::MAX; 2];
     let mut acc = [[f._mm512_setzero_ps(); 2]; R];
@@ -206,17 +208,15 @@ mod tests {
             let b: Vec<f32> = (0..k * ldb).map(|i| value(i, 2)).collect();
             let mut c = vec![f32::NAN; m * ldc];
             // SAFETY: the shapes above, inside the vectors.
-            let took = unsafe {
-                product(
-                    a.as_ptr(),
-                    lda,
-                    b.as_ptr(),
-                    ldb,
-                    c.as_mut_ptr(),
-                    ldc,
-                    [m, k, w],
-                )
+            let ops = Operands {
+                a: a.as_ptr(),
+                lda,
+                b: b.as_ptr(),
+                ldb,
+                c: c.as_mut_ptr(),
+                ldc,
             };
+            let took = unsafe { product(ops, [m, k, w]) };
             assert!(took);
             for i in 0..m {
                 for j in 0..ldc {
