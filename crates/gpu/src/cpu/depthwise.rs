@@ -196,7 +196,7 @@ fn unpadded_with(
     }
     let filters = Filters { w, per_plane: true };
     #[cfg(target_arch = "x86_64")]
-    return run::<Sums>(win, x, filters, bias, a, y, wide);
+    return run::<Sums>(win, x, filters, bias, None, a, y, wide);
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (x, filters, a, y, wide);
@@ -228,29 +228,20 @@ pub fn unpadded_biased(
     if planes == 0 || !streams(win) || !fits {
         return false;
     }
+    let filters = Filters { w, per_plane: true };
     #[cfg(target_arch = "x86_64")]
-    if let Some(v4) = pulp::x86::V4::try_new() {
-        let filters = Filters { w, per_plane: true };
-        let clip = clip_range(a);
-        let in_bias = Some(in_bias);
-        // SAFETY (each): the CPU has AVX-512.
-        match win.kernel[0] {
-            3 => unsafe { unpadded_stream::<Sums, 3>(v4, win, x, filters, bias, in_bias, clip, y) },
-            5 => unsafe { unpadded_stream::<Sums, 5>(v4, win, x, filters, bias, in_bias, clip, y) },
-            _ => unsafe { unpadded_stream::<Sums, 7>(v4, win, x, filters, bias, in_bias, clip, y) },
-        }
-        if clip.is_none() && a != Activation::None {
-            bias_act_row(y, None, a);
-        }
-        return true;
+    return run::<Sums>(win, x, filters, bias, Some(in_bias), a, y, true);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (x, filters, a, y);
+        false
     }
-    let _ = (x, a);
-    false
 }
 
-/// Whether [`unpadded`] streams `win`'s windows (`unpadded_stream`, which [`unpadded_biased`]
-/// runs too): 7x7 at stride one on planes of 14 columns or more, and 3x3 and 5x5 at stride one
-/// on planes 14 to 16 columns wide, where the CPU has AVX-512.
+/// Whether [`unpadded`] (and [`pooled`]) streams `win`'s windows (`unpadded_stream`, which
+/// [`unpadded_biased`] runs too): 7x7 at stride one on planes of 14 columns or more, and 3x3
+/// and 5x5 at stride one on planes 14 to 16 columns wide (14x14: the blocks of four rows
+/// computed sixteen rows for fourteen), where the CPU has AVX-512.
 pub fn streams(win: &Windows) -> bool {
     let [_, ow] = win.out;
     let sized = win.kernel == [7, 7] || matches!(win.kernel, [3, 3] | [5, 5]) && ow <= WIDE_COLS;
@@ -282,8 +273,8 @@ fn pooled_with(win: &Windows, x: &[f32], max: bool, y: &mut [f32], wide: bool) -
     let none = Activation::None;
     #[cfg(target_arch = "x86_64")]
     return match max {
-        true => run::<Maxima>(win, x, filters, None, none, y, wide),
-        false => run::<Sums>(win, x, filters, None, none, y, wide),
+        true => run::<Maxima>(win, x, filters, None, None, none, y, wide),
+        false => run::<Sums>(win, x, filters, None, None, none, y, wide),
     };
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -319,11 +310,13 @@ impl<'a> Filters<'a> {
 /// [`unpadded`]'s and [`pooled`]'s kernels with fold `F` over `y`'s planes (their windows
 /// suit, their filters and biases checked), in AVX-512 only where `wide` allows it.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 fn run<F: Fold>(
     win: &Windows,
     x: &[f32],
     w: Filters<'_>,
     bias: Option<&[f32]>,
+    in_bias: Option<&[f32]>,
     a: Activation,
     y: &mut [f32],
     wide: bool,
@@ -337,6 +330,11 @@ fn run<F: Fold>(
     let Some(simd) = pulp::x86::V3::try_new() else {
         return false;
     };
+    // An input bias is the stream's alone.
+    let stream = wide && streams(win);
+    if in_bias.is_some() && !stream {
+        return false;
+    }
     // ReLU and the clipping family on the sums in registers; any other activation in a
     // pass over the planes after (in cache), as its polynomials run best over rows.
     let clip = clip_range(a);
@@ -358,17 +356,14 @@ fn run<F: Fold>(
         };
     }
     let seven = win.kernel[0] == 7;
-    // Streamed: 7x7 windows, and at stride one those of planes one column of sixteen wide
-    // (14x14: the blocks of four rows computed sixteen rows for fourteen).
-    let narrow_plane = win.stride == [1, 1] && ow <= WIDE_COLS;
     match (flat, v4) {
         // SAFETY (each): the CPU has AVX-512.
         (Some(v4), _) if seven => unsafe { unpadded_flat::<F, 7, 1>(v4, win, x, w, bias, clip, y) },
         (Some(v4), _) => by_window!(unpadded_flat, v4),
-        (_, Some(v4)) if seven || narrow_plane => match win.kernel[0] {
-            3 => unsafe { unpadded_stream::<F, 3>(v4, win, x, w, bias, None, clip, y) },
-            5 => unsafe { unpadded_stream::<F, 5>(v4, win, x, w, bias, None, clip, y) },
-            _ => unsafe { unpadded_stream::<F, 7>(v4, win, x, w, bias, None, clip, y) },
+        (_, Some(v4)) if stream => match win.kernel[0] {
+            3 => unsafe { unpadded_stream::<F, 3>(v4, win, x, w, bias, in_bias, clip, y) },
+            5 => unsafe { unpadded_stream::<F, 5>(v4, win, x, w, bias, in_bias, clip, y) },
+            _ => unsafe { unpadded_stream::<F, 7>(v4, win, x, w, bias, in_bias, clip, y) },
         },
         (_, Some(v4)) => by_window!(unpadded_wide, v4),
         // (7x7 windows run in AVX-512 only: `unpadded_suits`.)
@@ -1031,7 +1026,7 @@ impl Column<'_> {
             let slot = (P + 1) % K;
             let mut out = F::finish(simd, ring[slot], self.bias);
             if let Some((lo, hi)) = self.clip {
-                out = simd.min_f32x16(simd.max_f32x16(out, lo), hi);
+                out = simd.clip(out, lo, hi);
             }
             // A row narrower than a vector runs into the next, which its own step writes
             // later (the last row stores its own columns).

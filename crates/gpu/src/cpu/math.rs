@@ -117,27 +117,36 @@ pub fn sgemm(a: Mat<'_>, b: Mat<'_>, c: &mut [f32]) -> Result<(), GpuError> {
 /// were measured (EfficientNet-B0's 112 -> 672 on 14x14 7% faster, MNASNet's alike).
 pub fn sgemm_short(a: Mat<'_>, b: Mat<'_>, c: &mut [f32]) -> Result<(), GpuError> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    let dense = a.cs == 1 && b.cs == 1 && k == b.rows;
-    let inside = a.reach() <= a.data.len()
+    let inside = k == b.rows
+        && a.reach() <= a.data.len()
         && b.reach() <= b.data.len()
         && m.checked_mul(n).is_some_and(|len| len <= c.len());
-    if dense && inside && m > 0 && n >= 16 && short_k::suits(m, k) {
-        // SAFETY: A's m rows of k (`rs` apart) and B's k rows of n (`rs` apart) lie inside
-        // their slices (their reach checked), C's m rows of n inside `c`, borrowed mutably.
-        let ops = short_k::Operands {
-            a: a.data.as_ptr(),
-            lda: a.rs,
-            b: b.data.as_ptr(),
-            ldb: b.rs,
-            c: c.as_mut_ptr(),
-            ldc: n,
-        };
-        let done = unsafe { short_k::product(ops, [m, k, n]) };
-        if done {
-            return Ok(());
-        }
+    // SAFETY: A's m rows of k and B's k rows of n lie inside their slices (their reach
+    // checked), C's m rows of n inside `c`, borrowed mutably.
+    if inside && m > 0 && n >= 16 && unsafe { short_product(a, b, c.as_mut_ptr(), n) } {
+        return Ok(());
     }
     sgemm(a, b, c)
+}
+
+/// `c = a * b` by `short_k`'s blocks, C's rows `ldc` apart, where they take the shape (a
+/// short inner dimension, rows of A and B dense); `false`, touching nothing, elsewhere.
+///
+/// # Safety
+/// A's and B's rows lie inside their slices; C is valid for writes at `a.rows` rows of
+/// `b.cols`, `ldc` apart, and nothing else reads or writes them during the call.
+unsafe fn short_product(a: Mat<'_>, b: Mat<'_>, c: *mut f32, ldc: usize) -> bool {
+    let dense = a.cs == 1 && b.cs == 1;
+    let ops = short_k::Operands {
+        a: a.data.as_ptr(),
+        lda: a.rs,
+        b: b.data.as_ptr(),
+        ldb: b.rs,
+        c,
+        ldc,
+    };
+    // SAFETY: the caller's promise.
+    dense && unsafe { short_k::product(ops, [a.rows, a.cols, b.cols]) }
 }
 
 /// `c = a * b` with `c`'s element `(i, j)` at `c[i * rsc + j * csc]`; errors as [`sgemm`],
@@ -950,27 +959,14 @@ where
                     Mat::row_major(block, k, w)
                 }
             };
-            // A short inner dimension by our own blocks (`short_k`), rows of A and of B's tile
-            // dense; else the library's product.
-            let short = a.cs == 1 && bt.cs == 1 && short_k::suits(m, k);
+            // A short inner dimension by our own blocks (`short_k`); else the library's
+            // product.
             // SAFETY (both): C holds m x n elements (checked above) and this task writes only
             // the columns `cols` of each row: elements `r * n + cols`, inside C and disjoint
             // from every other task's; no task reads C. A and the tile of B are read-only
             // views inside their slices (A's reach checked above; a view's tile ends where
             // B's columns end, a filled block is k x w), their rows `rs` apart.
-            let done = short
-                && unsafe {
-                    let ops = short_k::Operands {
-                        a: a.data.as_ptr(),
-                        lda: a.rs,
-                        b: bt.data.as_ptr(),
-                        ldb: bt.rs,
-                        c: out.at(cols.start),
-                        ldc: n,
-                    };
-                    short_k::product(ops, [m, k, w])
-                };
-            if !done {
+            if !unsafe { short_product(a, bt, out.at(cols.start), n) } {
                 unsafe { raw_product(a, bt, out.at(cols.start), [n, 1], 1.0) };
             }
             for r in 0..m {

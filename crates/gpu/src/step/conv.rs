@@ -971,13 +971,8 @@ impl Conv {
                 if let (Some(d), Some(panels)) = (&direct, panels) {
                     let planes = if pointwise { xb } else { &*planes };
                     let groups = self.direct_groups();
-                    let (y_direct, bias) = match groups == self.groups {
-                        true => (&mut yb[..], bias),
-                        false => (
-                            &mut yb[..groups * og * cols],
-                            bias.map(|b| &b[..groups * og]),
-                        ),
-                    };
+                    let y_direct = &mut yb[..groups * og * cols];
+                    let bias = bias.map(|b| &b[..groups * og]);
                     let runs = groups / self.merged_groups();
                     d.convolve_groups(runs, planes, panels, bias, self.act, y_direct)?;
                     first = groups;
