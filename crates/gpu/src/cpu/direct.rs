@@ -32,7 +32,7 @@ use std::ops::Range;
 use opsched_graph::Activation;
 use rayon::prelude::*;
 
-use super::math::{bias_act_row, transpose8, with_avx2, with_scratch, SharedOut};
+use super::math::{aligned_part, bias_act_row, transpose8, with_avx2, with_scratch, SharedOut};
 use super::window::Taps;
 use crate::GpuError;
 
@@ -369,6 +369,24 @@ fn blocks_of(k: usize, most: usize) -> usize {
     k.div_ceil(k.div_ceil(most).max(1)).max(1)
 }
 
+/// How many chunks [`products`] splits `pixels` into, given `blocks` groups of panels: at
+/// least enough that none is longer than [`CHUNK`] (their ends rounded to whole tiles by
+/// [`aligned_part`]) and, where the work is split (`wanted` tasks or more), a whole number
+/// of rounds of the `threads`: a 28x28 plane of two panels in 6 chunks on 2 threads, where
+/// 5 left one thread 3 of them.
+fn pixel_chunks(pixels: usize, blocks: usize, wanted: usize, threads: usize) -> usize {
+    let mut chunks = wanted
+        .div_ceil(blocks)
+        .max(pixels.div_ceil(CHUNK - PIXELS))
+        .max(1);
+    if wanted > 1 {
+        while !(blocks * chunks).is_multiple_of(threads.max(1)) {
+            chunks += 1;
+        }
+    }
+    chunks
+}
+
 /// The shared loops of [`Direct::convolve`] and [`product_columns`]: for every panel of 16
 /// of the `oc` outputs and every pixel `q` below `pixels`, the sums over `k` of the panel's
 /// row `k` times `x[base(q) + offsets[k]]`, handed to `store(panel, pixels, sums)`
@@ -426,13 +444,14 @@ fn products(
     }
     // Group b's panels.
     let group_of = |b: usize| (b * all / blocks, (b + 1) * all / blocks);
-    let chunks = wanted.div_ceil(blocks).max(pixels.div_ceil(CHUNK));
-    let chunk = pixels.div_ceil(chunks).next_multiple_of(PIXELS);
-    let chunks = pixels.div_ceil(chunk);
+    let chunks = pixel_chunks(pixels, blocks, wanted, threads);
     let task = |t: usize| {
         let (b, c) = (t % blocks, t / blocks);
-        let qs = c * chunk..((c + 1) * chunk).min(pixels);
+        let qs = aligned_part(pixels, chunks, PIXELS, c);
         let n = qs.len();
+        if n == 0 {
+            return;
+        }
         // Each pixel's place in x, once per task.
         let mut at = [0usize; CHUNK];
         at.iter_mut()
@@ -1026,6 +1045,31 @@ mod tests {
             }
             case.check(&y, &format!("{side}x{side}"));
         }
+    }
+
+    /// Chunks of pixels within a task's limit, whole rounds of the threads where the work is
+    /// split, and the 28x28 plane of two panels in six chunks on two threads (five before).
+    #[test]
+    fn pixel_chunks_fit_and_fill_rounds() {
+        for pixels in [1usize, 49, 196, 784, 3025, 12544] {
+            for blocks in 1..=6usize {
+                for threads in 1..=4usize {
+                    for wanted in [1, 2 * threads] {
+                        let chunks = pixel_chunks(pixels, blocks, wanted, threads);
+                        let what = format!("{pixels} by {blocks} on {threads} ({wanted})");
+                        assert!(blocks * chunks >= wanted, "{what}");
+                        if wanted > 1 {
+                            assert!((blocks * chunks).is_multiple_of(threads), "{what}");
+                        }
+                        for c in 0..chunks {
+                            let len = aligned_part(pixels, chunks, PIXELS, c).len();
+                            assert!(len <= CHUNK, "{what}: chunk {c} of {len}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(pixel_chunks(784, 1, 4, 2), 6);
     }
 
     /// Blocks of equal length: as few as keep each within the limit, covering the whole

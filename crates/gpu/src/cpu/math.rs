@@ -902,9 +902,29 @@ pub enum TilesOfB<'a, F> {
     Fill(F),
 }
 
-/// `c = a * b` with `c` dense row-major `a.rows x n`, computed in parallel column tiles of
-/// `tile` columns, B's blocks from `b` (`k = a.cols`), and `epilogue(row, part)` run on each
-/// row's part of a tile while it is in cache. Every task packs only its own block of B, where
+/// Part `i` of `len` split into `parts` as evenly as whole steps of `align` allow: the parts
+/// end at the multiples of `align` nearest an even split (the last at `len`), so they differ
+/// by at most `align` and only the last may end inside a step; where `len` holds fewer steps
+/// than `parts`, some are empty. Split so, two threads get equal work from a 28x28 plane in
+/// tiles of 16 columns (784 in 8 parts, where tiles of 112 made 7).
+pub fn aligned_part(len: usize, parts: usize, align: usize, i: usize) -> Range<usize> {
+    let (parts, align) = (parts.max(1), align.max(1));
+    let end = |i: usize| {
+        if i >= parts {
+            len
+        } else {
+            ((i * len / parts + align / 2) / align * align).min(len)
+        }
+    };
+    end(i)..end(i + 1)
+}
+
+/// Columns a tile of [`sgemm_column_tiles`] covers in whole: two vectors of AVX-512.
+const TILE_COLUMNS: usize = 16;
+
+/// `c = a * b` with `c` dense row-major `a.rows x n`, computed in `tiles` parallel tiles of
+/// columns ([`aligned_part`]s of whole sixteens), B's blocks from `b` (`k = a.cols`), and
+/// `epilogue(row, part)` run on each row's part of a tile while it is in cache. Every task packs only its own block of B, where
 /// splitting the rows of C would pack all of B once per task. Each element of C is the same
 /// product whatever the tiling (the product never splits the inner dimension), so the result
 /// does not depend on the thread count.
@@ -912,7 +932,7 @@ pub fn sgemm_column_tiles<F, E>(
     a: Mat<'_>,
     n: usize,
     c: &mut [f32],
-    tile: usize,
+    tiles: usize,
     b: TilesOfB<'_, F>,
     epilogue: E,
 ) -> Result<(), GpuError>
@@ -928,14 +948,16 @@ where
     if a.reach() > a.data.len() {
         return fail("A reaches past its buffer");
     }
-    let tile = tile.clamp(1, n.max(1));
+    let tiles = tiles.clamp(1, n.max(1));
+    let part = |t: usize| aligned_part(n, tiles, TILE_COLUMNS, t);
+    let widest = (0..tiles).map(|t| part(t).len()).max().unwrap_or(0);
     let scratch = match &b {
         TilesOfB::View(v) if v.rows != k || v.cols != n || v.reach() > v.data.len() => {
             return fail("B does not match its shape or reaches past its buffer")
         }
         TilesOfB::View(_) => 0,
         TilesOfB::Fill(_) => k
-            .checked_mul(tile)
+            .checked_mul(widest)
             .ok_or(GpuError::Plan("sgemm tiles: overflow".into()))?,
     };
     if k == 0 {
@@ -947,9 +969,12 @@ where
         return Ok(());
     }
     let out = SharedOut(c.as_mut_ptr());
-    (0..n.div_ceil(tile)).into_par_iter().try_for_each(|t| {
-        let cols = t * tile..((t + 1) * tile).min(n);
+    (0..tiles).into_par_iter().try_for_each(|t| {
+        let cols = part(t);
         let w = cols.len();
+        if w == 0 {
+            return Ok(());
+        }
         with_scratch(scratch, |buf| {
             let bt = match &b {
                 TilesOfB::View(v) => Mat::strided(&v.data[cols.start * v.cs..], k, w, v.rs, v.cs),
@@ -1035,6 +1060,34 @@ mod tests {
 
     /// The vectorised sum is the f64 sum within f32 rounding at every length (the lanes, the
     /// rest and both), and the lane-wise max is the in-order fold's, NaN and -inf included.
+    /// Aligned parts cover the whole length in order, each but the last starting and ending
+    /// on a step, none longer than an even share and a step.
+    #[test]
+    fn aligned_parts_cover_the_length_evenly() {
+        for len in [0usize, 1, 5, 16, 49, 196, 784, 3025] {
+            for parts in 1..=20usize {
+                for align in [1usize, 6, 16] {
+                    let what = format!("{len} in {parts} parts of {align}");
+                    let all: Vec<_> = (0..parts)
+                        .map(|i| aligned_part(len, parts, align, i))
+                        .collect();
+                    assert_eq!(all[0].start, 0, "{what}");
+                    assert_eq!(all[parts - 1].end, len, "{what}");
+                    for (i, p) in all.iter().enumerate() {
+                        assert!(p.start <= p.end, "{what}");
+                        assert!(p.len() <= len.div_ceil(parts) + align, "{what}");
+                        if i + 1 < parts {
+                            assert_eq!(p.end, all[i + 1].start, "{what}");
+                            assert!(p.end.is_multiple_of(align) || p.end == len, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(aligned_part(784, 8, 16, 0), 0..96);
+        assert_eq!(aligned_part(784, 8, 16, 7), 688..784);
+    }
+
     #[test]
     fn sums_and_maxima_of_slices() {
         for len in [0, 1, 5, 15, 16, 17, 31, 32, 33, 100, 12544] {
@@ -1314,11 +1367,11 @@ mod tests {
             .collect();
         let epilogue =
             |r: usize, part: &mut [f32]| bias_act_row(part, Some(r as f32), Activation::Relu);
-        for tile in [1, 4, 8, 22, 23, 100] {
+        for tiles in [1, 2, 3, 5, 23, 100] {
             let mut c = vec![f32::NAN; m * n];
             let view = TilesOfB::<fn(Range<usize>, &mut [f32])>::View(Mat::row_major(&b, k, n));
-            sgemm_column_tiles(Mat::row_major(&a, m, k), n, &mut c, tile, view, epilogue).unwrap();
-            assert_eq!(c, want, "view, tile {tile}");
+            sgemm_column_tiles(Mat::row_major(&a, m, k), n, &mut c, tiles, view, epilogue).unwrap();
+            assert_eq!(c, want, "view, {tiles} tiles");
             let mut c = vec![f32::NAN; m * n];
             let fill = |cols: Range<usize>, block: &mut [f32]| {
                 for (p, row) in block.chunks_mut(cols.len()).enumerate() {
@@ -1329,12 +1382,12 @@ mod tests {
                 Mat::row_major(&a, m, k),
                 n,
                 &mut c,
-                tile,
+                tiles,
                 TilesOfB::Fill(fill),
                 epilogue,
             )
             .unwrap();
-            assert_eq!(c, want, "fill, tile {tile}");
+            assert_eq!(c, want, "fill, {tiles} tiles");
         }
         let mut short = vec![0.0; m * n - 1];
         let view = TilesOfB::<fn(Range<usize>, &mut [f32])>::View(Mat::row_major(&b, k, n));

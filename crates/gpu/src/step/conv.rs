@@ -702,17 +702,16 @@ impl Conv {
             } else {
                 1
             };
-            let tile = n.div_ceil(tasks).next_multiple_of(16).min(n);
             let a = Mat::row_major(&w[..m * k], m, k);
             let epilogue =
                 |r: usize, part: &mut [f32]| bias_act_row(part, bias.map(|b| b[r]), self.act);
             return if self.is_pointwise() {
                 let b = TilesOfB::<fn(Range<usize>, &mut [f32])>::View(Mat::row_major(xb, k, n));
-                sgemm_column_tiles(a, n, yb, tile, b, epilogue)
+                sgemm_column_tiles(a, n, yb, tasks, b, epilogue)
             } else {
                 let fill =
                     |cols: Range<usize>, block: &mut [f32]| self.im2col(planes, 0, cols, block);
-                sgemm_column_tiles(a, n, yb, tile, TilesOfB::Fill(fill), epilogue)
+                sgemm_column_tiles(a, n, yb, tasks, TilesOfB::Fill(fill), epilogue)
             };
         }
         let tasks = if big { (2 * threads).min(m) } else { 1 };
