@@ -91,8 +91,11 @@ const DIRECT_POINTWISE: [usize; 2] = [64, 256];
 /// (256-1024 -> 128 on 14x14 and 7x7) 5.96 -> 5.37 ms, EfficientNet-V2-S's 36 3.88 -> 3.48,
 /// GoogLeNet's 24 2.41 -> 2.32, EfficientNet-B0's 13 1.13 -> 1.05, MobileNetV3-Large's 7
 /// 0.60 -> 0.54; but from 128 or 160 channels (EfficientNet-V2-S's 128 -> 512 and
-/// 160 -> 960 on 14x14) 1.01-1.17x, and on 28x28 (DenseNet-121) 1.0x, 56x56 1.1x.
-const DIRECT_POINTWISE_LONG: [usize; 2] = [196, 256];
+/// 160 -> 960 on 14x14) 1.01-1.17x, and on 28x28 (DenseNet-121) 1.0x, 56x56 1.1x. On
+/// Inception-v3's 17x17 planes (768 channels in; three processes of each alternated, Zen 5,
+/// 2026-11-29, after the even splits of ada59ba) per layer 0.45 -> 0.38 ms on one thread,
+/// 0.31 -> 0.23 on two: `gemm` packed the 768 x 192 weights again for each tile of columns.
+const DIRECT_POINTWISE_LONG: [usize; 2] = [289, 256];
 
 /// The largest share of (tap, output pixel) pairs that read the input for which a
 /// convolution runs as a sum over its taps ([`Conv::live_taps`]); an ordinary 3x3 convolution
