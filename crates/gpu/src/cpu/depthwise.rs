@@ -42,17 +42,17 @@
 //! by 3x3 135 -> 89, 384 of 14x14 32 -> 21, 240 of 28x28 by 5x5 164 -> 76; at stride two 96
 //! of 112x112 by 3x3 172 -> 149, 144 of 56x56 77 -> 61, 240 of 28x28 by 5x5 100 -> 74. The
 //! same sums in the same order: the same bits. Planes of 64 outputs or fewer (7x7) are
-//! summed flat instead (`unpadded_flat`: a plane's outputs in four vectors, each tap one
-//! masked load a vector; at stride two from the input's four phases, split by permutations):
-//! 960 of 7x7 by 3x3 26 -> 15, 1152 by 5x5 68 -> 50; from 14x14 at stride two, 576 by 3x3 29
-//! -> 25, 672 by 5x5 77 -> 46.
+//! summed sixteen at a time, a plane a lane (`unpadded_lanes`: the inputs transposed
+//! pixel-major into a padded grid, every window's taps whole vectors, the sums transposed
+//! back): against the blocks, 960 of 7x7 by 3x3 26 -> 16.5, 1152 by 5x5 68 -> 33; from 14x14
+//! at stride two, 576 by 3x3 29 -> 20.5, 672 by 5x5 77 -> 31.
 //!
 //! ConvNeXt's 7x7 windows at stride one run in AVX-512 only (`unpadded_stream`, planes of 14
-//! columns or more; smaller ones flat): a column of sixteen outputs streamed down the plane,
+//! columns or more; smaller ones in lanes): a column of sixteen outputs streamed down the plane,
 //! each input row loaded once per column and its seven window columns shifted out of two
 //! loads, the sums of the seven rows it serves in a ring of registers. Whole layers on one
 //! thread against padded first (criterion, Zen 5, us): 96 planes of 56x56 473 -> 172, 192 of
-//! 28x28 294 -> 90, 384 of 14x14 192 -> 51, 768 of 7x7 (flat) 137 -> 65. The same stream takes
+//! 28x28 294 -> 90, 384 of 14x14 192 -> 51, 768 of 7x7 (in lanes) 137 -> 33. The same stream takes
 //! 3x3 and 5x5 windows at stride one on planes one column wide (14x14, where the blocks of
 //! four rows compute sixteen): against the blocks, two rounds alternated, 384 planes by 3x3
 //! 22.6 -> 18.7 us, 672 by 5x5 70.8 -> 61.6, GoogLeNet's 3x3 max pooling of 480 27.9 -> 20.1
@@ -248,7 +248,7 @@ pub fn unpadded_biased(
 pub fn streams(win: &Windows) -> bool {
     let [_, ow] = win.out;
     let sized = win.kernel == [7, 7] || matches!(win.kernel, [3, 3] | [5, 5]) && ow <= WIDE_COLS;
-    let wide = ow >= WIDE_FROM && !flat_suits(win) && wide_available();
+    let wide = ow >= WIDE_FROM && !lanes_suit(win) && wide_available();
     sized && wide && win.stride == [1, 1] && unpadded_suits(win)
 }
 
@@ -342,7 +342,7 @@ fn run<F: Fold>(
     // pass over the planes after (in cache), as its polynomials run best over rows.
     let clip = clip_range(a);
     let v4 = pulp::x86::V4::try_new().filter(|_| wide);
-    let flat = v4.filter(|_| flat_suits(win));
+    let lanes = v4.filter(|_| lanes_suit(win));
     let v4 = v4.filter(|_| ow >= WIDE_FROM);
     // One of the kernels `$kernel::<F, K, S>` for this window and stride (one of those
     // `shape_suits` takes).
@@ -359,10 +359,12 @@ fn run<F: Fold>(
         };
     }
     let seven = win.kernel[0] == 7;
-    match (flat, v4) {
+    match (lanes, v4) {
         // SAFETY (each): the CPU has AVX-512.
-        (Some(v4), _) if seven => unsafe { unpadded_flat::<F, 7, 1>(v4, win, x, w, bias, clip, y) },
-        (Some(v4), _) => by_window!(unpadded_flat, v4),
+        (Some(v4), _) if seven => unsafe {
+            unpadded_lanes::<F, 7, 1>(v4, win, x, w, bias, clip, y)
+        },
+        (Some(v4), _) => by_window!(unpadded_lanes, v4),
         (_, Some(v4)) if stream => match win.kernel[0] {
             3 => unsafe { unpadded_stream::<F, 3>(v4, win, x, w, bias, in_bias, clip, y) },
             5 => unsafe { unpadded_stream::<F, 5>(v4, win, x, w, bias, in_bias, clip, y) },
@@ -382,13 +384,13 @@ fn run<F: Fold>(
 /// Whether [`unpadded`] runs `win`'s windows: 3x3 or 5x5, stride one or two, dilation one,
 /// output planes of at least four rows of at least half a vector, on a CPU with AVX2 and FMA;
 /// and 7x7 at stride one on a CPU with AVX-512, rows of 14 outputs or more or planes of 64 or
-/// fewer (summed flat). (In AVX2's blocks of four rows, a load per tap, ConvNeXt's 7x7 windows ran 0.69 ms
+/// fewer (summed in lanes). (In AVX2's blocks of four rows, a load per tap, ConvNeXt's 7x7 windows ran 0.69 ms
 /// for 96 planes of 56x56 against 0.60 padded first (Zen 4): they stay with [`sums`] there.)
 pub fn unpadded_suits(win: &Windows) -> bool {
     match win.kernel {
         [3, 3] | [5, 5] => shape_suits(win),
         [7, 7] => {
-            let rows = win.out[1] >= WIDE_FROM || flat_suits(win);
+            let rows = win.out[1] >= WIDE_FROM || lanes_suit(win);
             win.stride == [1, 1] && rows && shape_suits(win) && wide_available()
         }
         _ => false,
@@ -719,37 +721,42 @@ impl Fold for Maxima {
     }
 }
 
-/// AVX-512 vectors of a plane's outputs that [`unpadded`] sums flat ([`unpadded_flat`]): a
-/// 7x7 plane's 49 in four.
-const FLAT_VECTORS: usize = 4;
-/// Output elements of a plane [`unpadded`] sums flat.
-const FLAT_MOST: usize = FLAT_VECTORS * WIDE_COLS;
+/// Output elements of a plane up to which [`unpadded`] sums planes in lanes
+/// ([`unpadded_lanes`]): a 7x7 plane's 49, an 8x8 one's 64.
+const LANES_MOST: usize = 64;
 
-/// Whether [`unpadded`] sums `win`'s planes flat where the CPU has AVX-512: planes of
-/// [`FLAT_MOST`] outputs or fewer, rows narrower than [`WIDE_FROM`] (blocks of rows would
-/// leave most lanes idle), at stride one or two with output rows as wide as the input's
-/// phases (so that each tap reads every output's input at one offset from it in one phase).
-fn flat_suits(win: &Windows) -> bool {
+/// Whether [`unpadded`] sums `win`'s planes in lanes where the CPU has AVX-512: planes of
+/// [`LANES_MOST`] outputs or fewer, rows narrower than [`WIDE_FROM`] (blocks of rows would
+/// leave most lanes idle), at stride one or two. (On 14x14 planes the stream measured
+/// faster: 384 planes by 3x3 18.2 against 22.5 us, 672 by 5x5 57.8 against 60.8, 384 by 7x7
+/// 50.5 against 56.0.)
+fn lanes_suit(win: &Windows) -> bool {
     let [oh, ow] = win.out;
     let s = win.stride[0];
     let strided = win.stride == [s, s] && (s == 1 || s == 2) && win.dilation == [1, 1];
-    let phases = s == 1 || win.input[1] <= WIDE_COLS;
-    strided && phases && win.input[1].div_ceil(s) == ow && ow < WIDE_FROM && oh * ow <= FLAT_MOST
+    strided && ow < WIDE_FROM && oh * ow <= LANES_MOST
 }
 
-/// [`unpadded`]'s planes for a `K x K` window at stride `S` (whose checks passed, and
-/// [`flat_suits`]), each plane's outputs as one run of up to four vectors (row after row, as
-/// they are stored). At stride two the plane is first split into its four phases (even and
-/// odd rows by even and odd columns), each as wide as an output row; tap `(a, b)` then reads
-/// phase `((a - ph) mod S, (b - pw) mod S)` at one offset from every output, `floor((a - ph)
-/// / S)` rows and `floor((b - pw) / S)` columns away, its lanes whose input lies outside the
-/// plane masked (zero, as the padding). Each output adds its taps in the window's row-major
-/// order by fused multiply-adds, the padding's included, as [`unpadded_planes`] does: the
-/// same bits. (Two planes at once, eight chains of sums where one plane has four, measured no
-/// faster at stride one.)
+/// Output columns [`unpadded_lanes`] keeps in registers: a row of a plane it sums
+/// ([`lanes_suit`]: narrower than [`WIDE_FROM`]).
+const LANE_COLS: usize = WIDE_FROM - 1;
+
+/// [`unpadded`]'s small planes (whose checks passed, and [`lanes_suit`]) sixteen at a time,
+/// a plane a lane: each group's inputs turned pixel-major (a vector of its sixteen planes
+/// per pixel, 16 x 16 transposes) into a grid padded with the fold's identity, then every
+/// output pixel's window folded as `K * K` fused multiply-adds (or maxima) of whole vectors
+/// (a row of outputs at once, their sums in registers, the filter's tap a vector of the
+/// group's weights), then turned back. Against summing each plane flat (its outputs in four
+/// vectors, a masked load per tap and vector, a quarter of the lanes idle on 7x7 planes),
+/// criterion, one thread, us: 960 planes of 7x7 by 3x3 18.9 -> 16.5, 1152 by 5x5 57 -> 33,
+/// ConvNeXt's 768 by 7x7 67 -> 33, from 14x14 at stride two 576 by 3x3 22.6 -> 20.5, 672 by
+/// 5x5 48 -> 31; GoogLeNet's 3x3 max pooling of 832 7x7 planes 13.4 -> 10.5, its 2x2 one at
+/// stride two 23.4 -> 26.3 (four taps do not pay for the transposes). Each output folds its
+/// taps in the window's row-major order from the identity, the padding's included, as the
+/// blocks do: the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")]
-fn unpadded_flat<F: Fold, const K: usize, const S: usize>(
+fn unpadded_lanes<F: Fold, const K: usize, const S: usize>(
     simd: pulp::x86::V4,
     win: &Windows,
     x: &[f32],
@@ -758,102 +765,173 @@ fn unpadded_flat<F: Fold, const K: usize, const S: usize>(
     clip: Option<(f32, f32)>,
     y: &mut [f32],
 ) {
+    use std::arch::x86_64::*;
+    const G: usize = WIDE_COLS;
     let [h, wd] = win.input;
     let [oh, ow] = win.out;
     let [ph, pw] = win.padding;
-    let len = oh * ow;
-    let vectors = len.div_ceil(WIDE_COLS);
-    // At stride two the phases side by side, each `rows` rows of `ow` elements and a vector
-    // more, which the last row's whole store runs into.
-    let rows = h.div_ceil(S);
-    let phase_len = rows * ow + WIDE_COLS;
-    // Per tap: its phase, its offset from an output in it, and the outputs (bits of a plane's
-    // run, `len <= 64`) whose input lies inside the plane: a range of rows and a range of
-    // columns in every row; found in a few operations a call (planes come in groups of a
-    // dozen).
-    let bits = |from: usize, to: usize| match to > from {
-        true => (u64::MAX >> (64 - (to - from))) << from,
-        false => 0,
+    let (hw, len) = (h * wd, oh * ow);
+    // The grid every window reads, `gh x gw` pixels of G lanes: the input at `(ph, pw)`, the
+    // identity around it (written once: each group overwrites only the input's pixels).
+    // (Vectors of lanes, so that every load and store is aligned to its cache line: on
+    // an address malloc gave, 1152 planes by 5x5 took 35 or 45 us from run to run.)
+    let (gh, gw) = (S * (oh - 1) + K, S * (ow - 1) + K);
+    let mut grid_v = vec![_mm512_set1_ps(F::FILL); gh * gw];
+    let mut outs_v = vec![_mm512_setzero_ps(); len.next_multiple_of(G)];
+    // SAFETY (both): a vector is G f32s, and the slices borrow their vectors for their
+    // lifetime.
+    let grid =
+        unsafe { std::slice::from_raw_parts_mut(grid_v.as_mut_ptr().cast::<f32>(), gh * gw * G) };
+    let outs = unsafe {
+        std::slice::from_raw_parts_mut(outs_v.as_mut_ptr().cast::<f32>(), outs_v.len() * G)
     };
-    // Output indices `i` whose input `S * i + d` lies in `0..n`, and the phase and shift.
-    let inside = |d: isize, n: usize, out: usize| {
-        let (phase, shift) = (d.rem_euclid(S as isize), d.div_euclid(S as isize));
-        let n = n.saturating_sub(phase as usize).div_ceil(S) as isize;
-        let from = (-shift).clamp(0, out as isize) as usize;
-        let to = (n - shift).clamp(0, out as isize) as usize;
-        (phase as usize, shift, from, to)
-    };
-    let taps: Vec<(usize, isize, u64)> = (0..K * K)
-        .map(|t| {
-            let (pr, sr, r0, r1) = inside((t / K) as isize - ph as isize, h, oh);
-            let (pc, sc, c0, c1) = inside((t % K) as isize - pw as isize, wd, ow);
-            let cols = (0..oh).fold(0, |m, r| m | bits(c0, c1) << (r * ow));
-            let phase = (pr * S + pc) * phase_len;
-            (phase, sr * ow as isize + sc, bits(r0 * ow, r1 * ow) & cols)
-        })
-        .collect();
-    let mut phases = vec![0.0f32; if S == 1 { 0 } else { S * S * phase_len }];
-    let evens: std::arch::x86_64::__m512i = pulp::cast(std::array::from_fn::<i32, 16, _>(|l| {
-        (2 * l as i32).min(15)
-    }));
-    let odds: std::arch::x86_64::__m512i = pulp::cast(std::array::from_fn::<i32, 16, _>(|l| {
-        (2 * l as i32 + 1).min(15)
-    }));
+    let planes = planes_of(win, y);
     let (lo, hi) = clip.map_or((0.0, 0.0), |r| r);
     let (lo, hi) = (simd.splat_f32x16(lo), simd.splat_f32x16(hi));
-    for (p, plane) in y.chunks_mut(len).enumerate() {
-        let xp = &x[p * h * wd..(p + 1) * h * wd];
-        let source = if S == 1 {
-            xp.as_ptr()
-        } else {
-            // A row (one vector: `wd <= 16`) into its even and odd columns by a permutation
-            // each, stored whole as two rows of its rows' phases: the lanes past a phase
-            // row's `ow` run into the next row, which the next store of the phase writes.
-            // Against masked stores (criterion, two rounds alternated, 2026-11-29): 576
-            // planes of 14x14 by 3x3/2 23.8/22.6 -> 21.1/21.2 us, 672 by 5x5/2 43.9/43.7 ->
-            // 41.5/41.0.
-            let row_lanes = ((1u32 << wd) - 1) as u16;
-            let out = phases.as_mut_ptr();
-            for (i, row) in xp.chunks_exact(wd).enumerate() {
-                // SAFETY: the row's `wd` elements are read, the others not.
-                let v = unsafe { simd.avx512f._mm512_maskz_loadu_ps(row_lanes, row.as_ptr()) };
-                let at = (i % 2) * 2 * phase_len + (i / 2) * ow;
-                for (half, idx) in [evens, odds].into_iter().enumerate() {
-                    let d = simd.avx512f._mm512_permutexvar_ps(idx, v);
-                    // SAFETY: a phase row and a vector after it lie inside `phases` (the
-                    // last row's is the phase's slack).
-                    unsafe {
-                        simd.avx512f
-                            ._mm512_storeu_ps(out.add(at + half * phase_len), d)
-                    };
+    for g in (0..planes).step_by(G) {
+        let n = (planes - g).min(G);
+        // The group's inputs, pixel-major into the grid.
+        for q0 in (0..hw).step_by(G) {
+            let m = (hw - q0).min(G);
+            let lanes = (u32::MAX >> (32 - m)) as u16;
+            let rows: [__m512; G] = std::array::from_fn(|c| match c < n {
+                // SAFETY: plane g + c holds `m` elements from `q0` on (`planes` checked
+                // against `x` by the caller).
+                true => unsafe { _mm512_maskz_loadu_ps(lanes, x.as_ptr().add((g + c) * hw + q0)) },
+                false => _mm512_setzero_ps(),
+            });
+            // Pixel q0's row and column in the grid, then the next pixel's, and so on.
+            let (mut r, mut c) = (q0 / wd + ph, q0 % wd + pw);
+            for v in transpose16(rows).into_iter().take(m) {
+                if r < gh && c < gw {
+                    // SAFETY: pixel (r, c) of the grid, inside it.
+                    unsafe { _mm512_storeu_ps(grid.as_mut_ptr().add((r * gw + c) * G), v) };
+                }
+                c += 1;
+                if c == wd + pw {
+                    (r, c) = (r + 1, pw);
                 }
             }
-            phases.as_ptr()
-        };
-        let filter = w.of(p, K * K);
-        let mut acc = [simd.splat_f32x16(F::FILL); FLAT_VECTORS];
-        for (&(phase, off, lanes), &tap) in taps.iter().zip(filter) {
-            let tap = simd.splat_f32x16(tap);
-            let base = source.wrapping_add(phase).wrapping_offset(off);
-            for (v, s) in acc.iter_mut().enumerate().take(vectors) {
-                let at = base.wrapping_add(v * WIDE_COLS);
-                // SAFETY: the mask's lanes read elements of the plane (or of its phases):
-                // their rows and columns lie inside it (above); the others are not read.
-                let xv = unsafe { masked_load(simd, lanes >> (v * WIDE_COLS), at, F::FILL) };
-                *s = F::tap(simd, tap, pulp::cast(xv), *s);
+        }
+        // The group's filters, a vector of the planes' weights per tap (transposed as the
+        // inputs), and its biases.
+        let mut taps = [_mm512_setzero_ps(); 64];
+        for t0 in (0..K * K).step_by(G) {
+            let m = (K * K - t0).min(G);
+            let lanes = (u32::MAX >> (32 - m)) as u16;
+            let rows: [__m512; G] = std::array::from_fn(|c| match c < n {
+                // SAFETY: the plane's filter holds `m` taps from `t0` on.
+                true => unsafe { _mm512_maskz_loadu_ps(lanes, w.of(g + c, K * K)[t0..].as_ptr()) },
+                false => _mm512_setzero_ps(),
+            });
+            taps[t0..t0 + G].copy_from_slice(&transpose16(rows));
+        }
+        let b: [f32; G] = std::array::from_fn(|c| match (c < n, bias) {
+            (true, Some(b)) => b[g + c],
+            _ => 0.0,
+        });
+        let b = pulp::cast(b);
+        for i in 0..oh {
+            // SAFETY (both): the grid holds every window of output row i.
+            let acc = match ow {
+                // (Rows of seven, the common case, without a test per column.)
+                7 => unsafe { lanes_row::<F, K, S, 7>(simd, grid, gw, i, &taps, 7) },
+                _ => unsafe { lanes_row::<F, K, S, LANE_COLS>(simd, grid, gw, i, &taps, ow) },
+            };
+            for (j, &s) in acc.iter().enumerate().take(ow) {
+                let mut out = F::finish(simd, s, b);
+                if clip.is_some() {
+                    out = simd.clip(out, lo, hi);
+                }
+                let at = (i * ow + j) * G;
+                // SAFETY: output pixel i * ow + j of `outs`.
+                unsafe { _mm512_storeu_ps(outs.as_mut_ptr().add(at), pulp::cast(out)) };
             }
         }
-        let b = simd.splat_f32x16(bias.map_or(0.0, |b| b[p]));
-        for (v, s) in acc.iter().enumerate().take(vectors) {
-            let mut out = F::finish(simd, *s, b);
-            if clip.is_some() {
-                out = simd.clip(out, lo, hi);
+        // Back plane-major: sixteen pixels of every plane at a time.
+        for q0 in (0..len).step_by(G) {
+            let m = (len - q0).min(G);
+            let lanes = (u32::MAX >> (32 - m)) as u16;
+            // SAFETY: `outs` holds whole vectors of G pixels (zero past `len`).
+            let px: [__m512; G] = std::array::from_fn(|i| unsafe {
+                _mm512_loadu_ps(outs.as_ptr().add((q0 + i) * G))
+            });
+            for (c, v) in transpose16(px).into_iter().enumerate().take(n) {
+                // SAFETY: plane g + c of `y` holds `m` elements from `q0` on.
+                unsafe { _mm512_mask_storeu_ps(y.as_mut_ptr().add((g + c) * len + q0), lanes, v) };
             }
-            let n = (len - v * WIDE_COLS).min(WIDE_COLS);
-            // SAFETY: the plane holds n elements from v * WIDE_COLS on.
-            unsafe { simd.store(plane.as_mut_ptr().add(v * WIDE_COLS), out, n) };
         }
     }
+}
+
+/// [`unpadded_lanes`]' sums of output row `i` (its first `ow` columns, at most `OW`): the
+/// windows' taps over the `grid` (`gw` pixels a row of sixteen lanes) by `taps`.
+///
+/// # Safety
+/// The grid holds rows `S * i .. S * i + K` of `S * (ow - 1) + K` pixels or more.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::erasing_op, clippy::identity_op)] // (`seq!` writes `S * 0 * G` for column 0.)
+unsafe fn lanes_row<F: Fold, const K: usize, const S: usize, const OW: usize>(
+    simd: pulp::x86::V4,
+    grid: &[f32],
+    gw: usize,
+    i: usize,
+    taps: &[std::arch::x86_64::__m512; 64],
+    ow: usize,
+) -> [pulp::f32x16; LANE_COLS] {
+    use std::arch::x86_64::*;
+    const G: usize = WIDE_COLS;
+    let mut acc = [simd.splat_f32x16(F::FILL); LANE_COLS];
+    for (t, &tap) in taps.iter().enumerate().take(K * K) {
+        let (a, b) = (t / K, t % K);
+        let row = grid.as_ptr().wrapping_add(((S * i + a) * gw + b) * G);
+        seq_macro::seq!(J in 0..13 {
+            if J < OW && J < ow {
+                // SAFETY: pixel (S * i + a, S * J + b) of the grid (the caller's promise).
+                let v = unsafe { _mm512_loadu_ps(row.add(S * J * G)) };
+                acc[J] = F::tap(simd, pulp::cast(tap), pulp::cast(v), acc[J]);
+            }
+        });
+    }
+    acc
+}
+
+/// The transpose of a 16 x 16 block (row `i` of the result is lane `i` of every input
+/// vector): pairs of lanes, then of pairs, within 128-bit lanes, then the 128-bit lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    let t: [__m512; 16] = std::array::from_fn(|i| match i % 2 {
+        0 => _mm512_unpacklo_ps(r[i], r[i + 1]),
+        _ => _mm512_unpackhi_ps(r[i - 1], r[i]),
+    });
+    // u[4k + c]: in 128-bit lane L, rows 4k .. 4k + 3 of column 4L + c.
+    let u: [__m512; 16] = std::array::from_fn(|i| {
+        let (k, c) = (i / 4 * 4, i % 4);
+        let (a, b) = (
+            _mm512_castps_pd(t[k + c / 2]),
+            _mm512_castps_pd(t[k + 2 + c / 2]),
+        );
+        _mm512_castpd_ps(match c % 2 {
+            0 => _mm512_unpacklo_pd(a, b),
+            _ => _mm512_unpackhi_pd(a, b),
+        })
+    });
+    let mut out = [_mm512_setzero_ps(); 16];
+    for c in 0..4 {
+        let (a, b, cc, d) = (u[c], u[4 + c], u[8 + c], u[12 + c]);
+        let x0 = _mm512_shuffle_f32x4::<0x44>(a, b);
+        let x1 = _mm512_shuffle_f32x4::<0xEE>(a, b);
+        let y0 = _mm512_shuffle_f32x4::<0x44>(cc, d);
+        let y1 = _mm512_shuffle_f32x4::<0xEE>(cc, d);
+        out[c] = _mm512_shuffle_f32x4::<0x88>(x0, y0);
+        out[4 + c] = _mm512_shuffle_f32x4::<0xDD>(x0, y0);
+        out[8 + c] = _mm512_shuffle_f32x4::<0x88>(x1, y1);
+        out[12 + c] = _mm512_shuffle_f32x4::<0xDD>(x1, y1);
+    }
+    out
 }
 
 /// [`unpadded`]'s planes for a `K x K` window at stride one (7x7: ConvNeXt's; 3x3 and 5x5 on
@@ -1529,7 +1607,7 @@ mod tests {
         /// two, padding before and after, planes narrower and wider than a vector, a few in
         /// one call; maxima of values with NaN and -0 among them, and sums): the bits of the
         /// window loops over each plane padded with the fold's identity, in AVX-512's blocks
-        /// and flat sums as in AVX2's.
+        /// and lanes as in AVX2's.
         #[test]
         fn poolings_straight_from_the_input_match_the_window_loops(
             h in 1usize..24, w in 1usize..40, window in 0usize..5, planes in 1usize..4,
@@ -1619,13 +1697,13 @@ mod tests {
         assert!(streamed == 5 || !wide_available(), "{streamed} streamed");
     }
 
-    /// Small planes summed flat in AVX-512 (7x7 and others of 64 outputs or fewer, rows as
-    /// wide as the input's or, at stride two, its phases', padding above and below of any
-    /// depth, odd and even sides): the bits of AVX2's blocks, and the reference's within
-    /// rounding; planes the flat sums do not suit are left to the blocks.
+    /// Small planes summed in lanes in AVX-512 (7x7 and others of 64 outputs or fewer,
+    /// padding above and below of any depth, odd and even sides, a group of sixteen planes
+    /// and part of another): the bits of AVX2's blocks, and the reference's within rounding;
+    /// planes the lanes do not suit are left to the blocks.
     #[test]
-    fn small_planes_summed_flat_match_the_blocks() {
-        let mut flat = 0;
+    fn small_planes_summed_in_lanes_match_the_blocks() {
+        let mut in_lanes = 0;
         let one = [(7, 7), (4, 4), (8, 8), (9, 7), (4, 13), (10, 6)].map(|hw| (hw, 1));
         let two = [(14, 14), (13, 13), (8, 8), (15, 9), (9, 16), (20, 7)].map(|hw| (hw, 2));
         for ((h, w), s) in one.into_iter().chain(two) {
@@ -1639,9 +1717,10 @@ mod tests {
                     if !unpadded_suits(&win) {
                         continue;
                     }
-                    flat += usize::from(flat_suits(&win));
+                    in_lanes += usize::from(lanes_suit(&win));
                     let [oh, ow] = win.out;
-                    let planes = 3;
+                    // A group of sixteen planes and part of another.
+                    let planes = 19;
                     let (x, wt) = (values(planes * h * w, 4), values(planes * k * k, 5));
                     let bias = values(planes, 6);
                     let a = Activation::Clip {
@@ -1693,7 +1772,7 @@ mod tests {
                 }
             }
         }
-        assert!(flat >= 40, "{flat} planes summed flat");
+        assert!(in_lanes >= 40, "{in_lanes} planes summed in lanes");
     }
 
     /// Planes it does not suit (a stride, a dilation, fewer rows than a block) and slices
