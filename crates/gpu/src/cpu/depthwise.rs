@@ -45,7 +45,9 @@
 //! summed sixteen at a time, a plane a lane (`unpadded_lanes`: the inputs transposed
 //! pixel-major into a padded grid, every window's taps whole vectors, the sums transposed
 //! back): against the blocks, 960 of 7x7 by 3x3 26 -> 16.5, 1152 by 5x5 68 -> 33; from 14x14
-//! at stride two, 576 by 3x3 29 -> 20.5, 672 by 5x5 77 -> 31.
+//! at stride two, 576 by 3x3 29 -> 20.5, 672 by 5x5 77 -> 31. So are dilated windows at
+//! stride one on planes of up to 14x14 (DeepLab's and LR-ASPP's 5x5 dilated 2), which no
+//! other kernel here takes.
 //!
 //! ConvNeXt's 7x7 windows at stride one run in AVX-512 only (`unpadded_stream`, planes of 14
 //! columns or more; smaller ones in lanes): a column of sixteen outputs streamed down the plane,
@@ -387,6 +389,11 @@ fn run<F: Fold>(
 /// fewer (summed in lanes). (In AVX2's blocks of four rows, a load per tap, ConvNeXt's 7x7 windows ran 0.69 ms
 /// for 96 planes of 56x56 against 0.60 padded first (Zen 4): they stay with [`sums`] there.)
 pub fn unpadded_suits(win: &Windows) -> bool {
+    if win.dilation != [1, 1] {
+        // Dilated windows in lanes alone.
+        let sized = matches!(win.kernel, [3, 3] | [5, 5] | [7, 7]);
+        return sized && lanes_suit(win) && available() && wide_available();
+    }
     match win.kernel {
         [3, 3] | [5, 5] => shape_suits(win),
         [7, 7] => {
@@ -733,9 +740,20 @@ const LANES_MOST: usize = 64;
 fn lanes_suit(win: &Windows) -> bool {
     let [oh, ow] = win.out;
     let s = win.stride[0];
-    let strided = win.stride == [s, s] && (s == 1 || s == 2) && win.dilation == [1, 1];
-    strided && ow < WIDE_FROM && oh * ow <= LANES_MOST
+    let strided = win.stride == [s, s] && (s == 1 || s == 2);
+    let small = win.dilation == [1, 1] && ow < WIDE_FROM && oh * ow <= LANES_MOST;
+    let d = win.dilation[0];
+    let dilated = win.dilation == [d, d] && d > 1 && s == 1 && ow <= 2 * LANE_COLS;
+    strided && (small || dilated && oh * ow <= DILATED_MOST)
 }
+
+/// Output elements of a plane up to which [`unpadded`] sums dilated windows in lanes, rows
+/// in two halves: MobileNetV3's last stages in DeepLabV3 and LR-ASPP, 5x5 dilated 2 on
+/// 14x14 planes. Against their phases split, summed in lanes and woven back
+/// (`Conv::dilated_phases`), in DeepLabV3 on one thread (three processes of each build
+/// alternated): 960 planes 0.25 -> 0.13 and 0.26 -> 0.14 ms, 672 0.19 -> 0.10 (onnxruntime's
+/// 0.16, 0.16 and 0.11).
+const DILATED_MOST: usize = 196;
 
 /// Output columns [`unpadded_lanes`] keeps in registers: a row of a plane it sums
 /// ([`lanes_suit`]: narrower than [`WIDE_FROM`]).
@@ -775,7 +793,11 @@ fn unpadded_lanes<F: Fold, const K: usize, const S: usize>(
     // identity around it (written once: each group overwrites only the input's pixels).
     // (Vectors of lanes, so that every load and store is aligned to its cache line: on
     // an address malloc gave, 1152 planes by 5x5 took 35 or 45 us from run to run.)
-    let (gh, gw) = (S * (oh - 1) + K, S * (ow - 1) + K);
+    let d = win.dilation[0];
+    let (gh, gw) = (
+        S * (oh - 1) + d * (K - 1) + 1,
+        S * (ow - 1) + d * (K - 1) + 1,
+    );
     let mut grid_v = vec![_mm512_set1_ps(F::FILL); gh * gw];
     let mut outs_v = vec![_mm512_setzero_ps(); len.next_multiple_of(G)];
     // SAFETY (both): a vector is G f32s, and the slices borrow their vectors for their
@@ -831,21 +853,28 @@ fn unpadded_lanes<F: Fold, const K: usize, const S: usize>(
             _ => 0.0,
         });
         let b = pulp::cast(b);
+        // A row's outputs in registers at once: whole, or (rows wider than LANE_COLS) in
+        // two halves.
+        let seg = if ow <= LANE_COLS { ow } else { ow.div_ceil(2) };
         for i in 0..oh {
-            // SAFETY (both): the grid holds every window of output row i.
-            let acc = match ow {
-                // (Rows of seven, the common case, without a test per column.)
-                7 => unsafe { lanes_row::<F, K, S, 7>(simd, grid, gw, i, &taps, 7) },
-                _ => unsafe { lanes_row::<F, K, S, LANE_COLS>(simd, grid, gw, i, &taps, ow) },
-            };
-            for (j, &s) in acc.iter().enumerate().take(ow) {
-                let mut out = F::finish(simd, s, b);
-                if clip.is_some() {
-                    out = simd.clip(out, lo, hi);
+            for j0 in (0..ow).step_by(seg) {
+                let cols = seg.min(ow - j0);
+                let at = [i, j0, d, gw];
+                // SAFETY (both): the grid holds every window of output row i.
+                let acc = match cols {
+                    // (Rows of seven, the common case, without a test per column.)
+                    7 => unsafe { lanes_row::<F, K, S, 7>(simd, grid, at, &taps, 7) },
+                    _ => unsafe { lanes_row::<F, K, S, LANE_COLS>(simd, grid, at, &taps, cols) },
+                };
+                for (j, &s) in acc.iter().enumerate().take(cols) {
+                    let mut out = F::finish(simd, s, b);
+                    if clip.is_some() {
+                        out = simd.clip(out, lo, hi);
+                    }
+                    let at = (i * ow + j0 + j) * G;
+                    // SAFETY: output pixel i * ow + j0 + j of `outs`.
+                    unsafe { _mm512_storeu_ps(outs.as_mut_ptr().add(at), pulp::cast(out)) };
                 }
-                let at = (i * ow + j) * G;
-                // SAFETY: output pixel i * ow + j of `outs`.
-                unsafe { _mm512_storeu_ps(outs.as_mut_ptr().add(at), pulp::cast(out)) };
             }
         }
         // Back plane-major: sixteen pixels of every plane at a time.
@@ -864,30 +893,33 @@ fn unpadded_lanes<F: Fold, const K: usize, const S: usize>(
     }
 }
 
-/// [`unpadded_lanes`]' sums of output row `i` (its first `ow` columns, at most `OW`): the
-/// windows' taps over the `grid` (`gw` pixels a row of sixteen lanes) by `taps`.
+/// [`unpadded_lanes`]' sums of output row `i`'s columns `j0 .. j0 + cols` (`cols` at most
+/// `OW`): the windows' taps, dilated `d`, over the `grid` (`gw` pixels a row of sixteen
+/// lanes) by `taps`.
 ///
 /// # Safety
-/// The grid holds rows `S * i .. S * i + K` of `S * (ow - 1) + K` pixels or more.
+/// The grid holds rows `S * i .. S * i + d * (K - 1) + 1` of `S * (j0 + cols - 1) + d * (K -
+/// 1) + 1` pixels or more.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::erasing_op, clippy::identity_op)] // (`seq!` writes `S * 0 * G` for column 0.)
 unsafe fn lanes_row<F: Fold, const K: usize, const S: usize, const OW: usize>(
     simd: pulp::x86::V4,
     grid: &[f32],
-    gw: usize,
-    i: usize,
+    [i, j0, d, gw]: [usize; 4],
     taps: &[std::arch::x86_64::__m512; 64],
-    ow: usize,
+    cols: usize,
 ) -> [pulp::f32x16; LANE_COLS] {
     use std::arch::x86_64::*;
     const G: usize = WIDE_COLS;
     let mut acc = [simd.splat_f32x16(F::FILL); LANE_COLS];
     for (t, &tap) in taps.iter().enumerate().take(K * K) {
-        let (a, b) = (t / K, t % K);
-        let row = grid.as_ptr().wrapping_add(((S * i + a) * gw + b) * G);
+        let (a, b) = (t / K * d, t % K * d);
+        let row = grid
+            .as_ptr()
+            .wrapping_add(((S * i + a) * gw + S * j0 + b) * G);
         seq_macro::seq!(J in 0..13 {
-            if J < OW && J < ow {
+            if J < OW && J < cols {
                 // SAFETY: pixel (S * i + a, S * J + b) of the grid (the caller's promise).
                 let v = unsafe { _mm512_loadu_ps(row.add(S * J * G)) };
                 acc[J] = F::tap(simd, pulp::cast(tap), pulp::cast(v), acc[J]);

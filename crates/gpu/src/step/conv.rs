@@ -1358,8 +1358,9 @@ impl Conv {
         }
     }
 
-    /// A depthwise convolution dilated `d` at stride one whose sizes and padding `d` divides
-    /// (MobileNetV3's last stages in DeepLabV3 and LR-ASPP: 5x5 dilated 2 on 14x14): the
+    /// A depthwise convolution dilated `d` at stride one whose sizes and padding `d` divides,
+    /// on planes larger than [`depthwise::unpadded`] takes dilated (MobileNetV3's last stages
+    /// in DeepLabV3 and LR-ASPP, 5x5 dilated 2 on 14x14, are summed dilated in lanes): the
     /// windows of one of its `d * d` phases (every `d`th row from row `a`, every `d`th column
     /// from column `b`), where [`depthwise::unpadded`] takes them; `None` elsewhere. Output
     /// pixel `(d i + a, d j + b)` reads only phase `(a, b)` of the input, at `(i, j)` plus
@@ -1394,7 +1395,8 @@ impl Conv {
     /// channels), one thread, in the model, three processes of each build alternated (Zen 5,
     /// 2026-11-29): 0.29, 0.42 and 0.41 ms by the window loops over padded planes, 0.24, 0.34
     /// and 0.34 phase by phase (the split and the weave cost about as much as the sums of
-    /// the 7x7 phases).
+    /// the 7x7 phases; since summed dilated in lanes, which took DeepLabV3's alike from 0.25
+    /// to 0.13 ms).
     fn depthwise_phases(
         &self,
         phase: &Windows,
