@@ -654,8 +654,12 @@ mod wide {
                 gather_columns(b, cols, [rs, cs], k, &mut bt[start(t)..start(t) + w * k]);
             }
             let bt = &*bt;
+            // A panel's tiles one after another, so that its weights come from memory once
+            // and from cache for its other tiles (tile after tile over every panel streamed
+            // the weights once per tile: CLIP's vision encoder, 50 tokens in four tiles,
+            // 11.50 -> 10.10 ms on one thread, 6.76 -> 5.31 on two, three processes each).
             let task = |i: usize| {
-                let (blk, t) = (i % blocks, i / blocks);
+                let (blk, t) = (i / tiles, i % tiles);
                 let panel = &panels[blk * k * LANES..(blk + 1) * k * LANES];
                 let x = &bt[start(t)..start(t) + width(t) * k];
                 let mut sums = [[0.0f32; LANES]; COLS];
