@@ -345,6 +345,10 @@ fn run<F: Fold>(
     let clip = clip_range(a);
     let v4 = pulp::x86::V4::try_new().filter(|_| wide);
     let lanes = v4.filter(|_| lanes_suit(win));
+    if lanes.is_none() && win.dilation != [1, 1] {
+        // (Only the lanes dilate their windows.)
+        return false;
+    }
     let v4 = v4.filter(|_| ow >= WIDE_FROM);
     // One of the kernels `$kernel::<F, K, S>` for this window and stride (one of those
     // `shape_suits` takes).
@@ -386,8 +390,10 @@ fn run<F: Fold>(
 /// Whether [`unpadded`] runs `win`'s windows: 3x3 or 5x5, stride one or two, dilation one,
 /// output planes of at least four rows of at least half a vector, on a CPU with AVX2 and FMA;
 /// and 7x7 at stride one on a CPU with AVX-512, rows of 14 outputs or more or planes of 64 or
-/// fewer (summed in lanes). (In AVX2's blocks of four rows, a load per tap, ConvNeXt's 7x7 windows ran 0.69 ms
-/// for 96 planes of 56x56 against 0.60 padded first (Zen 4): they stay with [`sums`] there.)
+/// fewer (summed in lanes); and dilated 3x3, 5x5 and 7x7 windows at stride one on planes of
+/// up to 14x14, in lanes on a CPU with AVX-512. (In AVX2's blocks of four rows, a load per
+/// tap, ConvNeXt's 7x7 windows ran 0.69 ms for 96 planes of 56x56 against 0.60 padded first
+/// (Zen 4): they stay with [`sums`] there.)
 pub fn unpadded_suits(win: &Windows) -> bool {
     if win.dilation != [1, 1] {
         // Dilated windows in lanes alone.
@@ -463,10 +469,8 @@ trait Lanes: Copy {
     fn clip(self, v: Self::V, lo: Self::V, hi: Self::V) -> Self::V;
     /// `x` where it is above `m`, else `m` (a NaN `x` gives `m`: `x > m` is false).
     fn max(self, x: Self::V, m: Self::V) -> Self::V;
-    /// The even elements of `lo` then `hi`.
-    fn even(self, lo: Self::V, hi: Self::V) -> Self::V;
-    /// The odd elements of `lo` then `hi`.
-    fn odd(self, lo: Self::V, hi: Self::V) -> Self::V;
+    /// The even elements of `lo` then `hi`, or where `odd` the odd ones.
+    fn every_other(self, lo: Self::V, hi: Self::V, odd: bool) -> Self::V;
     /// The vector at `at`; where `masked`, only the lanes inside the row (`masks` from lane
     /// `from` on) are read, the others `fill` (a constant where it is inlined: zero costs
     /// nothing more).
@@ -521,25 +525,17 @@ impl Lanes for pulp::x86::V3 {
         pulp::cast(self.avx._mm256_max_ps(pulp::cast(x), pulp::cast(m)))
     }
     #[inline(always)]
-    fn even(self, lo: pulp::f32x8, hi: pulp::f32x8) -> pulp::f32x8 {
-        // [lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6], then its 64-bit pairs in order.
-        let even = self
-            .avx
-            ._mm256_shuffle_ps::<0b10_00_10_00>(pulp::cast(lo), pulp::cast(hi));
+    fn every_other(self, lo: pulp::f32x8, hi: pulp::f32x8, odd: bool) -> pulp::f32x8 {
+        // [lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6] (odd: lanes 1 and 3 of each half), then its
+        // 64-bit pairs in order.
+        let (lo, hi) = (pulp::cast(lo), pulp::cast(hi));
+        let picked = match odd {
+            false => self.avx._mm256_shuffle_ps::<0b10_00_10_00>(lo, hi),
+            true => self.avx._mm256_shuffle_ps::<0b11_01_11_01>(lo, hi),
+        };
         pulp::cast(
             self.avx2
-                ._mm256_permute4x64_pd::<0b11_01_10_00>(pulp::cast(even)),
-        )
-    }
-    #[inline(always)]
-    fn odd(self, lo: pulp::f32x8, hi: pulp::f32x8) -> pulp::f32x8 {
-        // As `even`, lanes 1 and 3 of each half.
-        let odd = self
-            .avx
-            ._mm256_shuffle_ps::<0b11_01_11_01>(pulp::cast(lo), pulp::cast(hi));
-        pulp::cast(
-            self.avx2
-                ._mm256_permute4x64_pd::<0b11_01_10_00>(pulp::cast(odd)),
+                ._mm256_permute4x64_pd::<0b11_01_10_00>(pulp::cast(picked)),
         )
     }
     #[inline(always)]
@@ -616,17 +612,8 @@ impl Lanes for pulp::x86::V4 {
         pulp::cast(self.avx512f._mm512_max_ps(pulp::cast(x), pulp::cast(m)))
     }
     #[inline(always)]
-    fn even(self, lo: pulp::f32x16, hi: pulp::f32x16) -> pulp::f32x16 {
-        let idx: [i32; WIDE_COLS] = std::array::from_fn(|l| 2 * l as i32);
-        pulp::cast(self.avx512f._mm512_permutex2var_ps(
-            pulp::cast(lo),
-            pulp::cast(idx),
-            pulp::cast(hi),
-        ))
-    }
-    #[inline(always)]
-    fn odd(self, lo: pulp::f32x16, hi: pulp::f32x16) -> pulp::f32x16 {
-        let idx: [i32; WIDE_COLS] = std::array::from_fn(|l| 2 * l as i32 + 1);
+    fn every_other(self, lo: pulp::f32x16, hi: pulp::f32x16, odd: bool) -> pulp::f32x16 {
+        let idx: [i32; WIDE_COLS] = std::array::from_fn(|l| 2 * l as i32 + i32::from(odd));
         pulp::cast(self.avx512f._mm512_permutex2var_ps(
             pulp::cast(lo),
             pulp::cast(idx),
@@ -1329,7 +1316,7 @@ fn unpadded_block<L: Lanes, F: Fold, const K: usize, const S: usize, const MASKE
         if S == 1 {
             return vector(at, b, 0);
         }
-        simd.even(vector(at, b, 0), vector(at.wrapping_add(L::N), b, 1))
+        simd.every_other(vector(at, b, 0), vector(at.wrapping_add(L::N), b, 1), false)
     };
     if K == 3 || S == 2 {
         // Input row `t` serves output rows `q` of the block for window rows `t - S * q`:
@@ -1352,9 +1339,9 @@ fn unpadded_block<L: Lanes, F: Fold, const K: usize, const S: usize, const MASKE
                         (_, 0) => {
                             let at = row.wrapping_offset(start + b as isize);
                             pair = (vector(at, b, 0), vector(at.wrapping_add(L::N), b, 1));
-                            simd.even(pair.0, pair.1)
+                            simd.every_other(pair.0, pair.1, false)
                         }
-                        _ => simd.odd(pair.0, pair.1),
+                        _ => simd.every_other(pair.0, pair.1, true),
                     };
                     seq_macro::seq!(Q in 0..4 {
                         if let Some(a) = window_row::<K, S>(T, Q) {
