@@ -924,8 +924,9 @@ const TILE_COLUMNS: usize = 16;
 
 /// `c = a * b` with `c` dense row-major `a.rows x n`, computed in `tiles` parallel tiles of
 /// columns ([`aligned_part`]s of whole sixteens), B's blocks from `b` (`k = a.cols`), and
-/// `epilogue(row, part)` run on each row's part of a tile while it is in cache. Every task packs only its own block of B, where
-/// splitting the rows of C would pack all of B once per task. Each element of C is the same
+/// `epilogue(row, part)` run on each row's part of a tile while it is in cache. Every task
+/// packs only its own block of B, where splitting the rows of C would pack all of B once per
+/// task. Each element of C is the same
 /// product whatever the tiling (the product never splits the inner dimension), so the result
 /// does not depend on the thread count.
 pub fn sgemm_column_tiles<F, E>(
@@ -1058,8 +1059,6 @@ mod tests {
         assert_eq!(gelu(0.0), 0.0);
     }
 
-    /// The vectorised sum is the f64 sum within f32 rounding at every length (the lanes, the
-    /// rest and both), and the lane-wise max is the in-order fold's, NaN and -inf included.
     /// Aligned parts cover the whole length in order, each but the last starting and ending
     /// on a step, none longer than an even share and a step.
     #[test]
@@ -1088,6 +1087,8 @@ mod tests {
         assert_eq!(aligned_part(784, 8, 16, 7), 688..784);
     }
 
+    /// The vectorised sum is the f64 sum within f32 rounding at every length (the lanes, the
+    /// rest and both), and the lane-wise max is the in-order fold's, NaN and -inf included.
     #[test]
     fn sums_and_maxima_of_slices() {
         for len in [0, 1, 5, 15, 16, 17, 31, 32, 33, 100, 12544] {
