@@ -588,14 +588,32 @@ impl Conv {
 
     /// For the CPU device: this convolution's weights (`values`) repacked for the direct
     /// convolution ([`direct::pack`]) where it runs direct, once, before the first run (groups
-    /// it takes as one, [`Conv::merged_groups`], block-diagonal); `None` elsewhere.
+    /// it takes as one, [`Conv::merged_groups`], block-diagonal; where it runs as a sum over
+    /// its taps, [`Conv::live_taps`], tap after tap, each tap's panels as `pack` lays out the
+    /// output channels by the input channels); `None` elsewhere.
     pub(crate) fn panels_cpu(&self, values: &[f32]) -> Option<Vec<f32>> {
         self.direct()?;
         let k = self.col_rows();
-        let w = values.get(..self.out_channels.checked_mul(k)?)?;
+        let (oc, w) = (
+            self.out_channels,
+            values.get(..self.out_channels.checked_mul(k)?)?,
+        );
         let merged = self.merged_groups();
         if merged == 1 {
-            return Some(direct::pack(w, self.out_channels, k, k));
+            let panels = direct::pack(w, oc, k, k);
+            if self.live_taps().is_none() {
+                return Some(panels);
+            }
+            // Each tap's weights side by side, so that a run reads only the live taps' and
+            // copies nothing (DeepLabV3's 960 -> 256 dilated 12 copied all nine taps' rows
+            // out of the panels on every run, 9 MB).
+            let taps = self.kernel[0] * self.kernel[1];
+            let part = direct::panels_len(oc, k / taps);
+            let mut by_tap = vec![0.0; taps * part];
+            for (tap, out) in by_tap.chunks_exact_mut(part).enumerate() {
+                direct::tap_panels(&panels, [oc, k / taps, taps], tap, out);
+            }
+            return Some(by_tap);
         }
         // Output channel o, of group o / og, reads the k columns of its group's place in the
         // merged group's inner dimension; the others stay zero. (The groups it runs only.)
@@ -1144,7 +1162,9 @@ impl Conv {
     /// and 36), one thread, in the model, three processes of each build alternated (Zen 5,
     /// 2026-11-29): 2.70, 1.06 and 1.03 ms by `sgemm` (whose packing of the weights as they
     /// lie read every line of all nine taps' for the one live tap of the last two), 2.05,
-    /// 0.78 and 0.75 in the tiles.
+    /// 0.78 and 0.75 in the tiles; 1.26, 0.62 and 0.64 with each tap's panels side by side
+    /// (2026-11-29, where a run had copied every tap's rows out of the panels; the whole
+    /// model 10.95 -> 9.75 ms on one thread, 6.12 -> 5.42 on two).
     #[allow(clippy::too_many_arguments)]
     fn sum_of_taps(
         &self,
@@ -1240,7 +1260,7 @@ impl Conv {
 
     /// [`Conv::sum_of_taps`] in the direct tiles: `gathered` holds the input under every tap
     /// (each channel's row `total` long, region `regions[r]` from `starts[r]` on), `panels`
-    /// the weights [`direct::pack`]ed. Each output adds its taps' products in the regions'
+    /// the weights [`direct::pack`]ed tap after tap ([`Conv::panels_cpu`]). Each output adds its taps' products in the regions'
     /// order, from zero, then its bias and the activation.
     fn sum_of_taps_direct(
         &self,
@@ -1254,8 +1274,11 @@ impl Conv {
         let (oc, taps) = (self.out_channels, self.kernel[0] * self.kernel[1]);
         let [oh, ow] = self.out_hw;
         let pixels = oh * ow;
-        let shaped = gathered.len() >= c * total && y.len() >= oc * pixels;
-        if !shaped || panels.len() != direct::panels_len(oc, c * taps) {
+        let (shaped, part) = (
+            gathered.len() >= c * total && y.len() >= oc * pixels,
+            direct::panels_len(oc, c),
+        );
+        if !shaped || panels.len() != taps * part {
             return Err(GpuError::Plan(format!(
                 "a sum over taps of {oc}x{c}x{taps} over {oh}x{ow}: a buffer is not of its shape"
             )));
@@ -1263,29 +1286,26 @@ impl Conv {
         let y = &mut y[..oc * pixels];
         y.fill(0.0);
         let out = SharedOut(y.as_mut_ptr());
-        with_scratch(direct::panels_len(oc, c), |tap_panels| {
-            for (r, &start) in regions.iter().zip(starts) {
-                let tap = r.tap[0] * self.kernel[1] + r.tap[1];
-                direct::tap_panels(panels, [oc, c, taps], tap, tap_panels);
-                let width = r.cols.len();
-                // Each column's sums into its output pixel of every channel of the panel.
-                let add = |b: usize, qs: Range<usize>, sums: &[f32]| {
-                    let channels = b * direct::LANES..((b + 1) * direct::LANES).min(oc);
-                    for (q, s) in qs.zip(sums.chunks_exact(direct::LANES)) {
-                        let at = (r.rows.start + q / width) * ow + r.cols.start + q % width;
-                        for (o, &v) in channels.clone().zip(s) {
-                            // SAFETY: o < oc and at < pixels (the region lies in the output),
-                            // inside y (checked above); each (panel, column) is added by one
-                            // task, and no other reference to y is live meanwhile.
-                            unsafe { *out.at(o * pixels + at) += v };
-                        }
+        for (r, &start) in regions.iter().zip(starts) {
+            let tap = r.tap[0] * self.kernel[1] + r.tap[1];
+            let tap_panels = &panels[tap * part..(tap + 1) * part];
+            let width = r.cols.len();
+            // Each column's sums into its output pixel of every channel of the panel.
+            let add = |b: usize, qs: Range<usize>, sums: &[f32]| {
+                let channels = b * direct::LANES..((b + 1) * direct::LANES).min(oc);
+                for (q, s) in qs.zip(sums.chunks_exact(direct::LANES)) {
+                    let at = (r.rows.start + q / width) * ow + r.cols.start + q % width;
+                    for (o, &v) in channels.clone().zip(s) {
+                        // SAFETY: o < oc and at < pixels (the region lies in the output),
+                        // inside y (checked above); each (panel, column) is added by one
+                        // task, and no other reference to y is live meanwhile.
+                        unsafe { *out.at(o * pixels + at) += v };
                     }
-                };
-                let region = &gathered[start..];
-                direct::product_rows(tap_panels, [oc, c, r.pixels()], region, total, add)?;
-            }
-            Ok::<_, GpuError>(())
-        })?;
+                }
+            };
+            let region = &gathered[start..];
+            direct::product_rows(tap_panels, [oc, c, r.pixels()], region, total, add)?;
+        }
         y.par_chunks_mut(pixels)
             .enumerate()
             .for_each(|(o, plane)| bias_act_row(plane, bias.map(|b| b[o]), self.act));
