@@ -252,7 +252,7 @@ unsafe fn raw_product(a: Mat<'_>, b: Mat<'_>, c: *mut f32, [rsc, csc]: [usize; 2
 const EIGHT_ROWS_UP_TO: usize = 2048;
 
 /// `out(i, row i of a . x)` for every row of `a`, whose rows are contiguous (`a.cs == 1`),
-/// a few rows at a time ([`EIGHT_ROWS_UP_TO`]) in sixteen partial sums each (as [`sum`]
+/// a few rows at a time ([`rows_at_once`]) in sixteen partial sums each (as [`sum`]
 /// adds): a matrix-vector product streams the matrix once, so its speed is the memory's,
 /// where `gemm` packs it. In AVX-512 where the CPU has it ([`with_avx512`]: a row's sixteen
 /// sums one register, where AVX2's eight rows took all sixteen of its own).
@@ -261,11 +261,20 @@ fn matrix_vector(a: Mat<'_>, x: &[f32], mut out: impl FnMut(usize, f32)) {
     let row = |i: usize| &a.data[i * a.rs..i * a.rs + k];
     with_avx512(
         #[inline(always)]
-        || match k <= EIGHT_ROWS_UP_TO {
-            true => rows_at_a_time::<8>(a.rows, &row, x, &mut out),
-            false => rows_at_a_time::<4>(a.rows, &row, x, &mut out),
+        || match rows_at_once(k) {
+            8 => rows_at_a_time::<8>(a.rows, &row, x, &mut out),
+            _ => rows_at_a_time::<4>(a.rows, &row, x, &mut out),
         },
     )
+}
+
+/// Rows [`matrix_vector`] sums at a time for rows of `k`: eight up to [`EIGHT_ROWS_UP_TO`],
+/// four beyond.
+pub(crate) fn rows_at_once(k: usize) -> usize {
+    match k <= EIGHT_ROWS_UP_TO {
+        true => 8,
+        false => 4,
+    }
 }
 
 /// [`matrix_vector`]'s rows `R` at a time, the last ones one by one.
@@ -278,36 +287,139 @@ fn rows_at_a_time<'a, const R: usize>(
 ) {
     let whole = rows - rows % R;
     for i in (0..whole).step_by(R) {
-        let dots = dot_rows(std::array::from_fn::<_, R, _>(|d| row(i + d)), x);
+        let rows: [&[f32]; R] = std::array::from_fn(|d| row(i + d));
+        let dots = dot_rows(|d, j| &rows[d][j..j + LANES], rows, x);
         for (d, v) in dots.into_iter().enumerate() {
             out(i + d, v);
         }
     }
     for i in whole..rows {
-        out(i, dot_rows([row(i)], x)[0]);
+        let r = row(i);
+        out(i, dot_rows(|_, j| &r[j..j + LANES], [r], x)[0]);
     }
 }
 
-/// Each of `rows` (as long as `x`) times `x`, in sixteen partial sums (element `j` into sum
-/// `j % 16`, the rest in order after) added pairwise: the same bits for a row in a block of
-/// any size.
+/// `m` rows of `k` (`a`) laid out for [`matrix_vector_interleaved`]: blocks of
+/// [`rows_at_once`] rows, each block's rows side by side sixteen elements at a time (then
+/// each row's last `k % 16`), the rows after the last whole block as they are. Row `i`'s
+/// block takes the same place as its rows in `a` dense (from its first row times `k`), so
+/// whole blocks from row `i` on are the layout of those rows. A classifier's weights (1000
+/// rows of 1024-1280) then stream from memory in one run where its eight rows were eight.
+pub(crate) fn interleave_rows(a: Mat<'_>) -> Vec<f32> {
+    let (m, k) = (a.rows, a.cols);
+    let r = rows_at_once(k);
+    let whole = k - k % LANES;
+    let mut out = vec![0.0; m * k];
+    for (b, block) in out.chunks_mut(r * k).enumerate() {
+        let rows = block.len() / k.max(1);
+        let at = |i: usize, j: usize| a.data[(b * r + i) * a.rs + j * a.cs];
+        if rows < r {
+            for (i, row) in block.chunks_mut(k).enumerate() {
+                row.iter_mut().enumerate().for_each(|(j, v)| *v = at(i, j));
+            }
+            continue;
+        }
+        let (body, tails) = block.split_at_mut(r * whole);
+        for (c, chunk) in body.chunks_mut(r * LANES).enumerate() {
+            for (i, part) in chunk.chunks_mut(LANES).enumerate() {
+                part.iter_mut()
+                    .enumerate()
+                    .for_each(|(t, v)| *v = at(i, c * LANES + t));
+            }
+        }
+        for (i, tail) in tails.chunks_mut((k - whole).max(1)).enumerate() {
+            tail.iter_mut()
+                .enumerate()
+                .for_each(|(t, v)| *v = at(i, whole + t));
+        }
+    }
+    out
+}
+
+/// [`matrix_vector`] of the `m` rows of `x.len()` that [`interleave_rows`] laid out in
+/// `packed`: the same sums in the same order, so the same bits.
+pub(crate) fn matrix_vector_interleaved(
+    packed: &[f32],
+    m: usize,
+    x: &[f32],
+    out: impl FnMut(usize, f32),
+) {
+    with_avx512(
+        #[inline(always)]
+        || match rows_at_once(x.len()) {
+            8 => blocks_interleaved::<8>(packed, m, x, out),
+            _ => blocks_interleaved::<4>(packed, m, x, out),
+        },
+    )
+}
+
+/// [`matrix_vector_interleaved`]'s blocks of `R` rows, the last rows one by one.
 #[inline(always)]
-fn dot_rows<const R: usize>(rows: [&[f32]; R], x: &[f32]) -> [f32; R] {
+fn blocks_interleaved<const R: usize>(
+    packed: &[f32],
+    m: usize,
+    x: &[f32],
+    mut out: impl FnMut(usize, f32),
+) {
+    let k = x.len();
+    let whole = k - k % LANES;
+    let full = m - m % R;
+    for (b, block) in packed[..full * k].chunks_exact(R * k).enumerate() {
+        let (body, tails) = block.split_at(R * whole);
+        let tail = |d: usize| {
+            let t = &tails[d * (k - whole)..][..k - whole];
+            // Indexed from `whole` on, as a row is.
+            (t, whole)
+        };
+        let dots = dot_rows_split::<R>(
+            |d, j| &body[j * R + d * LANES..][..LANES],
+            std::array::from_fn(tail),
+            x,
+        );
+        for (d, v) in dots.into_iter().enumerate() {
+            out(b * R + d, v);
+        }
+    }
+    for (i, r) in packed[full * k..m * k].chunks_exact(k.max(1)).enumerate() {
+        out(full + i, dot_rows(|_, j| &r[j..j + LANES], [r], x)[0]);
+    }
+}
+
+/// Each of `R` rows (as long as `x`) times `x`, in sixteen partial sums (element `j` into sum
+/// `j % 16`, the rest in order after) added pairwise: the same bits for a row in a block of
+/// any size. `chunk(d, j)` is row `d`'s sixteen elements from `j` (a multiple of 16).
+#[inline(always)]
+fn dot_rows<'a, const R: usize>(
+    chunk: impl Fn(usize, usize) -> &'a [f32],
+    rows: [&[f32]; R],
+    x: &[f32],
+) -> [f32; R] {
+    dot_rows_split(chunk, rows.map(|r| (r, 0)), x)
+}
+
+/// [`dot_rows`] with each row's last `x.len() % 16` elements from `tails[d].0`, whose
+/// element `j - tails[d].1` is the row's `j`.
+#[inline(always)]
+fn dot_rows_split<'a, const R: usize>(
+    chunk: impl Fn(usize, usize) -> &'a [f32],
+    tails: [(&[f32], usize); R],
+    x: &[f32],
+) -> [f32; R] {
     let k = x.len();
     let whole = k - k % LANES;
     let mut lanes = [[0.0f32; LANES]; R];
     for j in (0..whole).step_by(LANES) {
         let xs = &x[j..j + LANES];
-        for (l, r) in lanes.iter_mut().zip(&rows) {
-            let rs = &r[j..j + LANES];
+        for (d, l) in lanes.iter_mut().enumerate() {
+            let rs = &chunk(d, j)[..LANES];
             for t in 0..LANES {
                 l[t] += rs[t] * xs[t];
             }
         }
     }
     let mut dots = [0.0; R];
-    for ((d, l), r) in dots.iter_mut().zip(lanes).zip(rows) {
-        *d = fold_lanes(l) + (whole..k).fold(0.0, |s, j| s + r[j] * x[j]);
+    for ((d, l), (tail, from)) in dots.iter_mut().zip(lanes).zip(tails) {
+        *d = fold_lanes(l) + (whole..k).fold(0.0, |s, j| s + tail[j - from] * x[j]);
     }
     dots
 }

@@ -28,7 +28,7 @@ use serde::Serialize;
 use super::act::BiasAct;
 use super::{Access, Step, StepKernel};
 use crate::cpu::direct;
-use crate::cpu::math::{sgemm_scaled, Mat};
+use crate::cpu::math::{self, sgemm_scaled, Mat};
 use crate::cpu::CpuIo;
 use crate::cuda::cudnn::c_int;
 use crate::cuda::{Enqueue, Gpu, PrepareCx, StreamCtx};
@@ -38,6 +38,11 @@ use crate::{GemmKernel, GpuError};
 /// Columns of C (tokens) up to which the CPU device multiplies a constant op(A) in panels
 /// ([`Gemm::packed_cpu`]; measured at 16).
 const PANEL_COLUMNS: usize = 64;
+
+/// Rows of op(A) a task of a product with fewer columns than rows takes
+/// ([`Gemm::row_blocks_cpu`]): whole tiles of `gemm`'s microkernel and whole blocks of
+/// `math::interleave_rows`.
+const ROW_BLOCK: usize = 128;
 
 /// A (batched) matrix product.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -81,6 +86,9 @@ pub enum PackedA {
     ColumnMajor,
     /// In panels of 16 rows for [`crate::cpu::direct::product_columns`].
     Panels,
+    /// Rows interleaved in blocks for `cpu::math::matrix_vector_interleaved` (one
+    /// column of B).
+    RowBlocks,
 }
 
 /// `C := act((C + bias) + residual)`, with `bias` per row of the column-major `C` (per output
@@ -665,6 +673,9 @@ impl Gemm {
         if self.outer == 0 || self.batch == 0 || self.m == 0 || self.n == 0 {
             return Ok(());
         }
+        if self.packed_a == PackedA::RowBlocks {
+            return self.row_blocks_packed(a, b, c);
+        }
         if self.packed_a == PackedA::Panels {
             let strides = if self.trans_b {
                 [self.ldb, 1]
@@ -741,20 +752,24 @@ impl Gemm {
     /// them, 10-20% faster than `gemm` on BERT, DistilBERT and GPT-2 (16 tokens), though
     /// slower on one layer run again and again in cache. Over more, column-major (`m` apart),
     /// so that `gemm` packs it with vector copies instead of gathering it element by element
-    /// on every run (2/3 of BERT's time once). `None` for other products, and for one column
-    /// (one token): a matrix-vector product reads the rows where they are.
+    /// on every run (2/3 of BERT's time once). For one column (one token: a classifier), its
+    /// rows interleaved in blocks ([`math::interleave_rows`]), so that the matrix-vector
+    /// product streams them from memory in one run instead of eight. `None` for other
+    /// products.
     pub(crate) fn packed_cpu(&self, values: &[f32]) -> Option<(Gemm, Vec<f32>)> {
         // Small weights are multiplied unpacked (`gemm` takes another path for them, which
         // would give other bits).
         let big = self.m * self.k >= 1 << 12;
         let rows_apart = self.lda >= self.k;
-        if !big || !rows_apart || self.n == 1 || !self.trans_a || self.batch != 1 || self.outer != 1
-        {
+        if !big || !rows_apart || !self.trans_a || self.batch != 1 || self.outer != 1 {
             return None;
         }
         let (m, k) = (self.m, self.k);
         let rows = values.get(..(m - 1) * self.lda + k)?;
-        let (packed_a, t) = if self.n <= PANEL_COLUMNS {
+        let (packed_a, t) = if self.n == 1 {
+            let a = Mat::strided(rows, m, k, self.lda, 1);
+            (PackedA::RowBlocks, math::interleave_rows(a))
+        } else if self.n <= PANEL_COLUMNS {
             (PackedA::Panels, direct::pack(rows, m, k, self.lda))
         } else {
             let mut t = vec![0.0; m * k];
@@ -768,6 +783,44 @@ impl Gemm {
         Some((g, t))
     }
 
+    /// The product of one column ([`PackedA::RowBlocks`]: op(A) from `a` as
+    /// [`math::interleave_rows`] laid it out): as the rows where they lie give it
+    /// ([`Gemm::row_blocks_cpu`] where it is split), the same bits.
+    fn row_blocks_packed(&self, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), GpuError> {
+        let (m, k) = (self.m, self.k);
+        // Element kk of op(B)'s column at b[kk * rs].
+        let rs = if self.trans_b { self.ldb } else { 1 };
+        let fits = a.len() >= m * k && c.len() >= m && b.len() > (k - 1) * rs;
+        if k == 0 || !fits {
+            return Err(GpuError::Plan(format!(
+                "matrix-vector product {m}x{k}: a buffer is shorter than its shape"
+            )));
+        }
+        let gathered: Vec<f32>;
+        let x = match rs {
+            1 => &b[..k],
+            _ => {
+                gathered = (0..k).map(|kk| b[kk * rs]).collect();
+                &gathered
+            }
+        };
+        let alpha = self.alpha;
+        let rows = |a: &[f32], c: &mut [f32]| {
+            let n = c.len();
+            math::matrix_vector_interleaved(a, n, x, |i, v| c[i] = alpha * v)
+        };
+        // As `group_cpu` splits one column: blocks of whole layout blocks in parallel.
+        if m * k >= 1 << 16 && rayon::current_num_threads() > 1 {
+            c[..m]
+                .par_chunks_mut(ROW_BLOCK)
+                .enumerate()
+                .for_each(|(t, cs)| rows(&a[t * ROW_BLOCK * k..], cs));
+        } else {
+            rows(a, &mut c[..m]);
+        }
+        Ok(())
+    }
+
     /// One product with fewer columns of C than rows (a linear layer over a few tokens: op(A)
     /// its weights) in blocks of rows: each task multiplies only its rows of op(A), so the
     /// weights are read once in all (column blocks read all of them per task: 5-13x slower
@@ -778,7 +831,7 @@ impl Gemm {
         let (va, vb) = self.views(a, b);
         // Blocks of whole microkernel tiles (64 rows on AVX-512, 16 on AVX2), of a size that
         // does not depend on the threads, so neither do the bits.
-        let rows = 128;
+        let rows = ROW_BLOCK;
         let blocks: Vec<std::ops::Range<usize>> =
             (0..m).step_by(rows).map(|i| i..(i + rows).min(m)).collect();
         let parts = blocks
@@ -1525,34 +1578,37 @@ mod over_runs_tests {
     }
 
     /// One token through linear layers large enough to be split into blocks of rows on more
-    /// than one thread and one not: the weights read where they lie (not repacked), each
-    /// output a dot product within rounding of the one in `f64`, the same bits on one thread
-    /// (unsplit) as on three.
+    /// than one thread and one not, rows longer and shorter than `math::matrix_vector` takes
+    /// eight at a time, of whole vectors and not: each output a dot product within rounding
+    /// of the one in `f64`, the same bits with the weights where they lie as interleaved
+    /// ([`PackedA::RowBlocks`]), on one thread (unsplit) as on three.
     #[test]
-    fn one_token_reads_the_weights_in_place() {
-        // Rows longer and shorter than `math::matrix_vector` takes eight at a time.
-        for (inp, out) in [(2051usize, 517usize), (1283, 261), (250, 200)] {
+    fn one_token_gives_the_same_bits_with_its_rows_interleaved() {
+        for (inp, out) in [(2051usize, 517usize), (1283, 261), (1280, 203), (250, 200)] {
             let w = crate::program::uniform(5, out * inp, -1.0, 1.0);
             let x = crate::program::uniform(6, inp, -1.0, 1.0);
             let g = Gemm::linear(1, 0, 2, [out, 1, inp]);
-            assert!(g.packed_cpu(&w).is_none());
-            let on = |threads: usize| {
+            let (packed, t) = g.packed_cpu(&w).unwrap();
+            assert_eq!(packed.packed_a, PackedA::RowBlocks);
+            let on = |g: &Gemm, a: Option<&[f32]>, threads: usize| {
                 let mut c = vec![f32::NAN; out];
                 let reads = vec![(0, &x[..]), (1, &w[..])];
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
                 pool.unwrap()
-                    .install(|| g.product_cpu(&mut CpuIo::of(reads, vec![(2, &mut c[..])]), None))
+                    .install(|| g.product_cpu(&mut CpuIo::of(reads, vec![(2, &mut c[..])]), a))
                     .unwrap();
-                c
+                c.into_iter().map(f32::to_bits).collect::<Vec<_>>()
             };
-            let c = on(3);
-            assert_eq!(c, on(1));
-            for (i, got) in c.iter().enumerate() {
+            let c = on(&g, None, 3);
+            assert_eq!(c, on(&g, None, 1), "{inp} -> {out}");
+            assert_eq!(c, on(&packed, Some(&t), 1), "{inp} -> {out}");
+            assert_eq!(c, on(&packed, Some(&t), 3), "{inp} -> {out}");
+            for (i, &got) in c.iter().enumerate() {
                 let dot: f64 = (0..inp)
                     .map(|q| f64::from(w[i * inp + q]) * f64::from(x[q]))
                     .sum();
                 assert!(
-                    (f64::from(*got) - dot).abs() <= 1e-5 * inp as f64,
+                    (f64::from(f32::from_bits(got)) - dot).abs() <= 1e-5 * inp as f64,
                     "{inp} -> {out}: row {i}"
                 );
             }
