@@ -32,7 +32,9 @@ use std::ops::Range;
 use opsched_graph::Activation;
 use rayon::prelude::*;
 
-use super::math::{aligned_part, bias_act_row, transpose8, with_avx2, with_scratch, SharedOut};
+use super::math::{
+    act_add, act_of, aligned_part, bias_act_row, transpose8, with_avx2, with_scratch, SharedOut,
+};
 use super::window::Taps;
 use crate::GpuError;
 
@@ -207,6 +209,23 @@ impl Direct {
         let store = |b: usize, qs: Range<usize>, sums: &[f32]| {
             // The sums, pixel-major, into each channel's row, through bias and activation.
             let used = LANES.min(oc - b * LANES);
+            if pixels == 1 {
+                // One pixel (a squeeze-and-excitation's layers): the panel's channels are
+                // side by side in y, through bias and activation in one pass, not a call
+                // per channel.
+                // SAFETY: channels b * LANES .. + used lie inside y (y.len() == oc, checked
+                // above); each panel is stored once, by one task, and no other reference to
+                // y is live meanwhile.
+                let ys = unsafe { std::slice::from_raw_parts_mut(out.at(b * LANES), used) };
+                match bias {
+                    Some(bs) => {
+                        ys.copy_from_slice(&sums[..used]);
+                        act_add(ys, &bs[b * LANES..b * LANES + used], a);
+                    }
+                    None => act_of(ys, &sums[..used], None, a),
+                }
+                return;
+            }
             let mut rows: [&mut [f32]; LANES] = std::array::from_fn(|l| {
                 if l >= used {
                     return &mut [][..];
@@ -1014,6 +1033,57 @@ mod tests {
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    /// Pointwise layers on one pixel (squeeze-and-excitation's), their channels stored a
+    /// panel at a time: with and without a bias, activations vectorised and not, a last
+    /// panel in part: the reference's, the same bits in AVX2's tiles as in AVX-512's.
+    #[test]
+    fn one_pixel_planes_store_a_panel_at_a_time() {
+        let hard = Activation::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        };
+        let cases = [
+            (48usize, 1152usize, Activation::Sigmoid),
+            (64, 37, hard),
+            (20, 16, Activation::Relu),
+            (33, 40, Activation::None),
+        ];
+        for (c, oc, a) in cases {
+            for biased in [true, false] {
+                let mut case = Case::new(c, oc, [1, 1], 1, a);
+                if !biased {
+                    case.bias.fill(0.0);
+                }
+                let bias = biased.then_some(&case.bias[..]);
+                let mut y = vec![f32::NAN; oc];
+                let (planes, panels) = (&case.planes, &case.panels);
+                case.d.convolve(planes, panels, bias, a, &mut y).unwrap();
+                let what = format!("{c}->{oc} {a:?}, bias {biased}");
+                let want = crate::reference::conv2d(
+                    &values(c, 1),
+                    &values(oc * c, 2),
+                    bias,
+                    [1, c, 1, 1],
+                    oc,
+                    [1, 1],
+                    [1, 1],
+                    [0, 0],
+                    [1, 1],
+                    1,
+                    [1, 1],
+                    a,
+                );
+                case.want = want;
+                case.check(&y, &what);
+                let mut narrow = vec![f32::NAN; oc];
+                case.d
+                    .convolve_with(1, planes, panels, bias, a, &mut narrow, false)
+                    .unwrap();
+                assert_eq!(bits(&narrow), bits(&y), "{what}");
+            }
+        }
     }
 
     /// Inner dimensions longer than an AVX-512 block (`WIDE_KC`), in two and three blocks,
