@@ -310,8 +310,11 @@ pub(crate) fn interleave_rows(a: Mat<'_>) -> Vec<f32> {
     let r = rows_at_once(k);
     let whole = k - k % LANES;
     let mut out = vec![0.0; m * k];
+    if k == 0 {
+        return out;
+    }
     for (b, block) in out.chunks_mut(r * k).enumerate() {
-        let rows = block.len() / k.max(1);
+        let rows = block.len() / k;
         let at = |i: usize, j: usize| a.data[(b * r + i) * a.rs + j * a.cs];
         if rows < r {
             for (i, row) in block.chunks_mut(k).enumerate() {

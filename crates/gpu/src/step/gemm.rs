@@ -790,8 +790,8 @@ impl Gemm {
         let (m, k) = (self.m, self.k);
         // Element kk of op(B)'s column at b[kk * rs].
         let rs = if self.trans_b { self.ldb } else { 1 };
-        let fits = a.len() >= m * k && c.len() >= m && b.len() > (k - 1) * rs;
-        if k == 0 || !fits {
+        let fits = k > 0 && a.len() >= m * k && c.len() >= m && b.len() > (k - 1) * rs;
+        if !fits {
             return Err(GpuError::Plan(format!(
                 "matrix-vector product {m}x{k}: a buffer is shorter than its shape"
             )));
