@@ -214,6 +214,23 @@ fn has_avx2() -> bool {
     false
 }
 
+/// `out[k] = f(row[2k])` for every element of `out` (`row` reaching its last: `2 * out.len()
+/// - 1` elements or more): a row's even elements, eight pairs at a time through
+/// [`deinterleave`]'s shuffles where the CPU has AVX2, its odd ones dropped.
+pub(crate) fn evens(row: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
+    let pairs = (row.len() / 2).min(out.len());
+    let mut odd = [0.0f32; 64];
+    let avx2 = has_avx2();
+    for start in (0..pairs).step_by(odd.len()) {
+        let n = (pairs - start).min(odd.len());
+        let (src, dst) = (&row[2 * start..2 * (start + n)], &mut out[start..start + n]);
+        deinterleave(src, dst, &mut odd[..n], &f, avx2);
+    }
+    for (k, v) in out.iter_mut().enumerate().skip(pairs) {
+        *v = f(row[2 * k]);
+    }
+}
+
 /// `even[k] = f(pairs[2k])` and `odd[k] = f(pairs[2k + 1])` for every pair of `pairs` (an
 /// even length); `avx2` ([`has_avx2`]): eight pairs at a time with AVX2's shuffles (the loop
 /// of pairs does not vectorise: a padded row copied, then split by it, took 60% of a

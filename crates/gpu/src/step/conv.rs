@@ -455,6 +455,55 @@ impl Conv {
             && self.padding_end == [0, 0]
     }
 
+    /// A pointwise convolution (one group, no padding) of a stride over one as the pointwise
+    /// convolution of stride one of the input's pixels it reads ([`Conv::subsample`]), the
+    /// input bias and activation applied as they are gathered: ResNets' shortcuts into a
+    /// stage, whose planes were padded and split in four phases, all of them, for an im2col
+    /// matrix of one.
+    fn subsampled(&self) -> Option<Conv> {
+        let [_, c, h, w] = self.input;
+        let [oh, ow] = self.out_hw;
+        let [sh, sw] = self.stride;
+        let fits = oh > 0 && ow > 0 && (oh - 1) * sh < h && (ow - 1) * sw < w;
+        let strided = self.kernel == [1, 1] && self.stride != [1, 1] && self.groups == 1;
+        let unpadded = self.padding == [0, 0] && self.padding_end == [0, 0];
+        // (One image: `Conv::compute` gathers and convolves image by image.)
+        (strided && unpadded && fits).then(|| Conv {
+            input: [1, c, oh, ow],
+            stride: [1, 1],
+            pre_act: Activation::None,
+            in_bias: None,
+            ..self.clone()
+        })
+    }
+
+    /// Image `x`'s pixels that a pointwise convolution of stride over one reads
+    /// ([`Conv::subsampled`]), plus `in_bias` per channel, through `pre_act`, into `xs`
+    /// (`[c, oh, ow]`).
+    fn subsample(&self, x: &[f32], in_bias: Option<&[f32]>, xs: &mut [f32]) {
+        let [_, c, h, w] = self.input;
+        let [oh, ow] = self.out_hw;
+        let [sh, sw] = self.stride;
+        for_planes(&mut xs[..c * oh * ow], oh * ow, oh * ow, |ci, plane| {
+            let src = &x[ci * h * w..(ci + 1) * h * w];
+            let add = in_bias.map_or(0.0, |b| b[ci]);
+            with_act!(self.pre_act, |f| {
+                for (i, row) in plane.chunks_mut(ow).enumerate() {
+                    let from = &src[i * sh * w..(i * sh + 1) * w];
+                    match sw {
+                        // (Eight pairs at a time through shuffles: element by element, 32
+                        // channels of 112x112 gathered slower than padded whole.)
+                        2 => window::evens(from, row, |v| f(v + add)),
+                        _ => row
+                            .iter_mut()
+                            .enumerate()
+                            .for_each(|(j, v)| *v = f(from[j * sw] + add)),
+                    }
+                }
+            })
+        });
+    }
+
     /// A pointwise convolution of one group as a matrix product per image: `Y = W X` with
     /// `X: [c, h*w]`, `W: [oc, c]` and `Y: [oc, h*w]` row-major, i.e. the column-major
     /// `Y^T = X^T W^T` (`m = h*w`, `n = oc`, `k = c`), the weights shared by every image
@@ -943,6 +992,21 @@ impl Conv {
         let (xlen, ylen) = (c * h * wd, self.out_channels * cols);
         if c == self.groups {
             return self.depthwise(x, w, bias, in_bias, y);
+        }
+        if let Some(sub) = self.subsampled() {
+            // A pointwise convolution of stride two or more: its input's pixels it reads
+            // gathered into scratch (plus `in_bias`, through `pre_act`), then the pointwise
+            // convolution of those, read in place.
+            let [oh, ow] = self.out_hw;
+            return with_scratch(c * oh * ow, |xs| {
+                for b in 0..n {
+                    let xb = &x[b * xlen..(b + 1) * xlen];
+                    self.subsample(xb, in_bias, xs);
+                    let yb = &mut y[b * ylen..(b + 1) * ylen];
+                    sub.compute(xs, w, panels, bias, None, yb)?;
+                }
+                Ok(())
+            });
         }
         let direct = self.direct();
         // The weights repacked for it, where the device has not done so once for all runs
@@ -2739,6 +2803,60 @@ mod tests {
                 assert_close(s, &nchw, &want);
                 let nhwc = depthwise_like_the_kernel(s, &x, None, &wt, &bias, None, true, gap);
                 assert_close(s, &crate::program::nhwc_to_nchw(&nhwc, out), &want);
+            }
+        }
+    }
+
+    /// Pointwise convolutions of a stride over one (ResNets' shortcuts into a stage) run on
+    /// the pixels they read, gathered: the reference's on two images, planes the stride does
+    /// and does not divide, through the direct tiles, `short_k`'s blocks and `gemm`, with an
+    /// input bias and activation applied as the pixels are gathered.
+    #[test]
+    fn strided_pointwise_convolutions_read_their_pixels_gathered() {
+        for (c, hw, oc, stride) in [
+            (24usize, [9usize, 7usize], 40usize, [2usize, 2usize]),
+            (64, [28, 28], 128, [2, 2]),
+            (20, [10, 11], 32, [3, 2]),
+            (256, [14, 14], 512, [2, 2]),
+            (96, [15, 15], 300, [2, 2]),
+        ] {
+            for (pre_act, biased) in [(Activation::None, false), (Activation::Relu, true)] {
+                let one = conv(c, hw, oc, [1, 1], stride, [0, 0], [0, 0], [1, 1], 1);
+                let s = Conv {
+                    input: [2, c, hw[0], hw[1]],
+                    pre_act,
+                    in_bias: biased.then_some(4),
+                    ..one
+                };
+                assert!(s.subsampled().is_some(), "{s:?}");
+                let n = 2 * c * hw[0] * hw[1];
+                let (x, wt, bias, ib) =
+                    (values(n, 1), values(oc * c, 2), values(oc, 3), values(c, 5));
+                let mut y = vec![f32::NAN; s.out_len()];
+                let in_bias = biased.then_some(&ib[..]);
+                s.compute(&x, &wt, None, Some(&bias), in_bias, &mut y)
+                    .unwrap();
+                let plane = hw[0] * hw[1];
+                let xa: Vec<f32> = x
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| act(v + in_bias.map_or(0.0, |b| b[i / plane % c]), pre_act))
+                    .collect();
+                let want = crate::reference::conv2d(
+                    &xa,
+                    &wt,
+                    Some(&bias),
+                    s.input,
+                    oc,
+                    [1, 1],
+                    stride,
+                    [0, 0],
+                    [1, 1],
+                    1,
+                    s.out_hw,
+                    s.act,
+                );
+                assert_close(&s, &y, &want);
             }
         }
     }
