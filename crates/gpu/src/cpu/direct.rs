@@ -33,7 +33,7 @@ use opsched_graph::Activation;
 use rayon::prelude::*;
 
 use super::math::{
-    act_add, act_of, aligned_part, bias_act_row, transpose8, with_avx2, with_scratch, SharedOut,
+    aligned_part, bias_act_each, bias_act_row, transpose8, with_avx2, with_scratch, SharedOut,
 };
 use super::window::Taps;
 use crate::GpuError;
@@ -217,13 +217,8 @@ impl Direct {
                 // above); each panel is stored once, by one task, and no other reference to
                 // y is live meanwhile.
                 let ys = unsafe { std::slice::from_raw_parts_mut(out.at(b * LANES), used) };
-                match bias {
-                    Some(bs) => {
-                        ys.copy_from_slice(&sums[..used]);
-                        act_add(ys, &bs[b * LANES..b * LANES + used], a);
-                    }
-                    None => act_of(ys, &sums[..used], None, a),
-                }
+                ys.copy_from_slice(&sums[..used]);
+                bias_act_each(ys, bias.map(|bs| &bs[b * LANES..b * LANES + used]), a);
                 return;
             }
             let mut rows: [&mut [f32]; LANES] = std::array::from_fn(|l| {

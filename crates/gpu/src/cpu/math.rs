@@ -883,6 +883,16 @@ pub fn act_of(y: &mut [f32], x: &[f32], bias: Option<f32>, a: Activation) {
     )
 }
 
+/// `y[i] = act(y[i] + bias[i])`, or `act(y[i])` without a bias, in one pass: a column of
+/// outputs of one pixel each (squeeze-and-excitation's layers), each its own channel's bias,
+/// where a call per element cost as much as its sums.
+pub fn bias_act_each(y: &mut [f32], bias: Option<&[f32]>, a: Activation) {
+    match bias {
+        Some(b) => act_add(y, b, a),
+        None => bias_act_row(y, None, a),
+    }
+}
+
 /// `y[i] = act(y[i] + z[i])` (where `y` and `z` have elements): a residual sum, or a bias per
 /// element of a run.
 pub fn act_add(y: &mut [f32], z: &[f32], a: Activation) {

@@ -1,20 +1,20 @@
-//! Matrix products of a short inner dimension in AVX-512 ([`suits`]): stems through im2col
-//! (3 channels by 3x3 or 7x7 windows: `k` 27 or 147), pointwise convolutions of few input
-//! channels on large planes (MobileNet's and RegNet's 16 or 32 on 112x112) and of up to 256
-//! into few outputs (DenseNet's on 56x56), whose products the library ran with as much time
-//! packing and storing as summing. Here a block of two vectors of output columns (32
-//! pixels) by up to twelve output rows (or three by eight, `blocks`) keeps its sums in
-//! registers across the whole inner dimension: each step loads the vectors of B's row and
-//! broadcasts one element of A per output row, then the block is stored once; the blocks of rows outermost, so that each
-//! writes its rows front to back (columns outermost, every row of C took a store a block,
-//! and the products ran no faster than the library's). Per layer on one thread, three runs
-//! of each alternated (`run --op-times`, Zen 5, ms): the 7x7 stems of ResNet-18, GoogLeNet
-//! and DenseNet-121 1.36 -> 1.18, 1.35 -> 1.19, 1.35 -> 1.20, Inception-v3's 3x3 0.48 -> 0.40,
+//! Matrix products of a short inner dimension in AVX-512 ([`suits`]): stems through im2col (3
+//! channels by 3x3 or 7x7 windows: `k` 27 or 147), pointwise convolutions of few input channels
+//! on large planes (MobileNet's and RegNet's 16 or 32 on 112x112) and of up to 256 into few
+//! outputs (DenseNet's on 56x56), whose products the library ran with as much time packing and
+//! storing as summing. Here a block of two vectors of output columns (32 pixels) by up to
+//! twelve output rows (or three by eight, `blocks`) keeps its sums in registers across the
+//! whole inner dimension: each step loads the vectors of B's row and broadcasts one element of
+//! A per output row, then the block is stored once; the blocks of rows outermost, so that each
+//! writes its rows front to back (columns outermost, every row of C took a store a block, and
+//! the products ran no faster than the library's). Per layer on one thread, three runs of each
+//! alternated (`run --op-times`, Zen 5, ms): the 7x7 stems of ResNet-18, GoogLeNet and
+//! DenseNet-121 1.36 -> 1.18, 1.35 -> 1.19, 1.35 -> 1.20, Inception-v3's 3x3 0.48 -> 0.40,
 //! RegNet's 0.24 -> 0.18; RegNet's 32 -> 48 on 112x112 0.27 -> 0.24, MobileNetV2's 16 -> 96
-//! 0.27 -> 0.25 and 32 -> 16 0.093 -> 0.081; DenseNet's 192-256 -> 128 on 56x56 0.85 ->
-//! 0.79, ResNeXt's 256 -> 128 0.96 -> 0.89; but ResNeXt's 256 -> 512 on 28x28 2-4% slower
-//! (hence the bound on rows where `k` is long). Each output adds its `k` products in order, by
-//! fused multiply-adds, from zero.
+//! 0.27 -> 0.25 and 32 -> 16 0.093 -> 0.081; DenseNet's 192-256 -> 128 on 56x56 0.85 -> 0.79,
+//! ResNeXt's 256 -> 128 0.96 -> 0.89; but ResNeXt's 256 -> 512 on 28x28 2-4% slower (hence the
+//! bound on rows where `k` is long). Each output adds its `k` products in order, by fused
+//! multiply-adds, from zero.
 #![allow(unsafe_code)]
 
 /// The longest inner dimension [`product`] takes: [`LONG_K`] for products of up to

@@ -51,8 +51,9 @@ use crate::cpu::depthwise;
 use crate::cpu::direct::{self, Direct};
 use crate::cpu::lanes;
 use crate::cpu::math::{
-    act_add, apply_bias_act, bias_act_row, for_plane_groups, for_planes, sgemm, sgemm_column_tiles,
-    sgemm_short, try_plane_groups, with_act, with_avx2, with_scratch, Mat, SharedOut, TilesOfB,
+    act_add, apply_bias_act, bias_act_each, bias_act_row, for_plane_groups, for_planes, sgemm,
+    sgemm_column_tiles, sgemm_short, try_plane_groups, with_act, with_avx2, with_scratch, Mat,
+    SharedOut, TilesOfB,
 };
 use crate::cpu::window::{self, Taps, Windows};
 use crate::cpu::CpuIo;
@@ -733,16 +734,15 @@ impl Conv {
         let r0 = g * og + rows.start;
         let m = rows.len();
         sgemm_short(Mat::row_major(&w[r0 * k..(r0 + m) * k], m, k), col, y)?;
-        match (cols, bias) {
+        if cols == 1 {
             // A 1x1 plane (a squeeze-and-excitation's layers): one pass over the column, not a
             // call per element (EfficientNet-B0's 48 -> 1152 and its sigmoid 34 -> 20 us;
             // its 16 blocks' excitations 0.27 -> 0.16 ms on one thread).
-            (1, Some(b)) => act_add(&mut y[..m], &b[r0..r0 + m], self.act),
-            _ => {
-                for (i, row) in y.chunks_mut(cols).enumerate() {
-                    bias_act_row(row, bias.map(|b| b[r0 + i]), self.act);
-                }
-            }
+            bias_act_each(&mut y[..m], bias.map(|b| &b[r0..r0 + m]), self.act);
+            return Ok(());
+        }
+        for (i, row) in y.chunks_mut(cols).enumerate() {
+            bias_act_row(row, bias.map(|b| b[r0 + i]), self.act);
         }
         Ok(())
     }
@@ -1324,8 +1324,8 @@ impl Conv {
 
     /// [`Conv::sum_of_taps`] in the direct tiles: `gathered` holds the input under every tap
     /// (each channel's row `total` long, region `regions[r]` from `starts[r]` on), `panels`
-    /// the weights [`direct::pack`]ed tap after tap ([`Conv::panels_cpu`]). Each output adds its taps' products in the regions'
-    /// order, from zero, then its bias and the activation.
+    /// the weights [`direct::pack`]ed tap after tap ([`Conv::panels_cpu`]). Each output adds
+    /// its taps' products in the regions' order, from zero, then its bias and the activation.
     fn sum_of_taps_direct(
         &self,
         (regions, starts, total): (&[TapRegion], &[usize], usize),

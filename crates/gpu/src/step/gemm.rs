@@ -766,7 +766,10 @@ impl Gemm {
         }
         let (m, k) = (self.m, self.k);
         let rows = values.get(..(m - 1) * self.lda + k)?;
-        let (packed_a, t) = if self.n == 1 {
+        // op(B)'s column dense (a token's features): the product reads it as the vector
+        // `math::matrix_vector` reads in place, so the bits stay those of the rows unpacked.
+        let column = !self.trans_b || self.ldb == 1;
+        let (packed_a, t) = if self.n == 1 && column {
             let a = Mat::strided(rows, m, k, self.lda, 1);
             (PackedA::RowBlocks, math::interleave_rows(a))
         } else if self.n <= PANEL_COLUMNS {
@@ -788,22 +791,15 @@ impl Gemm {
     /// ([`Gemm::row_blocks_cpu`] where it is split), the same bits.
     fn row_blocks_packed(&self, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), GpuError> {
         let (m, k) = (self.m, self.k);
-        // Element kk of op(B)'s column at b[kk * rs].
-        let rs = if self.trans_b { self.ldb } else { 1 };
-        let fits = k > 0 && a.len() >= m * k && c.len() >= m && b.len() > (k - 1) * rs;
-        if !fits {
+        // (`packed_cpu` interleaves the rows only where op(B)'s column is dense.)
+        let dense = !self.trans_b || self.ldb == 1;
+        let fits = k > 0 && a.len() >= m * k && c.len() >= m && b.len() >= k;
+        if !dense || !fits {
             return Err(GpuError::Plan(format!(
-                "matrix-vector product {m}x{k}: a buffer is shorter than its shape"
+                "matrix-vector product {m}x{k}: a buffer is not of its shape"
             )));
         }
-        let gathered: Vec<f32>;
-        let x = match rs {
-            1 => &b[..k],
-            _ => {
-                gathered = (0..k).map(|kk| b[kk * rs]).collect();
-                &gathered
-            }
-        };
+        let x = &b[..k];
         let alpha = self.alpha;
         let rows = |a: &[f32], c: &mut [f32]| {
             let n = c.len();
